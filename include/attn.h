@@ -1,0 +1,566 @@
+/*
+ * attn.h - attention mechanisms in C: the public interface of libattn.
+ *
+ * libattn computes scaled dot-product attention (SDPA), PyTorch's nn.MultiheadAttention, and the
+ * step-by-step attention modules of "Build a Large Language Model (From Scratch)", ch. 3, with
+ * PyTorch's semantics: the same parameter names and layouts as a state_dict, the same masks, and a
+ * CPU random generator that draws PyTorch's numbers, so a module seeded like a PyTorch example
+ * holds PyTorch's weights bit for bit.
+ *
+ * Conventions used throughout:
+ *  - Every function that can fail returns an attn_status; ATTN_OK is 0. The library never prints,
+ *    never exits and never aborts on a caller's error. After a failure on a context,
+ *    attn_ctx_last_error() gives a one-line message naming the offending argument.
+ *  - Tensors are float32 unless said otherwise, passed as a pointer plus element strides (SDPA) or
+ *    as contiguous row-major arrays (modules). Shapes are written as in PyTorch: (L, N, E) means
+ *    L*N*E floats with E varying fastest.
+ *  - Sizes are int64_t. Every size must be >= 1 unless a comment allows 0; products of sizes that
+ *    overflow are rejected with ATTN_ERR_OVERFLOW before anything is allocated.
+ *  - Bool tensors (masks) are one byte per element: 0 is False, any other value is True.
+ *  - There is no global mutable state: an attn_ctx carries the random generator, the allocator,
+ *    the thread count and the scratch memory. One context must not be used by two threads at
+ *    once; separate contexts may be used concurrently.
+ *  - Fully masked rows: when every key of a query row is masked, the row's attention weights and
+ *    its output (context vector) are exactly zero and its log-sum-exp is -inf. They are never NaN.
+ *    (PyTorch 1.13 returns NaN for such rows; PyTorch >= 2.5 SDPA, MLX and others return zeros.)
+ */
+#ifndef ATTN_H
+#define ATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32) && defined(ATTN_SHARED_BUILD)
+#define ATTN_API __declspec(dllexport)
+#elif defined(_WIN32) && defined(ATTN_SHARED)
+#define ATTN_API __declspec(dllimport)
+#elif defined(__GNUC__)
+#define ATTN_API __attribute__((visibility("default")))
+#else
+#define ATTN_API
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* Version                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+#define ATTN_VERSION_MAJOR 0
+#define ATTN_VERSION_MINOR 1
+#define ATTN_VERSION_PATCH 0
+#define ATTN_VERSION_NUMBER (ATTN_VERSION_MAJOR * 10000 + ATTN_VERSION_MINOR * 100 + ATTN_VERSION_PATCH)
+
+/** @return ATTN_VERSION_NUMBER of the library actually linked. */
+ATTN_API int attn_version_number(void);
+/** @return the version as "MAJOR.MINOR.PATCH". */
+ATTN_API const char *attn_version_string(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Status codes (values are pinned: they never change meaning)                                */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum attn_status {
+    ATTN_OK = 0,
+    ATTN_ERR_INVALID_ARG = 1,     /* NULL pointer, value out of range, unknown enum value      */
+    ATTN_ERR_BAD_SHAPE = 2,       /* sizes < 1 or that disagree; embed_dim % num_heads != 0    */
+    ATTN_ERR_OVERFLOW = 3,        /* a product of sizes overflows int64_t / size_t             */
+    ATTN_ERR_OUT_OF_MEMORY = 4,   /* the allocator returned NULL                               */
+    ATTN_ERR_BAD_MASK = 5,        /* mask of the wrong dtype or shape                          */
+    ATTN_ERR_CONTEXT_LENGTH = 6,  /* sequence longer than a module's context_length            */
+    ATTN_ERR_WORKSPACE = 7,       /* caller-provided workspace is too small                    */
+    ATTN_ERR_UNSUPPORTED = 8,     /* valid request this build or dtype does not support        */
+    ATTN_ERR_NOT_FOUND = 9,       /* a named parameter or tensor is missing                    */
+    ATTN_ERR_IO = 10,             /* a file could not be opened, read, written or renamed      */
+    ATTN_ERR_BAD_FILE = 11        /* a file is truncated or malformed, or its header lies      */
+} attn_status;
+
+/** @return a static, human-readable description of a status code (never NULL). */
+ATTN_API const char *attn_strerror(attn_status status);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Data types                                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum attn_dtype {
+    ATTN_DTYPE_F32 = 0,
+    ATTN_DTYPE_F64 = 1,
+    ATTN_DTYPE_F16 = 2,
+    ATTN_DTYPE_BF16 = 3,
+    ATTN_DTYPE_BOOL = 4, /* one byte, 0 = False */
+    ATTN_DTYPE_U8 = 5,
+    ATTN_DTYPE_I32 = 6,
+    ATTN_DTYPE_I64 = 7
+} attn_dtype;
+
+/** @return the size in bytes of one element of `dtype`, or 0 for an unknown value. */
+ATTN_API size_t attn_dtype_size(attn_dtype dtype);
+/** @return a short name ("F32", "BOOL", ...) or "?" for an unknown value. */
+ATTN_API const char *attn_dtype_name(attn_dtype dtype);
+
+/* ------------------------------------------------------------------------------------------ */
+/* PyTorch-compatible CPU random generator                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * attn_generator reproduces PyTorch's default CPU generator (torch 1.13 and 2.x, builds without
+ * MKL, float32 kernels with AVX2 dispatch, i.e. any x86-64 PC): a 32-bit MT19937 seeded like
+ * torch.manual_seed, plus the cached second value of the double-precision Box-Muller transform.
+ * Each function below draws the same numbers, in the same order, as the PyTorch call it names,
+ * so interleaving them like a Python program does reproduces that program's tensors bit for bit.
+ * The struct is public so it can live on the stack; treat its fields as private.
+ */
+typedef struct attn_generator {
+    uint32_t mt[624];
+    int32_t left;        /* draws left before the next twist */
+    int32_t next;        /* index of the next state word */
+    int32_t has_normal;  /* 1 when `normal` holds a cached Box-Muller value */
+    int32_t reserved;
+    double normal;
+} attn_generator;
+
+/** torch.manual_seed(seed): only the low 32 bits of `seed` are used; clears the normal cache. */
+ATTN_API void attn_generator_seed(attn_generator *gen, uint64_t seed);
+/** One tempered 32-bit MT19937 output (torch's generator.random()). */
+ATTN_API uint32_t attn_generator_random(attn_generator *gen);
+/** Two outputs, the first one as the high word (torch's generator.random64()). */
+ATTN_API uint64_t attn_generator_random64(attn_generator *gen);
+
+/**
+ * out[0..n) = torch.empty(n).uniform_(from, to), in memory order (torch.rand when from=0, to=1).
+ * Each element takes one 32-bit draw. from and to are rounded to float first, as PyTorch does;
+ * x * (to - from) + from is one fused multiply-add, as in PyTorch's AVX2 kernels. n may be 0.
+ * @return ATTN_ERR_INVALID_ARG for NULL pointers (with n > 0), n < 0 or a non-finite bound.
+ */
+ATTN_API attn_status attn_rand_uniform(attn_generator *gen, float *out, int64_t n, double from, double to);
+/**
+ * out[0..n) = torch.empty(n).normal_(mean, std) on a contiguous float32 tensor (torch.randn when
+ * mean=0, std=1): n < 16 uses double Box-Muller with the cached value, n >= 16 the 16-wide block
+ * transform of PyTorch's vectorised kernel. n may be 0.
+ * @return ATTN_ERR_INVALID_ARG for NULL pointers, n < 0, std < 0 or non-finite mean/std.
+ */
+ATTN_API attn_status attn_rand_normal(attn_generator *gen, float *out, int64_t n, double mean, double std);
+/**
+ * out[i] = 1 with probability p, else 0: torch.empty(n).bernoulli_(p) (scalar p, non-MKL path:
+ * one 53-bit double per element, kept when u < p).
+ * @return ATTN_ERR_INVALID_ARG for NULL pointers, n < 0 or p outside [0, 1].
+ */
+ATTN_API attn_status attn_rand_bernoulli(attn_generator *gen, float *out, int64_t n, double p);
+/**
+ * y = torch.nn.functional.dropout(x, p, training=True) on n contiguous floats: kept elements are
+ * multiplied by float(1/float(1-p)), dropped ones become 0. p = 0 copies x and p = 1 writes zeros,
+ * both without drawing (as PyTorch). x and y may be the same array.
+ * @return ATTN_ERR_INVALID_ARG for NULL pointers, n < 0 or p outside [0, 1].
+ */
+ATTN_API attn_status attn_rand_dropout(attn_generator *gen, const float *x, float *y, int64_t n, double p);
+
+/**
+ * nn.Linear(in_features, out_features, bias) initialisation: weight (out_features, in_features)
+ * from kaiming_uniform_(a=sqrt(5)), then bias (out_features) from U(-1/sqrt(in), 1/sqrt(in)).
+ * bias may be NULL (bias=False: no draws for it).
+ */
+ATTN_API attn_status attn_init_linear(attn_generator *gen, float *weight, float *bias, int64_t in_features,
+                                      int64_t out_features);
+/** nn.init.xavier_uniform_ on a (fan_out, fan_in) matrix, gain 1. */
+ATTN_API attn_status attn_init_xavier_uniform(attn_generator *gen, float *w, int64_t fan_out, int64_t fan_in);
+/** nn.init.xavier_normal_ on n elements with the given fans (a (1,1,E) tensor has fans E and E). */
+ATTN_API attn_status attn_init_xavier_normal(attn_generator *gen, float *w, int64_t n, int64_t fan_in,
+                                             int64_t fan_out);
+/** nn.Embedding(num, dim, padding_idx): N(0,1) over num*dim, then row padding_idx (if >= 0) zeroed. */
+ATTN_API attn_status attn_init_embedding(attn_generator *gen, float *w, int64_t num, int64_t dim,
+                                         int64_t padding_idx);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Context                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct attn_ctx attn_ctx;
+
+/** Memory hooks. alloc returns memory aligned to `align` (a power of two) or NULL. */
+typedef struct attn_allocator {
+    void *(*alloc)(void *user, size_t size, size_t align);
+    void (*free)(void *user, void *ptr);
+    void *user;
+} attn_allocator;
+
+/** Which kernels the context uses. AUTO picks the fastest the CPU supports. */
+typedef enum attn_isa {
+    ATTN_ISA_AUTO = 0,
+    ATTN_ISA_REF = 1 /* the scalar reference: the specification, slow */
+} attn_isa;
+
+typedef struct attn_ctx_params {
+    int n_threads;            /* threads used by compute calls; 0 = 1 */
+    attn_isa isa;             /* kernel selection, ATTN_ISA_AUTO by default */
+    uint64_t seed;            /* seed of the context's generator (default 0) */
+    attn_allocator allocator; /* all allocations go through it; {NULL,NULL,NULL} = aligned_alloc/free */
+} attn_ctx_params;
+
+/** Fills `params` with the defaults (1 thread, AUTO, seed 0, system allocator). */
+ATTN_API void attn_ctx_params_init(attn_ctx_params *params);
+/**
+ * Creates a context. `params` may be NULL for the defaults.
+ * @return ATTN_OK and *ctx, or an error and *ctx = NULL.
+ */
+ATTN_API attn_status attn_ctx_create(const attn_ctx_params *params, attn_ctx **ctx);
+/** Frees a context and its scratch memory. NULL is allowed. */
+ATTN_API void attn_ctx_free(attn_ctx *ctx);
+/** @return the message of the last failure on this context ("" if none). Valid until the next call. */
+ATTN_API const char *attn_ctx_last_error(const attn_ctx *ctx);
+/** @return the context's generator, for seeding or drawing (torch.manual_seed = attn_generator_seed). */
+ATTN_API attn_generator *attn_ctx_generator(attn_ctx *ctx);
+/**
+ * Gives the context a caller-owned scratch buffer. From then on compute calls never allocate
+ * scratch memory; a call that needs more than `size` bytes fails with ATTN_ERR_WORKSPACE. Pass
+ * NULL, 0 to go back to context-owned scratch (grown on demand, kept between calls).
+ */
+ATTN_API attn_status attn_ctx_set_workspace(attn_ctx *ctx, void *buffer, size_t size);
+/** Grows the context-owned scratch to at least `size` bytes now, so later calls do not allocate. */
+ATTN_API attn_status attn_ctx_reserve(attn_ctx *ctx, size_t size);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Scaled dot-product attention                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * For every batch b, head h and query row i:
+ *   s[j]  = scale * dot(q[b,h,i,:], k[b,hk,j,:]) + m(b,h,i,j)      j = 0..S-1, hk = h / (H/Hkv)
+ *   p     = softmax(s)                                  (a row with every s[j] = -inf gives p = 0)
+ *   p'    = dropout(p)                                  (when dropout_p > 0)
+ *   o[b,h,i,:] = sum_j p'[j] v[b,hk,j,:]
+ *   lse[b,h,i] = log(sum_j exp(s[j]))                   (-inf for a fully masked row)
+ * where m adds -inf for causally hidden keys, the attention mask and the key padding mask.
+ * Masks: a BOOL mask blocks where True (the nn.MultiheadAttention convention, the opposite of
+ * torch SDPA's bool mask); an F32 mask is added (-inf blocks). When several masks are given their
+ * contributions are added.
+ */
+
+typedef enum attn_causal {
+    ATTN_CAUSAL_NONE = 0,
+    ATTN_CAUSAL_TOP_LEFT = 1,    /* query i sees keys j <= i: torch.triu(ones(L,S), 1) blocks */
+    ATTN_CAUSAL_BOTTOM_RIGHT = 2 /* query i sees keys j <= i + S - L (KV-cache decoding) */
+} attn_causal;
+
+typedef enum attn_weights_mode {
+    ATTN_WEIGHTS_NONE = 0,
+    ATTN_WEIGHTS_PER_HEAD = 1, /* weights out is (B, H, L, S), contiguous */
+    ATTN_WEIGHTS_AVERAGE = 2   /* weights out is (B, L, S): sum over heads / H */
+} attn_weights_mode;
+
+/** Memory layouts with a ready stride helper (attn_layout_strides). */
+typedef enum attn_layout {
+    ATTN_LAYOUT_BHLD = 0, /* (B, H, L, D) contiguous */
+    ATTN_LAYOUT_BLHD = 1, /* (B, L, H*D): batch_first (N, L, E) with heads as column blocks */
+    ATTN_LAYOUT_LBHD = 2  /* (L, B, H*D): PyTorch's default (L, N, E) */
+} attn_layout;
+
+/**
+ * Fills stride[4] (elements, in (B, H, L, D) order) for a tensor of logical shape (B, H, L, D)
+ * stored in `layout`. @return ATTN_ERR_INVALID_ARG for a bad layout or sizes < 1.
+ */
+ATTN_API attn_status attn_layout_strides(attn_layout layout, int64_t B, int64_t H, int64_t L, int64_t D,
+                                         int64_t stride[4]);
+
+typedef struct attn_sdpa_desc {
+    int64_t batch;      /* B */
+    int64_t n_heads;    /* H: query heads */
+    int64_t n_kv_heads; /* Hkv: key/value heads, H % Hkv == 0 (GQA); 0 means H */
+    int64_t len_q;      /* L */
+    int64_t len_kv;     /* S */
+    int64_t head_dim;   /* D of q and k */
+    int64_t head_dim_v; /* Dv of v and out; 0 means D */
+    /* Element strides in (B, H, L, D) order for q (B,H,L,D), k (B,Hkv,S,D), v (B,Hkv,S,Dv) and
+     * out (B,H,L,Dv). Strides may be 0 (broadcast) for inputs, not for out. */
+    int64_t q_stride[4], k_stride[4], v_stride[4], o_stride[4];
+    float scale;          /* 0 means 1/sqrt(D); otherwise any finite value */
+    attn_causal causal;   /* causal masking, combined with the masks below */
+    /* Attention mask, logical shape (B, H, L, S) with element strides in that order: strides
+     * {0, 0, S, 1} broadcast an (L, S) mask; {H*L*S, L*S, S, 1} give one per (batch, head). */
+    const void *mask;     /* NULL: no mask */
+    attn_dtype mask_dtype;  /* ATTN_DTYPE_BOOL (True blocks) or ATTN_DTYPE_F32 (added) */
+    int64_t mask_stride[4];
+    /* Key padding mask, logical shape (B, S), element strides {b, s}. */
+    const void *key_padding_mask; /* NULL: none */
+    attn_dtype key_padding_mask_dtype; /* BOOL (True = ignore that key) or F32 (added) */
+    int64_t key_padding_mask_stride[2];
+    /* Dropout on the attention weights with probability dropout_p in [0, 1), drawn from the
+     * context's generator exactly like F.dropout on the (B*H, L, S) weights in row-major order. */
+    double dropout_p;
+    attn_weights_mode weights_mode; /* which weights the `weights` argument receives */
+} attn_sdpa_desc;
+
+/** Zeroes `desc`: no masks, no dropout, default scale, n_kv_heads = H, head_dim_v = D. */
+ATTN_API void attn_sdpa_desc_init(attn_sdpa_desc *desc);
+
+/**
+ * Scratch bytes attn_sdpa_fwd needs for `desc` (for attn_ctx_set_workspace / attn_ctx_reserve).
+ */
+ATTN_API attn_status attn_sdpa_fwd_workspace_size(const attn_ctx *ctx, const attn_sdpa_desc *desc,
+                                                  size_t *bytes);
+
+/**
+ * Scaled dot-product attention forward.
+ * @param q        (B, H, L, D) at desc->q_stride
+ * @param k        (B, Hkv, S, D) at desc->k_stride
+ * @param v        (B, Hkv, S, Dv) at desc->v_stride
+ * @param out      (B, H, L, Dv) at desc->o_stride; must not overlap the inputs
+ * @param lse      (B, H, L) contiguous natural-log log-sum-exp of the masked, scaled scores
+ *                 (before dropout), or NULL
+ * @param weights  attention weights after dropout, shaped by desc->weights_mode (contiguous);
+ *                 must be non-NULL exactly when weights_mode != ATTN_WEIGHTS_NONE
+ * @return ATTN_OK; ATTN_ERR_INVALID_ARG, ATTN_ERR_BAD_SHAPE, ATTN_ERR_BAD_MASK, ATTN_ERR_OVERFLOW
+ *         for bad arguments (nothing written); ATTN_ERR_OUT_OF_MEMORY, ATTN_ERR_WORKSPACE.
+ */
+ATTN_API attn_status attn_sdpa_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const float *q, const float *k,
+                                   const float *v, float *out, float *lse, float *weights);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Multi-head attention with nn.MultiheadAttention semantics                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * Parameters, by state_dict name (all float32, row-major):
+ *   in_proj_weight (3E, E)    when kdim == vdim == E; rows [0,E) W_q, [E,2E) W_k, [2E,3E) W_v
+ *   q_proj_weight (E, E), k_proj_weight (E, kdim), v_proj_weight (E, vdim)   otherwise
+ *   in_proj_bias (3E)         when bias
+ *   bias_k (1, 1, E), bias_v (1, 1, E)   when add_bias_kv
+ *   out_proj.weight (E, E), out_proj.bias (E)   (the bias when bias)
+ * The forward follows torch 1.13's F.multi_head_attention_forward: projections (x W^T + b; one
+ * packed product when query, key and value are the same pointer), bias_k/bias_v appended as one
+ * extra key position, heads split as column blocks, a zero key appended when add_zero_attn, masks
+ * merged, q divided by sqrt(head_dim), softmax, dropout (training only), weights @ v, heads
+ * concatenated, out_proj. Differences from torch 1.13, both deliberate: fully masked rows give 0,
+ * not NaN; a float key_padding_mask is added to an attention mask of either dtype (torch 2.x
+ * semantics; 1.13 ORs it into a bool mask and rejects it beside a float mask).
+ */
+
+typedef struct attn_mha attn_mha;
+
+typedef struct attn_mha_config {
+    int64_t embed_dim;  /* E */
+    int64_t num_heads;  /* H; E % H must be 0 */
+    int64_t kdim;       /* 0 means E */
+    int64_t vdim;       /* 0 means E */
+    int bias;           /* in_proj_bias and out_proj.bias (default 1) */
+    int add_bias_kv;    /* bias_k, bias_v (default 0) */
+    int add_zero_attn;  /* append a zero key/value (default 0) */
+    int batch_first;    /* batched inputs are (N, L, E) instead of (L, N, E) (default 0) */
+    double dropout;     /* dropout on the attention weights in training mode, [0, 1) */
+} attn_mha_config;
+
+/** Fills `cfg` with nn.MultiheadAttention(embed_dim, num_heads)'s defaults. */
+ATTN_API void attn_mha_config_init(attn_mha_config *cfg, int64_t embed_dim, int64_t num_heads);
+
+/**
+ * Creates a module and initialises its parameters exactly like nn.MultiheadAttention's
+ * constructor, drawing from the context's generator (so seeding the context with s first gives
+ * torch.manual_seed(s)'s weights).
+ */
+ATTN_API attn_status attn_mha_create(attn_ctx *ctx, const attn_mha_config *cfg, attn_mha **mha);
+/** Frees a module; NULL is allowed. */
+ATTN_API void attn_mha_free(attn_mha *mha);
+/** @return the module's configuration (with kdim/vdim resolved). */
+ATTN_API const attn_mha_config *attn_mha_get_config(const attn_mha *mha);
+/** @return the number of parameters (state_dict entries). */
+ATTN_API int attn_mha_param_count(const attn_mha *mha);
+/**
+ * Describes parameter `index` (0 .. count-1, state_dict order): name, ndim, shape, data.
+ * Any output pointer may be NULL. `data` points into the module and may be written.
+ */
+ATTN_API attn_status attn_mha_param_at(attn_mha *mha, int index, const char **name, int *ndim, int64_t shape[3],
+                                       float **data);
+/** Looks a parameter up by its state_dict name. @return ATTN_ERR_NOT_FOUND if absent. */
+ATTN_API attn_status attn_mha_param(attn_mha *mha, const char *name, int *ndim, int64_t shape[3], float **data);
+
+typedef struct attn_mha_args {
+    /* Inputs. Batched: query (L, N, E), key (S, N, kdim), value (S, N, vdim), or (N, L, E) etc.
+     * with batch_first. Unbatched (`unbatched` = 1): query (L, E), key (S, kdim), value (S, vdim).
+     * key NULL means key = query; value NULL means value = key. Equal pointers mean the same
+     * tensor, as `query is key` in PyTorch (one packed projection). */
+    const float *query, *key, *value;
+    int64_t batch;   /* N (ignored when unbatched) */
+    int64_t len_q;   /* L */
+    int64_t len_kv;  /* S (ignored when key is NULL: S = L) */
+    int unbatched;
+    /* attn_mask: (L, S) when attn_mask_ndim = 2, (N*H, L, S) when 3 (index n*H + h).
+     * BOOL (True = not allowed) or F32 (added). */
+    const void *attn_mask;
+    attn_dtype attn_mask_dtype;
+    int attn_mask_ndim;
+    /* key_padding_mask: (N, S) batched, (S) unbatched; BOOL (True = ignore) or F32 (added). */
+    const void *key_padding_mask;
+    attn_dtype key_padding_mask_dtype;
+    int causal;               /* attn_mask = triu(ones(L, S), 1) as bool; exclusive with attn_mask */
+    int need_weights;         /* write the attention weights to `weights` */
+    int average_attn_weights; /* weights averaged over heads (N, L, S') rather than (N, H, L, S') */
+    int training;             /* apply the module's dropout (drawn from the context's generator) */
+} attn_mha_args;
+
+/** Zeroes `args` and sets need_weights = average_attn_weights = 1 (PyTorch's defaults). */
+ATTN_API void attn_mha_args_init(attn_mha_args *args);
+
+/** S' = S + add_bias_kv + add_zero_attn: the key count of the returned weights. */
+ATTN_API int64_t attn_mha_weights_len_kv(const attn_mha *mha, int64_t len_kv);
+
+/**
+ * nn.MultiheadAttention forward.
+ * @param out      (L, N, E), (N, L, E) with batch_first, or (L, E) unbatched; contiguous
+ * @param weights  when args->need_weights: (N, L, S') averaged or (N, H, L, S') per head;
+ *                 unbatched drops N. NULL otherwise.
+ */
+ATTN_API attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, const attn_mha_args *args, float *out,
+                                      float *weights);
+
+/* ------------------------------------------------------------------------------------------ */
+/* The book's attention modules (ch. 3), built on the general code above                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * One module type serves the chapter's classes. Each constructor draws its parameters from the
+ * context's generator in the same order as the Python class, so after seeding the context like
+ * the book seeds torch the module holds the book's weights. Parameter names follow the class's
+ * state_dict:
+ *   SelfAttention_v1:  W_query, W_key, W_value              (d_in, d_out) from torch.rand
+ *   SelfAttention_v2:  W_query.weight, W_key.weight, W_value.weight (d_out, d_in) nn.Linear,
+ *                      and W_*.bias (d_out) when qkv_bias
+ *   CausalAttention:   as v2
+ *   MultiHeadAttentionWrapper: heads.<h>.W_query.weight ... for h = 0 .. num_heads-1
+ *   MultiHeadAttention (weight splits): as v2, plus out_proj.weight (d_out, d_out), out_proj.bias
+ * Scores are divided by sqrt(head dim) after the product and after masking, as in the book.
+ * Inputs x are (batch, n_tokens, d_in), or (n_tokens, d_in) with batch = 1 for v1/v2.
+ */
+
+typedef enum attn_book_kind {
+    ATTN_BOOK_SELF_ATTENTION_V1 = 1,
+    ATTN_BOOK_SELF_ATTENTION_V2 = 2,
+    ATTN_BOOK_CAUSAL_ATTENTION = 3,
+    ATTN_BOOK_MHA_WRAPPER = 4,
+    ATTN_BOOK_MHA = 5
+} attn_book_kind;
+
+typedef struct attn_book attn_book;
+
+/** SelfAttention_v1(d_in, d_out): three torch.rand(d_in, d_out), no scaling tricks. */
+ATTN_API attn_status attn_book_self_attention_v1(attn_ctx *ctx, int64_t d_in, int64_t d_out, attn_book **m);
+/** SelfAttention_v2(d_in, d_out, qkv_bias): three nn.Linear(d_in, d_out, bias=qkv_bias). */
+ATTN_API attn_status attn_book_self_attention_v2(attn_ctx *ctx, int64_t d_in, int64_t d_out, int qkv_bias,
+                                                 attn_book **m);
+/** CausalAttention(d_in, d_out, context_length, dropout, qkv_bias). */
+ATTN_API attn_status attn_book_causal_attention(attn_ctx *ctx, int64_t d_in, int64_t d_out, int64_t context_length,
+                                                double dropout, int qkv_bias, attn_book **m);
+/** MultiHeadAttentionWrapper(d_in, d_out, context_length, dropout, num_heads, qkv_bias): output width
+ *  num_heads * d_out. */
+ATTN_API attn_status attn_book_mha_wrapper(attn_ctx *ctx, int64_t d_in, int64_t d_out, int64_t context_length,
+                                           double dropout, int64_t num_heads, int qkv_bias, attn_book **m);
+/** MultiHeadAttention(d_in, d_out, context_length, dropout, num_heads, qkv_bias): weight splits,
+ *  head_dim = d_out / num_heads, out_proj. */
+ATTN_API attn_status attn_book_mha(attn_ctx *ctx, int64_t d_in, int64_t d_out, int64_t context_length, double dropout,
+                                   int64_t num_heads, int qkv_bias, attn_book **m);
+ATTN_API void attn_book_free(attn_book *m);
+ATTN_API attn_book_kind attn_book_get_kind(const attn_book *m);
+/** Output features per token: d_out, or num_heads * d_out for the wrapper. */
+ATTN_API int64_t attn_book_out_features(const attn_book *m);
+ATTN_API int attn_book_param_count(const attn_book *m);
+ATTN_API attn_status attn_book_param_at(attn_book *m, int index, const char **name, int *ndim, int64_t shape[2],
+                                        float **data);
+ATTN_API attn_status attn_book_param(attn_book *m, const char *name, int *ndim, int64_t shape[2], float **data);
+
+/**
+ * Forward: x (batch, n_tokens, d_in) -> out (batch, n_tokens, out_features). `training` applies the
+ * module's dropout from the context's generator (nn.Module.train()). `weights`, when not NULL,
+ * receives the attention weights after dropout, (batch, heads, n_tokens, n_tokens) where heads is
+ * num_heads for the wrapper and weight-split modules and 1 otherwise.
+ * @return ATTN_ERR_CONTEXT_LENGTH when n_tokens exceeds the module's context_length.
+ */
+ATTN_API attn_status attn_book_forward(attn_ctx *ctx, attn_book *m, const float *x, int64_t batch, int64_t n_tokens,
+                                       int training, float *out, float *weights);
+
+/** The exercise's weight transfer: v1.W_x = v2.W_x.weight^T (v2 must have no qkv bias). */
+ATTN_API attn_status attn_book_transfer_v2_to_v1(const attn_book *v2, attn_book *v1);
+
+/** How the simplified self-attention normalises its scores. */
+typedef enum attn_simple_norm {
+    ATTN_SIMPLE_SOFTMAX = 0, /* softmax(scores) */
+    ATTN_SIMPLE_SUM = 1      /* scores / sum(scores): the naive normalisation */
+} attn_simple_norm;
+
+/**
+ * Simplified self-attention without trainable weights: scores = x x^T (no scaling), weights =
+ * norm(scores) row by row, context = weights x.
+ * @param x        (n, d)
+ * @param scores   (n, n) or NULL
+ * @param weights  (n, n) or NULL
+ * @param context  (n, d) or NULL
+ */
+ATTN_API attn_status attn_simple_self_attention(attn_ctx *ctx, const float *x, int64_t n, int64_t d,
+                                                attn_simple_norm norm, float *scores, float *weights,
+                                                float *context);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tensor files: .npy and .safetensors                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+#define ATTN_MAX_DIMS 8
+
+/** A named, owned, contiguous row-major tensor. */
+typedef struct attn_tensor {
+    char *name;      /* NUL-terminated; NULL for .npy */
+    attn_dtype dtype;
+    int ndim;        /* 0 .. ATTN_MAX_DIMS */
+    int64_t shape[ATTN_MAX_DIMS];
+    void *data;      /* numel * dtype size bytes */
+} attn_tensor;
+
+/** A list of tensors read from one file (in file order). */
+typedef struct attn_tensor_list {
+    int count;
+    attn_tensor *tensors;
+} attn_tensor_list;
+
+/** @return the number of elements of `t` (1 for ndim 0). */
+ATTN_API int64_t attn_tensor_numel(const attn_tensor *t);
+/** Frees a tensor's name and data (allocated through ctx) and zeroes it. */
+ATTN_API void attn_tensor_release(attn_ctx *ctx, attn_tensor *t);
+/** Frees every tensor of a list and the list's array. */
+ATTN_API void attn_tensor_list_release(attn_ctx *ctx, attn_tensor_list *list);
+/** @return the tensor called `name` in `list`, or NULL. */
+ATTN_API const attn_tensor *attn_tensor_list_find(const attn_tensor_list *list, const char *name);
+
+/**
+ * Reads a .npy file (format 1.0-3.0, little-endian, C order; dtypes f4, f8, f2, b1, u1, i4, i8).
+ * The header is never trusted: its shape must match the file's size exactly before anything of that
+ * size is allocated. @return ATTN_ERR_IO, ATTN_ERR_BAD_FILE, ATTN_ERR_UNSUPPORTED, ...
+ */
+ATTN_API attn_status attn_npy_read(attn_ctx *ctx, const char *path, attn_tensor *out);
+/** Parses .npy bytes already in memory (same checks as attn_npy_read). */
+ATTN_API attn_status attn_npy_parse(attn_ctx *ctx, const void *bytes, size_t size, attn_tensor *out);
+/**
+ * Writes a .npy file (format 1.0) whole or not at all: the bytes go to a temporary file in the same
+ * directory, which is flushed and renamed over `path`; on failure `path` is left untouched.
+ */
+ATTN_API attn_status attn_npy_write(attn_ctx *ctx, const char *path, attn_dtype dtype, int ndim,
+                                    const int64_t *shape, const void *data);
+/** Reads a .safetensors file; every tensor's offsets and size are checked against the file. */
+ATTN_API attn_status attn_safetensors_read(attn_ctx *ctx, const char *path, attn_tensor_list *out);
+/** Parses .safetensors bytes already in memory. */
+ATTN_API attn_status attn_safetensors_parse(attn_ctx *ctx, const void *bytes, size_t size, attn_tensor_list *out);
+/** Writes `count` tensors (each with a name) to a .safetensors file, atomically like attn_npy_write. */
+ATTN_API attn_status attn_safetensors_write(attn_ctx *ctx, const char *path, const attn_tensor *tensors, int count);
+
+/**
+ * Creates an nn.MultiheadAttention module from a state_dict (e.g. read from safetensors): the
+ * options follow from the tensors present (in_proj_bias -> bias, bias_k -> add_bias_kv,
+ * q_proj_weight -> separate kdim/vdim); embed_dim from out_proj.weight. add_zero_attn,
+ * batch_first and dropout come from `cfg_extra` (its other fields are ignored), which may be NULL.
+ * Every tensor must be F32 with the right shape; unknown names are an error.
+ */
+ATTN_API attn_status attn_mha_create_from_state(attn_ctx *ctx, const attn_tensor_list *state, int64_t num_heads,
+                                                const attn_mha_config *cfg_extra, attn_mha **mha);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ATTN_H */

@@ -1,0 +1,2 @@
+// book.c - placeholder
+typedef int attn_placeholder_book_;

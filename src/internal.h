@@ -1,0 +1,129 @@
+// internal.h - declarations shared by libattn's sources; not installed.
+//
+// Rules the sources follow:
+//  - Internal non-static symbols start with attn__.
+//  - Public entry points validate every argument, then take scratch memory once with
+//    attn__workspace() and pass explicit (pointer, size) workspaces down. Internal functions never
+//    call attn__workspace() themselves (it may move the context's scratch buffer).
+//  - Errors are reported with attn__fail(), which records a message in the context and returns
+//    the status, so `return attn__fail(ctx, ATTN_ERR_BAD_SHAPE, "...")` is the idiom.
+//  - Macros that return say so in their name (ATTN_RETURN_IF_ERR).
+#ifndef ATTN_INTERNAL_H
+#define ATTN_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "attn.h"
+
+#define ATTN_ALIGN 64
+#define ATTN_ERR_MSG_SIZE 256
+
+struct attn_ctx {
+    attn_allocator alloc;
+    attn_isa isa;
+    int n_threads;
+    attn_generator gen;
+    char err[ATTN_ERR_MSG_SIZE];
+    void *ws;          // scratch buffer (owned unless ws_external)
+    size_t ws_size;
+    bool ws_external;
+};
+
+#define ATTN_RETURN_IF_ERR(expr)            \
+    do {                                    \
+        attn_status attn__st_ = (expr);     \
+        if (attn__st_ != ATTN_OK) return attn__st_; \
+    } while (0)
+
+#if defined(__GNUC__)
+#define ATTN_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define ATTN_PRINTF(f, a)
+#endif
+
+// Records "message" in ctx (if not NULL) and returns status.
+attn_status attn__fail(attn_ctx *ctx, attn_status status, const char *fmt, ...) ATTN_PRINTF(3, 4);
+// Clears the context's last error (called at the start of public entry points).
+void attn__clear_error(attn_ctx *ctx);
+
+// ---- memory -------------------------------------------------------------------------------
+// The system allocator used when the caller gives none (aligned, NULL on failure).
+void attn__default_allocator(attn_allocator *a);
+// Allocates `size` bytes aligned to ATTN_ALIGN through `a`; NULL on failure or size 0.
+void *attn__alloc_with(const attn_allocator *a, size_t size);
+void attn__free_with(const attn_allocator *a, void *p);
+// Same through ctx->alloc, recording an error message on failure.
+attn_status attn__alloc(attn_ctx *ctx, size_t size, void **out);
+void attn__free(attn_ctx *ctx, void *p);
+// Returns ctx scratch of at least `size` bytes in *out (grows the owned buffer if needed).
+attn_status attn__workspace(attn_ctx *ctx, size_t size, void **out);
+
+// A bump allocator over a workspace: every piece starts on an ATTN_ALIGN boundary. Used both to
+// size a workspace (base NULL: only `used` grows) and to carve it, so the two cannot disagree.
+typedef struct attn__arena {
+    char *base;
+    size_t used;
+} attn__arena;
+void *attn__arena_take(attn__arena *a, size_t bytes);
+
+// ---- checked size arithmetic -------------------------------------------------------------
+// Return false on overflow (or a negative operand), true otherwise.
+bool attn__mul_i64(int64_t a, int64_t b, int64_t *out);
+bool attn__add_i64(int64_t a, int64_t b, int64_t *out);
+// numel = prod(dims[0..n)), each >= 1. Records an error naming `what` on failure.
+attn_status attn__numel(attn_ctx *ctx, const char *what, int n, const int64_t *dims, int64_t *out);
+// bytes = count * elem as a size_t, checked.
+attn_status attn__bytes(attn_ctx *ctx, const char *what, int64_t count, size_t elem, size_t *out);
+// Largest offset reached by an (n0, n1, n2, n3) view with strides s (all n >= 1); false on overflow.
+bool attn__view_extent(const int64_t n[4], const int64_t s[4], int64_t *max_offset);
+
+// ---- scaled dot-product attention ------------------------------------------------------------
+// Checks a descriptor; on success fills the resolved values (Hkv, Dv, scale).
+typedef struct attn__sdpa_shape {
+    int64_t B, H, Hkv, L, S, D, Dv;
+    int64_t group; // H / Hkv
+    float scale;
+} attn__sdpa_shape;
+attn_status attn__sdpa_check(attn_ctx *ctx, const attn_sdpa_desc *d, attn__sdpa_shape *sh);
+// Scratch needed by attn__sdpa_run for a checked descriptor.
+size_t attn__sdpa_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d);
+// Runs the kernel chosen for ctx on a checked descriptor with `ws` (>= attn__sdpa_workspace bytes).
+void attn__sdpa_run(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const float *q,
+                    const float *k, const float *v, float *out, float *lse, float *weights, void *ws);
+
+// The scalar reference kernel (src/ref/sdpa_ref.c): the specification every other kernel is
+// tested against. Workspace: attn__sdpa_ref_workspace bytes.
+size_t attn__sdpa_ref_workspace(const attn__sdpa_shape *sh);
+void attn__sdpa_fwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, attn_generator *gen, const float *q,
+                        const float *k, const float *v, float *out, float *lse, float *weights, void *ws);
+
+// ---- dense linear algebra -------------------------------------------------------------------
+// y[r, o] = sum_i x[r, i] * W(o, i) + b[o] for r < rows, o < out.
+//   x: (rows, in) with row stride ldx;  y: (rows, out) with row stride ldy
+//   W: (out, in) row-major when !w_in_out (nn.Linear), (in, out) row-major when w_in_out (x @ W)
+//   b: (out) or NULL
+void attn__linear(const attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const float *W,
+                  bool w_in_out, const float *b, int64_t out, float *y, int64_t ldy);
+
+// ---- random ------------------------------------------------------------------------------------
+// One float32 uniform in [0,1) with 24 random bits (torch's uniform_real_distribution<float>).
+float attn__rand_unit_f32(attn_generator *gen);
+// One double uniform in [0,1) with 53 random bits.
+double attn__rand_unit_f64(attn_generator *gen);
+// True when a dropout draw keeps the element (u < 1 - p, two 32-bit draws).
+static inline bool attn__dropout_keep(attn_generator *gen, double keep_prob) {
+    return attn__rand_unit_f64(gen) < keep_prob;
+}
+
+// ---- module parameters (shared by attn_mha and attn_book) --------------------------------------
+#define ATTN_PARAM_NAME_MAX 48
+typedef struct attn__param {
+    char name[ATTN_PARAM_NAME_MAX];
+    int ndim;
+    int64_t shape[3];
+    float *data;
+} attn__param;
+
+#endif // ATTN_INTERNAL_H

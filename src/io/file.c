@@ -1,0 +1,2 @@
+// file.c - placeholder
+typedef int attn_placeholder_file_;

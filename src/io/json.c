@@ -1,0 +1,2 @@
+// json.c - placeholder
+typedef int attn_placeholder_json_;

@@ -1,0 +1,2 @@
+// npy.c - placeholder
+typedef int attn_placeholder_npy_;

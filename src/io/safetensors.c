@@ -1,0 +1,2 @@
+// safetensors.c - placeholder
+typedef int attn_placeholder_safetensors_;

@@ -1,0 +1,2 @@
+// tensor.c - placeholder
+typedef int attn_placeholder_tensor_;

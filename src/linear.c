@@ -1,0 +1,2 @@
+// linear.c - placeholder
+typedef int attn_placeholder_linear_;

@@ -1,0 +1,2 @@
+// mha.c - placeholder
+typedef int attn_placeholder_mha_;

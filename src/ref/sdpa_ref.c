@@ -1,0 +1,2 @@
+// sdpa_ref.c - placeholder
+typedef int attn_placeholder_sdpa_ref_;

@@ -1,0 +1,2 @@
+// rng.c - placeholder
+typedef int attn_placeholder_rng_;

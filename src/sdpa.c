@@ -1,0 +1,2 @@
+// sdpa.c - placeholder
+typedef int attn_placeholder_sdpa_;

@@ -1,0 +1,2 @@
+// args.c - placeholder
+typedef int attn_placeholder_args_;

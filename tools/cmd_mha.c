@@ -1,0 +1,2 @@
+// cmd_mha.c - placeholder
+typedef int attn_placeholder_cmd_mha_;

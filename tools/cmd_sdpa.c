@@ -1,0 +1,2 @@
+// cmd_sdpa.c - placeholder
+typedef int attn_placeholder_cmd_sdpa_;

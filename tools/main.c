@@ -1,0 +1,2 @@
+// main.c - placeholder
+typedef int attn_placeholder_main_;

@@ -1,0 +1,2 @@
+// print.c - placeholder
+typedef int attn_placeholder_print_;
