@@ -132,30 +132,38 @@ ATTN_API uint64_t attn_generator_random64(attn_generator *gen);
  * out[0..n) = torch.empty(n).uniform_(from, to), in memory order (torch.rand when from=0, to=1).
  * Each element takes one 32-bit draw. from and to are rounded to float first, as PyTorch does;
  * x * (to - from) + from is one fused multiply-add, as in PyTorch's AVX2 kernels. n may be 0.
- * @return ATTN_ERR_INVALID_ARG for NULL pointers (with n > 0), n < 0 or a non-finite bound.
+ * @return ATTN_ERR_INVALID_ARG for a NULL generator, a NULL out with n > 0, n < 0, non-finite
+ *         bounds, from > to, bounds outside the float range or to - from > FLT_MAX (as PyTorch).
  */
 ATTN_API attn_status attn_rand_uniform(attn_generator *gen, float *out, int64_t n, double from, double to);
 /**
  * out[0..n) = torch.empty(n).normal_(mean, std) on a contiguous float32 tensor (torch.randn when
- * mean=0, std=1): n < 16 uses double Box-Muller with the cached value, n >= 16 the 16-wide block
- * transform of PyTorch's vectorised kernel. n may be 0.
+ * mean=0, std=1): n < 16 uses double Box-Muller with the cached value and computes z*std + mean as
+ * one double fused multiply-add; n >= 16 uses the 16-wide block transform of PyTorch's vectorised
+ * kernel with mean and std rounded to float. n may be 0. The n < 16 path calls the C library's
+ * double log/sin/cos, as PyTorch does: identical to PyTorch on glibc.
  * @return ATTN_ERR_INVALID_ARG for NULL pointers, n < 0, std < 0 or non-finite mean/std.
  */
 ATTN_API attn_status attn_rand_normal(attn_generator *gen, float *out, int64_t n, double mean, double std);
 /**
  * out[i] = 1 with probability p, else 0: torch.empty(n).bernoulli_(p) (scalar p, non-MKL path:
- * one 53-bit double per element, kept when u < p).
+ * one 53-bit double (two 32-bit draws) per element, 1 when u < p; also for p = 0 and p = 1).
  * @return ATTN_ERR_INVALID_ARG for NULL pointers, n < 0 or p outside [0, 1].
  */
 ATTN_API attn_status attn_rand_bernoulli(attn_generator *gen, float *out, int64_t n, double p);
 /**
- * y = torch.nn.functional.dropout(x, p, training=True) on n contiguous floats: kept elements are
- * multiplied by float(1/float(1-p)), dropped ones become 0. p = 0 copies x and p = 1 writes zeros,
- * both without drawing (as PyTorch). x and y may be the same array.
+ * y = torch.nn.functional.dropout(x, p, training=True) on n contiguous floats: y = x * noise with
+ * noise = float(1/float(1-p)) for kept elements and 0 for dropped ones (so a dropped -1 gives -0.0
+ * and a dropped inf gives NaN, as in PyTorch). p = 0 copies x and p = 1 gives x * 0, both without
+ * drawing. x and y may be the same array.
  * @return ATTN_ERR_INVALID_ARG for NULL pointers, n < 0 or p outside [0, 1].
  */
 ATTN_API attn_status attn_rand_dropout(attn_generator *gen, const float *x, float *y, int64_t n, double p);
 
+/*
+ * Initialisers. Each returns ATTN_ERR_INVALID_ARG for NULL pointers, ATTN_ERR_BAD_SHAPE for sizes
+ * < 1 and ATTN_ERR_OVERFLOW when the element count overflows; nothing is drawn on error.
+ */
 /**
  * nn.Linear(in_features, out_features, bias) initialisation: weight (out_features, in_features)
  * from kaiming_uniform_(a=sqrt(5)), then bias (out_features) from U(-1/sqrt(in), 1/sqrt(in)).
@@ -168,7 +176,9 @@ ATTN_API attn_status attn_init_xavier_uniform(attn_generator *gen, float *w, int
 /** nn.init.xavier_normal_ on n elements with the given fans (a (1,1,E) tensor has fans E and E). */
 ATTN_API attn_status attn_init_xavier_normal(attn_generator *gen, float *w, int64_t n, int64_t fan_in,
                                              int64_t fan_out);
-/** nn.Embedding(num, dim, padding_idx): N(0,1) over num*dim, then row padding_idx (if >= 0) zeroed. */
+/** nn.Embedding(num, dim, padding_idx): N(0,1) over num*dim, then row padding_idx zeroed. A negative
+ *  padding_idx means none (PyTorch's negative indices count from the end: convert them first);
+ *  padding_idx >= num is ATTN_ERR_INVALID_ARG. */
 ATTN_API attn_status attn_init_embedding(attn_generator *gen, float *w, int64_t num, int64_t dim,
                                          int64_t padding_idx);
 
@@ -552,7 +562,8 @@ ATTN_API attn_status attn_safetensors_write(attn_ctx *ctx, const char *path, con
 /**
  * Creates an nn.MultiheadAttention module from a state_dict (e.g. read from safetensors): the
  * options follow from the tensors present (in_proj_bias -> bias, bias_k -> add_bias_kv,
- * q_proj_weight -> separate kdim/vdim); embed_dim from out_proj.weight. add_zero_attn,
+ * q_proj_weight -> separate kdim/vdim, which may also equal embed_dim); embed_dim from
+ * out_proj.weight. add_zero_attn,
  * batch_first and dropout come from `cfg_extra` (its other fields are ignored), which may be NULL.
  * Every tensor must be F32 with the right shape; unknown names are an error.
  */
