@@ -118,12 +118,31 @@ static inline bool attn__dropout_keep(attn_generator *gen, double keep_prob) {
 }
 
 // ---- module parameters (shared by attn_mha and attn_book) --------------------------------------
+// A module's parameters: a small table of named float tensors sharing one allocation.
 #define ATTN_PARAM_NAME_MAX 48
 typedef struct attn__param {
     char name[ATTN_PARAM_NAME_MAX];
     int ndim;
     int64_t shape[3];
+    int64_t numel;
     float *data;
 } attn__param;
+
+typedef struct attn__params {
+    attn__param *items;
+    int count, capacity;
+    float *storage;
+} attn__params;
+
+// Appends a parameter (data assigned by attn__params_alloc). Returns an error for overflow.
+attn_status attn__params_add(attn_ctx *ctx, attn__params *p, const char *name, int ndim, const int64_t *shape);
+// Allocates zeroed storage for every parameter added so far and points each `data` into it.
+attn_status attn__params_alloc(attn_ctx *ctx, attn__params *p);
+void attn__params_free(const attn_allocator *a, attn__params *p);
+// Looks a parameter up by name (NULL if absent).
+attn__param *attn__params_find(const attn__params *p, const char *name);
+// Fills the optional outputs of the public *_param_at / *_param functions.
+void attn__param_describe(const attn__param *prm, const char **name, int *ndim, int64_t *shape, int shape_len,
+                          float **data);
 
 #endif // ATTN_INTERNAL_H

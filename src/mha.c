@@ -1,2 +1,262 @@
-// mha.c - placeholder
-typedef int attn_placeholder_mha_;
+// mha.c - nn.MultiheadAttention: configuration, parameters under PyTorch's state_dict names, the
+// constructor's initialisation, and the forward pass (validated here, computed by mha_core.c).
+#include <math.h>
+#include <string.h>
+
+#include "mha_core.h"
+#include "mha_internal.h"
+
+void attn_mha_config_init(attn_mha_config *cfg, int64_t embed_dim, int64_t num_heads) {
+    if (cfg == NULL) return;
+    memset(cfg, 0, sizeof *cfg);
+    cfg->embed_dim = embed_dim;
+    cfg->num_heads = num_heads;
+    cfg->bias = 1;
+}
+
+void attn_mha_args_init(attn_mha_args *args) {
+    if (args == NULL) return;
+    memset(args, 0, sizeof *args);
+    args->need_weights = 1;
+    args->average_attn_weights = 1;
+}
+
+static attn_status check_config(attn_ctx *ctx, const attn_mha_config *in, attn_mha_config *out) {
+    *out = *in;
+    if (in->embed_dim < 1 || in->num_heads < 1)
+        return attn__fail(ctx, ATTN_ERR_BAD_SHAPE, "mha: embed_dim (%lld) and num_heads (%lld) must be >= 1",
+                          (long long)in->embed_dim, (long long)in->num_heads);
+    if (in->embed_dim % in->num_heads != 0)
+        return attn__fail(ctx, ATTN_ERR_BAD_SHAPE, "mha: embed_dim (%lld) must be divisible by num_heads (%lld)",
+                          (long long)in->embed_dim, (long long)in->num_heads);
+    if (in->kdim < 0 || in->vdim < 0)
+        return attn__fail(ctx, ATTN_ERR_BAD_SHAPE, "mha: kdim and vdim must be >= 1 (or 0 for embed_dim)");
+    if (!(in->dropout >= 0.0 && in->dropout <= 1.0))
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha: dropout = %g must be in [0, 1]", in->dropout);
+    out->kdim = in->kdim == 0 ? in->embed_dim : in->kdim;
+    out->vdim = in->vdim == 0 ? in->embed_dim : in->vdim;
+    out->bias = in->bias != 0;
+    out->add_bias_kv = in->add_bias_kv != 0;
+    out->add_zero_attn = in->add_zero_attn != 0;
+    out->batch_first = in->batch_first != 0;
+    return ATTN_OK;
+}
+
+void attn_mha_free(attn_mha *m) {
+    if (m == NULL) return;
+    attn_allocator a = m->alloc;
+    attn__params_free(&a, &m->params);
+    attn__free_with(&a, m);
+}
+
+attn_status attn__mha_alloc(attn_ctx *ctx, const attn_mha_config *cfg_in, bool separate_qkv, attn_mha **out) {
+    attn_mha_config cfg;
+    ATTN_RETURN_IF_ERR(check_config(ctx, cfg_in, &cfg));
+    attn_mha *m;
+    ATTN_RETURN_IF_ERR(attn__alloc(ctx, sizeof *m, (void **)&m));
+    memset(m, 0, sizeof *m);
+    m->alloc = ctx->alloc;
+    m->cfg = cfg;
+    const int64_t E = cfg.embed_dim;
+    m->packed = cfg.kdim == E && cfg.vdim == E && !separate_qkv;
+    int64_t E3;
+    attn_status st = attn__mul_i64(3, E, &E3) ? ATTN_OK : attn__fail(ctx, ATTN_ERR_OVERFLOW, "mha: 3*embed_dim overflows");
+    // state_dict order
+    if (st == ATTN_OK && m->packed) st = attn__params_add(ctx, &m->params, "in_proj_weight", 2, (int64_t[]){E3, E});
+    if (st == ATTN_OK && !m->packed) st = attn__params_add(ctx, &m->params, "q_proj_weight", 2, (int64_t[]){E, E});
+    if (st == ATTN_OK && !m->packed)
+        st = attn__params_add(ctx, &m->params, "k_proj_weight", 2, (int64_t[]){E, cfg.kdim});
+    if (st == ATTN_OK && !m->packed)
+        st = attn__params_add(ctx, &m->params, "v_proj_weight", 2, (int64_t[]){E, cfg.vdim});
+    if (st == ATTN_OK && cfg.bias) st = attn__params_add(ctx, &m->params, "in_proj_bias", 1, (int64_t[]){E3});
+    if (st == ATTN_OK && cfg.add_bias_kv) st = attn__params_add(ctx, &m->params, "bias_k", 3, (int64_t[]){1, 1, E});
+    if (st == ATTN_OK && cfg.add_bias_kv) st = attn__params_add(ctx, &m->params, "bias_v", 3, (int64_t[]){1, 1, E});
+    if (st == ATTN_OK) st = attn__params_add(ctx, &m->params, "out_proj.weight", 2, (int64_t[]){E, E});
+    if (st == ATTN_OK && cfg.bias) st = attn__params_add(ctx, &m->params, "out_proj.bias", 1, (int64_t[]){E});
+    if (st == ATTN_OK) st = attn__params_alloc(ctx, &m->params);
+    if (st != ATTN_OK) {
+        attn_mha_free(m);
+        return st;
+    }
+    *out = m;
+    return ATTN_OK;
+}
+
+// The module's projection weights and biases, wherever the layout keeps them.
+typedef struct mha_views {
+    const float *wq, *wk, *wv, *bq, *bk, *bv, *bias_k, *bias_v, *wo, *bo;
+} mha_views;
+
+static mha_views views_of(const attn_mha *m) {
+    const int64_t E = m->cfg.embed_dim;
+    mha_views v = {0};
+    const attn__params *p = &m->params;
+    if (m->packed) {
+        const float *w = attn__params_find(p, "in_proj_weight")->data; // (3E, E): W_q; W_k; W_v
+        v.wq = w, v.wk = w + E * E, v.wv = w + 2 * E * E;
+    } else {
+        v.wq = attn__params_find(p, "q_proj_weight")->data;
+        v.wk = attn__params_find(p, "k_proj_weight")->data;
+        v.wv = attn__params_find(p, "v_proj_weight")->data;
+    }
+    const attn__param *b = attn__params_find(p, "in_proj_bias");
+    if (b != NULL) v.bq = b->data, v.bk = b->data + E, v.bv = b->data + 2 * E;
+    const attn__param *bk = attn__params_find(p, "bias_k"), *bv = attn__params_find(p, "bias_v");
+    v.bias_k = bk != NULL ? bk->data : NULL;
+    v.bias_v = bv != NULL ? bv->data : NULL;
+    v.wo = attn__params_find(p, "out_proj.weight")->data;
+    const attn__param *bo = attn__params_find(p, "out_proj.bias");
+    v.bo = bo != NULL ? bo->data : NULL;
+    return v;
+}
+
+attn_status attn_mha_create(attn_ctx *ctx, const attn_mha_config *cfg, attn_mha **out) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    attn__clear_error(ctx);
+    if (cfg == NULL || out == NULL) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha_create: NULL argument");
+    *out = NULL;
+    attn_mha *m;
+    ATTN_RETURN_IF_ERR(attn__mha_alloc(ctx, cfg, false, &m));
+    // nn.MultiheadAttention.__init__: out_proj = Linear(E, E, bias) is built (and drawn) first, then
+    // _reset_parameters: xavier_uniform_ on the input projections, zero biases, xavier_normal_ on
+    // bias_k and bias_v.
+    attn_generator *g = &ctx->gen;
+    const int64_t E = m->cfg.embed_dim;
+    attn__param *wo = attn__params_find(&m->params, "out_proj.weight");
+    attn__param *bo = attn__params_find(&m->params, "out_proj.bias");
+    attn_status st = attn_init_linear(g, wo->data, bo != NULL ? bo->data : NULL, E, E);
+    if (st == ATTN_OK && m->packed)
+        st = attn_init_xavier_uniform(g, attn__params_find(&m->params, "in_proj_weight")->data, 3 * E, E);
+    if (st == ATTN_OK && !m->packed)
+        st = attn_init_xavier_uniform(g, attn__params_find(&m->params, "q_proj_weight")->data, E, E);
+    if (st == ATTN_OK && !m->packed)
+        st = attn_init_xavier_uniform(g, attn__params_find(&m->params, "k_proj_weight")->data, E, m->cfg.kdim);
+    if (st == ATTN_OK && !m->packed)
+        st = attn_init_xavier_uniform(g, attn__params_find(&m->params, "v_proj_weight")->data, E, m->cfg.vdim);
+    attn__param *bi = attn__params_find(&m->params, "in_proj_bias");
+    if (bi != NULL) memset(bi->data, 0, (size_t)bi->numel * sizeof(float));
+    if (bo != NULL) memset(bo->data, 0, (size_t)bo->numel * sizeof(float));
+    if (st == ATTN_OK && m->cfg.add_bias_kv) {
+        st = attn_init_xavier_normal(g, attn__params_find(&m->params, "bias_k")->data, E, E, E);
+        if (st == ATTN_OK) st = attn_init_xavier_normal(g, attn__params_find(&m->params, "bias_v")->data, E, E, E);
+    }
+    if (st != ATTN_OK) {
+        attn_mha_free(m);
+        return attn__fail(ctx, st, "mha_create: parameter initialisation failed");
+    }
+    *out = m;
+    return ATTN_OK;
+}
+
+const attn_mha_config *attn_mha_get_config(const attn_mha *m) { return m != NULL ? &m->cfg : NULL; }
+
+int attn_mha_param_count(const attn_mha *m) { return m != NULL ? m->params.count : 0; }
+
+attn_status attn_mha_param_at(attn_mha *m, int index, const char **name, int *ndim, int64_t shape[3], float **data) {
+    if (m == NULL || index < 0 || index >= m->params.count) return ATTN_ERR_INVALID_ARG;
+    attn__param_describe(&m->params.items[index], name, ndim, shape, 3, data);
+    return ATTN_OK;
+}
+
+attn_status attn_mha_param(attn_mha *m, const char *name, int *ndim, int64_t shape[3], float **data) {
+    if (m == NULL || name == NULL) return ATTN_ERR_INVALID_ARG;
+    const attn__param *p = attn__params_find(&m->params, name);
+    if (p == NULL) return ATTN_ERR_NOT_FOUND;
+    attn__param_describe(p, NULL, ndim, shape, 3, data);
+    return ATTN_OK;
+}
+
+int64_t attn_mha_weights_len_kv(const attn_mha *m, int64_t len_kv) {
+    if (m == NULL) return 0;
+    return len_kv + (m->cfg.add_bias_kv ? 1 : 0) + (m->cfg.add_zero_attn ? 1 : 0);
+}
+
+static attn_status check_mask(attn_ctx *ctx, const char *what, attn_dtype dt) {
+    if (dt != ATTN_DTYPE_BOOL && dt != ATTN_DTYPE_F32 && dt != ATTN_DTYPE_U8)
+        return attn__fail(ctx, ATTN_ERR_BAD_MASK, "mha: %s must be BOOL or F32 (U8 is read as BOOL), not %s", what,
+                          attn_dtype_name(dt));
+    return ATTN_OK;
+}
+
+// Validates args against the module and fills the core's spec and io.
+static attn_status mha_prepare(attn_ctx *ctx, const attn_mha *m, const attn_mha_args *a, float *out, float *weights,
+                               attn__mha_spec *spec, attn__mha_io *io) {
+    const attn_mha_config *c = &m->cfg;
+    const int64_t E = c->embed_dim, H = c->num_heads;
+    if (a->query == NULL || out == NULL) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha: query and out must not be NULL");
+    if (a->need_weights && weights == NULL)
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha: need_weights is set but weights is NULL");
+    if (!a->need_weights && weights != NULL)
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha: weights given but need_weights is not set");
+    const float *key = a->key != NULL ? a->key : a->query;
+    const float *value = a->value != NULL ? a->value : key;
+    const int64_t N = a->unbatched ? 1 : a->batch, L = a->len_q;
+    const int64_t S = a->key != NULL ? a->len_kv : a->len_q;
+    if (N < 1 || L < 1 || S < 1)
+        return attn__fail(ctx, ATTN_ERR_BAD_SHAPE, "mha: batch (%lld), len_q (%lld) and len_kv (%lld) must be >= 1",
+                          (long long)N, (long long)L, (long long)S);
+    if (a->key == NULL && c->kdim != E)
+        return attn__fail(ctx, ATTN_ERR_BAD_SHAPE, "mha: key omitted but kdim (%lld) != embed_dim (%lld)",
+                          (long long)c->kdim, (long long)E);
+    if (a->value == NULL && c->vdim != (a->key == NULL ? E : c->kdim))
+        return attn__fail(ctx, ATTN_ERR_BAD_SHAPE, "mha: value omitted but vdim (%lld) differs from the key's width",
+                          (long long)c->vdim);
+    if (a->causal && a->attn_mask != NULL)
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha: causal and attn_mask are exclusive");
+    if (a->attn_mask != NULL) {
+        ATTN_RETURN_IF_ERR(check_mask(ctx, "attn_mask", a->attn_mask_dtype));
+        if (a->attn_mask_ndim != 2 && a->attn_mask_ndim != 3)
+            return attn__fail(ctx, ATTN_ERR_BAD_MASK, "mha: attn_mask must be 2-D (L, S) or 3-D (N*H, L, S), not %d-D",
+                              a->attn_mask_ndim);
+    }
+    if (a->key_padding_mask != NULL) ATTN_RETURN_IF_ERR(check_mask(ctx, "key_padding_mask", a->key_padding_mask_dtype));
+
+    const mha_views v = views_of(m);
+    memset(spec, 0, sizeof *spec);
+    spec->E = E, spec->H = H, spec->dq = E, spec->dk = c->kdim, spec->dv = c->vdim;
+    spec->wq = v.wq, spec->wk = v.wk, spec->wv = v.wv, spec->bq = v.bq, spec->bk = v.bk, spec->bv = v.bv;
+    spec->bias_k = v.bias_k, spec->bias_v = v.bias_v, spec->add_zero_attn = c->add_zero_attn;
+    spec->wo = v.wo, spec->bo = v.bo, spec->prescale_q = true, spec->dropout = c->dropout;
+
+    memset(io, 0, sizeof *io);
+    io->query = a->query, io->key = key, io->value = value, io->out = out;
+    io->N = N, io->L = L, io->S = S;
+    // Row stride r and batch stride b of each tensor: (L,N,E) -> (N*E, E); (N,L,E) -> (E, L*E).
+    const bool bf = a->unbatched || c->batch_first;
+    io->q_rs = bf ? E : N * E, io->q_bs = a->unbatched ? 0 : (bf ? L * E : E);
+    io->k_rs = bf ? c->kdim : N * c->kdim, io->k_bs = a->unbatched ? 0 : (bf ? S * c->kdim : c->kdim);
+    io->v_rs = bf ? c->vdim : N * c->vdim, io->v_bs = a->unbatched ? 0 : (bf ? S * c->vdim : c->vdim);
+    io->o_rs = bf ? E : N * E, io->o_bs = a->unbatched ? 0 : (bf ? L * E : E);
+    if (a->attn_mask != NULL) {
+        io->attn_mask = a->attn_mask;
+        io->attn_mask_dtype = a->attn_mask_dtype == ATTN_DTYPE_U8 ? ATTN_DTYPE_BOOL : a->attn_mask_dtype;
+        io->attn_mask_ndim = a->attn_mask_ndim;
+    }
+    if (a->key_padding_mask != NULL) {
+        io->key_padding_mask = a->key_padding_mask;
+        io->kpm_dtype = a->key_padding_mask_dtype == ATTN_DTYPE_U8 ? ATTN_DTYPE_BOOL : a->key_padding_mask_dtype;
+        io->kpm_bs = a->unbatched ? 0 : S;
+    }
+    io->causal = a->causal != 0;
+    io->training = a->training != 0;
+    io->weights = weights;
+    io->weights_mode = !a->need_weights ? ATTN_WEIGHTS_NONE
+                       : a->average_attn_weights ? ATTN_WEIGHTS_AVERAGE
+                                                 : ATTN_WEIGHTS_PER_HEAD;
+    return ATTN_OK;
+}
+
+attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *m, const attn_mha_args *args, float *out, float *weights) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    attn__clear_error(ctx);
+    if (m == NULL || args == NULL) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha_forward: NULL module or args");
+    attn__mha_spec spec;
+    attn__mha_io io;
+    ATTN_RETURN_IF_ERR(mha_prepare(ctx, m, args, out, weights, &spec, &io));
+    attn__mha_plan plan;
+    ATTN_RETURN_IF_ERR(attn__mha_core_plan(ctx, &spec, &io, &plan));
+    void *ws;
+    ATTN_RETURN_IF_ERR(attn__workspace(ctx, plan.ws_size, &ws));
+    attn__mha_core_run(ctx, &spec, &io, &plan, ws);
+    return ATTN_OK;
+}

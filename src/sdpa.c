@@ -1,2 +1,142 @@
-// sdpa.c - placeholder
-typedef int attn_placeholder_sdpa_;
+// sdpa.c - the public scaled dot-product attention entry points: validate, size the scratch,
+// pick the kernel for the context, run.
+#include <math.h>
+#include <string.h>
+
+#include "internal.h"
+
+void attn_sdpa_desc_init(attn_sdpa_desc *desc) {
+    if (desc != NULL) memset(desc, 0, sizeof *desc);
+}
+
+attn_status attn_layout_strides(attn_layout layout, int64_t B, int64_t H, int64_t L, int64_t D, int64_t stride[4]) {
+    if (stride == NULL || B < 1 || H < 1 || L < 1 || D < 1) return ATTN_ERR_INVALID_ARG;
+    int64_t HD, LHD, BHD, HLD;
+    if (!attn__mul_i64(H, D, &HD) || !attn__mul_i64(L, HD, &LHD) || !attn__mul_i64(B, HD, &BHD) ||
+        !attn__mul_i64(L, D, &HLD) || !attn__mul_i64(HLD, H, &HLD))
+        return ATTN_ERR_OVERFLOW;
+    switch (layout) {
+    case ATTN_LAYOUT_BHLD: // (B, H, L, D)
+        stride[0] = HLD, stride[1] = L * D, stride[2] = D, stride[3] = 1;
+        return ATTN_OK;
+    case ATTN_LAYOUT_BLHD: // (B, L, H*D)
+        stride[0] = LHD, stride[1] = D, stride[2] = HD, stride[3] = 1;
+        return ATTN_OK;
+    case ATTN_LAYOUT_LBHD: // (L, B, H*D)
+        stride[0] = HD, stride[1] = D, stride[2] = BHD, stride[3] = 1;
+        return ATTN_OK;
+    }
+    return ATTN_ERR_INVALID_ARG;
+}
+
+static attn_status check_view(attn_ctx *ctx, const char *what, const int64_t n[4], const int64_t s[4]) {
+    for (int i = 0; i < 4; i++)
+        if (s[i] < 0)
+            return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "%s: stride[%d] = %lld is negative", what, i, (long long)s[i]);
+    int64_t extent;
+    if (!attn__view_extent(n, s, &extent))
+        return attn__fail(ctx, ATTN_ERR_OVERFLOW, "%s: the offsets reached by the strides overflow", what);
+    return ATTN_OK;
+}
+
+static attn_status check_mask_dtype(attn_ctx *ctx, const char *what, attn_dtype dt) {
+    if (dt != ATTN_DTYPE_BOOL && dt != ATTN_DTYPE_F32)
+        return attn__fail(ctx, ATTN_ERR_BAD_MASK, "%s must be BOOL or F32, not %s", what, attn_dtype_name(dt));
+    return ATTN_OK;
+}
+
+attn_status attn__sdpa_check(attn_ctx *ctx, const attn_sdpa_desc *d, attn__sdpa_shape *sh) {
+    sh->B = d->batch, sh->H = d->n_heads, sh->L = d->len_q, sh->S = d->len_kv, sh->D = d->head_dim;
+    sh->Hkv = d->n_kv_heads == 0 ? d->n_heads : d->n_kv_heads;
+    sh->Dv = d->head_dim_v == 0 ? d->head_dim : d->head_dim_v;
+    const struct {
+        const char *name;
+        int64_t value;
+    } sizes[] = {{"batch", sh->B},  {"n_heads", sh->H}, {"n_kv_heads", sh->Hkv}, {"len_q", sh->L},
+                 {"len_kv", sh->S}, {"head_dim", sh->D}, {"head_dim_v", sh->Dv}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (sizes[i].value < 1)
+            return attn__fail(ctx, ATTN_ERR_BAD_SHAPE, "sdpa: %s = %lld must be >= 1", sizes[i].name,
+                              (long long)sizes[i].value);
+    if (sh->H % sh->Hkv != 0)
+        return attn__fail(ctx, ATTN_ERR_BAD_SHAPE, "sdpa: n_heads (%lld) is not a multiple of n_kv_heads (%lld)",
+                          (long long)sh->H, (long long)sh->Hkv);
+    sh->group = sh->H / sh->Hkv;
+    if (!isfinite(d->scale)) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa: scale must be finite");
+    sh->scale = d->scale != 0.0f ? d->scale : (float)(1.0 / sqrt((double)sh->D));
+    if (d->causal != ATTN_CAUSAL_NONE && d->causal != ATTN_CAUSAL_TOP_LEFT && d->causal != ATTN_CAUSAL_BOTTOM_RIGHT)
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa: unknown causal mode %d", (int)d->causal);
+    if (!(d->dropout_p >= 0.0 && d->dropout_p <= 1.0))
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa: dropout_p = %g must be in [0, 1]", d->dropout_p);
+    if (d->weights_mode != ATTN_WEIGHTS_NONE && d->weights_mode != ATTN_WEIGHTS_PER_HEAD &&
+        d->weights_mode != ATTN_WEIGHTS_AVERAGE)
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa: unknown weights_mode %d", (int)d->weights_mode);
+
+    const int64_t nq[4] = {sh->B, sh->H, sh->L, sh->D}, nk[4] = {sh->B, sh->Hkv, sh->S, sh->D};
+    const int64_t nv[4] = {sh->B, sh->Hkv, sh->S, sh->Dv}, no[4] = {sh->B, sh->H, sh->L, sh->Dv};
+    ATTN_RETURN_IF_ERR(check_view(ctx, "sdpa: q", nq, d->q_stride));
+    ATTN_RETURN_IF_ERR(check_view(ctx, "sdpa: k", nk, d->k_stride));
+    ATTN_RETURN_IF_ERR(check_view(ctx, "sdpa: v", nv, d->v_stride));
+    ATTN_RETURN_IF_ERR(check_view(ctx, "sdpa: out", no, d->o_stride));
+    for (int i = 0; i < 4; i++)
+        if (no[i] > 1 && d->o_stride[i] == 0)
+            return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa: out stride[%d] is 0, rows would overwrite each other", i);
+    if (d->mask != NULL) {
+        ATTN_RETURN_IF_ERR(check_mask_dtype(ctx, "sdpa: mask", d->mask_dtype));
+        const int64_t nm[4] = {sh->B, sh->H, sh->L, sh->S};
+        ATTN_RETURN_IF_ERR(check_view(ctx, "sdpa: mask", nm, d->mask_stride));
+    }
+    if (d->key_padding_mask != NULL) {
+        ATTN_RETURN_IF_ERR(check_mask_dtype(ctx, "sdpa: key_padding_mask", d->key_padding_mask_dtype));
+        const int64_t nm[4] = {sh->B, sh->S, 1, 1};
+        const int64_t sm[4] = {d->key_padding_mask_stride[0], d->key_padding_mask_stride[1], 0, 0};
+        ATTN_RETURN_IF_ERR(check_view(ctx, "sdpa: key_padding_mask", nm, sm));
+    }
+    // Sizes of the contiguous optional outputs and of the scratch must fit in size_t.
+    int64_t n;
+    const int64_t dims[4] = {sh->B, sh->H, sh->L, sh->S};
+    ATTN_RETURN_IF_ERR(attn__numel(ctx, "sdpa: weights", 4, dims, &n));
+    size_t bytes;
+    ATTN_RETURN_IF_ERR(attn__bytes(ctx, "sdpa: weights", n, sizeof(float), &bytes));
+    ATTN_RETURN_IF_ERR(attn__bytes(ctx, "sdpa: scores", sh->S, 2 * sizeof(double), &bytes));
+    return ATTN_OK;
+}
+
+size_t attn__sdpa_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d) {
+    (void)ctx;
+    (void)d;
+    return attn__sdpa_ref_workspace(sh);
+}
+
+void attn__sdpa_run(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const float *q,
+                    const float *k, const float *v, float *out, float *lse, float *weights, void *ws) {
+    attn__sdpa_fwd_ref(d, sh, &ctx->gen, q, k, v, out, lse, weights, ws);
+}
+
+attn_status attn_sdpa_fwd_workspace_size(const attn_ctx *ctx, const attn_sdpa_desc *desc, size_t *bytes) {
+    if (ctx == NULL || desc == NULL || bytes == NULL) return ATTN_ERR_INVALID_ARG;
+    attn_ctx *mctx = (attn_ctx *)ctx; // only the error message is written
+    attn__clear_error(mctx);
+    attn__sdpa_shape sh;
+    ATTN_RETURN_IF_ERR(attn__sdpa_check(mctx, desc, &sh));
+    *bytes = attn__sdpa_workspace(ctx, &sh, desc);
+    return ATTN_OK;
+}
+
+attn_status attn_sdpa_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const float *q, const float *k, const float *v,
+                          float *out, float *lse, float *weights) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    attn__clear_error(ctx);
+    if (desc == NULL) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa: desc is NULL");
+    if (q == NULL || k == NULL || v == NULL || out == NULL)
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa: q, k, v and out must not be NULL");
+    if ((desc->weights_mode != ATTN_WEIGHTS_NONE) != (weights != NULL))
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG,
+                          "sdpa: weights must be given exactly when weights_mode is not ATTN_WEIGHTS_NONE");
+    attn__sdpa_shape sh;
+    ATTN_RETURN_IF_ERR(attn__sdpa_check(ctx, desc, &sh));
+    void *ws;
+    ATTN_RETURN_IF_ERR(attn__workspace(ctx, attn__sdpa_workspace(ctx, &sh, desc), &ws));
+    attn__sdpa_run(ctx, desc, &sh, q, k, v, out, lse, weights, ws);
+    return ATTN_OK;
+}

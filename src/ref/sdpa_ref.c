@@ -1,2 +1,122 @@
-// sdpa_ref.c - placeholder
-typedef int attn_placeholder_sdpa_ref_;
+// sdpa_ref.c - the scalar reference of scaled dot-product attention: the specification.
+//
+// Plain loops over (b, h, i), one query row at a time, with the whole score row materialised in
+// double precision. No SIMD, no threads, no tiling. Every faster kernel is tested against this
+// function; it is tested against PyTorch. It does no validation: attn__sdpa_check has run.
+//
+// Per row (see attn.h): s_j = scale * q.k_j + mask terms, p = softmax(s) (a fully masked row gives
+// p = 0 and lse = -inf), dropout draws two 32-bit numbers per element in (b, h, i, j) order exactly
+// like F.dropout on the (B*H, L, S) weights, out = p' V.
+#include <math.h>
+#include <string.h>
+
+#include "internal.h"
+
+size_t attn__sdpa_ref_workspace(const attn__sdpa_shape *sh) {
+    attn__arena a = {0};
+    attn__arena_take(&a, (size_t)sh->S * sizeof(double)); // scores of one row
+    attn__arena_take(&a, (size_t)sh->S * sizeof(float));  // weights of one row
+    return a.used;
+}
+
+// Additive contribution of one mask element: BOOL True blocks (-inf), F32 is added.
+static inline double mask_term(const void *mask, attn_dtype dtype, int64_t off) {
+    if (dtype == ATTN_DTYPE_BOOL) return ((const uint8_t *)mask)[off] ? -INFINITY : 0.0;
+    return (double)((const float *)mask)[off];
+}
+
+// True when causal masking hides key j from query i.
+static inline bool causal_hidden(attn_causal c, int64_t i, int64_t j, int64_t L, int64_t S) {
+    if (c == ATTN_CAUSAL_TOP_LEFT) return j > i;
+    if (c == ATTN_CAUSAL_BOTTOM_RIGHT) return j > i + (S - L);
+    return false;
+}
+
+void attn__sdpa_fwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, attn_generator *gen, const float *q,
+                        const float *k, const float *v, float *out, float *lse, float *weights, void *ws) {
+    const int64_t B = sh->B, H = sh->H, L = sh->L, S = sh->S, D = sh->D, Dv = sh->Dv;
+    attn__arena arena = {.base = ws};
+    double *s = attn__arena_take(&arena, (size_t)S * sizeof(double)); // s: (S) scores of the row
+    float *p = attn__arena_take(&arena, (size_t)S * sizeof(float));   // p: (S) weights of the row
+    const double scale = (double)sh->scale;
+    const bool dropout = d->dropout_p > 0.0;
+    const bool drop_all = d->dropout_p >= 1.0;
+    const double keep_prob = 1.0 - d->dropout_p;
+    const float keep_scale = drop_all ? 0.0f : 1.0f / (float)(1.0 - d->dropout_p);
+
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t h = 0; h < H; h++) {
+            const int64_t hk = h / sh->group;
+            for (int64_t i = 0; i < L; i++) {
+                // q_row: (D) at q_stride[3]
+                const float *q_row = q + b * d->q_stride[0] + h * d->q_stride[1] + i * d->q_stride[2];
+                double max = -INFINITY;
+                bool has_nan = false;
+                for (int64_t j = 0; j < S; j++) {
+                    // k_row: (D) at k_stride[3]
+                    const float *k_row = k + b * d->k_stride[0] + hk * d->k_stride[1] + j * d->k_stride[2];
+                    double dot = 0.0;
+                    for (int64_t t = 0; t < D; t++)
+                        dot += (double)q_row[t * d->q_stride[3]] * (double)k_row[t * d->k_stride[3]];
+                    double sj = scale * dot;
+                    if (causal_hidden(d->causal, i, j, L, S)) sj = -INFINITY;
+                    if (d->mask != NULL)
+                        sj += mask_term(d->mask, d->mask_dtype,
+                                        b * d->mask_stride[0] + h * d->mask_stride[1] + i * d->mask_stride[2] +
+                                            j * d->mask_stride[3]);
+                    if (d->key_padding_mask != NULL)
+                        sj += mask_term(d->key_padding_mask, d->key_padding_mask_dtype,
+                                        b * d->key_padding_mask_stride[0] + j * d->key_padding_mask_stride[1]);
+                    s[j] = sj;
+                    if (isnan(sj))
+                        has_nan = true;
+                    else if (sj > max)
+                        max = sj;
+                }
+                double row_lse;
+                if (has_nan) { // NaN in the inputs poisons this row only
+                    for (int64_t j = 0; j < S; j++) p[j] = NAN;
+                    row_lse = NAN;
+                } else if (max == -INFINITY) { // fully masked row: zeros, never NaN
+                    for (int64_t j = 0; j < S; j++) p[j] = 0.0f;
+                    row_lse = -INFINITY;
+                } else {
+                    double sum = 0.0;
+                    for (int64_t j = 0; j < S; j++) {
+                        s[j] = exp(s[j] - max);
+                        sum += s[j];
+                    }
+                    for (int64_t j = 0; j < S; j++) p[j] = (float)(s[j] / sum);
+                    row_lse = max + log(sum);
+                }
+                if (lse != NULL) lse[(b * H + h) * L + i] = (float)row_lse;
+                if (dropout) { // F.dropout: bernoulli(1-p) per element, kept values * fl(1/fl(1-p))
+                    for (int64_t j = 0; j < S; j++) {
+                        bool keep = !drop_all && attn__dropout_keep(gen, keep_prob);
+                        p[j] = keep ? p[j] * keep_scale : 0.0f;
+                    }
+                }
+                if (d->weights_mode == ATTN_WEIGHTS_PER_HEAD) {
+                    memcpy(weights + ((b * H + h) * L + i) * S, p, (size_t)S * sizeof(float));
+                } else if (d->weights_mode == ATTN_WEIGHTS_AVERAGE) { // ((h0 + h1) + ...) / H in float
+                    float *w = weights + (b * L + i) * S;
+                    for (int64_t j = 0; j < S; j++) w[j] = h == 0 ? p[j] : w[j] + p[j];
+                    if (h == H - 1)
+                        for (int64_t j = 0; j < S; j++) w[j] /= (float)H;
+                }
+                // out_row: (Dv) at o_stride[3]
+                float *out_row = out + b * d->o_stride[0] + h * d->o_stride[1] + i * d->o_stride[2];
+                for (int64_t t = 0; t < Dv; t++) {
+                    double acc = 0.0;
+                    for (int64_t j = 0; j < S; j++) {
+                        if (p[j] == 0.0f) continue; // also keeps masked rows free of 0 * inf
+                        acc += (double)p[j] *
+                               (double)v[b * d->v_stride[0] + hk * d->v_stride[1] + j * d->v_stride[2] +
+                                         t * d->v_stride[3]];
+                    }
+                    out_row[t * d->o_stride[3]] = (float)acc;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,182 @@
+// mha_core.c - the multi-head attention pipeline shared by every module (see mha_core.h).
+//
+// Buffers (in the workspace):
+//   qb (N, L, E), kb (N, S', E), vb (N, S', E)   projections, batch-major
+//   cb (N, L, E)                                 merged heads, only when there is an out_proj
+//   masks widened to S' columns                  only when extra keys exist and a mask is given
+// Heads are column blocks of width hd = E / H, so SDPA reads them in place through strides.
+#include <math.h>
+#include <string.h>
+
+#include "mha_core.h"
+
+// Fills the workspace layout; with base NULL it only measures.
+typedef struct core_bufs {
+    float *qb, *kb, *vb, *cb;
+    void *mask, *kpm;
+    void *sdpa_ws;
+} core_bufs;
+
+static void core_layout(const attn__mha_spec *spec, const attn__mha_io *io, const attn__mha_plan *plan,
+                        attn__arena *a, core_bufs *b) {
+    const size_t E = (size_t)spec->E, N = (size_t)io->N, L = (size_t)io->L, S2 = (size_t)plan->S2;
+    b->qb = attn__arena_take(a, N * L * E * sizeof(float));
+    b->kb = attn__arena_take(a, N * S2 * E * sizeof(float));
+    b->vb = attn__arena_take(a, N * S2 * E * sizeof(float));
+    b->cb = spec->wo != NULL ? attn__arena_take(a, N * L * E * sizeof(float)) : NULL;
+    b->mask = NULL;
+    if (plan->causal_mask) {
+        b->mask = attn__arena_take(a, L * S2);
+    } else if (plan->pad_mask) {
+        size_t rows = io->attn_mask_ndim == 3 ? N * (size_t)spec->H : 1;
+        b->mask = attn__arena_take(a, rows * L * S2 * attn_dtype_size(io->attn_mask_dtype));
+    }
+    b->kpm = plan->pad_kpm ? attn__arena_take(a, N * S2 * attn_dtype_size(io->kpm_dtype)) : NULL;
+    b->sdpa_ws = attn__arena_take(a, plan->sdpa_ws_size);
+}
+
+attn_status attn__mha_core_plan(attn_ctx *ctx, const attn__mha_spec *spec, const attn__mha_io *io,
+                                attn__mha_plan *plan) {
+    memset(plan, 0, sizeof *plan);
+    const int64_t extra = (spec->bias_k != NULL ? 1 : 0) + (spec->add_zero_attn ? 1 : 0);
+    plan->S2 = io->S + extra;
+    plan->hd = spec->E / spec->H;
+    // Every buffer size must be representable before anything is allocated.
+    int64_t n;
+    const int64_t qdims[3] = {io->N, io->L, spec->E}, kdims[3] = {io->N, plan->S2, spec->E};
+    ATTN_RETURN_IF_ERR(attn__numel(ctx, "query projection", 3, qdims, &n));
+    size_t bytes;
+    ATTN_RETURN_IF_ERR(attn__bytes(ctx, "query projection", n, 4 * sizeof(float), &bytes));
+    ATTN_RETURN_IF_ERR(attn__numel(ctx, "key projection", 3, kdims, &n));
+    ATTN_RETURN_IF_ERR(attn__bytes(ctx, "key projection", n, 4 * sizeof(float), &bytes));
+    const bool widen = extra > 0;
+    plan->causal_mask = io->causal && widen;
+    plan->pad_mask = io->attn_mask != NULL && widen;
+    plan->pad_kpm = io->key_padding_mask != NULL && widen;
+    const int64_t mdims[4] = {io->N, spec->H, io->L, plan->S2};
+    ATTN_RETURN_IF_ERR(attn__numel(ctx, "attention mask", 4, mdims, &n));
+    ATTN_RETURN_IF_ERR(attn__bytes(ctx, "attention mask", n, sizeof(float), &bytes));
+
+    attn_sdpa_desc *d = &plan->sd;
+    attn_sdpa_desc_init(d);
+    const int64_t E = spec->E, hd = plan->hd, L = io->L, S2 = plan->S2;
+    d->batch = io->N, d->n_heads = spec->H, d->len_q = L, d->len_kv = S2, d->head_dim = hd;
+    // qb (N, L, E) and kb, vb (N, S', E): heads are column blocks.
+    d->q_stride[0] = L * E, d->q_stride[1] = hd, d->q_stride[2] = E, d->q_stride[3] = 1;
+    d->k_stride[0] = S2 * E, d->k_stride[1] = hd, d->k_stride[2] = E, d->k_stride[3] = 1;
+    memcpy(d->v_stride, d->k_stride, sizeof d->k_stride);
+    if (spec->wo != NULL) {
+        memcpy(d->o_stride, d->q_stride, sizeof d->q_stride);
+    } else {
+        d->o_stride[0] = io->o_bs, d->o_stride[1] = hd, d->o_stride[2] = io->o_rs, d->o_stride[3] = 1;
+    }
+    d->scale = spec->prescale_q ? 1.0f : (float)(1.0 / sqrt((double)hd));
+    d->causal = io->causal && !widen ? ATTN_CAUSAL_TOP_LEFT : ATTN_CAUSAL_NONE;
+    const int64_t mS = widen ? S2 : io->S; // row length of the mask SDPA reads
+    if (plan->causal_mask) {
+        d->mask_dtype = ATTN_DTYPE_BOOL;
+        d->mask_stride[0] = 0, d->mask_stride[1] = 0, d->mask_stride[2] = S2, d->mask_stride[3] = 1;
+    } else if (io->attn_mask != NULL) {
+        d->mask_dtype = io->attn_mask_dtype;
+        if (io->attn_mask_ndim == 3) { // (N*H, L, S): index n*H + h
+            d->mask_stride[0] = spec->H * L * mS, d->mask_stride[1] = L * mS;
+        } else { // (L, S) broadcast
+            d->mask_stride[0] = 0, d->mask_stride[1] = 0;
+        }
+        d->mask_stride[2] = mS, d->mask_stride[3] = 1;
+    }
+    if (io->key_padding_mask != NULL) {
+        d->key_padding_mask_dtype = io->kpm_dtype;
+        d->key_padding_mask_stride[0] = widen ? S2 : io->kpm_bs;
+        d->key_padding_mask_stride[1] = 1;
+    }
+    d->dropout_p = io->training ? spec->dropout : 0.0;
+    d->weights_mode = io->weights_mode;
+    // Placeholders so the check sees non-NULL masks where they will exist.
+    d->mask = (io->attn_mask != NULL || plan->causal_mask) ? (const void *)plan : NULL;
+    d->key_padding_mask = io->key_padding_mask != NULL ? (const void *)plan : NULL;
+    ATTN_RETURN_IF_ERR(attn__sdpa_check(ctx, d, &plan->sh));
+    d->mask = NULL;
+    d->key_padding_mask = NULL;
+    plan->sdpa_ws_size = attn__sdpa_workspace(ctx, &plan->sh, d);
+
+    attn__arena a = {0};
+    core_bufs b;
+    core_layout(spec, io, plan, &a, &b);
+    plan->ws_size = a.used;
+    return ATTN_OK;
+}
+
+// Copies an (rows, L, S) mask into (rows, L, S2) with zero/False in the new columns.
+static void widen_mask(const void *src, void *dst, size_t elem, int64_t rows, int64_t L, int64_t S, int64_t S2) {
+    for (int64_t r = 0; r < rows * L; r++) {
+        char *out = (char *)dst + (size_t)(r * S2) * elem;
+        memcpy(out, (const char *)src + (size_t)(r * S) * elem, (size_t)S * elem);
+        memset(out + (size_t)S * elem, 0, (size_t)(S2 - S) * elem);
+    }
+}
+
+void attn__mha_core_run(attn_ctx *ctx, const attn__mha_spec *spec, const attn__mha_io *io,
+                        const attn__mha_plan *plan, void *ws) {
+    const int64_t N = io->N, L = io->L, S = io->S, S2 = plan->S2, E = spec->E;
+    attn__arena a = {.base = ws};
+    core_bufs b;
+    core_layout(spec, io, plan, &a, &b);
+
+    // 1. projections, one sequence at a time: qb[n] = query[n] Wq^T + bq, etc.
+    for (int64_t n = 0; n < N; n++) {
+        attn__linear(ctx, io->query + n * io->q_bs, L, spec->dq, io->q_rs, spec->wq, spec->w_in_out, spec->bq, E,
+                     b.qb + n * L * E, E);
+        attn__linear(ctx, io->key + n * io->k_bs, S, spec->dk, io->k_rs, spec->wk, spec->w_in_out, spec->bk, E,
+                     b.kb + n * S2 * E, E);
+        attn__linear(ctx, io->value + n * io->v_bs, S, spec->dv, io->v_rs, spec->wv, spec->w_in_out, spec->bv, E,
+                     b.vb + n * S2 * E, E);
+        // 2. extra key positions: bias_k/bias_v, then the zero key/value
+        int64_t s = S;
+        if (spec->bias_k != NULL) {
+            memcpy(b.kb + (n * S2 + s) * E, spec->bias_k, (size_t)E * sizeof(float));
+            memcpy(b.vb + (n * S2 + s) * E, spec->bias_v, (size_t)E * sizeof(float));
+            s++;
+        }
+        if (spec->add_zero_attn) {
+            memset(b.kb + (n * S2 + s) * E, 0, (size_t)E * sizeof(float));
+            memset(b.vb + (n * S2 + s) * E, 0, (size_t)E * sizeof(float));
+        }
+    }
+    // 3. nn.MultiheadAttention scales q before the product: a float32 division by float(sqrt(hd))
+    if (spec->prescale_q) {
+        const float div = (float)sqrt((double)plan->hd);
+        for (int64_t i = 0; i < N * L * E; i++) b.qb[i] /= div;
+    }
+    // 4. masks, widened to the extra keys (which no mask hides)
+    attn_sdpa_desc d = plan->sd;
+    if (plan->causal_mask) {
+        uint8_t *m = b.mask;
+        for (int64_t i = 0; i < L; i++)
+            for (int64_t j = 0; j < S2; j++) m[i * S2 + j] = (uint8_t)(j > i && j < S);
+        d.mask = m;
+    } else if (plan->pad_mask) {
+        int64_t rows = io->attn_mask_ndim == 3 ? N * spec->H : 1;
+        widen_mask(io->attn_mask, b.mask, attn_dtype_size(io->attn_mask_dtype), rows, L, S, S2);
+        d.mask = b.mask;
+    } else {
+        d.mask = io->attn_mask;
+    }
+    if (plan->pad_kpm) {
+        size_t elem = attn_dtype_size(io->kpm_dtype);
+        for (int64_t n = 0; n < N; n++)
+            widen_mask((const char *)io->key_padding_mask + (size_t)(n * io->kpm_bs) * elem,
+                       (char *)b.kpm + (size_t)(n * S2) * elem, elem, 1, 1, S, S2);
+        d.key_padding_mask = b.kpm;
+    } else {
+        d.key_padding_mask = io->key_padding_mask;
+    }
+    // 5. attention over all heads at once
+    float *ctx_out = spec->wo != NULL ? b.cb : io->out;
+    attn__sdpa_run(ctx, &d, &plan->sh, b.qb, b.kb, b.vb, ctx_out, NULL, io->weights, b.sdpa_ws);
+    // 6. output projection of the concatenated heads
+    if (spec->wo != NULL)
+        for (int64_t n = 0; n < N; n++)
+            attn__linear(ctx, b.cb + n * L * E, L, E, E, spec->wo, false, spec->bo, E, io->out + n * io->o_bs,
+                         io->o_rs);
+}

@@ -1,0 +1,64 @@
+// mha_core.h - the one multi-head attention pipeline behind every module of the library:
+//   project q, k, v -> append bias_k/bias_v and a zero key -> split heads -> SDPA -> merge heads
+//   -> optional output projection.
+// nn.MultiheadAttention (mha.c) and the book's modules (book.c) describe themselves with an
+// attn__mha_spec and run through attn__mha_core_*; they differ only in the spec.
+#ifndef ATTN_MHA_CORE_H
+#define ATTN_MHA_CORE_H
+
+#include "internal.h"
+
+typedef struct attn__mha_spec {
+    int64_t E;              // projected width (embed_dim, d_out)
+    int64_t H;              // heads; head_dim = E / H
+    int64_t dq, dk, dv;     // input widths of query, key, value
+    const float *wq, *wk, *wv; // (E, d) nn.Linear layout, or (d, E) when w_in_out
+    bool w_in_out;
+    const float *bq, *bk, *bv; // (E) or NULL
+    const float *bias_k, *bias_v; // (E) each or NULL: one extra key/value position
+    bool add_zero_attn;     // one all-zero key/value position after bias_k
+    const float *wo, *bo;   // out_proj (E, E) and (E), or wo = NULL for no output projection
+    bool prescale_q;        // q /= sqrt(head_dim) before the product (nn.MultiheadAttention);
+                            // otherwise the scores are scaled (the book's modules)
+    double dropout;         // on the weights when io->training
+} attn__mha_spec;
+
+typedef struct attn__mha_io {
+    // query: N sequences of L rows of dq floats; row r of batch n at query + n*q_bs + r*q_rs.
+    const float *query, *key, *value;
+    int64_t N, L, S;
+    int64_t q_rs, q_bs, k_rs, k_bs, v_rs, v_bs;
+    // out: (N, L, E) at out + n*o_bs + r*o_rs (columns contiguous).
+    float *out;
+    int64_t o_rs, o_bs;
+    // attn_mask: (L, S) when mask_ndim 2, (N*H, L, S) when 3; BOOL (True blocks) or F32.
+    const void *attn_mask;
+    attn_dtype attn_mask_dtype;
+    int attn_mask_ndim;
+    // key_padding_mask: (N, S) with batch stride kpm_bs (0 for unbatched).
+    const void *key_padding_mask;
+    attn_dtype kpm_dtype;
+    int64_t kpm_bs;
+    bool causal;            // triu(ones(L, S), 1) blocks (extra keys stay visible)
+    bool training;
+    attn_weights_mode weights_mode; // (N, H, L, S') or (N, L, S'), contiguous
+    float *weights;
+} attn__mha_io;
+
+typedef struct attn__mha_plan {
+    int64_t S2;             // S' = S + extra keys
+    int64_t hd;
+    attn_sdpa_desc sd;      // strides set; pointers filled at run time
+    attn__sdpa_shape sh;
+    bool pad_mask, pad_kpm, causal_mask; // masks copied into the workspace, widened to S'
+    size_t sdpa_ws_size;    // scratch of the SDPA kernel
+    size_t ws_size;         // all scratch of the pipeline
+} attn__mha_plan;
+
+// Checks sizes (overflow) and the SDPA problem; fills plan including its workspace size.
+attn_status attn__mha_core_plan(attn_ctx *ctx, const attn__mha_spec *spec, const attn__mha_io *io,
+                                attn__mha_plan *plan);
+// Runs a planned problem with ws (>= plan->ws_size bytes).
+void attn__mha_core_run(attn_ctx *ctx, const attn__mha_spec *spec, const attn__mha_io *io,
+                        const attn__mha_plan *plan, void *ws);
+#endif
