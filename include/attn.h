@@ -327,6 +327,27 @@ ATTN_API attn_status attn_sdpa_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, co
                                    const float *v, float *out, float *lse, float *weights);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Linear maps                                                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+/** How a weight matrix is stored. */
+typedef enum attn_weight_layout {
+    ATTN_WEIGHT_OUT_IN = 0, /* (out_features, in_features), nn.Linear's layout: y = x W^T + b */
+    ATTN_WEIGHT_IN_OUT = 1  /* (in_features, out_features): y = x W + b */
+} attn_weight_layout;
+
+/**
+ * y = x W^T + b (nn.Linear) or y = x W + b, the projections every module uses; also gives the raw
+ * scores Q K^T (x = Q, W = K in ATTN_WEIGHT_OUT_IN layout).
+ * @param x  (rows, in_features), contiguous
+ * @param w  (out_features, in_features) or (in_features, out_features) per `layout`
+ * @param b  (out_features) or NULL
+ * @param y  (rows, out_features), contiguous; must not overlap x, w or b
+ */
+ATTN_API attn_status attn_linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in_features, const float *w,
+                                 attn_weight_layout layout, const float *b, int64_t out_features, float *y);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Multi-head attention with nn.MultiheadAttention semantics                                  */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -523,13 +544,14 @@ typedef struct attn_tensor {
     void *data;      /* numel * dtype size bytes */
 } attn_tensor;
 
-/** A list of tensors read from one file (in file order). */
+/** A list of tensors read from one file, in data-offset order (empty tensors in header order). */
 typedef struct attn_tensor_list {
     int count;
     attn_tensor *tensors;
 } attn_tensor_list;
 
-/** @return the number of elements of `t` (1 for ndim 0). */
+/** @return the number of elements of `t` (1 for ndim 0), or -1 for NULL, a bad ndim, a negative size
+ *  or an overflowing product. */
 ATTN_API int64_t attn_tensor_numel(const attn_tensor *t);
 /** Frees a tensor's name and data (allocated through ctx) and zeroes it. */
 ATTN_API void attn_tensor_release(attn_ctx *ctx, attn_tensor *t);
@@ -541,22 +563,28 @@ ATTN_API const attn_tensor *attn_tensor_list_find(const attn_tensor_list *list, 
 /**
  * Reads a .npy file (format 1.0-3.0, little-endian, C order; dtypes f4, f8, f2, b1, u1, i4, i8).
  * The header is never trusted: its shape must match the file's size exactly before anything of that
- * size is allocated. @return ATTN_ERR_IO, ATTN_ERR_BAD_FILE, ATTN_ERR_UNSUPPORTED, ...
+ * size is allocated. *out is overwritten (not released first) and zeroed on failure.
+ * @return ATTN_ERR_IO (cannot open or read), ATTN_ERR_BAD_FILE (truncated, malformed, or a header
+ *         that lies, size overflow included), ATTN_ERR_UNSUPPORTED (other dtypes, big-endian data,
+ *         fortran_order, more than ATTN_MAX_DIMS dims, or a big-endian host), ATTN_ERR_OUT_OF_MEMORY.
  */
 ATTN_API attn_status attn_npy_read(attn_ctx *ctx, const char *path, attn_tensor *out);
 /** Parses .npy bytes already in memory (same checks as attn_npy_read). */
 ATTN_API attn_status attn_npy_parse(attn_ctx *ctx, const void *bytes, size_t size, attn_tensor *out);
 /**
- * Writes a .npy file (format 1.0) whole or not at all: the bytes go to a temporary file in the same
- * directory, which is flushed and renamed over `path`; on failure `path` is left untouched.
+ * Writes a .npy file (format 1.0, the bytes numpy.save writes) whole or not at all: the bytes go to a
+ * temporary file in the same directory, which is flushed and renamed over `path`; on failure `path`
+ * is left untouched and no temporary file remains. data may be NULL only for 0 elements.
  */
 ATTN_API attn_status attn_npy_write(attn_ctx *ctx, const char *path, attn_dtype dtype, int ndim,
                                     const int64_t *shape, const void *data);
-/** Reads a .safetensors file; every tensor's offsets and size are checked against the file. */
+/** Reads a .safetensors file; every tensor's offsets and size are checked against the file and the
+ *  data buffer must be covered exactly (no gaps, no overlaps). Errors as attn_npy_read. */
 ATTN_API attn_status attn_safetensors_read(attn_ctx *ctx, const char *path, attn_tensor_list *out);
 /** Parses .safetensors bytes already in memory. */
 ATTN_API attn_status attn_safetensors_parse(attn_ctx *ctx, const void *bytes, size_t size, attn_tensor_list *out);
-/** Writes `count` tensors (each with a name) to a .safetensors file, atomically like attn_npy_write. */
+/** Writes `count` tensors to a .safetensors file, atomically like attn_npy_write. Names must be
+ *  non-empty, valid UTF-8, unique and not "__metadata__". */
 ATTN_API attn_status attn_safetensors_write(attn_ctx *ctx, const char *path, const attn_tensor *tensors, int count);
 
 /**

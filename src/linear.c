@@ -24,3 +24,24 @@ void attn__linear(const attn_ctx *ctx, const float *x, int64_t rows, int64_t in,
         }
     }
 }
+
+attn_status attn_linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in_features, const float *w,
+                        attn_weight_layout layout, const float *b, int64_t out_features, float *y) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    attn__clear_error(ctx);
+    if (x == NULL || w == NULL || y == NULL) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "linear: x, w and y must not be NULL");
+    if (layout != ATTN_WEIGHT_OUT_IN && layout != ATTN_WEIGHT_IN_OUT)
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "linear: unknown weight layout %d", (int)layout);
+    int64_t n;
+    const int64_t dims_x[2] = {rows, in_features}, dims_y[2] = {rows, out_features}, dims_w[2] = {out_features, in_features};
+    size_t bytes;
+    ATTN_RETURN_IF_ERR(attn__numel(ctx, "linear: x", 2, dims_x, &n));
+    ATTN_RETURN_IF_ERR(attn__bytes(ctx, "linear: x", n, sizeof(float), &bytes));
+    ATTN_RETURN_IF_ERR(attn__numel(ctx, "linear: y", 2, dims_y, &n));
+    ATTN_RETURN_IF_ERR(attn__bytes(ctx, "linear: y", n, sizeof(float), &bytes));
+    ATTN_RETURN_IF_ERR(attn__numel(ctx, "linear: w", 2, dims_w, &n));
+    ATTN_RETURN_IF_ERR(attn__bytes(ctx, "linear: w", n, sizeof(float), &bytes));
+    attn__linear(ctx, x, rows, in_features, in_features, w, layout == ATTN_WEIGHT_IN_OUT, b, out_features, y,
+                 out_features);
+    return ATTN_OK;
+}
