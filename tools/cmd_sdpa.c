@@ -1,2 +1,173 @@
-// cmd_sdpa.c - placeholder
-typedef int attn_placeholder_cmd_sdpa_;
+// cmd_sdpa.c - `attn sdpa`: scaled dot-product attention on .npy tensors in (B, H, L, D) layout.
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const char summary[] =
+    "usage: attn sdpa --q Q.npy --k K.npy --v V.npy --out O.npy [--scale X]\n"
+    "                 [--causal | --causal-bottom-right] [--mask M.npy] [--key-padding-mask P.npy]\n"
+    "                 [--dropout P --seed S] [--lse-out LSE.npy] [--weights-out W.npy [--average-weights]]\n"
+    "\n"
+    "softmax(scale * q k^T + masks) v over float32 tensors q (B, H, L, D), k (B, Hkv, S, D) and\n"
+    "v (B, Hkv, S, Dv); H must be a multiple of Hkv (grouped-query attention: query head h uses kv\n"
+    "head h / (H/Hkv)). The scale defaults to 1/sqrt(D). --causal hides keys j > i (top-left aligned,\n"
+    "torch.triu(ones(L, S), 1)); --causal-bottom-right hides j > i + S - L. The mask is bool (True =\n"
+    "blocked, the nn.MultiheadAttention convention) or float32 (added), of any shape that broadcasts to\n"
+    "(B, H, L, S); the key padding mask is (B, S), bool (True = ignore) or float32. A fully masked row\n"
+    "gives zeros. Dropout draws like torch.manual_seed(S) then F.dropout on the (B, H, L, S) weights.\n"
+    "Outputs: out (B, H, L, Dv), log-sum-exp (B, H, L), weights (B, H, L, S) or averaged (B, L, S).";
+
+// Strides (B, H, L, S order) that broadcast a tensor of shape t to (B, H, L, S), right-aligned.
+static int broadcast_strides(const char *what, const attn_tensor *t, const int64_t target[4], int64_t stride[4]) {
+    if (t->ndim > 4) return cli_error("sdpa", EXIT_FAILURE_RUN, "%s has %d dims, at most 4 broadcast", what, t->ndim);
+    int64_t s = 1;
+    for (int i = 3, j = t->ndim - 1; i >= 0; i--, j--) {
+        int64_t n = j >= 0 ? t->shape[j] : 1;
+        if (n != 1 && n != target[i]) {
+            char got[96], want[96];
+            return cli_error("sdpa", EXIT_FAILURE_RUN, "%s of shape %s does not broadcast to %s", what,
+                             cli_shape_str(t->ndim, t->shape, got, sizeof got), cli_shape_str(4, target, want, sizeof want));
+        }
+        stride[i] = n == 1 ? 0 : s;
+        s *= n;
+    }
+    return 0;
+}
+
+static int read_f32_4d(attn_ctx *ctx, const char *what, const char *path, attn_tensor *t) {
+    attn_status st = attn_npy_read(ctx, path, t);
+    if (st != ATTN_OK) return cli_fail("sdpa", ctx, st, what);
+    if (t->dtype != ATTN_DTYPE_F32 || t->ndim != 4) {
+        char shape[96];
+        return cli_error("sdpa", EXIT_FAILURE_RUN, "%s must be a 4-D float32 array, got %s %s", what,
+                         attn_dtype_name(t->dtype), cli_shape_str(t->ndim, t->shape, shape, sizeof shape));
+    }
+    return 0;
+}
+
+int cmd_sdpa(int argc, char **argv) {
+    const char *q_path = NULL, *k_path = NULL, *v_path = NULL, *mask_path = NULL, *kpm_path = NULL, *out_path = NULL;
+    const char *lse_path = NULL, *w_path = NULL;
+    double scale = 0.0, dropout = 0.0;
+    int64_t seed = 0;
+    bool causal = false, causal_br = false, average = false;
+    arg_spec specs[] = {
+        {"--q", ARG_STRING, &q_path, "Q.npy", "queries (B, H, L, D)", true, false},
+        {"--k", ARG_STRING, &k_path, "K.npy", "keys (B, Hkv, S, D)", true, false},
+        {"--v", ARG_STRING, &v_path, "V.npy", "values (B, Hkv, S, Dv)", true, false},
+        {"--out", ARG_STRING, &out_path, "O.npy", "output (B, H, L, Dv)", true, false},
+        {"--scale", ARG_FLOAT, &scale, "X", "score scale (default 1/sqrt(D))", false, false},
+        {"--causal", ARG_FLAG, &causal, NULL, "causal mask, top-left aligned", false, false},
+        {"--causal-bottom-right", ARG_FLAG, &causal_br, NULL, "causal mask, bottom-right aligned", false, false},
+        {"--mask", ARG_STRING, &mask_path, "M.npy", "attention mask broadcasting to (B, H, L, S)", false, false},
+        {"--key-padding-mask", ARG_STRING, &kpm_path, "P.npy", "key padding mask (B, S)", false, false},
+        {"--dropout", ARG_FLOAT, &dropout, "P", "dropout probability on the weights", false, false},
+        {"--seed", ARG_INT, &seed, "S", "generator seed (needed with --dropout)", false, false},
+        {"--lse-out", ARG_STRING, &lse_path, "LSE.npy", "log-sum-exp per row (B, H, L)", false, false},
+        {"--weights-out", ARG_STRING, &w_path, "W.npy", "attention weights after dropout", false, false},
+        {"--average-weights", ARG_FLAG, &average, NULL, "average the weights over heads: (B, L, S)", false, false},
+    };
+    const int n_specs = (int)(sizeof specs / sizeof specs[0]);
+    int rc = args_parse("sdpa", summary, argc, argv, specs, n_specs);
+    if (rc != 0) return rc < 0 ? EXIT_OK : rc;
+    if (causal && causal_br) return cli_error("sdpa", EXIT_USAGE, "--causal and --causal-bottom-right are exclusive");
+    if (!(dropout >= 0.0 && dropout < 1.0)) return cli_error("sdpa", EXIT_USAGE, "--dropout must be in [0, 1)");
+    if (dropout > 0.0 && !args_seen(specs, n_specs, "--seed")) return cli_error("sdpa", EXIT_USAGE, "--dropout needs --seed");
+    if (average && w_path == NULL) return cli_error("sdpa", EXIT_USAGE, "--average-weights needs --weights-out");
+
+    attn_ctx *ctx = NULL;
+    attn_tensor q = {0}, k = {0}, v = {0}, mask = {0}, kpm = {0};
+    float *out = NULL, *lse = NULL, *weights = NULL;
+    attn_status st = attn_ctx_create(NULL, &ctx);
+    if (st != ATTN_OK) return cli_fail("sdpa", NULL, st, "creating a context");
+    rc = EXIT_FAILURE_RUN;
+    if (read_f32_4d(ctx, "q", q_path, &q) != 0 || read_f32_4d(ctx, "k", k_path, &k) != 0 ||
+        read_f32_4d(ctx, "v", v_path, &v) != 0)
+        goto done;
+    const int64_t B = q.shape[0], H = q.shape[1], L = q.shape[2], D = q.shape[3];
+    const int64_t Hkv = k.shape[1], S = k.shape[2], Dv = v.shape[3];
+    if (k.shape[0] != B || v.shape[0] != B || k.shape[3] != D || v.shape[1] != Hkv || v.shape[2] != S) {
+        char a[96], b[96], c[96];
+        cli_error("sdpa", EXIT_FAILURE_RUN, "shapes do not fit together: q %s, k %s, v %s (need k (B, Hkv, S, D), v (B, Hkv, S, Dv))",
+                  cli_shape_str(4, q.shape, a, sizeof a), cli_shape_str(4, k.shape, b, sizeof b),
+                  cli_shape_str(4, v.shape, c, sizeof c));
+        goto done;
+    }
+    attn_sdpa_desc d;
+    attn_sdpa_desc_init(&d);
+    d.batch = B, d.n_heads = H, d.n_kv_heads = Hkv, d.len_q = L, d.len_kv = S, d.head_dim = D, d.head_dim_v = Dv;
+    attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, L, D, d.q_stride);
+    attn_layout_strides(ATTN_LAYOUT_BHLD, B, Hkv, S, D, d.k_stride);
+    attn_layout_strides(ATTN_LAYOUT_BHLD, B, Hkv, S, Dv, d.v_stride);
+    attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, L, Dv, d.o_stride);
+    d.scale = (float)scale;
+    d.causal = causal ? ATTN_CAUSAL_TOP_LEFT : causal_br ? ATTN_CAUSAL_BOTTOM_RIGHT : ATTN_CAUSAL_NONE;
+    const int64_t target[4] = {B, H, L, S};
+    if (mask_path != NULL) {
+        st = attn_npy_read(ctx, mask_path, &mask);
+        if (st != ATTN_OK) {
+            cli_fail("sdpa", ctx, st, "mask");
+            goto done;
+        }
+        if (broadcast_strides("mask", &mask, target, d.mask_stride) != 0) goto done;
+        d.mask = mask.data, d.mask_dtype = mask.dtype == ATTN_DTYPE_U8 ? ATTN_DTYPE_BOOL : mask.dtype;
+    }
+    if (kpm_path != NULL) {
+        st = attn_npy_read(ctx, kpm_path, &kpm);
+        if (st != ATTN_OK) {
+            cli_fail("sdpa", ctx, st, "key padding mask");
+            goto done;
+        }
+        const int64_t kpm_target[4] = {1, 1, B, S};
+        int64_t s4[4];
+        if (broadcast_strides("key padding mask", &kpm, kpm_target, s4) != 0) goto done;
+        d.key_padding_mask = kpm.data, d.key_padding_mask_dtype = kpm.dtype == ATTN_DTYPE_U8 ? ATTN_DTYPE_BOOL : kpm.dtype;
+        d.key_padding_mask_stride[0] = s4[2], d.key_padding_mask_stride[1] = s4[3];
+    }
+    d.dropout_p = dropout;
+    if (dropout > 0.0) attn_generator_seed(attn_ctx_generator(ctx), (uint64_t)seed);
+    d.weights_mode = w_path == NULL ? ATTN_WEIGHTS_NONE : average ? ATTN_WEIGHTS_AVERAGE : ATTN_WEIGHTS_PER_HEAD;
+    size_t n_out, n_lse, n_w;
+    if (__builtin_mul_overflow((size_t)(B * H * L), (size_t)Dv, &n_out) ||
+        __builtin_mul_overflow((size_t)(B * (average ? 1 : H)), (size_t)(L), &n_w) ||
+        __builtin_mul_overflow(n_w, (size_t)S, &n_w) || n_w > SIZE_MAX / sizeof(float)) {
+        cli_error("sdpa", EXIT_FAILURE_RUN, "the outputs are too large");
+        goto done;
+    }
+    n_lse = (size_t)(B * H * L);
+    out = malloc(n_out * sizeof(float));
+    lse = lse_path != NULL ? malloc(n_lse * sizeof(float)) : NULL;
+    weights = w_path != NULL ? malloc(n_w * sizeof(float)) : NULL;
+    if (out == NULL || (lse_path != NULL && lse == NULL) || (w_path != NULL && weights == NULL)) {
+        cli_error("sdpa", EXIT_FAILURE_RUN, "out of memory");
+        goto done;
+    }
+    st = attn_sdpa_fwd(ctx, &d, q.data, k.data, v.data, out, lse, weights);
+    if (st != ATTN_OK) {
+        cli_fail("sdpa", ctx, st, "forward");
+        goto done;
+    }
+    const int64_t o_shape[4] = {B, H, L, Dv}, w_shape[4] = {B, H, L, S}, wa_shape[3] = {B, L, S};
+    st = attn_npy_write(ctx, out_path, ATTN_DTYPE_F32, 4, o_shape, out);
+    if (st == ATTN_OK && lse_path != NULL) st = attn_npy_write(ctx, lse_path, ATTN_DTYPE_F32, 3, o_shape, lse);
+    if (st == ATTN_OK && w_path != NULL)
+        st = attn_npy_write(ctx, w_path, ATTN_DTYPE_F32, average ? 3 : 4, average ? wa_shape : w_shape, weights);
+    if (st != ATTN_OK) {
+        cli_fail("sdpa", ctx, st, "writing the outputs");
+        goto done;
+    }
+    rc = EXIT_OK;
+done:
+    free(out);
+    free(lse);
+    free(weights);
+    attn_tensor_release(ctx, &q);
+    attn_tensor_release(ctx, &k);
+    attn_tensor_release(ctx, &v);
+    attn_tensor_release(ctx, &mask);
+    attn_tensor_release(ctx, &kpm);
+    attn_ctx_free(ctx);
+    return rc;
+}

@@ -1,2 +1,69 @@
-// main.c - placeholder
-typedef int attn_placeholder_main_;
+// main.c - the attn command: dispatches to a subcommand.
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const struct {
+    const char *name;
+    int (*run)(int, char **);
+    const char *help;
+} commands[] = {
+    {"demo", cmd_demo, "walk through attention step by step, printing every tensor as PyTorch does"},
+    {"mha", cmd_mha, "nn.MultiheadAttention forward on a state_dict (.safetensors) and .npy inputs"},
+    {"sdpa", cmd_sdpa, "scaled dot-product attention on .npy tensors"},
+};
+#define N_COMMANDS (sizeof commands / sizeof commands[0])
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: attn <command> [options]\n\nattn %s - attention mechanisms in C.\n\nCommands:\n",
+            attn_version_string());
+    for (size_t i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\n'attn <command> --help' documents each command. 'attn --version' prints the version.\n"
+               "Exit status: 0 on success, 1 when the inputs cannot be processed, 2 for a usage error.\n");
+}
+
+int cli_fail(const char *cmd, const attn_ctx *ctx, attn_status st, const char *what) {
+    const char *msg = ctx != NULL ? attn_ctx_last_error(ctx) : "";
+    fprintf(stderr, "attn %s: %s: %s\n", cmd, what, msg[0] != '\0' ? msg : attn_strerror(st));
+    return EXIT_FAILURE_RUN;
+}
+
+int cli_error(const char *cmd, int code, const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "attn %s: ", cmd);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    return code;
+}
+
+const char *cli_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap) {
+    size_t len = 0;
+    len += (size_t)snprintf(buf, cap, "(");
+    for (int i = 0; i < ndim && len < cap; i++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (len < cap) snprintf(buf + len, cap - len, ")");
+    return buf;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "attn: no command given (see 'attn --help')\n");
+        return EXIT_USAGE;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return EXIT_OK;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("attn %s\n", attn_version_string());
+        return EXIT_OK;
+    }
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (strcmp(argv[1], commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "attn: unknown command '%s' (see 'attn --help')\n", argv[1]);
+    return EXIT_USAGE;
+}

@@ -1,0 +1,73 @@
+#!/bin/sh
+# The attn command on bad input: a one-line message on stderr, exit status 1 (input that cannot be
+# processed) or 2 (usage), never a crash, and an existing output file left untouched.
+# usage: cli_errors.sh ATTN FIXTURE_DIR
+attn="$1"
+d="$2"
+tmp=$(mktemp -d) || exit 1
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+
+# expect STATUS DESCRIPTION -- COMMAND...
+expect() {
+    want="$1"
+    what="$2"
+    shift 3
+    "$@" > "$tmp/stdout" 2> "$tmp/stderr"
+    got=$?
+    lines=$(wc -l < "$tmp/stderr")
+    if [ "$got" -ne "$want" ]; then
+        echo "FAIL $what: exit status $got, expected $want"; cat "$tmp/stderr"; failures=$((failures + 1))
+    elif [ "$want" -ne 0 ] && { [ "$lines" -ne 1 ] || ! grep -q '^attn' "$tmp/stderr"; }; then
+        echo "FAIL $what: expected one line on stderr starting with 'attn', got:"; cat "$tmp/stderr"
+        failures=$((failures + 1))
+    else
+        echo "ok   $what -> $got: $(head -c 160 "$tmp/stderr")"
+    fi
+}
+
+mha="$attn mha --state $d/state.safetensors --heads 2"
+expect 2 "no command" -- $attn
+expect 2 "unknown command" -- $attn frobnicate
+expect 0 "--help" -- $attn --help
+expect 0 "--version" -- $attn --version
+for c in demo mha sdpa; do expect 0 "$c --help" -- $attn $c --help; done
+expect 2 "mha without required options" -- $attn mha --heads 2
+expect 2 "mha --heads not a number" -- $attn mha --state $d/state.safetensors --heads two --query $d/q.npy --out $tmp/o.npy
+expect 2 "mha unknown option" -- $mha --query $d/q.npy --out $tmp/o.npy --frob
+expect 2 "mha option given twice" -- $mha --query $d/q.npy --query $d/q.npy --out $tmp/o.npy
+expect 2 "mha --causal with --attn-mask" -- $mha --query $d/q.npy --causal --attn-mask $d/mask_bad.npy --out $tmp/o.npy
+expect 2 "mha --dropout without --seed" -- $mha --query $d/q.npy --dropout 0.1 --out $tmp/o.npy
+expect 2 "mha --dropout out of range" -- $mha --query $d/q.npy --dropout 1.5 --seed 1 --out $tmp/o.npy
+expect 2 "mha --per-head-weights without --weights-out" -- $mha --query $d/q.npy --per-head-weights --out $tmp/o.npy
+expect 1 "mha missing state file" -- $attn mha --state $tmp/none.safetensors --heads 2 --query $d/q.npy --out $tmp/o.npy
+expect 1 "mha state with a wrong shape" -- $attn mha --state $d/state_bad_shape.safetensors --heads 2 --query $d/q.npy --out $tmp/o.npy
+expect 1 "mha heads do not divide embed_dim" -- $attn mha --state $d/state.safetensors --heads 3 --query $d/q.npy --out $tmp/o.npy
+expect 1 "mha state file that is not safetensors" -- $attn mha --state $d/q.npy --heads 2 --query $d/q.npy --out $tmp/o.npy
+expect 1 "mha missing query" -- $mha --query $tmp/none.npy --out $tmp/o.npy
+expect 1 "mha truncated query" -- $mha --query $d/q_truncated.npy --out $tmp/o.npy
+expect 1 "mha float64 query" -- $mha --query $d/q_f64.npy --out $tmp/o.npy
+expect 1 "mha query of the wrong width" -- $mha --query $d/q_e5.npy --out $tmp/o.npy
+expect 1 "mha mask of the wrong shape" -- $mha --query $d/q.npy --attn-mask $d/mask_bad.npy --out $tmp/o.npy
+expect 1 "mha mask of an integer dtype" -- $mha --query $d/q.npy --attn-mask $d/mask_i64.npy --out $tmp/o.npy
+expect 1 "mha output in a missing directory" -- $mha --query $d/q.npy --out $tmp/no/such/dir/o.npy
+expect 0 "mha valid call" -- $mha --query $d/q.npy --key-padding-mask $d/kpm.npy --out $tmp/o.npy --weights-out $tmp/w.npy
+
+# A failing run must leave an existing output file exactly as it was.
+printf 'precious' > "$tmp/keep.npy"
+expect 1 "mha failing after the inputs were read" -- $mha --query $d/q.npy --attn-mask $d/mask_bad.npy --out $tmp/keep.npy
+if [ "$(cat "$tmp/keep.npy")" != "precious" ]; then echo "FAIL the existing output file was changed"; failures=$((failures + 1)); fi
+expect 1 "mha weights to a missing directory" -- $mha --query $d/q.npy --out $tmp/keep2.npy --weights-out $tmp/no/w.npy
+if ls -a "$tmp" | grep -q '\.tmp$'; then echo "FAIL a temporary file was left behind"; failures=$((failures + 1)); fi
+
+expect 2 "sdpa without required options" -- $attn sdpa --q $d/q4.npy
+expect 1 "sdpa shapes that do not fit" -- $attn sdpa --q $d/q4.npy --k $d/k4_bad.npy --v $d/k4_bad.npy --out $tmp/o.npy
+expect 1 "sdpa 3-d input" -- $attn sdpa --q $d/q.npy --k $d/q.npy --v $d/q.npy --out $tmp/o.npy
+expect 2 "sdpa both causal alignments" -- $attn sdpa --q $d/q4.npy --k $d/q4.npy --v $d/q4.npy --out $tmp/o.npy --causal --causal-bottom-right
+expect 1 "sdpa mask that does not broadcast" -- $attn sdpa --q $d/q4.npy --k $d/q4.npy --v $d/q4.npy --mask $d/mask_bad.npy --out $tmp/o.npy
+expect 1 "sdpa mask of an integer dtype" -- $attn sdpa --q $d/q4.npy --k $d/q4.npy --v $d/q4.npy --mask $d/mask_i64.npy --out $tmp/o.npy
+expect 0 "sdpa valid call" -- $attn sdpa --q $d/q4.npy --k $d/q4.npy --v $d/q4.npy --causal --out $tmp/o.npy --lse-out $tmp/l.npy
+expect 2 "demo with an argument" -- $attn demo --frob
+
+if [ "$failures" -ne 0 ]; then echo "$failures failures"; exit 1; fi
+echo "all CLI error checks passed"

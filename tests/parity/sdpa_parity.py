@@ -1,0 +1,172 @@
+"""Parity of `attn sdpa` with attention written in PyTorch ops, on many random configurations.
+
+torch 1.13 has no F.scaled_dot_product_attention, so the reference is the textbook expression in
+torch: scores = (q @ k^T) * scale + masks, softmax, F.dropout after torch.manual_seed(S), @ v, with
+k and v repeat_interleave'd for grouped-query attention (PyTorch 2.x's enable_gqa semantics).
+Covered: GQA/MQA, Dk != Dv, custom scales, top-left and bottom-right causal masks with L < S and
+L > S, bool and float masks of every broadcast shape, bool and float key padding masks, dropout,
+log-sum-exp, per-head and averaged weights. A fully masked row must give zeros (torch gives NaN).
+
+Run: /usr/bin/python3 tests/parity/sdpa_parity.py --attn build/attn [--configs N]
+Exits 77 (skipped) when torch is not importable.
+"""
+import argparse
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+try:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+except ImportError as exc:  # pragma: no cover
+    print(f"SKIP: PyTorch parity tests need torch and numpy ({exc}); install python3-torch", file=sys.stderr)
+    sys.exit(77)
+
+torch.set_num_threads(1)
+
+
+def random_config(rng):
+    Hkv = rng.choice([1, 2, 3])
+    return dict(B=rng.choice([1, 2, 3]), H=Hkv * rng.choice([1, 1, 2, 4]), Hkv=Hkv,
+                L=rng.choice([1, 2, 5, 8, 13]), S=rng.choice([1, 3, 5, 8, 17]),
+                D=rng.choice([1, 2, 4, 7, 16]), Dv=None if rng.random() < 0.6 else rng.choice([1, 3, 8]),
+                scale=None if rng.random() < 0.6 else rng.choice([0.1, 0.5, 1.0, 2.0]),
+                causal=rng.choice([None, None, "tl", "br"]),
+                mask=rng.choice([None, None, "bool", "float"]),
+                mask_shape=rng.choice(["LS", "BHLS", "B1LS", "1HLS", "HLS", "L1", "1S", "BH1S"]),
+                kpm=rng.choice([None, None, "bool", "float"]),
+                dropout=rng.choice([0.0, 0.0, 0.0, 0.2, 0.5]),
+                weights=rng.choice([None, "per_head", "average"]),
+                lse=rng.random() < 0.5)
+
+
+def mask_shape(c):
+    B, H, L, S = c["B"], c["H"], c["L"], c["S"]
+    return {"LS": (L, S), "BHLS": (B, H, L, S), "B1LS": (B, 1, L, S), "1HLS": (1, H, L, S), "HLS": (H, L, S),
+            "L1": (L, 1), "1S": (1, S), "BH1S": (B, H, 1, S)}[c["mask_shape"]]
+
+
+def reference(c, q, k, v, mask, kpm):
+    B, H, Hkv, L, S = c["B"], c["H"], c["Hkv"], c["L"], c["S"]
+    k = k.repeat_interleave(H // Hkv, dim=1)
+    v = v.repeat_interleave(H // Hkv, dim=1)
+    scale = c["scale"] if c["scale"] is not None else 1.0 / q.shape[-1] ** 0.5
+    s = (q.double() @ k.double().transpose(-1, -2)) * torch.tensor(scale, dtype=torch.float32).double()
+    add = torch.zeros(B, H, L, S, dtype=torch.float64)
+    i = torch.arange(L).view(L, 1)
+    j = torch.arange(S).view(1, S)
+    if c["causal"] == "tl":
+        add = add.masked_fill(j > i, float("-inf"))
+    elif c["causal"] == "br":
+        add = add.masked_fill(j > i + (S - L), float("-inf"))
+    if mask is not None:
+        add = add + (torch.zeros(mask.shape, dtype=torch.float64).masked_fill(mask, float("-inf"))
+                     if mask.dtype == torch.bool else mask.double())
+    if kpm is not None:
+        kp = torch.zeros(kpm.shape, dtype=torch.float64).masked_fill(kpm, float("-inf")) \
+            if kpm.dtype == torch.bool else kpm.double()
+        add = add + kp.view(B, 1, 1, S)
+    s = s + add
+    lse = torch.logsumexp(s, dim=-1)
+    w = torch.softmax(s, dim=-1).float()
+    w = torch.nan_to_num(w, nan=0.0)             # fully masked rows: zeros
+    if c["dropout"] > 0:
+        torch.manual_seed(c["seed"])
+        w = F.dropout(w, p=c["dropout"])
+    out = (w.double() @ v.double()).float()
+    return out, w, lse.float()
+
+
+def run_config(idx, c, attn_bin, tmp):
+    gen = torch.Generator().manual_seed(idx)
+    Dv = c["Dv"] or c["D"]
+    q = torch.randn(c["B"], c["H"], c["L"], c["D"], generator=gen)
+    k = torch.randn(c["B"], c["Hkv"], c["S"], c["D"], generator=gen)
+    v = torch.randn(c["B"], c["Hkv"], c["S"], Dv, generator=gen)
+    mask = kpm = None
+    if c["mask"] == "bool":
+        mask = torch.rand(*mask_shape(c), generator=gen) < 0.25
+    elif c["mask"] == "float":
+        mask = torch.randn(*mask_shape(c), generator=gen)
+        if idx % 5 == 0:
+            mask.view(-1)[0] = float("-inf")
+    if c["kpm"] == "bool":
+        kpm = torch.rand(c["B"], c["S"], generator=gen) < 0.25
+    elif c["kpm"] == "float":
+        kpm = torch.randn(c["B"], c["S"], generator=gen)
+    c["seed"] = 77 + idx
+    out, w, lse = reference(c, q, k, v, mask, kpm)
+    args = [attn_bin, "sdpa"]
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        np.save(os.path.join(tmp, f"{name}.npy"), t.numpy())
+        args += [f"--{name}", os.path.join(tmp, f"{name}.npy")]
+    args += ["--out", os.path.join(tmp, "o.npy")]
+    if c["scale"] is not None:
+        args += ["--scale", repr(c["scale"])]
+    if c["causal"] == "tl":
+        args.append("--causal")
+    elif c["causal"] == "br":
+        args.append("--causal-bottom-right")
+    if mask is not None:
+        np.save(os.path.join(tmp, "m.npy"), mask.numpy())
+        args += ["--mask", os.path.join(tmp, "m.npy")]
+    if kpm is not None:
+        np.save(os.path.join(tmp, "p.npy"), kpm.numpy())
+        args += ["--key-padding-mask", os.path.join(tmp, "p.npy")]
+    if c["dropout"] > 0:
+        args += ["--dropout", repr(c["dropout"]), "--seed", str(c["seed"])]
+    if c["lse"]:
+        args += ["--lse-out", os.path.join(tmp, "l.npy")]
+    if c["weights"]:
+        args += ["--weights-out", os.path.join(tmp, "w.npy")]
+        if c["weights"] == "average":
+            args.append("--average-weights")
+    r = subprocess.run(args, capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"attn failed ({r.returncode}): {r.stderr.strip()}"
+    problems = compare("out", np.load(os.path.join(tmp, "o.npy")), out.numpy(), 1e-5)
+    if c["lse"]:
+        problems += compare("lse", np.load(os.path.join(tmp, "l.npy")), lse.numpy(), 1e-5)
+    if c["weights"] == "per_head":
+        problems += compare("weights", np.load(os.path.join(tmp, "w.npy")), w.numpy(), 1e-5)
+    elif c["weights"] == "average":
+        problems += compare("weights", np.load(os.path.join(tmp, "w.npy")), (w.sum(1) / c["H"]).numpy(), 1e-5)
+    return "; ".join(problems)
+
+
+def compare(what, got, want, rtol):
+    if got.shape != want.shape:
+        return [f"{what}: shape {got.shape} != {want.shape}"]
+    same_inf = np.isinf(want) & (got == want)
+    err = np.where(same_inf, 0.0, np.abs(got.astype(np.float64) - want))
+    bad = ~(err <= 1e-6 + rtol * np.abs(np.where(same_inf, 0, want)))
+    if bad.any():
+        i = np.unravel_index(np.argmax(np.where(bad, 1, 0)), want.shape)
+        return [f"{what}: {int(bad.sum())} of {want.size} differ, e.g. at {i}: {got[i]!r} vs {want[i]!r}"]
+    return []
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--attn", required=True)
+    ap.add_argument("--configs", type=int, default=300)
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    failures = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for idx in range(args.configs):
+            c = random_config(rng)
+            msg = run_config(idx, c, args.attn, tmp)
+            if msg:
+                failures += 1
+                print(f"FAIL config {idx}: {c}\n     {msg}")
+    print(f"{args.configs} configurations, {failures} failed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+// cli.h - helpers shared by the attn tool's subcommands.
+#ifndef ATTN_TOOLS_CLI_H
+#define ATTN_TOOLS_CLI_H
+
+#include "args.h"
+#include "attn.h"
+
+// Prints "attn CMD: WHAT: <library message or status text>" and returns EXIT_FAILURE_RUN.
+int cli_fail(const char *cmd, const attn_ctx *ctx, attn_status st, const char *what);
+// Prints "attn CMD: <message>" and returns `code`.
+int cli_error(const char *cmd, int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+// Shape as "(2, 3, 4)" into buf.
+const char *cli_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap);
+
+int cmd_demo(int argc, char **argv);
+int cmd_mha(int argc, char **argv);
+int cmd_sdpa(int argc, char **argv);
+
+#endif
