@@ -1,0 +1,31 @@
+#!/bin/sh
+# Installs the build into a temporary prefix, then builds a program outside the project against the
+# installed copy three ways: CMake's find_package(attn) (shared and static) and pkg-config.
+# usage: install_test.sh BUILD_DIR SOURCE_DIR C_COMPILER LIBDIR
+set -eu
+build="$1"
+src="$2"
+cc="$3"
+libdir="$4"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cmake --install "$build" --prefix "$tmp/prefix" > "$tmp/install.log"
+for f in include/attn.h $libdir/libattn.a $libdir/pkgconfig/attn.pc $libdir/cmake/attn/attnConfig.cmake; do
+    [ -e "$tmp/prefix/$f" ] || { echo "missing after install: $f"; ls -R "$tmp/prefix"; exit 1; }
+done
+ls "$tmp/prefix/$libdir"/libattn.so* > /dev/null
+cmake -S "$src/tests/consumer" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$tmp/prefix" -DCMAKE_C_COMPILER="$cc" > /dev/null
+cmake --build "$tmp/consumer" > /dev/null
+LD_LIBRARY_PATH="$tmp/prefix/$libdir" "$tmp/consumer/consumer_shared"
+"$tmp/consumer/consumer_static"
+if command -v pkg-config > /dev/null; then
+    flags=$(PKG_CONFIG_PATH="$tmp/prefix/$libdir/pkgconfig" pkg-config --cflags --libs attn)
+    "$cc" "$src/tests/consumer/main.c" -o "$tmp/consumer_pc" $flags
+    LD_LIBRARY_PATH="$tmp/prefix/$libdir" "$tmp/consumer_pc"
+    flags=$(PKG_CONFIG_PATH="$tmp/prefix/$libdir/pkgconfig" pkg-config --static --cflags --libs attn)
+    "$cc" "$src/tests/consumer/main.c" -o "$tmp/consumer_pc_static" -Wl,-Bstatic -lattn -Wl,-Bdynamic $flags
+    "$tmp/consumer_pc_static"
+else
+    echo "pkg-config not found: the pkg-config build was not tried"
+fi
+echo "the installed library works through find_package and pkg-config"
