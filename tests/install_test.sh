@@ -22,8 +22,10 @@ if command -v pkg-config > /dev/null; then
     flags=$(PKG_CONFIG_PATH="$tmp/prefix/$libdir/pkgconfig" pkg-config --cflags --libs attn)
     "$cc" "$src/tests/consumer/main.c" -o "$tmp/consumer_pc" $flags
     LD_LIBRARY_PATH="$tmp/prefix/$libdir" "$tmp/consumer_pc"
-    flags=$(PKG_CONFIG_PATH="$tmp/prefix/$libdir/pkgconfig" pkg-config --static --cflags --libs attn)
-    "$cc" "$src/tests/consumer/main.c" -o "$tmp/consumer_pc_static" -Wl,-Bstatic -lattn -Wl,-Bdynamic $flags
+    # static: the archive itself plus the private libraries pkg-config --static lists
+    cflags=$(PKG_CONFIG_PATH="$tmp/prefix/$libdir/pkgconfig" pkg-config --cflags attn)
+    private=$(PKG_CONFIG_PATH="$tmp/prefix/$libdir/pkgconfig" pkg-config --static --libs-only-l attn | sed 's/-lattn//')
+    "$cc" "$src/tests/consumer/main.c" -o "$tmp/consumer_pc_static" $cflags "$tmp/prefix/$libdir/libattn.a" $private
     "$tmp/consumer_pc_static"
 else
     echo "pkg-config not found: the pkg-config build was not tried"
