@@ -76,6 +76,11 @@ bool attn__add_i64(int64_t a, int64_t b, int64_t *out);
 attn_status attn__numel(attn_ctx *ctx, const char *what, int n, const int64_t *dims, int64_t *out);
 // bytes = count * elem as a size_t, checked.
 attn_status attn__bytes(attn_ctx *ctx, const char *what, int64_t count, size_t elem, size_t *out);
+// Element offset of index (i0, i1, i2, i3) in a view with strides s: 64-bit throughout, valid
+// whenever the view passed attn__view_extent.
+static inline int64_t attn__offset4(const int64_t s[4], int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+    return i0 * s[0] + i1 * s[1] + i2 * s[2] + i3 * s[3];
+}
 // Largest offset reached by an (n0, n1, n2, n3) view with strides s (all n >= 1); false on overflow.
 bool attn__view_extent(const int64_t n[4], const int64_t s[4], int64_t *max_offset);
 

@@ -393,6 +393,42 @@ static void test_nan_poisons_only_its_row(void) {
     attn_ctx_free(ctx);
 }
 
+// A NaN in key j reaches exactly the rows that see key j; masked keys (causal, bool, -inf float,
+// key padding) are never read, so NaN or inf there changes nothing.
+static void test_nan_in_keys_reaches_only_rows_that_see_them(void) {
+    attn_ctx *ctx = new_ctx();
+    const int64_t L = 5, S = 5, D = 3;
+    problem p = make_problem(ctx, 1, 1, 1, L, S, D, D);
+    attn_sdpa_desc d;
+    desc_for(&p, &d);
+    float clean[5 * 3], o[5 * 3];
+    d.causal = ATTN_CAUSAL_TOP_LEFT;
+    ASSERT_OK(attn_sdpa_fwd(ctx, &d, p.q, p.k, p.v, clean, NULL, NULL));
+    p.k[2 * D + 1] = NAN; // key 2: seen by rows 2, 3, 4 only
+    p.v[4 * D] = INFINITY; // value 4: seen by row 4 only
+    ASSERT_OK(attn_sdpa_fwd(ctx, &d, p.q, p.k, p.v, o, NULL, NULL));
+    for (int64_t i = 0; i < L; i++)
+        for (int64_t t = 0; t < D; t++) {
+            if (i < 2) ASSERT_TRUE(harness_f32_bits(o[i * D + t]) == harness_f32_bits(clean[i * D + t]));
+            else ASSERT_TRUE(isnan(o[i * D + t]) || isinf(o[i * D + t]));
+        }
+    // hide keys 2 and 4 from every row with each kind of mask: the result is finite everywhere
+    uint8_t bm[5] = {0, 0, 1, 0, 1};
+    float fm[5] = {0, 0, -INFINITY, 0, -INFINITY};
+    d.causal = ATTN_CAUSAL_NONE;
+    for (int kind = 0; kind < 3; kind++) {
+        attn_sdpa_desc e = d;
+        if (kind == 0) e.mask = bm, e.mask_dtype = ATTN_DTYPE_BOOL, e.mask_stride[3] = 1;
+        if (kind == 1) e.mask = fm, e.mask_dtype = ATTN_DTYPE_F32, e.mask_stride[3] = 1;
+        if (kind == 2)
+            e.key_padding_mask = bm, e.key_padding_mask_dtype = ATTN_DTYPE_BOOL, e.key_padding_mask_stride[1] = 1;
+        ASSERT_OK(attn_sdpa_fwd(ctx, &e, p.q, p.k, p.v, o, NULL, NULL));
+        for (int64_t i = 0; i < L * D; i++) ASSERT_TRUE(isfinite(o[i]));
+    }
+    free_problem(&p);
+    attn_ctx_free(ctx);
+}
+
 static void test_huge_scores_stay_finite(void) {
     attn_ctx *ctx = new_ctx();
     problem p = make_problem(ctx, 1, 1, 1, 2, 3, 2, 2);
@@ -507,6 +543,7 @@ int main(int argc, char **argv) {
         HARNESS_CASE(test_average_weights),
         HARNESS_CASE(test_dropout_matches_functional_dropout),
         HARNESS_CASE(test_nan_poisons_only_its_row),
+        HARNESS_CASE(test_nan_in_keys_reaches_only_rows_that_see_them),
         HARNESS_CASE(test_huge_scores_stay_finite),
         HARNESS_CASE(test_argument_errors),
         HARNESS_CASE(test_caller_workspace),

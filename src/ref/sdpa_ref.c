@@ -43,30 +43,38 @@ void attn__sdpa_fwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, att
     const bool drop_all = d->dropout_p >= 1.0;
     const double keep_prob = 1.0 - d->dropout_p;
     const float keep_scale = drop_all ? 0.0f : 1.0f / (float)(1.0 - d->dropout_p);
+    const int64_t kpm_stride4[4] = {d->key_padding_mask_stride[0], d->key_padding_mask_stride[1], 0, 0};
 
     for (int64_t b = 0; b < B; b++) {
         for (int64_t h = 0; h < H; h++) {
             const int64_t hk = h / sh->group;
             for (int64_t i = 0; i < L; i++) {
                 // q_row: (D) at q_stride[3]
-                const float *q_row = q + b * d->q_stride[0] + h * d->q_stride[1] + i * d->q_stride[2];
+                const float *q_row = q + attn__offset4(d->q_stride, b, h, i, 0);
                 double max = -INFINITY;
                 bool has_nan = false;
                 for (int64_t j = 0; j < S; j++) {
+                    // Masks first: a hidden key is -inf whatever its data, so NaN or inf in a key that
+                    // a row cannot see does not reach that row.
+                    double bias = 0.0;
+                    bool hidden = causal_hidden(d->causal, i, j, L, S);
+                    if (!hidden && d->mask != NULL) {
+                        bias += mask_term(d->mask, d->mask_dtype, attn__offset4(d->mask_stride, b, h, i, j));
+                    }
+                    if (!hidden && d->key_padding_mask != NULL) {
+                        bias += mask_term(d->key_padding_mask, d->key_padding_mask_dtype,
+                                          attn__offset4(kpm_stride4, b, j, 0, 0));
+                    }
+                    if (hidden || bias == -INFINITY) {
+                        s[j] = -INFINITY;
+                        continue;
+                    }
                     // k_row: (D) at k_stride[3]
-                    const float *k_row = k + b * d->k_stride[0] + hk * d->k_stride[1] + j * d->k_stride[2];
+                    const float *k_row = k + attn__offset4(d->k_stride, b, hk, j, 0);
                     double dot = 0.0;
                     for (int64_t t = 0; t < D; t++)
                         dot += (double)q_row[t * d->q_stride[3]] * (double)k_row[t * d->k_stride[3]];
-                    double sj = scale * dot;
-                    if (causal_hidden(d->causal, i, j, L, S)) sj = -INFINITY;
-                    if (d->mask != NULL)
-                        sj += mask_term(d->mask, d->mask_dtype,
-                                        b * d->mask_stride[0] + h * d->mask_stride[1] + i * d->mask_stride[2] +
-                                            j * d->mask_stride[3]);
-                    if (d->key_padding_mask != NULL)
-                        sj += mask_term(d->key_padding_mask, d->key_padding_mask_dtype,
-                                        b * d->key_padding_mask_stride[0] + j * d->key_padding_mask_stride[1]);
+                    double sj = scale * dot + bias;
                     s[j] = sj;
                     if (isnan(sj))
                         has_nan = true;
@@ -105,14 +113,12 @@ void attn__sdpa_fwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, att
                         for (int64_t j = 0; j < S; j++) w[j] /= (float)H;
                 }
                 // out_row: (Dv) at o_stride[3]
-                float *out_row = out + b * d->o_stride[0] + h * d->o_stride[1] + i * d->o_stride[2];
+                float *out_row = out + attn__offset4(d->o_stride, b, h, i, 0);
                 for (int64_t t = 0; t < Dv; t++) {
                     double acc = 0.0;
                     for (int64_t j = 0; j < S; j++) {
-                        if (p[j] == 0.0f) continue; // also keeps masked rows free of 0 * inf
-                        acc += (double)p[j] *
-                               (double)v[b * d->v_stride[0] + hk * d->v_stride[1] + j * d->v_stride[2] +
-                                         t * d->v_stride[3]];
+                        if (p[j] == 0.0f) continue; // keys with no weight (masked, dropped) are not read
+                        acc += (double)p[j] * (double)v[attn__offset4(d->v_stride, b, hk, j, t)];
                     }
                     out_row[t * d->o_stride[3]] = (float)acc;
                 }
