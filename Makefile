@@ -23,3 +23,28 @@ install: all
 
 clean:
 	rm -rf $(BUILD)
+
+# ---- hardening (see docs/reliability.md) ------------------------------------------------------
+# The whole test suite under clang's AddressSanitizer + UndefinedBehaviorSanitizer.
+SAN_CC ?= clang
+SAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
+          UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+.PHONY: test-asan test-tsan test-valgrind
+test-asan:
+	@cmake -S . -B build-asan -DCMAKE_C_COMPILER=$(SAN_CC) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	    -DATTN_SANITIZE="address;undefined" $(CMAKE_FLAGS) > /dev/null
+	cmake --build build-asan -j $(JOBS)
+	cd build-asan && $(SAN_ENV) ctest --output-on-failure -j $(JOBS)
+
+# The tests that run threads, under ThreadSanitizer.
+test-tsan:
+	@cmake -S . -B build-tsan -DCMAKE_C_COMPILER=$(SAN_CC) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	    -DATTN_SANITIZE=thread $(CMAKE_FLAGS) > /dev/null
+	cmake --build build-tsan -j $(JOBS)
+	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -L threads
+
+# A fast subset of the tests under valgrind's memcheck.
+test-valgrind:
+	@cmake -S . -B build-valgrind -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_VALGRIND=ON $(CMAKE_FLAGS) > /dev/null
+	cmake --build build-valgrind -j $(JOBS)
+	cd build-valgrind && ctest --output-on-failure -j $(JOBS) -L valgrind

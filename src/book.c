@@ -221,6 +221,11 @@ attn_status attn_book_forward(attn_ctx *ctx, attn_book *m, const float *x, int64
         return attn__fail(ctx, ATTN_ERR_CONTEXT_LENGTH,
                           "book_forward: %lld tokens exceed the module's context_length of %lld", (long long)n_tokens,
                           (long long)m->context_length);
+    // The input's and the output's element counts bound every stride computed below.
+    int64_t numel;
+    ATTN_RETURN_IF_ERR(attn__numel(ctx, "book_forward: x", 3, (int64_t[]){batch, n_tokens, m->d_in}, &numel));
+    ATTN_RETURN_IF_ERR(
+        attn__numel(ctx, "book_forward: out", 3, (int64_t[]){batch, n_tokens, attn_book_out_features(m)}, &numel));
     const bool wrapper = m->kind == ATTN_BOOK_MHA_WRAPPER;
     attn__mha_spec spec;
     attn__mha_io io;
@@ -233,7 +238,9 @@ attn_status attn_book_forward(attn_ctx *ctx, attn_book *m, const float *x, int64
     float *head_w = NULL;
     size_t head_w_bytes = 0;
     if (wrapper && weights != NULL) { // one head's (batch, 1, n, n) weights before they are interleaved
-        ATTN_RETURN_IF_ERR(attn__bytes(ctx, "weights", batch * n_tokens * n_tokens, sizeof(float), &head_w_bytes));
+        int64_t nw;
+        ATTN_RETURN_IF_ERR(attn__numel(ctx, "book_forward: weights", 3, (int64_t[]){batch, n_tokens, n_tokens}, &nw));
+        ATTN_RETURN_IF_ERR(attn__bytes(ctx, "book_forward: weights", nw, sizeof(float), &head_w_bytes));
         attn__arena_take(&a, head_w_bytes);
     }
     void *ws;
@@ -281,8 +288,11 @@ attn_status attn_simple_self_attention(attn_ctx *ctx, const float *x, int64_t n,
     if (norm != ATTN_SIMPLE_SOFTMAX && norm != ATTN_SIMPLE_SUM)
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "simple_self_attention: unknown normalisation %d", (int)norm);
     size_t nn_bytes, nd_bytes;
-    ATTN_RETURN_IF_ERR(attn__bytes(ctx, "scores", n * n, sizeof(float), &nn_bytes));
-    ATTN_RETURN_IF_ERR(attn__bytes(ctx, "context", n * d, sizeof(float), &nd_bytes));
+    int64_t nn, nd;
+    ATTN_RETURN_IF_ERR(attn__numel(ctx, "simple_self_attention: scores", 2, (int64_t[]){n, n}, &nn));
+    ATTN_RETURN_IF_ERR(attn__numel(ctx, "simple_self_attention: context", 2, (int64_t[]){n, d}, &nd));
+    ATTN_RETURN_IF_ERR(attn__bytes(ctx, "simple_self_attention: scores", nn, sizeof(float), &nn_bytes));
+    ATTN_RETURN_IF_ERR(attn__bytes(ctx, "simple_self_attention: context", nd, sizeof(float), &nd_bytes));
     // The SDPA view: one batch, one head, q = k = v = x (n, d), scale 1.
     attn_sdpa_desc sd;
     attn_sdpa_desc_init(&sd);

@@ -201,6 +201,11 @@ static attn_status mha_prepare(attn_ctx *ctx, const attn_mha *m, const attn_mha_
     if (a->value == NULL && c->vdim != (a->key == NULL ? E : c->kdim))
         return attn__fail(ctx, ATTN_ERR_BAD_SHAPE, "mha: value omitted but vdim (%lld) differs from the key's width",
                           (long long)c->vdim);
+    // The tensors' element counts bound every stride computed below.
+    int64_t numel;
+    ATTN_RETURN_IF_ERR(attn__numel(ctx, "mha: query", 3, (int64_t[]){N, L, E}, &numel));
+    ATTN_RETURN_IF_ERR(attn__numel(ctx, "mha: key", 3, (int64_t[]){N, S, c->kdim}, &numel));
+    ATTN_RETURN_IF_ERR(attn__numel(ctx, "mha: value", 3, (int64_t[]){N, S, c->vdim}, &numel));
     if (a->causal && a->attn_mask != NULL)
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha: causal and attn_mask are exclusive");
     if (a->attn_mask != NULL) {

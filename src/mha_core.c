@@ -41,7 +41,23 @@ attn_status attn__mha_core_plan(attn_ctx *ctx, const attn__mha_spec *spec, const
     const int64_t extra = (spec->bias_k != NULL ? 1 : 0) + (spec->add_zero_attn ? 1 : 0);
     plan->S2 = io->S + extra;
     plan->hd = spec->E / spec->H;
-    // Every buffer size must be representable before anything is allocated.
+    // Every offset into the caller's tensors and every buffer size must be representable before
+    // anything is read or allocated.
+    const struct {
+        const char *name;
+        int64_t rows, bs, rs, width;
+    } views[4] = {{"query", io->L, io->q_bs, io->q_rs, spec->dq},
+                  {"key", io->S, io->k_bs, io->k_rs, spec->dk},
+                  {"value", io->S, io->v_bs, io->v_rs, spec->dv},
+                  {"output", io->L, io->o_bs, io->o_rs, spec->E}};
+    for (int i = 0; i < 4; i++) {
+        const int64_t vn[4] = {io->N, views[i].rows, views[i].width, 1};
+        const int64_t vs[4] = {views[i].bs, views[i].rs, 1, 0};
+        int64_t extent;
+        if (!attn__view_extent(vn, vs, &extent))
+            return attn__fail(ctx, ATTN_ERR_OVERFLOW, "%s: the offsets of (%lld, %lld, %lld) overflow", views[i].name,
+                              (long long)io->N, (long long)views[i].rows, (long long)views[i].width);
+    }
     int64_t n;
     const int64_t qdims[3] = {io->N, io->L, spec->E}, kdims[3] = {io->N, plan->S2, spec->E};
     ATTN_RETURN_IF_ERR(attn__numel(ctx, "query projection", 3, qdims, &n));
