@@ -195,14 +195,29 @@ typedef struct attn_allocator {
     void *user;
 } attn_allocator;
 
-/** Which kernels the context uses. AUTO picks the fastest the CPU supports. */
+/**
+ * Which kernels a context uses. AUTO picks the fastest this CPU runs. REF is the scalar reference
+ * (the specification: plain loops, one thread, slow); GENERIC the fused kernels in portable C;
+ * AVX2 the fused kernels with AVX2 and FMA3 (chosen at run time, never required at build time).
+ * The fused kernels agree with the reference to about 1e-6 relative; calls that ask for the
+ * attention weights run the reference whatever the ISA.
+ */
 typedef enum attn_isa {
     ATTN_ISA_AUTO = 0,
-    ATTN_ISA_REF = 1 /* the scalar reference: the specification, slow */
+    ATTN_ISA_REF = 1,
+    ATTN_ISA_GENERIC = 2,
+    ATTN_ISA_AVX2 = 3
 } attn_isa;
 
+/** @return whether this build and this CPU can run `isa` (AUTO, REF and GENERIC always can). */
+ATTN_API int attn_isa_supported(attn_isa isa);
+/** @return "auto", "ref", "generic", "avx2" or "?". */
+ATTN_API const char *attn_isa_name(attn_isa isa);
+
 typedef struct attn_ctx_params {
-    int n_threads;            /* threads used by compute calls; 0 = 1 */
+    int n_threads;            /* threads used by compute calls (the caller's plus n_threads - 1
+                                 started by the context); 0 = 1. Results are identical for every
+                                 thread count. */
     attn_isa isa;             /* kernel selection, ATTN_ISA_AUTO by default */
     uint64_t seed;            /* seed of the context's generator (default 0) */
     attn_allocator allocator; /* all allocations go through it; {NULL,NULL,NULL} = aligned_alloc/free */
@@ -212,10 +227,13 @@ typedef struct attn_ctx_params {
 ATTN_API void attn_ctx_params_init(attn_ctx_params *params);
 /**
  * Creates a context. `params` may be NULL for the defaults.
- * @return ATTN_OK and *ctx, or an error and *ctx = NULL.
+ * @return ATTN_OK and *ctx, or an error and *ctx = NULL: ATTN_ERR_UNSUPPORTED when params->isa
+ *         cannot run here, ATTN_ERR_OUT_OF_MEMORY when memory or threads cannot be had.
  */
 ATTN_API attn_status attn_ctx_create(const attn_ctx_params *params, attn_ctx **ctx);
-/** Frees a context and its scratch memory. NULL is allowed. */
+/** @return the instruction set the context's kernels use (AUTO resolved), or REF. */
+ATTN_API attn_isa attn_ctx_isa(const attn_ctx *ctx);
+/** Frees a context, its threads and its scratch memory. NULL is allowed. */
 ATTN_API void attn_ctx_free(attn_ctx *ctx);
 /** @return the message of the last failure on this context ("" if none). Valid until the next call. */
 ATTN_API const char *attn_ctx_last_error(const attn_ctx *ctx);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/cpu.h"
 #include "internal.h"
 
 // ---- errors ----------------------------------------------------------------------------------
@@ -100,7 +101,11 @@ attn_status attn_ctx_create(const attn_ctx_params *params, attn_ctx **out) {
     attn_ctx_params_init(&p);
     if (params != NULL) p = *params;
     if (p.n_threads < 0 || p.n_threads > 4096) return ATTN_ERR_INVALID_ARG;
-    if (p.isa != ATTN_ISA_AUTO && p.isa != ATTN_ISA_REF) return ATTN_ERR_INVALID_ARG;
+    if (p.isa != ATTN_ISA_AUTO && p.isa != ATTN_ISA_REF && p.isa != ATTN_ISA_GENERIC && p.isa != ATTN_ISA_AVX2)
+        return ATTN_ERR_INVALID_ARG;
+    bool isa_ok;
+    const attn__kernels *kernels = attn__kernels_for(p.isa, &isa_ok);
+    if (!isa_ok) return ATTN_ERR_UNSUPPORTED;
     if ((p.allocator.alloc == NULL) != (p.allocator.free == NULL)) return ATTN_ERR_INVALID_ARG;
     attn_allocator a = p.allocator;
     if (a.alloc == NULL) attn__default_allocator(&a);
@@ -109,8 +114,14 @@ attn_status attn_ctx_create(const attn_ctx_params *params, attn_ctx **out) {
     memset(ctx, 0, sizeof *ctx);
     ctx->alloc = a;
     ctx->isa = p.isa;
+    ctx->kernels = kernels;
     ctx->n_threads = p.n_threads == 0 ? 1 : p.n_threads;
     attn_generator_seed(&ctx->gen, p.seed);
+    attn_status st = attn__pool_create(ctx, ctx->n_threads, &ctx->pool);
+    if (st != ATTN_OK) {
+        attn__free_with(&a, ctx);
+        return st;
+    }
     *out = ctx;
     return ATTN_OK;
 }
@@ -118,6 +129,7 @@ attn_status attn_ctx_create(const attn_ctx_params *params, attn_ctx **out) {
 void attn_ctx_free(attn_ctx *ctx) {
     if (ctx == NULL) return;
     attn_allocator a = ctx->alloc;
+    attn__pool_free(ctx->pool);
     if (!ctx->ws_external) attn__free_with(&a, ctx->ws);
     attn__free_with(&a, ctx);
 }

@@ -20,10 +20,15 @@
 #define ATTN_ALIGN 64
 #define ATTN_ERR_MSG_SIZE 256
 
+typedef struct attn__pool attn__pool;
+typedef struct attn__kernels attn__kernels;
+
 struct attn_ctx {
     attn_allocator alloc;
-    attn_isa isa;
+    attn_isa isa;                   // as asked for
+    const attn__kernels *kernels;   // the kernel table chosen for isa (NULL for ATTN_ISA_REF)
     int n_threads;
+    attn__pool *pool;               // NULL when n_threads == 1
     attn_generator gen;
     char err[ATTN_ERR_MSG_SIZE];
     void *ws;          // scratch buffer (owned unless ws_external)
@@ -67,6 +72,16 @@ typedef struct attn__arena {
     size_t used;
 } attn__arena;
 void *attn__arena_take(attn__arena *a, size_t bytes);
+
+// ---- threads -------------------------------------------------------------------------------------
+// fn(arg, task, thread): thread is in [0, n_threads) and indexes per-thread scratch.
+typedef void (*attn__task_fn)(void *arg, int64_t task, int thread);
+// Starts n_threads - 1 workers (none when n_threads <= 1: *out = NULL).
+attn_status attn__pool_create(attn_ctx *ctx, int n_threads, attn__pool **out);
+void attn__pool_free(attn__pool *p);
+int attn__pool_threads(const attn__pool *p);
+// Runs tasks 0..n_tasks-1 on the workers and the caller; returns when all are done. p may be NULL.
+void attn__pool_run(attn__pool *p, int64_t n_tasks, attn__task_fn fn, void *arg);
 
 // ---- checked size arithmetic -------------------------------------------------------------
 // Return false on overflow (or a negative operand), true otherwise.

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "cpu/flash.h"
 #include "internal.h"
 
 void attn_sdpa_desc_init(attn_sdpa_desc *desc) {
@@ -102,15 +103,21 @@ attn_status attn__sdpa_check(attn_ctx *ctx, const attn_sdpa_desc *d, attn__sdpa_
     return ATTN_OK;
 }
 
+// The fused kernels serve every call that does not ask for the attention weights.
+static bool use_flash(const attn_ctx *ctx, const attn_sdpa_desc *d) {
+    return ctx->kernels != NULL && d->weights_mode == ATTN_WEIGHTS_NONE;
+}
+
 size_t attn__sdpa_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d) {
-    (void)ctx;
-    (void)d;
-    return attn__sdpa_ref_workspace(sh);
+    return use_flash(ctx, d) ? attn__flash_fwd_workspace(ctx, sh, d) : attn__sdpa_ref_workspace(sh);
 }
 
 void attn__sdpa_run(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const float *q,
                     const float *k, const float *v, float *out, float *lse, float *weights, void *ws) {
-    attn__sdpa_fwd_ref(d, sh, &ctx->gen, q, k, v, out, lse, weights, ws);
+    if (use_flash(ctx, d))
+        attn__flash_fwd(ctx, d, sh, q, k, v, out, lse, ws);
+    else
+        attn__sdpa_fwd_ref(d, sh, &ctx->gen, q, k, v, out, lse, weights, ws);
 }
 
 attn_status attn_sdpa_fwd_workspace_size(const attn_ctx *ctx, const attn_sdpa_desc *desc, size_t *bytes) {

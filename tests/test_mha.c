@@ -301,9 +301,9 @@ static void test_weights_per_head_and_average(void) {
         for (int64_t j = 0; j < S; j++) s += per.w[r * S + j];
         ASSERT_TRUE(fabs(s - 1.0) < 1e-6);
     }
-    a.need_weights = 0;
+    a.need_weights = 0; // the fused kernels (asking for weights runs the reference): equal to rounding
     run_out none = run(ctx, m, &a, N * L * E, 0);
-    ASSERT_BITS_EQ(none.out, avg.out, N * L * E);
+    ASSERT_CLOSE(none.out, avg.out, N * L * E, 1e-6, 1e-5);
     free_run(&avg), free_run(&per), free_run(&none), free(q), free(kv);
     attn_mha_free(m);
     attn_ctx_free(ctx);

@@ -1,0 +1,48 @@
+// cpu.h - the CPU kernel table: the few primitives whose speed matters, one implementation per
+// instruction set, behind one signature each. The algorithms (tiling, masks, online softmax,
+// threads) live in ISA-independent drivers (flash_fwd.c) that call these through the table.
+//
+// Tile layout used by the flash primitives (FlashAttention-2, computed transposed so that every
+// reduction of the online softmax runs across vector registers rather than within them):
+//   qt (D, BR):   the query tile, transposed and pre-multiplied by scale*log2(e); BR is the tile
+//                 width padded to a multiple of 16 (padding columns are zero)
+//   st (nj, BR):  S^T = K qt for the nj keys of a key tile; then, in place, P^T = exp2(S^T - m)
+//   ot (Dv, BR):  the output accumulator, transposed
+//   m, l (BR):    running maximum (log2 domain) and running sum of each query column
+// Key and value rows are read in place from the caller's tensors with any strides.
+#ifndef ATTN_CPU_H
+#define ATTN_CPU_H
+
+#include "internal.h"
+
+#define ATTN_TILE_BR_ALIGN 16 // tile widths are multiples of this
+
+struct attn__kernels {
+    const char *name;
+    attn_isa isa;
+    // st[j*br + i] = sum_d k[j*ks_row + d*ks_d] * qt[d*br + i]   for j < nj, i < br
+    void (*qk)(const float *k, int64_t ks_row, int64_t ks_d, int nj, int D, const float *qt, int br, float *st);
+    // Online softmax update of one key tile, in place (all in the log2 domain):
+    //   m' = max(m, max_j st[j][i]); alpha[i] = exp2(m - m'); st = exp2(st - m');
+    //   l = alpha*l + sum_j st[j][i]; m = m'. A column whose m' is -inf gets st = 0, alpha = 0.
+    void (*softmax)(float *st, int nj, int br, float *m, float *l, float *alpha);
+    // ot[d*br + i] = alpha[i] * ot[d*br + i] + sum_j v[j*vs_row + d*vs_d] * st[j*br + i]
+    void (*pv)(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
+               const float *alpha, float *ot);
+    // y[i] = 2^x[i] for n values, with the error bound documented in attn.h (exp2 of -inf is 0).
+    void (*exp2)(const float *x, float *y, int64_t n);
+};
+
+extern const attn__kernels attn__kernels_generic;
+#if defined(ATTN_HAVE_AVX2)
+extern const attn__kernels attn__kernels_avx2;
+#endif
+
+// The table for an ISA request (AUTO picks the best the CPU runs), or NULL if this build or this
+// CPU cannot run it. ATTN_ISA_REF has no table (NULL, and *ok = true).
+const attn__kernels *attn__kernels_for(attn_isa isa, bool *ok);
+
+// Scalar exp2 with the same polynomial as every table's exp2 (used by the generic kernels).
+float attn__exp2f(float x);
+
+#endif

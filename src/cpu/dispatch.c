@@ -1,0 +1,57 @@
+// dispatch.c - chooses a kernel table for a context's ISA request from what this build contains
+// and what the CPU supports. The CPU is asked through the compiler's cpuid cache (filled once,
+// read-only afterwards); nothing here keeps state of its own.
+#include "cpu/cpu.h"
+
+static bool cpu_has_avx2_fma(void) {
+#if defined(ATTN_HAVE_AVX2) && (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return false;
+#endif
+}
+
+const attn__kernels *attn__kernels_for(attn_isa isa, bool *ok) {
+    *ok = true;
+    switch (isa) {
+    case ATTN_ISA_REF:
+        return NULL;
+    case ATTN_ISA_GENERIC:
+        return &attn__kernels_generic;
+    case ATTN_ISA_AVX2:
+#if defined(ATTN_HAVE_AVX2)
+        if (cpu_has_avx2_fma()) return &attn__kernels_avx2;
+#endif
+        *ok = false;
+        return NULL;
+    case ATTN_ISA_AUTO:
+#if defined(ATTN_HAVE_AVX2)
+        if (cpu_has_avx2_fma()) return &attn__kernels_avx2;
+#endif
+        return &attn__kernels_generic;
+    }
+    *ok = false;
+    return NULL;
+}
+
+int attn_isa_supported(attn_isa isa) {
+    bool ok;
+    attn__kernels_for(isa, &ok);
+    return ok;
+}
+
+const char *attn_isa_name(attn_isa isa) {
+    switch (isa) {
+    case ATTN_ISA_AUTO: return "auto";
+    case ATTN_ISA_REF: return "ref";
+    case ATTN_ISA_GENERIC: return "generic";
+    case ATTN_ISA_AVX2: return "avx2";
+    }
+    return "?";
+}
+
+attn_isa attn_ctx_isa(const attn_ctx *ctx) {
+    if (ctx == NULL) return ATTN_ISA_AUTO;
+    return ctx->kernels != NULL ? ctx->kernels->isa : ATTN_ISA_REF;
+}

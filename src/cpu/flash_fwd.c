@@ -1,0 +1,277 @@
+// flash_fwd.c - the fused attention forward (FlashAttention-2 on the CPU), independent of the
+// instruction set: it tiles the problem, applies masks, runs the online softmax and finalises,
+// calling the primitives of a kernel table (cpu.h) for the inner loops.
+//
+// Work items are (batch, head, tile of BR queries), heaviest first, shared by the context's threads.
+// For each item the queries are packed once (transposed, scaled by scale*log2 e); then each tile of
+// BC keys gives S^T = K Q^T, the masks turn hidden scores into -inf (a hidden key is never read),
+// the online softmax rescales the running output, and O^T += V^T P^T. No (L, S) matrix exists; the
+// extra memory is a few tiles per thread. Causal masking skips every key tile above the diagonal.
+// A query row's result does not depend on the tile sizes along the queries or on the thread that
+// computed it, so every thread count gives the same bits.
+//
+// Semantics are those of the reference (src/ref/sdpa_ref.c): fully masked rows give zeros and
+// lse = -inf; NaN reaches only the rows that see it (value tiles holding NaN or inf are multiplied
+// with a loop that skips zero weights, as the reference does); dropout uses the same draws as the
+// reference, generated up front in (b, h, i, j) order from the context's generator.
+#include <math.h>
+#include <string.h>
+
+#include "cpu/cpu.h"
+#include "cpu/flash.h"
+
+#define LOG2E 1.4426950408889634
+#define LN2 0.6931471805599453
+#define FLASH_BC 96 // keys per tile: a multiple of the 6-row register block
+
+typedef struct flash_job {
+    const attn_sdpa_desc *d;
+    const attn__sdpa_shape *sh;
+    const attn__kernels *kn;
+    const float *q, *k, *v;
+    float *out, *lse;
+    int br, brp;                // queries per item, and padded to ATTN_TILE_BR_ALIGN
+    int64_t n_qtiles, n_kvtiles;
+    float qscale;               // scale * log2(e), folded into the packed queries
+    const uint8_t *v_bad;       // (B, Hkv, n_kvtiles): 1 when the value tile holds NaN or inf
+    const uint8_t *keep;        // dropout: (B, H, L, S) bits, 1 = kept; NULL without dropout
+    float keep_scale;           // float(1/float(1-p)), or 1
+    char *scratch;              // per thread: per_thread bytes
+    size_t per_thread;
+} flash_job;
+
+// Per-thread tiles, carved from the thread's scratch.
+typedef struct tiles {
+    float *qt, *st, *ot, *m, *l, *alpha;
+} tiles;
+
+static size_t thread_scratch(const attn__sdpa_shape *sh, int brp, tiles *t, char *base) {
+    attn__arena a = {.base = base};
+    const size_t f = sizeof(float);
+    float *qt = attn__arena_take(&a, (size_t)sh->D * (size_t)brp * f);
+    float *st = attn__arena_take(&a, (size_t)FLASH_BC * (size_t)brp * f);
+    float *ot = attn__arena_take(&a, (size_t)sh->Dv * (size_t)brp * f);
+    float *m = attn__arena_take(&a, (size_t)brp * f);
+    float *l = attn__arena_take(&a, (size_t)brp * f);
+    float *alpha = attn__arena_take(&a, (size_t)brp * f);
+    if (t != NULL) *t = (tiles){qt, st, ot, m, l, alpha};
+    return a.used;
+}
+
+// Queries per work item: 64, fewer when that would leave threads idle (the result of a row does not
+// depend on this choice).
+static int choose_br(const attn__sdpa_shape *sh, int threads) {
+    int br = 64;
+    while (br > 16 && sh->B * sh->H * ((sh->L + br - 1) / br) < 4 * (int64_t)threads) br /= 2;
+    if (sh->L < br) br = (int)((sh->L + ATTN_TILE_BR_ALIGN - 1) / ATTN_TILE_BR_ALIGN * ATTN_TILE_BR_ALIGN);
+    return br;
+}
+
+static int64_t keys_visible_until(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t last_query) {
+    // one past the last key any query up to last_query may see
+    int64_t end = sh->S;
+    if (d->causal == ATTN_CAUSAL_TOP_LEFT) end = last_query + 1;
+    if (d->causal == ATTN_CAUSAL_BOTTOM_RIGHT) end = last_query + 1 + (sh->S - sh->L);
+    if (end > sh->S) end = sh->S;
+    return end < 0 ? 0 : end;
+}
+
+static inline float mask_value(const void *mask, attn_dtype dt, int64_t off) {
+    if (dt == ATTN_DTYPE_BOOL) return ((const uint8_t *)mask)[off] ? -INFINITY : 0.0f;
+    return ((const float *)mask)[off];
+}
+
+// Applies causal/attention/key-padding masks to one score tile (log2 domain). Returns false when
+// every valid score of the tile is hidden (the tile can be skipped).
+static bool mask_tile(const flash_job *J, int64_t b, int64_t h, int64_t i0, int nq, int64_t j0, int nj, float *st) {
+    const attn_sdpa_desc *d = J->d;
+    const int64_t L = J->sh->L, S = J->sh->S;
+    const int brp = J->brp;
+    const float log2e = (float)LOG2E;
+    bool any_visible = false;
+    for (int j = 0; j < nj; j++) {
+        const int64_t jj = j0 + j;
+        float kpm = 0.0f;
+        if (d->key_padding_mask != NULL)
+            kpm = mask_value(d->key_padding_mask, d->key_padding_mask_dtype,
+                             b * d->key_padding_mask_stride[0] + jj * d->key_padding_mask_stride[1]);
+        float *s = st + (int64_t)j * brp;
+        for (int i = 0; i < nq; i++) {
+            const int64_t ii = i0 + i;
+            bool hidden = kpm == -INFINITY;
+            if (d->causal == ATTN_CAUSAL_TOP_LEFT) hidden = hidden || jj > ii;
+            if (d->causal == ATTN_CAUSAL_BOTTOM_RIGHT) hidden = hidden || jj > ii + (S - L);
+            float bias = kpm;
+            if (!hidden && d->mask != NULL) {
+                const float mv = mask_value(d->mask, d->mask_dtype, attn__offset4(d->mask_stride, b, h, ii, jj));
+                hidden = mv == -INFINITY;
+                bias += mv;
+            }
+            if (hidden) {
+                s[i] = -INFINITY;
+            } else {
+                if (bias != 0.0f) s[i] += bias * log2e;
+                any_visible = true;
+            }
+        }
+    }
+    return any_visible;
+}
+
+// O^T += V^T P^T with a loop that skips zero weights, for value tiles holding NaN or inf.
+static void pv_skipping_zeros(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
+                              const float *alpha, float *ot) {
+    for (int t = 0; t < Dv; t++) {
+        float *o = ot + (int64_t)t * br;
+        for (int i = 0; i < br; i++) o[i] *= alpha[i];
+        for (int j = 0; j < nj; j++) {
+            const float vv = v[(int64_t)j * vs_row + (int64_t)t * vs_d];
+            const float *p = st + (int64_t)j * br;
+            for (int i = 0; i < br; i++)
+                if (p[i] != 0.0f) o[i] += vv * p[i];
+        }
+    }
+}
+
+static void flash_task(void *arg, int64_t task, int thread) {
+    const flash_job *J = arg;
+    const attn_sdpa_desc *d = J->d;
+    const attn__sdpa_shape *sh = J->sh;
+    const int64_t BH = sh->B * sh->H;
+    // heaviest query tiles (the last ones, under a causal mask) first
+    const int64_t qtile = J->n_qtiles - 1 - task / BH, bh = task % BH;
+    const int64_t b = bh / sh->H, h = bh % sh->H, hk = h / sh->group;
+    const int64_t i0 = qtile * J->br;
+    const int nq = (int)(sh->L - i0 < J->br ? sh->L - i0 : J->br), brp = J->brp;
+    const int D = (int)sh->D, Dv = (int)sh->Dv;
+    tiles t;
+    thread_scratch(sh, brp, &t, J->scratch + (size_t)thread * J->per_thread);
+
+    // qt (D, brp) = q[b, h, i0:i0+nq, :]^T * scale * log2(e), zero padding columns
+    for (int dd = 0; dd < D; dd++) {
+        float *row = t.qt + (int64_t)dd * brp;
+        const float *src = J->q + attn__offset4(d->q_stride, b, h, i0, dd);
+        for (int i = 0; i < nq; i++) row[i] = src[(int64_t)i * d->q_stride[2]] * J->qscale;
+        for (int i = nq; i < brp; i++) row[i] = 0.0f;
+    }
+    for (int i = 0; i < brp; i++) t.m[i] = -INFINITY, t.l[i] = 0.0f;
+    memset(t.ot, 0, (size_t)Dv * (size_t)brp * sizeof(float));
+
+    const bool masked = d->mask != NULL || d->key_padding_mask != NULL;
+    const int64_t j_end = keys_visible_until(d, sh, i0 + nq - 1);
+    const float *kbase = J->k + attn__offset4(d->k_stride, b, hk, 0, 0);
+    const float *vbase = J->v + attn__offset4(d->v_stride, b, hk, 0, 0);
+    for (int64_t j0 = 0; j0 < j_end; j0 += FLASH_BC) {
+        const int nj = (int)(j_end - j0 < FLASH_BC ? j_end - j0 : FLASH_BC);
+        J->kn->qk(kbase + j0 * d->k_stride[2], d->k_stride[2], d->k_stride[3], nj, D, t.qt, brp, t.st);
+        // the tile crosses the causal diagonal when its last key is hidden from its first query
+        const bool diagonal = keys_visible_until(d, sh, i0) < j0 + nj;
+        if ((masked || (d->causal != ATTN_CAUSAL_NONE && diagonal)) && !mask_tile(J, b, h, i0, nq, j0, nj, t.st))
+            continue; // every score hidden: the tile changes nothing
+        J->kn->softmax(t.st, nj, brp, t.m, t.l, t.alpha);
+        if (J->keep != NULL) { // dropout: weights of dropped keys become 0 (after the row sums)
+            for (int j = 0; j < nj; j++) {
+                float *s = t.st + (int64_t)j * brp;
+                for (int i = 0; i < nq; i++) {
+                    const int64_t bit = ((bh * sh->L + i0 + i) * sh->S) + j0 + j;
+                    if (!((J->keep[bit >> 3] >> (bit & 7)) & 1)) s[i] = 0.0f;
+                }
+            }
+        }
+        const float *vt = vbase + j0 * d->v_stride[2];
+        if (J->v_bad[(b * sh->Hkv + hk) * J->n_kvtiles + j0 / FLASH_BC])
+            pv_skipping_zeros(vt, d->v_stride[2], d->v_stride[3], nj, Dv, t.st, brp, t.alpha, t.ot);
+        else
+            J->kn->pv(vt, d->v_stride[2], d->v_stride[3], nj, Dv, t.st, brp, t.alpha, t.ot);
+    }
+    // out = O / l (0 for a fully masked row), times the dropout scale; lse in natural log
+    for (int i = 0; i < nq; i++) {
+        const float li = t.l[i];
+        const float inv = li > 0.0f ? J->keep_scale / li : (li == 0.0f ? 0.0f : li);
+        float *o = J->out + attn__offset4(d->o_stride, b, h, i0 + i, 0);
+        for (int dd = 0; dd < Dv; dd++) o[(int64_t)dd * d->o_stride[3]] = t.ot[(int64_t)dd * brp + i] * inv;
+        if (J->lse != NULL)
+            J->lse[bh * sh->L + i0 + i] =
+                li > 0.0f ? (float)(((double)t.m[i] + log2((double)li)) * LN2) : (li == 0.0f ? -INFINITY : li);
+    }
+}
+
+// 1 for every (b, hk, key tile) whose value rows hold a NaN or an infinity.
+typedef struct vscan_job {
+    const attn_sdpa_desc *d;
+    const attn__sdpa_shape *sh;
+    const float *v;
+    int64_t n_kvtiles;
+    uint8_t *v_bad;
+} vscan_job;
+
+static void vscan_task(void *arg, int64_t task, int thread) {
+    (void)thread;
+    const vscan_job *J = arg;
+    const attn_sdpa_desc *d = J->d;
+    const int64_t b = task / J->sh->Hkv, hk = task % J->sh->Hkv;
+    for (int64_t tile = 0; tile < J->n_kvtiles; tile++) {
+        uint8_t bad = 0;
+        const int64_t j_end = (tile + 1) * FLASH_BC < J->sh->S ? (tile + 1) * FLASH_BC : J->sh->S;
+        for (int64_t j = tile * FLASH_BC; j < j_end && !bad; j++) {
+            const float *row = J->v + attn__offset4(d->v_stride, b, hk, j, 0);
+            for (int64_t t = 0; t < J->sh->Dv; t++) bad |= !isfinite(row[t * d->v_stride[3]]);
+        }
+        J->v_bad[task * J->n_kvtiles + tile] = bad;
+    }
+}
+
+typedef struct flash_layout {
+    uint8_t *v_bad, *keep;
+    char *scratch;
+    size_t per_thread;
+} flash_layout;
+
+static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d, char *base,
+                     flash_layout *fl) {
+    const int threads = attn__pool_threads(ctx->pool);
+    const int br = choose_br(sh, threads);
+    const int64_t n_kvtiles = (sh->S + FLASH_BC - 1) / FLASH_BC;
+    attn__arena a = {.base = base};
+    fl->v_bad = attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * n_kvtiles));
+    fl->keep = d->dropout_p > 0.0 ? attn__arena_take(&a, (size_t)((sh->B * sh->H * sh->L * sh->S + 7) / 8)) : NULL;
+    fl->per_thread = (thread_scratch(sh, br, NULL, NULL) + ATTN_ALIGN - 1) & ~(size_t)(ATTN_ALIGN - 1);
+    fl->scratch = attn__arena_take(&a, fl->per_thread * (size_t)threads);
+    return a.used;
+}
+
+size_t attn__flash_fwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d) {
+    flash_layout fl;
+    return layout(ctx, sh, d, NULL, &fl);
+}
+
+void attn__flash_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const float *q,
+                     const float *k, const float *v, float *out, float *lse, void *ws) {
+    flash_layout fl;
+    layout(ctx, sh, d, ws, &fl);
+    const int threads = attn__pool_threads(ctx->pool);
+    flash_job J = {
+        .d = d, .sh = sh, .kn = ctx->kernels, .q = q, .k = k, .v = v, .out = out, .lse = lse,
+        .br = choose_br(sh, threads),
+        .n_kvtiles = (sh->S + FLASH_BC - 1) / FLASH_BC,
+        .qscale = (float)((double)sh->scale * LOG2E),
+        .v_bad = fl.v_bad, .keep = NULL, .keep_scale = 1.0f,
+        .scratch = fl.scratch, .per_thread = fl.per_thread,
+    };
+    J.brp = (J.br + ATTN_TILE_BR_ALIGN - 1) / ATTN_TILE_BR_ALIGN * ATTN_TILE_BR_ALIGN;
+    J.n_qtiles = (sh->L + J.br - 1) / J.br;
+    vscan_job vj = {d, sh, v, J.n_kvtiles, fl.v_bad};
+    attn__pool_run(ctx->pool, sh->B * sh->Hkv, vscan_task, &vj);
+    if (d->dropout_p > 0.0) { // the reference's draws, in (b, h, i, j) order, kept as bits
+        const int64_t n = sh->B * sh->H * sh->L * sh->S;
+        const bool all = d->dropout_p >= 1.0;
+        const double keep_prob = 1.0 - d->dropout_p;
+        memset(fl.keep, 0, (size_t)((n + 7) / 8));
+        if (!all)
+            for (int64_t e = 0; e < n; e++)
+                if (attn__dropout_keep(&ctx->gen, keep_prob)) fl.keep[e >> 3] |= (uint8_t)(1u << (e & 7));
+        J.keep = fl.keep;
+        J.keep_scale = all ? 0.0f : 1.0f / (float)(1.0 - d->dropout_p);
+    }
+    attn__pool_run(ctx->pool, sh->B * sh->H * J.n_qtiles, flash_task, &J);
+}

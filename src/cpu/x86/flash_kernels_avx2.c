@@ -1,0 +1,191 @@
+// flash_kernels_avx2.c - the flash primitives of cpu.h with AVX2 and FMA3 (compiled with
+// -mavx2 -mfma for this file only; chosen at run time when the CPU has both).
+//
+// Both products use a 6 x 16 register block: 12 accumulators of 8 floats, two vector loads of the
+// tile operand and six scalar broadcasts from the key or value rows per step, i.e. 12 FMAs for 8
+// loads, which keeps the two FMA pipes busy. Rows are read in place with any strides.
+#include <immintrin.h>
+#include <math.h>
+
+#include "cpu/cpu.h"
+
+// 2^x, same polynomial as attn__exp2f (cpu/generic/flash_kernels.c), fused: within 1 ulp on
+// [-126, 128]; x < -126.5 and -inf give 0; NaN stays NaN (min/max take x as the second operand).
+static inline __m256 exp2_ps(__m256 x) {
+    x = _mm256_min_ps(_mm256_set1_ps(128.0f), x);
+    x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);
+    const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_sub_ps(x, n);
+    __m256 p = _mm256_set1_ps(0.00015353360504377633f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.0013398875016719103f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.00961843691766262f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.055503323674201965f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.24022647738456726f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.6931471824645996f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)); // 0 .. 255
+    const __m256 top = _mm256_castsi256_ps(_mm256_cmpgt_epi32(e, _mm256_set1_epi32(254)));
+    e = _mm256_min_epi32(e, _mm256_set1_epi32(254));
+    const __m256 r = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(e, 23)));
+    return _mm256_blendv_ps(r, _mm256_add_ps(r, r), top);
+}
+
+static void exp2_avx2(const float *x, float *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp2_ps(_mm256_loadu_ps(x + i)));
+    for (; i < n; i++) y[i] = attn__exp2f(x[i]);
+}
+
+// st rows j0..j0+5 (6 keys) for every 16 columns of the tile.
+static inline void qk_6rows(const float *k, int64_t ks_row, int64_t ks_d, int D, const float *qt, int br, float *st) {
+    const float *k0 = k, *k1 = k + ks_row, *k2 = k + 2 * ks_row, *k3 = k + 3 * ks_row, *k4 = k + 4 * ks_row,
+                *k5 = k + 5 * ks_row;
+    for (int i0 = 0; i0 < br; i0 += 16) {
+        __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00;
+        __m256 a30 = a00, a31 = a00, a40 = a00, a41 = a00, a50 = a00, a51 = a00;
+        const float *q = qt + i0;
+        for (int d = 0; d < D; d++, q += br) {
+            const int64_t o = (int64_t)d * ks_d;
+            const __m256 q0 = _mm256_load_ps(q), q1 = _mm256_load_ps(q + 8);
+            __m256 b = _mm256_broadcast_ss(k0 + o);
+            a00 = _mm256_fmadd_ps(b, q0, a00), a01 = _mm256_fmadd_ps(b, q1, a01);
+            b = _mm256_broadcast_ss(k1 + o);
+            a10 = _mm256_fmadd_ps(b, q0, a10), a11 = _mm256_fmadd_ps(b, q1, a11);
+            b = _mm256_broadcast_ss(k2 + o);
+            a20 = _mm256_fmadd_ps(b, q0, a20), a21 = _mm256_fmadd_ps(b, q1, a21);
+            b = _mm256_broadcast_ss(k3 + o);
+            a30 = _mm256_fmadd_ps(b, q0, a30), a31 = _mm256_fmadd_ps(b, q1, a31);
+            b = _mm256_broadcast_ss(k4 + o);
+            a40 = _mm256_fmadd_ps(b, q0, a40), a41 = _mm256_fmadd_ps(b, q1, a41);
+            b = _mm256_broadcast_ss(k5 + o);
+            a50 = _mm256_fmadd_ps(b, q0, a50), a51 = _mm256_fmadd_ps(b, q1, a51);
+        }
+        float *s = st + i0;
+        _mm256_store_ps(s, a00), _mm256_store_ps(s + 8, a01), s += br;
+        _mm256_store_ps(s, a10), _mm256_store_ps(s + 8, a11), s += br;
+        _mm256_store_ps(s, a20), _mm256_store_ps(s + 8, a21), s += br;
+        _mm256_store_ps(s, a30), _mm256_store_ps(s + 8, a31), s += br;
+        _mm256_store_ps(s, a40), _mm256_store_ps(s + 8, a41), s += br;
+        _mm256_store_ps(s, a50), _mm256_store_ps(s + 8, a51);
+    }
+}
+
+// One key row (the tile's last nj % 6 rows).
+static inline void qk_1row(const float *k, int64_t ks_d, int D, const float *qt, int br, float *st) {
+    for (int i0 = 0; i0 < br; i0 += 16) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+        const float *q = qt + i0;
+        for (int d = 0; d < D; d++, q += br) {
+            const __m256 b = _mm256_broadcast_ss(k + (int64_t)d * ks_d);
+            a0 = _mm256_fmadd_ps(b, _mm256_load_ps(q), a0);
+            a1 = _mm256_fmadd_ps(b, _mm256_load_ps(q + 8), a1);
+        }
+        _mm256_store_ps(st + i0, a0), _mm256_store_ps(st + i0 + 8, a1);
+    }
+}
+
+static void qk_avx2(const float *k, int64_t ks_row, int64_t ks_d, int nj, int D, const float *qt, int br, float *st) {
+    int j = 0;
+    for (; j + 6 <= nj; j += 6) qk_6rows(k + (int64_t)j * ks_row, ks_row, ks_d, D, qt, br, st + (int64_t)j * br);
+    for (; j < nj; j++) qk_1row(k + (int64_t)j * ks_row, ks_d, D, qt, br, st + (int64_t)j * br);
+}
+
+static void softmax_avx2(float *st, int nj, int br, float *m, float *l, float *alpha) {
+    const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
+    for (int i0 = 0; i0 < br; i0 += 8) {
+        const __m256 m_old = _mm256_load_ps(m + i0);
+        __m256 mx = m_old;
+        float *s = st + i0;
+        for (int j = 0; j < nj; j++, s += br) mx = _mm256_max_ps(mx, _mm256_load_ps(s));
+        const __m256 base = _mm256_blendv_ps(mx, _mm256_setzero_ps(), _mm256_cmp_ps(mx, neg_inf, _CMP_EQ_OQ));
+        const __m256 a = exp2_ps(_mm256_sub_ps(m_old, base));
+        __m256 sum0 = _mm256_setzero_ps(), sum1 = sum0;
+        s = st + i0;
+        int j = 0;
+        for (; j + 2 <= nj; j += 2, s += 2 * br) {
+            const __m256 e0 = exp2_ps(_mm256_sub_ps(_mm256_load_ps(s), base));
+            const __m256 e1 = exp2_ps(_mm256_sub_ps(_mm256_load_ps(s + br), base));
+            _mm256_store_ps(s, e0), _mm256_store_ps(s + br, e1);
+            sum0 = _mm256_add_ps(sum0, e0), sum1 = _mm256_add_ps(sum1, e1);
+        }
+        if (j < nj) {
+            const __m256 e0 = exp2_ps(_mm256_sub_ps(_mm256_load_ps(s), base));
+            _mm256_store_ps(s, e0);
+            sum0 = _mm256_add_ps(sum0, e0);
+        }
+        _mm256_store_ps(alpha + i0, a);
+        _mm256_store_ps(l + i0, _mm256_fmadd_ps(a, _mm256_load_ps(l + i0), _mm256_add_ps(sum0, sum1)));
+        _mm256_store_ps(m + i0, mx);
+    }
+}
+
+// ot rows d0..d0+5 (6 output features) for 16 columns, accumulated over the tile's nj keys.
+static inline void pv_6rows(const float *v, int64_t vs_row, int64_t vs_d, int nj, const float *st, int br,
+                            __m256 al0, __m256 al1, float *ot) {
+    float *o = ot;
+    __m256 a00 = _mm256_mul_ps(_mm256_load_ps(o), al0), a01 = _mm256_mul_ps(_mm256_load_ps(o + 8), al1);
+    o += br;
+    __m256 a10 = _mm256_mul_ps(_mm256_load_ps(o), al0), a11 = _mm256_mul_ps(_mm256_load_ps(o + 8), al1);
+    o += br;
+    __m256 a20 = _mm256_mul_ps(_mm256_load_ps(o), al0), a21 = _mm256_mul_ps(_mm256_load_ps(o + 8), al1);
+    o += br;
+    __m256 a30 = _mm256_mul_ps(_mm256_load_ps(o), al0), a31 = _mm256_mul_ps(_mm256_load_ps(o + 8), al1);
+    o += br;
+    __m256 a40 = _mm256_mul_ps(_mm256_load_ps(o), al0), a41 = _mm256_mul_ps(_mm256_load_ps(o + 8), al1);
+    o += br;
+    __m256 a50 = _mm256_mul_ps(_mm256_load_ps(o), al0), a51 = _mm256_mul_ps(_mm256_load_ps(o + 8), al1);
+    const int64_t d1 = vs_d, d2 = 2 * vs_d, d3 = 3 * vs_d, d4 = 4 * vs_d, d5 = 5 * vs_d;
+    for (int j = 0; j < nj; j++, v += vs_row, st += br) {
+        const __m256 p0 = _mm256_load_ps(st), p1 = _mm256_load_ps(st + 8);
+        __m256 b = _mm256_broadcast_ss(v);
+        a00 = _mm256_fmadd_ps(b, p0, a00), a01 = _mm256_fmadd_ps(b, p1, a01);
+        b = _mm256_broadcast_ss(v + d1);
+        a10 = _mm256_fmadd_ps(b, p0, a10), a11 = _mm256_fmadd_ps(b, p1, a11);
+        b = _mm256_broadcast_ss(v + d2);
+        a20 = _mm256_fmadd_ps(b, p0, a20), a21 = _mm256_fmadd_ps(b, p1, a21);
+        b = _mm256_broadcast_ss(v + d3);
+        a30 = _mm256_fmadd_ps(b, p0, a30), a31 = _mm256_fmadd_ps(b, p1, a31);
+        b = _mm256_broadcast_ss(v + d4);
+        a40 = _mm256_fmadd_ps(b, p0, a40), a41 = _mm256_fmadd_ps(b, p1, a41);
+        b = _mm256_broadcast_ss(v + d5);
+        a50 = _mm256_fmadd_ps(b, p0, a50), a51 = _mm256_fmadd_ps(b, p1, a51);
+    }
+    o = ot;
+    _mm256_store_ps(o, a00), _mm256_store_ps(o + 8, a01), o += br;
+    _mm256_store_ps(o, a10), _mm256_store_ps(o + 8, a11), o += br;
+    _mm256_store_ps(o, a20), _mm256_store_ps(o + 8, a21), o += br;
+    _mm256_store_ps(o, a30), _mm256_store_ps(o + 8, a31), o += br;
+    _mm256_store_ps(o, a40), _mm256_store_ps(o + 8, a41), o += br;
+    _mm256_store_ps(o, a50), _mm256_store_ps(o + 8, a51);
+}
+
+static inline void pv_1row(const float *v, int64_t vs_row, int nj, const float *st, int br, __m256 al0, __m256 al1,
+                           float *ot) {
+    __m256 a0 = _mm256_mul_ps(_mm256_load_ps(ot), al0), a1 = _mm256_mul_ps(_mm256_load_ps(ot + 8), al1);
+    for (int j = 0; j < nj; j++, v += vs_row, st += br) {
+        const __m256 b = _mm256_broadcast_ss(v);
+        a0 = _mm256_fmadd_ps(b, _mm256_load_ps(st), a0);
+        a1 = _mm256_fmadd_ps(b, _mm256_load_ps(st + 8), a1);
+    }
+    _mm256_store_ps(ot, a0), _mm256_store_ps(ot + 8, a1);
+}
+
+static void pv_avx2(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
+                    const float *alpha, float *ot) {
+    for (int i0 = 0; i0 < br; i0 += 16) {
+        const __m256 al0 = _mm256_load_ps(alpha + i0), al1 = _mm256_load_ps(alpha + i0 + 8);
+        int d = 0;
+        for (; d + 6 <= Dv; d += 6)
+            pv_6rows(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st + i0, br, al0, al1, ot + (int64_t)d * br + i0);
+        for (; d < Dv; d++) pv_1row(v + (int64_t)d * vs_d, vs_row, nj, st + i0, br, al0, al1, ot + (int64_t)d * br + i0);
+    }
+}
+
+const attn__kernels attn__kernels_avx2 = {
+    .name = "avx2",
+    .isa = ATTN_ISA_AVX2,
+    .qk = qk_avx2,
+    .softmax = softmax_avx2,
+    .pv = pv_avx2,
+    .exp2 = exp2_avx2,
+};

@@ -1,0 +1,136 @@
+// threadpool.c - the threads of a context: n-1 workers plus the calling thread run the tasks of
+// one parallel loop, taking task indices from an atomic counter. A loop's result never depends on
+// which thread ran which task, as long as each task writes only its own outputs (every kernel is
+// written that way), so results are identical for every thread count.
+//
+// Owned by one context: attn__pool_run must not be called from two threads at once (a context is
+// used by one thread at a time). Workers sleep on a condition variable between loops.
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "internal.h"
+
+struct attn__pool {
+    attn_allocator alloc;
+    int n;                // threads including the caller
+    pthread_t *workers;   // n - 1
+    pthread_mutex_t mu;
+    pthread_cond_t wake, done;
+    uint64_t generation;  // incremented for every loop (guarded by mu)
+    int pending;          // workers still in the current loop (guarded by mu)
+    bool stop;
+    // the current loop (written under mu before generation changes)
+    attn__task_fn fn;
+    void *arg;
+    int64_t n_tasks;
+    atomic_int_fast64_t next;
+};
+
+typedef struct worker_arg {
+    attn__pool *pool;
+    int index;
+} worker_arg;
+
+static void run_tasks(attn__pool *p, attn__task_fn fn, void *arg, int64_t n_tasks, int thread) {
+    for (;;) {
+        int64_t t = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
+        if (t >= n_tasks) return;
+        fn(arg, t, thread);
+    }
+}
+
+static void *worker_main(void *varg) {
+    worker_arg *wa = varg;
+    attn__pool *p = wa->pool;
+    const int index = wa->index;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (!p->stop && p->generation == seen) pthread_cond_wait(&p->wake, &p->mu);
+        if (p->stop) break;
+        seen = p->generation;
+        attn__task_fn fn = p->fn;
+        void *arg = p->arg;
+        int64_t n_tasks = p->n_tasks;
+        pthread_mutex_unlock(&p->mu);
+        run_tasks(p, fn, arg, n_tasks, index);
+        pthread_mutex_lock(&p->mu);
+        if (--p->pending == 0) pthread_cond_signal(&p->done);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+// The worker arguments live right after the pool in the same allocation.
+static worker_arg *worker_args(attn__pool *p) { return (worker_arg *)(p + 1); }
+
+attn_status attn__pool_create(attn_ctx *ctx, int n_threads, attn__pool **out) {
+    *out = NULL;
+    if (n_threads <= 1) return ATTN_OK; // no pool: loops run on the caller
+    attn__pool *p;
+    size_t bytes = sizeof *p + (size_t)(n_threads - 1) * sizeof(worker_arg);
+    ATTN_RETURN_IF_ERR(attn__alloc(ctx, bytes, (void **)&p));
+    memset(p, 0, bytes);
+    p->alloc = ctx->alloc;
+    p->n = n_threads;
+    attn_status st = attn__alloc(ctx, (size_t)(n_threads - 1) * sizeof(pthread_t), (void **)&p->workers);
+    if (st != ATTN_OK) {
+        attn__free(ctx, p);
+        return st;
+    }
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->wake, NULL);
+    pthread_cond_init(&p->done, NULL);
+    atomic_init(&p->next, 0);
+    int started = 0;
+    for (; started < n_threads - 1; started++) {
+        worker_args(p)[started] = (worker_arg){p, started + 1};
+        if (pthread_create(&p->workers[started], NULL, worker_main, &worker_args(p)[started]) != 0) break;
+    }
+    if (started < n_threads - 1) {
+        p->n = started + 1;
+        attn__pool_free(p);
+        return attn__fail(ctx, ATTN_ERR_OUT_OF_MEMORY, "could not start %d threads (started %d)", n_threads - 1, started);
+    }
+    *out = p;
+    return ATTN_OK;
+}
+
+void attn__pool_free(attn__pool *p) {
+    if (p == NULL) return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = true;
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->n - 1; i++) pthread_join(p->workers[i], NULL);
+    pthread_cond_destroy(&p->wake);
+    pthread_cond_destroy(&p->done);
+    pthread_mutex_destroy(&p->mu);
+    attn_allocator a = p->alloc;
+    attn__free_with(&a, p->workers);
+    attn__free_with(&a, p);
+}
+
+int attn__pool_threads(const attn__pool *p) { return p != NULL ? p->n : 1; }
+
+void attn__pool_run(attn__pool *p, int64_t n_tasks, attn__task_fn fn, void *arg) {
+    if (n_tasks <= 0) return;
+    if (p == NULL || n_tasks == 1) {
+        for (int64_t t = 0; t < n_tasks; t++) fn(arg, t, 0);
+        return;
+    }
+    pthread_mutex_lock(&p->mu);
+    p->fn = fn;
+    p->arg = arg;
+    p->n_tasks = n_tasks;
+    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
+    p->pending = p->n - 1;
+    p->generation++;
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+    run_tasks(p, fn, arg, n_tasks, 0);
+    pthread_mutex_lock(&p->mu);
+    while (p->pending > 0) pthread_cond_wait(&p->done, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}

@@ -1,0 +1,226 @@
+// test_kernels.c - the fused kernels (every ISA this CPU runs, the portable one forced too) against
+// the scalar reference over a grid of sizes: 1, 7, 63, 64, 65 and 129 for L and S, head dims that
+// are not multiples of the vector width, L != S, causal masks of both alignments with L < S and
+// L > S, bool and float masks (broadcast and per head), key padding, GQA, custom scales, dropout,
+// fully masked rows and non-finite inputs. Outputs and log-sum-exp agree to 1e-6 absolute + 1e-5
+// relative; 1, 2 and 3 threads give identical bits.
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn.h"
+#include "harness.h"
+
+static attn_ctx *make_ctx(attn_isa isa, int threads) {
+    attn_ctx_params p;
+    attn_ctx_params_init(&p);
+    p.isa = isa;
+    p.n_threads = threads;
+    attn_ctx *ctx = NULL;
+    if (attn_ctx_create(&p, &ctx) != ATTN_OK) FAIL("cannot create a %s context", attn_isa_name(isa));
+    return ctx;
+}
+
+typedef struct problem {
+    int64_t B, H, Hkv, L, S, D, Dv;
+    attn_causal causal;
+    int mask;   // 0 none, 1 bool (L, S), 2 float per (b, h), 3 bool per (b, h)
+    int kpm;    // 0 none, 1 bool, 2 float
+    float scale;
+    double dropout;
+    int poison; // 0 none, 1 NaN in a key, 2 inf in a value, 3 a fully masked row via the mask
+} problem;
+
+typedef struct data {
+    float *q, *k, *v, *fmask, *fkpm;
+    uint8_t *bmask, *bkpm;
+    attn_sdpa_desc d;
+} data;
+
+static uint32_t lcg(uint32_t *s) { return *s = *s * 1664525u + 1013904223u; }
+static float urand(uint32_t *s) { return (float)(lcg(s) >> 8) * (1.0f / 16777216.0f); }
+
+static data make_data(const problem *p, uint32_t seed) {
+    data x;
+    memset(&x, 0, sizeof x);
+    const int64_t nq = p->B * p->H * p->L * p->D, nk = p->B * p->Hkv * p->S * p->D, nv = p->B * p->Hkv * p->S * p->Dv;
+    const int64_t nm = p->B * p->H * p->L * p->S;
+    x.q = malloc((size_t)nq * 4), x.k = malloc((size_t)nk * 4), x.v = malloc((size_t)nv * 4);
+    x.fmask = malloc((size_t)nm * 4), x.bmask = malloc((size_t)nm);
+    x.fkpm = malloc((size_t)(p->B * p->S) * 4), x.bkpm = malloc((size_t)(p->B * p->S));
+    for (int64_t i = 0; i < nq; i++) x.q[i] = 4.0f * urand(&seed) - 2.0f;
+    for (int64_t i = 0; i < nk; i++) x.k[i] = 4.0f * urand(&seed) - 2.0f;
+    for (int64_t i = 0; i < nv; i++) x.v[i] = 2.0f * urand(&seed) - 1.0f;
+    for (int64_t i = 0; i < nm; i++) {
+        float u = urand(&seed);
+        x.bmask[i] = u < 0.2f;
+        x.fmask[i] = u < 0.1f ? -INFINITY : 3.0f * urand(&seed) - 1.5f;
+    }
+    for (int64_t i = 0; i < p->B * p->S; i++) {
+        x.bkpm[i] = urand(&seed) < 0.15f;
+        x.fkpm[i] = urand(&seed) < 0.1f ? -INFINITY : urand(&seed) - 0.5f;
+    }
+    if (p->poison == 1) x.k[(p->S / 2) * p->D] = NAN;         // key S/2 of (b, hk) = (0, 0)
+    if (p->poison == 2) x.v[(p->S - 1) * p->Dv] = INFINITY;   // last value of (0, 0)
+    attn_sdpa_desc *d = &x.d;
+    attn_sdpa_desc_init(d);
+    d->batch = p->B, d->n_heads = p->H, d->n_kv_heads = p->Hkv, d->len_q = p->L, d->len_kv = p->S;
+    d->head_dim = p->D, d->head_dim_v = p->Dv, d->scale = p->scale, d->causal = p->causal, d->dropout_p = p->dropout;
+    attn_layout_strides(ATTN_LAYOUT_BHLD, p->B, p->H, p->L, p->D, d->q_stride);
+    attn_layout_strides(ATTN_LAYOUT_BHLD, p->B, p->Hkv, p->S, p->D, d->k_stride);
+    attn_layout_strides(ATTN_LAYOUT_BHLD, p->B, p->Hkv, p->S, p->Dv, d->v_stride);
+    attn_layout_strides(ATTN_LAYOUT_BHLD, p->B, p->H, p->L, p->Dv, d->o_stride);
+    const int64_t per_head[4] = {p->H * p->L * p->S, p->L * p->S, p->S, 1}, shared[4] = {0, 0, p->S, 1};
+    if (p->poison == 3) { // row 0 of every head sees nothing
+        for (int64_t b = 0; b < p->B * p->H; b++)
+            for (int64_t j = 0; j < p->S; j++) x.bmask[b * p->L * p->S + j] = 1;
+    }
+    if (p->mask == 1 || p->mask == 3 || p->poison == 3) {
+        d->mask = x.bmask, d->mask_dtype = ATTN_DTYPE_BOOL;
+        memcpy(d->mask_stride, p->mask == 1 ? shared : per_head, sizeof per_head);
+    } else if (p->mask == 2) {
+        d->mask = x.fmask, d->mask_dtype = ATTN_DTYPE_F32;
+        memcpy(d->mask_stride, per_head, sizeof per_head);
+    }
+    if (p->kpm) {
+        d->key_padding_mask = p->kpm == 1 ? (const void *)x.bkpm : (const void *)x.fkpm;
+        d->key_padding_mask_dtype = p->kpm == 1 ? ATTN_DTYPE_BOOL : ATTN_DTYPE_F32;
+        d->key_padding_mask_stride[0] = p->S, d->key_padding_mask_stride[1] = 1;
+    }
+    return x;
+}
+
+static void free_data(data *x) {
+    free(x->q), free(x->k), free(x->v), free(x->fmask), free(x->bmask), free(x->fkpm), free(x->bkpm);
+}
+
+// Runs d on ctx; out (B,H,L,Dv) and lse (B,H,L) allocated by the caller.
+static void run(attn_ctx *ctx, const data *x, float *out, float *lse) {
+    attn_generator_seed(attn_ctx_generator(ctx), 4242);
+    attn_status st = attn_sdpa_fwd(ctx, &x->d, x->q, x->k, x->v, out, lse, NULL);
+    if (st != ATTN_OK) FAIL("sdpa_fwd on %s: %s", attn_isa_name(attn_ctx_isa(ctx)), attn_ctx_last_error(ctx));
+}
+
+static int n_isas(attn_isa *isas) {
+    int n = 0;
+    isas[n++] = ATTN_ISA_GENERIC;
+    if (attn_isa_supported(ATTN_ISA_AVX2)) isas[n++] = ATTN_ISA_AVX2;
+    return n;
+}
+
+static long compared;
+
+static void check_problem(const problem *p, uint32_t seed) {
+    data x = make_data(p, seed);
+    const int64_t no = p->B * p->H * p->L * p->Dv, nl = p->B * p->H * p->L;
+    float *ref_o = malloc((size_t)no * 4), *ref_l = malloc((size_t)nl * 4);
+    float *o1 = malloc((size_t)no * 4), *l1 = malloc((size_t)nl * 4), *o2 = malloc((size_t)no * 4),
+          *l2 = malloc((size_t)nl * 4);
+    attn_ctx *ref = make_ctx(ATTN_ISA_REF, 1);
+    run(ref, &x, ref_o, ref_l);
+    attn_ctx_free(ref);
+    attn_isa isas[4];
+    int n = n_isas(isas);
+    for (int ii = 0; ii < n; ii++) {
+        attn_ctx *c1 = make_ctx(isas[ii], 1);
+        run(c1, &x, o1, l1);
+        attn_ctx_free(c1);
+        for (int64_t i = 0; i < no; i++)
+            if (isnan(ref_o[i]) != isnan(o1[i]))
+                FAIL("%s: NaN pattern differs at %lld (B%lld H%lld/%lld L%lld S%lld D%lld Dv%lld causal %d mask %d "
+                     "kpm %d poison %d)", attn_isa_name(isas[ii]), (long long)i, (long long)p->B, (long long)p->H,
+                     (long long)p->Hkv, (long long)p->L, (long long)p->S, (long long)p->D, (long long)p->Dv,
+                     p->causal, p->mask, p->kpm, p->poison);
+        harness_assert_close(__FILE__, __LINE__, attn_isa_name(isas[ii]), o1, ref_o, no, 1e-6, 1e-5);
+        harness_assert_close(__FILE__, __LINE__, "lse", l1, ref_l, nl, 1e-6, 1e-5);
+        for (int threads = 2; threads <= 3; threads++) { // identical bits for every thread count
+            attn_ctx *ct = make_ctx(isas[ii], threads);
+            run(ct, &x, o2, l2);
+            attn_ctx_free(ct);
+            if (memcmp(o1, o2, (size_t)no * 4) != 0 || memcmp(l1, l2, (size_t)nl * 4) != 0)
+                FAIL("%s: %d threads give different bits than 1 thread (L%lld S%lld D%lld)", attn_isa_name(isas[ii]),
+                     threads, (long long)p->L, (long long)p->S, (long long)p->D);
+        }
+        compared++;
+    }
+    free(ref_o), free(ref_l), free(o1), free(l1), free(o2), free(l2);
+    free_data(&x);
+}
+
+// Every (L, S) pair of the grid with head dims around the vector width, options cycling.
+static void test_size_grid(void) {
+    const int64_t sizes[6] = {1, 7, 63, 64, 65, 129};
+    const int64_t dims[5][2] = {{1, 1}, {7, 7}, {64, 64}, {65, 33}, {16, 8}};
+    int idx = 0;
+    for (int a = 0; a < 6; a++)
+        for (int b = 0; b < 6; b++, idx++) {
+            const int64_t *dd = dims[idx % 5];
+            problem p = {1 + idx % 2, 4, idx % 3 == 0 ? 1 : (idx % 3 == 1 ? 2 : 4), sizes[a], sizes[b], dd[0], dd[1],
+                         (attn_causal)(idx % 3), (idx / 3) % 4, (idx / 2) % 3, idx % 4 == 0 ? 0.3f : 0.0f,
+                         idx % 7 == 3 ? 0.25 : 0.0, 0};
+            check_problem(&p, (uint32_t)idx * 7919u + 1u);
+        }
+}
+
+static void test_options(void) {
+    // causal with L < S and L > S, each alignment, with and without masks
+    const int64_t LS[4][2] = {{5, 130}, {130, 5}, {97, 200}, {200, 97}};
+    for (int c = 0; c < 4; c++)
+        for (int causal = 1; causal <= 2; causal++)
+            for (int mask = 0; mask <= 2; mask += 2) {
+                problem p = {2, 3, 3, LS[c][0], LS[c][1], 40, 24, (attn_causal)causal, mask, mask ? 1 : 0, 0.0f, 0.0, 0};
+                check_problem(&p, 99u + (uint32_t)(c * 10 + causal * 3 + mask));
+            }
+    // a long key sequence: many key tiles, online rescaling across them
+    problem longp = {1, 2, 1, 33, 1000, 64, 64, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 0};
+    check_problem(&longp, 5u);
+    // dropout with every mask kind, p = 1 included
+    const double ps[3] = {0.1, 0.5, 1.0};
+    for (int i = 0; i < 3; i++) {
+        problem p = {2, 2, 2, 37, 70, 16, 16, ATTN_CAUSAL_TOP_LEFT, i, i % 3, 0.0f, ps[i], 0};
+        check_problem(&p, 11u + (uint32_t)i);
+    }
+}
+
+static void test_non_finite_and_fully_masked(void) {
+    // causal 2 (bottom-right, L < S): the last key is seen by the last query only, so an inf in its
+    // value must reach that row alone although its key tile is shared with rows that hide it.
+    for (int poison = 1; poison <= 3; poison++)
+        for (int causal = 0; causal <= 2; causal++) {
+            problem p = {1, 2, 2, 70, 130, 16, 16, (attn_causal)causal, 0, poison == 2 ? 1 : 0, 0.0f, 0.0, poison};
+            check_problem(&p, 31u + (uint32_t)(poison * 2 + causal));
+        }
+    fprintf(stderr, "    %ld kernel runs compared with the reference\n", compared);
+}
+
+static void test_isa_requests(void) {
+    ASSERT_TRUE(attn_isa_supported(ATTN_ISA_AUTO) && attn_isa_supported(ATTN_ISA_REF) &&
+                attn_isa_supported(ATTN_ISA_GENERIC));
+    attn_ctx *ctx = make_ctx(ATTN_ISA_GENERIC, 1);
+    ASSERT_EQ_INT(attn_ctx_isa(ctx), ATTN_ISA_GENERIC);
+    attn_ctx_free(ctx);
+    ctx = make_ctx(ATTN_ISA_AUTO, 1);
+    ASSERT_EQ_INT(attn_ctx_isa(ctx), attn_isa_supported(ATTN_ISA_AVX2) ? ATTN_ISA_AVX2 : ATTN_ISA_GENERIC);
+    attn_ctx_free(ctx);
+    ctx = make_ctx(ATTN_ISA_REF, 1);
+    ASSERT_EQ_INT(attn_ctx_isa(ctx), ATTN_ISA_REF);
+    attn_ctx_free(ctx);
+    ASSERT_TRUE(strcmp(attn_isa_name(ATTN_ISA_AVX2), "avx2") == 0);
+    if (!attn_isa_supported(ATTN_ISA_AVX2)) {
+        attn_ctx_params p;
+        attn_ctx_params_init(&p);
+        p.isa = ATTN_ISA_AVX2;
+        ASSERT_STATUS(attn_ctx_create(&p, &ctx), ATTN_ERR_UNSUPPORTED);
+    }
+}
+
+int main(int argc, char **argv) {
+    static const harness_case cases[] = {
+        HARNESS_CASE(test_isa_requests),
+        HARNESS_CASE(test_size_grid),
+        HARNESS_CASE(test_options),
+        HARNESS_CASE(test_non_finite_and_fully_masked),
+    };
+    return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
+}
