@@ -19,5 +19,6 @@ const char *cli_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap)
 int cmd_demo(int argc, char **argv);
 int cmd_mha(int argc, char **argv);
 int cmd_sdpa(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 
 #endif

@@ -13,6 +13,7 @@ static const struct {
     {"demo", cmd_demo, "walk through attention step by step, printing every tensor as PyTorch does"},
     {"mha", cmd_mha, "nn.MultiheadAttention forward on a state_dict (.safetensors) and .npy inputs"},
     {"sdpa", cmd_sdpa, "scaled dot-product attention on .npy tensors"},
+    {"bench", cmd_bench, "time attention on one problem shape (median ms, GFLOP/s, peak memory)"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 

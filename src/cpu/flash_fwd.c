@@ -22,7 +22,9 @@
 
 #define LOG2E 1.4426950408889634
 #define LN2 0.6931471805599453
+#ifndef FLASH_BC
 #define FLASH_BC 96 // keys per tile: a multiple of the 6-row register block
+#endif
 
 typedef struct flash_job {
     const attn_sdpa_desc *d;
@@ -60,8 +62,11 @@ static size_t thread_scratch(const attn__sdpa_shape *sh, int brp, tiles *t, char
 
 // Queries per work item: 64, fewer when that would leave threads idle (the result of a row does not
 // depend on this choice).
+#ifndef FLASH_BR
+#define FLASH_BR 64
+#endif
 static int choose_br(const attn__sdpa_shape *sh, int threads) {
-    int br = 64;
+    int br = FLASH_BR;
     while (br > 16 && sh->B * sh->H * ((sh->L + br - 1) / br) < 4 * (int64_t)threads) br /= 2;
     if (sh->L < br) br = (int)((sh->L + ATTN_TILE_BR_ALIGN - 1) / ATTN_TILE_BR_ALIGN * ATTN_TILE_BR_ALIGN);
     return br;

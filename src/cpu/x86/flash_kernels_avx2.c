@@ -30,6 +30,22 @@ static inline __m256 exp2_ps(__m256 x) {
     return _mm256_blendv_ps(r, _mm256_add_ps(r, r), top);
 }
 
+// 2^x for x <= 0 or -inf (the softmax's arguments): exp2_ps without the overflow handling.
+static inline __m256 exp2_nonpos_ps(__m256 x) {
+    x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);
+    const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_sub_ps(x, n);
+    __m256 p = _mm256_set1_ps(0.00015353360504377633f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.0013398875016719103f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.00961843691766262f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.055503323674201965f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.24022647738456726f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.6931471824645996f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)); // 0 .. 127
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(e, 23)));
+}
+
 static void exp2_avx2(const float *x, float *y, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp2_ps(_mm256_loadu_ps(x + i)));
@@ -98,18 +114,18 @@ static void softmax_avx2(float *st, int nj, int br, float *m, float *l, float *a
         float *s = st + i0;
         for (int j = 0; j < nj; j++, s += br) mx = _mm256_max_ps(mx, _mm256_load_ps(s));
         const __m256 base = _mm256_blendv_ps(mx, _mm256_setzero_ps(), _mm256_cmp_ps(mx, neg_inf, _CMP_EQ_OQ));
-        const __m256 a = exp2_ps(_mm256_sub_ps(m_old, base));
+        const __m256 a = exp2_nonpos_ps(_mm256_sub_ps(m_old, base));
         __m256 sum0 = _mm256_setzero_ps(), sum1 = sum0;
         s = st + i0;
         int j = 0;
         for (; j + 2 <= nj; j += 2, s += 2 * br) {
-            const __m256 e0 = exp2_ps(_mm256_sub_ps(_mm256_load_ps(s), base));
-            const __m256 e1 = exp2_ps(_mm256_sub_ps(_mm256_load_ps(s + br), base));
+            const __m256 e0 = exp2_nonpos_ps(_mm256_sub_ps(_mm256_load_ps(s), base));
+            const __m256 e1 = exp2_nonpos_ps(_mm256_sub_ps(_mm256_load_ps(s + br), base));
             _mm256_store_ps(s, e0), _mm256_store_ps(s + br, e1);
             sum0 = _mm256_add_ps(sum0, e0), sum1 = _mm256_add_ps(sum1, e1);
         }
         if (j < nj) {
-            const __m256 e0 = exp2_ps(_mm256_sub_ps(_mm256_load_ps(s), base));
+            const __m256 e0 = exp2_nonpos_ps(_mm256_sub_ps(_mm256_load_ps(s), base));
             _mm256_store_ps(s, e0);
             sum0 = _mm256_add_ps(sum0, e0);
         }
@@ -170,6 +186,51 @@ static inline void pv_1row(const float *v, int64_t vs_row, int nj, const float *
     _mm256_store_ps(ot, a0), _mm256_store_ps(ot + 8, a1);
 }
 
+// Two output rows at once (the 2- and 4-row remainders of Dv).
+static inline void pv_2rows(const float *v, int64_t vs_row, int64_t vs_d, int nj, const float *st, int br, __m256 al0,
+                            __m256 al1, float *ot) {
+    __m256 a00 = _mm256_mul_ps(_mm256_load_ps(ot), al0), a01 = _mm256_mul_ps(_mm256_load_ps(ot + 8), al1);
+    __m256 a10 = _mm256_mul_ps(_mm256_load_ps(ot + br), al0), a11 = _mm256_mul_ps(_mm256_load_ps(ot + br + 8), al1);
+    for (int j = 0; j < nj; j++, v += vs_row, st += br) {
+        const __m256 p0 = _mm256_load_ps(st), p1 = _mm256_load_ps(st + 8);
+        __m256 b = _mm256_broadcast_ss(v);
+        a00 = _mm256_fmadd_ps(b, p0, a00), a01 = _mm256_fmadd_ps(b, p1, a01);
+        b = _mm256_broadcast_ss(v + vs_d);
+        a10 = _mm256_fmadd_ps(b, p0, a10), a11 = _mm256_fmadd_ps(b, p1, a11);
+    }
+    _mm256_store_ps(ot, a00), _mm256_store_ps(ot + 8, a01);
+    _mm256_store_ps(ot + br, a10), _mm256_store_ps(ot + br + 8, a11);
+}
+
+static inline void pv_4rows(const float *v, int64_t vs_row, int64_t vs_d, int nj, const float *st, int br, __m256 al0,
+                            __m256 al1, float *ot) {
+    float *o = ot;
+    __m256 a00 = _mm256_mul_ps(_mm256_load_ps(o), al0), a01 = _mm256_mul_ps(_mm256_load_ps(o + 8), al1);
+    o += br;
+    __m256 a10 = _mm256_mul_ps(_mm256_load_ps(o), al0), a11 = _mm256_mul_ps(_mm256_load_ps(o + 8), al1);
+    o += br;
+    __m256 a20 = _mm256_mul_ps(_mm256_load_ps(o), al0), a21 = _mm256_mul_ps(_mm256_load_ps(o + 8), al1);
+    o += br;
+    __m256 a30 = _mm256_mul_ps(_mm256_load_ps(o), al0), a31 = _mm256_mul_ps(_mm256_load_ps(o + 8), al1);
+    const int64_t d1 = vs_d, d2 = 2 * vs_d, d3 = 3 * vs_d;
+    for (int j = 0; j < nj; j++, v += vs_row, st += br) {
+        const __m256 p0 = _mm256_load_ps(st), p1 = _mm256_load_ps(st + 8);
+        __m256 b = _mm256_broadcast_ss(v);
+        a00 = _mm256_fmadd_ps(b, p0, a00), a01 = _mm256_fmadd_ps(b, p1, a01);
+        b = _mm256_broadcast_ss(v + d1);
+        a10 = _mm256_fmadd_ps(b, p0, a10), a11 = _mm256_fmadd_ps(b, p1, a11);
+        b = _mm256_broadcast_ss(v + d2);
+        a20 = _mm256_fmadd_ps(b, p0, a20), a21 = _mm256_fmadd_ps(b, p1, a21);
+        b = _mm256_broadcast_ss(v + d3);
+        a30 = _mm256_fmadd_ps(b, p0, a30), a31 = _mm256_fmadd_ps(b, p1, a31);
+    }
+    o = ot;
+    _mm256_store_ps(o, a00), _mm256_store_ps(o + 8, a01), o += br;
+    _mm256_store_ps(o, a10), _mm256_store_ps(o + 8, a11), o += br;
+    _mm256_store_ps(o, a20), _mm256_store_ps(o + 8, a21), o += br;
+    _mm256_store_ps(o, a30), _mm256_store_ps(o + 8, a31);
+}
+
 static void pv_avx2(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
                     const float *alpha, float *ot) {
     for (int i0 = 0; i0 < br; i0 += 16) {
@@ -177,6 +238,14 @@ static void pv_avx2(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv
         int d = 0;
         for (; d + 6 <= Dv; d += 6)
             pv_6rows(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st + i0, br, al0, al1, ot + (int64_t)d * br + i0);
+        if (d + 4 <= Dv) {
+            pv_4rows(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st + i0, br, al0, al1, ot + (int64_t)d * br + i0);
+            d += 4;
+        }
+        if (d + 2 <= Dv) {
+            pv_2rows(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st + i0, br, al0, al1, ot + (int64_t)d * br + i0);
+            d += 2;
+        }
         for (; d < Dv; d++) pv_1row(v + (int64_t)d * vs_d, vs_row, nj, st + i0, br, al0, al1, ot + (int64_t)d * br + i0);
     }
 }

@@ -1,0 +1,248 @@
+// cmd_bench.c - `attn bench`: times the library on one problem shape. It first checks the kernels
+// in use against the scalar reference on a sample of query rows (strided views of the same tensors,
+// so the check costs a few rows of the reference), then runs a warm-up and R timed runs and prints
+// the median time, GFLOP/s and the peak resident memory.
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "cli.h"
+
+static const char summary[] =
+    "usage: attn bench [--op sdpa|mha] [--batch B] [--heads H] [--kv-heads Hkv] [--len-q L] [--len-kv S]\n"
+    "                  [--head-dim D] [--embed-dim E] [--causal] [--threads T] [--isa auto|ref|generic|avx2]\n"
+    "                  [--repeat R] [--no-check] [--json]\n"
+    "\n"
+    "Times scaled dot-product attention (--op sdpa: q, k, v of shape (B, H, L, D), (B, Hkv, S, D)) or the\n"
+    "nn.MultiheadAttention forward (--op mha: self-attention on (L, B, E) with E = --embed-dim, heads H,\n"
+    "need_weights=False). Inputs are standard normal. Before timing, the kernels in use are compared\n"
+    "with the scalar reference on 8 query rows of up to 2 heads (--no-check skips it). Prints the median\n"
+    "of R runs after one warm-up, the GFLOP/s (SDPA: 4*B*H*L*S*D, halved with --causal; MHA adds the four\n"
+    "projections, 8*B*L*E^2) and the peak resident set; --json ends the output with one JSON object.\n"
+    "Defaults: sdpa, B=1, H=12, L=S=1024, D=64, E=768, 1 thread, R=5.";
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double peak_rss_mb(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_maxrss / 1024.0; // Linux reports KiB
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static float *alloc_randn(attn_ctx *ctx, size_t n) {
+    float *x = malloc(n * sizeof(float));
+    if (x != NULL && attn_rand_normal(attn_ctx_generator(ctx), x, (int64_t)n, 0.0, 1.0) != ATTN_OK) {
+        free(x);
+        return NULL;
+    }
+    return x;
+}
+
+typedef struct bench_opts {
+    const char *op, *isa;
+    int64_t B, H, Hkv, L, S, D, E, threads, repeat;
+    bool causal, no_check, json;
+} bench_opts;
+
+// Checks sampled rows of `out` (B, H, L, D contiguous) against the reference: up to 2 heads of batch
+// 0, 8 evenly spaced query rows, as a strided view with a float mask standing in for causality.
+static int check_sdpa(const bench_opts *o, const attn_sdpa_desc *d, const float *q, const float *k, const float *v,
+                      const float *out, double *max_err) {
+    attn_ctx_params p;
+    attn_ctx_params_init(&p);
+    p.isa = ATTN_ISA_REF;
+    attn_ctx *ref;
+    if (attn_ctx_create(&p, &ref) != ATTN_OK) return cli_error("bench", EXIT_FAILURE_RUN, "cannot create a context");
+    const int64_t rows = o->L < 8 ? o->L : 8, step = o->L / rows, heads = o->H < 2 ? o->H : 2;
+    attn_sdpa_desc s = *d;
+    s.batch = 1, s.n_heads = heads, s.len_q = rows;
+    s.n_kv_heads = heads; // heads 0 and 1 of q use kv heads (h / group), given through the k stride
+    const int64_t group = o->H / o->Hkv;
+    s.k_stride[1] = s.v_stride[1] = group > 1 ? 0 : d->k_stride[1]; // with GQA both sampled heads share kv head 0
+    s.q_stride[2] = d->q_stride[2] * step;
+    s.causal = ATTN_CAUSAL_NONE;
+    float *mask = calloc((size_t)(rows * o->S), sizeof(float));
+    float *got = malloc((size_t)(heads * rows * o->D) * sizeof(float));
+    if (mask == NULL || got == NULL) {
+        free(mask), free(got);
+        attn_ctx_free(ref);
+        return cli_error("bench", EXIT_FAILURE_RUN, "out of memory");
+    }
+    if (o->causal) {
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t j = r * step + 1; j < o->S; j++) mask[r * o->S + j] = -INFINITY;
+        s.mask = mask, s.mask_dtype = ATTN_DTYPE_F32;
+        s.mask_stride[0] = s.mask_stride[1] = 0, s.mask_stride[2] = o->S, s.mask_stride[3] = 1;
+    }
+    attn_layout_strides(ATTN_LAYOUT_BHLD, 1, heads, rows, o->D, s.o_stride);
+    attn_status st = attn_sdpa_fwd(ref, &s, q, k, v, got, NULL, NULL);
+    double worst = 0;
+    for (int64_t h = 0; h < heads && st == ATTN_OK; h++)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t t = 0; t < o->D; t++) {
+                double want = got[(h * rows + r) * o->D + t];
+                double have = out[((h * o->L) + r * step) * o->D + t];
+                double err = fabs(have - want) / (1e-3 + fabs(want));
+                if (!(err <= worst)) worst = err; // NaN counts as the worst
+            }
+    free(mask);
+    free(got);
+    if (st != ATTN_OK) {
+        cli_fail("bench", ref, st, "reference check");
+        attn_ctx_free(ref);
+        return EXIT_FAILURE_RUN;
+    }
+    attn_ctx_free(ref);
+    *max_err = worst;
+    if (!(worst < 1e-4))
+        return cli_error("bench", EXIT_FAILURE_RUN, "the kernels disagree with the reference: relative error %.3g", worst);
+    return 0;
+}
+
+int cmd_bench(int argc, char **argv) {
+    bench_opts o = {.op = "sdpa", .isa = "auto", .B = 1, .H = 12, .Hkv = 0, .L = 1024, .S = 0, .D = 64, .E = 768,
+                    .threads = 1, .repeat = 5};
+    arg_spec specs[] = {
+        {"--op", ARG_STRING, &o.op, "sdpa|mha", "what to time (default sdpa)", false, false},
+        {"--batch", ARG_INT, &o.B, "B", "batch size (default 1)", false, false},
+        {"--heads", ARG_INT, &o.H, "H", "query heads (default 12)", false, false},
+        {"--kv-heads", ARG_INT, &o.Hkv, "Hkv", "key/value heads for sdpa (default H)", false, false},
+        {"--len-q", ARG_INT, &o.L, "L", "query length (default 1024)", false, false},
+        {"--len-kv", ARG_INT, &o.S, "S", "key length for sdpa (default L)", false, false},
+        {"--head-dim", ARG_INT, &o.D, "D", "head dimension for sdpa (default 64)", false, false},
+        {"--embed-dim", ARG_INT, &o.E, "E", "embedding dimension for mha (default 768)", false, false},
+        {"--causal", ARG_FLAG, &o.causal, NULL, "causal mask", false, false},
+        {"--threads", ARG_INT, &o.threads, "T", "threads (default 1)", false, false},
+        {"--isa", ARG_STRING, &o.isa, "ISA", "kernels: auto, ref, generic or avx2 (default auto)", false, false},
+        {"--repeat", ARG_INT, &o.repeat, "R", "timed runs (default 5)", false, false},
+        {"--no-check", ARG_FLAG, &o.no_check, NULL, "skip the check against the reference", false, false},
+        {"--json", ARG_FLAG, &o.json, NULL, "end with a JSON object on one line", false, false},
+    };
+    int rc = args_parse("bench", summary, argc, argv, specs, (int)(sizeof specs / sizeof specs[0]));
+    if (rc != 0) return rc < 0 ? EXIT_OK : rc;
+    const bool mha = strcmp(o.op, "mha") == 0;
+    if (!mha && strcmp(o.op, "sdpa") != 0) return cli_error("bench", EXIT_USAGE, "--op must be sdpa or mha");
+    attn_isa isa;
+    if (strcmp(o.isa, "auto") == 0) isa = ATTN_ISA_AUTO;
+    else if (strcmp(o.isa, "ref") == 0) isa = ATTN_ISA_REF;
+    else if (strcmp(o.isa, "generic") == 0) isa = ATTN_ISA_GENERIC;
+    else if (strcmp(o.isa, "avx2") == 0) isa = ATTN_ISA_AVX2;
+    else return cli_error("bench", EXIT_USAGE, "--isa must be auto, ref, generic or avx2");
+    if (o.Hkv == 0) o.Hkv = o.H;
+    if (o.S == 0) o.S = o.L;
+    if (o.B < 1 || o.H < 1 || o.Hkv < 1 || o.L < 1 || o.S < 1 || o.D < 1 || o.E < 1 || o.repeat < 1 || o.threads < 1 ||
+        o.threads > 4096)
+        return cli_error("bench", EXIT_USAGE, "sizes, --threads and --repeat must be >= 1");
+    if (o.H % o.Hkv != 0) return cli_error("bench", EXIT_USAGE, "--heads must be a multiple of --kv-heads");
+    if (mha && o.E % o.H != 0) return cli_error("bench", EXIT_USAGE, "--embed-dim must be a multiple of --heads");
+    if (mha) o.S = o.L, o.Hkv = o.H, o.D = o.E / o.H;
+
+    attn_ctx_params p;
+    attn_ctx_params_init(&p);
+    p.n_threads = (int)o.threads;
+    p.isa = isa;
+    attn_ctx *ctx;
+    attn_status st = attn_ctx_create(&p, &ctx);
+    if (st != ATTN_OK) return cli_error("bench", EXIT_FAILURE_RUN, "cannot create a context: %s", attn_strerror(st));
+    float *q = NULL, *k = NULL, *v = NULL, *out = NULL;
+    attn_mha *m = NULL;
+    attn_sdpa_desc d;
+    attn_mha_args a;
+    double check_err = -1, flops;
+    rc = EXIT_FAILURE_RUN;
+    const size_t nq = (size_t)(o.B * o.H * o.L * o.D), nk = (size_t)(o.B * o.Hkv * o.S * o.D);
+    if (!mha) {
+        q = alloc_randn(ctx, nq), k = alloc_randn(ctx, nk), v = alloc_randn(ctx, nk), out = malloc(nq * sizeof(float));
+        if (q == NULL || k == NULL || v == NULL || out == NULL) {
+            cli_error("bench", EXIT_FAILURE_RUN, "out of memory for the inputs");
+            goto done;
+        }
+        attn_sdpa_desc_init(&d);
+        d.batch = o.B, d.n_heads = o.H, d.n_kv_heads = o.Hkv, d.len_q = o.L, d.len_kv = o.S, d.head_dim = o.D;
+        d.causal = o.causal ? ATTN_CAUSAL_TOP_LEFT : ATTN_CAUSAL_NONE;
+        attn_layout_strides(ATTN_LAYOUT_BHLD, o.B, o.H, o.L, o.D, d.q_stride);
+        attn_layout_strides(ATTN_LAYOUT_BHLD, o.B, o.Hkv, o.S, o.D, d.k_stride);
+        memcpy(d.v_stride, d.k_stride, sizeof d.k_stride);
+        memcpy(d.o_stride, d.q_stride, sizeof d.q_stride);
+        flops = 4.0 * (double)o.B * (double)o.H * (double)o.L * (double)o.S * (double)o.D * (o.causal ? 0.5 : 1.0);
+    } else {
+        attn_mha_config cfg;
+        attn_mha_config_init(&cfg, o.E, o.H);
+        st = attn_mha_create(ctx, &cfg, &m);
+        q = alloc_randn(ctx, (size_t)(o.L * o.B * o.E)), out = malloc((size_t)(o.L * o.B * o.E) * sizeof(float));
+        if (st != ATTN_OK || q == NULL || out == NULL) {
+            cli_error("bench", EXIT_FAILURE_RUN, "cannot set up the module: %s", attn_ctx_last_error(ctx));
+            goto done;
+        }
+        attn_mha_args_init(&a);
+        a.query = q, a.batch = o.B, a.len_q = o.L, a.causal = o.causal, a.need_weights = 0;
+        flops = 8.0 * (double)o.B * (double)o.L * (double)o.E * (double)o.E +
+                4.0 * (double)o.B * (double)o.L * (double)o.L * (double)o.E * (o.causal ? 0.5 : 1.0);
+    }
+    // warm-up (also the run that is checked)
+    st = mha ? attn_mha_forward(ctx, m, &a, out, NULL) : attn_sdpa_fwd(ctx, &d, q, k, v, out, NULL, NULL);
+    if (st != ATTN_OK) {
+        cli_fail("bench", ctx, st, "forward");
+        goto done;
+    }
+    if (!o.no_check && !mha && check_sdpa(&o, &d, q, k, v, out, &check_err) != 0) goto done;
+    double *times = malloc((size_t)o.repeat * sizeof(double));
+    if (times == NULL) goto done;
+    double started = now();
+    for (int64_t r = 0; r < o.repeat; r++) {
+        double t0 = now();
+        st = mha ? attn_mha_forward(ctx, m, &a, out, NULL) : attn_sdpa_fwd(ctx, &d, q, k, v, out, NULL, NULL);
+        times[r] = now() - t0;
+        if (st != ATTN_OK) break;
+        if (now() - started > 10.0 && !o.json)
+            fprintf(stderr, "attn bench: run %lld of %lld, %.1f ms\n", (long long)r + 1, (long long)o.repeat,
+                    times[r] * 1e3);
+    }
+    if (st != ATTN_OK) {
+        free(times);
+        cli_fail("bench", ctx, st, "forward");
+        goto done;
+    }
+    qsort(times, (size_t)o.repeat, sizeof(double), cmp_double);
+    const double median = o.repeat % 2 ? times[o.repeat / 2] : 0.5 * (times[o.repeat / 2 - 1] + times[o.repeat / 2]);
+    free(times);
+    const double gflops = flops / median / 1e9, rss = peak_rss_mb();
+    const double io_mb = mha ? 2.0 * (double)(o.L * o.B * o.E) * 4 / 1048576.0
+                             : (double)(2 * nq + 2 * nk) * 4 / 1048576.0; // inputs + output
+    char shape[160];
+    if (mha)
+        snprintf(shape, sizeof shape, "mha B=%lld E=%lld H=%lld L=%lld", (long long)o.B, (long long)o.E, (long long)o.H,
+                 (long long)o.L);
+    else
+        snprintf(shape, sizeof shape, "sdpa B=%lld H=%lld Hkv=%lld L=%lld S=%lld D=%lld", (long long)o.B,
+                 (long long)o.H, (long long)o.Hkv, (long long)o.L, (long long)o.S, (long long)o.D);
+    printf("%s%s threads=%lld isa=%s: median %.3f ms, %.1f GFLOP/s, peak RSS %.1f MiB (inputs+outputs %.1f MiB)%s\n",
+           shape, o.causal ? " causal" : "", (long long)o.threads, attn_isa_name(attn_ctx_isa(ctx)), median * 1e3, gflops,
+           rss, io_mb, check_err >= 0 ? "; agrees with the reference" : "");
+    if (o.json)
+        printf("{\"op\": \"%s\", \"batch\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"len_q\": %lld, \"len_kv\": %lld, "
+               "\"head_dim\": %lld, \"embed_dim\": %lld, \"causal\": %s, \"threads\": %lld, \"isa\": \"%s\", "
+               "\"repeat\": %lld, \"median_ms\": %.4f, \"gflops\": %.2f, \"peak_rss_mb\": %.1f, \"io_mb\": %.1f, "
+               "\"check_rel_err\": %.3g}\n",
+               mha ? "mha" : "sdpa", (long long)o.B, (long long)o.H, (long long)o.Hkv, (long long)o.L, (long long)o.S,
+               (long long)o.D, (long long)o.E, o.causal ? "true" : "false", (long long)o.threads,
+               attn_isa_name(attn_ctx_isa(ctx)), (long long)o.repeat, median * 1e3, gflops, rss, io_mb, check_err);
+    rc = EXIT_OK;
+done:
+    free(q), free(k), free(v), free(out);
+    attn_mha_free(m);
+    attn_ctx_free(ctx);
+    return rc;
+}
