@@ -198,7 +198,8 @@ typedef struct attn_allocator {
 /**
  * Which kernels a context uses. AUTO picks the fastest this CPU runs. REF is the scalar reference
  * (the specification: plain loops, one thread, slow); GENERIC the fused kernels in portable C;
- * AVX2 the fused kernels with AVX2 and FMA3 (chosen at run time, never required at build time).
+ * AVX2 the fused kernels with AVX2 and FMA3; AVX512 with AVX-512F (each chosen at run time from
+ * what the CPU supports, never required at build time).
  * The fused kernels agree with the reference to about 1e-6 relative; calls that ask for the
  * attention weights run the reference whatever the ISA.
  */
@@ -206,13 +207,21 @@ typedef enum attn_isa {
     ATTN_ISA_AUTO = 0,
     ATTN_ISA_REF = 1,
     ATTN_ISA_GENERIC = 2,
-    ATTN_ISA_AVX2 = 3
+    ATTN_ISA_AVX2 = 3,
+    ATTN_ISA_AVX512 = 4
 } attn_isa;
 
 /** @return whether this build and this CPU can run `isa` (AUTO, REF and GENERIC always can). */
 ATTN_API int attn_isa_supported(attn_isa isa);
-/** @return "auto", "ref", "generic", "avx2" or "?". */
+/** @return "auto", "ref", "generic", "avx2", "avx512" or "?". */
 ATTN_API const char *attn_isa_name(attn_isa isa);
+
+/**
+ * @return 1 when this build computes projections through CBLAS (found at build time: option
+ * ATTN_BLAS), which it does on contexts running AVX2 or portable kernels; 0 otherwise. BLAS
+ * calls run the BLAS library's own threads (for OpenBLAS: OPENBLAS_NUM_THREADS).
+ */
+ATTN_API int attn_has_blas(void);
 
 typedef struct attn_ctx_params {
     int n_threads;            /* threads used by compute calls (the caller's plus n_threads - 1

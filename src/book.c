@@ -310,6 +310,7 @@ attn_status attn_simple_self_attention(attn_ctx *ctx, const float *x, int64_t n,
     attn__arena_take(&a, weights == NULL ? nn_bytes : 0);
     attn__arena_take(&a, context == NULL ? nd_bytes : 0);
     attn__arena_take(&a, attn__sdpa_workspace(ctx, &sh, &sd));
+    attn__arena_take(&a, attn__linear_workspace(ctx, n > d ? n : d));
     void *ws;
     ATTN_RETURN_IF_ERR(attn__workspace(ctx, a.used, &ws));
     a = (attn__arena){.base = ws};
@@ -317,8 +318,9 @@ attn_status attn_simple_self_attention(attn_ctx *ctx, const float *x, int64_t n,
     float *w = weights != NULL ? weights : attn__arena_take(&a, nn_bytes);   // (n, n)
     float *c = context != NULL ? context : attn__arena_take(&a, nd_bytes);   // (n, d)
     void *sdpa_ws = attn__arena_take(&a, attn__sdpa_workspace(ctx, &sh, &sd));
+    void *linear_ws = attn__arena_take(&a, attn__linear_workspace(ctx, n > d ? n : d));
 
-    attn__linear(ctx, x, n, d, d, x, false, NULL, n, s, n); // scores = x x^T
+    attn__linear(ctx, x, n, d, d, x, false, NULL, n, s, n, linear_ws); // scores = x x^T
     if (norm == ATTN_SIMPLE_SOFTMAX) {
         attn__sdpa_run(ctx, &sd, &sh, x, x, x, c, NULL, w, sdpa_ws);
     } else { // weights = scores / row sum, context = weights x
@@ -327,7 +329,7 @@ attn_status attn_simple_self_attention(attn_ctx *ctx, const float *x, int64_t n,
             for (int64_t j = 0; j < n; j++) sum += s[i * n + j];
             for (int64_t j = 0; j < n; j++) w[i * n + j] = (float)(s[i * n + j] / sum);
         }
-        attn__linear(ctx, w, n, n, n, x, true, NULL, d, c, d);
+        attn__linear(ctx, w, n, n, n, x, true, NULL, d, c, d, linear_ws);
     }
     return ATTN_OK;
 }

@@ -124,8 +124,15 @@ void attn__sdpa_fwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, att
 //   x: (rows, in) with row stride ldx;  y: (rows, out) with row stride ldy
 //   W: (out, in) row-major when !w_in_out (nn.Linear), (in, out) row-major when w_in_out (x @ W)
 //   b: (out) or NULL
-void attn__linear(const attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const float *W,
-                  bool w_in_out, const float *b, int64_t out, float *y, int64_t ldy);
+// Reference loops on ATTN_ISA_REF contexts, the fast GEMM (cpu/gemm.c) otherwise. ws must hold
+// attn__linear_workspace(ctx, in) bytes.
+size_t attn__linear_workspace(const attn_ctx *ctx, int64_t in);
+// The same product through CBLAS when this build has it and it is the faster choice for ctx's
+// kernels (see blas.c); returns false (doing nothing) otherwise.
+bool attn__blas_linear(const attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const float *W,
+                       bool w_in_out, const float *b, int64_t out, float *y, int64_t ldy);
+void attn__linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const float *W, bool w_in_out,
+                  const float *b, int64_t out, float *y, int64_t ldy, void *ws);
 
 // ---- random ------------------------------------------------------------------------------------
 // One float32 uniform in [0,1) with 24 random bits (torch's uniform_real_distribution<float>).

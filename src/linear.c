@@ -1,12 +1,12 @@
 // linear.c - dense products used by the modules: y = x W^T + b (nn.Linear) or y = x W + b.
 //
-// This is the reference implementation: plain loops with double accumulators, rounded to float
-// once per output. Faster kernels (BLAS, SIMD) plug in behind the same function.
+// The reference implementation is here: plain loops with double accumulators, rounded to float
+// once per output. Contexts with fused kernels use the fast GEMM of cpu/gemm.c instead.
+#include "cpu/gemm.h"
 #include "internal.h"
 
-void attn__linear(const attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const float *W,
-                  bool w_in_out, const float *b, int64_t out, float *y, int64_t ldy) {
-    (void)ctx;
+static void linear_ref(const float *x, int64_t rows, int64_t in, int64_t ldx, const float *W, bool w_in_out,
+                       const float *b, int64_t out, float *y, int64_t ldy) {
     // x: (rows, in) at row stride ldx; W: (out, in) or (in, out); y: (rows, out) at row stride ldy
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * ldx;
@@ -25,6 +25,19 @@ void attn__linear(const attn_ctx *ctx, const float *x, int64_t rows, int64_t in,
     }
 }
 
+size_t attn__linear_workspace(const attn_ctx *ctx, int64_t in) {
+    return ctx->kernels != NULL ? attn__gemm_workspace(ctx, in) : 0;
+}
+
+void attn__linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const float *W, bool w_in_out,
+                  const float *b, int64_t out, float *y, int64_t ldy, void *ws) {
+    if (attn__blas_linear(ctx, x, rows, in, ldx, W, w_in_out, b, out, y, ldy)) return;
+    if (ctx->kernels != NULL)
+        attn__gemm_linear(ctx, x, rows, in, ldx, W, w_in_out, b, out, y, ldy, ws);
+    else
+        linear_ref(x, rows, in, ldx, W, w_in_out, b, out, y, ldy);
+}
+
 attn_status attn_linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in_features, const float *w,
                         attn_weight_layout layout, const float *b, int64_t out_features, float *y) {
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
@@ -41,7 +54,11 @@ attn_status attn_linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in_
     ATTN_RETURN_IF_ERR(attn__bytes(ctx, "linear: y", n, sizeof(float), &bytes));
     ATTN_RETURN_IF_ERR(attn__numel(ctx, "linear: w", 2, dims_w, &n));
     ATTN_RETURN_IF_ERR(attn__bytes(ctx, "linear: w", n, sizeof(float), &bytes));
+    size_t ws_bytes;
+    ATTN_RETURN_IF_ERR(attn__bytes(ctx, "linear: workspace", in_features, (size_t)1, &ws_bytes));
+    void *ws;
+    ATTN_RETURN_IF_ERR(attn__workspace(ctx, attn__linear_workspace(ctx, in_features), &ws));
     attn__linear(ctx, x, rows, in_features, in_features, w, layout == ATTN_WEIGHT_IN_OUT, b, out_features, y,
-                 out_features);
+                 out_features, ws);
     return ATTN_OK;
 }

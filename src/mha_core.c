@@ -15,6 +15,7 @@ typedef struct core_bufs {
     float *qb, *kb, *vb, *cb;
     void *mask, *kpm;
     void *sdpa_ws;
+    void *linear_ws;
 } core_bufs;
 
 static void core_layout(const attn__mha_spec *spec, const attn__mha_io *io, const attn__mha_plan *plan,
@@ -33,6 +34,7 @@ static void core_layout(const attn__mha_spec *spec, const attn__mha_io *io, cons
     }
     b->kpm = plan->pad_kpm ? attn__arena_take(a, N * S2 * attn_dtype_size(io->kpm_dtype)) : NULL;
     b->sdpa_ws = attn__arena_take(a, plan->sdpa_ws_size);
+    b->linear_ws = attn__arena_take(a, plan->linear_ws_size);
 }
 
 attn_status attn__mha_core_plan(attn_ctx *ctx, const attn__mha_spec *spec, const attn__mha_io *io,
@@ -115,6 +117,10 @@ attn_status attn__mha_core_plan(attn_ctx *ctx, const attn__mha_spec *spec, const
     d->mask = NULL;
     d->key_padding_mask = NULL;
     plan->sdpa_ws_size = attn__sdpa_workspace(ctx, &plan->sh, d);
+    int64_t widest = spec->dq > spec->dk ? spec->dq : spec->dk;
+    widest = widest > spec->dv ? widest : spec->dv;
+    widest = widest > spec->E ? widest : spec->E;
+    plan->linear_ws_size = attn__linear_workspace(ctx, widest);
 
     attn__arena a = {0};
     core_bufs b;
@@ -142,11 +148,11 @@ void attn__mha_core_run(attn_ctx *ctx, const attn__mha_spec *spec, const attn__m
     // 1. projections, one sequence at a time: qb[n] = query[n] Wq^T + bq, etc.
     for (int64_t n = 0; n < N; n++) {
         attn__linear(ctx, io->query + n * io->q_bs, L, spec->dq, io->q_rs, spec->wq, spec->w_in_out, spec->bq, E,
-                     b.qb + n * L * E, E);
+                     b.qb + n * L * E, E, b.linear_ws);
         attn__linear(ctx, io->key + n * io->k_bs, S, spec->dk, io->k_rs, spec->wk, spec->w_in_out, spec->bk, E,
-                     b.kb + n * S2 * E, E);
+                     b.kb + n * S2 * E, E, b.linear_ws);
         attn__linear(ctx, io->value + n * io->v_bs, S, spec->dv, io->v_rs, spec->wv, spec->w_in_out, spec->bv, E,
-                     b.vb + n * S2 * E, E);
+                     b.vb + n * S2 * E, E, b.linear_ws);
         // 2. extra key positions: bias_k/bias_v, then the zero key/value
         int64_t s = S;
         if (spec->bias_k != NULL) {
@@ -194,5 +200,5 @@ void attn__mha_core_run(attn_ctx *ctx, const attn__mha_spec *spec, const attn__m
     if (spec->wo != NULL)
         for (int64_t n = 0; n < N; n++)
             attn__linear(ctx, b.cb + n * L * E, L, E, E, spec->wo, false, spec->bo, E, io->out + n * io->o_bs,
-                         io->o_rs);
+                         io->o_rs, b.linear_ws);
 }

@@ -52,6 +52,7 @@ typedef struct attn__mha_plan {
     attn__sdpa_shape sh;
     bool pad_mask, pad_kpm, causal_mask; // masks copied into the workspace, widened to S'
     size_t sdpa_ws_size;    // scratch of the SDPA kernel
+    size_t linear_ws_size;  // scratch of the projections
     size_t ws_size;         // all scratch of the pipeline
 } attn__mha_plan;
 

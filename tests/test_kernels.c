@@ -106,6 +106,7 @@ static int n_isas(attn_isa *isas) {
     int n = 0;
     isas[n++] = ATTN_ISA_GENERIC;
     if (attn_isa_supported(ATTN_ISA_AVX2)) isas[n++] = ATTN_ISA_AVX2;
+    if (attn_isa_supported(ATTN_ISA_AVX512)) isas[n++] = ATTN_ISA_AVX512;
     return n;
 }
 
@@ -194,6 +195,69 @@ static void test_non_finite_and_fully_masked(void) {
     fprintf(stderr, "    %ld kernel runs compared with the reference\n", compared);
 }
 
+// attn_linear (both weight layouts, sizes around the GEMM's 64-row and 96/192-feature blocks) and a
+// full nn.MultiheadAttention forward on every ISA against the reference; bits equal across threads.
+static void test_linear_and_modules(void) {
+    const int64_t shapes[][3] = {{1, 7, 5}, {63, 64, 97}, {65, 130, 193}, {130, 768, 200}, {200, 33, 384}};
+    attn_isa isas[4];
+    int n = n_isas(isas);
+    uint32_t seed = 17;
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        const int64_t rows = shapes[c][0], in = shapes[c][1], out = shapes[c][2];
+        float *x = malloc((size_t)(rows * in) * 4), *w = malloc((size_t)(in * out) * 4), *b = malloc((size_t)out * 4);
+        float *want = malloc((size_t)(rows * out) * 4), *got = malloc((size_t)(rows * out) * 4),
+              *got3 = malloc((size_t)(rows * out) * 4);
+        for (int64_t i = 0; i < rows * in; i++) x[i] = urand(&seed) - 0.5f;
+        for (int64_t i = 0; i < in * out; i++) w[i] = urand(&seed) - 0.5f;
+        for (int64_t i = 0; i < out; i++) b[i] = urand(&seed);
+        for (int layout = 0; layout < 2; layout++) {
+            attn_ctx *ref = make_ctx(ATTN_ISA_REF, 1);
+            ASSERT_OK(attn_linear(ref, x, rows, in, w, (attn_weight_layout)layout, b, out, want));
+            attn_ctx_free(ref);
+            for (int ii = 0; ii < n; ii++) {
+                attn_ctx *c1 = make_ctx(isas[ii], 1), *c3 = make_ctx(isas[ii], 3);
+                ASSERT_OK(attn_linear(c1, x, rows, in, w, (attn_weight_layout)layout, b, out, got));
+                ASSERT_OK(attn_linear(c3, x, rows, in, w, (attn_weight_layout)layout, b, out, got3));
+                harness_assert_close(__FILE__, __LINE__, attn_isa_name(isas[ii]), got, want, rows * out, 1e-5, 1e-5);
+                ASSERT_BITS_EQ(got, got3, rows * out);
+                attn_ctx_free(c1), attn_ctx_free(c3);
+            }
+        }
+        free(x), free(w), free(b), free(want), free(got), free(got3);
+    }
+    // nn.MultiheadAttention with every feature that changes the pipeline
+    const int64_t E = 96, H = 4, L = 70, S = 45, N = 2;
+    attn_ctx *ref = make_ctx(ATTN_ISA_REF, 1);
+    attn_mha_config cfg;
+    attn_mha_config_init(&cfg, E, H);
+    cfg.add_bias_kv = 1, cfg.add_zero_attn = 1, cfg.kdim = 40, cfg.batch_first = 1;
+    attn_mha *m;
+    ASSERT_OK(attn_mha_create(ref, &cfg, &m));
+    float *q = malloc((size_t)(N * L * E) * 4), *k = malloc((size_t)(N * S * 40) * 4), *v = malloc((size_t)(N * S * E) * 4);
+    for (int64_t i = 0; i < N * L * E; i++) q[i] = urand(&seed) - 0.5f;
+    for (int64_t i = 0; i < N * S * 40; i++) k[i] = urand(&seed) - 0.5f;
+    for (int64_t i = 0; i < N * S * E; i++) v[i] = urand(&seed) - 0.5f;
+    uint8_t *kpm = calloc((size_t)(N * S), 1);
+    for (int64_t i = 0; i < N * S; i++) kpm[i] = urand(&seed) < 0.2f;
+    attn_mha_args a;
+    attn_mha_args_init(&a);
+    a.query = q, a.key = k, a.value = v, a.batch = N, a.len_q = L, a.len_kv = S, a.need_weights = 0;
+    a.key_padding_mask = kpm, a.key_padding_mask_dtype = ATTN_DTYPE_BOOL;
+    float *want = malloc((size_t)(N * L * E) * 4), *got = malloc((size_t)(N * L * E) * 4);
+    ASSERT_OK(attn_mha_forward(ref, m, &a, want, NULL));
+    for (int ii = 0; ii < n; ii++) {
+        attn_ctx *c2 = make_ctx(isas[ii], 2);
+        ASSERT_OK(attn_mha_forward(c2, m, &a, got, NULL));
+        harness_assert_close(__FILE__, __LINE__, attn_isa_name(isas[ii]), got, want, N * L * E, 1e-5, 1e-5);
+        attn_ctx_free(c2);
+    }
+    fprintf(stderr, "    linear and MHA on %d ISAs agree with the reference (CBLAS in this build: %s)\n", n,
+            attn_has_blas() ? "yes" : "no");
+    free(q), free(k), free(v), free(kpm), free(want), free(got);
+    attn_mha_free(m);
+    attn_ctx_free(ref);
+}
+
 static void test_isa_requests(void) {
     ASSERT_TRUE(attn_isa_supported(ATTN_ISA_AUTO) && attn_isa_supported(ATTN_ISA_REF) &&
                 attn_isa_supported(ATTN_ISA_GENERIC));
@@ -201,18 +265,21 @@ static void test_isa_requests(void) {
     ASSERT_EQ_INT(attn_ctx_isa(ctx), ATTN_ISA_GENERIC);
     attn_ctx_free(ctx);
     ctx = make_ctx(ATTN_ISA_AUTO, 1);
-    ASSERT_EQ_INT(attn_ctx_isa(ctx), attn_isa_supported(ATTN_ISA_AVX2) ? ATTN_ISA_AVX2 : ATTN_ISA_GENERIC);
+    ASSERT_EQ_INT(attn_ctx_isa(ctx), attn_isa_supported(ATTN_ISA_AVX512) ? ATTN_ISA_AVX512
+                                     : attn_isa_supported(ATTN_ISA_AVX2) ? ATTN_ISA_AVX2
+                                                                         : ATTN_ISA_GENERIC);
     attn_ctx_free(ctx);
     ctx = make_ctx(ATTN_ISA_REF, 1);
     ASSERT_EQ_INT(attn_ctx_isa(ctx), ATTN_ISA_REF);
     attn_ctx_free(ctx);
     ASSERT_TRUE(strcmp(attn_isa_name(ATTN_ISA_AVX2), "avx2") == 0);
-    if (!attn_isa_supported(ATTN_ISA_AVX2)) {
-        attn_ctx_params p;
-        attn_ctx_params_init(&p);
-        p.isa = ATTN_ISA_AVX2;
-        ASSERT_STATUS(attn_ctx_create(&p, &ctx), ATTN_ERR_UNSUPPORTED);
-    }
+    for (attn_isa isa = ATTN_ISA_AVX2; isa <= ATTN_ISA_AVX512; isa++)
+        if (!attn_isa_supported(isa)) {
+            attn_ctx_params p;
+            attn_ctx_params_init(&p);
+            p.isa = isa;
+            ASSERT_STATUS(attn_ctx_create(&p, &ctx), ATTN_ERR_UNSUPPORTED);
+        }
 }
 
 int main(int argc, char **argv) {
@@ -221,6 +288,7 @@ int main(int argc, char **argv) {
         HARNESS_CASE(test_size_grid),
         HARNESS_CASE(test_options),
         HARNESS_CASE(test_non_finite_and_fully_masked),
+        HARNESS_CASE(test_linear_and_modules),
     };
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
 }

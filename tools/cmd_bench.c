@@ -13,7 +13,7 @@
 
 static const char summary[] =
     "usage: attn bench [--op sdpa|mha] [--batch B] [--heads H] [--kv-heads Hkv] [--len-q L] [--len-kv S]\n"
-    "                  [--head-dim D] [--embed-dim E] [--causal] [--threads T] [--isa auto|ref|generic|avx2]\n"
+    "                  [--head-dim D] [--embed-dim E] [--causal] [--threads T] [--isa auto|ref|generic|avx2|avx512]\n"
     "                  [--repeat R] [--no-check] [--json]\n"
     "\n"
     "Times scaled dot-product attention (--op sdpa: q, k, v of shape (B, H, L, D), (B, Hkv, S, D)) or the\n"
@@ -125,7 +125,7 @@ int cmd_bench(int argc, char **argv) {
         {"--embed-dim", ARG_INT, &o.E, "E", "embedding dimension for mha (default 768)", false, false},
         {"--causal", ARG_FLAG, &o.causal, NULL, "causal mask", false, false},
         {"--threads", ARG_INT, &o.threads, "T", "threads (default 1)", false, false},
-        {"--isa", ARG_STRING, &o.isa, "ISA", "kernels: auto, ref, generic or avx2 (default auto)", false, false},
+        {"--isa", ARG_STRING, &o.isa, "ISA", "kernels: auto, ref, generic, avx2 or avx512 (default auto)", false, false},
         {"--repeat", ARG_INT, &o.repeat, "R", "timed runs (default 5)", false, false},
         {"--no-check", ARG_FLAG, &o.no_check, NULL, "skip the check against the reference", false, false},
         {"--json", ARG_FLAG, &o.json, NULL, "end with a JSON object on one line", false, false},
@@ -139,7 +139,8 @@ int cmd_bench(int argc, char **argv) {
     else if (strcmp(o.isa, "ref") == 0) isa = ATTN_ISA_REF;
     else if (strcmp(o.isa, "generic") == 0) isa = ATTN_ISA_GENERIC;
     else if (strcmp(o.isa, "avx2") == 0) isa = ATTN_ISA_AVX2;
-    else return cli_error("bench", EXIT_USAGE, "--isa must be auto, ref, generic or avx2");
+    else if (strcmp(o.isa, "avx512") == 0) isa = ATTN_ISA_AVX512;
+    else return cli_error("bench", EXIT_USAGE, "--isa must be auto, ref, generic, avx2 or avx512");
     if (o.Hkv == 0) o.Hkv = o.H;
     if (o.S == 0) o.S = o.L;
     if (o.B < 1 || o.H < 1 || o.Hkv < 1 || o.L < 1 || o.S < 1 || o.D < 1 || o.E < 1 || o.repeat < 1 || o.threads < 1 ||

@@ -16,7 +16,8 @@ static const char summary[] =
     "Walks through attention step by step: self-attention without weights, with trainable weights\n"
     "(raw matrices, then nn.Linear), causal masking and dropout, the multi-head wrapper, the weight-\n"
     "split multi-head module, and nn.MultiheadAttention. Each tensor is printed in PyTorch's format\n"
-    "under a caption; the seeded examples reproduce PyTorch's numbers.";
+    "under a caption; the seeded examples reproduce PyTorch's numbers. Everything is computed with the\n"
+    "reference kernels (ATTN_ISA_REF), whose sums are exact before the final rounding.";
 
 // "Your journey starts with one step": one 3-d embedding per token.
 static const float inputs[6 * 3] = {0.43f, 0.15f, 0.89f, 0.55f, 0.87f, 0.66f, 0.57f, 0.85f, 0.64f,
@@ -328,7 +329,10 @@ int cmd_demo(int argc, char **argv) {
     int rc = args_parse("demo", summary, argc, argv, NULL, 0);
     if (rc != 0) return rc < 0 ? EXIT_OK : rc;
     demo d = {NULL, 0};
-    attn_status st = attn_ctx_create(NULL, &d.ctx);
+    attn_ctx_params p;
+    attn_ctx_params_init(&p);
+    p.isa = ATTN_ISA_REF; // the specification: exact sums, the numbers a reader checks by hand
+    attn_status st = attn_ctx_create(&p, &d.ctx);
     if (st != ATTN_OK) return cli_fail("demo", NULL, st, "creating a context");
     printf("attn demo: attention step by step, as in \"Build a Large Language Model (From Scratch)\", ch. 3.\n"
            "Each tensor is printed as PyTorch prints it, under a caption saying how PyTorch makes it.\n\n");

@@ -37,6 +37,9 @@ extern const attn__kernels attn__kernels_generic;
 #if defined(ATTN_HAVE_AVX2)
 extern const attn__kernels attn__kernels_avx2;
 #endif
+#if defined(ATTN_HAVE_AVX512)
+extern const attn__kernels attn__kernels_avx512;
+#endif
 
 // The table for an ISA request (AUTO picks the best the CPU runs), or NULL if this build or this
 // CPU cannot run it. ATTN_ISA_REF has no table (NULL, and *ok = true).

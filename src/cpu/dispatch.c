@@ -12,6 +12,15 @@ static bool cpu_has_avx2_fma(void) {
 #endif
 }
 
+static bool cpu_has_avx512(void) {
+#if defined(ATTN_HAVE_AVX512) && (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+    __builtin_cpu_init(); // also checks that the OS saves the 512-bit state
+    return __builtin_cpu_supports("avx512f") && cpu_has_avx2_fma();
+#else
+    return false;
+#endif
+}
+
 const attn__kernels *attn__kernels_for(attn_isa isa, bool *ok) {
     *ok = true;
     switch (isa) {
@@ -25,7 +34,16 @@ const attn__kernels *attn__kernels_for(attn_isa isa, bool *ok) {
 #endif
         *ok = false;
         return NULL;
+    case ATTN_ISA_AVX512:
+#if defined(ATTN_HAVE_AVX512)
+        if (cpu_has_avx512()) return &attn__kernels_avx512;
+#endif
+        *ok = false;
+        return NULL;
     case ATTN_ISA_AUTO:
+#if defined(ATTN_HAVE_AVX512)
+        if (cpu_has_avx512()) return &attn__kernels_avx512;
+#endif
 #if defined(ATTN_HAVE_AVX2)
         if (cpu_has_avx2_fma()) return &attn__kernels_avx2;
 #endif
@@ -47,6 +65,7 @@ const char *attn_isa_name(attn_isa isa) {
     case ATTN_ISA_REF: return "ref";
     case ATTN_ISA_GENERIC: return "generic";
     case ATTN_ISA_AVX2: return "avx2";
+    case ATTN_ISA_AVX512: return "avx512";
     }
     return "?";
 }

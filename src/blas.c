@@ -1,0 +1,34 @@
+// blas.c - the projections through CBLAS (sgemm), when the build found it (ATTN_HAVE_CBLAS).
+//
+// Used for y = x W^T + b on contexts whose kernels are AVX2 or portable: on the machines measured
+// (BENCHMARKS.md) OpenBLAS's sgemm beats the library's AVX2 GEMM there, while the AVX-512 GEMM of
+// cpu/gemm.c beats the BLAS. The BLAS library runs its own threads (OPENBLAS_NUM_THREADS), not the
+// context's; its sgemm does not split the inner dimension, so results do not depend on them.
+#include "cpu/cpu.h"
+#include "internal.h"
+
+#if defined(ATTN_HAVE_CBLAS)
+#include <cblas.h>
+
+bool attn__blas_linear(const attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const float *W,
+                       bool w_in_out, const float *b, int64_t out, float *y, int64_t ldy) {
+    if (ctx->kernels == NULL || ctx->kernels->isa == ATTN_ISA_AVX512) return false;
+    if (rows > INT32_MAX || in > INT32_MAX || out > INT32_MAX || ldx > INT32_MAX || ldy > INT32_MAX) return false;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, w_in_out ? CblasNoTrans : CblasTrans, (int)rows, (int)out, (int)in, 1.0f,
+                x, (int)ldx, W, w_in_out ? (int)out : (int)in, 0.0f, y, (int)ldy);
+    if (b != NULL)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t o = 0; o < out; o++) y[r * ldy + o] += b[o];
+    return true;
+}
+
+int attn_has_blas(void) { return 1; }
+#else
+bool attn__blas_linear(const attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const float *W,
+                       bool w_in_out, const float *b, int64_t out, float *y, int64_t ldy) {
+    (void)ctx, (void)x, (void)rows, (void)in, (void)ldx, (void)W, (void)w_in_out, (void)b, (void)out, (void)y, (void)ldy;
+    return false;
+}
+
+int attn_has_blas(void) { return 0; }
+#endif

@@ -1,0 +1,77 @@
+// gemm.c - the fast linear map y = x W^T + b (or x W + b) of the modules, built on the `qk`
+// microkernel of the context's kernel table: Y^T = W X^T is the same product as S^T = K Q^T, with
+// W's rows in place of the keys and a packed block of 64 input rows in place of the query tile.
+//
+// Work items are (block of 64 rows, block of 192 output features), spread over the context's
+// threads; every output element is computed by one item with a fixed order of operations, so the
+// result does not depend on the thread count.
+#include <string.h>
+
+#include "cpu/cpu.h"
+#include "cpu/gemm.h"
+
+#define GEMM_ROWS 64  // input rows per item (the packed tile's width)
+#define GEMM_OUT 192  // output features per item
+#define GEMM_OUT_SUB 96 // output features per microkernel call (rows of the score-like tile)
+
+typedef struct gemm_job {
+    const attn__kernels *kn;
+    const float *x, *W, *b;
+    int64_t rows, in, ldx, out, ldy;
+    int64_t ws_row, ws_d; // W as "key rows": element (o, i) at o*ws_row + i*ws_d
+    float *y;
+    int64_t n_out_blocks;
+    char *scratch;
+    size_t per_thread;
+} gemm_job;
+
+static size_t thread_scratch(int64_t in, float **xt, float **st, char *base) {
+    attn__arena a = {.base = base};
+    float *p = attn__arena_take(&a, (size_t)in * GEMM_ROWS * sizeof(float));
+    float *q = attn__arena_take(&a, (size_t)GEMM_OUT_SUB * GEMM_ROWS * sizeof(float));
+    if (xt != NULL) *xt = p, *st = q;
+    return a.used;
+}
+
+size_t attn__gemm_workspace(const attn_ctx *ctx, int64_t in) {
+    size_t per = (thread_scratch(in, NULL, NULL, NULL) + ATTN_ALIGN - 1) & ~(size_t)(ATTN_ALIGN - 1);
+    return per * (size_t)attn__pool_threads(ctx->pool) + ATTN_ALIGN;
+}
+
+static void gemm_task(void *arg, int64_t task, int thread) {
+    const gemm_job *J = arg;
+    const int64_t rb = task / J->n_out_blocks, ob = task % J->n_out_blocks;
+    const int64_t r0 = rb * GEMM_ROWS, nr = J->rows - r0 < GEMM_ROWS ? J->rows - r0 : GEMM_ROWS;
+    const int64_t o0 = ob * GEMM_OUT, no = J->out - o0 < GEMM_OUT ? J->out - o0 : GEMM_OUT;
+    float *xt, *st;
+    thread_scratch(J->in, &xt, &st, J->scratch + (size_t)thread * J->per_thread);
+    // xt (in, 64) = x[r0:r0+nr, :]^T, zero columns past nr
+    for (int64_t i = 0; i < J->in; i++) {
+        float *row = xt + i * GEMM_ROWS;
+        const float *src = J->x + r0 * J->ldx + i;
+        for (int64_t r = 0; r < nr; r++) row[r] = src[r * J->ldx];
+        for (int64_t r = nr; r < GEMM_ROWS; r++) row[r] = 0.0f;
+    }
+    for (int64_t s0 = 0; s0 < no; s0 += GEMM_OUT_SUB) {
+        const int nj = (int)(no - s0 < GEMM_OUT_SUB ? no - s0 : GEMM_OUT_SUB);
+        const int64_t o = o0 + s0;
+        // st (nj, 64) = W[o:o+nj, :] xt, i.e. y[r0:r0+nr, o:o+nj]^T
+        J->kn->qk(J->W + o * J->ws_row, J->ws_row, J->ws_d, nj, (int)J->in, xt, GEMM_ROWS, st);
+        for (int64_t r = 0; r < nr; r++) {
+            float *yr = J->y + (r0 + r) * J->ldy + o;
+            for (int j = 0; j < nj; j++) yr[j] = st[(int64_t)j * GEMM_ROWS + r] + (J->b != NULL ? J->b[o + j] : 0.0f);
+        }
+    }
+}
+
+void attn__gemm_linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const float *W,
+                       bool w_in_out, const float *b, int64_t out, float *y, int64_t ldy, void *ws) {
+    const size_t per = (thread_scratch(in, NULL, NULL, NULL) + ATTN_ALIGN - 1) & ~(size_t)(ATTN_ALIGN - 1);
+    gemm_job J = {
+        .kn = ctx->kernels, .x = x, .W = W, .b = b, .rows = rows, .in = in, .ldx = ldx, .out = out, .ldy = ldy,
+        .ws_row = w_in_out ? 1 : in, .ws_d = w_in_out ? out : 1, .y = y,
+        .n_out_blocks = (out + GEMM_OUT - 1) / GEMM_OUT,
+        .scratch = (char *)(((uintptr_t)ws + ATTN_ALIGN - 1) & ~(uintptr_t)(ATTN_ALIGN - 1)), .per_thread = per,
+    };
+    attn__pool_run(ctx->pool, ((rows + GEMM_ROWS - 1) / GEMM_ROWS) * J.n_out_blocks, gemm_task, &J);
+}

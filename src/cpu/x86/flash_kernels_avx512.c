@@ -1,0 +1,175 @@
+// flash_kernels_avx512.c - the flash primitives of cpu.h with AVX-512F (16 floats per register;
+// compiled with -mavx512f for this file only; chosen at run time when the CPU and the OS support it).
+//
+// With 32 registers the blocks grow: QK^T uses 6 key rows x 64 query columns (24 accumulators,
+// 4 vector loads and 6 broadcasts per 24 FMAs), P V uses 4 output rows x 64 columns. Narrower
+// blocks serve the edges. exp2 scales with vscalefps, which needs no exponent bit tricks.
+#include <immintrin.h>
+#include <math.h>
+
+#include "cpu/cpu.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+// 2^x as p(f) * 2^n with the polynomial of attn__exp2f: within 1 ulp where the result is normal;
+// -inf and x <= -150 give 0 (results below 2^-126 are denormal, as the generic kernel's are 0),
+// NaN stays NaN (max takes x as its second operand).
+INLINE __m512 exp2_ps512(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);
+    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(0.00015353360504377633f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.0013398875016719103f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.00961843691766262f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.055503323674201965f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24022647738456726f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931471824645996f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+static void exp2_avx512(const float *x, float *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, exp2_ps512(_mm512_loadu_ps(x + i)));
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(y + i, m, exp2_ps512(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+}
+
+// st[r][c*16 ..] = sum_d k[r][d] * qt[d][c*16 ..] for R key rows and C registers of columns.
+INLINE void qk_block(const float *k, int64_t ks_row, int64_t ks_d, int D, const float *qt, int br, float *st, const int R,
+                     const int C) {
+    __m512 acc[6][4];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int d = 0; d < D; d++) {
+        const float *q = qt + (int64_t)d * br;
+        __m512 qv[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) qv[c] = _mm512_load_ps(q + 16 * c);
+        const float *kd = k + (int64_t)d * ks_d;
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            const __m512 b = _mm512_set1_ps(kd[(int64_t)r * ks_row]);
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++) acc[r][c] = _mm512_fmadd_ps(b, qv[c], acc[r][c]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) _mm512_store_ps(st + (int64_t)r * br + 16 * c, acc[r][c]);
+}
+
+// All columns of R key rows.
+INLINE void qk_rows(const float *k, int64_t ks_row, int64_t ks_d, int D, const float *qt, int br, float *st, const int R) {
+    int i0 = 0;
+    for (; i0 + 64 <= br; i0 += 64) qk_block(k, ks_row, ks_d, D, qt + i0, br, st + i0, R, 4);
+    if (i0 + 32 <= br) {
+        qk_block(k, ks_row, ks_d, D, qt + i0, br, st + i0, R, 2);
+        i0 += 32;
+    }
+    if (i0 < br) qk_block(k, ks_row, ks_d, D, qt + i0, br, st + i0, R, 1);
+}
+
+static void qk_avx512(const float *k, int64_t ks_row, int64_t ks_d, int nj, int D, const float *qt, int br, float *st) {
+    int j = 0;
+    for (; j + 6 <= nj; j += 6) qk_rows(k + (int64_t)j * ks_row, ks_row, ks_d, D, qt, br, st + (int64_t)j * br, 6);
+    for (; j + 2 <= nj; j += 2) qk_rows(k + (int64_t)j * ks_row, ks_row, ks_d, D, qt, br, st + (int64_t)j * br, 2);
+    if (j < nj) qk_rows(k + (int64_t)j * ks_row, ks_row, ks_d, D, qt, br, st + (int64_t)j * br, 1);
+}
+
+static void softmax_avx512(float *st, int nj, int br, float *m, float *l, float *alpha) {
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+    for (int i0 = 0; i0 < br; i0 += 16) {
+        const __m512 m_old = _mm512_load_ps(m + i0);
+        __m512 mx0 = m_old, mx1 = m_old;
+        float *s = st + i0;
+        int j = 0;
+        for (; j + 2 <= nj; j += 2, s += 2 * br) {
+            mx0 = _mm512_max_ps(mx0, _mm512_load_ps(s));
+            mx1 = _mm512_max_ps(mx1, _mm512_load_ps(s + br));
+        }
+        if (j < nj) mx0 = _mm512_max_ps(mx0, _mm512_load_ps(s));
+        const __m512 mx = _mm512_max_ps(mx0, mx1);
+        const __m512 base = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ), _mm512_setzero_ps());
+        const __m512 a = exp2_ps512(_mm512_sub_ps(m_old, base));
+        __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0;
+        s = st + i0;
+        for (j = 0; j + 2 <= nj; j += 2, s += 2 * br) {
+            const __m512 e0 = exp2_ps512(_mm512_sub_ps(_mm512_load_ps(s), base));
+            const __m512 e1 = exp2_ps512(_mm512_sub_ps(_mm512_load_ps(s + br), base));
+            _mm512_store_ps(s, e0), _mm512_store_ps(s + br, e1);
+            sum0 = _mm512_add_ps(sum0, e0), sum1 = _mm512_add_ps(sum1, e1);
+        }
+        if (j < nj) {
+            const __m512 e0 = exp2_ps512(_mm512_sub_ps(_mm512_load_ps(s), base));
+            _mm512_store_ps(s, e0);
+            sum0 = _mm512_add_ps(sum0, e0);
+        }
+        _mm512_store_ps(alpha + i0, a);
+        _mm512_store_ps(l + i0, _mm512_fmadd_ps(a, _mm512_load_ps(l + i0), _mm512_add_ps(sum0, sum1)));
+        _mm512_store_ps(m + i0, mx);
+    }
+}
+
+// ot[r][c*16 ..] = alpha * ot[r][..] + sum_j v[j][r] * st[j][c*16 ..] for R output rows, C registers.
+INLINE void pv_block(const float *v, int64_t vs_row, int64_t vs_d, int nj, const float *st, int br, const float *alpha,
+                     float *ot, const int R, const int C) {
+    __m512 acc[4][4], al[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) al[c] = _mm512_load_ps(alpha + 16 * c);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) acc[r][c] = _mm512_mul_ps(_mm512_load_ps(ot + (int64_t)r * br + 16 * c), al[c]);
+    for (int j = 0; j < nj; j++, v += vs_row, st += br) {
+        __m512 p[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) p[c] = _mm512_load_ps(st + 16 * c);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const __m512 b = _mm512_set1_ps(v[(int64_t)r * vs_d]);
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++) acc[r][c] = _mm512_fmadd_ps(b, p[c], acc[r][c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) _mm512_store_ps(ot + (int64_t)r * br + 16 * c, acc[r][c]);
+}
+
+INLINE void pv_rows(const float *v, int64_t vs_row, int64_t vs_d, int nj, const float *st, int br, const float *alpha,
+                    float *ot, const int R) {
+    int i0 = 0;
+    for (; i0 + 64 <= br; i0 += 64) pv_block(v, vs_row, vs_d, nj, st + i0, br, alpha + i0, ot + i0, R, 4);
+    if (i0 + 32 <= br) {
+        pv_block(v, vs_row, vs_d, nj, st + i0, br, alpha + i0, ot + i0, R, 2);
+        i0 += 32;
+    }
+    if (i0 < br) pv_block(v, vs_row, vs_d, nj, st + i0, br, alpha + i0, ot + i0, R, 1);
+}
+
+static void pv_avx512(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
+                      const float *alpha, float *ot) {
+    int d = 0;
+    for (; d + 4 <= Dv; d += 4) pv_rows(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st, br, alpha, ot + (int64_t)d * br, 4);
+    if (d + 2 <= Dv) {
+        pv_rows(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st, br, alpha, ot + (int64_t)d * br, 2);
+        d += 2;
+    }
+    if (d < Dv) pv_rows(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st, br, alpha, ot + (int64_t)d * br, 1);
+}
+
+const attn__kernels attn__kernels_avx512 = {
+    .name = "avx512",
+    .isa = ATTN_ISA_AVX512,
+    .qk = qk_avx512,
+    .softmax = softmax_avx512,
+    .pv = pv_avx512,
+    .exp2 = exp2_avx512,
+};
