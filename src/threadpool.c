@@ -4,12 +4,16 @@
 // written that way), so results are identical for every thread count.
 //
 // Owned by one context: attn__pool_run must not be called from two threads at once (a context is
-// used by one thread at a time). Workers sleep on a condition variable between loops.
+// used by one thread at a time). Between loops a worker first spins for a short while (about
+// 0.2 ms) watching for the next loop, then sleeps on a condition variable: waking a sleeping
+// thread can take a millisecond, as long as a whole short attention call.
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
 
 #include "internal.h"
+
+#define SPIN_ROUNDS 4096 // polls (each a few pause instructions) before a worker sleeps
 
 struct attn__pool {
     attn_allocator alloc;
@@ -17,9 +21,9 @@ struct attn__pool {
     pthread_t *workers;   // n - 1
     pthread_mutex_t mu;
     pthread_cond_t wake, done;
-    uint64_t generation;  // incremented for every loop (guarded by mu)
-    int pending;          // workers still in the current loop (guarded by mu)
-    bool stop;
+    atomic_uint_fast64_t generation; // incremented for every loop (written under mu)
+    atomic_int pending;   // workers still in the current loop
+    bool stop;            // guarded by mu
     // the current loop (written under mu before generation changes)
     attn__task_fn fn;
     void *arg;
@@ -40,26 +44,40 @@ static void run_tasks(attn__pool *p, attn__task_fn fn, void *arg, int64_t n_task
     }
 }
 
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
 static void *worker_main(void *varg) {
     worker_arg *wa = varg;
     attn__pool *p = wa->pool;
     const int index = wa->index;
     uint64_t seen = 0;
-    pthread_mutex_lock(&p->mu);
     for (;;) {
-        while (!p->stop && p->generation == seen) pthread_cond_wait(&p->wake, &p->mu);
-        if (p->stop) break;
-        seen = p->generation;
+        // spin a little: the next loop usually follows soon
+        for (int i = 0; i < SPIN_ROUNDS && atomic_load_explicit(&p->generation, memory_order_acquire) == seen; i++)
+            for (int k = 0; k < 8; k++) cpu_relax();
+        pthread_mutex_lock(&p->mu);
+        while (!p->stop && atomic_load_explicit(&p->generation, memory_order_acquire) == seen)
+            pthread_cond_wait(&p->wake, &p->mu);
+        if (p->stop) {
+            pthread_mutex_unlock(&p->mu);
+            return NULL;
+        }
+        seen = atomic_load_explicit(&p->generation, memory_order_acquire);
         attn__task_fn fn = p->fn;
         void *arg = p->arg;
         int64_t n_tasks = p->n_tasks;
         pthread_mutex_unlock(&p->mu);
         run_tasks(p, fn, arg, n_tasks, index);
-        pthread_mutex_lock(&p->mu);
-        if (--p->pending == 0) pthread_cond_signal(&p->done);
+        if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {
+            pthread_mutex_lock(&p->mu); // the caller may be asleep waiting for this
+            pthread_cond_signal(&p->done);
+            pthread_mutex_unlock(&p->mu);
+        }
     }
-    pthread_mutex_unlock(&p->mu);
-    return NULL;
 }
 
 // The worker arguments live right after the pool in the same allocation.
@@ -83,6 +101,8 @@ attn_status attn__pool_create(attn_ctx *ctx, int n_threads, attn__pool **out) {
     pthread_cond_init(&p->wake, NULL);
     pthread_cond_init(&p->done, NULL);
     atomic_init(&p->next, 0);
+    atomic_init(&p->generation, 0);
+    atomic_init(&p->pending, 0);
     int started = 0;
     for (; started < n_threads - 1; started++) {
         worker_args(p)[started] = (worker_arg){p, started + 1};
@@ -125,12 +145,18 @@ void attn__pool_run(attn__pool *p, int64_t n_tasks, attn__task_fn fn, void *arg)
     p->arg = arg;
     p->n_tasks = n_tasks;
     atomic_store_explicit(&p->next, 0, memory_order_relaxed);
-    p->pending = p->n - 1;
-    p->generation++;
+    atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release); // publishes the loop
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
     run_tasks(p, fn, arg, n_tasks, 0);
-    pthread_mutex_lock(&p->mu);
-    while (p->pending > 0) pthread_cond_wait(&p->done, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    // Wait for the workers still finishing a task: spin briefly, then sleep (a worker sharing this
+    // CPU could not run while the caller spins).
+    for (int i = 0; i < 256 && atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++)
+        for (int k = 0; k < 8; k++) cpu_relax();
+    if (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) {
+        pthread_mutex_lock(&p->mu);
+        while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) pthread_cond_wait(&p->done, &p->mu);
+        pthread_mutex_unlock(&p->mu);
+    }
 }
