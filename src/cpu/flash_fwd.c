@@ -123,6 +123,19 @@ static bool mask_tile(const flash_job *J, int64_t b, int64_t h, int64_t i0, int 
     return any_visible;
 }
 
+// Causal masking alone, on a tile crossing the diagonal: query i0+i sees key jj when
+// jj <= i0 + i + shift, so each key row hides a prefix of the query columns.
+static void causal_tile(const flash_job *J, int64_t i0, int nq, int64_t j0, int nj, float *st) {
+    const int64_t shift = J->d->causal == ATTN_CAUSAL_BOTTOM_RIGHT ? J->sh->S - J->sh->L : 0;
+    for (int j = 0; j < nj; j++) {
+        int64_t hidden = j0 + j - shift - i0; // columns [0, hidden) cannot see this key
+        if (hidden <= 0) continue;
+        if (hidden > nq) hidden = nq;
+        float *s = st + (int64_t)j * J->brp;
+        for (int64_t i = 0; i < hidden; i++) s[i] = -INFINITY;
+    }
+}
+
 // O^T += V^T P^T with a loop that skips zero weights, for value tiles holding NaN or inf.
 static void pv_skipping_zeros(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
                               const float *alpha, float *ot) {
@@ -171,8 +184,11 @@ static void flash_task(void *arg, int64_t task, int thread) {
         J->kn->qk(kbase + j0 * d->k_stride[2], d->k_stride[2], d->k_stride[3], nj, D, t.qt, brp, t.st);
         // the tile crosses the causal diagonal when its last key is hidden from its first query
         const bool diagonal = keys_visible_until(d, sh, i0) < j0 + nj;
-        if ((masked || (d->causal != ATTN_CAUSAL_NONE && diagonal)) && !mask_tile(J, b, h, i0, nq, j0, nj, t.st))
-            continue; // every score hidden: the tile changes nothing
+        if (masked) {
+            if (!mask_tile(J, b, h, i0, nq, j0, nj, t.st)) continue; // every score hidden: nothing to add
+        } else if (d->causal != ATTN_CAUSAL_NONE && diagonal) {
+            causal_tile(J, i0, nq, j0, nj, t.st); // (the first key row always has a visible query)
+        }
         J->kn->softmax(t.st, nj, brp, t.m, t.l, t.alpha);
         if (J->keep != NULL) { // dropout: weights of dropped keys become 0 (after the row sums)
             for (int j = 0; j < nj; j++) {
