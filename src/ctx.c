@@ -92,6 +92,7 @@ void attn_ctx_params_init(attn_ctx_params *params) {
     memset(params, 0, sizeof *params);
     params->n_threads = 1;
     params->isa = ATTN_ISA_AUTO;
+    params->use_blas = 1;
 }
 
 attn_status attn_ctx_create(const attn_ctx_params *params, attn_ctx **out) {
@@ -115,6 +116,7 @@ attn_status attn_ctx_create(const attn_ctx_params *params, attn_ctx **out) {
     ctx->isa = p.isa;
     ctx->kernels = kernels;
     ctx->n_threads = p.n_threads == 0 ? 1 : p.n_threads;
+    ctx->use_blas = p.use_blas != 0;
     attn_generator_seed(&ctx->gen, p.seed);
     attn_status st = attn__pool_create(ctx, ctx->n_threads, &ctx->pool);
     if (st != ATTN_OK) {

@@ -28,6 +28,7 @@ struct attn_ctx {
     attn_isa isa;                   // as asked for
     const attn__kernels *kernels;   // the kernel table chosen for isa (NULL for ATTN_ISA_REF)
     int n_threads;
+    bool use_blas;                  // projections may go through CBLAS
     attn__pool *pool;               // NULL when n_threads == 1
     attn_generator gen;
     char err[ATTN_ERR_MSG_SIZE];

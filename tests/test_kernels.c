@@ -13,11 +13,14 @@
 #include "cpu/cpu.h"
 #include "harness.h"
 
+static int use_blas = 1; // the contexts' use_blas (test_linear_and_modules runs with 0 and 1)
+
 static attn_ctx *make_ctx(attn_isa isa, int threads) {
     attn_ctx_params p;
     attn_ctx_params_init(&p);
     p.isa = isa;
     p.n_threads = threads;
+    p.use_blas = use_blas;
     attn_ctx *ctx = NULL;
     if (attn_ctx_create(&p, &ctx) != ATTN_OK) FAIL("cannot create a %s context", attn_isa_name(isa));
     return ctx;
@@ -198,7 +201,15 @@ static void test_non_finite_and_fully_masked(void) {
 
 // attn_linear (both weight layouts, sizes around the GEMM's 64-row and 96/192-feature blocks) and a
 // full nn.MultiheadAttention forward on every ISA against the reference; bits equal across threads.
+static void linear_and_modules(void);
+
+// Both with CBLAS (where this build has it) and with the library's own GEMM on every ISA.
 static void test_linear_and_modules(void) {
+    for (use_blas = 0; use_blas <= 1; use_blas++) linear_and_modules();
+    use_blas = 1;
+}
+
+static void linear_and_modules(void) {
     const int64_t shapes[][3] = {{1, 7, 5}, {63, 64, 97}, {65, 130, 193}, {130, 768, 200}, {200, 33, 384}};
     attn_isa isas[4];
     int n = n_isas(isas);
@@ -252,8 +263,8 @@ static void test_linear_and_modules(void) {
         harness_assert_close(__FILE__, __LINE__, attn_isa_name(isas[ii]), got, want, N * L * E, 1e-5, 1e-5);
         attn_ctx_free(c2);
     }
-    fprintf(stderr, "    linear and MHA on %d ISAs agree with the reference (CBLAS in this build: %s)\n", n,
-            attn_has_blas() ? "yes" : "no");
+    fprintf(stderr, "    linear and MHA on %d ISAs agree with the reference (use_blas %d, CBLAS in this build: %s)\n",
+            n, use_blas, attn_has_blas() ? "yes" : "no");
     free(q), free(k), free(v), free(kpm), free(want), free(got);
     attn_mha_free(m);
     attn_ctx_free(ref);
