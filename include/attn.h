@@ -357,6 +357,33 @@ ATTN_API attn_status attn_sdpa_fwd_workspace_size(const attn_ctx *ctx, const att
 ATTN_API attn_status attn_sdpa_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const float *q, const float *k,
                                    const float *v, float *out, float *lse, float *weights);
 
+/** Scratch bytes attn_sdpa_bwd needs for `desc` (dmask_wanted: whether dmask will be asked for). */
+ATTN_API attn_status attn_sdpa_bwd_workspace_size(const attn_ctx *ctx, const attn_sdpa_desc *desc, int dmask_wanted,
+                                                  size_t *bytes);
+
+/**
+ * Scaled dot-product attention backward: the gradients of a loss L with respect to q, k, v (and an
+ * additive mask) given dout = dL/dout. The weights are recomputed from q, k and the forward's
+ * log-sum-exp (FlashAttention-2); nothing of size L x S is stored.
+ * @param q, k, v   the forward's inputs (desc as in the forward; desc->weights_mode is ignored)
+ * @param out, lse  the forward's output (at o_stride) and log-sum-exp ((B, H, L) contiguous)
+ * @param dout      (B, H, L, Dv) at o_stride
+ * @param dropout_state  with desc->dropout_p > 0: the context generator's state as it was when the
+ *                  forward started (copy it before the forward); the forward's dropout mask is
+ *                  regenerated from it, and the context's own generator is not touched. NULL
+ *                  otherwise.
+ * @param dq, dk, dv  written at q_stride, k_stride, v_stride (those strides must not be 0 on a
+ *                  dimension longer than 1). With grouped-query attention dk and dv hold the sum
+ *                  over the query heads sharing each kv head.
+ * @param dmask     NULL, or the gradient of an F32 desc->mask, written at mask_stride over the
+ *                  mask's whole extent: dimensions the mask broadcasts (stride 0) receive the sum.
+ * Fully masked rows contribute nothing. Results are identical for every thread count.
+ * @return as attn_sdpa_fwd; ATTN_ERR_BAD_MASK for dmask without an F32 mask.
+ */
+ATTN_API attn_status attn_sdpa_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const float *q, const float *k,
+                                   const float *v, const float *out, const float *dout, const float *lse,
+                                   const attn_generator *dropout_state, float *dq, float *dk, float *dv, float *dmask);
+
 /* ------------------------------------------------------------------------------------------ */
 /* Linear maps                                                                                */
 /* ------------------------------------------------------------------------------------------ */

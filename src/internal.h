@@ -120,6 +120,20 @@ size_t attn__sdpa_ref_workspace(const attn__sdpa_shape *sh);
 void attn__sdpa_fwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, attn_generator *gen, const float *q,
                         const float *k, const float *v, float *out, float *lse, float *weights, void *ws);
 
+// The scalar reference backward (src/ref/sdpa_bwd_ref.c).
+size_t attn__sdpa_bwd_ref_workspace(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, bool want_dmask);
+void attn__sdpa_bwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const attn_generator *dropout_state,
+                        const float *q, const float *k, const float *v, const float *dout, float *dq, float *dk,
+                        float *dv, float *dmask, void *ws);
+// Checks the gradient outputs of a checked descriptor (strides, dmask) and sizes the scratch.
+attn_status attn__sdpa_bwd_check(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, bool want_dmask);
+size_t attn__sdpa_bwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d,
+                                bool want_dmask);
+void attn__sdpa_bwd_run(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh,
+                        const attn_generator *dropout_state, const float *q, const float *k, const float *v,
+                        const float *out, const float *dout, const float *lse, float *dq, float *dk, float *dv,
+                        float *dmask, void *ws);
+
 // ---- dense linear algebra -------------------------------------------------------------------
 // y[r, o] = sum_i x[r, i] * W(o, i) + b[o] for r < rows, o < out.
 //   x: (rows, in) with row stride ldx;  y: (rows, out) with row stride ldy

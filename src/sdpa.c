@@ -147,3 +147,82 @@ attn_status attn_sdpa_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const float
     attn__sdpa_run(ctx, desc, &sh, q, k, v, out, lse, weights, ws);
     return ATTN_OK;
 }
+
+// ---- backward ---------------------------------------------------------------------------------
+
+attn_status attn__sdpa_bwd_check(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, bool want_dmask) {
+    const int64_t nq[4] = {sh->B, sh->H, sh->L, sh->D}, nk[4] = {sh->B, sh->Hkv, sh->S, sh->D};
+    const int64_t nv[4] = {sh->B, sh->Hkv, sh->S, sh->Dv};
+    const struct {
+        const char *name;
+        const int64_t *n, *s;
+    } grads[3] = {{"dq", nq, d->q_stride}, {"dk", nk, d->k_stride}, {"dv", nv, d->v_stride}};
+    for (int g = 0; g < 3; g++)
+        for (int i = 0; i < 4; i++)
+            if (grads[g].n[i] > 1 && grads[g].s[i] == 0)
+                return attn__fail(ctx, ATTN_ERR_INVALID_ARG,
+                                  "sdpa_bwd: %s would be written at stride 0 on dimension %d (a broadcast input)",
+                                  grads[g].name, i);
+    if (want_dmask && (d->mask == NULL || d->mask_dtype != ATTN_DTYPE_F32))
+        return attn__fail(ctx, ATTN_ERR_BAD_MASK, "sdpa_bwd: dmask needs an F32 attention mask");
+    // the reference keeps double accumulators for every key and value element
+    int64_t n;
+    size_t bytes;
+    const int64_t dk_dims[4] = {sh->B, sh->Hkv, sh->S, sh->D + sh->Dv};
+    ATTN_RETURN_IF_ERR(attn__numel(ctx, "sdpa_bwd: key and value gradients", 4, dk_dims, &n));
+    ATTN_RETURN_IF_ERR(attn__bytes(ctx, "sdpa_bwd: key and value gradients", n, 2 * sizeof(double), &bytes));
+    return ATTN_OK;
+}
+
+size_t attn__sdpa_bwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d,
+                                bool want_dmask) {
+    return ctx->kernels != NULL ? attn__flash_bwd_workspace(ctx, sh, d, want_dmask)
+                                : attn__sdpa_bwd_ref_workspace(d, sh, want_dmask);
+}
+
+void attn__sdpa_bwd_run(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh,
+                        const attn_generator *dropout_state, const float *q, const float *k, const float *v,
+                        const float *out, const float *dout, const float *lse, float *dq, float *dk, float *dv,
+                        float *dmask, void *ws) {
+    if (ctx->kernels != NULL)
+        attn__flash_bwd(ctx, d, sh, dropout_state, q, k, v, out, dout, lse, dq, dk, dv, dmask, ws);
+    else
+        attn__sdpa_bwd_ref(d, sh, dropout_state, q, k, v, dout, dq, dk, dv, dmask, ws);
+}
+
+static attn_status bwd_prepare(attn_ctx *ctx, const attn_sdpa_desc *desc, bool want_dmask, attn__sdpa_shape *sh,
+                               size_t *bytes) {
+    ATTN_RETURN_IF_ERR(attn__sdpa_check(ctx, desc, sh));
+    ATTN_RETURN_IF_ERR(attn__sdpa_bwd_check(ctx, desc, sh, want_dmask));
+    *bytes = attn__sdpa_bwd_workspace(ctx, sh, desc, want_dmask);
+    return ATTN_OK;
+}
+
+attn_status attn_sdpa_bwd_workspace_size(const attn_ctx *ctx, const attn_sdpa_desc *desc, int dmask_wanted,
+                                         size_t *bytes) {
+    if (ctx == NULL || desc == NULL || bytes == NULL) return ATTN_ERR_INVALID_ARG;
+    attn_ctx *mctx = (attn_ctx *)ctx; // only the error message is written
+    attn__clear_error(mctx);
+    attn__sdpa_shape sh;
+    return bwd_prepare(mctx, desc, dmask_wanted != 0, &sh, bytes);
+}
+
+attn_status attn_sdpa_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const float *q, const float *k, const float *v,
+                          const float *out, const float *dout, const float *lse, const attn_generator *dropout_state,
+                          float *dq, float *dk, float *dv, float *dmask) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    attn__clear_error(ctx);
+    if (desc == NULL) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa_bwd: desc is NULL");
+    if (q == NULL || k == NULL || v == NULL || out == NULL || dout == NULL || lse == NULL || dq == NULL ||
+        dk == NULL || dv == NULL)
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa_bwd: q, k, v, out, dout, lse, dq, dk and dv must not be NULL");
+    if (desc->dropout_p > 0.0 && dropout_state == NULL)
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa_bwd: dropout needs the generator state of the forward");
+    attn__sdpa_shape sh;
+    size_t bytes;
+    ATTN_RETURN_IF_ERR(bwd_prepare(ctx, desc, dmask != NULL, &sh, &bytes));
+    void *ws;
+    ATTN_RETURN_IF_ERR(attn__workspace(ctx, bytes, &ws));
+    attn__sdpa_bwd_run(ctx, desc, &sh, dropout_state, q, k, v, out, dout, lse, dq, dk, dv, dmask, ws);
+    return ATTN_OK;
+}

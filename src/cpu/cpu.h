@@ -20,8 +20,12 @@
 struct attn__kernels {
     const char *name;
     attn_isa isa;
-    // st[j*br + i] = sum_d k[j*ks_row + d*ks_d] * qt[d*br + i]   for j < nj, i < br
-    void (*qk)(const float *k, int64_t ks_row, int64_t ks_d, int nj, int D, const float *qt, int br, float *st);
+    // The general product every tile product is an instance of:
+    //   C[m*ldc + n] = (accumulate ? C[m*ldc + n] : 0) + sum_k A[m*a_rs + k*a_cs] * B[k*ldb + n]
+    // for m < M, n < N, k < K. A is read element by element (any strides), B and C by rows of
+    // vectors: N must be a multiple of ATTN_TILE_BR_ALIGN (pad B and C).
+    void (*gemm)(const float *A, int64_t a_rs, int64_t a_cs, int M, int K, const float *B, int64_t ldb, int N, float *C,
+                 int64_t ldc, bool accumulate);
     // Online softmax update of one key tile, in place (all in the log2 domain):
     //   m' = max(m, max_j st[j][i]); alpha[i] = exp2(m - m'); st = exp2(st - m');
     //   l = alpha*l + sum_j st[j][i]; m = m'. A column whose m' is -inf gets st = 0, alpha = 0.
@@ -31,7 +35,19 @@ struct attn__kernels {
                const float *alpha, float *ot);
     // y[i] = 2^x[i] for n values, with the error bound documented in attn.h (exp2 of -inf is 0).
     void (*exp2)(const float *x, float *y, int64_t n);
+    // Backward: st[j][i] = exp2(st[j][i] - lse2[i]), the forward's weights from scores in the log2
+    // domain and the row's log2-sum-exp2 (a row with lse2 = -inf is fully masked: its weights are 0).
+    void (*bwd_p)(float *st, int nj, int br, const float *lse2);
+    // Backward: dst[j][i] = pt[j][i] * (dst[j][i] - rowdot[i]): the score gradient from the weights,
+    // the weights' gradient (in dst) and rowdot = sum_t dout[i][t] * out[i][t].
+    void (*bwd_ds)(const float *pt, float *dst, int nj, int br, const float *rowdot);
 };
+
+// S^T = K Q^T: st (nj, br) = k (nj, D at row/feature strides) times qt (D, br).
+static inline void attn__qk(const attn__kernels *kn, const float *k, int64_t ks_row, int64_t ks_d, int nj, int D,
+                            const float *qt, int br, float *st) {
+    kn->gemm(k, ks_row, ks_d, nj, D, qt, br, br, st, br, false);
+}
 
 extern const attn__kernels attn__kernels_generic;
 #if defined(ATTN_HAVE_AVX2)

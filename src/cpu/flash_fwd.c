@@ -72,70 +72,6 @@ static int choose_br(const attn__sdpa_shape *sh, int threads) {
     return br;
 }
 
-static int64_t keys_visible_until(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t last_query) {
-    // one past the last key any query up to last_query may see
-    int64_t end = sh->S;
-    if (d->causal == ATTN_CAUSAL_TOP_LEFT) end = last_query + 1;
-    if (d->causal == ATTN_CAUSAL_BOTTOM_RIGHT) end = last_query + 1 + (sh->S - sh->L);
-    if (end > sh->S) end = sh->S;
-    return end < 0 ? 0 : end;
-}
-
-static inline float mask_value(const void *mask, attn_dtype dt, int64_t off) {
-    if (dt == ATTN_DTYPE_BOOL) return ((const uint8_t *)mask)[off] ? -INFINITY : 0.0f;
-    return ((const float *)mask)[off];
-}
-
-// Applies causal/attention/key-padding masks to one score tile (log2 domain). Returns false when
-// every valid score of the tile is hidden (the tile can be skipped).
-static bool mask_tile(const flash_job *J, int64_t b, int64_t h, int64_t i0, int nq, int64_t j0, int nj, float *st) {
-    const attn_sdpa_desc *d = J->d;
-    const int64_t L = J->sh->L, S = J->sh->S;
-    const int brp = J->brp;
-    const float log2e = (float)LOG2E;
-    bool any_visible = false;
-    for (int j = 0; j < nj; j++) {
-        const int64_t jj = j0 + j;
-        float kpm = 0.0f;
-        if (d->key_padding_mask != NULL)
-            kpm = mask_value(d->key_padding_mask, d->key_padding_mask_dtype,
-                             b * d->key_padding_mask_stride[0] + jj * d->key_padding_mask_stride[1]);
-        float *s = st + (int64_t)j * brp;
-        for (int i = 0; i < nq; i++) {
-            const int64_t ii = i0 + i;
-            bool hidden = kpm == -INFINITY;
-            if (d->causal == ATTN_CAUSAL_TOP_LEFT) hidden = hidden || jj > ii;
-            if (d->causal == ATTN_CAUSAL_BOTTOM_RIGHT) hidden = hidden || jj > ii + (S - L);
-            float bias = kpm;
-            if (!hidden && d->mask != NULL) {
-                const float mv = mask_value(d->mask, d->mask_dtype, attn__offset4(d->mask_stride, b, h, ii, jj));
-                hidden = mv == -INFINITY;
-                bias += mv;
-            }
-            if (hidden) {
-                s[i] = -INFINITY;
-            } else {
-                if (bias != 0.0f) s[i] += bias * log2e;
-                any_visible = true;
-            }
-        }
-    }
-    return any_visible;
-}
-
-// Causal masking alone, on a tile crossing the diagonal: query i0+i sees key jj when
-// jj <= i0 + i + shift, so each key row hides a prefix of the query columns.
-static void causal_tile(const flash_job *J, int64_t i0, int nq, int64_t j0, int nj, float *st) {
-    const int64_t shift = J->d->causal == ATTN_CAUSAL_BOTTOM_RIGHT ? J->sh->S - J->sh->L : 0;
-    for (int j = 0; j < nj; j++) {
-        int64_t hidden = j0 + j - shift - i0; // columns [0, hidden) cannot see this key
-        if (hidden <= 0) continue;
-        if (hidden > nq) hidden = nq;
-        float *s = st + (int64_t)j * J->brp;
-        for (int64_t i = 0; i < hidden; i++) s[i] = -INFINITY;
-    }
-}
-
 // O^T += V^T P^T with a loop that skips zero weights, for value tiles holding NaN or inf.
 static void pv_skipping_zeros(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
                               const float *alpha, float *ot) {
@@ -176,18 +112,18 @@ static void flash_task(void *arg, int64_t task, int thread) {
     memset(t.ot, 0, (size_t)Dv * (size_t)brp * sizeof(float));
 
     const bool masked = d->mask != NULL || d->key_padding_mask != NULL;
-    const int64_t j_end = keys_visible_until(d, sh, i0 + nq - 1);
+    const int64_t j_end = attn__keys_visible_until(d, sh, i0 + nq - 1);
     const float *kbase = J->k + attn__offset4(d->k_stride, b, hk, 0, 0);
     const float *vbase = J->v + attn__offset4(d->v_stride, b, hk, 0, 0);
     for (int64_t j0 = 0; j0 < j_end; j0 += FLASH_BC) {
         const int nj = (int)(j_end - j0 < FLASH_BC ? j_end - j0 : FLASH_BC);
-        J->kn->qk(kbase + j0 * d->k_stride[2], d->k_stride[2], d->k_stride[3], nj, D, t.qt, brp, t.st);
+        attn__qk(J->kn, kbase + j0 * d->k_stride[2], d->k_stride[2], d->k_stride[3], nj, D, t.qt, brp, t.st);
         // the tile crosses the causal diagonal when its last key is hidden from its first query
-        const bool diagonal = keys_visible_until(d, sh, i0) < j0 + nj;
+        const bool diagonal = attn__keys_visible_until(d, sh, i0) < j0 + nj;
         if (masked) {
-            if (!mask_tile(J, b, h, i0, nq, j0, nj, t.st)) continue; // every score hidden: nothing to add
+            if (!attn__mask_tile(d, sh, brp, b, h, i0, nq, j0, nj, t.st)) continue; // every score hidden: nothing to add
         } else if (d->causal != ATTN_CAUSAL_NONE && diagonal) {
-            causal_tile(J, i0, nq, j0, nj, t.st); // (the first key row always has a visible query)
+            attn__causal_tile(d, sh, brp, i0, nq, j0, nj, t.st); // (the first key row always has a visible query)
         }
         J->kn->softmax(t.st, nj, brp, t.m, t.l, t.alpha);
         if (J->keep != NULL) { // dropout: weights of dropped keys become 0 (after the row sums)

@@ -56,7 +56,7 @@ static void gemm_task(void *arg, int64_t task, int thread) {
         const int nj = (int)(no - s0 < GEMM_OUT_SUB ? no - s0 : GEMM_OUT_SUB);
         const int64_t o = o0 + s0;
         // st (nj, 64) = W[o:o+nj, :] xt, i.e. y[r0:r0+nr, o:o+nj]^T
-        J->kn->qk(J->W + o * J->ws_row, J->ws_row, J->ws_d, nj, (int)J->in, xt, GEMM_ROWS, st);
+        attn__qk(J->kn, J->W + o * J->ws_row, J->ws_row, J->ws_d, nj, (int)J->in, xt, GEMM_ROWS, st);
         for (int64_t r = 0; r < nr; r++) {
             float *yr = J->y + (r0 + r) * J->ldy + o;
             for (int j = 0; j < nj; j++) yr[j] = st[(int64_t)j * GEMM_ROWS + r] + (J->b != NULL ? J->b[o + j] : 0.0f);

@@ -43,18 +43,35 @@ static void exp2_generic(const float *x, float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = attn__exp2f(x[i]);
 }
 
-static void qk_generic(const float *k, int64_t ks_row, int64_t ks_d, int nj, int D, const float *qt, int br,
-                       float *st) {
-    for (int j = 0; j < nj; j++) {
-        float *s = st + (int64_t)j * br;
-        for (int i = 0; i < br; i++) s[i] = 0.0f;
-        const float *kr = k + (int64_t)j * ks_row;
-        for (int d = 0; d < D; d++) {
-            const float kv = kr[(int64_t)d * ks_d];
-            const float *q = qt + (int64_t)d * br;
-            for (int i = 0; i < br; i++) s[i] += kv * q[i];
+static void gemm_generic(const float *A, int64_t a_rs, int64_t a_cs, int M, int K, const float *B, int64_t ldb, int N,
+                         float *C, int64_t ldc, bool accumulate) {
+    for (int m = 0; m < M; m++) {
+        float *c = C + (int64_t)m * ldc;
+        if (!accumulate)
+            for (int n = 0; n < N; n++) c[n] = 0.0f;
+        const float *a = A + (int64_t)m * a_rs;
+        for (int k = 0; k < K; k++) {
+            const float av = a[(int64_t)k * a_cs];
+            const float *b = B + (int64_t)k * ldb;
+            for (int n = 0; n < N; n++) c[n] += av * b[n];
         }
     }
+}
+
+static void bwd_p_generic(float *st, int nj, int br, const float *lse2) {
+    for (int j = 0; j < nj; j++)
+        for (int i = 0; i < br; i++) {
+            const float base = lse2[i] == -INFINITY ? 0.0f : lse2[i];
+            st[(int64_t)j * br + i] = attn__exp2f(st[(int64_t)j * br + i] - base);
+        }
+}
+
+static void bwd_ds_generic(const float *pt, float *dst, int nj, int br, const float *rowdot) {
+    for (int j = 0; j < nj; j++)
+        for (int i = 0; i < br; i++) {
+            const int64_t e = (int64_t)j * br + i;
+            dst[e] = pt[e] * (dst[e] - rowdot[i]);
+        }
 }
 
 static void softmax_generic(float *st, int nj, int br, float *m, float *l, float *alpha) {
@@ -90,8 +107,10 @@ static void pv_generic(const float *v, int64_t vs_row, int64_t vs_d, int nj, int
 const attn__kernels attn__kernels_generic = {
     .name = "generic",
     .isa = ATTN_ISA_GENERIC,
-    .qk = qk_generic,
+    .gemm = gemm_generic,
     .softmax = softmax_generic,
     .pv = pv_generic,
     .exp2 = exp2_generic,
+    .bwd_p = bwd_p_generic,
+    .bwd_ds = bwd_ds_generic,
 };

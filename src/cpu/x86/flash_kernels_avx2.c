@@ -1,9 +1,9 @@
 // flash_kernels_avx2.c - the flash primitives of cpu.h with AVX2 and FMA3 (compiled with
 // -mavx2 -mfma for this file only; chosen at run time when the CPU has both).
 //
-// Both products use a 6 x 16 register block: 12 accumulators of 8 floats, two vector loads of the
-// tile operand and six scalar broadcasts from the key or value rows per step, i.e. 12 FMAs for 8
-// loads, which keeps the two FMA pipes busy. Rows are read in place with any strides.
+// The products use a 6 x 16 register block: 12 accumulators of 8 floats, two vector loads of the
+// row operand and six scalar broadcasts from the other per step, i.e. 12 FMAs for 8 loads, which
+// keeps the two FMA pipes busy. Key and value rows are read in place with any strides.
 #include <immintrin.h>
 #include <math.h>
 
@@ -52,58 +52,68 @@ static void exp2_avx2(const float *x, float *y, int64_t n) {
     for (; i < n; i++) y[i] = attn__exp2f(x[i]);
 }
 
-// st rows j0..j0+5 (6 keys) for every 16 columns of the tile.
-static inline void qk_6rows(const float *k, int64_t ks_row, int64_t ks_d, int D, const float *qt, int br, float *st) {
-    const float *k0 = k, *k1 = k + ks_row, *k2 = k + 2 * ks_row, *k3 = k + 3 * ks_row, *k4 = k + 4 * ks_row,
-                *k5 = k + 5 * ks_row;
-    for (int i0 = 0; i0 < br; i0 += 16) {
-        __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00;
-        __m256 a30 = a00, a31 = a00, a40 = a00, a41 = a00, a50 = a00, a51 = a00;
-        const float *q = qt + i0;
-        for (int d = 0; d < D; d++, q += br) {
-            const int64_t o = (int64_t)d * ks_d;
-            const __m256 q0 = _mm256_load_ps(q), q1 = _mm256_load_ps(q + 8);
-            __m256 b = _mm256_broadcast_ss(k0 + o);
-            a00 = _mm256_fmadd_ps(b, q0, a00), a01 = _mm256_fmadd_ps(b, q1, a01);
-            b = _mm256_broadcast_ss(k1 + o);
-            a10 = _mm256_fmadd_ps(b, q0, a10), a11 = _mm256_fmadd_ps(b, q1, a11);
-            b = _mm256_broadcast_ss(k2 + o);
-            a20 = _mm256_fmadd_ps(b, q0, a20), a21 = _mm256_fmadd_ps(b, q1, a21);
-            b = _mm256_broadcast_ss(k3 + o);
-            a30 = _mm256_fmadd_ps(b, q0, a30), a31 = _mm256_fmadd_ps(b, q1, a31);
-            b = _mm256_broadcast_ss(k4 + o);
-            a40 = _mm256_fmadd_ps(b, q0, a40), a41 = _mm256_fmadd_ps(b, q1, a41);
-            b = _mm256_broadcast_ss(k5 + o);
-            a50 = _mm256_fmadd_ps(b, q0, a50), a51 = _mm256_fmadd_ps(b, q1, a51);
-        }
-        float *s = st + i0;
-        _mm256_store_ps(s, a00), _mm256_store_ps(s + 8, a01), s += br;
-        _mm256_store_ps(s, a10), _mm256_store_ps(s + 8, a11), s += br;
-        _mm256_store_ps(s, a20), _mm256_store_ps(s + 8, a21), s += br;
-        _mm256_store_ps(s, a30), _mm256_store_ps(s + 8, a31), s += br;
-        _mm256_store_ps(s, a40), _mm256_store_ps(s + 8, a41), s += br;
-        _mm256_store_ps(s, a50), _mm256_store_ps(s + 8, a51);
+// C[0:6, 0:16] (+)= A[0:6, 0:K] B[0:K, 0:16]: rows of A broadcast element by element (any
+// strides), B and C read as vectors (unaligned loads: row strides need not be multiples of 16).
+static inline void gemm_6x16(const float *A, int64_t a_rs, int64_t a_cs, int K, const float *B, int64_t ldb, float *C,
+                             int64_t ldc, bool acc) {
+    const float *a0 = A, *a1 = A + a_rs, *a2 = A + 2 * a_rs, *a3 = A + 3 * a_rs, *a4 = A + 4 * a_rs, *a5 = A + 5 * a_rs;
+    __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
+    if (acc) {
+        c00 = _mm256_loadu_ps(C), c01 = _mm256_loadu_ps(C + 8);
+        c10 = _mm256_loadu_ps(C + ldc), c11 = _mm256_loadu_ps(C + ldc + 8);
+        c20 = _mm256_loadu_ps(C + 2 * ldc), c21 = _mm256_loadu_ps(C + 2 * ldc + 8);
+        c30 = _mm256_loadu_ps(C + 3 * ldc), c31 = _mm256_loadu_ps(C + 3 * ldc + 8);
+        c40 = _mm256_loadu_ps(C + 4 * ldc), c41 = _mm256_loadu_ps(C + 4 * ldc + 8);
+        c50 = _mm256_loadu_ps(C + 5 * ldc), c51 = _mm256_loadu_ps(C + 5 * ldc + 8);
+    } else {
+        c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+        c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     }
+    const float *b = B;
+    for (int k = 0; k < K; k++, b += ldb) {
+        const int64_t o = (int64_t)k * a_cs;
+        const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+        __m256 x = _mm256_broadcast_ss(a0 + o);
+        c00 = _mm256_fmadd_ps(x, b0, c00), c01 = _mm256_fmadd_ps(x, b1, c01);
+        x = _mm256_broadcast_ss(a1 + o);
+        c10 = _mm256_fmadd_ps(x, b0, c10), c11 = _mm256_fmadd_ps(x, b1, c11);
+        x = _mm256_broadcast_ss(a2 + o);
+        c20 = _mm256_fmadd_ps(x, b0, c20), c21 = _mm256_fmadd_ps(x, b1, c21);
+        x = _mm256_broadcast_ss(a3 + o);
+        c30 = _mm256_fmadd_ps(x, b0, c30), c31 = _mm256_fmadd_ps(x, b1, c31);
+        x = _mm256_broadcast_ss(a4 + o);
+        c40 = _mm256_fmadd_ps(x, b0, c40), c41 = _mm256_fmadd_ps(x, b1, c41);
+        x = _mm256_broadcast_ss(a5 + o);
+        c50 = _mm256_fmadd_ps(x, b0, c50), c51 = _mm256_fmadd_ps(x, b1, c51);
+    }
+    _mm256_storeu_ps(C, c00), _mm256_storeu_ps(C + 8, c01);
+    _mm256_storeu_ps(C + ldc, c10), _mm256_storeu_ps(C + ldc + 8, c11);
+    _mm256_storeu_ps(C + 2 * ldc, c20), _mm256_storeu_ps(C + 2 * ldc + 8, c21);
+    _mm256_storeu_ps(C + 3 * ldc, c30), _mm256_storeu_ps(C + 3 * ldc + 8, c31);
+    _mm256_storeu_ps(C + 4 * ldc, c40), _mm256_storeu_ps(C + 4 * ldc + 8, c41);
+    _mm256_storeu_ps(C + 5 * ldc, c50), _mm256_storeu_ps(C + 5 * ldc + 8, c51);
 }
 
-// One key row (the tile's last nj % 6 rows).
-static inline void qk_1row(const float *k, int64_t ks_d, int D, const float *qt, int br, float *st) {
-    for (int i0 = 0; i0 < br; i0 += 16) {
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-        const float *q = qt + i0;
-        for (int d = 0; d < D; d++, q += br) {
-            const __m256 b = _mm256_broadcast_ss(k + (int64_t)d * ks_d);
-            a0 = _mm256_fmadd_ps(b, _mm256_load_ps(q), a0);
-            a1 = _mm256_fmadd_ps(b, _mm256_load_ps(q + 8), a1);
-        }
-        _mm256_store_ps(st + i0, a0), _mm256_store_ps(st + i0 + 8, a1);
+// One row of A (the last M % 6 rows).
+static inline void gemm_1x16(const float *A, int64_t a_cs, int K, const float *B, int64_t ldb, float *C, bool acc) {
+    __m256 c0 = acc ? _mm256_loadu_ps(C) : _mm256_setzero_ps(), c1 = acc ? _mm256_loadu_ps(C + 8) : _mm256_setzero_ps();
+    const float *b = B;
+    for (int k = 0; k < K; k++, b += ldb) {
+        const __m256 x = _mm256_broadcast_ss(A + (int64_t)k * a_cs);
+        c0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(b), c0);
+        c1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(b + 8), c1);
     }
+    _mm256_storeu_ps(C, c0), _mm256_storeu_ps(C + 8, c1);
 }
 
-static void qk_avx2(const float *k, int64_t ks_row, int64_t ks_d, int nj, int D, const float *qt, int br, float *st) {
-    int j = 0;
-    for (; j + 6 <= nj; j += 6) qk_6rows(k + (int64_t)j * ks_row, ks_row, ks_d, D, qt, br, st + (int64_t)j * br);
-    for (; j < nj; j++) qk_1row(k + (int64_t)j * ks_row, ks_d, D, qt, br, st + (int64_t)j * br);
+static void gemm_avx2(const float *A, int64_t a_rs, int64_t a_cs, int M, int K, const float *B, int64_t ldb, int N,
+                      float *C, int64_t ldc, bool acc) {
+    int m = 0;
+    for (; m + 6 <= M; m += 6)
+        for (int n = 0; n < N; n += 16)
+            gemm_6x16(A + (int64_t)m * a_rs, a_rs, a_cs, K, B + n, ldb, C + (int64_t)m * ldc + n, ldc, acc);
+    for (; m < M; m++)
+        for (int n = 0; n < N; n += 16) gemm_1x16(A + (int64_t)m * a_rs, a_cs, K, B + n, ldb, C + (int64_t)m * ldc + n, acc);
 }
 
 static void softmax_avx2(float *st, int nj, int br, float *m, float *l, float *alpha) {
@@ -250,11 +260,33 @@ static void pv_avx2(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv
     }
 }
 
+static void bwd_p_avx2(float *st, int nj, int br, const float *lse2) {
+    const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
+    for (int i0 = 0; i0 < br; i0 += 8) {
+        const __m256 l = _mm256_load_ps(lse2 + i0);
+        const __m256 base = _mm256_blendv_ps(l, _mm256_setzero_ps(), _mm256_cmp_ps(l, neg_inf, _CMP_EQ_OQ));
+        float *s = st + i0;
+        for (int j = 0; j < nj; j++, s += br) _mm256_store_ps(s, exp2_nonpos_ps(_mm256_sub_ps(_mm256_load_ps(s), base)));
+    }
+}
+
+static void bwd_ds_avx2(const float *pt, float *dst, int nj, int br, const float *rowdot) {
+    for (int i0 = 0; i0 < br; i0 += 8) {
+        const __m256 r = _mm256_load_ps(rowdot + i0);
+        for (int j = 0; j < nj; j++) {
+            const int64_t e = (int64_t)j * br + i0;
+            _mm256_store_ps(dst + e, _mm256_mul_ps(_mm256_load_ps(pt + e), _mm256_sub_ps(_mm256_load_ps(dst + e), r)));
+        }
+    }
+}
+
 const attn__kernels attn__kernels_avx2 = {
     .name = "avx2",
     .isa = ATTN_ISA_AVX2,
-    .qk = qk_avx2,
+    .gemm = gemm_avx2,
     .softmax = softmax_avx2,
     .pv = pv_avx2,
     .exp2 = exp2_avx2,
+    .bwd_p = bwd_p_avx2,
+    .bwd_ds = bwd_ds_avx2,
 };

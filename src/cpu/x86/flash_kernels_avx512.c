@@ -1,9 +1,9 @@
 // flash_kernels_avx512.c - the flash primitives of cpu.h with AVX-512F (16 floats per register;
 // compiled with -mavx512f for this file only; chosen at run time when the CPU and the OS support it).
 //
-// With 32 registers the blocks grow: QK^T uses 6 key rows x 64 query columns (24 accumulators,
-// 4 vector loads and 6 broadcasts per 24 FMAs), P V uses 4 output rows x 64 columns. Narrower
-// blocks serve the edges. exp2 scales with vscalefps, which needs no exponent bit tricks.
+// With 32 registers the blocks grow: the general product uses 6 rows x 64 columns (24
+// accumulators, 4 vector loads and 6 broadcasts per 24 FMAs), P V uses 4 output rows x 64
+// columns. Narrower blocks serve the edges. exp2 scales with vscalefps, which needs no exponent bit tricks.
 #include <immintrin.h>
 #include <math.h>
 
@@ -37,49 +37,52 @@ static void exp2_avx512(const float *x, float *y, int64_t n) {
     }
 }
 
-// st[r][c*16 ..] = sum_d k[r][d] * qt[d][c*16 ..] for R key rows and C registers of columns.
-INLINE void qk_block(const float *k, int64_t ks_row, int64_t ks_d, int D, const float *qt, int br, float *st, const int R,
-                     const int C) {
-    __m512 acc[6][4];
+// C[r][c*16 ..] (+)= sum_k A[r][k] * B[k][c*16 ..] for R rows of A and C registers of columns.
+INLINE void gemm_block(const float *A, int64_t a_rs, int64_t a_cs, int K, const float *B, int64_t ldb, float *Cm,
+                       int64_t ldc, bool acc, const int R, const int C) {
+    __m512 c[6][4];
 #pragma GCC unroll 6
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
-    for (int d = 0; d < D; d++) {
-        const float *q = qt + (int64_t)d * br;
-        __m512 qv[4];
+        for (int x = 0; x < C; x++)
+            c[r][x] = acc ? _mm512_loadu_ps(Cm + (int64_t)r * ldc + 16 * x) : _mm512_setzero_ps();
+    for (int k = 0; k < K; k++) {
+        const float *b = B + (int64_t)k * ldb;
+        __m512 bv[4];
 #pragma GCC unroll 4
-        for (int c = 0; c < C; c++) qv[c] = _mm512_load_ps(q + 16 * c);
-        const float *kd = k + (int64_t)d * ks_d;
+        for (int x = 0; x < C; x++) bv[x] = _mm512_loadu_ps(b + 16 * x);
+        const float *ak = A + (int64_t)k * a_cs;
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
-            const __m512 b = _mm512_set1_ps(kd[(int64_t)r * ks_row]);
+            const __m512 av = _mm512_set1_ps(ak[(int64_t)r * a_rs]);
 #pragma GCC unroll 4
-            for (int c = 0; c < C; c++) acc[r][c] = _mm512_fmadd_ps(b, qv[c], acc[r][c]);
+            for (int x = 0; x < C; x++) c[r][x] = _mm512_fmadd_ps(av, bv[x], c[r][x]);
         }
     }
 #pragma GCC unroll 6
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int c = 0; c < C; c++) _mm512_store_ps(st + (int64_t)r * br + 16 * c, acc[r][c]);
+        for (int x = 0; x < C; x++) _mm512_storeu_ps(Cm + (int64_t)r * ldc + 16 * x, c[r][x]);
 }
 
-// All columns of R key rows.
-INLINE void qk_rows(const float *k, int64_t ks_row, int64_t ks_d, int D, const float *qt, int br, float *st, const int R) {
-    int i0 = 0;
-    for (; i0 + 64 <= br; i0 += 64) qk_block(k, ks_row, ks_d, D, qt + i0, br, st + i0, R, 4);
-    if (i0 + 32 <= br) {
-        qk_block(k, ks_row, ks_d, D, qt + i0, br, st + i0, R, 2);
-        i0 += 32;
+// All N columns of R rows of A.
+INLINE void gemm_rows(const float *A, int64_t a_rs, int64_t a_cs, int K, const float *B, int64_t ldb, int N, float *Cm,
+                      int64_t ldc, bool acc, const int R) {
+    int n = 0;
+    for (; n + 64 <= N; n += 64) gemm_block(A, a_rs, a_cs, K, B + n, ldb, Cm + n, ldc, acc, R, 4);
+    if (n + 32 <= N) {
+        gemm_block(A, a_rs, a_cs, K, B + n, ldb, Cm + n, ldc, acc, R, 2);
+        n += 32;
     }
-    if (i0 < br) qk_block(k, ks_row, ks_d, D, qt + i0, br, st + i0, R, 1);
+    if (n < N) gemm_block(A, a_rs, a_cs, K, B + n, ldb, Cm + n, ldc, acc, R, 1);
 }
 
-static void qk_avx512(const float *k, int64_t ks_row, int64_t ks_d, int nj, int D, const float *qt, int br, float *st) {
-    int j = 0;
-    for (; j + 6 <= nj; j += 6) qk_rows(k + (int64_t)j * ks_row, ks_row, ks_d, D, qt, br, st + (int64_t)j * br, 6);
-    for (; j + 2 <= nj; j += 2) qk_rows(k + (int64_t)j * ks_row, ks_row, ks_d, D, qt, br, st + (int64_t)j * br, 2);
-    if (j < nj) qk_rows(k + (int64_t)j * ks_row, ks_row, ks_d, D, qt, br, st + (int64_t)j * br, 1);
+static void gemm_avx512(const float *A, int64_t a_rs, int64_t a_cs, int M, int K, const float *B, int64_t ldb, int N,
+                        float *Cm, int64_t ldc, bool acc) {
+    int m = 0;
+    for (; m + 6 <= M; m += 6) gemm_rows(A + (int64_t)m * a_rs, a_rs, a_cs, K, B, ldb, N, Cm + (int64_t)m * ldc, ldc, acc, 6);
+    for (; m + 2 <= M; m += 2) gemm_rows(A + (int64_t)m * a_rs, a_rs, a_cs, K, B, ldb, N, Cm + (int64_t)m * ldc, ldc, acc, 2);
+    if (m < M) gemm_rows(A + (int64_t)m * a_rs, a_rs, a_cs, K, B, ldb, N, Cm + (int64_t)m * ldc, ldc, acc, 1);
 }
 
 static void softmax_avx512(float *st, int nj, int br, float *m, float *l, float *alpha) {
@@ -165,11 +168,33 @@ static void pv_avx512(const float *v, int64_t vs_row, int64_t vs_d, int nj, int 
     if (d < Dv) pv_rows(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st, br, alpha, ot + (int64_t)d * br, 1);
 }
 
+static void bwd_p_avx512(float *st, int nj, int br, const float *lse2) {
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+    for (int i0 = 0; i0 < br; i0 += 16) {
+        const __m512 l = _mm512_load_ps(lse2 + i0);
+        const __m512 base = _mm512_mask_mov_ps(l, _mm512_cmp_ps_mask(l, neg_inf, _CMP_EQ_OQ), _mm512_setzero_ps());
+        float *s = st + i0;
+        for (int j = 0; j < nj; j++, s += br) _mm512_store_ps(s, exp2_ps512(_mm512_sub_ps(_mm512_load_ps(s), base)));
+    }
+}
+
+static void bwd_ds_avx512(const float *pt, float *dst, int nj, int br, const float *rowdot) {
+    for (int i0 = 0; i0 < br; i0 += 16) {
+        const __m512 r = _mm512_load_ps(rowdot + i0);
+        for (int j = 0; j < nj; j++) {
+            const int64_t e = (int64_t)j * br + i0;
+            _mm512_store_ps(dst + e, _mm512_mul_ps(_mm512_load_ps(pt + e), _mm512_sub_ps(_mm512_load_ps(dst + e), r)));
+        }
+    }
+}
+
 const attn__kernels attn__kernels_avx512 = {
     .name = "avx512",
     .isa = ATTN_ISA_AVX512,
-    .qk = qk_avx512,
+    .gemm = gemm_avx512,
     .softmax = softmax_avx512,
     .pv = pv_avx512,
     .exp2 = exp2_avx512,
+    .bwd_p = bwd_p_avx512,
+    .bwd_ds = bwd_ds_avx512,
 };

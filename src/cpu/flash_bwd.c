@@ -1,0 +1,366 @@
+// flash_bwd.c - the fused attention backward (FlashAttention-2), independent of the instruction
+// set: the weights are recomputed tile by tile from q, k and the forward's log-sum-exp, and every
+// product runs on the kernel table's `gemm`.
+//
+// Two passes, each parallel and each output element owned by one work item, so the result is the
+// same for every thread count without atomics:
+//   pass 1, one item per (batch, kv head, key tile): dV_j = sum P_drop^T dO and dK_j = scale *
+//           sum dS^T Q over the query heads of the group and all query tiles, in that order;
+//   pass 2, one item per (batch, head, query tile): dQ_i = scale * sum dS K over the key tiles,
+//           and the additive mask's gradient dS (items grouped so that the cells a broadcast mask
+//           shares are summed by one item, in a fixed order).
+// For a tile pair: S^T = K Q^T (masked as in the forward), P^T = exp2(S^T - lse2), dP^T = V dO^T
+// (times the dropout mask), dS^T = P^T (dP^T - rowdot) with rowdot_i = dO_i . O_i. Key or value
+// tiles holding NaN or inf take products that skip zero weights, so masked keys are never read.
+#include <math.h>
+#include <string.h>
+
+#include "cpu/cpu.h"
+#include "cpu/flash.h"
+
+#define LOG2E 1.4426950408889634
+#define BWD_BR 64 // queries per tile
+#define BWD_BC 64 // keys per tile
+
+static int pad16(int64_t n) { return (int)((n + 15) / 16 * 16); }
+
+typedef struct bwd_job {
+    const attn_sdpa_desc *d;
+    const attn__sdpa_shape *sh;
+    const attn__kernels *kn;
+    const float *q, *k, *v, *dout;
+    float *dq, *dk, *dv, *dmask;
+    int Dp, Dvp;                // head dims padded to 16
+    int64_t n_qtiles, n_kvtiles;
+    float qscale;               // scale * log2(e)
+    const float *lse2, *rowdot; // (B, H, L)
+    const uint8_t *keep;        // dropout bits (B, H, L, S), or NULL
+    float keep_scale;
+    const uint8_t *kv_bad;      // (B, Hkv, n_kvtiles): key or value tile holds NaN or inf
+    bool dmask_b, dmask_h, dmask_i; // pass 2 iterates over b / h / query tiles inside one item
+    char *scratch;
+    size_t per_thread;
+} bwd_job;
+
+// Per-thread tiles (the union of what the two passes use).
+typedef struct bwd_tiles {
+    float *qt;      // (D, BR)   query tile, transposed, times scale*log2(e)
+    float *qrows;   // (BR, Dp)  query tile rows (pass 1: B of dK)
+    float *dot;     // (Dv, BR)  dout tile, transposed (B of dP^T)
+    float *dorows;  // (BR, Dvp) dout rows (pass 1: B of dV)
+    float *krows;   // (BC, Dp)  key rows (pass 2: B of dQ)
+    float *st, *dpt; // (BC, BR) P^T and dP^T -> dS^T
+    float *acc1;    // (BC, Dp) dK accumulator / (BR, Dp) dQ accumulator
+    float *acc2;    // (BC, Dvp) dV accumulator
+    float *lse2, *rowdot; // (BR) the tile's rows, padded (+inf, 0)
+} bwd_tiles;
+
+static size_t tiles_layout(const attn__sdpa_shape *sh, int Dp, int Dvp, bwd_tiles *t, char *base) {
+    attn__arena a = {.base = base};
+    const size_t f = sizeof(float);
+    const size_t rows = BWD_BR > BWD_BC ? BWD_BR : BWD_BC;
+    bwd_tiles x;
+    x.qt = attn__arena_take(&a, (size_t)sh->D * BWD_BR * f);
+    x.qrows = attn__arena_take(&a, (size_t)BWD_BR * (size_t)Dp * f);
+    x.dot = attn__arena_take(&a, (size_t)sh->Dv * BWD_BR * f);
+    x.dorows = attn__arena_take(&a, (size_t)BWD_BR * (size_t)Dvp * f);
+    x.krows = attn__arena_take(&a, (size_t)BWD_BC * (size_t)Dp * f);
+    x.st = attn__arena_take(&a, (size_t)BWD_BC * BWD_BR * f);
+    x.dpt = attn__arena_take(&a, (size_t)BWD_BC * BWD_BR * f);
+    x.acc1 = attn__arena_take(&a, rows * (size_t)Dp * f);
+    x.acc2 = attn__arena_take(&a, (size_t)BWD_BC * (size_t)Dvp * f);
+    x.lse2 = attn__arena_take(&a, BWD_BR * f);
+    x.rowdot = attn__arena_take(&a, BWD_BR * f);
+    if (t != NULL) *t = x;
+    return a.used;
+}
+
+// Packs query tile (b, h, i0..i0+nq): qt scaled and transposed, dot transposed, and (pass 1) the
+// plain rows of q and dout; the tile's lse2 and rowdot with neutral padding.
+static void pack_queries(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int64_t i0, int nq, bool rows) {
+    const attn_sdpa_desc *d = J->d;
+    const int64_t D = J->sh->D, Dv = J->sh->Dv, bh = b * J->sh->H + h;
+    for (int64_t c = 0; c < D; c++) {
+        float *row = t->qt + c * BWD_BR;
+        const float *src = J->q + attn__offset4(d->q_stride, b, h, i0, c);
+        for (int i = 0; i < nq; i++) row[i] = src[(int64_t)i * d->q_stride[2]] * J->qscale;
+        for (int i = nq; i < BWD_BR; i++) row[i] = 0.0f;
+    }
+    for (int64_t c = 0; c < Dv; c++) {
+        float *row = t->dot + c * BWD_BR;
+        const float *src = J->dout + attn__offset4(d->o_stride, b, h, i0, c);
+        for (int i = 0; i < nq; i++) row[i] = src[(int64_t)i * d->o_stride[2]];
+        for (int i = nq; i < BWD_BR; i++) row[i] = 0.0f;
+    }
+    for (int i = 0; i < BWD_BR; i++) {
+        t->lse2[i] = i < nq ? J->lse2[bh * J->sh->L + i0 + i] : INFINITY; // padding: weight 0
+        t->rowdot[i] = i < nq ? J->rowdot[bh * J->sh->L + i0 + i] : 0.0f;
+    }
+    if (!rows) return;
+    for (int i = 0; i < nq; i++) {
+        float *qr = t->qrows + (int64_t)i * J->Dp, *dr = t->dorows + (int64_t)i * J->Dvp;
+        const float *qs = J->q + attn__offset4(d->q_stride, b, h, i0 + i, 0);
+        const float *ds = J->dout + attn__offset4(d->o_stride, b, h, i0 + i, 0);
+        for (int64_t c = 0; c < D; c++) qr[c] = qs[c * d->q_stride[3]];
+        for (int64_t c = D; c < J->Dp; c++) qr[c] = 0.0f;
+        for (int64_t c = 0; c < Dv; c++) dr[c] = ds[c * d->o_stride[3]];
+        for (int64_t c = Dv; c < J->Dvp; c++) dr[c] = 0.0f;
+    }
+}
+
+// P^T and dS^T of tile pair (b, h, query tile at i0) x (key tile at j0) into t->st, t->dpt. Returns
+// false when every score is hidden (the pair contributes nothing).
+static bool tile_pair(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int64_t i0, int nq, int64_t j0, int nj,
+                      bool bad) {
+    const attn_sdpa_desc *d = J->d;
+    const attn__sdpa_shape *sh = J->sh;
+    const int64_t hk = h / sh->group;
+    const float *kt = J->k + attn__offset4(d->k_stride, b, hk, j0, 0);
+    const float *vt = J->v + attn__offset4(d->v_stride, b, hk, j0, 0);
+    attn__qk(J->kn, kt, d->k_stride[2], d->k_stride[3], nj, (int)sh->D, t->qt, BWD_BR, t->st);
+    if (d->mask != NULL || d->key_padding_mask != NULL) {
+        if (!attn__mask_tile(d, sh, BWD_BR, b, h, i0, nq, j0, nj, t->st)) return false;
+    } else if (d->causal != ATTN_CAUSAL_NONE && attn__keys_visible_until(d, sh, i0) < j0 + nj) {
+        attn__causal_tile(d, sh, BWD_BR, i0, nq, j0, nj, t->st);
+    }
+    J->kn->bwd_p(t->st, nj, BWD_BR, t->lse2);
+    // dP^T = V dout^T
+    J->kn->gemm(vt, d->v_stride[2], d->v_stride[3], nj, (int)sh->Dv, t->dot, BWD_BR, BWD_BR, t->dpt, BWD_BR, false);
+    if (J->keep != NULL) { // the forward's dropout: dP of dropped weights is 0, kept ones scaled
+        const int64_t bh = b * sh->H + h;
+        for (int j = 0; j < nj; j++)
+            for (int i = 0; i < nq; i++) {
+                const int64_t bit = (bh * sh->L + i0 + i) * sh->S + j0 + j;
+                float *x = t->dpt + (int64_t)j * BWD_BR + i;
+                *x = ((J->keep[bit >> 3] >> (bit & 7)) & 1) ? *x * J->keep_scale : 0.0f;
+            }
+    }
+    if (bad) { // keys never seen must not be read: dS = 0 where P = 0, whatever dP holds
+        for (int64_t e = 0; e < (int64_t)nj * BWD_BR; e++)
+            t->dpt[e] = t->st[e] == 0.0f ? 0.0f : t->st[e] * (t->dpt[e] - t->rowdot[e % BWD_BR]);
+    } else {
+        J->kn->bwd_ds(t->st, t->dpt, nj, BWD_BR, t->rowdot);
+    }
+    return true;
+}
+
+// C (M x N) += A (M x K at strides) B (K x N), skipping zero elements of A (so NaN or inf in the
+// rows of B they would multiply is not read).
+static void gemm_skip_zeros(const float *A, int64_t a_rs, int64_t a_cs, int M, int K, const float *B, int64_t ldb,
+                            int N, float *C, int64_t ldc) {
+    for (int m = 0; m < M; m++)
+        for (int k = 0; k < K; k++) {
+            const float a = A[(int64_t)m * a_rs + (int64_t)k * a_cs];
+            if (a == 0.0f) continue;
+            for (int n = 0; n < N; n++) C[(int64_t)m * ldc + n] += a * B[(int64_t)k * ldb + n];
+        }
+}
+
+static void pass1_task(void *arg, int64_t task, int thread) {
+    const bwd_job *J = arg;
+    const attn_sdpa_desc *d = J->d;
+    const attn__sdpa_shape *sh = J->sh;
+    const int64_t jt = task % J->n_kvtiles, bhk = task / J->n_kvtiles;
+    const int64_t b = bhk / sh->Hkv, hk = bhk % sh->Hkv, j0 = jt * BWD_BC;
+    const int nj = (int)(sh->S - j0 < BWD_BC ? sh->S - j0 : BWD_BC);
+    const bool bad = J->kv_bad[task];
+    bwd_tiles t;
+    tiles_layout(sh, J->Dp, J->Dvp, &t, J->scratch + (size_t)thread * J->per_thread);
+    memset(t.acc1, 0, (size_t)nj * (size_t)J->Dp * sizeof(float));
+    memset(t.acc2, 0, (size_t)nj * (size_t)J->Dvp * sizeof(float));
+    for (int64_t h = hk * sh->group; h < (hk + 1) * sh->group; h++)
+        for (int64_t it = 0; it < J->n_qtiles; it++) {
+            const int64_t i0 = it * BWD_BR;
+            const int nq = (int)(sh->L - i0 < BWD_BR ? sh->L - i0 : BWD_BR);
+            if (attn__keys_visible_until(d, sh, i0 + nq - 1) <= j0) continue; // every key hidden (causal)
+            pack_queries(J, &t, b, h, i0, nq, true);
+            if (!tile_pair(J, &t, b, h, i0, nq, j0, nj, bad)) continue;
+            // dK_j += dS^T q_rows; dV_j += P_drop^T dout_rows (P_drop = P * dropout mask * scale)
+            J->kn->gemm(t.dpt, BWD_BR, 1, nj, nq, t.qrows, J->Dp, J->Dp, t.acc1, J->Dp, true);
+            if (J->keep != NULL) {
+                const int64_t bh = b * sh->H + h;
+                for (int j = 0; j < nj; j++)
+                    for (int i = 0; i < nq; i++) {
+                        const int64_t bit = (bh * sh->L + i0 + i) * sh->S + j0 + j;
+                        float *x = t.st + (int64_t)j * BWD_BR + i;
+                        *x = ((J->keep[bit >> 3] >> (bit & 7)) & 1) ? *x * J->keep_scale : 0.0f;
+                    }
+            }
+            J->kn->gemm(t.st, BWD_BR, 1, nj, nq, t.dorows, J->Dvp, J->Dvp, t.acc2, J->Dvp, true);
+        }
+    const float scale = J->sh->scale;
+    for (int j = 0; j < nj; j++) {
+        float *dkr = J->dk + attn__offset4(d->k_stride, b, hk, j0 + j, 0);
+        float *dvr = J->dv + attn__offset4(d->v_stride, b, hk, j0 + j, 0);
+        for (int64_t c = 0; c < sh->D; c++) dkr[c * d->k_stride[3]] = t.acc1[(int64_t)j * J->Dp + c] * scale;
+        for (int64_t c = 0; c < sh->Dv; c++) dvr[c * d->v_stride[3]] = t.acc2[(int64_t)j * J->Dvp + c];
+    }
+}
+
+// dQ (and the mask gradient) of one query tile of one head.
+static void pass2_tile(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int64_t it) {
+    const attn_sdpa_desc *d = J->d;
+    const attn__sdpa_shape *sh = J->sh;
+    const int64_t hk = h / sh->group, i0 = it * BWD_BR;
+    const int nq = (int)(sh->L - i0 < BWD_BR ? sh->L - i0 : BWD_BR);
+    pack_queries(J, t, b, h, i0, nq, false);
+    memset(t->acc1, 0, (size_t)BWD_BR * (size_t)J->Dp * sizeof(float));
+    const int64_t j_end = attn__keys_visible_until(d, sh, i0 + nq - 1);
+    for (int64_t j0 = 0; j0 < j_end; j0 += BWD_BC) {
+        const int nj = (int)(sh->S - j0 < BWD_BC ? sh->S - j0 : BWD_BC);
+        const bool bad = J->kv_bad[(b * sh->Hkv + hk) * J->n_kvtiles + j0 / BWD_BC];
+        if (!tile_pair(J, t, b, h, i0, nq, j0, nj, bad)) continue;
+        if (J->dmask != NULL) // the mask's gradient is dS (natural-log domain: no scale)
+            for (int j = 0; j < nj; j++)
+                for (int i = 0; i < nq; i++)
+                    J->dmask[attn__offset4(d->mask_stride, b, h, i0 + i, j0 + j)] += t->dpt[(int64_t)j * BWD_BR + i];
+        // dQ_i += dS k_rows, with dS read transposed from dS^T
+        const float *kt = J->k + attn__offset4(d->k_stride, b, hk, j0, 0);
+        for (int j = 0; j < nj; j++) {
+            float *kr = t->krows + (int64_t)j * J->Dp;
+            for (int64_t c = 0; c < sh->D; c++) kr[c] = kt[(int64_t)j * d->k_stride[2] + c * d->k_stride[3]];
+            for (int64_t c = sh->D; c < J->Dp; c++) kr[c] = 0.0f;
+        }
+        if (bad)
+            gemm_skip_zeros(t->dpt, 1, BWD_BR, nq, nj, t->krows, J->Dp, J->Dp, t->acc1, J->Dp);
+        else
+            J->kn->gemm(t->dpt, 1, BWD_BR, nq, nj, t->krows, J->Dp, J->Dp, t->acc1, J->Dp, true);
+    }
+    const float scale = sh->scale;
+    for (int i = 0; i < nq; i++) {
+        float *dqr = J->dq + attn__offset4(d->q_stride, b, h, i0 + i, 0);
+        for (int64_t c = 0; c < sh->D; c++) dqr[c * d->q_stride[3]] = t->acc1[(int64_t)i * J->Dp + c] * scale;
+    }
+}
+
+// An item covers the (b, h, query tile) cells that share mask-gradient cells: dimensions the mask
+// broadcasts are iterated inside the item, in ascending order.
+static void pass2_task(void *arg, int64_t task, int thread) {
+    const bwd_job *J = arg;
+    const attn__sdpa_shape *sh = J->sh;
+    const int64_t nb = J->dmask_b ? 1 : sh->B, nh = J->dmask_h ? 1 : sh->H;
+    const int64_t it0 = task % (J->dmask_i ? 1 : J->n_qtiles), rest = task / (J->dmask_i ? 1 : J->n_qtiles);
+    const int64_t h0 = rest % nh, b0 = rest / nh;
+    bwd_tiles t;
+    tiles_layout(sh, J->Dp, J->Dvp, &t, J->scratch + (size_t)thread * J->per_thread);
+    for (int64_t b = J->dmask_b ? 0 : b0; b < (J->dmask_b ? sh->B : b0 + 1); b++)
+        for (int64_t h = J->dmask_h ? 0 : h0; h < (J->dmask_h ? sh->H : h0 + 1); h++)
+            for (int64_t it = J->dmask_i ? 0 : it0; it < (J->dmask_i ? J->n_qtiles : it0 + 1); it++)
+                pass2_tile(J, &t, b, h, it);
+    (void)nb;
+}
+
+// rowdot = dout . out and lse2 = lse * log2(e) for every row; flags of key/value tiles holding NaN or inf.
+typedef struct prep_job {
+    const bwd_job *J;
+    const float *out, *lse;
+    float *lse2, *rowdot;
+    uint8_t *kv_bad;
+} prep_job;
+
+static void prep_rows_task(void *arg, int64_t bh, int thread) {
+    (void)thread;
+    const prep_job *P = arg;
+    const attn_sdpa_desc *d = P->J->d;
+    const attn__sdpa_shape *sh = P->J->sh;
+    const int64_t b = bh / sh->H, h = bh % sh->H;
+    for (int64_t i = 0; i < sh->L; i++) {
+        const float *o = P->out + attn__offset4(d->o_stride, b, h, i, 0);
+        const float *g = P->J->dout + attn__offset4(d->o_stride, b, h, i, 0);
+        double acc = 0.0;
+        for (int64_t c = 0; c < sh->Dv; c++) acc += (double)o[c * d->o_stride[3]] * g[c * d->o_stride[3]];
+        P->rowdot[bh * sh->L + i] = (float)acc;
+        P->lse2[bh * sh->L + i] = (float)((double)P->lse[bh * sh->L + i] * LOG2E);
+    }
+}
+
+static void prep_tiles_task(void *arg, int64_t task, int thread) {
+    (void)thread;
+    const prep_job *P = arg;
+    const attn_sdpa_desc *d = P->J->d;
+    const attn__sdpa_shape *sh = P->J->sh;
+    const int64_t jt = task % P->J->n_kvtiles, bhk = task / P->J->n_kvtiles;
+    const int64_t b = bhk / sh->Hkv, hk = bhk % sh->Hkv;
+    const int64_t j_end = (jt + 1) * BWD_BC < sh->S ? (jt + 1) * BWD_BC : sh->S;
+    uint8_t bad = 0;
+    for (int64_t j = jt * BWD_BC; j < j_end && !bad; j++) {
+        const float *kr = P->J->k + attn__offset4(d->k_stride, b, hk, j, 0);
+        const float *vr = P->J->v + attn__offset4(d->v_stride, b, hk, j, 0);
+        for (int64_t c = 0; c < sh->D; c++) bad |= !isfinite(kr[c * d->k_stride[3]]);
+        for (int64_t c = 0; c < sh->Dv; c++) bad |= !isfinite(vr[c * d->v_stride[3]]);
+    }
+    P->kv_bad[task] = bad;
+}
+
+typedef struct bwd_layout {
+    float *lse2, *rowdot;
+    uint8_t *kv_bad, *keep;
+    char *scratch;
+    size_t per_thread;
+} bwd_layout;
+
+static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d, char *base,
+                     bwd_layout *bl) {
+    const int threads = attn__pool_threads(ctx->pool);
+    const int64_t rows = sh->B * sh->H * sh->L, n_kvtiles = (sh->S + BWD_BC - 1) / BWD_BC;
+    attn__arena a = {.base = base};
+    bl->lse2 = attn__arena_take(&a, (size_t)rows * sizeof(float));
+    bl->rowdot = attn__arena_take(&a, (size_t)rows * sizeof(float));
+    bl->kv_bad = attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * n_kvtiles));
+    bl->keep = d->dropout_p > 0.0 ? attn__arena_take(&a, (size_t)((rows * sh->S + 7) / 8)) : NULL;
+    bl->per_thread = (tiles_layout(sh, pad16(sh->D), pad16(sh->Dv), NULL, NULL) + ATTN_ALIGN - 1) &
+                     ~(size_t)(ATTN_ALIGN - 1);
+    bl->scratch = attn__arena_take(&a, bl->per_thread * (size_t)threads);
+    return a.used;
+}
+
+size_t attn__flash_bwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d,
+                                 bool want_dmask) {
+    (void)want_dmask;
+    bwd_layout bl;
+    return layout(ctx, sh, d, NULL, &bl);
+}
+
+void attn__flash_bwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh,
+                     const attn_generator *dropout_state, const float *q, const float *k, const float *v,
+                     const float *out, const float *dout, const float *lse, float *dq, float *dk, float *dv,
+                     float *dmask, void *ws) {
+    bwd_layout bl;
+    layout(ctx, sh, d, ws, &bl);
+    bwd_job J = {
+        .d = d, .sh = sh, .kn = ctx->kernels, .q = q, .k = k, .v = v, .dout = dout,
+        .dq = dq, .dk = dk, .dv = dv, .dmask = dmask,
+        .Dp = pad16(sh->D), .Dvp = pad16(sh->Dv),
+        .n_qtiles = (sh->L + BWD_BR - 1) / BWD_BR, .n_kvtiles = (sh->S + BWD_BC - 1) / BWD_BC,
+        .qscale = (float)((double)sh->scale * LOG2E),
+        .lse2 = bl.lse2, .rowdot = bl.rowdot, .keep = NULL, .keep_scale = 1.0f, .kv_bad = bl.kv_bad,
+        .scratch = bl.scratch, .per_thread = bl.per_thread,
+    };
+    prep_job P = {&J, out, lse, bl.lse2, bl.rowdot, bl.kv_bad};
+    attn__pool_run(ctx->pool, sh->B * sh->H, prep_rows_task, &P);
+    attn__pool_run(ctx->pool, sh->B * sh->Hkv * J.n_kvtiles, prep_tiles_task, &P);
+    if (d->dropout_p > 0.0) { // the forward's draws, regenerated from its starting state
+        attn_generator gen = *dropout_state;
+        const int64_t n = sh->B * sh->H * sh->L * sh->S;
+        const bool all = d->dropout_p >= 1.0;
+        const double keep_prob = 1.0 - d->dropout_p;
+        memset(bl.keep, 0, (size_t)((n + 7) / 8));
+        if (!all)
+            for (int64_t e = 0; e < n; e++)
+                if (attn__dropout_keep(&gen, keep_prob)) bl.keep[e >> 3] |= (uint8_t)(1u << (e & 7));
+        J.keep = bl.keep;
+        J.keep_scale = all ? 0.0f : 1.0f / (float)(1.0 - d->dropout_p);
+    }
+    attn__pool_run(ctx->pool, sh->B * sh->Hkv * J.n_kvtiles, pass1_task, &J);
+    if (dmask != NULL) {
+        const int64_t n[4] = {sh->B, sh->H, sh->L, sh->S};
+        int64_t extent = 0;
+        attn__view_extent(n, d->mask_stride, &extent);
+        memset(dmask, 0, (size_t)(extent + 1) * sizeof(float));
+        J.dmask_b = sh->B > 1 && d->mask_stride[0] == 0;
+        J.dmask_h = sh->H > 1 && d->mask_stride[1] == 0;
+        J.dmask_i = sh->L > 1 && d->mask_stride[2] == 0;
+    }
+    const int64_t items = (J.dmask_b ? 1 : sh->B) * (J.dmask_h ? 1 : sh->H) * (J.dmask_i ? 1 : J.n_qtiles);
+    attn__pool_run(ctx->pool, items, pass2_task, &J);
+}

@@ -1,0 +1,158 @@
+// sdpa_bwd_ref.c - the scalar reference of the attention backward: the specification of
+// attn_sdpa_bwd. One query row at a time, weights recomputed in double precision, gradients
+// accumulated in double in the workspace and rounded once at the end.
+//
+// For a row (b, h, i) with weights p (after masks, before dropout), kept keys z_j (dropout) and
+// c = 1/(1-p_drop):
+//   dp_j = z_j * c * (dout_i . v_j)      ds_j = p_j * (dp_j - sum_k p_k dp_k)
+//   dq_i += scale * sum_j ds_j k_j       dk_j += scale * ds_j q_i       dv_j += z_j * c * p_j * dout_i
+//   dmask[b, h, i, j] += ds_j            (the additive mask's gradient; broadcast dims sum)
+// Masked keys have p_j = 0 and are never read; a fully masked row contributes nothing. The dropout
+// draws are the forward's: two 32-bit draws per (b, h, i, j) from a copy of the generator state the
+// forward started from.
+#include <math.h>
+#include <string.h>
+
+#include "internal.h"
+
+// Double accumulators for dk (B, Hkv, S, D), dv (B, Hkv, S, Dv), dq of one row (D), and the
+// row's scores (S).
+typedef struct bwd_bufs {
+    double *dk, *dv, *dq, *s, *dp;
+    double *dmask; // (B, H, L, S) by the mask's element offsets, or NULL
+} bwd_bufs;
+
+static size_t mask_span(const attn_sdpa_desc *d, const attn__sdpa_shape *sh) {
+    const int64_t n[4] = {sh->B, sh->H, sh->L, sh->S};
+    int64_t extent = 0;
+    attn__view_extent(n, d->mask_stride, &extent);
+    return (size_t)extent + 1;
+}
+
+static size_t layout(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, bool want_dmask, char *base, bwd_bufs *b) {
+    attn__arena a = {.base = base};
+    const size_t dd = sizeof(double);
+    b->dk = attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * sh->S * sh->D) * dd);
+    b->dv = attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * sh->S * sh->Dv) * dd);
+    b->dq = attn__arena_take(&a, (size_t)sh->D * dd);
+    b->s = attn__arena_take(&a, (size_t)sh->S * dd);
+    b->dp = attn__arena_take(&a, (size_t)sh->S * dd);
+    b->dmask = want_dmask ? attn__arena_take(&a, mask_span(d, sh) * dd) : NULL;
+    return a.used;
+}
+
+size_t attn__sdpa_bwd_ref_workspace(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, bool want_dmask) {
+    bwd_bufs b;
+    return layout(d, sh, want_dmask, NULL, &b);
+}
+
+static inline double mask_term(const void *mask, attn_dtype dtype, int64_t off) {
+    if (dtype == ATTN_DTYPE_BOOL) return ((const uint8_t *)mask)[off] ? -INFINITY : 0.0;
+    return (double)((const float *)mask)[off];
+}
+
+static inline bool causal_hidden(attn_causal c, int64_t i, int64_t j, int64_t L, int64_t S) {
+    if (c == ATTN_CAUSAL_TOP_LEFT) return j > i;
+    if (c == ATTN_CAUSAL_BOTTOM_RIGHT) return j > i + (S - L);
+    return false;
+}
+
+void attn__sdpa_bwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const attn_generator *dropout_state,
+                        const float *q, const float *k, const float *v, const float *dout, float *dq, float *dk,
+                        float *dv, float *dmask, void *ws) {
+    const int64_t B = sh->B, H = sh->H, L = sh->L, S = sh->S, D = sh->D, Dv = sh->Dv;
+    bwd_bufs w;
+    layout(d, sh, dmask != NULL, ws, &w);
+    memset(w.dk, 0, (size_t)(B * sh->Hkv * S * D) * sizeof(double));
+    memset(w.dv, 0, (size_t)(B * sh->Hkv * S * Dv) * sizeof(double));
+    if (w.dmask != NULL) memset(w.dmask, 0, mask_span(d, sh) * sizeof(double));
+    attn_generator gen;
+    const bool dropout = d->dropout_p > 0.0, drop_all = d->dropout_p >= 1.0;
+    if (dropout) gen = *dropout_state;
+    const double keep_prob = 1.0 - d->dropout_p;
+    const double keep_scale = drop_all ? 0.0 : (double)(1.0f / (float)(1.0 - d->dropout_p));
+    const double scale = (double)sh->scale;
+    const int64_t kpm_stride4[4] = {d->key_padding_mask_stride[0], d->key_padding_mask_stride[1], 0, 0};
+
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+            const int64_t hk = h / sh->group;
+            double *dk_head = w.dk + (b * sh->Hkv + hk) * S * D, *dv_head = w.dv + (b * sh->Hkv + hk) * S * Dv;
+            for (int64_t i = 0; i < L; i++) {
+                const float *q_row = q + attn__offset4(d->q_stride, b, h, i, 0);
+                const float *do_row = dout + attn__offset4(d->o_stride, b, h, i, 0);
+                // the forward's weights of this row (w.s holds the scores, -inf where hidden)
+                double max = -INFINITY;
+                bool has_nan = false;
+                for (int64_t j = 0; j < S; j++) {
+                    double bias = 0.0;
+                    bool hidden = causal_hidden(d->causal, i, j, L, S);
+                    if (!hidden && d->mask != NULL)
+                        bias += mask_term(d->mask, d->mask_dtype, attn__offset4(d->mask_stride, b, h, i, j));
+                    if (!hidden && d->key_padding_mask != NULL)
+                        bias += mask_term(d->key_padding_mask, d->key_padding_mask_dtype,
+                                          attn__offset4(kpm_stride4, b, j, 0, 0));
+                    if (hidden || bias == -INFINITY) {
+                        w.s[j] = -INFINITY;
+                        continue;
+                    }
+                    const float *k_row = k + attn__offset4(d->k_stride, b, hk, j, 0);
+                    double dot = 0.0;
+                    for (int64_t t = 0; t < D; t++) dot += (double)q_row[t * d->q_stride[3]] * k_row[t * d->k_stride[3]];
+                    w.s[j] = scale * dot + bias;
+                    if (isnan(w.s[j])) has_nan = true;
+                    else if (w.s[j] > max) max = w.s[j];
+                }
+                double sum = 0.0;
+                if (!has_nan && max != -INFINITY) {
+                    for (int64_t j = 0; j < S; j++) sum += w.s[j] == -INFINITY ? 0.0 : exp(w.s[j] - max);
+                }
+                // p_j into w.s; dp_j into w.dp; the draws of the row in key order
+                double pdp = 0.0;
+                for (int64_t j = 0; j < S; j++) {
+                    const bool keep = !dropout || (!drop_all && attn__dropout_keep(&gen, keep_prob));
+                    double p;
+                    if (has_nan) p = NAN;
+                    else if (max == -INFINITY || w.s[j] == -INFINITY) p = 0.0;
+                    else p = exp(w.s[j] - max) / sum;
+                    w.s[j] = p;
+                    w.dp[j] = 0.0;
+                    if (p == 0.0) continue; // a key without weight is not read
+                    const double c = dropout ? (keep ? keep_scale : 0.0) : 1.0;
+                    if (c == 0.0) continue;
+                    const float *v_row = v + attn__offset4(d->v_stride, b, hk, j, 0);
+                    double dot = 0.0;
+                    for (int64_t t = 0; t < Dv; t++) dot += (double)do_row[t * d->o_stride[3]] * v_row[t * d->v_stride[3]];
+                    w.dp[j] = c * dot;
+                    pdp += p * w.dp[j];
+                    for (int64_t t = 0; t < Dv; t++) dv_head[j * Dv + t] += c * p * (double)do_row[t * d->o_stride[3]];
+                }
+                for (int64_t t = 0; t < D; t++) w.dq[t] = 0.0;
+                for (int64_t j = 0; j < S; j++) {
+                    if (w.s[j] == 0.0) continue;
+                    const double ds = w.s[j] * (w.dp[j] - pdp);
+                    if (w.dmask != NULL) w.dmask[attn__offset4(d->mask_stride, b, h, i, j)] += ds;
+                    const float *k_row = k + attn__offset4(d->k_stride, b, hk, j, 0);
+                    for (int64_t t = 0; t < D; t++) {
+                        w.dq[t] += scale * ds * (double)k_row[t * d->k_stride[3]];
+                        dk_head[j * D + t] += scale * ds * (double)q_row[t * d->q_stride[3]];
+                    }
+                }
+                float *dq_row = dq + attn__offset4(d->q_stride, b, h, i, 0);
+                for (int64_t t = 0; t < D; t++) dq_row[t * d->q_stride[3]] = (float)w.dq[t];
+            }
+        }
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t hk = 0; hk < sh->Hkv; hk++)
+            for (int64_t j = 0; j < S; j++) {
+                float *dk_row = dk + attn__offset4(d->k_stride, b, hk, j, 0);
+                float *dv_row = dv + attn__offset4(d->v_stride, b, hk, j, 0);
+                const double *ak = w.dk + ((b * sh->Hkv + hk) * S + j) * D, *av = w.dv + ((b * sh->Hkv + hk) * S + j) * Dv;
+                for (int64_t t = 0; t < D; t++) dk_row[t * d->k_stride[3]] = (float)ak[t];
+                for (int64_t t = 0; t < Dv; t++) dv_row[t * d->v_stride[3]] = (float)av[t];
+            }
+    if (dmask != NULL) {
+        const size_t span = mask_span(d, sh);
+        for (size_t e = 0; e < span; e++) dmask[e] = (float)w.dmask[e];
+    }
+}
