@@ -502,6 +502,31 @@ ATTN_API int64_t attn_mha_weights_len_kv(const attn_mha *mha, int64_t len_kv);
 ATTN_API attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, const attn_mha_args *args, float *out,
                                       float *weights);
 
+/*
+ * Training. attn_mha_forward_train runs the forward like attn_mha_forward and keeps what the
+ * backward needs (the projections, the attention's output and log-sum-exp, and the generator's
+ * state before the dropout) in a caller buffer of attn_mha_saved_size bytes. attn_mha_backward then
+ * takes dout = dL/dout (out's shape) and writes the gradients:
+ *   dquery, dkey, dvalue  the inputs' shapes (NULL to skip). A tensor passed as several of query,
+ *                         key and value (self-attention) receives the sum of its uses in the
+ *                         first of them: dkey (dvalue) must then be NULL.
+ *   dparams               NULL, or attn_mha_param_count pointers in state_dict order, each NULL
+ *                         or a buffer of that parameter's shape (in_proj_weight's gradient holds
+ *                         the three projections' blocks).
+ * Every gradient is overwritten, not accumulated. The args, the inputs and the parameters must be
+ * the forward's, unchanged. Results are identical for every thread count.
+ */
+/** Bytes attn_mha_forward_train saves for these args. */
+ATTN_API attn_status attn_mha_saved_size(attn_ctx *ctx, attn_mha *mha, const attn_mha_args *args, size_t *bytes);
+/** The forward of attn_mha_forward, also filling `saved` (ATTN_ERR_WORKSPACE if it is too small). */
+ATTN_API attn_status attn_mha_forward_train(attn_ctx *ctx, attn_mha *mha, const attn_mha_args *args, float *out,
+                                            float *weights, void *saved, size_t saved_size);
+/** Gradients of the loss given dout; see above. ATTN_ERR_INVALID_ARG if `saved` is not from this
+ *  module's training forward with these args. */
+ATTN_API attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, const attn_mha_args *args, const void *saved,
+                                       size_t saved_size, const float *dout, float *dquery, float *dkey,
+                                       float *dvalue, float *const *dparams);
+
 /* ------------------------------------------------------------------------------------------ */
 /* The book's attention modules (ch. 3), built on the general code above                      */
 /* ------------------------------------------------------------------------------------------ */

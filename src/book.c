@@ -251,7 +251,7 @@ attn_status attn_book_forward(attn_ctx *ctx, attn_book *m, const float *x, int64
 
     for (int64_t g = 0; g < n_groups(m); g++) {
         group_problem(m, g, x, batch, n_tokens, training != 0, out, wrapper ? head_w : weights, &spec, &io);
-        attn__mha_core_run(ctx, &spec, &io, &plan, core_ws);
+        attn__mha_core_run(ctx, &spec, &io, &plan, core_ws, NULL);
         if (head_w != NULL) // weights (batch, num_heads, n, n) <- head g's (batch, n, n)
             for (int64_t b = 0; b < batch; b++)
                 memcpy(weights + (b * m->num_heads + g) * n_tokens * n_tokens, head_w + b * n_tokens * n_tokens,

@@ -142,6 +142,13 @@ void attn__sdpa_bwd_run(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa
 // Reference loops on ATTN_ISA_REF contexts, the fast GEMM (cpu/gemm.c) otherwise. ws must hold
 // attn__linear_workspace(ctx, in) bytes.
 size_t attn__linear_workspace(const attn_ctx *ctx, int64_t in);
+// C (M x N, row stride ldc) = (accumulate ? C : 0) + A B, with A(m, k) = A[m*a_rs + k*a_cs] and
+// B(k, n) = B[k*b_rs + n*b_cs]: the products of the backward passes (transposes are strides).
+// Reference loops on ATTN_ISA_REF contexts, the gemm kernel on the context's threads otherwise;
+// every element's sum runs over k in ascending order, so threads do not change the result.
+size_t attn__matmul_workspace(const attn_ctx *ctx, int64_t N);
+void attn__matmul(attn_ctx *ctx, int64_t M, int64_t N, int64_t K, const float *A, int64_t a_rs, int64_t a_cs,
+                  const float *B, int64_t b_rs, int64_t b_cs, float *C, int64_t ldc, bool accumulate, void *ws);
 // The same product through CBLAS when this build has it and it is the faster choice for ctx's
 // kernels (see blas.c); returns false (doing nothing) otherwise.
 bool attn__blas_linear(const attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const float *W,

@@ -179,14 +179,15 @@ static attn_status check_mask(attn_ctx *ctx, const char *what, attn_dtype dt) {
 }
 
 // Validates args against the module and fills the core's spec and io.
+// for_backward: `out` stands for dout (only its layout matters) and the weights are not produced.
 static attn_status mha_prepare(attn_ctx *ctx, const attn_mha *m, const attn_mha_args *a, float *out, float *weights,
-                               attn__mha_spec *spec, attn__mha_io *io) {
+                               bool for_backward, attn__mha_spec *spec, attn__mha_io *io) {
     const attn_mha_config *c = &m->cfg;
     const int64_t E = c->embed_dim, H = c->num_heads;
     if (a->query == NULL || out == NULL) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha: query and out must not be NULL");
-    if (a->need_weights && weights == NULL)
+    if (!for_backward && a->need_weights && weights == NULL)
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha: need_weights is set but weights is NULL");
-    if (!a->need_weights && weights != NULL)
+    if (!for_backward && !a->need_weights && weights != NULL)
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha: weights given but need_weights is not set");
     const float *key = a->key != NULL ? a->key : a->query;
     const float *value = a->value != NULL ? a->value : key;
@@ -245,23 +246,102 @@ static attn_status mha_prepare(attn_ctx *ctx, const attn_mha *m, const attn_mha_
     io->causal = a->causal != 0;
     io->training = a->training != 0;
     io->weights = weights;
-    io->weights_mode = !a->need_weights ? ATTN_WEIGHTS_NONE
+    io->weights_mode = !a->need_weights || for_backward ? ATTN_WEIGHTS_NONE
                        : a->average_attn_weights ? ATTN_WEIGHTS_AVERAGE
                                                  : ATTN_WEIGHTS_PER_HEAD;
     return ATTN_OK;
 }
 
+// Validates and plans a call (forward, training forward or backward).
+static attn_status mha_setup(attn_ctx *ctx, attn_mha *m, const attn_mha_args *args, float *out, float *weights,
+                             bool for_backward, attn__mha_spec *spec, attn__mha_io *io, attn__mha_plan *plan) {
+    if (m == NULL || args == NULL) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha: NULL module or args");
+    ATTN_RETURN_IF_ERR(mha_prepare(ctx, m, args, out, weights, for_backward, spec, io));
+    return attn__mha_core_plan(ctx, spec, io, plan);
+}
+
 attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *m, const attn_mha_args *args, float *out, float *weights) {
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
     attn__clear_error(ctx);
-    if (m == NULL || args == NULL) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha_forward: NULL module or args");
     attn__mha_spec spec;
     attn__mha_io io;
-    ATTN_RETURN_IF_ERR(mha_prepare(ctx, m, args, out, weights, &spec, &io));
     attn__mha_plan plan;
-    ATTN_RETURN_IF_ERR(attn__mha_core_plan(ctx, &spec, &io, &plan));
+    ATTN_RETURN_IF_ERR(mha_setup(ctx, m, args, out, weights, false, &spec, &io, &plan));
     void *ws;
     ATTN_RETURN_IF_ERR(attn__workspace(ctx, plan.ws_size, &ws));
-    attn__mha_core_run(ctx, &spec, &io, &plan, ws);
+    attn__mha_core_run(ctx, &spec, &io, &plan, ws, NULL);
+    return ATTN_OK;
+}
+
+attn_status attn_mha_saved_size(attn_ctx *ctx, attn_mha *m, const attn_mha_args *args, size_t *bytes) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    attn__clear_error(ctx);
+    if (bytes == NULL) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha_saved_size: bytes is NULL");
+    attn__mha_spec spec;
+    attn__mha_io io;
+    attn__mha_plan plan;
+    float dummy;
+    ATTN_RETURN_IF_ERR(mha_setup(ctx, m, args, &dummy, NULL, true, &spec, &io, &plan));
+    *bytes = plan.saved_size;
+    return ATTN_OK;
+}
+
+attn_status attn_mha_forward_train(attn_ctx *ctx, attn_mha *m, const attn_mha_args *args, float *out, float *weights,
+                                   void *saved, size_t saved_size) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    attn__clear_error(ctx);
+    attn__mha_spec spec;
+    attn__mha_io io;
+    attn__mha_plan plan;
+    ATTN_RETURN_IF_ERR(mha_setup(ctx, m, args, out, weights, false, &spec, &io, &plan));
+    if (saved == NULL || saved_size < plan.saved_size)
+        return attn__fail(ctx, ATTN_ERR_WORKSPACE, "mha_forward_train: saved needs %zu bytes, got %zu", plan.saved_size,
+                          saved == NULL ? (size_t)0 : saved_size);
+    void *ws;
+    ATTN_RETURN_IF_ERR(attn__workspace(ctx, plan.ws_size, &ws));
+    attn__mha_core_run(ctx, &spec, &io, &plan, ws, saved);
+    return ATTN_OK;
+}
+
+attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *m, const attn_mha_args *args, const void *saved,
+                              size_t saved_size, const float *dout, float *dquery, float *dkey, float *dvalue,
+                              float *const *dparams) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    attn__clear_error(ctx);
+    if (dout == NULL) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha_backward: dout is NULL");
+    attn__mha_spec spec;
+    attn__mha_io io;
+    attn__mha_plan plan;
+    ATTN_RETURN_IF_ERR(mha_setup(ctx, m, args, (float *)(uintptr_t)dout, NULL, true, &spec, &io, &plan));
+    if (saved == NULL || saved_size < plan.saved_size || !attn__mha_saved_matches(&spec, &io, &plan, saved))
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG,
+                          "mha_backward: saved does not hold the activations of a training forward with these args");
+    const bool key_is_query = args->key == NULL || args->key == args->query;
+    const bool value_is_other = args->value == NULL || args->value == io.key || args->value == args->query;
+    if (key_is_query && dkey != NULL)
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha_backward: key is the query tensor: its gradient is in dquery");
+    if (value_is_other && dvalue != NULL)
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG,
+                          "mha_backward: value is the query or key tensor: its gradient is summed there");
+    attn__mha_grads g = {0};
+    g.dquery = dquery, g.dkey = dkey, g.dvalue = dvalue;
+    const int64_t E = m->cfg.embed_dim;
+    for (int i = 0; dparams != NULL && i < m->params.count; i++) {
+        float *dp = dparams[i];
+        const char *name = m->params.items[i].name;
+        if (dp == NULL) continue;
+        if (strcmp(name, "in_proj_weight") == 0) g.dwq = dp, g.dwk = dp + E * E, g.dwv = dp + 2 * E * E;
+        else if (strcmp(name, "q_proj_weight") == 0) g.dwq = dp;
+        else if (strcmp(name, "k_proj_weight") == 0) g.dwk = dp;
+        else if (strcmp(name, "v_proj_weight") == 0) g.dwv = dp;
+        else if (strcmp(name, "in_proj_bias") == 0) g.dbq = dp, g.dbk = dp + E, g.dbv = dp + 2 * E;
+        else if (strcmp(name, "bias_k") == 0) g.dbias_k = dp;
+        else if (strcmp(name, "bias_v") == 0) g.dbias_v = dp;
+        else if (strcmp(name, "out_proj.weight") == 0) g.dwo = dp;
+        else if (strcmp(name, "out_proj.bias") == 0) g.dbo = dp;
+    }
+    void *ws;
+    ATTN_RETURN_IF_ERR(attn__workspace(ctx, plan.bwd_ws_size, &ws));
+    attn__mha_core_backward(ctx, &spec, &io, &plan, saved, dout, &g, ws);
     return ATTN_OK;
 }

@@ -1,30 +1,54 @@
 // mha_core.c - the multi-head attention pipeline shared by every module (see mha_core.h).
 //
-// Buffers (in the workspace):
+// Buffers (in the workspace, or for a training forward partly in the caller's `saved` buffer):
 //   qb (N, L, E), kb (N, S', E), vb (N, S', E)   projections, batch-major
-//   cb (N, L, E)                                 merged heads, only when there is an out_proj
+//   cb (N, L, E)                                 merged heads, when there is an out_proj or when
+//                                                training (the backward needs the attention output)
+//   lse (N, H, L)                                the attention's log-sum-exp (training)
 //   masks widened to S' columns                  only when extra keys exist and a mask is given
 // Heads are column blocks of width hd = E / H, so SDPA reads them in place through strides.
+//
+// The backward follows the forward in reverse: out_proj (dWo = sum dY^T C, dC = dY Wo), the
+// attention backward (dropout regenerated from the saved generator state), bias_k/bias_v (the
+// gradients of the appended key rows), and the input projections (dW = sum dP^T X, dX = dP W); a
+// tensor used as several of query/key/value gets the sum of those paths.
 #include <math.h>
 #include <string.h>
 
 #include "mha_core.h"
 
-// Fills the workspace layout; with base NULL it only measures.
+// Layout of the workspace and of the saved activations; with NULL bases it only measures.
 typedef struct core_bufs {
-    float *qb, *kb, *vb, *cb;
+    attn_generator *gen;      // saved: the generator before the attention (training)
+    float *qb, *kb, *vb, *cb, *lse;
     void *mask, *kpm;
     void *sdpa_ws;
     void *linear_ws;
 } core_bufs;
 
+#define SAVED_MAGIC 0x6174746e6d686131ull // identifies a saved-activations buffer
+
+typedef struct saved_header {
+    uint64_t magic;
+    int64_t N, L, S2, E, H;
+} saved_header;
+
 static void core_layout(const attn__mha_spec *spec, const attn__mha_io *io, const attn__mha_plan *plan,
-                        attn__arena *a, core_bufs *b) {
+                        attn__arena *a, attn__arena *sv, core_bufs *b) {
     const size_t E = (size_t)spec->E, N = (size_t)io->N, L = (size_t)io->L, S2 = (size_t)plan->S2;
-    b->qb = attn__arena_take(a, N * L * E * sizeof(float));
-    b->kb = attn__arena_take(a, N * S2 * E * sizeof(float));
-    b->vb = attn__arena_take(a, N * S2 * E * sizeof(float));
-    b->cb = spec->wo != NULL ? attn__arena_take(a, N * L * E * sizeof(float)) : NULL;
+    const size_t f = sizeof(float);
+    attn__arena *keep = sv != NULL ? sv : a; // what the backward reads lives in `saved` when training
+    if (sv != NULL) {
+        attn__arena_take(sv, sizeof(saved_header));
+        b->gen = attn__arena_take(sv, sizeof(attn_generator));
+    } else {
+        b->gen = NULL;
+    }
+    b->qb = attn__arena_take(keep, N * L * E * f);
+    b->kb = attn__arena_take(keep, N * S2 * E * f);
+    b->vb = attn__arena_take(keep, N * S2 * E * f);
+    b->cb = spec->wo != NULL || sv != NULL ? attn__arena_take(keep, N * L * E * f) : NULL;
+    b->lse = sv != NULL ? attn__arena_take(sv, N * (size_t)spec->H * L * f) : NULL;
     b->mask = NULL;
     if (plan->causal_mask) {
         b->mask = attn__arena_take(a, L * S2);
@@ -35,6 +59,33 @@ static void core_layout(const attn__mha_spec *spec, const attn__mha_io *io, cons
     b->kpm = plan->pad_kpm ? attn__arena_take(a, N * S2 * attn_dtype_size(io->kpm_dtype)) : NULL;
     b->sdpa_ws = attn__arena_take(a, plan->sdpa_ws_size);
     b->linear_ws = attn__arena_take(a, plan->linear_ws_size);
+}
+
+// Backward scratch: gradients of the attention's output and inputs, the widened masks again.
+typedef struct bwd_bufs {
+    float *dcb, *dqb, *dkb, *dvb;
+    void *mask, *kpm;
+    void *sdpa_ws, *mm_ws;
+} bwd_bufs;
+
+static void bwd_layout(const attn__mha_spec *spec, const attn__mha_io *io, const attn__mha_plan *plan, attn__arena *a,
+                       bwd_bufs *b) {
+    const size_t E = (size_t)spec->E, N = (size_t)io->N, L = (size_t)io->L, S2 = (size_t)plan->S2;
+    const size_t f = sizeof(float);
+    b->dcb = attn__arena_take(a, N * L * E * f);
+    b->dqb = attn__arena_take(a, N * L * E * f);
+    b->dkb = attn__arena_take(a, N * S2 * E * f);
+    b->dvb = attn__arena_take(a, N * S2 * E * f);
+    b->mask = NULL;
+    if (plan->causal_mask) {
+        b->mask = attn__arena_take(a, L * S2);
+    } else if (plan->pad_mask) {
+        size_t rows = io->attn_mask_ndim == 3 ? N * (size_t)spec->H : 1;
+        b->mask = attn__arena_take(a, rows * L * S2 * attn_dtype_size(io->attn_mask_dtype));
+    }
+    b->kpm = plan->pad_kpm ? attn__arena_take(a, N * S2 * attn_dtype_size(io->kpm_dtype)) : NULL;
+    b->sdpa_ws = attn__arena_take(a, plan->sdpa_bwd_ws_size);
+    b->mm_ws = attn__arena_take(a, plan->matmul_ws_size);
 }
 
 attn_status attn__mha_core_plan(attn_ctx *ctx, const attn__mha_spec *spec, const attn__mha_io *io,
@@ -117,15 +168,28 @@ attn_status attn__mha_core_plan(attn_ctx *ctx, const attn__mha_spec *spec, const
     d->mask = NULL;
     d->key_padding_mask = NULL;
     plan->sdpa_ws_size = attn__sdpa_workspace(ctx, &plan->sh, d);
+    d->mask = (io->attn_mask != NULL || plan->causal_mask) ? (const void *)plan : NULL;
+    ATTN_RETURN_IF_ERR(attn__sdpa_bwd_check(ctx, d, &plan->sh, false));
+    d->mask = NULL;
     int64_t widest = spec->dq > spec->dk ? spec->dq : spec->dk;
     widest = widest > spec->dv ? widest : spec->dv;
     widest = widest > spec->E ? widest : spec->E;
     plan->linear_ws_size = attn__linear_workspace(ctx, widest);
 
-    attn__arena a = {0};
+    attn__arena a = {0}, sv = {0};
     core_bufs b;
-    core_layout(spec, io, plan, &a, &b);
+    core_layout(spec, io, plan, &a, NULL, &b);
     plan->ws_size = a.used;
+    a = (attn__arena){0};
+    core_layout(spec, io, plan, &a, &sv, &b);
+    plan->saved_size = sv.used;
+    // the backward: the attention's backward and the products of the projections
+    plan->sdpa_bwd_ws_size = attn__sdpa_bwd_workspace(ctx, &plan->sh, d, false);
+    plan->matmul_ws_size = attn__matmul_workspace(ctx, widest);
+    a = (attn__arena){0};
+    bwd_bufs bb;
+    bwd_layout(spec, io, plan, &a, &bb);
+    plan->bwd_ws_size = a.used;
     return ATTN_OK;
 }
 
@@ -138,12 +202,39 @@ static void widen_mask(const void *src, void *dst, size_t elem, int64_t rows, in
     }
 }
 
+// Fills the SDPA descriptor's mask pointers, widening the masks into the buffers when needed.
+static void set_masks(const attn__mha_spec *spec, const attn__mha_io *io, const attn__mha_plan *plan, void *mask_buf,
+                      void *kpm_buf, attn_sdpa_desc *d) {
+    const int64_t N = io->N, L = io->L, S = io->S, S2 = plan->S2;
+    if (plan->causal_mask) {
+        uint8_t *m = mask_buf;
+        for (int64_t i = 0; i < L; i++)
+            for (int64_t j = 0; j < S2; j++) m[i * S2 + j] = (uint8_t)(j > i && j < S);
+        d->mask = m;
+    } else if (plan->pad_mask) {
+        int64_t rows = io->attn_mask_ndim == 3 ? N * spec->H : 1;
+        widen_mask(io->attn_mask, mask_buf, attn_dtype_size(io->attn_mask_dtype), rows, L, S, S2);
+        d->mask = mask_buf;
+    } else {
+        d->mask = io->attn_mask;
+    }
+    if (plan->pad_kpm) {
+        size_t elem = attn_dtype_size(io->kpm_dtype);
+        for (int64_t n = 0; n < N; n++)
+            widen_mask((const char *)io->key_padding_mask + (size_t)(n * io->kpm_bs) * elem,
+                       (char *)kpm_buf + (size_t)(n * S2) * elem, elem, 1, 1, S, S2);
+        d->key_padding_mask = kpm_buf;
+    } else {
+        d->key_padding_mask = io->key_padding_mask;
+    }
+}
+
 void attn__mha_core_run(attn_ctx *ctx, const attn__mha_spec *spec, const attn__mha_io *io,
-                        const attn__mha_plan *plan, void *ws) {
+                        const attn__mha_plan *plan, void *ws, void *saved) {
     const int64_t N = io->N, L = io->L, S = io->S, S2 = plan->S2, E = spec->E;
-    attn__arena a = {.base = ws};
+    attn__arena a = {.base = ws}, sv = {.base = saved};
     core_bufs b;
-    core_layout(spec, io, plan, &a, &b);
+    core_layout(spec, io, plan, &a, saved != NULL ? &sv : NULL, &b);
 
     // 1. projections, one sequence at a time: qb[n] = query[n] Wq^T + bq, etc.
     for (int64_t n = 0; n < N; n++) {
@@ -172,33 +263,125 @@ void attn__mha_core_run(attn_ctx *ctx, const attn__mha_spec *spec, const attn__m
     }
     // 4. masks, widened to the extra keys (which no mask hides)
     attn_sdpa_desc d = plan->sd;
-    if (plan->causal_mask) {
-        uint8_t *m = b.mask;
-        for (int64_t i = 0; i < L; i++)
-            for (int64_t j = 0; j < S2; j++) m[i * S2 + j] = (uint8_t)(j > i && j < S);
-        d.mask = m;
-    } else if (plan->pad_mask) {
-        int64_t rows = io->attn_mask_ndim == 3 ? N * spec->H : 1;
-        widen_mask(io->attn_mask, b.mask, attn_dtype_size(io->attn_mask_dtype), rows, L, S, S2);
-        d.mask = b.mask;
-    } else {
-        d.mask = io->attn_mask;
+    set_masks(spec, io, plan, b.mask, b.kpm, &d);
+    // 5. attention over all heads at once (into cb when it feeds out_proj or the backward)
+    if (b.gen != NULL) {
+        saved_header hdr = {SAVED_MAGIC, N, L, S2, E, spec->H};
+        memcpy(saved, &hdr, sizeof hdr);
+        *b.gen = ctx->gen; // the dropout mask is regenerated from this state in the backward
     }
-    if (plan->pad_kpm) {
-        size_t elem = attn_dtype_size(io->kpm_dtype);
-        for (int64_t n = 0; n < N; n++)
-            widen_mask((const char *)io->key_padding_mask + (size_t)(n * io->kpm_bs) * elem,
-                       (char *)b.kpm + (size_t)(n * S2) * elem, elem, 1, 1, S, S2);
-        d.key_padding_mask = b.kpm;
+    if (b.cb != NULL) {
+        attn_sdpa_desc dc = d;
+        memcpy(dc.o_stride, plan->sd.q_stride, sizeof dc.o_stride); // cb is (N, L, E) like qb
+        attn__sdpa_run(ctx, &dc, &plan->sh, b.qb, b.kb, b.vb, b.cb, b.lse, io->weights, b.sdpa_ws);
     } else {
-        d.key_padding_mask = io->key_padding_mask;
+        attn__sdpa_run(ctx, &d, &plan->sh, b.qb, b.kb, b.vb, io->out, NULL, io->weights, b.sdpa_ws);
     }
-    // 5. attention over all heads at once
-    float *ctx_out = spec->wo != NULL ? b.cb : io->out;
-    attn__sdpa_run(ctx, &d, &plan->sh, b.qb, b.kb, b.vb, ctx_out, NULL, io->weights, b.sdpa_ws);
-    // 6. output projection of the concatenated heads
-    if (spec->wo != NULL)
-        for (int64_t n = 0; n < N; n++)
+    // 6. output projection of the concatenated heads, or the heads themselves
+    for (int64_t n = 0; n < N && b.cb != NULL; n++) {
+        if (spec->wo != NULL) {
             attn__linear(ctx, b.cb + n * L * E, L, E, E, spec->wo, false, spec->bo, E, io->out + n * io->o_bs,
                          io->o_rs, b.linear_ws);
+        } else {
+            for (int64_t r = 0; r < L; r++)
+                memcpy(io->out + n * io->o_bs + r * io->o_rs, b.cb + (n * L + r) * E, (size_t)E * sizeof(float));
+        }
+    }
+}
+
+bool attn__mha_saved_matches(const attn__mha_spec *spec, const attn__mha_io *io, const attn__mha_plan *plan,
+                             const void *saved) {
+    saved_header hdr;
+    memcpy(&hdr, saved, sizeof hdr);
+    return hdr.magic == SAVED_MAGIC && hdr.N == io->N && hdr.L == io->L && hdr.S2 == plan->S2 && hdr.E == spec->E &&
+           hdr.H == spec->H;
+}
+
+// Gradient of one input projection: P = X W^T + b (or X W + b), given dP for every sequence.
+//   dW (+)= sum_n dP_n^T X_n, db (+)= column sums of dP, dX_n (+)= dP_n W
+static void projection_backward(attn_ctx *ctx, const attn__mha_spec *spec, const attn__mha_io *io, const float *dp,
+                                int64_t dp_bs, int64_t rows, const float *x, int64_t x_bs, int64_t x_rs, int64_t din,
+                                const float *W, float *dW, float *db, float *dx, bool dx_accumulate, void *mm_ws) {
+    const int64_t E = spec->E, N = io->N;
+    for (int64_t n = 0; n < N; n++) {
+        const float *dpn = dp + n * dp_bs, *xn = x + n * x_bs;
+        if (dW != NULL) {
+            if (spec->w_in_out) // W (din, E): dW = X^T dP
+                attn__matmul(ctx, din, E, rows, xn, 1, x_rs, dpn, E, 1, dW, E, n > 0, mm_ws);
+            else // W (E, din): dW = dP^T X
+                attn__matmul(ctx, E, din, rows, dpn, 1, E, xn, x_rs, 1, dW, din, n > 0, mm_ws);
+        }
+        if (dx != NULL) { // dX = dP W (W read as (E, din)) or dP W^T for (din, E)
+            if (spec->w_in_out)
+                attn__matmul(ctx, rows, din, E, dpn, E, 1, W, 1, E, dx + n * x_bs, x_rs, dx_accumulate, mm_ws);
+            else
+                attn__matmul(ctx, rows, din, E, dpn, E, 1, W, din, 1, dx + n * x_bs, x_rs, dx_accumulate, mm_ws);
+        }
+    }
+    if (db != NULL)
+        for (int64_t e = 0; e < E; e++) {
+            double acc = 0.0;
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t r = 0; r < rows; r++) acc += dp[n * dp_bs + r * E + e];
+            db[e] = (float)acc;
+        }
+}
+
+void attn__mha_core_backward(attn_ctx *ctx, const attn__mha_spec *spec, const attn__mha_io *io,
+                             const attn__mha_plan *plan, const void *saved, const float *dout,
+                             const attn__mha_grads *g, void *ws) {
+    const int64_t N = io->N, L = io->L, S = io->S, S2 = plan->S2, E = spec->E;
+    attn__arena a = {0}, sv = {.base = (char *)(uintptr_t)saved};
+    core_bufs b;
+    core_layout(spec, io, plan, &a, &sv, &b); // the saved activations (a only measures)
+    attn__arena wa = {.base = ws};
+    bwd_bufs w;
+    bwd_layout(spec, io, plan, &wa, &w);
+
+    // 1. out_proj: dC = dY Wo, dWo = sum dY^T C, dbo = sum dY; without it dC = dY
+    for (int64_t n = 0; n < N; n++) {
+        const float *dy = dout + n * io->o_bs;
+        if (spec->wo != NULL) {
+            attn__matmul(ctx, L, E, E, dy, io->o_rs, 1, spec->wo, E, 1, w.dcb + n * L * E, E, false, w.mm_ws);
+            if (g->dwo != NULL) attn__matmul(ctx, E, E, L, dy, 1, io->o_rs, b.cb + n * L * E, E, 1, g->dwo, E, n > 0, w.mm_ws);
+        } else {
+            for (int64_t r = 0; r < L; r++) memcpy(w.dcb + (n * L + r) * E, dy + r * io->o_rs, (size_t)E * sizeof(float));
+        }
+    }
+    if (spec->wo != NULL && g->dbo != NULL)
+        for (int64_t e = 0; e < E; e++) {
+            double acc = 0.0;
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t r = 0; r < L; r++) acc += dout[n * io->o_bs + r * io->o_rs + e];
+            g->dbo[e] = (float)acc;
+        }
+    // 2. the attention (q was pre-divided by sqrt(hd) when prescale_q: its gradient is divided too)
+    attn_sdpa_desc d = plan->sd;
+    set_masks(spec, io, plan, w.mask, w.kpm, &d);
+    memcpy(d.o_stride, plan->sd.q_stride, sizeof d.o_stride);
+    d.weights_mode = ATTN_WEIGHTS_NONE;
+    attn__sdpa_bwd_run(ctx, &d, &plan->sh, b.gen, b.qb, b.kb, b.vb, b.cb, w.dcb, b.lse, w.dqb, w.dkb, w.dvb, NULL,
+                       w.sdpa_ws);
+    if (spec->prescale_q) {
+        const float div = (float)sqrt((double)plan->hd);
+        for (int64_t i = 0; i < N * L * E; i++) w.dqb[i] /= div;
+    }
+    // 3. bias_k / bias_v: the appended key and value rows (the zero key has no parameter)
+    if (spec->bias_k != NULL)
+        for (int64_t e = 0; e < E; e++) {
+            double ak = 0.0, av = 0.0;
+            for (int64_t n = 0; n < N; n++) ak += w.dkb[(n * S2 + S) * E + e], av += w.dvb[(n * S2 + S) * E + e];
+            if (g->dbias_k != NULL) g->dbias_k[e] = (float)ak;
+            if (g->dbias_v != NULL) g->dbias_v[e] = (float)av;
+        }
+    // 4. the input projections; a tensor used twice or three times accumulates its gradients
+    float *dq_dst = g->dquery;
+    float *dk_dst = io->key == io->query ? g->dquery : g->dkey;
+    float *dv_dst = io->value == io->key ? dk_dst : io->value == io->query ? g->dquery : g->dvalue;
+    projection_backward(ctx, spec, io, w.dqb, L * E, L, io->query, io->q_bs, io->q_rs, spec->dq, spec->wq, g->dwq,
+                        g->dbq, dq_dst, false, w.mm_ws);
+    projection_backward(ctx, spec, io, w.dkb, S2 * E, S, io->key, io->k_bs, io->k_rs, spec->dk, spec->wk, g->dwk,
+                        g->dbk, dk_dst, dk_dst == dq_dst, w.mm_ws);
+    projection_backward(ctx, spec, io, w.dvb, S2 * E, S, io->value, io->v_bs, io->v_rs, spec->dv, spec->wv, g->dwv,
+                        g->dbv, dv_dst, dv_dst == dq_dst || dv_dst == dk_dst, w.mm_ws);
 }

@@ -53,13 +53,35 @@ typedef struct attn__mha_plan {
     bool pad_mask, pad_kpm, causal_mask; // masks copied into the workspace, widened to S'
     size_t sdpa_ws_size;    // scratch of the SDPA kernel
     size_t linear_ws_size;  // scratch of the projections
-    size_t ws_size;         // all scratch of the pipeline
+    size_t ws_size;         // all scratch of the pipeline (forward)
+    size_t saved_size;      // the training forward's saved activations
+    size_t sdpa_bwd_ws_size, matmul_ws_size;
+    size_t bwd_ws_size;     // all scratch of the backward
 } attn__mha_plan;
 
-// Checks sizes (overflow) and the SDPA problem; fills plan including its workspace size.
+// Checks sizes (overflow) and the SDPA problem; fills plan including its workspace sizes.
 attn_status attn__mha_core_plan(attn_ctx *ctx, const attn__mha_spec *spec, const attn__mha_io *io,
                                 attn__mha_plan *plan);
-// Runs a planned problem with ws (>= plan->ws_size bytes).
+// Runs a planned problem with ws (>= plan->ws_size bytes). With `saved` (plan->saved_size bytes)
+// the forward also keeps what attn__mha_core_backward needs: the generator state before the
+// attention, the projections, the attention's output and its log-sum-exp.
 void attn__mha_core_run(attn_ctx *ctx, const attn__mha_spec *spec, const attn__mha_io *io,
-                        const attn__mha_plan *plan, void *ws);
+                        const attn__mha_plan *plan, void *ws, void *saved);
+
+// Gradients of a pipeline, each NULL to skip: weights and biases with the spec's layouts, inputs
+// with io's layouts. A tensor given as several of query/key/value receives the sum of its uses.
+typedef struct attn__mha_grads {
+    float *dwq, *dwk, *dwv, *dbq, *dbk, *dbv, *dbias_k, *dbias_v, *dwo, *dbo;
+    float *dquery, *dkey, *dvalue;
+} attn__mha_grads;
+
+// True when `saved` holds the activations of a training forward of this very problem.
+bool attn__mha_saved_matches(const attn__mha_spec *spec, const attn__mha_io *io, const attn__mha_plan *plan,
+                             const void *saved);
+
+// Backward of a planned problem, given the forward's `saved` and dout (io->out's layout); ws holds
+// plan->bwd_ws_size bytes.
+void attn__mha_core_backward(attn_ctx *ctx, const attn__mha_spec *spec, const attn__mha_io *io,
+                             const attn__mha_plan *plan, const void *saved, const float *dout,
+                             const attn__mha_grads *g, void *ws);
 #endif

@@ -14,7 +14,7 @@
 static const char summary[] =
     "usage: attn bench [--op sdpa|mha] [--batch B] [--heads H] [--kv-heads Hkv] [--len-q L] [--len-kv S]\n"
     "                  [--head-dim D] [--embed-dim E] [--causal] [--threads T] [--isa auto|ref|generic|avx2|avx512]\n"
-    "                  [--repeat R] [--no-check] [--json]\n"
+    "                  [--backward] [--repeat R] [--no-check] [--json]\n"
     "\n"
     "Times scaled dot-product attention (--op sdpa: q, k, v of shape (B, H, L, D), (B, Hkv, S, D)) or the\n"
     "nn.MultiheadAttention forward (--op mha: self-attention on (L, B, E) with E = --embed-dim, heads H,\n"
@@ -22,6 +22,8 @@ static const char summary[] =
     "with the scalar reference on 8 query rows of up to 2 heads (--no-check skips it). Prints the median\n"
     "of R runs after one warm-up, the GFLOP/s (SDPA: 4*B*H*L*S*D, halved with --causal; MHA adds the four\n"
     "projections, 8*B*L*E^2) and the peak resident set; --json ends the output with one JSON object.\n"
+    "With --backward (sdpa) each run is a forward and a backward, counted as 3.5 times the forward's\n"
+    "flops (the backward as 2.5 times).\n"
     "Defaults: sdpa, B=1, H=12, L=S=1024, D=64, E=768, 1 thread, R=5.";
 
 static double now(void) {
@@ -53,7 +55,7 @@ static float *alloc_randn(attn_ctx *ctx, size_t n) {
 typedef struct bench_opts {
     const char *op, *isa;
     int64_t B, H, Hkv, L, S, D, E, threads, repeat;
-    bool causal, no_check, json;
+    bool causal, no_check, json, backward;
 } bench_opts;
 
 // Checks sampled rows of `out` (B, H, L, D contiguous) against the reference: up to 2 heads of batch
@@ -124,6 +126,7 @@ int cmd_bench(int argc, char **argv) {
         {"--head-dim", ARG_INT, &o.D, "D", "head dimension for sdpa (default 64)", false, false},
         {"--embed-dim", ARG_INT, &o.E, "E", "embedding dimension for mha (default 768)", false, false},
         {"--causal", ARG_FLAG, &o.causal, NULL, "causal mask", false, false},
+        {"--backward", ARG_FLAG, &o.backward, NULL, "time forward + backward (sdpa)", false, false},
         {"--threads", ARG_INT, &o.threads, "T", "threads (default 1)", false, false},
         {"--isa", ARG_STRING, &o.isa, "ISA", "kernels: auto, ref, generic, avx2 or avx512 (default auto)", false, false},
         {"--repeat", ARG_INT, &o.repeat, "R", "timed runs (default 5)", false, false},
@@ -148,6 +151,7 @@ int cmd_bench(int argc, char **argv) {
         return cli_error("bench", EXIT_USAGE, "sizes, --threads and --repeat must be >= 1");
     if (o.H % o.Hkv != 0) return cli_error("bench", EXIT_USAGE, "--heads must be a multiple of --kv-heads");
     if (mha && o.E % o.H != 0) return cli_error("bench", EXIT_USAGE, "--embed-dim must be a multiple of --heads");
+    if (mha && o.backward) return cli_error("bench", EXIT_USAGE, "--backward times sdpa only");
     if (mha) o.S = o.L, o.Hkv = o.H, o.D = o.E / o.H;
 
     attn_ctx_params p;
@@ -157,7 +161,7 @@ int cmd_bench(int argc, char **argv) {
     attn_ctx *ctx;
     attn_status st = attn_ctx_create(&p, &ctx);
     if (st != ATTN_OK) return cli_error("bench", EXIT_FAILURE_RUN, "cannot create a context: %s", attn_strerror(st));
-    float *q = NULL, *k = NULL, *v = NULL, *out = NULL;
+    float *q = NULL, *k = NULL, *v = NULL, *out = NULL, *lse = NULL, *dout = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
     attn_mha *m = NULL;
     attn_sdpa_desc d;
     attn_mha_args a;
@@ -166,7 +170,12 @@ int cmd_bench(int argc, char **argv) {
     const size_t nq = (size_t)(o.B * o.H * o.L * o.D), nk = (size_t)(o.B * o.Hkv * o.S * o.D);
     if (!mha) {
         q = alloc_randn(ctx, nq), k = alloc_randn(ctx, nk), v = alloc_randn(ctx, nk), out = malloc(nq * sizeof(float));
-        if (q == NULL || k == NULL || v == NULL || out == NULL) {
+        lse = malloc((size_t)(o.B * o.H * o.L) * sizeof(float));
+        if (o.backward)
+            dout = alloc_randn(ctx, nq), dq = malloc(nq * sizeof(float)), dk = malloc(nk * sizeof(float)),
+            dv = malloc(nk * sizeof(float));
+        if (q == NULL || k == NULL || v == NULL || out == NULL || lse == NULL ||
+            (o.backward && (dout == NULL || dq == NULL || dk == NULL || dv == NULL))) {
             cli_error("bench", EXIT_FAILURE_RUN, "out of memory for the inputs");
             goto done;
         }
@@ -178,6 +187,7 @@ int cmd_bench(int argc, char **argv) {
         memcpy(d.v_stride, d.k_stride, sizeof d.k_stride);
         memcpy(d.o_stride, d.q_stride, sizeof d.q_stride);
         flops = 4.0 * (double)o.B * (double)o.H * (double)o.L * (double)o.S * (double)o.D * (o.causal ? 0.5 : 1.0);
+        if (o.backward) flops *= 3.5;
     } else {
         attn_mha_config cfg;
         attn_mha_config_init(&cfg, o.E, o.H);
@@ -193,7 +203,8 @@ int cmd_bench(int argc, char **argv) {
                 4.0 * (double)o.B * (double)o.L * (double)o.L * (double)o.E * (o.causal ? 0.5 : 1.0);
     }
     // warm-up (also the run that is checked)
-    st = mha ? attn_mha_forward(ctx, m, &a, out, NULL) : attn_sdpa_fwd(ctx, &d, q, k, v, out, NULL, NULL);
+    st = mha ? attn_mha_forward(ctx, m, &a, out, NULL) : attn_sdpa_fwd(ctx, &d, q, k, v, out, lse, NULL);
+    if (st == ATTN_OK && o.backward) st = attn_sdpa_bwd(ctx, &d, q, k, v, out, dout, lse, NULL, dq, dk, dv, NULL);
     if (st != ATTN_OK) {
         cli_fail("bench", ctx, st, "forward");
         goto done;
@@ -204,7 +215,8 @@ int cmd_bench(int argc, char **argv) {
     double started = now();
     for (int64_t r = 0; r < o.repeat; r++) {
         double t0 = now();
-        st = mha ? attn_mha_forward(ctx, m, &a, out, NULL) : attn_sdpa_fwd(ctx, &d, q, k, v, out, NULL, NULL);
+        st = mha ? attn_mha_forward(ctx, m, &a, out, NULL) : attn_sdpa_fwd(ctx, &d, q, k, v, out, lse, NULL);
+        if (st == ATTN_OK && o.backward) st = attn_sdpa_bwd(ctx, &d, q, k, v, out, dout, lse, NULL, dq, dk, dv, NULL);
         times[r] = now() - t0;
         if (st != ATTN_OK) break;
         if (now() - started > 10.0 && !o.json)
@@ -229,20 +241,21 @@ int cmd_bench(int argc, char **argv) {
     else
         snprintf(shape, sizeof shape, "sdpa B=%lld H=%lld Hkv=%lld L=%lld S=%lld D=%lld", (long long)o.B,
                  (long long)o.H, (long long)o.Hkv, (long long)o.L, (long long)o.S, (long long)o.D);
-    printf("%s%s threads=%lld isa=%s: median %.3f ms, %.1f GFLOP/s, peak RSS %.1f MiB (inputs+outputs %.1f MiB)%s\n",
-           shape, o.causal ? " causal" : "", (long long)o.threads, attn_isa_name(attn_ctx_isa(ctx)), median * 1e3, gflops,
+    printf("%s%s%s threads=%lld isa=%s: median %.3f ms, %.1f GFLOP/s, peak RSS %.1f MiB (inputs+outputs %.1f MiB)%s\n",
+           shape, o.causal ? " causal" : "", o.backward ? " forward+backward" : "", (long long)o.threads, attn_isa_name(attn_ctx_isa(ctx)), median * 1e3, gflops,
            rss, io_mb, check_err >= 0 ? "; agrees with the reference" : "");
     if (o.json)
         printf("{\"op\": \"%s\", \"batch\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"len_q\": %lld, \"len_kv\": %lld, "
-               "\"head_dim\": %lld, \"embed_dim\": %lld, \"causal\": %s, \"threads\": %lld, \"isa\": \"%s\", "
+               "\"head_dim\": %lld, \"embed_dim\": %lld, \"causal\": %s, \"backward\": %s, \"threads\": %lld, \"isa\": \"%s\", "
                "\"repeat\": %lld, \"median_ms\": %.4f, \"gflops\": %.2f, \"peak_rss_mb\": %.1f, \"io_mb\": %.1f, "
                "\"check_rel_err\": %.3g}\n",
                mha ? "mha" : "sdpa", (long long)o.B, (long long)o.H, (long long)o.Hkv, (long long)o.L, (long long)o.S,
-               (long long)o.D, (long long)o.E, o.causal ? "true" : "false", (long long)o.threads,
+               (long long)o.D, (long long)o.E, o.causal ? "true" : "false", o.backward ? "true" : "false",
+               (long long)o.threads,
                attn_isa_name(attn_ctx_isa(ctx)), (long long)o.repeat, median * 1e3, gflops, rss, io_mb, check_err);
     rc = EXIT_OK;
 done:
-    free(q), free(k), free(v), free(out);
+    free(q), free(k), free(v), free(out), free(lse), free(dout), free(dq), free(dk), free(dv);
     attn_mha_free(m);
     attn_ctx_free(ctx);
     return rc;

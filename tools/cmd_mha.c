@@ -10,7 +10,7 @@ static const char summary[] =
     "usage: attn mha --state S.safetensors --heads H --query Q.npy [--key K.npy] [--value V.npy]\n"
     "                [--batch-first] [--causal | --attn-mask M.npy] [--key-padding-mask P.npy]\n"
     "                [--add-zero-attn] [--per-head-weights] [--dropout P --seed S]\n"
-    "                --out O.npy [--weights-out W.npy]\n"
+    "                --out O.npy [--weights-out W.npy] [--grad-out DY.npy --grads-out G.safetensors]\n"
     "\n"
     "Runs torch.nn.MultiheadAttention's forward. The module's options follow from the tensors in the\n"
     "state file (in_proj_bias -> bias, bias_k/bias_v -> add_bias_kv, q/k/v_proj_weight -> kdim/vdim);\n"
@@ -19,7 +19,11 @@ static const char summary[] =
     "projection); without --value, value = key. Masks are bool (True = blocked / ignored) or float32\n"
     "(added): attn_mask (L, S) or (N*H, L, S), key_padding_mask (N, S) or (S). --causal means\n"
     "attn_mask = triu(ones(L, S), 1). With --dropout P --seed S the module runs in training mode and\n"
-    "matches torch.manual_seed(S); m.train(); m(...). Outputs are written atomically.";
+    "matches torch.manual_seed(S); m.train(); m(...). Outputs are written atomically.\n"
+    "With --grad-out DY.npy (dL/d attn_output, the output's shape) the backward runs too and\n"
+    "--grads-out receives every gradient: the parameters under their state_dict names, \"query\", and\n"
+    "\"key\" / \"value\" when they were given as separate files (otherwise their gradients are summed\n"
+    "into the tensor they are).";
 
 typedef struct mha_files {
     attn_tensor query, key, value, mask, kpm;
@@ -50,7 +54,7 @@ static int mask_dtype_ok(const char *what, const attn_tensor *t) {
 
 int cmd_mha(int argc, char **argv) {
     const char *state_path = NULL, *query_path = NULL, *key_path = NULL, *value_path = NULL, *mask_path = NULL;
-    const char *kpm_path = NULL, *out_path = NULL, *weights_path = NULL;
+    const char *kpm_path = NULL, *out_path = NULL, *weights_path = NULL, *grad_path = NULL, *grads_path = NULL;
     int64_t heads = 0, seed = 0;
     double dropout = 0.0;
     bool batch_first = false, causal = false, zero_attn = false, per_head = false;
@@ -71,6 +75,8 @@ int cmd_mha(int argc, char **argv) {
         {"--seed", ARG_INT, &seed, "S", "torch.manual_seed before the forward (needed with --dropout)", false, false},
         {"--out", ARG_STRING, &out_path, "O.npy", "attn_output", true, false},
         {"--weights-out", ARG_STRING, &weights_path, "W.npy", "attention weights (need_weights=True)", false, false},
+        {"--grad-out", ARG_STRING, &grad_path, "DY.npy", "dL/d attn_output: run the backward too", false, false},
+        {"--grads-out", ARG_STRING, &grads_path, "G.safetensors", "every gradient (with --grad-out)", false, false},
     };
     int rc = args_parse("mha", summary, argc, argv, specs, (int)(sizeof specs / sizeof specs[0]));
     if (rc != 0) return rc < 0 ? EXIT_OK : rc;
@@ -80,12 +86,19 @@ int cmd_mha(int argc, char **argv) {
     const int n_specs = (int)(sizeof specs / sizeof specs[0]);
     if (dropout > 0.0 && !args_seen(specs, n_specs, "--seed")) return cli_error("mha", EXIT_USAGE, "--dropout needs --seed");
     if (per_head && weights_path == NULL) return cli_error("mha", EXIT_USAGE, "--per-head-weights needs --weights-out");
+    if ((grad_path == NULL) != (grads_path == NULL))
+        return cli_error("mha", EXIT_USAGE, "--grad-out and --grads-out go together");
 
     attn_ctx *ctx = NULL;
     attn_mha *m = NULL;
     mha_files f;
     memset(&f, 0, sizeof f);
     float *out = NULL, *weights = NULL;
+    attn_tensor dy = {0};
+    void *saved = NULL;
+    attn_tensor grads[12];
+    int n_grads = 0;
+    memset(grads, 0, sizeof grads);
     attn_status st = attn_ctx_create(NULL, &ctx);
     if (st != ATTN_OK) return cli_fail("mha", NULL, st, "creating a context");
 
@@ -195,10 +208,68 @@ int cmd_mha(int argc, char **argv) {
         cli_error("mha", EXIT_FAILURE_RUN, "out of memory");
         goto done;
     }
-    st = attn_mha_forward(ctx, m, &a, out, weights);
+    size_t saved_size = 0;
+    if (grad_path != NULL) { // the training forward keeps what the backward needs
+        st = attn_mha_saved_size(ctx, m, &a, &saved_size);
+        saved = st == ATTN_OK ? malloc(saved_size) : NULL;
+        if (st != ATTN_OK || saved == NULL) {
+            cli_fail("mha", ctx, st != ATTN_OK ? st : ATTN_ERR_OUT_OF_MEMORY, "saving activations");
+            goto done;
+        }
+        st = attn_mha_forward_train(ctx, m, &a, out, weights, saved, saved_size);
+    } else {
+        st = attn_mha_forward(ctx, m, &a, out, weights);
+    }
     if (st != ATTN_OK) {
         cli_fail("mha", ctx, st, "forward");
         goto done;
+    }
+    if (grad_path != NULL) {
+        if (read_npy("--grad-out", ctx, grad_path, &dy) != 0 || expect_dims("--grad-out", &dy, f.query.ndim, f.query.shape))
+            goto done;
+        if (dy.dtype != ATTN_DTYPE_F32) {
+            cli_error("mha", EXIT_FAILURE_RUN, "--grad-out must be float32, not %s", attn_dtype_name(dy.dtype));
+            goto done;
+        }
+        // one gradient per parameter, then query (and key/value when given as their own files)
+        const int np = attn_mha_param_count(m);
+        float *dparams[8] = {0};
+        for (int i = 0; i < np; i++) {
+            float *data;
+            const char *name;
+            int64_t shape[3];
+            attn_mha_param_at(m, i, &name, &grads[n_grads].ndim, shape, &data);
+            grads[n_grads].name = (char *)(uintptr_t)name;
+            grads[n_grads].dtype = ATTN_DTYPE_F32;
+            memcpy(grads[n_grads].shape, shape, sizeof shape);
+            dparams[i] = grads[n_grads].data = malloc((size_t)attn_tensor_numel(&grads[n_grads]) * sizeof(float));
+            n_grads++;
+        }
+        const attn_tensor *inputs[3] = {&f.query, key_path != NULL ? &f.key : NULL, value_path != NULL ? &f.value : NULL};
+        const char *input_names[3] = {"query", "key", "value"};
+        float *dx[3] = {NULL, NULL, NULL};
+        for (int i = 0; i < 3; i++) {
+            if (inputs[i] == NULL) continue;
+            grads[n_grads] = *inputs[i];
+            grads[n_grads].name = (char *)(uintptr_t)input_names[i];
+            dx[i] = grads[n_grads].data = malloc((size_t)attn_tensor_numel(inputs[i]) * sizeof(float));
+            n_grads++;
+        }
+        for (int i = 0; i < n_grads; i++)
+            if (grads[i].data == NULL) {
+                cli_error("mha", EXIT_FAILURE_RUN, "out of memory");
+                goto done;
+            }
+        st = attn_mha_backward(ctx, m, &a, saved, saved_size, dy.data, dx[0], dx[1], dx[2], dparams);
+        if (st != ATTN_OK) {
+            cli_fail("mha", ctx, st, "backward");
+            goto done;
+        }
+        st = attn_safetensors_write(ctx, grads_path, grads, n_grads);
+        if (st != ATTN_OK) {
+            cli_fail("mha", ctx, st, "--grads-out");
+            goto done;
+        }
     }
     st = attn_npy_write(ctx, out_path, ATTN_DTYPE_F32, f.query.ndim, f.query.shape, out);
     if (st != ATTN_OK) {
@@ -223,6 +294,9 @@ int cmd_mha(int argc, char **argv) {
 done:
     free(out);
     free(weights);
+    free(saved);
+    for (int i = 0; i < n_grads; i++) free(grads[i].data);
+    attn_tensor_release(ctx, &dy);
     attn_mha_free(m);
     attn_tensor_release(ctx, &f.query);
     attn_tensor_release(ctx, &f.key);

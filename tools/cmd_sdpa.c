@@ -9,6 +9,7 @@ static const char summary[] =
     "usage: attn sdpa --q Q.npy --k K.npy --v V.npy --out O.npy [--scale X]\n"
     "                 [--causal | --causal-bottom-right] [--mask M.npy] [--key-padding-mask P.npy]\n"
     "                 [--dropout P --seed S] [--lse-out LSE.npy] [--weights-out W.npy [--average-weights]]\n"
+    "                 [--grad-out DO.npy --grads-out G.safetensors]\n"
     "\n"
     "softmax(scale * q k^T + masks) v over float32 tensors q (B, H, L, D), k (B, Hkv, S, D) and\n"
     "v (B, Hkv, S, Dv); H must be a multiple of Hkv (grouped-query attention: query head h uses kv\n"
@@ -17,7 +18,9 @@ static const char summary[] =
     "blocked, the nn.MultiheadAttention convention) or float32 (added), of any shape that broadcasts to\n"
     "(B, H, L, S); the key padding mask is (B, S), bool (True = ignore) or float32. A fully masked row\n"
     "gives zeros. Dropout draws like torch.manual_seed(S) then F.dropout on the (B, H, L, S) weights.\n"
-    "Outputs: out (B, H, L, Dv), log-sum-exp (B, H, L), weights (B, H, L, S) or averaged (B, L, S).";
+    "Outputs: out (B, H, L, Dv), log-sum-exp (B, H, L), weights (B, H, L, S) or averaged (B, L, S).\n"
+    "With --grad-out DO.npy (dL/d out) the backward runs too and --grads-out receives \"q\", \"k\", \"v\" and,\n"
+    "for a float32 mask, \"mask\" (its gradient, summed over the dimensions it broadcasts).";
 
 // Strides (B, H, L, S order) that broadcast a tensor of shape t to (B, H, L, S), right-aligned.
 static int broadcast_strides(const char *what, const attn_tensor *t, const int64_t target[4], int64_t stride[4]) {
@@ -49,7 +52,7 @@ static int read_f32_4d(attn_ctx *ctx, const char *what, const char *path, attn_t
 
 int cmd_sdpa(int argc, char **argv) {
     const char *q_path = NULL, *k_path = NULL, *v_path = NULL, *mask_path = NULL, *kpm_path = NULL, *out_path = NULL;
-    const char *lse_path = NULL, *w_path = NULL;
+    const char *lse_path = NULL, *w_path = NULL, *grad_path = NULL, *grads_path = NULL;
     double scale = 0.0, dropout = 0.0;
     int64_t seed = 0;
     bool causal = false, causal_br = false, average = false;
@@ -68,6 +71,8 @@ int cmd_sdpa(int argc, char **argv) {
         {"--lse-out", ARG_STRING, &lse_path, "LSE.npy", "log-sum-exp per row (B, H, L)", false, false},
         {"--weights-out", ARG_STRING, &w_path, "W.npy", "attention weights after dropout", false, false},
         {"--average-weights", ARG_FLAG, &average, NULL, "average the weights over heads: (B, L, S)", false, false},
+        {"--grad-out", ARG_STRING, &grad_path, "DO.npy", "dL/d out: run the backward too", false, false},
+        {"--grads-out", ARG_STRING, &grads_path, "G.safetensors", "q, k, v (and mask) gradients", false, false},
     };
     const int n_specs = (int)(sizeof specs / sizeof specs[0]);
     int rc = args_parse("sdpa", summary, argc, argv, specs, n_specs);
@@ -76,10 +81,15 @@ int cmd_sdpa(int argc, char **argv) {
     if (!(dropout >= 0.0 && dropout < 1.0)) return cli_error("sdpa", EXIT_USAGE, "--dropout must be in [0, 1)");
     if (dropout > 0.0 && !args_seen(specs, n_specs, "--seed")) return cli_error("sdpa", EXIT_USAGE, "--dropout needs --seed");
     if (average && w_path == NULL) return cli_error("sdpa", EXIT_USAGE, "--average-weights needs --weights-out");
+    if ((grad_path == NULL) != (grads_path == NULL))
+        return cli_error("sdpa", EXIT_USAGE, "--grad-out and --grads-out go together");
 
     attn_ctx *ctx = NULL;
-    attn_tensor q = {0}, k = {0}, v = {0}, mask = {0}, kpm = {0};
+    attn_tensor q = {0}, k = {0}, v = {0}, mask = {0}, kpm = {0}, dout = {0};
     float *out = NULL, *lse = NULL, *weights = NULL;
+    attn_tensor grads[4];
+    int n_grads = 0;
+    memset(grads, 0, sizeof grads);
     attn_status st = attn_ctx_create(NULL, &ctx);
     if (st != ATTN_OK) return cli_fail("sdpa", NULL, st, "creating a context");
     rc = EXIT_FAILURE_RUN;
@@ -128,6 +138,7 @@ int cmd_sdpa(int argc, char **argv) {
     }
     d.dropout_p = dropout;
     if (dropout > 0.0) attn_generator_seed(attn_ctx_generator(ctx), (uint64_t)seed);
+    const attn_generator start = *attn_ctx_generator(ctx); // the backward regenerates the dropout from it
     d.weights_mode = w_path == NULL ? ATTN_WEIGHTS_NONE : average ? ATTN_WEIGHTS_AVERAGE : ATTN_WEIGHTS_PER_HEAD;
     size_t n_out, n_lse, n_w;
     if (__builtin_mul_overflow((size_t)(B * H * L), (size_t)Dv, &n_out) ||
@@ -138,9 +149,9 @@ int cmd_sdpa(int argc, char **argv) {
     }
     n_lse = (size_t)(B * H * L);
     out = malloc(n_out * sizeof(float));
-    lse = lse_path != NULL ? malloc(n_lse * sizeof(float)) : NULL;
+    lse = lse_path != NULL || grad_path != NULL ? malloc(n_lse * sizeof(float)) : NULL;
     weights = w_path != NULL ? malloc(n_w * sizeof(float)) : NULL;
-    if (out == NULL || (lse_path != NULL && lse == NULL) || (w_path != NULL && weights == NULL)) {
+    if (out == NULL || ((lse_path != NULL || grad_path != NULL) && lse == NULL) || (w_path != NULL && weights == NULL)) {
         cli_error("sdpa", EXIT_FAILURE_RUN, "out of memory");
         goto done;
     }
@@ -148,6 +159,47 @@ int cmd_sdpa(int argc, char **argv) {
     if (st != ATTN_OK) {
         cli_fail("sdpa", ctx, st, "forward");
         goto done;
+    }
+    if (grad_path != NULL) {
+        st = attn_npy_read(ctx, grad_path, &dout);
+        if (st != ATTN_OK) {
+            cli_fail("sdpa", ctx, st, "--grad-out");
+            goto done;
+        }
+        const int64_t want[4] = {B, H, L, Dv};
+        if (dout.dtype != ATTN_DTYPE_F32 || dout.ndim != 4 || memcmp(dout.shape, want, sizeof want) != 0) {
+            char got[96], exp[96];
+            cli_error("sdpa", EXIT_FAILURE_RUN, "--grad-out must be float32 %s, got %s %s",
+                      cli_shape_str(4, want, exp, sizeof exp), attn_dtype_name(dout.dtype),
+                      cli_shape_str(dout.ndim, dout.shape, got, sizeof got));
+            goto done;
+        }
+        const attn_tensor *src[3] = {&q, &k, &v};
+        const char *names[4] = {"q", "k", "v", "mask"};
+        for (int i = 0; i < 3; i++) {
+            grads[i] = *src[i];
+            grads[i].name = (char *)(uintptr_t)names[i];
+            grads[i].data = malloc((size_t)attn_tensor_numel(src[i]) * sizeof(float));
+        }
+        n_grads = 3;
+        if (d.mask != NULL && d.mask_dtype == ATTN_DTYPE_F32) {
+            grads[3] = mask;
+            grads[3].name = (char *)(uintptr_t)names[3];
+            grads[3].data = malloc((size_t)attn_tensor_numel(&mask) * sizeof(float));
+            n_grads = 4;
+        }
+        for (int i = 0; i < n_grads; i++)
+            if (grads[i].data == NULL) {
+                cli_error("sdpa", EXIT_FAILURE_RUN, "out of memory");
+                goto done;
+            }
+        st = attn_sdpa_bwd(ctx, &d, q.data, k.data, v.data, out, dout.data, lse, dropout > 0.0 ? &start : NULL,
+                           grads[0].data, grads[1].data, grads[2].data, n_grads == 4 ? grads[3].data : NULL);
+        if (st == ATTN_OK) st = attn_safetensors_write(ctx, grads_path, grads, n_grads);
+        if (st != ATTN_OK) {
+            cli_fail("sdpa", ctx, st, "backward");
+            goto done;
+        }
     }
     const int64_t o_shape[4] = {B, H, L, Dv}, w_shape[4] = {B, H, L, S}, wa_shape[3] = {B, L, S};
     st = attn_npy_write(ctx, out_path, ATTN_DTYPE_F32, 4, o_shape, out);
@@ -163,6 +215,8 @@ done:
     free(out);
     free(lse);
     free(weights);
+    for (int i = 0; i < n_grads; i++) free(grads[i].data);
+    attn_tensor_release(ctx, &dout);
     attn_tensor_release(ctx, &q);
     attn_tensor_release(ctx, &k);
     attn_tensor_release(ctx, &v);

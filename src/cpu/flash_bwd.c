@@ -38,33 +38,32 @@ typedef struct bwd_job {
     float keep_scale;
     const uint8_t *kv_bad;      // (B, Hkv, n_kvtiles): key or value tile holds NaN or inf
     bool dmask_b, dmask_h, dmask_i; // pass 2 iterates over b / h / query tiles inside one item
+    // Packed once per call: every query tile transposed and scaled (qt_all) and every dout tile
+    // transposed (dot_all), tile after tile; and row copies padded to 16 columns of q, dout and k,
+    // unless the tensors themselves can be read as such rows (then *_rows point into them).
+    float *qt_all, *dot_all;    // (B, H, n_qtiles, D or Dv, BR)
+    const float *q_rows, *do_rows, *k_rows;
+    int64_t q_ld, do_ld, k_ld;  // row strides of those rows
+    float *q_pack, *do_pack, *k_pack; // the copies when needed, else NULL
     char *scratch;
     size_t per_thread;
 } bwd_job;
 
-// Per-thread tiles (the union of what the two passes use).
+// Per-thread tiles.
 typedef struct bwd_tiles {
-    float *qt;      // (D, BR)   query tile, transposed, times scale*log2(e)
-    float *qrows;   // (BR, Dp)  query tile rows (pass 1: B of dK)
-    float *dot;     // (Dv, BR)  dout tile, transposed (B of dP^T)
-    float *dorows;  // (BR, Dvp) dout rows (pass 1: B of dV)
-    float *krows;   // (BC, Dp)  key rows (pass 2: B of dQ)
-    float *st, *dpt; // (BC, BR) P^T and dP^T -> dS^T
-    float *acc1;    // (BC, Dp) dK accumulator / (BR, Dp) dQ accumulator
-    float *acc2;    // (BC, Dvp) dV accumulator
-    float *lse2, *rowdot; // (BR) the tile's rows, padded (+inf, 0)
+    const float *qt, *dot;   // views into qt_all, dot_all
+    float *st, *dpt;         // (BC, BR) P^T and dP^T -> dS^T
+    float *acc1;             // (BC, Dp) dK accumulator / (BR, Dp) dQ accumulator
+    float *acc2;             // (BC, Dvp) dV accumulator
+    float *lse2, *rowdot;    // (BR) the tile's rows, padded (+inf, 0)
 } bwd_tiles;
 
-static size_t tiles_layout(const attn__sdpa_shape *sh, int Dp, int Dvp, bwd_tiles *t, char *base) {
+static size_t tiles_layout(int Dp, int Dvp, bwd_tiles *t, char *base) {
     attn__arena a = {.base = base};
     const size_t f = sizeof(float);
     const size_t rows = BWD_BR > BWD_BC ? BWD_BR : BWD_BC;
     bwd_tiles x;
-    x.qt = attn__arena_take(&a, (size_t)sh->D * BWD_BR * f);
-    x.qrows = attn__arena_take(&a, (size_t)BWD_BR * (size_t)Dp * f);
-    x.dot = attn__arena_take(&a, (size_t)sh->Dv * BWD_BR * f);
-    x.dorows = attn__arena_take(&a, (size_t)BWD_BR * (size_t)Dvp * f);
-    x.krows = attn__arena_take(&a, (size_t)BWD_BC * (size_t)Dp * f);
+    x.qt = x.dot = NULL;
     x.st = attn__arena_take(&a, (size_t)BWD_BC * BWD_BR * f);
     x.dpt = attn__arena_take(&a, (size_t)BWD_BC * BWD_BR * f);
     x.acc1 = attn__arena_take(&a, rows * (size_t)Dp * f);
@@ -75,36 +74,14 @@ static size_t tiles_layout(const attn__sdpa_shape *sh, int Dp, int Dvp, bwd_tile
     return a.used;
 }
 
-// Packs query tile (b, h, i0..i0+nq): qt scaled and transposed, dot transposed, and (pass 1) the
-// plain rows of q and dout; the tile's lse2 and rowdot with neutral padding.
-static void pack_queries(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int64_t i0, int nq, bool rows) {
-    const attn_sdpa_desc *d = J->d;
-    const int64_t D = J->sh->D, Dv = J->sh->Dv, bh = b * J->sh->H + h;
-    for (int64_t c = 0; c < D; c++) {
-        float *row = t->qt + c * BWD_BR;
-        const float *src = J->q + attn__offset4(d->q_stride, b, h, i0, c);
-        for (int i = 0; i < nq; i++) row[i] = src[(int64_t)i * d->q_stride[2]] * J->qscale;
-        for (int i = nq; i < BWD_BR; i++) row[i] = 0.0f;
-    }
-    for (int64_t c = 0; c < Dv; c++) {
-        float *row = t->dot + c * BWD_BR;
-        const float *src = J->dout + attn__offset4(d->o_stride, b, h, i0, c);
-        for (int i = 0; i < nq; i++) row[i] = src[(int64_t)i * d->o_stride[2]];
-        for (int i = nq; i < BWD_BR; i++) row[i] = 0.0f;
-    }
+// Points t at query tile `it` of head (b, h) and copies the tile's lse2 and rowdot.
+static void load_queries(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int64_t it, int nq) {
+    const int64_t bh = b * J->sh->H + h, i0 = it * BWD_BR;
+    t->qt = J->qt_all + (bh * J->n_qtiles + it) * J->sh->D * BWD_BR;
+    t->dot = J->dot_all + (bh * J->n_qtiles + it) * J->sh->Dv * BWD_BR;
     for (int i = 0; i < BWD_BR; i++) {
         t->lse2[i] = i < nq ? J->lse2[bh * J->sh->L + i0 + i] : INFINITY; // padding: weight 0
         t->rowdot[i] = i < nq ? J->rowdot[bh * J->sh->L + i0 + i] : 0.0f;
-    }
-    if (!rows) return;
-    for (int i = 0; i < nq; i++) {
-        float *qr = t->qrows + (int64_t)i * J->Dp, *dr = t->dorows + (int64_t)i * J->Dvp;
-        const float *qs = J->q + attn__offset4(d->q_stride, b, h, i0 + i, 0);
-        const float *ds = J->dout + attn__offset4(d->o_stride, b, h, i0 + i, 0);
-        for (int64_t c = 0; c < D; c++) qr[c] = qs[c * d->q_stride[3]];
-        for (int64_t c = D; c < J->Dp; c++) qr[c] = 0.0f;
-        for (int64_t c = 0; c < Dv; c++) dr[c] = ds[c * d->o_stride[3]];
-        for (int64_t c = Dv; c < J->Dvp; c++) dr[c] = 0.0f;
     }
 }
 
@@ -165,7 +142,7 @@ static void pass1_task(void *arg, int64_t task, int thread) {
     const int nj = (int)(sh->S - j0 < BWD_BC ? sh->S - j0 : BWD_BC);
     const bool bad = J->kv_bad[task];
     bwd_tiles t;
-    tiles_layout(sh, J->Dp, J->Dvp, &t, J->scratch + (size_t)thread * J->per_thread);
+    tiles_layout(J->Dp, J->Dvp, &t, J->scratch + (size_t)thread * J->per_thread);
     memset(t.acc1, 0, (size_t)nj * (size_t)J->Dp * sizeof(float));
     memset(t.acc2, 0, (size_t)nj * (size_t)J->Dvp * sizeof(float));
     for (int64_t h = hk * sh->group; h < (hk + 1) * sh->group; h++)
@@ -173,10 +150,15 @@ static void pass1_task(void *arg, int64_t task, int thread) {
             const int64_t i0 = it * BWD_BR;
             const int nq = (int)(sh->L - i0 < BWD_BR ? sh->L - i0 : BWD_BR);
             if (attn__keys_visible_until(d, sh, i0 + nq - 1) <= j0) continue; // every key hidden (causal)
-            pack_queries(J, &t, b, h, i0, nq, true);
+            load_queries(J, &t, b, h, it, nq);
             if (!tile_pair(J, &t, b, h, i0, nq, j0, nj, bad)) continue;
             // dK_j += dS^T q_rows; dV_j += P_drop^T dout_rows (P_drop = P * dropout mask * scale)
-            J->kn->gemm(t.dpt, BWD_BR, 1, nj, nq, t.qrows, J->Dp, J->Dp, t.acc1, J->Dp, true);
+            const int64_t row0 = (b * sh->H + h) * sh->L + i0; // row index into the packed copies
+            const float *qr = J->q_pack != NULL ? J->q_rows + row0 * J->q_ld
+                                                : J->q + attn__offset4(d->q_stride, b, h, i0, 0);
+            const float *dr = J->do_pack != NULL ? J->do_rows + row0 * J->do_ld
+                                                 : J->dout + attn__offset4(d->o_stride, b, h, i0, 0);
+            J->kn->gemm(t.dpt, BWD_BR, 1, nj, nq, qr, J->q_ld, J->Dp, t.acc1, J->Dp, true);
             if (J->keep != NULL) {
                 const int64_t bh = b * sh->H + h;
                 for (int j = 0; j < nj; j++)
@@ -186,7 +168,7 @@ static void pass1_task(void *arg, int64_t task, int thread) {
                         *x = ((J->keep[bit >> 3] >> (bit & 7)) & 1) ? *x * J->keep_scale : 0.0f;
                     }
             }
-            J->kn->gemm(t.st, BWD_BR, 1, nj, nq, t.dorows, J->Dvp, J->Dvp, t.acc2, J->Dvp, true);
+            J->kn->gemm(t.st, BWD_BR, 1, nj, nq, dr, J->do_ld, J->Dvp, t.acc2, J->Dvp, true);
         }
     const float scale = J->sh->scale;
     for (int j = 0; j < nj; j++) {
@@ -203,7 +185,7 @@ static void pass2_tile(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int
     const attn__sdpa_shape *sh = J->sh;
     const int64_t hk = h / sh->group, i0 = it * BWD_BR;
     const int nq = (int)(sh->L - i0 < BWD_BR ? sh->L - i0 : BWD_BR);
-    pack_queries(J, t, b, h, i0, nq, false);
+    load_queries(J, t, b, h, it, nq);
     memset(t->acc1, 0, (size_t)BWD_BR * (size_t)J->Dp * sizeof(float));
     const int64_t j_end = attn__keys_visible_until(d, sh, i0 + nq - 1);
     for (int64_t j0 = 0; j0 < j_end; j0 += BWD_BC) {
@@ -215,16 +197,12 @@ static void pass2_tile(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int
                 for (int i = 0; i < nq; i++)
                     J->dmask[attn__offset4(d->mask_stride, b, h, i0 + i, j0 + j)] += t->dpt[(int64_t)j * BWD_BR + i];
         // dQ_i += dS k_rows, with dS read transposed from dS^T
-        const float *kt = J->k + attn__offset4(d->k_stride, b, hk, j0, 0);
-        for (int j = 0; j < nj; j++) {
-            float *kr = t->krows + (int64_t)j * J->Dp;
-            for (int64_t c = 0; c < sh->D; c++) kr[c] = kt[(int64_t)j * d->k_stride[2] + c * d->k_stride[3]];
-            for (int64_t c = sh->D; c < J->Dp; c++) kr[c] = 0.0f;
-        }
+        const float *kr = J->k_pack != NULL ? J->k_rows + ((b * sh->Hkv + hk) * sh->S + j0) * J->k_ld
+                                            : J->k + attn__offset4(d->k_stride, b, hk, j0, 0);
         if (bad)
-            gemm_skip_zeros(t->dpt, 1, BWD_BR, nq, nj, t->krows, J->Dp, J->Dp, t->acc1, J->Dp);
+            gemm_skip_zeros(t->dpt, 1, BWD_BR, nq, nj, kr, J->k_ld, J->Dp, t->acc1, J->Dp);
         else
-            J->kn->gemm(t->dpt, 1, BWD_BR, nq, nj, t->krows, J->Dp, J->Dp, t->acc1, J->Dp, true);
+            J->kn->gemm(t->dpt, 1, BWD_BR, nq, nj, kr, J->k_ld, J->Dp, t->acc1, J->Dp, true);
     }
     const float scale = sh->scale;
     for (int i = 0; i < nq; i++) {
@@ -242,7 +220,7 @@ static void pass2_task(void *arg, int64_t task, int thread) {
     const int64_t it0 = task % (J->dmask_i ? 1 : J->n_qtiles), rest = task / (J->dmask_i ? 1 : J->n_qtiles);
     const int64_t h0 = rest % nh, b0 = rest / nh;
     bwd_tiles t;
-    tiles_layout(sh, J->Dp, J->Dvp, &t, J->scratch + (size_t)thread * J->per_thread);
+    tiles_layout(J->Dp, J->Dvp, &t, J->scratch + (size_t)thread * J->per_thread);
     for (int64_t b = J->dmask_b ? 0 : b0; b < (J->dmask_b ? sh->B : b0 + 1); b++)
         for (int64_t h = J->dmask_h ? 0 : h0; h < (J->dmask_h ? sh->H : h0 + 1); h++)
             for (int64_t it = J->dmask_i ? 0 : it0; it < (J->dmask_i ? J->n_qtiles : it0 + 1); it++)
@@ -250,7 +228,8 @@ static void pass2_task(void *arg, int64_t task, int thread) {
     (void)nb;
 }
 
-// rowdot = dout . out and lse2 = lse * log2(e) for every row; flags of key/value tiles holding NaN or inf.
+// rowdot = dout . out and lse2 = lse * log2(e) for every row, the packed query and dout tiles and
+// rows; flags of key/value tiles holding NaN or inf, and the packed key rows.
 typedef struct prep_job {
     const bwd_job *J;
     const float *out, *lse;
@@ -261,9 +240,34 @@ typedef struct prep_job {
 static void prep_rows_task(void *arg, int64_t bh, int thread) {
     (void)thread;
     const prep_job *P = arg;
-    const attn_sdpa_desc *d = P->J->d;
-    const attn__sdpa_shape *sh = P->J->sh;
+    const bwd_job *J = P->J;
+    const attn_sdpa_desc *d = J->d;
+    const attn__sdpa_shape *sh = J->sh;
     const int64_t b = bh / sh->H, h = bh % sh->H;
+    // every query tile of the head transposed (and scaled), and every dout tile transposed
+    for (int64_t it = 0; it < J->n_qtiles; it++) {
+        const int64_t i0 = it * BWD_BR, nq = sh->L - i0 < BWD_BR ? sh->L - i0 : BWD_BR;
+        float *qt = J->qt_all + (bh * J->n_qtiles + it) * sh->D * BWD_BR;
+        float *dot = J->dot_all + (bh * J->n_qtiles + it) * sh->Dv * BWD_BR;
+        for (int64_t c = 0; c < sh->D; c++) {
+            const float *src = J->q + attn__offset4(d->q_stride, b, h, i0, c);
+            for (int64_t i = 0; i < BWD_BR; i++) qt[c * BWD_BR + i] = i < nq ? src[i * d->q_stride[2]] * J->qscale : 0.0f;
+        }
+        for (int64_t c = 0; c < sh->Dv; c++) {
+            const float *src = J->dout + attn__offset4(d->o_stride, b, h, i0, c);
+            for (int64_t i = 0; i < BWD_BR; i++) dot[c * BWD_BR + i] = i < nq ? src[i * d->o_stride[2]] : 0.0f;
+        }
+    }
+    for (int64_t i = 0; J->q_pack != NULL && i < sh->L; i++) {
+        float *r = J->q_pack + (bh * sh->L + i) * J->q_ld;
+        const float *src = J->q + attn__offset4(d->q_stride, b, h, i, 0);
+        for (int64_t c = 0; c < J->q_ld; c++) r[c] = c < sh->D ? src[c * d->q_stride[3]] : 0.0f;
+    }
+    for (int64_t i = 0; J->do_pack != NULL && i < sh->L; i++) {
+        float *r = J->do_pack + (bh * sh->L + i) * J->do_ld;
+        const float *src = J->dout + attn__offset4(d->o_stride, b, h, i, 0);
+        for (int64_t c = 0; c < J->do_ld; c++) r[c] = c < sh->Dv ? src[c * d->o_stride[3]] : 0.0f;
+    }
     for (int64_t i = 0; i < sh->L; i++) {
         const float *o = P->out + attn__offset4(d->o_stride, b, h, i, 0);
         const float *g = P->J->dout + attn__offset4(d->o_stride, b, h, i, 0);
@@ -290,26 +294,41 @@ static void prep_tiles_task(void *arg, int64_t task, int thread) {
         for (int64_t c = 0; c < sh->Dv; c++) bad |= !isfinite(vr[c * d->v_stride[3]]);
     }
     P->kv_bad[task] = bad;
+    for (int64_t j = jt * BWD_BC; P->J->k_pack != NULL && j < j_end; j++) { // key rows padded to Dp
+        float *r = P->J->k_pack + (bhk * sh->S + j) * P->J->k_ld;
+        const float *src = P->J->k + attn__offset4(d->k_stride, b, hk, j, 0);
+        for (int64_t c = 0; c < P->J->k_ld; c++) r[c] = c < sh->D ? src[c * d->k_stride[3]] : 0.0f;
+    }
 }
 
 typedef struct bwd_layout {
-    float *lse2, *rowdot;
+    float *lse2, *rowdot, *qt_all, *dot_all, *q_pack, *do_pack, *k_pack;
     uint8_t *kv_bad, *keep;
     char *scratch;
     size_t per_thread;
 } bwd_layout;
 
+// Rows of a (.., rows, n) tensor can serve as a gemm operand in place when their elements are
+// contiguous and n is a multiple of 16 (the operand's padded width).
+static bool rows_in_place(int64_t n, const int64_t stride[4]) { return stride[3] == 1 && n % 16 == 0; }
+
 static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d, char *base,
                      bwd_layout *bl) {
     const int threads = attn__pool_threads(ctx->pool);
     const int64_t rows = sh->B * sh->H * sh->L, n_kvtiles = (sh->S + BWD_BC - 1) / BWD_BC;
+    const int64_t n_qtiles = (sh->L + BWD_BR - 1) / BWD_BR, Dp = pad16(sh->D), Dvp = pad16(sh->Dv);
+    const size_t f = sizeof(float);
     attn__arena a = {.base = base};
-    bl->lse2 = attn__arena_take(&a, (size_t)rows * sizeof(float));
-    bl->rowdot = attn__arena_take(&a, (size_t)rows * sizeof(float));
+    bl->lse2 = attn__arena_take(&a, (size_t)rows * f);
+    bl->rowdot = attn__arena_take(&a, (size_t)rows * f);
+    bl->qt_all = attn__arena_take(&a, (size_t)(sh->B * sh->H * n_qtiles * sh->D) * BWD_BR * f);
+    bl->dot_all = attn__arena_take(&a, (size_t)(sh->B * sh->H * n_qtiles * sh->Dv) * BWD_BR * f);
+    bl->q_pack = rows_in_place(sh->D, d->q_stride) ? NULL : attn__arena_take(&a, (size_t)(rows * Dp) * f);
+    bl->do_pack = rows_in_place(sh->Dv, d->o_stride) ? NULL : attn__arena_take(&a, (size_t)(rows * Dvp) * f);
+    bl->k_pack = rows_in_place(sh->D, d->k_stride) ? NULL : attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * sh->S * Dp) * f);
     bl->kv_bad = attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * n_kvtiles));
     bl->keep = d->dropout_p > 0.0 ? attn__arena_take(&a, (size_t)((rows * sh->S + 7) / 8)) : NULL;
-    bl->per_thread = (tiles_layout(sh, pad16(sh->D), pad16(sh->Dv), NULL, NULL) + ATTN_ALIGN - 1) &
-                     ~(size_t)(ATTN_ALIGN - 1);
+    bl->per_thread = (tiles_layout((int)Dp, (int)Dvp, NULL, NULL) + ATTN_ALIGN - 1) & ~(size_t)(ATTN_ALIGN - 1);
     bl->scratch = attn__arena_take(&a, bl->per_thread * (size_t)threads);
     return a.used;
 }
@@ -334,8 +353,13 @@ void attn__flash_bwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_sh
         .n_qtiles = (sh->L + BWD_BR - 1) / BWD_BR, .n_kvtiles = (sh->S + BWD_BC - 1) / BWD_BC,
         .qscale = (float)((double)sh->scale * LOG2E),
         .lse2 = bl.lse2, .rowdot = bl.rowdot, .keep = NULL, .keep_scale = 1.0f, .kv_bad = bl.kv_bad,
+        .qt_all = bl.qt_all, .dot_all = bl.dot_all, .q_pack = bl.q_pack, .do_pack = bl.do_pack, .k_pack = bl.k_pack,
         .scratch = bl.scratch, .per_thread = bl.per_thread,
     };
+    J.q_rows = bl.q_pack, J.do_rows = bl.do_pack, J.k_rows = bl.k_pack;
+    J.q_ld = bl.q_pack != NULL ? J.Dp : d->q_stride[2];
+    J.do_ld = bl.do_pack != NULL ? J.Dvp : d->o_stride[2];
+    J.k_ld = bl.k_pack != NULL ? J.Dp : d->k_stride[2];
     prep_job P = {&J, out, lse, bl.lse2, bl.rowdot, bl.kv_bad};
     attn__pool_run(ctx->pool, sh->B * sh->H, prep_rows_task, &P);
     attn__pool_run(ctx->pool, sh->B * sh->Hkv * J.n_kvtiles, prep_tiles_task, &P);

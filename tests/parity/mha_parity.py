@@ -2,7 +2,8 @@
 
 Each configuration builds a module after torch.manual_seed, gives its biases random values (so they
 matter), saves the state_dict as safetensors and the inputs as .npy, runs `attn mha`, and compares
-the output and the attention weights with PyTorch to 1e-5 relative. Options covered: bias,
+the output and the attention weights with PyTorch to 1e-5 relative, and every gradient (parameters by
+state_dict name, query, key, value) with PyTorch autograd to 1e-4 relative. Options covered: bias,
 add_bias_kv, add_zero_attn, kdim/vdim, batch_first, unbatched input, self-attention (one tensor),
 shared key/value, bool and float attention masks (2-D and 3-D), --causal, bool and float key
 padding masks, need_weights with averaged and per-head weights, and dropout in training mode.
@@ -224,6 +225,9 @@ def run_config(idx, c, attn_bin, tmp):
     attn_mask, kpm = make_masks(c, gen)
     c["dropout_seed"] = 5000 + idx
     t_out, t_w = torch_forward(m, c, q, k, v, attn_mask, kpm)
+    grads = None
+    if not c.get("stepwise"):  # gradients by autograd (fully masked rows give NaN there: not compared)
+        grads = torch_grads(m, c, q, k, v, attn_mask, kpm, gen)
 
     files = {}
     state = {name: t.detach().numpy() for name, t in m.state_dict().items()}
@@ -254,6 +258,9 @@ def run_config(idx, c, attn_bin, tmp):
         args += ["--dropout", repr(c["dropout"]), "--seed", str(c["dropout_seed"])]
     out_path = os.path.join(tmp, "out.npy")
     args += ["--out", out_path]
+    if grads is not None:
+        np.save(os.path.join(tmp, "dy.npy"), grads["dy"])
+        args += ["--grad-out", os.path.join(tmp, "dy.npy"), "--grads-out", os.path.join(tmp, "grads.safetensors")]
     if c["need_weights"]:
         args += ["--weights-out", os.path.join(tmp, "w.npy")]
         if not c["average"]:
@@ -266,7 +273,56 @@ def run_config(idx, c, attn_bin, tmp):
     problems += compare("output", a_out, t_out.numpy())
     if c["need_weights"]:
         problems += compare("weights", np.load(os.path.join(tmp, "w.npy")), t_w.numpy())
+    if grads is not None:
+        got = tensorfile.read_safetensors(os.path.join(tmp, "grads.safetensors"))
+        want = {k: v for k, v in grads.items() if k != "dy"}
+        if set(got) != set(want):
+            problems.append(f"gradients: names {sorted(got)} != {sorted(want)}")
+        for name in sorted(set(got) & set(want)):
+            problems += compare_grad(name, got[name], want[name])
     return "; ".join(problems)
+
+
+def torch_grads(m, c, q, k, v, attn_mask, kpm, gen):
+    """Autograd of sum(out * dy) for a random dy: every parameter's gradient by state_dict name, the
+    query's, and the key's / value's when they are tensors of their own."""
+    leaves = {"query": q.clone().requires_grad_()}
+    if k is q:
+        kk = leaves["query"]
+    else:
+        kk = leaves["key"] = k.clone().requires_grad_()
+    vv = kk if v is k else (leaves["query"] if v is q else None)
+    if vv is None:
+        vv = leaves["value"] = v.clone().requires_grad_()
+    m.zero_grad(set_to_none=True)
+    kw = dict(need_weights=False)
+    if c["mask"] == "causal":
+        attn_mask = torch.triu(torch.ones(c["L"], c["S"], dtype=torch.bool), 1)
+    if kpm is not None and kpm.dtype != torch.bool and attn_mask is not None:
+        return None  # the float+float combination is compared in the forward only
+    if c["dropout"] > 0:
+        torch.manual_seed(c["dropout_seed"])
+    out, _ = m(leaves["query"], kk, vv, key_padding_mask=kpm, attn_mask=attn_mask, **kw)
+    dy = torch.randn(out.shape, generator=gen)
+    out.backward(dy)
+    result = {"dy": dy.numpy()}
+    for name, p in m.named_parameters():
+        result[name] = p.grad.numpy() if p.grad is not None else np.zeros(p.shape, np.float32)
+    for name, t in leaves.items():
+        result[name] = t.grad.numpy()
+    return result
+
+
+def compare_grad(what, got, want):
+    """Gradients agree to 1e-4 relative to the tensor's largest gradient (1e-5 absolute below: gradients that
+    are exactly 0 in exact arithmetic come out as rounding noise on both sides)."""
+    if got.shape != want.shape:
+        return [f"grad {what}: shape {got.shape} != torch {want.shape}"]
+    if np.isnan(got).any():
+        return [f"grad {what}: attn produced NaN"]
+    scale = max(float(np.abs(want).max()), 1e-6)
+    err = float(np.abs(got.astype(np.float64) - want).max())
+    return [] if err <= 1e-4 * scale + 1e-5 else [f"grad {what}: max error {err:.3g} (largest {scale:.3g})"]
 
 
 def compare(what, got, want):
@@ -306,6 +362,8 @@ def main():
                 coverage[f"{key}={c[key]}"] = coverage.get(f"{key}={c[key]}", 0) + 1
             coverage[f"kdim/vdim={'set' if c['kdim'] else 'E'}"] = coverage.get(
                 f"kdim/vdim={'set' if c['kdim'] else 'E'}", 0) + 1
+            if not c.get("stepwise") and c.get("grads_checked", True):
+                coverage["gradients checked"] = coverage.get("gradients checked", 0) + 1
             if c.get("stepwise"):
                 coverage["fully masked rows (stepwise reference)"] = coverage.get("fully masked rows (stepwise reference)", 0) + 1
             if msg:

@@ -6,6 +6,10 @@ k and v repeat_interleave'd for grouped-query attention (PyTorch 2.x's enable_gq
 Covered: GQA/MQA, Dk != Dv, custom scales, top-left and bottom-right causal masks with L < S and
 L > S, bool and float masks of every broadcast shape, bool and float key padding masks, dropout,
 log-sum-exp, per-head and averaged weights. A fully masked row must give zeros (torch gives NaN).
+Gradients (dq, dk, dv and a float mask's, summed over its broadcast dimensions) are compared with
+autograd of the same reference in float64, to 1e-4 relative (1e-5 absolute: gradients that are
+exactly 0 come out as float rounding noise); configurations with fully masked rows
+(NaN gradients in torch) are left to the C tests.
 
 Run: /usr/bin/python3 tests/parity/sdpa_parity.py --attn build/attn [--configs N]
 Exits 77 (skipped) when torch is not importable.
@@ -17,6 +21,8 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
+
 try:
     import numpy as np
     import torch
@@ -24,6 +30,8 @@ try:
 except ImportError as exc:  # pragma: no cover
     print(f"SKIP: PyTorch parity tests need torch and numpy ({exc}); install python3-torch", file=sys.stderr)
     sys.exit(77)
+
+import tensorfile  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -80,6 +88,42 @@ def reference(c, q, k, v, mask, kpm):
     return out, w, lse.float()
 
 
+def reference_grads(c, q, k, v, mask, kpm, dout):
+    """Autograd of sum(out * dout) through the reference computed in float64."""
+    B, H, Hkv, L, S = c["B"], c["H"], c["Hkv"], c["L"], c["S"]
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    fmask = mask.double().requires_grad_() if mask is not None and mask.dtype != torch.bool else None
+    qd, kd, vd = leaves
+    kr, vr = kd.repeat_interleave(H // Hkv, dim=1), vd.repeat_interleave(H // Hkv, dim=1)
+    scale = c["scale"] if c["scale"] is not None else 1.0 / q.shape[-1] ** 0.5
+    s = (qd @ kr.transpose(-1, -2)) * torch.tensor(scale, dtype=torch.float32).double()
+    add = torch.zeros(B, H, L, S, dtype=torch.float64)
+    i = torch.arange(L).view(L, 1)
+    j = torch.arange(S).view(1, S)
+    if c["causal"] == "tl":
+        add = add.masked_fill(j > i, float("-inf"))
+    elif c["causal"] == "br":
+        add = add.masked_fill(j > i + (S - L), float("-inf"))
+    if mask is not None:
+        add = add + (torch.zeros(mask.shape, dtype=torch.float64).masked_fill(mask, float("-inf"))
+                     if mask.dtype == torch.bool else fmask)
+    if kpm is not None:
+        kp = torch.zeros(kpm.shape, dtype=torch.float64).masked_fill(kpm, float("-inf")) \
+            if kpm.dtype == torch.bool else kpm.double()
+        add = add + kp.view(B, 1, 1, S)
+    w = torch.softmax(s + add, dim=-1)
+    if c["dropout"] > 0:
+        torch.manual_seed(c["seed"])
+        keep = torch.empty(B, H, L, S).bernoulli_(1 - c["dropout"])  # F.dropout's draws
+        w = w * keep.double() * float(torch.tensor(1.0) / torch.tensor(1 - c["dropout"], dtype=torch.float32))
+    out = w @ vr
+    out.backward(dout.double())
+    g = {"q": leaves[0].grad, "k": leaves[1].grad, "v": leaves[2].grad}
+    if fmask is not None:
+        g["mask"] = fmask.grad
+    return {name: t.float().numpy() for name, t in g.items()}
+
+
 def run_config(idx, c, attn_bin, tmp):
     gen = torch.Generator().manual_seed(idx)
     Dv = c["Dv"] or c["D"]
@@ -124,10 +168,31 @@ def run_config(idx, c, attn_bin, tmp):
         args += ["--weights-out", os.path.join(tmp, "w.npy")]
         if c["weights"] == "average":
             args.append("--average-weights")
+    fully_masked = bool(torch.isinf(lse).any())
+    grads = None
+    if not fully_masked and c["dropout"] < 1:
+        dout = torch.randn(out.shape, generator=gen)
+        grads = reference_grads(c, q, k, v, mask, kpm, dout)
+        np.save(os.path.join(tmp, "do.npy"), dout.numpy())
+        args += ["--grad-out", os.path.join(tmp, "do.npy"), "--grads-out", os.path.join(tmp, "g.safetensors")]
     r = subprocess.run(args, capture_output=True, text=True)
     if r.returncode != 0:
         return f"attn failed ({r.returncode}): {r.stderr.strip()}"
     problems = compare("out", np.load(os.path.join(tmp, "o.npy")), out.numpy(), 1e-5)
+    if grads is not None:
+        c["grads_checked"] = True
+        got = tensorfile.read_safetensors(os.path.join(tmp, "g.safetensors"))
+        if set(got) != set(grads):
+            problems.append(f"gradients: names {sorted(got)} != {sorted(grads)}")
+        for name in sorted(set(got) & set(grads)):
+            g_attn, g_ref = got[name].astype(np.float64), grads[name]
+            if g_attn.shape != g_ref.shape:
+                problems.append(f"grad {name}: shape {g_attn.shape} != {g_ref.shape}")
+                continue
+            scale = max(float(np.abs(g_ref).max()), 1e-6)
+            err = float(np.abs(g_attn - g_ref).max())
+            if not err <= 1e-4 * scale + 1e-5:  # 1e-5: exactly-zero gradients come out as rounding noise
+                problems.append(f"grad {name}: max error {err:.3g} (largest {scale:.3g})")
     if c["lse"]:
         problems += compare("lse", np.load(os.path.join(tmp, "l.npy")), lse.numpy(), 1e-5)
     if c["weights"] == "per_head":
@@ -156,15 +221,16 @@ def main():
     ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args()
     rng = random.Random(args.seed)
-    failures = 0
+    failures = checked = 0
     with tempfile.TemporaryDirectory() as tmp:
         for idx in range(args.configs):
             c = random_config(rng)
             msg = run_config(idx, c, args.attn, tmp)
+            checked += bool(c.get("grads_checked"))
             if msg:
                 failures += 1
                 print(f"FAIL config {idx}: {c}\n     {msg}")
-    print(f"{args.configs} configurations, {failures} failed")
+    print(f"{args.configs} configurations ({checked} with gradients), {failures} failed")
     sys.exit(1 if failures else 0)
 
 
