@@ -49,3 +49,14 @@ test-valgrind:
 	@cmake -S . -B build-valgrind -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_VALGRIND=ON $(CMAKE_FLAGS) > /dev/null
 	cmake --build build-valgrind -j $(JOBS)
 	cd build-valgrind && ctest --output-on-failure -j $(JOBS) -L valgrind
+
+# ---- fuzzing (see fuzz/ and docs/fuzzing-runs.md) ----------------------------------------------
+# `make fuzz FUZZ_SECONDS=N`: builds the libFuzzer targets with clang in build-fuzz, runs each for N
+# seconds over a copy of its corpus and merges what adds coverage into fuzz/corpus/<target>/.
+FUZZ_SECONDS ?= 60
+.PHONY: fuzz
+fuzz:
+	@cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_BUILD_FUZZ=ON \
+	    $(CMAKE_FLAGS) > /dev/null
+	cmake --build build-fuzz -j $(JOBS) --target fuzz_npy fuzz_safetensors fuzz_api fuzz_sdpa_diff
+	sh fuzz/run.sh build-fuzz $(FUZZ_SECONDS) npy safetensors api sdpa_diff

@@ -255,7 +255,9 @@ ATTN_API attn_generator *attn_ctx_generator(attn_ctx *ctx);
 /**
  * Gives the context a caller-owned scratch buffer. From then on compute calls never allocate
  * scratch memory; a call that needs more than `size` bytes fails with ATTN_ERR_WORKSPACE. Pass
- * NULL, 0 to go back to context-owned scratch (grown on demand, kept between calls).
+ * NULL, 0 to go back to context-owned scratch (grown on demand, kept between calls). Any
+ * alignment is accepted: the context uses the buffer from its first 64-byte boundary, and the
+ * sizes attn_sdpa_*_workspace_size report include the 63 bytes this may cost.
  */
 ATTN_API attn_status attn_ctx_set_workspace(attn_ctx *ctx, void *buffer, size_t size);
 /** Grows the context-owned scratch to at least `size` bytes now, so later calls do not allocate. */
@@ -275,7 +277,11 @@ ATTN_API attn_status attn_ctx_reserve(attn_ctx *ctx, size_t size);
  * where m adds -inf for causally hidden keys, the attention mask and the key padding mask.
  * Masks: a BOOL mask blocks where True (the nn.MultiheadAttention convention, the opposite of
  * torch SDPA's bool mask); an F32 mask is added (-inf blocks). When several masks are given their
- * contributions are added.
+ * contributions are added, and a key that any of them blocks (causal, a True bool entry or a
+ * -inf float entry) is hidden: its score is -inf whatever the other masks and its q, k hold, so
+ * NaN or inf in data a row cannot see does not reach that row.
+ * Float arithmetic: the fused kernels fold scale * log2(e) into q, so a q element times that
+ * factor must be a finite float (|scale * q| < about 2.3e38); past that, the row is NaN.
  */
 
 typedef enum attn_causal {
@@ -505,8 +511,8 @@ ATTN_API attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, const attn_m
 /*
  * Training. attn_mha_forward_train runs the forward like attn_mha_forward and keeps what the
  * backward needs (the projections, the attention's output and log-sum-exp, and the generator's
- * state before the dropout) in a caller buffer of attn_mha_saved_size bytes. attn_mha_backward then
- * takes dout = dL/dout (out's shape) and writes the gradients:
+ * state before the dropout) in a caller buffer of attn_mha_saved_size bytes, aligned to 16 bytes
+ * (as malloc's are; it may be copied or moved between the calls). attn_mha_backward then takes dout = dL/dout (out's shape) and writes the gradients:
  *   dquery, dkey, dvalue  the inputs' shapes (NULL to skip). A tensor passed as several of query,
  *                         key and value (self-attention) receives the sum of its uses in the
  *                         first of them: dkey (dvalue) must then be NULL.

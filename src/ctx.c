@@ -68,8 +68,9 @@ attn_status attn__workspace(attn_ctx *ctx, size_t size, void **out) {
         return ATTN_OK;
     }
     if (ctx->ws_external)
-        return attn__fail(ctx, ATTN_ERR_WORKSPACE, "the call needs %zu bytes of workspace, the context has %zu", size,
-                          ctx->ws_size);
+        return attn__fail(ctx, ATTN_ERR_WORKSPACE,
+                          "the call needs %zu bytes of workspace, the context has %zu after %d-byte alignment", size,
+                          ctx->ws_size, ATTN_ALIGN);
     void *p = NULL;
     ATTN_RETURN_IF_ERR(attn__alloc(ctx, size, &p));
     attn__free(ctx, ctx->ws);
@@ -143,8 +144,11 @@ attn_status attn_ctx_set_workspace(attn_ctx *ctx, void *buffer, size_t size) {
     if ((buffer == NULL) != (size == 0))
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "workspace buffer and size must be both set or both empty");
     if (!ctx->ws_external) attn__free(ctx, ctx->ws);
-    ctx->ws = buffer;
-    ctx->ws_size = size;
+    // The kernels use aligned vector loads on scratch: use the buffer from its first ATTN_ALIGN
+    // boundary (the sizes the library reports include room for this).
+    const size_t pad = (size_t)(-(uintptr_t)buffer & (ATTN_ALIGN - 1));
+    ctx->ws = buffer == NULL ? NULL : (char *)buffer + (pad < size ? pad : size);
+    ctx->ws_size = pad < size ? size - pad : 0;
     ctx->ws_external = buffer != NULL;
     return ATTN_OK;
 }

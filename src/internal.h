@@ -18,6 +18,7 @@
 #include "attn.h"
 
 #define ATTN_ALIGN 64
+#define ATTN_SAVED_ALIGN 16 // saved activations: what malloc guarantees on 64-bit systems
 #define ATTN_ERR_MSG_SIZE 256
 
 typedef struct attn__pool attn__pool;

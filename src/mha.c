@@ -294,6 +294,9 @@ attn_status attn_mha_forward_train(attn_ctx *ctx, attn_mha *m, const attn_mha_ar
     attn__mha_io io;
     attn__mha_plan plan;
     ATTN_RETURN_IF_ERR(mha_setup(ctx, m, args, out, weights, false, &spec, &io, &plan));
+    if (saved != NULL && (uintptr_t)saved % ATTN_SAVED_ALIGN != 0)
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha_forward_train: saved must be %d-byte aligned (as malloc's are)",
+                          ATTN_SAVED_ALIGN);
     if (saved == NULL || saved_size < plan.saved_size)
         return attn__fail(ctx, ATTN_ERR_WORKSPACE, "mha_forward_train: saved needs %zu bytes, got %zu", plan.saved_size,
                           saved == NULL ? (size_t)0 : saved_size);
@@ -313,6 +316,9 @@ attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *m, const attn_mha_args *a
     attn__mha_io io;
     attn__mha_plan plan;
     ATTN_RETURN_IF_ERR(mha_setup(ctx, m, args, (float *)(uintptr_t)dout, NULL, true, &spec, &io, &plan));
+    if (saved != NULL && (uintptr_t)saved % ATTN_SAVED_ALIGN != 0)
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha_backward: saved must be %d-byte aligned (as malloc's are)",
+                          ATTN_SAVED_ALIGN);
     if (saved == NULL || saved_size < plan.saved_size || !attn__mha_saved_matches(&spec, &io, &plan, saved))
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG,
                           "mha_backward: saved does not hold the activations of a training forward with these args");

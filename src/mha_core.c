@@ -92,7 +92,9 @@ attn_status attn__mha_core_plan(attn_ctx *ctx, const attn__mha_spec *spec, const
                                 attn__mha_plan *plan) {
     memset(plan, 0, sizeof *plan);
     const int64_t extra = (spec->bias_k != NULL ? 1 : 0) + (spec->add_zero_attn ? 1 : 0);
-    plan->S2 = io->S + extra;
+    if (__builtin_add_overflow(io->S, extra, &plan->S2))
+        return attn__fail(ctx, ATTN_ERR_OVERFLOW, "mha: %lld keys plus %lld added keys overflow", (long long)io->S,
+                          (long long)extra);
     plan->hd = spec->E / spec->H;
     // Every offset into the caller's tensors and every buffer size must be representable before
     // anything is read or allocated.

@@ -103,6 +103,27 @@ attn_status attn__sdpa_check(attn_ctx *ctx, const attn_sdpa_desc *d, attn__sdpa_
     return ATTN_OK;
 }
 
+// The descriptor the kernels run: the caller's, with the strides of length-1 dimensions set to 0.
+// Such a stride is never needed to reach an element, and any value is accepted there, but the
+// kernels step their pointers by it after the last row: a huge one would overflow the pointer.
+static attn_status check_public(attn_ctx *ctx, const attn_sdpa_desc *desc, attn__sdpa_shape *sh, attn_sdpa_desc *run) {
+    ATTN_RETURN_IF_ERR(attn__sdpa_check(ctx, desc, sh));
+    *run = *desc;
+    const int64_t nq[4] = {sh->B, sh->H, sh->L, sh->D}, nk[4] = {sh->B, sh->Hkv, sh->S, sh->D};
+    const int64_t nv[4] = {sh->B, sh->Hkv, sh->S, sh->Dv}, no[4] = {sh->B, sh->H, sh->L, sh->Dv};
+    const int64_t nm[4] = {sh->B, sh->H, sh->L, sh->S};
+    for (int i = 0; i < 4; i++) {
+        if (nq[i] == 1) run->q_stride[i] = 0;
+        if (nk[i] == 1) run->k_stride[i] = 0;
+        if (nv[i] == 1) run->v_stride[i] = 0;
+        if (no[i] == 1) run->o_stride[i] = 0;
+        if (nm[i] == 1) run->mask_stride[i] = 0;
+    }
+    if (sh->B == 1) run->key_padding_mask_stride[0] = 0;
+    if (sh->S == 1) run->key_padding_mask_stride[1] = 0;
+    return ATTN_OK;
+}
+
 // The fused kernels serve every call that does not ask for the attention weights.
 static bool use_flash(const attn_ctx *ctx, const attn_sdpa_desc *d) {
     return ctx->kernels != NULL && d->weights_mode == ATTN_WEIGHTS_NONE;
@@ -121,12 +142,15 @@ void attn__sdpa_run(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_sha
 }
 
 attn_status attn_sdpa_fwd_workspace_size(const attn_ctx *ctx, const attn_sdpa_desc *desc, size_t *bytes) {
-    if (ctx == NULL || desc == NULL || bytes == NULL) return ATTN_ERR_INVALID_ARG;
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
     attn_ctx *mctx = (attn_ctx *)ctx; // only the error message is written
     attn__clear_error(mctx);
+    if (desc == NULL || bytes == NULL)
+        return attn__fail(mctx, ATTN_ERR_INVALID_ARG, "sdpa_fwd_workspace_size: desc and bytes must not be NULL");
     attn__sdpa_shape sh;
-    ATTN_RETURN_IF_ERR(attn__sdpa_check(mctx, desc, &sh));
-    *bytes = attn__sdpa_workspace(ctx, &sh, desc);
+    attn_sdpa_desc run;
+    ATTN_RETURN_IF_ERR(check_public(mctx, desc, &sh, &run));
+    *bytes = attn__sdpa_workspace(ctx, &sh, &run) + ATTN_ALIGN - 1; // room to align any buffer
     return ATTN_OK;
 }
 
@@ -141,10 +165,11 @@ attn_status attn_sdpa_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const float
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG,
                           "sdpa: weights must be given exactly when weights_mode is not ATTN_WEIGHTS_NONE");
     attn__sdpa_shape sh;
-    ATTN_RETURN_IF_ERR(attn__sdpa_check(ctx, desc, &sh));
+    attn_sdpa_desc run;
+    ATTN_RETURN_IF_ERR(check_public(ctx, desc, &sh, &run));
     void *ws;
-    ATTN_RETURN_IF_ERR(attn__workspace(ctx, attn__sdpa_workspace(ctx, &sh, desc), &ws));
-    attn__sdpa_run(ctx, desc, &sh, q, k, v, out, lse, weights, ws);
+    ATTN_RETURN_IF_ERR(attn__workspace(ctx, attn__sdpa_workspace(ctx, &sh, &run), &ws));
+    attn__sdpa_run(ctx, &run, &sh, q, k, v, out, lse, weights, ws);
     return ATTN_OK;
 }
 
@@ -191,20 +216,25 @@ void attn__sdpa_bwd_run(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa
 }
 
 static attn_status bwd_prepare(attn_ctx *ctx, const attn_sdpa_desc *desc, bool want_dmask, attn__sdpa_shape *sh,
-                               size_t *bytes) {
-    ATTN_RETURN_IF_ERR(attn__sdpa_check(ctx, desc, sh));
+                               attn_sdpa_desc *run, size_t *bytes) {
+    ATTN_RETURN_IF_ERR(check_public(ctx, desc, sh, run));
     ATTN_RETURN_IF_ERR(attn__sdpa_bwd_check(ctx, desc, sh, want_dmask));
-    *bytes = attn__sdpa_bwd_workspace(ctx, sh, desc, want_dmask);
+    *bytes = attn__sdpa_bwd_workspace(ctx, sh, run, want_dmask);
     return ATTN_OK;
 }
 
 attn_status attn_sdpa_bwd_workspace_size(const attn_ctx *ctx, const attn_sdpa_desc *desc, int dmask_wanted,
                                          size_t *bytes) {
-    if (ctx == NULL || desc == NULL || bytes == NULL) return ATTN_ERR_INVALID_ARG;
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
     attn_ctx *mctx = (attn_ctx *)ctx; // only the error message is written
     attn__clear_error(mctx);
+    if (desc == NULL || bytes == NULL)
+        return attn__fail(mctx, ATTN_ERR_INVALID_ARG, "sdpa_bwd_workspace_size: desc and bytes must not be NULL");
     attn__sdpa_shape sh;
-    return bwd_prepare(mctx, desc, dmask_wanted != 0, &sh, bytes);
+    attn_sdpa_desc run;
+    ATTN_RETURN_IF_ERR(bwd_prepare(mctx, desc, dmask_wanted != 0, &sh, &run, bytes));
+    *bytes += ATTN_ALIGN - 1; // room to align any buffer
+    return ATTN_OK;
 }
 
 attn_status attn_sdpa_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const float *q, const float *k, const float *v,
@@ -220,9 +250,10 @@ attn_status attn_sdpa_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const float
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa_bwd: dropout needs the generator state of the forward");
     attn__sdpa_shape sh;
     size_t bytes;
-    ATTN_RETURN_IF_ERR(bwd_prepare(ctx, desc, dmask != NULL, &sh, &bytes));
+    attn_sdpa_desc run;
+    ATTN_RETURN_IF_ERR(bwd_prepare(ctx, desc, dmask != NULL, &sh, &run, &bytes));
     void *ws;
     ATTN_RETURN_IF_ERR(attn__workspace(ctx, bytes, &ws));
-    attn__sdpa_bwd_run(ctx, desc, &sh, dropout_state, q, k, v, out, dout, lse, dq, dk, dv, dmask, ws);
+    attn__sdpa_bwd_run(ctx, &run, &sh, dropout_state, q, k, v, out, dout, lse, dq, dk, dv, dmask, ws);
     return ATTN_OK;
 }

@@ -445,6 +445,87 @@ static void test_huge_scores_stay_finite(void) {
     attn_ctx_free(ctx);
 }
 
+static attn_ctx *ctx_with(attn_isa isa) {
+    attn_ctx *ctx = NULL;
+    attn_ctx_params cp;
+    attn_ctx_params_init(&cp);
+    cp.isa = isa;
+    if (attn_ctx_create(&cp, &ctx) != ATTN_OK) FAIL("attn_ctx_create failed");
+    return ctx;
+}
+
+// A key that any mask blocks is hidden whatever the other masks hold there (NaN, +inf): the
+// reference and the fast kernels agree, as attn.h specifies. A NaN term on a visible key poisons
+// the row.
+static void test_blocked_key_ignores_other_mask_terms(void) {
+    const attn_isa isas[2] = {ATTN_ISA_REF, ATTN_ISA_AUTO};
+    for (int c = 0; c < 2; c++) {
+        attn_ctx *ctx = ctx_with(isas[c]);
+        problem p = make_problem(ctx, 1, 1, 1, 2, 3, 2, 2);
+        attn_sdpa_desc d;
+        desc_for(&p, &d);
+        float only[2 * 2], o[2 * 2];
+        uint8_t bm[3] = {0, 1, 0};
+        d.mask = bm, d.mask_dtype = ATTN_DTYPE_BOOL, d.mask_stride[2] = 0, d.mask_stride[3] = 1;
+        ASSERT_OK(attn_sdpa_fwd(ctx, &d, p.q, p.k, p.v, only, NULL, NULL));
+        const float terms[2] = {NAN, INFINITY};
+        for (int t = 0; t < 2; t++) {
+            float kpm[3] = {0.0f, terms[t], 0.0f}; // on the key the bool mask blocks
+            attn_sdpa_desc e = d;
+            e.key_padding_mask = kpm, e.key_padding_mask_dtype = ATTN_DTYPE_F32, e.key_padding_mask_stride[1] = 1;
+            ASSERT_OK(attn_sdpa_fwd(ctx, &e, p.q, p.k, p.v, o, NULL, NULL));
+            ASSERT_BITS_EQ(only, o, 4);
+            e.causal = ATTN_CAUSAL_BOTTOM_RIGHT; // query 0 cannot see key 2: NaN there is hidden too
+            kpm[2] = NAN;
+            ASSERT_OK(attn_sdpa_fwd(ctx, &e, p.q, p.k, p.v, o, NULL, NULL));
+            ASSERT_TRUE(isfinite(o[0]) && isfinite(o[1]) && isnan(o[2]) && isnan(o[3]));
+        }
+        free_problem(&p);
+        attn_ctx_free(ctx);
+    }
+}
+
+// Dropout multiplies, as F.dropout does: a NaN row stays NaN even where every key is dropped.
+static void test_dropout_keeps_nan_rows_nan(void) {
+    const attn_isa isas[2] = {ATTN_ISA_REF, ATTN_ISA_AUTO};
+    for (int c = 0; c < 2; c++) {
+        attn_ctx *ctx = ctx_with(isas[c]);
+        problem p = make_problem(ctx, 1, 1, 1, 1, 1, 1, 1);
+        p.q[0] = NAN;
+        attn_sdpa_desc d;
+        desc_for(&p, &d);
+        d.dropout_p = 1.0; // every key dropped
+        float o[1];
+        ASSERT_OK(attn_sdpa_fwd(ctx, &d, p.q, p.k, p.v, o, NULL, NULL));
+        ASSERT_TRUE(isnan(o[0]));
+        p.q[0] = 1.0f; // a finite row: all dropped gives 0
+        ASSERT_OK(attn_sdpa_fwd(ctx, &d, p.q, p.k, p.v, o, NULL, NULL));
+        ASSERT_TRUE(o[0] == 0.0f);
+        free_problem(&p);
+        attn_ctx_free(ctx);
+    }
+}
+
+// The stride of a length-1 dimension is never used to reach an element: any value gives the same
+// result (the kernels must not step a pointer by it).
+static void test_length_one_dims_ignore_strides(void) {
+    const attn_isa isas[2] = {ATTN_ISA_REF, ATTN_ISA_AUTO};
+    for (int c = 0; c < 2; c++) {
+        attn_ctx *ctx = ctx_with(isas[c]);
+        problem p = make_problem(ctx, 1, 1, 1, 3, 1, 4, 4); // one key
+        attn_sdpa_desc d;
+        desc_for(&p, &d);
+        float o1[3 * 4], o2[3 * 4];
+        ASSERT_OK(attn_sdpa_fwd(ctx, &d, p.q, p.k, p.v, o1, NULL, NULL));
+        for (int i = 0; i < 3; i++) d.k_stride[i] = d.v_stride[i] = (int64_t)1 << 61;
+        d.q_stride[0] = d.q_stride[1] = d.o_stride[0] = d.o_stride[1] = (int64_t)1 << 61;
+        ASSERT_OK(attn_sdpa_fwd(ctx, &d, p.q, p.k, p.v, o2, NULL, NULL));
+        ASSERT_BITS_EQ(o1, o2, 3 * 4);
+        free_problem(&p);
+        attn_ctx_free(ctx);
+    }
+}
+
 static void test_argument_errors(void) {
     attn_ctx *ctx = new_ctx();
     problem p = make_problem(ctx, 1, 2, 2, 3, 3, 4, 4);
@@ -505,8 +586,8 @@ static void test_argument_errors(void) {
     attn_ctx_free(ctx);
 }
 
-static void test_caller_workspace(void) {
-    attn_ctx *ctx = new_ctx();
+static void caller_workspace_with(attn_isa isa) {
+    attn_ctx *ctx = ctx_with(isa);
     problem p = make_problem(ctx, 1, 2, 2, 5, 7, 4, 4);
     attn_sdpa_desc d;
     desc_for(&p, &d);
@@ -515,12 +596,24 @@ static void test_caller_workspace(void) {
     ASSERT_TRUE(need > 0);
     float o1[2 * 5 * 4], o2[2 * 5 * 4];
     ASSERT_OK(attn_sdpa_fwd(ctx, &d, p.q, p.k, p.v, o1, NULL, NULL));
-    char *buf = malloc(need);
-    ASSERT_OK(attn_ctx_set_workspace(ctx, buf, need - 1));
+    // The reported size covers any alignment: 63 bytes of it are room to reach a 64-byte boundary.
+    ASSERT_TRUE(need > 63);
+    char *buf = NULL;
+    ASSERT_TRUE(posix_memalign((void **)&buf, 64, need + 64) == 0);
+    ASSERT_OK(attn_ctx_set_workspace(ctx, buf, need - 64)); // aligned, one byte short
     ASSERT_STATUS(attn_sdpa_fwd(ctx, &d, p.q, p.k, p.v, o2, NULL, NULL), ATTN_ERR_WORKSPACE);
-    ASSERT_OK(attn_ctx_set_workspace(ctx, buf, need));
+    ASSERT_TRUE(strstr(attn_ctx_last_error(ctx), "workspace") != NULL);
+    ASSERT_OK(attn_ctx_set_workspace(ctx, buf, need - 63)); // aligned, exactly enough
     ASSERT_OK(attn_sdpa_fwd(ctx, &d, p.q, p.k, p.v, o2, NULL, NULL));
     ASSERT_BITS_EQ(o1, o2, 2 * 5 * 4);
+    for (size_t off = 1; off < 64; off++) { // any start address works with the reported size
+        memset(o2, 0, sizeof o2);
+        ASSERT_OK(attn_ctx_set_workspace(ctx, buf + off, need));
+        ASSERT_OK(attn_sdpa_fwd(ctx, &d, p.q, p.k, p.v, o2, NULL, NULL));
+        ASSERT_BITS_EQ(o1, o2, 2 * 5 * 4);
+    }
+    ASSERT_OK(attn_ctx_set_workspace(ctx, buf + 1, 10)); // too small to reach the boundary: usable 0
+    ASSERT_STATUS(attn_sdpa_fwd(ctx, &d, p.q, p.k, p.v, o2, NULL, NULL), ATTN_ERR_WORKSPACE);
     ASSERT_STATUS(attn_ctx_set_workspace(ctx, buf, 0), ATTN_ERR_INVALID_ARG);
     ASSERT_OK(attn_ctx_set_workspace(ctx, NULL, 0)); // back to context-owned scratch
     ASSERT_OK(attn_ctx_reserve(ctx, 1 << 16));
@@ -529,6 +622,13 @@ static void test_caller_workspace(void) {
     free(buf);
     free_problem(&p);
     attn_ctx_free(ctx);
+}
+
+// Caller-owned scratch of any alignment, for the reference and the fast kernels (which use aligned
+// vector loads on it).
+static void test_caller_workspace(void) {
+    caller_workspace_with(ATTN_ISA_REF);
+    caller_workspace_with(ATTN_ISA_AUTO);
 }
 
 int main(int argc, char **argv) {
@@ -545,6 +645,9 @@ int main(int argc, char **argv) {
         HARNESS_CASE(test_nan_poisons_only_its_row),
         HARNESS_CASE(test_nan_in_keys_reaches_only_rows_that_see_them),
         HARNESS_CASE(test_huge_scores_stay_finite),
+        HARNESS_CASE(test_blocked_key_ignores_other_mask_terms),
+        HARNESS_CASE(test_dropout_keeps_nan_rows_nan),
+        HARNESS_CASE(test_length_one_dims_ignore_strides),
         HARNESS_CASE(test_argument_errors),
         HARNESS_CASE(test_caller_workspace),
     };

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "ref/ref_scores.h"
 
 // Double accumulators for dk (B, Hkv, S, D), dv (B, Hkv, S, Dv), dq of one row (D), and the
 // row's scores (S).
@@ -46,17 +47,6 @@ size_t attn__sdpa_bwd_ref_workspace(const attn_sdpa_desc *d, const attn__sdpa_sh
     return layout(d, sh, want_dmask, NULL, &b);
 }
 
-static inline double mask_term(const void *mask, attn_dtype dtype, int64_t off) {
-    if (dtype == ATTN_DTYPE_BOOL) return ((const uint8_t *)mask)[off] ? -INFINITY : 0.0;
-    return (double)((const float *)mask)[off];
-}
-
-static inline bool causal_hidden(attn_causal c, int64_t i, int64_t j, int64_t L, int64_t S) {
-    if (c == ATTN_CAUSAL_TOP_LEFT) return j > i;
-    if (c == ATTN_CAUSAL_BOTTOM_RIGHT) return j > i + (S - L);
-    return false;
-}
-
 void attn__sdpa_bwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const attn_generator *dropout_state,
                         const float *q, const float *k, const float *v, const float *dout, float *dq, float *dk,
                         float *dv, float *dmask, void *ws) {
@@ -72,7 +62,6 @@ void attn__sdpa_bwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, con
     const double keep_prob = 1.0 - d->dropout_p;
     const double keep_scale = drop_all ? 0.0 : (double)(1.0f / (float)(1.0 - d->dropout_p));
     const double scale = (double)sh->scale;
-    const int64_t kpm_stride4[4] = {d->key_padding_mask_stride[0], d->key_padding_mask_stride[1], 0, 0};
 
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++) {
@@ -85,21 +74,8 @@ void attn__sdpa_bwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, con
                 double max = -INFINITY;
                 bool has_nan = false;
                 for (int64_t j = 0; j < S; j++) {
-                    double bias = 0.0;
-                    bool hidden = causal_hidden(d->causal, i, j, L, S);
-                    if (!hidden && d->mask != NULL)
-                        bias += mask_term(d->mask, d->mask_dtype, attn__offset4(d->mask_stride, b, h, i, j));
-                    if (!hidden && d->key_padding_mask != NULL)
-                        bias += mask_term(d->key_padding_mask, d->key_padding_mask_dtype,
-                                          attn__offset4(kpm_stride4, b, j, 0, 0));
-                    if (hidden || bias == -INFINITY) {
-                        w.s[j] = -INFINITY;
-                        continue;
-                    }
-                    const float *k_row = k + attn__offset4(d->k_stride, b, hk, j, 0);
-                    double dot = 0.0;
-                    for (int64_t t = 0; t < D; t++) dot += (double)q_row[t * d->q_stride[3]] * k_row[t * d->k_stride[3]];
-                    w.s[j] = scale * dot + bias;
+                    w.s[j] = attn__ref_score(d, sh, q_row, k, b, h, i, j);
+                    if (w.s[j] == -INFINITY) continue;
                     if (isnan(w.s[j])) has_nan = true;
                     else if (w.s[j] > max) max = w.s[j];
                 }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "ref/ref_scores.h"
 
 size_t attn__sdpa_ref_workspace(const attn__sdpa_shape *sh) {
     attn__arena a = {0};
@@ -19,31 +20,16 @@ size_t attn__sdpa_ref_workspace(const attn__sdpa_shape *sh) {
     return a.used;
 }
 
-// Additive contribution of one mask element: BOOL True blocks (-inf), F32 is added.
-static inline double mask_term(const void *mask, attn_dtype dtype, int64_t off) {
-    if (dtype == ATTN_DTYPE_BOOL) return ((const uint8_t *)mask)[off] ? -INFINITY : 0.0;
-    return (double)((const float *)mask)[off];
-}
-
-// True when causal masking hides key j from query i.
-static inline bool causal_hidden(attn_causal c, int64_t i, int64_t j, int64_t L, int64_t S) {
-    if (c == ATTN_CAUSAL_TOP_LEFT) return j > i;
-    if (c == ATTN_CAUSAL_BOTTOM_RIGHT) return j > i + (S - L);
-    return false;
-}
-
 void attn__sdpa_fwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, attn_generator *gen, const float *q,
                         const float *k, const float *v, float *out, float *lse, float *weights, void *ws) {
-    const int64_t B = sh->B, H = sh->H, L = sh->L, S = sh->S, D = sh->D, Dv = sh->Dv;
+    const int64_t B = sh->B, H = sh->H, L = sh->L, S = sh->S, Dv = sh->Dv;
     attn__arena arena = {.base = ws};
     double *s = attn__arena_take(&arena, (size_t)S * sizeof(double)); // s: (S) scores of the row
     float *p = attn__arena_take(&arena, (size_t)S * sizeof(float));   // p: (S) weights of the row
-    const double scale = (double)sh->scale;
     const bool dropout = d->dropout_p > 0.0;
     const bool drop_all = d->dropout_p >= 1.0;
     const double keep_prob = 1.0 - d->dropout_p;
     const float keep_scale = drop_all ? 0.0f : 1.0f / (float)(1.0 - d->dropout_p);
-    const int64_t kpm_stride4[4] = {d->key_padding_mask_stride[0], d->key_padding_mask_stride[1], 0, 0};
 
     for (int64_t b = 0; b < B; b++) {
         for (int64_t h = 0; h < H; h++) {
@@ -54,27 +40,9 @@ void attn__sdpa_fwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, att
                 double max = -INFINITY;
                 bool has_nan = false;
                 for (int64_t j = 0; j < S; j++) {
-                    // Masks first: a hidden key is -inf whatever its data, so NaN or inf in a key that
-                    // a row cannot see does not reach that row.
-                    double bias = 0.0;
-                    bool hidden = causal_hidden(d->causal, i, j, L, S);
-                    if (!hidden && d->mask != NULL) {
-                        bias += mask_term(d->mask, d->mask_dtype, attn__offset4(d->mask_stride, b, h, i, j));
-                    }
-                    if (!hidden && d->key_padding_mask != NULL) {
-                        bias += mask_term(d->key_padding_mask, d->key_padding_mask_dtype,
-                                          attn__offset4(kpm_stride4, b, j, 0, 0));
-                    }
-                    if (hidden || bias == -INFINITY) {
-                        s[j] = -INFINITY;
-                        continue;
-                    }
-                    // k_row: (D) at k_stride[3]
-                    const float *k_row = k + attn__offset4(d->k_stride, b, hk, j, 0);
-                    double dot = 0.0;
-                    for (int64_t t = 0; t < D; t++)
-                        dot += (double)q_row[t * d->q_stride[3]] * (double)k_row[t * d->k_stride[3]];
-                    double sj = scale * dot + bias;
+                    // Masks first (attn__ref_score): NaN or inf in a key that a row cannot see
+                    // does not reach that row.
+                    const double sj = attn__ref_score(d, sh, q_row, k, b, h, i, j);
                     s[j] = sj;
                     if (isnan(sj))
                         has_nan = true;
@@ -101,7 +69,7 @@ void attn__sdpa_fwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, att
                 if (dropout) { // F.dropout: bernoulli(1-p) per element, kept values * fl(1/fl(1-p))
                     for (int64_t j = 0; j < S; j++) {
                         bool keep = !drop_all && attn__dropout_keep(gen, keep_prob);
-                        p[j] = keep ? p[j] * keep_scale : 0.0f;
+                        p[j] *= keep ? keep_scale : 0.0f; // F.dropout multiplies: a NaN stays NaN
                     }
                 }
                 if (d->weights_mode == ATTN_WEIGHTS_PER_HEAD) {

@@ -1,0 +1,1409 @@
+/*
+ * fuzz_api.c - fuzz target for the argument validation of libattn's compute entry points:
+ * attn_sdpa_fwd (and attn_sdpa_fwd_workspace_size), attn_mha_create + attn_mha_forward, the
+ * attn_book_* constructors + attn_book_forward + attn_book_transfer_v2_to_v1,
+ * attn_simple_self_attention, attn_linear, the generator and initialiser functions, and
+ * attn_ctx_create (ISA and thread count from the input; the context the rest of the input uses).
+ *
+ * The input chooses an entry point and its arguments: sizes that are small, zero, negative or huge,
+ * strides that are permuted-contiguous, broadcast, padded, negative or huge, enum values in and
+ * out of range, NaN/inf/huge scalars, NULL pointers, caller-owned workspaces of every size, and
+ * an allocation that fails. This file then judges the call from attn.h alone, without looking at
+ * how the library does it:
+ *  - INVALID: the header says the call must fail (a NULL that is not allowed, a size < 1, an enum
+ *    out of range, a product of sizes or an element offset that overflows, ...). The call is made
+ *    with NULL or tiny buffers and must return an error, leave a message, and write nothing.
+ *  - VALID: the call must succeed. Every buffer is allocated with exactly the number of elements
+ *    its sizes and strides reach (so AddressSanitizer sees any access outside them), and the call
+ *    must return ATTN_OK (or ATTN_ERR_OUT_OF_MEMORY / ATTN_ERR_WORKSPACE when an allocation was
+ *    refused or the workspace given is too small). With finite, moderate inputs the outputs must
+ *    hold what attn.h promises: no NaN, fully masked rows exactly zero with log-sum-exp -inf,
+ *    other rows' weights summing to 1.
+ *  - UNSURE: the header does not settle it (a negative stride, dropout exactly 1, an output that
+ *    overlaps itself, a U8 mask). The call is made only with exactly sized buffers and any status
+ *    is accepted.
+ * Calls whose buffers would exceed a few MB (or whose work would be long) are judged but not
+ * made, unless they are INVALID. Everything allocated through the context is counted: a leak
+ * aborts even without a sanitizer.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn.h"
+#include "fuzz_data.h"
+#include "fuzz_util.h"
+
+#define SMALL_BYTES ((int64_t)4 << 20) /* all buffers of one call */
+#define SMALL_WORK ((int64_t)1 << 22)  /* multiply-adds of one call */
+#define TAME_VALUE 1e3f                /* inputs within +-this cannot overflow any sane kernel */
+#define TAME_MASK 1e30f                /* additive mask values within +-this, or -inf */
+
+/* ---- verdicts ------------------------------------------------------------------------------- */
+
+enum { J_VALID = 0, J_UNSURE = 1, J_INVALID = 2 };
+
+typedef struct judge {
+    int v;
+    const char *why; /* the first reason for the verdict */
+} judge;
+
+static void bad(judge *j, const char *why) {
+    if (j->v != J_INVALID) j->v = J_INVALID, j->why = why;
+}
+
+static void doubt(judge *j, const char *why) {
+    if (j->v == J_VALID) j->v = J_UNSURE, j->why = why;
+}
+
+/* ---- the environment of one input ------------------------------------------------------------- */
+
+typedef struct env {
+    fuzz_data *fd;
+    fuzz_alloc *alloc;
+    attn_ctx *ctx;     /* the context under test */
+    uint64_t fail_nth; /* which allocation of a call fails (0: none) */
+    fuzz_rng rng;      /* bulk values */
+    void *blocks[48];  /* buffers of the current call */
+    int n_blocks;
+} env;
+
+/* An exactly sized block, freed by env_release. */
+static void *env_buf(env *e, size_t bytes) {
+    FUZZ_CHECK(e->n_blocks < (int)(sizeof e->blocks / sizeof e->blocks[0]), "too many blocks");
+    void *p = fuzz_xmalloc(bytes);
+    memset(p, 0xCD, bytes > 0 ? bytes : 1);
+    e->blocks[e->n_blocks++] = p;
+    return p;
+}
+
+/* A block of `bytes` starting on a 64-byte boundary, freed by env_release. */
+static void *env_buf_aligned(env *e, size_t bytes) {
+    FUZZ_CHECK(e->n_blocks < (int)(sizeof e->blocks / sizeof e->blocks[0]), "too many blocks");
+    void *p = NULL;
+    FUZZ_CHECK(posix_memalign(&p, 64, bytes > 0 ? bytes : 1) == 0, "out of memory (%zu bytes)", bytes);
+    memset(p, 0xCD, bytes > 0 ? bytes : 1);
+    e->blocks[e->n_blocks++] = p;
+    return p;
+}
+
+static void env_release(env *e) {
+    for (int i = 0; i < e->n_blocks; i++) free(e->blocks[i]);
+    e->n_blocks = 0;
+}
+
+/* The context to pass: usually the real one, rarely NULL. */
+static attn_ctx *env_ctx(env *e) { return fuzz_data_chance(e->fd, 1, 64) ? NULL : e->ctx; }
+
+static void arm(env *e) { fuzz_alloc_arm(e->alloc, e->fail_nth); }
+static void disarm(env *e) { e->alloc->fail_at = 0; }
+
+/* Checks a status against a verdict: INVALID must fail; VALID must succeed unless memory was
+ * refused (or the caller's workspace was too small, when ws_short). */
+static void expect(const env *e, const judge *j, attn_ctx *ctx, attn_status st, bool ws_short, const char *what) {
+    fuzz_check_error(ctx, st, what);
+    if (j->v == J_INVALID) {
+        FUZZ_CHECK(st != ATTN_OK, "%s accepted an invalid call (%s)", what, j->why);
+    } else if (j->v == J_VALID) {
+        const bool oom = st == ATTN_ERR_OUT_OF_MEMORY && fuzz_alloc_refused(e->alloc) > 0;
+        const bool ws = st == ATTN_ERR_WORKSPACE && ws_short;
+        FUZZ_CHECK(st == ATTN_OK || oom || ws, "%s rejected a valid call: %s: %s", what, attn_strerror(st),
+                   ctx != NULL ? attn_ctx_last_error(ctx) : "");
+    }
+}
+
+/* True when the status means "bad arguments", after which nothing may have been written. */
+static bool is_argument_error(attn_status st) {
+    return st == ATTN_ERR_INVALID_ARG || st == ATTN_ERR_BAD_SHAPE || st == ATTN_ERR_BAD_MASK || st == ATTN_ERR_OVERFLOW;
+}
+
+static bool untouched(const void *p, size_t bytes) {
+    const uint8_t *b = p;
+    for (size_t i = 0; i < bytes; i++)
+        if (b[i] != 0xCD) return false;
+    return true;
+}
+
+/* ---- values ----------------------------------------------------------------------------------- */
+
+/* Fills n floats with values in [-amp, amp], a few replaced by specials; true if all stay tame. */
+static bool fill_floats(env *e, float *p, int64_t n, float amp) {
+    for (int64_t i = 0; i < n; i++) p[i] = fuzz_rng_float(&e->rng, -amp, amp);
+    if (n > 0 && fuzz_data_chance(e->fd, 1, 8)) {
+        const int k = fuzz_data_int_range(e->fd, 1, 4);
+        for (int i = 0; i < k; i++) p[fuzz_rng_below(&e->rng, (uint64_t)n)] = fuzz_data_float_special(e->fd);
+    }
+    bool tame = true;
+    for (int64_t i = 0; i < n; i++) tame = tame && isfinite(p[i]) && fabsf(p[i]) <= TAME_VALUE;
+    return tame;
+}
+
+static float pick_amp(env *e) {
+    static const float amps[] = {1.0f, 4.0f, 30.0f, 1000.0f};
+    return amps[fuzz_data_pick(e->fd, 4)];
+}
+
+/* Fills a mask of n elements of dtype BOOL (any non-zero byte is True) or F32 (0, -inf, random,
+ * very negative, a few specials); true if every value is tame (finite within TAME_MASK, or -inf). */
+static bool fill_mask(env *e, void *m, int64_t n, attn_dtype dt) {
+    const unsigned density = (unsigned)fuzz_data_u8(e->fd); /* out of 256: how many entries block */
+    if (dt != ATTN_DTYPE_F32) {
+        uint8_t *b = m;
+        for (int64_t i = 0; i < n; i++)
+            b[i] = fuzz_rng_below(&e->rng, 256) < density ? (uint8_t)(1 + fuzz_rng_below(&e->rng, 255)) : 0;
+        return true;
+    }
+    float *f = m;
+    for (int64_t i = 0; i < n; i++) {
+        const uint64_t r = fuzz_rng_below(&e->rng, 256);
+        if (r < density)
+            f[i] = -INFINITY;
+        else if (r % 4 == 0)
+            f[i] = fuzz_rng_float(&e->rng, -5.0f, 5.0f);
+        else if (r % 16 == 1)
+            f[i] = -1e30f;
+        else
+            f[i] = 0.0f;
+    }
+    if (n > 0 && fuzz_data_chance(e->fd, 1, 8)) {
+        const int k = fuzz_data_int_range(e->fd, 1, 3);
+        for (int i = 0; i < k; i++) f[fuzz_rng_below(&e->rng, (uint64_t)n)] = fuzz_data_float_special(e->fd);
+    }
+    bool tame = true;
+    for (int64_t i = 0; i < n; i++) tame = tame && (f[i] == -INFINITY || (isfinite(f[i]) && fabsf(f[i]) <= TAME_MASK));
+    return tame;
+}
+
+/* True when mask element `off` blocks (BOOL True or F32 -inf). */
+static bool blocks_at(const void *m, attn_dtype dt, int64_t off) {
+    if (dt == ATTN_DTYPE_F32) return ((const float *)m)[off] == -INFINITY;
+    return ((const uint8_t *)m)[off] != 0;
+}
+
+static attn_dtype pick_mask_dtype(env *e) {
+    switch (fuzz_data_pick(e->fd, 8)) {
+    case 0: return ATTN_DTYPE_F32;
+    case 1: return ATTN_DTYPE_F32;
+    case 2: return ATTN_DTYPE_F32;
+    case 3: return (attn_dtype)fuzz_data_int_range(e->fd, -2, 12);
+    default: return ATTN_DTYPE_BOOL;
+    }
+}
+
+/* ---- strides and spans ------------------------------------------------------------------------ */
+
+/* Element offsets reached by a view: [lo, hi]; ok false if one of them overflows int64. */
+typedef struct span {
+    bool ok, negative;
+    int64_t lo, hi;
+} span;
+
+static span view_span(int nd, const int64_t *n, const int64_t *s) {
+    span r = {true, false, 0, 0};
+    int64_t pos = 0, neg = 0;
+    for (int i = 0; i < nd; i++) {
+        const int64_t m = n[i] - 1;
+        int64_t t;
+        if (s[i] < 0) r.negative = true;
+        if (m == 0) continue;
+        int64_t sum;
+        if (s[i] >= 0) {
+            if (fuzz_mul(m, s[i], &t) && fuzz_add(pos, t, &sum))
+                pos = sum;
+            else
+                r.ok = false;
+        } else {
+            if (s[i] != INT64_MIN && fuzz_mul(m, -s[i], &t) && fuzz_add(neg, t, &sum))
+                neg = sum;
+            else
+                r.ok = false;
+        }
+    }
+    r.lo = -neg;
+    r.hi = pos;
+    return r;
+}
+
+/* Elements a span covers; false if that overflows. */
+static bool span_count(const span *sp, int64_t *count) {
+    int64_t c;
+    return sp->ok && fuzz_add(sp->hi, -sp->lo, &c) && fuzz_add(c, 1, count);
+}
+
+/* Elements of a span known not to overflow. */
+static int64_t span_elems(const span *sp) {
+    int64_t c = 0;
+    FUZZ_CHECK(span_count(sp, &c), "span");
+    return c;
+}
+
+static int64_t random_stride(env *e) {
+    switch (fuzz_data_pick(e->fd, 10)) {
+    case 0: return 0;
+    case 1: return 1;
+    case 2: return fuzz_data_i64_range(e->fd, -4, -1);
+    case 3: return fuzz_data_i64_edge(e->fd);
+    default: return fuzz_data_i64_range(e->fd, 0, 24);
+    }
+}
+
+/*
+ * Strides for an nd-dim view of sizes n: usually contiguous in a permuted dimension order with
+ * optional padding, each dimension of an input broadcast (stride 0) with probability bcast/16;
+ * otherwise random. *plain tells whether no two elements share an offset (permuted, unbroadcast).
+ */
+static void gen_strides(env *e, int nd, const int64_t *n, unsigned bcast, int64_t *s, bool *plain) {
+    *plain = false;
+    if (fuzz_data_pick(e->fd, 8) != 0) {
+        int perm[4] = {0, 1, 2, 3};
+        for (int i = nd - 1; i > 0; i--) {
+            const int j = (int)fuzz_data_pick(e->fd, (size_t)i + 1), t = perm[i];
+            perm[i] = perm[j], perm[j] = t;
+        }
+        int64_t acc = 1;
+        bool ok = true;
+        for (int i = nd - 1; i >= 0 && ok; i--) { /* perm[nd-1] varies fastest */
+            const int d = perm[i];
+            const int64_t pad = fuzz_data_chance(e->fd, 1, 6) ? fuzz_data_i64_range(e->fd, 1, 3) : 0;
+            s[d] = acc;
+            ok = n[d] >= 1 && fuzz_mul(acc, n[d], &acc) && fuzz_add(acc, pad, &acc);
+        }
+        if (ok) {
+            *plain = true;
+            for (int d = 0; d < nd; d++)
+                if (bcast > 0 && fuzz_data_chance(e->fd, bcast, 16)) s[d] = 0, *plain = false;
+            return;
+        }
+    }
+    for (int d = 0; d < nd; d++) s[d] = random_stride(e);
+}
+
+/* A block covering span sp of elements of `elem` bytes; returns the pointer for offset 0. */
+static void *span_buf(env *e, const span *sp, size_t elem) {
+    uint8_t *p = env_buf(e, (size_t)span_elems(sp) * elem);
+    return p - sp->lo * (int64_t)elem;
+}
+
+/* A tiny block or NULL, for calls that must fail. */
+static void *dummy(env *e, bool null) { return null ? NULL : env_buf(e, 16 * sizeof(float)); }
+
+static int64_t off4(const int64_t s[4], int64_t a, int64_t b, int64_t c, int64_t d) {
+    return a * s[0] + b * s[1] + c * s[2] + d * s[3];
+}
+
+/* A caller-owned workspace for the context, sometimes: exact, larger, smaller or random in size,
+ * 64-byte aligned or not (attn.h states no alignment). Returns its size, or SIZE_MAX for none. */
+static size_t maybe_workspace(env *e, attn_ctx *ctx, size_t need, bool need_known) {
+    if (ctx == NULL || !fuzz_data_chance(e->fd, 1, 4)) return SIZE_MAX;
+    size_t size;
+    switch (fuzz_data_pick(e->fd, 4)) {
+    case 0: size = need_known ? need : (size_t)fuzz_data_u64_range(e->fd, 1, 1 << 16); break;
+    case 1: size = need_known ? need + (size_t)fuzz_data_u64_range(e->fd, 1, 256) : 1 << 18; break;
+    case 2: size = need_known && need > 1 ? (size_t)fuzz_data_u64_range(e->fd, 1, need - 1) : 1; break;
+    default: size = (size_t)fuzz_data_u64_range(e->fd, 1, 1 << 18); break;
+    }
+    if (size == 0) size = 1;
+    /* The buffer starts `offset` bytes past a 64-byte boundary and ends where its block ends. */
+    static const size_t offsets[] = {0, 0, 0, 0, 8, 16, 32, 4, 1};
+    size_t offset = offsets[fuzz_data_pick(e->fd, sizeof offsets / sizeof offsets[0])];
+    uint8_t *b = env_buf_aligned(e, offset + size);
+    const attn_status st = attn_ctx_set_workspace(ctx, b + offset, size);
+    FUZZ_CHECK(st == ATTN_OK, "attn_ctx_set_workspace(%zu bytes): %s", size, attn_strerror(st));
+    return size;
+}
+
+static void drop_workspace(attn_ctx *ctx, size_t ws) {
+    if (ws == SIZE_MAX) return;
+    FUZZ_CHECK(attn_ctx_set_workspace(ctx, NULL, 0) == ATTN_OK, "attn_ctx_set_workspace(NULL, 0)");
+}
+
+/* ============================================================================================ */
+/* Scaled dot-product attention                                                                 */
+/* ============================================================================================ */
+
+static int64_t gen_size(env *e, int64_t lo, int64_t hi) { return fuzz_data_size(e->fd, lo, hi, 1, 40); }
+
+static void fuzz_sdpa(env *e) {
+    fuzz_data *fd = e->fd;
+    attn_sdpa_desc d;
+    attn_sdpa_desc_init(&d);
+    d.batch = gen_size(e, 1, 3);
+    d.n_heads = gen_size(e, 1, 4);
+    switch (fuzz_data_pick(fd, 4)) {
+    case 0: d.n_kv_heads = 0; break;
+    case 1: d.n_kv_heads = gen_size(e, 1, 4); break;
+    default: { /* a divisor of n_heads */
+        const int64_t h = d.n_heads >= 1 && d.n_heads <= 64 ? d.n_heads : 1;
+        int64_t k = fuzz_data_i64_range(fd, 1, h);
+        while (h % k != 0) k--;
+        d.n_kv_heads = k;
+    }
+    }
+    d.len_q = gen_size(e, 1, 6);
+    d.len_kv = gen_size(e, 1, 6);
+    d.head_dim = gen_size(e, 1, 8);
+    d.head_dim_v = fuzz_data_bool(fd) ? 0 : gen_size(e, 1, 8);
+    switch (fuzz_data_pick(fd, 4)) {
+    case 0: d.scale = fuzz_data_float_special(fd); break;
+    case 1: d.scale = fuzz_data_float_range(fd, -3.0f, 3.0f); break;
+    default: d.scale = 0.0f; break;
+    }
+    d.causal =
+        fuzz_data_chance(fd, 1, 32) ? (attn_causal)fuzz_data_int_range(fd, -3, 8) : (attn_causal)fuzz_data_pick(fd, 3);
+    d.weights_mode = fuzz_data_chance(fd, 1, 32) ? (attn_weights_mode)fuzz_data_int_range(fd, -3, 8)
+                                                 : (attn_weights_mode)fuzz_data_pick(fd, 3);
+    switch (fuzz_data_pick(fd, 8)) {
+    case 0: d.dropout_p = fuzz_data_double_special(fd, 0.0, 1.0); break;
+    case 1: d.dropout_p = fuzz_data_unit(fd) * 0.9; break;
+    default: d.dropout_p = 0.0; break;
+    }
+
+    const int64_t B = d.batch, H = d.n_heads, L = d.len_q, S = d.len_kv, D = d.head_dim;
+    const int64_t Hkv = d.n_kv_heads == 0 ? H : d.n_kv_heads, Dv = d.head_dim_v == 0 ? D : d.head_dim_v;
+    const int64_t nq[4] = {B, H, L, D}, nk[4] = {B, Hkv, S, D}, nv[4] = {B, Hkv, S, Dv}, no[4] = {B, H, L, Dv};
+    const int64_t nm[4] = {B, H, L, S}, nkpm[2] = {B, S};
+    bool plain_q, plain_k, plain_v, plain_o, plain_m, plain_kpm;
+    gen_strides(e, 4, nq, 1, d.q_stride, &plain_q);
+    gen_strides(e, 4, nk, 1, d.k_stride, &plain_k);
+    gen_strides(e, 4, nv, 1, d.v_stride, &plain_v);
+    gen_strides(e, 4, no, 0, d.o_stride, &plain_o);
+    const bool use_mask = fuzz_data_chance(fd, 1, 3), use_kpm = fuzz_data_chance(fd, 1, 4);
+    if (use_mask) {
+        d.mask_dtype = pick_mask_dtype(e);
+        gen_strides(e, 4, nm, 6, d.mask_stride, &plain_m);
+    }
+    if (use_kpm) {
+        d.key_padding_mask_dtype = pick_mask_dtype(e);
+        gen_strides(e, 2, nkpm, 3, d.key_padding_mask_stride, &plain_kpm);
+    }
+    const bool null_q = fuzz_data_chance(fd, 1, 48), null_k = fuzz_data_chance(fd, 1, 48);
+    const bool null_v = fuzz_data_chance(fd, 1, 48), null_o = fuzz_data_chance(fd, 1, 48);
+    const bool want_lse = fuzz_data_bool(fd);
+    const bool want_w =
+        fuzz_data_chance(fd, 1, 32) ? d.weights_mode == ATTN_WEIGHTS_NONE : d.weights_mode != ATTN_WEIGHTS_NONE;
+    const bool null_desc = fuzz_data_chance(fd, 1, 64), null_bytes = fuzz_data_chance(fd, 1, 64);
+    attn_ctx *ctx = env_ctx(e);
+
+    /* ---- the descriptor, judged from attn.h ---- */
+    judge jd = {J_VALID, NULL};
+    const bool sizes_ok =
+        B >= 1 && H >= 1 && Hkv >= 1 && L >= 1 && S >= 1 && D >= 1 && Dv >= 1 && d.n_kv_heads >= 0 && d.head_dim_v >= 0;
+    if (!sizes_ok)
+        bad(&jd, "a size < 1");
+    else if (H % Hkv != 0)
+        bad(&jd, "n_heads is not a multiple of n_kv_heads");
+    if (!isfinite(d.scale)) bad(&jd, "scale is not finite");
+    if (d.causal != ATTN_CAUSAL_NONE && d.causal != ATTN_CAUSAL_TOP_LEFT && d.causal != ATTN_CAUSAL_BOTTOM_RIGHT)
+        bad(&jd, "unknown causal mode");
+    if (d.weights_mode != ATTN_WEIGHTS_NONE && d.weights_mode != ATTN_WEIGHTS_PER_HEAD &&
+        d.weights_mode != ATTN_WEIGHTS_AVERAGE)
+        bad(&jd, "unknown weights_mode");
+    if (!(d.dropout_p >= 0.0 && d.dropout_p <= 1.0))
+        bad(&jd, "dropout_p outside [0, 1]");
+    else if (d.dropout_p == 1.0)
+        doubt(&jd, "dropout_p = 1 (the header says [0, 1))");
+    const bool mask_dt_ok = d.mask_dtype == ATTN_DTYPE_BOOL || d.mask_dtype == ATTN_DTYPE_F32;
+    const bool kpm_dt_ok = d.key_padding_mask_dtype == ATTN_DTYPE_BOOL || d.key_padding_mask_dtype == ATTN_DTYPE_F32;
+    if (use_mask && !mask_dt_ok) bad(&jd, "mask dtype is not BOOL or F32");
+    if (use_kpm && !kpm_dt_ok) bad(&jd, "key_padding_mask dtype is not BOOL or F32");
+
+    span sq = {0}, sk = {0}, sv = {0}, so = {0}, sm = {0}, skpm = {0};
+    int64_t n_lse = 0, n_w = 0;
+    bool lse_ok = true, w_ok = true;
+    if (sizes_ok) {
+        sq = view_span(4, nq, d.q_stride), sk = view_span(4, nk, d.k_stride);
+        sv = view_span(4, nv, d.v_stride), so = view_span(4, no, d.o_stride);
+        const span *views[4] = {&sq, &sk, &sv, &so};
+        for (int i = 0; i < 4; i++) {
+            if (!views[i]->ok) bad(&jd, "an element offset of q, k, v or out overflows");
+            if (views[i]->negative) doubt(&jd, "a negative stride");
+        }
+        for (int i = 0; i < 4; i++) {
+            if (d.o_stride[i] == 0 && no[i] > 1) bad(&jd, "an out stride is 0");
+            if (d.o_stride[i] == 0 && no[i] == 1) doubt(&jd, "an out stride is 0 over a size of 1");
+        }
+        if (!plain_o) doubt(&jd, "out may overlap itself");
+        if (use_mask) {
+            sm = view_span(4, nm, d.mask_stride);
+            if (!sm.ok) bad(&jd, "a mask offset overflows");
+            if (sm.negative) doubt(&jd, "a negative mask stride");
+        }
+        if (use_kpm) {
+            skpm = view_span(2, nkpm, d.key_padding_mask_stride);
+            if (!skpm.ok) bad(&jd, "a key padding mask offset overflows");
+            if (skpm.negative) doubt(&jd, "a negative key padding mask stride");
+        }
+        const int64_t dl[3] = {B, H, L}, dw[4] = {B, H, L, S}, dwa[3] = {B, L, S};
+        lse_ok = fuzz_prod(3, dl, &n_lse) && fuzz_mul(n_lse, 4, &(int64_t){0});
+        if (d.weights_mode == ATTN_WEIGHTS_PER_HEAD) w_ok = fuzz_prod(4, dw, &n_w);
+        if (d.weights_mode == ATTN_WEIGHTS_AVERAGE) w_ok = fuzz_prod(3, dwa, &n_w);
+        w_ok = w_ok && fuzz_mul(n_w, 4, &(int64_t){0});
+        if (!w_ok) bad(&jd, "the weights' size overflows");
+    }
+
+    /* ---- the call, judged ---- */
+    judge jc = jd;
+    if (ctx == NULL) bad(&jc, "ctx is NULL");
+    if (null_desc) bad(&jc, "desc is NULL");
+    if (null_q || null_k || null_v || null_o) bad(&jc, "q, k, v or out is NULL");
+    if (want_w != (d.weights_mode != ATTN_WEIGHTS_NONE)) bad(&jc, "weights given iff weights_mode");
+    if (sizes_ok && want_lse && !lse_ok) bad(&jc, "the log-sum-exp size overflows");
+
+    /* Small enough to run with exact buffers? */
+    bool small = sizes_ok && jd.v != J_INVALID && lse_ok && w_ok;
+    int64_t total = 0;
+    if (small) {
+        const span *views[4] = {&sq, &sk, &sv, &so};
+        for (int i = 0; i < 4 && small; i++) {
+            int64_t c;
+            small = span_count(views[i], &c) && fuzz_mul(c, 4, &c) && fuzz_add(total, c, &total);
+        }
+        int64_t c;
+        if (small && use_mask) small = span_count(&sm, &c) && fuzz_mul(c, 4, &c) && fuzz_add(total, c, &total);
+        if (small && use_kpm) small = span_count(&skpm, &c) && fuzz_mul(c, 4, &c) && fuzz_add(total, c, &total);
+        small = small && fuzz_add(total, 4 * n_lse, &total) && fuzz_add(total, 4 * n_w, &total) && total <= SMALL_BYTES;
+        int64_t dsum = 0, work = 0;
+        small = small && fuzz_add(D, Dv, &dsum) && fuzz_add(dsum, 2, &dsum);
+        const int64_t dims[5] = {B, H, L, S, dsum};
+        small = small && fuzz_prod(5, dims, &work) && work <= SMALL_WORK;
+    }
+
+    /* attn_sdpa_fwd_workspace_size judges the descriptor alone. */
+    size_t need = 0;
+    bool need_known = false; /* need is the workspace the call must be given */
+    {
+        d.mask = use_mask ? dummy(e, false) : NULL; /* only their presence matters here */
+        d.key_padding_mask = use_kpm ? dummy(e, false) : NULL;
+        arm(e);
+        const attn_status st = attn_sdpa_fwd_workspace_size(ctx, null_desc ? NULL : &d, null_bytes ? NULL : &need);
+        disarm(e);
+        judge jw = jd;
+        if (ctx == NULL || null_desc || null_bytes) bad(&jw, "NULL argument");
+        if (jw.v == J_VALID && !small) jw.v = J_UNSURE;
+        expect(e, &jw, ctx, st, false, "attn_sdpa_fwd_workspace_size");
+        need_known = st == ATTN_OK && jd.v == J_VALID;
+    }
+
+    if (jc.v == J_INVALID) { /* must fail before touching memory */
+        float *q = dummy(e, null_q), *k = dummy(e, null_k), *v = dummy(e, null_v), *o = dummy(e, null_o);
+        float *lse = dummy(e, !want_lse), *w = dummy(e, !want_w);
+        d.mask = use_mask ? dummy(e, false) : NULL;
+        d.key_padding_mask = use_kpm ? dummy(e, false) : NULL;
+        arm(e);
+        const attn_status st = attn_sdpa_fwd(ctx, null_desc ? NULL : &d, q, k, v, o, lse, w);
+        disarm(e);
+        expect(e, &jc, ctx, st, false, "attn_sdpa_fwd");
+        if (is_argument_error(st)) {
+            FUZZ_CHECK(o == NULL || untouched(o, 16 * sizeof(float)), "out written by a rejected call");
+            FUZZ_CHECK(lse == NULL || untouched(lse, 16 * sizeof(float)), "lse written by a rejected call");
+            FUZZ_CHECK(w == NULL || untouched(w, 16 * sizeof(float)), "weights written by a rejected call");
+        }
+        return;
+    }
+    if (!small) return; /* valid or unsure, and too large to cover honestly */
+
+    /* ---- exactly sized buffers ---- */
+    const float amp = pick_amp(e);
+    float *q = span_buf(e, &sq, 4), *k = span_buf(e, &sk, 4), *v = span_buf(e, &sv, 4), *o = span_buf(e, &so, 4);
+    bool tame = fill_floats(e, q + sq.lo, span_elems(&sq), amp);
+    tame = fill_floats(e, k + sk.lo, span_elems(&sk), amp) && tame;
+    tame = fill_floats(e, v + sv.lo, span_elems(&sv), amp) && tame;
+    const size_t esz = d.mask_dtype == ATTN_DTYPE_F32 ? 4 : 1;
+    if (use_mask) {
+        uint8_t *m = span_buf(e, &sm, esz);
+        tame = fill_mask(e, m + sm.lo * (int64_t)esz, span_elems(&sm), d.mask_dtype) && tame;
+        d.mask = m;
+    }
+    const size_t kesz = d.key_padding_mask_dtype == ATTN_DTYPE_F32 ? 4 : 1;
+    if (use_kpm) {
+        uint8_t *m = span_buf(e, &skpm, kesz);
+        tame = fill_mask(e, m + skpm.lo * (int64_t)kesz, span_elems(&skpm), d.key_padding_mask_dtype) && tame;
+        d.key_padding_mask = m;
+    }
+    tame = tame && fabsf(d.scale) <= TAME_VALUE;
+    float *lse = want_lse ? env_buf(e, (size_t)n_lse * 4) : NULL;
+    float *w = want_w ? env_buf(e, (size_t)n_w * 4) : NULL;
+    const size_t ws = maybe_workspace(e, ctx, need, need_known);
+
+    arm(e);
+    const attn_status st = attn_sdpa_fwd(ctx, &d, q, k, v, o, lse, w);
+    disarm(e);
+    const bool ws_short = ws != SIZE_MAX && (!need_known || ws < need);
+    expect(e, &jc, ctx, st, ws_short, "attn_sdpa_fwd");
+    drop_workspace(ctx, ws);
+    if (jc.v == J_VALID && need_known && ws != SIZE_MAX && ws >= need)
+        FUZZ_CHECK(st != ATTN_ERR_WORKSPACE, "a %zu-byte workspace refused, %zu needed", ws, need);
+    if (st != ATTN_OK || jc.v != J_VALID || !tame) return;
+
+    /* ---- what attn.h promises about the results ---- */
+    const bool dropout = d.dropout_p > 0.0;
+    const int64_t ks[4] = {d.key_padding_mask_stride[0], d.key_padding_mask_stride[1], 0, 0};
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t i = 0; i < L; i++) {
+            int64_t open_heads = 0;
+            for (int64_t h = 0; h < H; h++) {
+                bool all = true;
+                for (int64_t j = 0; j < S && all; j++) {
+                    bool hidden = (d.causal == ATTN_CAUSAL_TOP_LEFT && j > i) ||
+                                  (d.causal == ATTN_CAUSAL_BOTTOM_RIGHT && j > i + S - L);
+                    hidden = hidden || (use_mask && blocks_at(d.mask, d.mask_dtype, off4(d.mask_stride, b, h, i, j)));
+                    hidden = hidden ||
+                             (use_kpm && blocks_at(d.key_padding_mask, d.key_padding_mask_dtype, off4(ks, b, j, 0, 0)));
+                    all = hidden;
+                }
+                open_heads += !all;
+                for (int64_t t = 0; t < Dv; t++) {
+                    const float x = o[off4(d.o_stride, b, h, i, t)];
+                    FUZZ_CHECK(isfinite(x), "out[%lld,%lld,%lld,%lld] = %g", (long long)b, (long long)h, (long long)i,
+                               (long long)t, (double)x);
+                    FUZZ_CHECK(!all || x == 0.0f, "fully masked row with out = %g", (double)x);
+                }
+                if (lse != NULL) {
+                    const float l = lse[(b * H + h) * L + i];
+                    FUZZ_CHECK(all ? l == -INFINITY : isfinite(l), "lse = %g for a %s row", (double)l,
+                               all ? "fully masked" : "visible");
+                }
+                if (d.weights_mode == ATTN_WEIGHTS_PER_HEAD) {
+                    const float *row = w + ((b * H + h) * L + i) * S;
+                    double sum = 0.0;
+                    for (int64_t j = 0; j < S; j++) {
+                        FUZZ_CHECK(isfinite(row[j]) && row[j] >= 0.0f, "weight %g", (double)row[j]);
+                        FUZZ_CHECK(!all || row[j] == 0.0f, "fully masked row with weight %g", (double)row[j]);
+                        sum += row[j];
+                    }
+                    if (!dropout) FUZZ_CHECK(fabs(sum - (all ? 0.0 : 1.0)) <= 1e-4, "weights sum to %.9g", sum);
+                }
+            }
+            if (d.weights_mode == ATTN_WEIGHTS_AVERAGE) {
+                const float *row = w + (b * L + i) * S;
+                double sum = 0.0;
+                for (int64_t j = 0; j < S; j++) {
+                    FUZZ_CHECK(isfinite(row[j]) && row[j] >= 0.0f, "averaged weight %g", (double)row[j]);
+                    sum += row[j];
+                }
+                if (!dropout)
+                    FUZZ_CHECK(fabs(sum - (double)open_heads / (double)H) <= 1e-4, "averaged weights sum to %.9g", sum);
+            }
+        }
+    }
+}
+
+/* ============================================================================================ */
+/* nn.MultiheadAttention                                                                        */
+/* ============================================================================================ */
+
+static int gen_flag(env *e) {
+    switch (fuzz_data_pick(e->fd, 8)) {
+    case 0: return -1;
+    case 1: return 2;
+    case 2: return fuzz_data_chance(e->fd, 1, 2) ? INT32_MIN : INT32_MAX;
+    case 3:
+    case 4: return 1;
+    default: return 0;
+    }
+}
+
+static double gen_dropout(env *e) {
+    switch (fuzz_data_pick(e->fd, 8)) {
+    case 0: return fuzz_data_double_special(e->fd, 0.0, 1.0);
+    case 1:
+    case 2: return fuzz_data_unit(e->fd) * 0.9;
+    default: return 0.0;
+    }
+}
+
+static void judge_dropout(judge *j, double p) {
+    if (!(p >= 0.0 && p <= 1.0))
+        bad(j, "dropout outside [0, 1]");
+    else if (p == 1.0)
+        doubt(j, "dropout = 1");
+}
+
+/* The row-sum promise of attention weights: rows (index r, S entries) sum to 1, or to 0 when
+ * fully masked (open = false), each entry in [0, 1]. */
+static void check_weight_row(const float *row, int64_t S, double expect_sum, bool exact_sum) {
+    double sum = 0.0;
+    for (int64_t j = 0; j < S; j++) {
+        FUZZ_CHECK(isfinite(row[j]) && row[j] >= 0.0f, "weight %g", (double)row[j]);
+        sum += row[j];
+    }
+    if (exact_sum) FUZZ_CHECK(fabs(sum - expect_sum) <= 1e-4, "weights sum to %.9g, not %g", sum, expect_sum);
+}
+
+static void check_finite(const float *p, int64_t n, const char *what) {
+    for (int64_t i = 0; i < n; i++) FUZZ_CHECK(isfinite(p[i]), "%s[%lld] = %g", what, (long long)i, (double)p[i]);
+}
+
+/* Runs one forward pass of module m (configuration cfg as created) with arguments from the input. */
+static void mha_forward_once(env *e, attn_mha *m, const attn_mha_config *cfg) {
+    fuzz_data *fd = e->fd;
+    const int64_t E = cfg->embed_dim, H = cfg->num_heads, kd = cfg->kdim, vd = cfg->vdim;
+    attn_mha_args a;
+    attn_mha_args_init(&a);
+    a.unbatched = fuzz_data_chance(fd, 1, 4) ? gen_flag(e) : 0;
+    a.batch = gen_size(e, 1, 3);
+    a.len_q = gen_size(e, 1, 5);
+    a.len_kv = gen_size(e, 1, 5);
+    const int kmode = (int)fuzz_data_pick(fd, 3), vmode = (int)fuzz_data_pick(fd, 3); /* NULL, shared, own */
+    const bool use_mask = fuzz_data_chance(fd, 1, 3), use_kpm = fuzz_data_chance(fd, 1, 3);
+    if (use_mask) {
+        a.attn_mask_dtype = fuzz_data_chance(fd, 1, 16) ? ATTN_DTYPE_U8 : pick_mask_dtype(e);
+        a.attn_mask_ndim =
+            fuzz_data_chance(fd, 1, 24) ? fuzz_data_int_range(fd, -1, 5) : 2 + (int)fuzz_data_pick(fd, 2);
+    }
+    if (use_kpm) a.key_padding_mask_dtype = fuzz_data_chance(fd, 1, 16) ? ATTN_DTYPE_U8 : pick_mask_dtype(e);
+    a.causal = fuzz_data_chance(fd, 1, 3) ? gen_flag(e) : 0;
+    a.need_weights = gen_flag(e);
+    a.average_attn_weights = gen_flag(e);
+    a.training = fuzz_data_chance(fd, 1, 3) ? gen_flag(e) : 0;
+    const bool want_w = fuzz_data_chance(fd, 1, 32) ? a.need_weights == 0 : a.need_weights != 0;
+    const bool null_q = fuzz_data_chance(fd, 1, 48), null_o = fuzz_data_chance(fd, 1, 48);
+    const bool null_m = fuzz_data_chance(fd, 1, 64), null_args = fuzz_data_chance(fd, 1, 64);
+    attn_ctx *ctx = env_ctx(e);
+
+    judge j = {J_VALID, NULL};
+    const bool unb = a.unbatched != 0;
+    const int64_t N = unb ? 1 : a.batch, L = a.len_q, S = kmode == 0 ? a.len_q : a.len_kv;
+    if (ctx == NULL || null_m || null_args) bad(&j, "ctx, module or args is NULL");
+    if (null_q || null_o) bad(&j, "query or out is NULL");
+    if (want_w != (a.need_weights != 0)) bad(&j, "weights given iff need_weights");
+    const bool sizes_ok = N >= 1 && L >= 1 && S >= 1;
+    if (!sizes_ok) bad(&j, "batch, len_q or len_kv < 1");
+    if (kmode == 0 && kd != E) bad(&j, "key omitted but kdim != embed_dim");
+    const int64_t kwidth = kmode == 0 ? E : kd;
+    if (vmode == 0 && vd != kwidth) bad(&j, "value omitted but vdim differs from the key's width");
+    if (kmode == 1 && (kd != E || S != L)) doubt(&j, "key is the query's pointer with another shape");
+    if (vmode == 1 && vd != kwidth) doubt(&j, "value is the key's pointer with another width");
+    if (a.causal != 0 && use_mask) bad(&j, "causal with attn_mask");
+    if (use_mask) {
+        if (a.attn_mask_dtype == ATTN_DTYPE_U8)
+            doubt(&j, "U8 attn_mask");
+        else if (a.attn_mask_dtype != ATTN_DTYPE_BOOL && a.attn_mask_dtype != ATTN_DTYPE_F32)
+            bad(&j, "attn_mask dtype");
+        if (a.attn_mask_ndim != 2 && a.attn_mask_ndim != 3) bad(&j, "attn_mask ndim");
+    }
+    if (use_kpm) {
+        if (a.key_padding_mask_dtype == ATTN_DTYPE_U8)
+            doubt(&j, "U8 key_padding_mask");
+        else if (a.key_padding_mask_dtype != ATTN_DTYPE_BOOL && a.key_padding_mask_dtype != ATTN_DTYPE_F32)
+            bad(&j, "key_padding_mask dtype");
+    }
+    if (cfg->dropout == 1.0 && a.training != 0) doubt(&j, "training with dropout 1");
+
+    /* Element counts of every buffer (overflow: the call cannot be honest, it must fail). */
+    const int64_t extra = (cfg->add_bias_kv ? 1 : 0) + (cfg->add_zero_attn ? 1 : 0);
+    int64_t nq = 0, nk = 0, nv = 0, nw = 0, nmask = 0, nkpm = 0, S2 = 0, work = 0;
+    bool counts_ok = sizes_ok;
+    if (sizes_ok) {
+        const int64_t dq[3] = {L, N, E}, dk[3] = {S, N, kd}, dv[3] = {S, N, vd};
+        counts_ok = fuzz_prod(3, dq, &nq) && fuzz_prod(3, dk, &nk) && fuzz_prod(3, dv, &nv) && fuzz_add(S, extra, &S2);
+        if (counts_ok) {
+            const int64_t dw[4] = {N, a.average_attn_weights ? 1 : H, L, S2};
+            const int64_t dm[4] = {a.attn_mask_ndim == 3 ? N : 1, a.attn_mask_ndim == 3 ? H : 1, L, S};
+            counts_ok = fuzz_prod(4, dw, &nw) && fuzz_prod(4, dm, &nmask) && fuzz_mul(N, S, &nkpm);
+        }
+        int64_t t;
+        counts_ok = counts_ok && fuzz_mul(nq, 4, &t) && fuzz_mul(nk, 4, &t) && fuzz_mul(nv, 4, &t) &&
+                    fuzz_mul(nw, 4, &t) && fuzz_mul(nmask, 4, &t);
+        if (!counts_ok) bad(&j, "a buffer size overflows");
+        const int64_t wmax = E > kd ? (E > vd ? E : vd) : (kd > vd ? kd : vd);
+        int64_t rows_all, e2, w1 = 0, w2 = 0;
+        work = INT64_MAX;
+        if (counts_ok && fuzz_add(L, S2, &rows_all) && fuzz_add(rows_all, S2, &rows_all) && fuzz_mul(E, 2, &e2)) {
+            const int64_t dwork[4] = {N, rows_all, E, wmax}, dattn[4] = {N, L, S2, e2};
+            if (!(fuzz_prod(4, dwork, &w1) && fuzz_prod(4, dattn, &w2) && fuzz_add(w1, w2, &work))) work = INT64_MAX;
+        }
+    }
+
+    const size_t mesz = a.attn_mask_dtype == ATTN_DTYPE_F32 ? 4 : 1,
+                 kesz = a.key_padding_mask_dtype == ATTN_DTYPE_F32 ? 4 : 1;
+    if (j.v == J_INVALID) {
+        float *q = dummy(e, null_q), *o = dummy(e, null_o), *w = dummy(e, !want_w);
+        a.query = q;
+        a.key = kmode == 0 ? NULL : kmode == 1 ? q : dummy(e, false);
+        a.value = vmode == 0 ? NULL : vmode == 1 ? (a.key != NULL ? a.key : q) : dummy(e, false);
+        a.attn_mask = use_mask ? dummy(e, false) : NULL;
+        a.key_padding_mask = use_kpm ? dummy(e, false) : NULL;
+        arm(e);
+        const attn_status st = attn_mha_forward(ctx, null_m ? NULL : m, null_args ? NULL : &a, o, w);
+        disarm(e);
+        expect(e, &j, ctx, st, false, "attn_mha_forward");
+        if (is_argument_error(st)) {
+            FUZZ_CHECK(o == NULL || untouched(o, 16 * sizeof(float)), "out written by a rejected call");
+            FUZZ_CHECK(w == NULL || untouched(w, 16 * sizeof(float)), "weights written by a rejected call");
+        }
+        return;
+    }
+    int64_t total = 0;
+    const bool small = counts_ok && work <= SMALL_WORK && fuzz_add(nq + nk + nv, nq + nw, &total) &&
+                       fuzz_add(total, nmask + nkpm, &total) && total <= SMALL_BYTES / 4;
+    if (!small) return;
+
+    /* Buffers: a shared pointer covers every tensor it stands for. */
+    const float amp = pick_amp(e);
+    int64_t nqbuf = nq, nkbuf = nk;
+    if (kmode == 1 && nk > nqbuf) nqbuf = nk;
+    if (vmode == 1 && kmode != 2 && nv > nqbuf) nqbuf = nv;
+    if (vmode == 1 && kmode == 2 && nv > nkbuf) nkbuf = nv;
+    if (kmode == 0 && vmode == 0 && nv > nqbuf) nqbuf = nv;
+    float *q = env_buf(e, (size_t)nqbuf * 4);
+    bool tame = fill_floats(e, q, nqbuf, amp);
+    float *k = NULL, *v = NULL;
+    if (kmode == 2) {
+        k = env_buf(e, (size_t)nkbuf * 4);
+        tame = fill_floats(e, k, nkbuf, amp) && tame;
+    }
+    if (vmode == 2) {
+        v = env_buf(e, (size_t)nv * 4);
+        tame = fill_floats(e, v, nv, amp) && tame;
+    }
+    a.query = q;
+    a.key = kmode == 0 ? NULL : kmode == 1 ? q : k;
+    a.value = vmode == 0 ? NULL : vmode == 1 ? (a.key != NULL ? a.key : q) : v;
+    if (use_mask) {
+        void *mk = env_buf(e, (size_t)nmask * mesz);
+        tame = fill_mask(e, mk, nmask, a.attn_mask_dtype) && tame;
+        a.attn_mask = mk;
+    }
+    if (use_kpm) {
+        void *pk = env_buf(e, (size_t)nkpm * kesz);
+        tame = fill_mask(e, pk, nkpm, a.key_padding_mask_dtype) && tame;
+        a.key_padding_mask = pk;
+    }
+    float *o = env_buf(e, (size_t)nq * 4);
+    float *w = want_w ? env_buf(e, (size_t)nw * 4) : NULL;
+    const size_t ws = maybe_workspace(e, ctx, 0, false);
+
+    arm(e);
+    const attn_status st = attn_mha_forward(ctx, m, &a, o, w);
+    disarm(e);
+    expect(e, &j, ctx, st, ws != SIZE_MAX, "attn_mha_forward");
+    drop_workspace(ctx, ws);
+    if (st != ATTN_OK || j.v != J_VALID || !tame) return;
+
+    /* Module parameters are finite (initialised by the library), inputs are tame. */
+    check_finite(o, nq, "out");
+    if (w == NULL) return;
+    const bool sums = a.training == 0 || cfg->dropout == 0.0;
+    const int64_t hw = a.average_attn_weights ? 1 : H;
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t i = 0; i < L; i++) {
+            int64_t open = 0;
+            bool open_h[64] = {false};
+            for (int64_t h = 0; h < H; h++) {
+                bool all = extra == 0;
+                for (int64_t jj = 0; jj < S && all; jj++) {
+                    bool hidden = a.causal != 0 && jj > i;
+                    if (use_mask) {
+                        const int64_t off = a.attn_mask_ndim == 3 ? ((n * H + h) * L + i) * S + jj : i * S + jj;
+                        hidden = hidden || blocks_at(a.attn_mask, a.attn_mask_dtype, off);
+                    }
+                    if (use_kpm) hidden = hidden || blocks_at(a.key_padding_mask, a.key_padding_mask_dtype, n * S + jj);
+                    all = hidden;
+                }
+                open += !all;
+                if (h < 64) open_h[h] = !all;
+            }
+            for (int64_t h = 0; h < hw; h++) {
+                const float *row = w + ((n * hw + h) * L + i) * S2;
+                const double want =
+                    a.average_attn_weights ? (double)open / (double)H : (open_h[h < 64 ? h : 0] ? 1.0 : 0.0);
+                check_weight_row(row, S2, want, sums && (a.average_attn_weights || H <= 64));
+            }
+        }
+    }
+}
+
+static void fuzz_mha(env *e) {
+    fuzz_data *fd = e->fd;
+    attn_mha_config cfg;
+    attn_mha_config_init(&cfg, gen_size(e, 1, 12), 1);
+    switch (fuzz_data_pick(fd, 3)) {
+    case 0: cfg.num_heads = gen_size(e, 1, 4); break;
+    default: { /* a divisor of embed_dim */
+        const int64_t E = cfg.embed_dim >= 1 && cfg.embed_dim <= 64 ? cfg.embed_dim : 1;
+        int64_t h = fuzz_data_i64_range(fd, 1, E);
+        while (E % h != 0) h--;
+        cfg.num_heads = h;
+    }
+    }
+    cfg.kdim = fuzz_data_bool(fd) ? 0 : gen_size(e, 1, 10);
+    cfg.vdim = fuzz_data_bool(fd) ? 0 : gen_size(e, 1, 10);
+    cfg.bias = fuzz_data_chance(fd, 1, 4) ? gen_flag(e) : 1;
+    cfg.add_bias_kv = gen_flag(e);
+    cfg.add_zero_attn = gen_flag(e);
+    cfg.batch_first = gen_flag(e);
+    cfg.dropout = gen_dropout(e);
+    const bool null_cfg = fuzz_data_chance(fd, 1, 64), null_out = fuzz_data_chance(fd, 1, 64);
+    attn_ctx *ctx = env_ctx(e);
+
+    judge j = {J_VALID, NULL};
+    const int64_t E = cfg.embed_dim, H = cfg.num_heads;
+    if (ctx == NULL || null_cfg || null_out) bad(&j, "NULL argument");
+    if (E < 1 || H < 1)
+        bad(&j, "embed_dim or num_heads < 1");
+    else if (E % H != 0)
+        bad(&j, "embed_dim % num_heads != 0");
+    if (cfg.kdim < 0 || cfg.vdim < 0) bad(&j, "kdim or vdim < 0");
+    judge_dropout(&j, cfg.dropout);
+    const int64_t kd = cfg.kdim == 0 ? E : cfg.kdim, vd = cfg.vdim == 0 ? E : cfg.vdim;
+    /* Parameter count: in_proj_weight (3E, E) or q/k/v_proj_weight, in_proj_bias (3E), bias_k and
+     * bias_v (E each), out_proj.weight (E, E), out_proj.bias (E). */
+    int64_t nparams = 0;
+    bool size_ok = E >= 1 && kd >= 1 && vd >= 1;
+    if (size_ok) {
+        const bool packed = kd == E && vd == E;
+        int64_t ee, ek, ev, e3, t = 0;
+        size_ok = fuzz_mul(E, E, &ee) && fuzz_mul(E, kd, &ek) && fuzz_mul(E, vd, &ev) && fuzz_mul(E, 3, &e3);
+        if (size_ok && packed) size_ok = fuzz_mul(ee, 3, &t);
+        if (size_ok && !packed) size_ok = fuzz_add(ee, ek, &t) && fuzz_add(t, ev, &t);
+        if (size_ok && cfg.bias != 0) size_ok = fuzz_add(t, e3, &t) && fuzz_add(t, E, &t);
+        if (size_ok && cfg.add_bias_kv != 0) size_ok = fuzz_add(t, E, &t) && fuzz_add(t, E, &t);
+        size_ok = size_ok && fuzz_add(t, ee, &nparams);
+        if (!size_ok) bad(&j, "the parameters' size overflows");
+    }
+    /* Valid but large: the allocator's cap answers, any status, nothing may leak. */
+    if (j.v != J_INVALID && !(size_ok && nparams <= (1 << 16))) j.v = J_UNSURE;
+
+    attn_mha *m = (attn_mha *)(uintptr_t)1;
+    arm(e);
+    const attn_status st = attn_mha_create(ctx, null_cfg ? NULL : &cfg, null_out ? NULL : &m);
+    disarm(e);
+    expect(e, &j, ctx, st, false, "attn_mha_create");
+    if (st != ATTN_OK) return;
+    FUZZ_CHECK(m != NULL && m != (attn_mha *)(uintptr_t)1, "no module returned");
+
+    /* The configuration, resolved, and the parameters under PyTorch's names. */
+    const attn_mha_config *rc = attn_mha_get_config(m);
+    FUZZ_CHECK(rc->embed_dim == E && rc->num_heads == H && rc->kdim == kd && rc->vdim == vd, "configuration");
+    FUZZ_CHECK(rc->bias == (cfg.bias != 0) && rc->add_bias_kv == (cfg.add_bias_kv != 0) &&
+                   rc->add_zero_attn == (cfg.add_zero_attn != 0) && rc->batch_first == (cfg.batch_first != 0),
+               "flags not resolved to 0/1");
+    const bool packed = kd == E && vd == E;
+    const int want_count = (packed ? 1 : 3) + (rc->bias ? 2 : 0) + (rc->add_bias_kv ? 2 : 0) + 1;
+    FUZZ_CHECK(attn_mha_param_count(m) == want_count, "%d parameters, %d expected", attn_mha_param_count(m),
+               want_count);
+    for (int i = -1; i <= want_count; i++) {
+        const char *name = NULL;
+        int ndim = -1;
+        int64_t shape[3];
+        float *data = NULL;
+        const attn_status ps = attn_mha_param_at(m, i, &name, &ndim, shape, &data);
+        if (i < 0 || i >= want_count) {
+            FUZZ_CHECK(ps == ATTN_ERR_INVALID_ARG, "param_at(%d)", i);
+            continue;
+        }
+        FUZZ_CHECK(ps == ATTN_OK && name != NULL && data != NULL && ndim >= 1 && ndim <= 3, "param_at(%d)", i);
+        int64_t numel = 1;
+        for (int dd = 0; dd < ndim; dd++) numel *= shape[dd];
+        check_finite(data, numel, name);
+        int ndim2 = -1;
+        float *data2 = NULL;
+        FUZZ_CHECK(attn_mha_param(m, name, &ndim2, NULL, &data2) == ATTN_OK && data2 == data && ndim2 == ndim,
+                   "attn_mha_param(%s)", name);
+    }
+    FUZZ_CHECK(attn_mha_param(m, "no_such_parameter", NULL, NULL, NULL) == ATTN_ERR_NOT_FOUND, "unknown name found");
+    FUZZ_CHECK(attn_mha_weights_len_kv(m, 5) == 5 + rc->add_bias_kv + rc->add_zero_attn, "weights_len_kv");
+
+    const int passes = 1 + (int)fuzz_data_pick(fd, 3);
+    for (int p = 0; p < passes; p++) {
+        mha_forward_once(e, m, rc);
+        env_release(e);
+    }
+    attn_mha_free(m);
+}
+
+/* ============================================================================================ */
+/* The book's modules                                                                           */
+/* ============================================================================================ */
+
+static void check_transfer(env *e, attn_book *m) {
+    /* A second module of kind v1 or v2, and the transfer in some direction. */
+    fuzz_data *fd = e->fd;
+    const int64_t din = gen_size(e, 1, 6), dout = gen_size(e, 1, 6);
+    const bool v2 = fuzz_data_bool(fd);
+    const int bias = fuzz_data_chance(fd, 1, 4);
+    attn_book *o = NULL;
+    const attn_status cs = v2 ? attn_book_self_attention_v2(e->ctx, din, dout, bias, &o)
+                              : attn_book_self_attention_v1(e->ctx, din, dout, &o);
+    if (cs != ATTN_OK) return;
+    const bool m_is_src = fuzz_data_bool(fd);
+    attn_book *src = m_is_src ? m : o, *dst = m_is_src ? o : m;
+    if (fuzz_data_chance(fd, 1, 16)) src = NULL;
+    if (fuzz_data_chance(fd, 1, 16)) dst = NULL;
+    judge j = {J_VALID, NULL};
+    if (src == NULL || dst == NULL)
+        bad(&j, "NULL module");
+    else if (attn_book_get_kind(src) != ATTN_BOOK_SELF_ATTENTION_V2 ||
+             attn_book_get_kind(dst) != ATTN_BOOK_SELF_ATTENTION_V1)
+        bad(&j, "not v2 -> v1");
+    int64_t shape_s[2] = {0, 0}, shape_d[2] = {0, 0};
+    float *ws = NULL, *wd = NULL;
+    if (j.v == J_VALID) {
+        attn_book_param(src, "W_query.weight", NULL, shape_s, &ws);
+        attn_book_param(dst, "W_query", NULL, shape_d, &wd);
+        if (shape_s[0] != shape_d[1] || shape_s[1] != shape_d[0]) bad(&j, "sizes differ");
+        if (attn_book_param(src, "W_query.bias", NULL, NULL, NULL) == ATTN_OK) bad(&j, "v2 has a qkv bias");
+    }
+    const attn_status st = attn_book_transfer_v2_to_v1(src, dst);
+    FUZZ_CHECK(fuzz_status_known(st), "transfer status");
+    if (j.v == J_INVALID) {
+        FUZZ_CHECK(st != ATTN_OK, "attn_book_transfer_v2_to_v1 accepted an invalid call (%s)", j.why);
+    } else {
+        FUZZ_CHECK(st == ATTN_OK, "attn_book_transfer_v2_to_v1: %s", attn_strerror(st));
+        static const char *const names[3][2] = {
+            {"W_query.weight", "W_query"}, {"W_key.weight", "W_key"}, {"W_value.weight", "W_value"}};
+        for (int p = 0; p < 3; p++) {
+            FUZZ_CHECK(attn_book_param(src, names[p][0], NULL, shape_s, &ws) == ATTN_OK, "v2 %s", names[p][0]);
+            FUZZ_CHECK(attn_book_param(dst, names[p][1], NULL, shape_d, &wd) == ATTN_OK, "v1 %s", names[p][1]);
+            for (int64_t r = 0; r < shape_d[0]; r++)
+                for (int64_t c = 0; c < shape_d[1]; c++)
+                    FUZZ_CHECK(wd[r * shape_d[1] + c] == ws[c * shape_s[1] + r], "%s not transposed", names[p][1]);
+        }
+    }
+    attn_book_free(o);
+}
+
+static void fuzz_book(env *e) {
+    fuzz_data *fd = e->fd;
+    const attn_book_kind kind = (attn_book_kind)(1 + fuzz_data_pick(fd, 5));
+    const int64_t din = gen_size(e, 1, 8), ctx_len = gen_size(e, 1, 8);
+    int64_t dout = gen_size(e, 1, 8), heads = gen_size(e, 1, 3);
+    if (kind == ATTN_BOOK_MHA && fuzz_data_chance(fd, 3, 4) && heads >= 1 && heads <= 8 && dout >= 1 && dout <= 8)
+        dout = heads * (1 + (int64_t)fuzz_data_pick(fd, 3));
+    const double dropout = gen_dropout(e);
+    const int qkv_bias = fuzz_data_chance(fd, 1, 3) ? gen_flag(e) : 0;
+    const bool null_out = fuzz_data_chance(fd, 1, 64);
+    attn_ctx *ctx = env_ctx(e);
+
+    judge j = {J_VALID, NULL};
+    if (ctx == NULL || null_out) bad(&j, "NULL argument");
+    if (din < 1 || dout < 1) bad(&j, "d_in or d_out < 1");
+    const bool causal = kind == ATTN_BOOK_CAUSAL_ATTENTION || kind == ATTN_BOOK_MHA_WRAPPER || kind == ATTN_BOOK_MHA;
+    if (causal) {
+        if (ctx_len < 1) bad(&j, "context_length < 1");
+        judge_dropout(&j, dropout);
+    }
+    const bool multi = kind == ATTN_BOOK_MHA_WRAPPER || kind == ATTN_BOOK_MHA;
+    if (multi && heads < 1) bad(&j, "num_heads < 1");
+    if (kind == ATTN_BOOK_MHA && heads >= 1 && dout >= 1 && dout % heads != 0) bad(&j, "d_out % num_heads != 0");
+    const int64_t groups = kind == ATTN_BOOK_MHA_WRAPPER ? heads : 1;
+    const bool linear = kind != ATTN_BOOK_SELF_ATTENTION_V1, has_bias = linear && qkv_bias != 0;
+    /* Parameter count: three (d_in, d_out) projections per group (plus their biases), and the
+     * weight-split module's out_proj (d_out, d_out) + (d_out). */
+    int64_t nparams = 0, outf = dout;
+    bool size_ok = din >= 1 && dout >= 1 && (!multi || heads >= 1);
+    if (size_ok) {
+        int64_t per, t;
+        size_ok = fuzz_mul(din, dout, &per) && fuzz_add(per, has_bias ? dout : 0, &per) && fuzz_mul(per, 3, &t) &&
+                  fuzz_mul(t, groups, &nparams);
+        if (size_ok && kind == ATTN_BOOK_MHA)
+            size_ok = fuzz_mul(dout, dout, &t) && fuzz_add(nparams, t, &nparams) && fuzz_add(nparams, dout, &nparams);
+        if (size_ok && kind == ATTN_BOOK_MHA_WRAPPER) size_ok = fuzz_mul(heads, dout, &outf);
+        if (!size_ok) bad(&j, "the parameters' size overflows");
+    }
+    if (j.v != J_INVALID && !(size_ok && nparams <= (1 << 16))) j.v = J_UNSURE;
+
+    attn_book *m = NULL;
+    attn_book **mp = null_out ? NULL : &m;
+    arm(e);
+    attn_status st;
+    switch (kind) {
+    case ATTN_BOOK_SELF_ATTENTION_V1: st = attn_book_self_attention_v1(ctx, din, dout, mp); break;
+    case ATTN_BOOK_SELF_ATTENTION_V2: st = attn_book_self_attention_v2(ctx, din, dout, qkv_bias, mp); break;
+    case ATTN_BOOK_CAUSAL_ATTENTION:
+        st = attn_book_causal_attention(ctx, din, dout, ctx_len, dropout, qkv_bias, mp);
+        break;
+    case ATTN_BOOK_MHA_WRAPPER:
+        st = attn_book_mha_wrapper(ctx, din, dout, ctx_len, dropout, heads, qkv_bias, mp);
+        break;
+    default: st = attn_book_mha(ctx, din, dout, ctx_len, dropout, heads, qkv_bias, mp); break;
+    }
+    disarm(e);
+    expect(e, &j, ctx, st, false, "attn_book constructor");
+    if (st != ATTN_OK) return;
+    FUZZ_CHECK(m != NULL && attn_book_get_kind(m) == kind, "kind");
+    FUZZ_CHECK(attn_book_out_features(m) == outf, "out_features %lld", (long long)attn_book_out_features(m));
+    const int want_count = (int)groups * 3 * (has_bias ? 2 : 1) + (kind == ATTN_BOOK_MHA ? 2 : 0);
+    FUZZ_CHECK(attn_book_param_count(m) == want_count, "%d parameters, %d expected", attn_book_param_count(m),
+               want_count);
+    for (int i = 0; i < want_count; i++) {
+        const char *name = NULL;
+        float *data = NULL, *data2 = NULL;
+        int ndim = 0;
+        int64_t shape[2] = {0, 0};
+        FUZZ_CHECK(attn_book_param_at(m, i, &name, &ndim, shape, &data) == ATTN_OK && name != NULL, "param_at(%d)", i);
+        FUZZ_CHECK(attn_book_param(m, name, NULL, NULL, &data2) == ATTN_OK && data2 == data, "param(%s)", name);
+        check_finite(data, ndim == 1 ? shape[0] : shape[0] * shape[1], name);
+    }
+    FUZZ_CHECK(attn_book_param_at(m, want_count, NULL, NULL, NULL, NULL) == ATTN_ERR_INVALID_ARG, "param_at(count)");
+
+    /* Forward passes. */
+    const int passes = 1 + (int)fuzz_data_pick(fd, 2);
+    for (int p = 0; p < passes; p++) {
+        const int64_t batch = gen_size(e, 1, 3), n = gen_size(e, 1, 9);
+        const int training = fuzz_data_chance(fd, 1, 3) ? gen_flag(e) : 0;
+        const bool null_x = fuzz_data_chance(fd, 1, 48), null_o = fuzz_data_chance(fd, 1, 48);
+        const bool null_m = fuzz_data_chance(fd, 1, 64), want_w = fuzz_data_bool(fd);
+        attn_ctx *fctx = env_ctx(e);
+        judge jf = {J_VALID, NULL};
+        if (fctx == NULL || null_m || null_x || null_o) bad(&jf, "NULL argument");
+        if (batch < 1 || n < 1) bad(&jf, "batch or n_tokens < 1");
+        if (causal && n > ctx_len) bad(&jf, "n_tokens > context_length");
+        const int64_t hw = multi ? heads : 1;
+        int64_t nx = 0, no = 0, nw = 0, work = INT64_MAX;
+        bool counts_ok = batch >= 1 && n >= 1;
+        if (counts_ok) {
+            const int64_t dx[3] = {batch, n, din}, dov[3] = {batch, n, outf}, dw[4] = {batch, hw, n, n};
+            int64_t t;
+            counts_ok = fuzz_prod(3, dx, &nx) && fuzz_prod(3, dov, &no) && (!want_w || fuzz_prod(4, dw, &nw)) &&
+                        fuzz_mul(nx, 4, &t) && fuzz_mul(no, 4, &t) && fuzz_mul(nw, 4, &t);
+            if (!counts_ok) bad(&jf, "a buffer size overflows");
+            int64_t f1, f2; /* per token and group: (3 d_in + n + 1) x (2 d_out + 1) */
+            if (!(counts_ok && fuzz_mul(din, 3, &f1) && fuzz_add(f1, n, &f1) && fuzz_add(f1, 1, &f1) &&
+                  fuzz_mul(dout, 2, &f2) && fuzz_add(f2, 1, &f2))) {
+                work = INT64_MAX;
+            } else {
+                const int64_t dwork[5] = {batch, n, groups, f1, f2};
+                if (!fuzz_prod(5, dwork, &work)) work = INT64_MAX;
+            }
+        }
+        if (training != 0 && dropout == 1.0) doubt(&jf, "training with dropout 1");
+        float *x, *o, *w;
+        attn_status fs;
+        if (jf.v == J_INVALID) {
+            x = dummy(e, null_x), o = dummy(e, null_o), w = dummy(e, !want_w);
+            arm(e);
+            fs = attn_book_forward(fctx, null_m ? NULL : m, x, batch, n, training, o, w);
+            disarm(e);
+            expect(e, &jf, fctx, fs, false, "attn_book_forward");
+            if (is_argument_error(fs) || fs == ATTN_ERR_CONTEXT_LENGTH) {
+                FUZZ_CHECK(o == NULL || untouched(o, 64), "out written by a rejected call");
+                FUZZ_CHECK(w == NULL || untouched(w, 64), "weights written by a rejected call");
+            }
+        } else if (counts_ok && work <= SMALL_WORK && nx + no + nw <= SMALL_BYTES / 4) {
+            x = env_buf(e, (size_t)nx * 4), o = env_buf(e, (size_t)no * 4),
+            w = want_w ? env_buf(e, (size_t)nw * 4) : NULL;
+            const bool tame = fill_floats(e, x, nx, pick_amp(e));
+            const size_t ws = maybe_workspace(e, fctx, 0, false);
+            arm(e);
+            fs = attn_book_forward(fctx, m, x, batch, n, training, o, w);
+            disarm(e);
+            expect(e, &jf, fctx, fs, ws != SIZE_MAX, "attn_book_forward");
+            drop_workspace(fctx, ws);
+            if (fs == ATTN_OK && jf.v == J_VALID && tame) {
+                check_finite(o, no, "out");
+                const bool sums = training == 0 || dropout == 0.0;
+                for (int64_t r = 0; w != NULL && r < batch * hw * n; r++) check_weight_row(w + r * n, n, 1.0, sums);
+            }
+        }
+        env_release(e);
+    }
+    if (kind == ATTN_BOOK_SELF_ATTENTION_V1 || kind == ATTN_BOOK_SELF_ATTENTION_V2) check_transfer(e, m);
+    attn_book_free(m);
+}
+
+/* ============================================================================================ */
+/* attn_simple_self_attention and attn_linear                                                   */
+/* ============================================================================================ */
+
+static void fuzz_simple(env *e) {
+    fuzz_data *fd = e->fd;
+    const int64_t n = gen_size(e, 1, 8), dd = gen_size(e, 1, 8);
+    const attn_simple_norm norm = fuzz_data_chance(fd, 1, 24) ? (attn_simple_norm)fuzz_data_int_range(fd, -2, 5)
+                                                              : (attn_simple_norm)fuzz_data_pick(fd, 2);
+    const bool null_x = fuzz_data_chance(fd, 1, 32);
+    const bool want_s = fuzz_data_bool(fd), want_w = fuzz_data_bool(fd), want_c = fuzz_data_bool(fd);
+    attn_ctx *ctx = env_ctx(e);
+    judge j = {J_VALID, NULL};
+    if (ctx == NULL || null_x) bad(&j, "ctx or x is NULL");
+    if (n < 1 || dd < 1) bad(&j, "n or d < 1");
+    if (norm != ATTN_SIMPLE_SOFTMAX && norm != ATTN_SIMPLE_SUM) bad(&j, "unknown normalisation");
+    int64_t nn = 0, nd = 0, t, work = INT64_MAX;
+    const bool counts_ok =
+        n >= 1 && dd >= 1 && fuzz_mul(n, n, &nn) && fuzz_mul(n, dd, &nd) && fuzz_mul(nn, 4, &t) && fuzz_mul(nd, 4, &t);
+    if (n >= 1 && dd >= 1 && !counts_ok) bad(&j, "n*n or n*d overflows");
+    if (counts_ok && !fuzz_mul(nn, 3 * dd, &work)) work = INT64_MAX;
+    attn_status st;
+    if (j.v == J_INVALID) {
+        float *x = dummy(e, null_x), *s = dummy(e, !want_s), *w = dummy(e, !want_w), *c = dummy(e, !want_c);
+        arm(e);
+        st = attn_simple_self_attention(ctx, x, n, dd, norm, s, w, c);
+        disarm(e);
+        expect(e, &j, ctx, st, false, "attn_simple_self_attention");
+        if (is_argument_error(st)) {
+            FUZZ_CHECK(s == NULL || untouched(s, 64), "scores written by a rejected call");
+            FUZZ_CHECK(w == NULL || untouched(w, 64), "weights written by a rejected call");
+            FUZZ_CHECK(c == NULL || untouched(c, 64), "context written by a rejected call");
+        }
+        return;
+    }
+    if (!(counts_ok && work <= SMALL_WORK && 2 * nn + 2 * nd <= SMALL_BYTES / 4)) return;
+    float *x = env_buf(e, (size_t)nd * 4);
+    float *s = want_s ? env_buf(e, (size_t)nn * 4) : NULL, *w = want_w ? env_buf(e, (size_t)nn * 4) : NULL;
+    float *c = want_c ? env_buf(e, (size_t)nd * 4) : NULL;
+    const bool tame = fill_floats(e, x, nd, pick_amp(e));
+    const size_t ws = maybe_workspace(e, ctx, 0, false);
+    arm(e);
+    st = attn_simple_self_attention(ctx, x, n, dd, norm, s, w, c);
+    disarm(e);
+    expect(e, &j, ctx, st, ws != SIZE_MAX, "attn_simple_self_attention");
+    drop_workspace(ctx, ws);
+    if (st != ATTN_OK || !tame) return;
+    if (s != NULL) check_finite(s, nn, "scores");
+    if (norm == ATTN_SIMPLE_SOFTMAX) { /* the naive normalisation may divide by zero */
+        if (c != NULL) check_finite(c, nd, "context");
+        for (int64_t r = 0; w != NULL && r < n; r++) check_weight_row(w + r * n, n, 1.0, true);
+    }
+}
+
+static void fuzz_linear(env *e) {
+    fuzz_data *fd = e->fd;
+    const int64_t rows = gen_size(e, 1, 6), in = gen_size(e, 1, 8), out = gen_size(e, 1, 8);
+    const attn_weight_layout layout = fuzz_data_chance(fd, 1, 24) ? (attn_weight_layout)fuzz_data_int_range(fd, -2, 5)
+                                                                  : (attn_weight_layout)fuzz_data_pick(fd, 2);
+    const bool null_x = fuzz_data_chance(fd, 1, 32), null_w = fuzz_data_chance(fd, 1, 32);
+    const bool null_y = fuzz_data_chance(fd, 1, 32), want_b = fuzz_data_bool(fd);
+    attn_ctx *ctx = env_ctx(e);
+    judge j = {J_VALID, NULL};
+    if (ctx == NULL || null_x || null_w || null_y) bad(&j, "NULL argument");
+    if (layout != ATTN_WEIGHT_OUT_IN && layout != ATTN_WEIGHT_IN_OUT) bad(&j, "unknown layout");
+    if (rows < 1 || in < 1 || out < 1) bad(&j, "a size < 1");
+    int64_t nx = 0, nw = 0, ny = 0, t, work = INT64_MAX;
+    const bool counts_ok = rows >= 1 && in >= 1 && out >= 1 && fuzz_mul(rows, in, &nx) && fuzz_mul(in, out, &nw) &&
+                           fuzz_mul(rows, out, &ny) && fuzz_mul(nx, 4, &t) && fuzz_mul(nw, 4, &t) &&
+                           fuzz_mul(ny, 4, &t);
+    if (rows >= 1 && in >= 1 && out >= 1 && !counts_ok) bad(&j, "a buffer size overflows");
+    if (counts_ok && !fuzz_mul(ny, in, &work)) work = INT64_MAX;
+    attn_status st;
+    if (j.v == J_INVALID) {
+        float *x = dummy(e, null_x), *w = dummy(e, null_w), *b = dummy(e, !want_b), *y = dummy(e, null_y);
+        arm(e);
+        st = attn_linear(ctx, x, rows, in, w, layout, b, out, y);
+        disarm(e);
+        expect(e, &j, ctx, st, false, "attn_linear");
+        if (is_argument_error(st)) FUZZ_CHECK(y == NULL || untouched(y, 64), "y written by a rejected call");
+        return;
+    }
+    if (!(counts_ok && work <= SMALL_WORK && nx + nw + ny + out <= SMALL_BYTES / 4)) return;
+    float *x = env_buf(e, (size_t)nx * 4), *w = env_buf(e, (size_t)nw * 4), *y = env_buf(e, (size_t)ny * 4);
+    float *b = want_b ? env_buf(e, (size_t)out * 4) : NULL;
+    const float amp = pick_amp(e);
+    bool tame = fill_floats(e, x, nx, amp);
+    tame = fill_floats(e, w, nw, amp) && tame;
+    if (b != NULL) tame = fill_floats(e, b, out, amp) && tame;
+    arm(e);
+    st = attn_linear(ctx, x, rows, in, w, layout, b, out, y);
+    disarm(e);
+    expect(e, &j, ctx, st, false, "attn_linear");
+    if (st != ATTN_OK || !tame) return;
+    /* y agrees with a double-precision product within float rounding of the terms' magnitudes. */
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t o = 0; o < out; o++) {
+            double acc = b != NULL ? b[o] : 0.0, mag = b != NULL ? fabs(b[o]) : 0.0;
+            for (int64_t i = 0; i < in; i++) {
+                const double wv = layout == ATTN_WEIGHT_OUT_IN ? w[o * in + i] : w[i * out + o];
+                acc += (double)x[r * in + i] * wv;
+                mag += fabs((double)x[r * in + i] * wv);
+            }
+            const double got = y[r * out + o];
+            FUZZ_CHECK(fabs(got - acc) <= (double)(in + 2) * 1.2e-7 * mag + 1e-30, "y[%lld,%lld] = %.9g, expected %.9g",
+                       (long long)r, (long long)o, got, acc);
+        }
+    }
+}
+
+/* ============================================================================================ */
+/* The generator and the initialisers                                                           */
+/* ============================================================================================ */
+
+static void fuzz_random(env *e) {
+    fuzz_data *fd = e->fd;
+    const int which = (int)fuzz_data_pick(fd, 8);
+    attn_generator gen;
+    attn_generator_seed(&gen, fuzz_data_u32(fd));
+    attn_generator *g = fuzz_data_chance(fd, 1, 32) ? NULL : &gen;
+    const int64_t n = gen_size(e, 0, 40), n2 = gen_size(e, 1, 12), n3 = gen_size(e, 1, 12);
+    const bool null_out = fuzz_data_chance(fd, 1, 32);
+    judge j = {J_VALID, NULL};
+    if (g == NULL) bad(&j, "NULL generator");
+    double p1 = 0.0, p2 = 0.0;
+    int64_t count = 0; /* elements written */
+    switch (which) {
+    case 0: /* uniform */
+    case 1: /* normal */
+        p1 = fuzz_data_double_special(fd, -10.0, 10.0), p2 = fuzz_data_double_special(fd, -10.0, 10.0);
+        if (which == 0 && fuzz_data_bool(fd) && !(p1 <= p2)) {
+            const double t = p1;
+            p1 = p2, p2 = t;
+        }
+        if (which == 1 && fuzz_data_bool(fd)) p2 = fabs(p2);
+        if (n < 0) bad(&j, "n < 0");
+        if (null_out && n > 0) bad(&j, "out is NULL");
+        if (!isfinite(p1) || !isfinite(p2)) bad(&j, "non-finite parameter");
+        if (which == 0 && p1 > p2) bad(&j, "from > to");
+        if (which == 1 && p2 < 0) bad(&j, "std < 0");
+        if (fabs(p1) > 1e30 || fabs(p2) > 1e30) doubt(&j, "bounds near the float range");
+        count = n;
+        break;
+    case 2: /* bernoulli */
+    case 3: /* dropout */
+        p1 = fuzz_data_double_special(fd, 0.0, 1.0);
+        if (n < 0) bad(&j, "n < 0");
+        if (null_out && n > 0) bad(&j, "out is NULL");
+        if (!(p1 >= 0.0 && p1 <= 1.0)) bad(&j, "p outside [0, 1]");
+        count = n;
+        break;
+    case 4: /* init_linear: in = n2, out = n3 */
+    case 5: /* xavier_uniform: fan_out = n2, fan_in = n3 */
+        if (null_out) bad(&j, "NULL weight");
+        if (n2 < 1 || n3 < 1) bad(&j, "a size < 1");
+        if (n2 >= 1 && n3 >= 1 && !fuzz_mul(n2, n3, &count)) bad(&j, "size overflows");
+        break;
+    case 6: /* xavier_normal: n, fans n2, n3 */
+        if (null_out) bad(&j, "NULL weight");
+        if (n < 1 || n2 < 1 || n3 < 1) bad(&j, "a size < 1");
+        if (n2 >= 1 && n3 >= 1 && !fuzz_add(n2, n3, &(int64_t){0})) doubt(&j, "fan_in + fan_out overflows");
+        count = n;
+        break;
+    default: /* embedding: num = n2, dim = n3, padding_idx */
+        p1 = (double)fuzz_data_i64_range(fd, -3, 14);
+        if (null_out) bad(&j, "NULL weight");
+        if (n2 < 1 || n3 < 1) bad(&j, "a size < 1");
+        if (n2 >= 1 && n3 >= 1 && !fuzz_mul(n2, n3, &count)) bad(&j, "size overflows");
+        if (p1 >= (double)n2) bad(&j, "padding_idx >= num");
+        break;
+    }
+    if (j.v != J_INVALID && !(count >= 0 && count <= 4096)) return;
+    const size_t cnt = j.v == J_INVALID ? 16 : (size_t)count;
+    float *out = null_out ? NULL : env_buf(e, cnt * 4);
+    float *bias = which == 4 && fuzz_data_bool(fd) ? env_buf(e, (size_t)(n3 > 0 && n3 <= 4096 ? n3 : 16) * 4) : NULL;
+    float *x = which == 3 ? env_buf(e, cnt * 4) : NULL;
+    if (x != NULL) fill_floats(e, x, (int64_t)cnt, 4.0f);
+    if (which == 3 && out != NULL && fuzz_data_bool(fd)) memcpy(out, x, cnt * 4), x = out; /* in place */
+    const attn_generator before = gen;
+    attn_status st;
+    switch (which) {
+    case 0: st = attn_rand_uniform(g, out, n, p1, p2); break;
+    case 1: st = attn_rand_normal(g, out, n, p1, p2); break;
+    case 2: st = attn_rand_bernoulli(g, out, n, p1); break;
+    case 3: st = attn_rand_dropout(g, x, out, n, p1); break;
+    case 4: st = attn_init_linear(g, out, bias, n2, n3); break;
+    case 5: st = attn_init_xavier_uniform(g, out, n2, n3); break;
+    case 6: st = attn_init_xavier_normal(g, out, n, n2, n3); break;
+    default: st = attn_init_embedding(g, out, n2, n3, (int64_t)p1); break;
+    }
+    FUZZ_CHECK(fuzz_status_known(st), "status %d", (int)st);
+    if (j.v == J_INVALID) {
+        FUZZ_CHECK(st != ATTN_OK, "generator call %d accepted an invalid call (%s)", which, j.why);
+        if (which >= 4) FUZZ_CHECK(memcmp(&before, &gen, sizeof gen) == 0, "an initialiser drew on error");
+        return;
+    }
+    if (j.v == J_VALID) FUZZ_CHECK(st == ATTN_OK, "generator call %d: %s", which, attn_strerror(st));
+    if (st != ATTN_OK || j.v != J_VALID) return;
+    for (int64_t i = 0; i < count; i++) {
+        const float v = out[i];
+        switch (which) {
+        case 0: {
+            const double tol = 1e-6 * (fabs(p1) + fabs(p2)) + 1e-30;
+            FUZZ_CHECK(v >= p1 - tol && v <= p2 + tol, "uniform %g outside [%g, %g]", (double)v, p1, p2);
+            break;
+        }
+        case 1: FUZZ_CHECK(isfinite(v), "normal %g", (double)v); break;
+        case 2:
+            FUZZ_CHECK(v == 0.0f || v == 1.0f, "bernoulli %g", (double)v);
+            FUZZ_CHECK((p1 != 0.0 || v == 0.0f) && (p1 != 1.0 || v == 1.0f), "bernoulli(%g) gave %g", p1, (double)v);
+            break;
+        case 4: FUZZ_CHECK(fabsf(v) <= 1.0f / sqrtf((float)n2) * 1.0001f, "kaiming weight %g", (double)v); break;
+        case 5: FUZZ_CHECK(fabs(v) <= sqrt(6.0 / (double)(n2 + n3)) * 1.0001, "xavier weight %g", (double)v); break;
+        case 6: FUZZ_CHECK(isfinite(v), "xavier normal %g", (double)v); break;
+        case 7:
+            FUZZ_CHECK(isfinite(v), "embedding %g", (double)v);
+            if (p1 >= 0 && i / n3 == (int64_t)p1) FUZZ_CHECK(v == 0.0f, "padding row not zero");
+            break;
+        default: break;
+        }
+    }
+    if (which == 3 && x != out && p1 == 0.0)
+        for (int64_t i = 0; i < count; i++)
+            FUZZ_CHECK(fuzz_close(out[i], x[i], 0.0, 0.0), "dropout(p = 0) changed %g to %g", (double)x[i],
+                       (double)out[i]);
+    if (which == 4 && bias != NULL)
+        for (int64_t i = 0; i < n3; i++)
+            FUZZ_CHECK(fabsf(bias[i]) <= 1.0f / sqrtf((float)n2) * 1.0001f, "linear bias %g", (double)bias[i]);
+}
+
+/* ============================================================================================ */
+
+/* attn_ctx_create with parameters from the input; the context the rest of the input runs on. */
+static attn_ctx *fuzz_ctx_create(env *e) {
+    fuzz_data *fd = e->fd;
+    attn_ctx_params p;
+    attn_ctx_params_init(&p);
+    if (fuzz_data_chance(fd, 1, 4)) p.isa = (attn_isa)fuzz_data_int_range(fd, -1, 7);
+    switch (fuzz_data_pick(fd, 16)) {
+    case 0: p.n_threads = fuzz_data_int_range(fd, 2, 4); break;
+    case 1: p.n_threads = fuzz_data_chance(fd, 1, 2) ? -1 : INT32_MIN; break;
+    case 2: p.n_threads = 0; break;
+    default: p.n_threads = 1; break;
+    }
+    p.seed = fuzz_data_u64(fd);
+    p.allocator.alloc = fuzz_alloc_fn;
+    p.allocator.free = fuzz_free_fn;
+    p.allocator.user = e->alloc;
+    judge j = {J_VALID, NULL};
+    if (p.isa != ATTN_ISA_AUTO && p.isa != ATTN_ISA_REF && !attn_isa_supported(p.isa))
+        bad(&j, "an ISA this build or CPU cannot run");
+    if (p.n_threads < 0) doubt(&j, "negative n_threads");
+    attn_ctx *ctx = (attn_ctx *)(uintptr_t)1;
+    arm(e);
+    const attn_status st = attn_ctx_create(&p, &ctx);
+    disarm(e);
+    expect(e, &j, NULL, st, false, "attn_ctx_create");
+    if (st != ATTN_OK) {
+        FUZZ_CHECK(ctx == NULL, "attn_ctx_create failed without setting *ctx to NULL");
+        return fuzz_ctx_new(e->alloc, ATTN_ISA_AUTO, 1, p.seed);
+    }
+    const attn_isa got = attn_ctx_isa(ctx);
+    FUZZ_CHECK(got != ATTN_ISA_AUTO && attn_isa_supported(got), "attn_ctx_isa = %d", (int)got);
+    if (p.isa != ATTN_ISA_AUTO) FUZZ_CHECK(got == p.isa, "asked for ISA %d, got %d", (int)p.isa, (int)got);
+    return ctx;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    fuzz_data fd;
+    fuzz_data_init(&fd, data, size);
+    fuzz_alloc alloc = {0};
+    alloc.cap = 2u << 20;
+    env e = {0};
+    e.fd = &fd;
+    e.alloc = &alloc;
+    const unsigned what = fuzz_data_u8(&fd);
+    e.fail_nth = fuzz_data_chance(&fd, 1, 10) ? fuzz_data_u64_range(&fd, 1, 12) : 0;
+    e.rng.state = fuzz_data_u64(&fd);
+    e.ctx = fuzz_ctx_create(&e);
+
+    switch (what % 16) {
+    case 0:
+    case 1:
+    case 2:
+    case 3:
+    case 4:
+    case 5: fuzz_sdpa(&e); break;
+    case 6:
+    case 7:
+    case 8: fuzz_mha(&e); break;
+    case 9:
+    case 10:
+    case 11: fuzz_book(&e); break;
+    case 12: fuzz_simple(&e); break;
+    case 13: fuzz_linear(&e); break;
+    default: fuzz_random(&e); break;
+    }
+    env_release(&e);
+    attn_ctx_free(e.ctx);
+    FUZZ_CHECK(fuzz_alloc_live(&alloc) == 0, "%zu blocks leaked", fuzz_alloc_live(&alloc));
+    return 0;
+}

@@ -1,0 +1,154 @@
+/*
+ * fuzz_npy.c - fuzz target for the .npy reader: attn_npy_parse on the raw input.
+ *
+ * On failure the status must be one the reader documents and the output tensor zeroed. On
+ * success the tensor must be consistent (dtype, ndim, sizes, numel * dtype size data bytes) and
+ * its data must be the last bytes of the input (the header has to match the size exactly). Then,
+ * in memory: the tensor written as numpy.save writes it parses back equal; the input one byte
+ * shorter or longer is rejected; and every allocation of the parse, made to fail in turn, gives
+ * ATTN_ERR_OUT_OF_MEMORY with a zeroed tensor and nothing leaked.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "attn.h"
+#include "fuzz_data.h"
+#include "fuzz_util.h"
+
+static const char *descr_of(attn_dtype dtype) {
+    switch (dtype) {
+    case ATTN_DTYPE_F32: return "<f4";
+    case ATTN_DTYPE_F64: return "<f8";
+    case ATTN_DTYPE_F16: return "<f2";
+    case ATTN_DTYPE_BOOL: return "|b1";
+    case ATTN_DTYPE_U8: return "|u1";
+    case ATTN_DTYPE_I32: return "<i4";
+    case ATTN_DTYPE_I64: return "<i8";
+    case ATTN_DTYPE_BF16: return NULL;
+    }
+    return NULL;
+}
+
+static bool tensor_is_zero(const attn_tensor *t) {
+    bool zero = t->name == NULL && t->data == NULL && t->ndim == 0 && (int)t->dtype == 0;
+    for (int i = 0; i < ATTN_MAX_DIMS; i++) zero = zero && t->shape[i] == 0;
+    return zero;
+}
+
+/* Checks a parsed tensor against the input it came from; returns its data size in bytes. */
+static size_t check_tensor(const attn_tensor *t, const uint8_t *data, size_t size) {
+    FUZZ_CHECK(t->name == NULL, "a .npy tensor has a name");
+    FUZZ_CHECK(descr_of(t->dtype) != NULL, "dtype %d has no .npy descr", (int)t->dtype);
+    FUZZ_CHECK(t->ndim >= 0 && t->ndim <= ATTN_MAX_DIMS, "ndim %d", t->ndim);
+    for (int i = 0; i < t->ndim; i++) FUZZ_CHECK(t->shape[i] >= 0, "shape[%d] = %lld", i, (long long)t->shape[i]);
+    const int64_t numel = attn_tensor_numel(t);
+    FUZZ_CHECK(numel >= 0, "attn_tensor_numel = %lld", (long long)numel);
+    const size_t esize = attn_dtype_size(t->dtype);
+    FUZZ_CHECK(esize > 0, "dtype size 0");
+    FUZZ_CHECK((uint64_t)numel <= size / esize, "%lld elements of %zu bytes in a %zu-byte input", (long long)numel,
+               esize, size);
+    const size_t nbytes = (size_t)numel * esize;
+    if (nbytes > 0) {
+        FUZZ_CHECK(t->data != NULL, "no data for %zu bytes", nbytes);
+        FUZZ_CHECK(memcmp(t->data, data + (size - nbytes), nbytes) == 0, "the data is not the input's last %zu bytes",
+                   nbytes);
+    }
+    return nbytes;
+}
+
+/* The bytes numpy.save writes for a tensor (format 1.0); returns a malloc'd buffer. */
+static uint8_t *npy_encode(const attn_tensor *t, size_t nbytes, size_t *len) {
+    char hdr[512];
+    int k = snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, 'shape': (", descr_of(t->dtype));
+    for (int i = 0; i < t->ndim; i++)
+        k += snprintf(hdr + k, sizeof hdr - (size_t)k, i == 0 ? "%lld" : ", %lld", (long long)t->shape[i]);
+    k += snprintf(hdr + k, sizeof hdr - (size_t)k, "%s), }", t->ndim == 1 ? "," : "");
+    size_t hlen = (size_t)k;
+    const size_t total_hdr = (10 + hlen + 1 + 63) / 64 * 64; /* preamble + dict + '\n', padded to 64 */
+    const size_t dict_len = total_hdr - 10;
+    uint8_t *out = fuzz_xmalloc(total_hdr + nbytes);
+    memcpy(out, "\x93NUMPY\x01\x00", 8);
+    out[8] = (uint8_t)(dict_len & 0xFF);
+    out[9] = (uint8_t)(dict_len >> 8);
+    memcpy(out + 10, hdr, hlen);
+    memset(out + 10 + hlen, ' ', dict_len - hlen - 1);
+    out[total_hdr - 1] = '\n';
+    if (nbytes > 0) memcpy(out + total_hdr, t->data, nbytes);
+    *len = total_hdr + nbytes;
+    return out;
+}
+
+/* Parses `len` bytes copied to an exactly sized buffer. */
+static attn_status parse_copy(attn_ctx *ctx, const uint8_t *src, size_t len, size_t copy_len, attn_tensor *t) {
+    uint8_t *buf = fuzz_xmalloc(len);
+    if (len > 0) {
+        memset(buf, 0, len);
+        memcpy(buf, src, copy_len < len ? copy_len : len);
+    }
+    attn_status st = attn_npy_parse(ctx, buf, len, t);
+    free(buf);
+    return st;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    fuzz_alloc alloc = {0};
+    attn_ctx *ctx = fuzz_ctx_new(&alloc, ATTN_ISA_AUTO, 1, 0);
+    const size_t live0 = fuzz_alloc_live(&alloc);
+
+    attn_tensor t;
+    memset(&t, 0xA5, sizeof t);
+    const uint64_t calls0 = fuzz_alloc_calls(&alloc);
+    attn_status st = attn_npy_parse(ctx, data, size, &t);
+    const uint64_t calls = fuzz_alloc_calls(&alloc) - calls0;
+    fuzz_check_error(ctx, st, "attn_npy_parse");
+    if (st != ATTN_OK) {
+        FUZZ_CHECK(st == ATTN_ERR_BAD_FILE || st == ATTN_ERR_UNSUPPORTED || st == ATTN_ERR_OUT_OF_MEMORY, "status %s",
+                   attn_strerror(st));
+        FUZZ_CHECK(tensor_is_zero(&t), "the tensor is not zeroed after a failure");
+        FUZZ_CHECK(fuzz_alloc_live(&alloc) == live0, "%zu blocks leaked by a failed parse",
+                   fuzz_alloc_live(&alloc) - live0);
+    } else {
+        const size_t nbytes = check_tensor(&t, data, size);
+
+        /* Written back as numpy does, it reads back the same. */
+        size_t elen;
+        uint8_t *enc = npy_encode(&t, nbytes, &elen);
+        attn_tensor u;
+        st = attn_npy_parse(ctx, enc, elen, &u);
+        FUZZ_CHECK(st == ATTN_OK, "re-encoded tensor rejected: %s", attn_ctx_last_error(ctx));
+        FUZZ_CHECK(u.dtype == t.dtype && u.ndim == t.ndim, "round trip changed dtype or ndim");
+        for (int i = 0; i < t.ndim; i++) FUZZ_CHECK(u.shape[i] == t.shape[i], "round trip changed shape[%d]", i);
+        FUZZ_CHECK(nbytes == 0 || memcmp(u.data, t.data, nbytes) == 0, "round trip changed the data");
+        attn_tensor_release(ctx, &u);
+        free(enc);
+
+        /* A byte less or a byte more breaks the size match. */
+        attn_tensor v;
+        st = parse_copy(ctx, data, size - 1, size, &v);
+        FUZZ_CHECK(st != ATTN_OK, "the input minus its last byte was accepted");
+        fuzz_check_error(ctx, st, "attn_npy_parse (truncated)");
+        FUZZ_CHECK(tensor_is_zero(&v), "the tensor is not zeroed after a failure");
+        st = parse_copy(ctx, data, size + 1, size, &v);
+        FUZZ_CHECK(st != ATTN_OK, "the input plus one byte was accepted");
+        FUZZ_CHECK(tensor_is_zero(&v), "the tensor is not zeroed after a failure");
+
+        /* Each allocation failing in turn: out of memory, nothing kept. */
+        for (uint64_t k = 1; k <= calls; k++) {
+            const size_t live = fuzz_alloc_live(&alloc);
+            fuzz_alloc_arm(&alloc, k);
+            st = attn_npy_parse(ctx, data, size, &v);
+            alloc.fail_at = 0;
+            FUZZ_CHECK(st == ATTN_ERR_OUT_OF_MEMORY, "allocation %llu failing gave %s", (unsigned long long)k,
+                       attn_strerror(st));
+            fuzz_check_error(ctx, st, "attn_npy_parse (allocation failure)");
+            FUZZ_CHECK(tensor_is_zero(&v), "the tensor is not zeroed after a failure");
+            FUZZ_CHECK(fuzz_alloc_live(&alloc) == live, "%zu blocks leaked after an allocation failure",
+                       fuzz_alloc_live(&alloc) - live);
+        }
+        attn_tensor_release(ctx, &t);
+        FUZZ_CHECK(tensor_is_zero(&t), "attn_tensor_release did not zero the tensor");
+    }
+    attn_ctx_free(ctx);
+    FUZZ_CHECK(fuzz_alloc_live(&alloc) == 0, "%zu blocks leaked", fuzz_alloc_live(&alloc));
+    return 0;
+}

@@ -1,0 +1,599 @@
+/*
+ * fuzz_sdpa_diff.c - differential fuzz target: the kernels a context picks with ATTN_ISA_AUTO (or,
+ * now and then, any other ISA the CPU runs) against the scalar reference, ATTN_ISA_REF.
+ *
+ * SDPA problems have B, H, Hkv, L, S, D, Dv up to about 12 (sometimes long sequences spanning
+ * several kernel tiles, or wide heads), q/k/v/out in permuted contiguous layouts (with padding,
+ * and broadcast inputs), attention masks of both dtypes broadcast by their strides, key padding
+ * masks, every causal mode, scales, weights modes, log-sum-exp and dropout; nn.MultiheadAttention
+ * and the book's modules run tiny configurations the same way. The contexts are seeded alike, so
+ * with dropout too the runs must agree: the same status; outputs within 1e-5 relative plus an
+ * absolute tolerance of 1e-6 scaled by the magnitudes involved and widened by what float
+ * arithmetic can lose on large scores (see "Tolerances" below); NaN and infinities, a fully masked
+ * row's -inf log-sum-exp included, in the same places; padding between output rows left alike; the
+ * generators in the same state afterwards. Sometimes a third context runs the same kernels with
+ * another thread count and must give the same bits.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn.h"
+#include "fuzz_data.h"
+#include "fuzz_util.h"
+
+#define REL_TOL 1e-5
+#define ABS_TOL 1e-6
+
+/* The contexts compared: [0] the kernels under test (ATTN_ISA_AUTO, or an ISA the CPU supports),
+ * [1] the reference, and sometimes [2] the kernels under test with another thread count. */
+typedef struct pair {
+    fuzz_data *fd;
+    fuzz_rng rng;
+    int n;
+    attn_ctx *ctx[3];
+} pair;
+
+/* ---- comparing ----------------------------------------------------------------------------- */
+
+/*
+ * Tolerances. The reference accumulates in double; the fused kernels and the projections' GEMM in
+ * float, so a score s = scale * q.k legitimately differs by up to about D * 2^-24 * |scale| *
+ * sum|q_t k_t|, and a softmax turns an error ds in the scores into a relative error of about ds
+ * in the weights and outputs. Each comparison is |AUTO - REF| <= REL_TOL * |REF| + abs, where abs
+ * is ABS_TOL times the magnitude of what the element sums, plus that score error propagated.
+ * Small inputs leave only REL_TOL and ABS_TOL; large ones widen the bound as float arithmetic must.
+ */
+#define U 5.9604644775390625e-8 /* 2^-24 */
+
+typedef struct tol {
+    double rel, abs;
+} tol;
+
+static double max_abs(const float *x, int64_t n) {
+    double m = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        if (isfinite(x[i]) && fabs((double)x[i]) > m) m = fabs((double)x[i]);
+    return m;
+}
+
+/* The problem being compared, for the message of a failed check. */
+static char problem[512];
+
+/*
+ * NaN and infinities must appear in the same places, with one exception: the fused kernels flush
+ * weights below 2^-126 of a row's largest to 0 (attn.h), where the reference may keep a denormal
+ * weight, so a NaN or infinity in a value row can reach an output through such a weight in one and
+ * not in the other. That needs non-finite inputs and scores spread over more than ln(2^126) ~ 87.
+ * Scores near the float range may also overflow in float arithmetic where the reference's double
+ * does not, and scales near the underflow may give 0 * inf. In these cases (loose_nonfinite) a
+ * non-finite result on one side only is accepted.
+ */
+static bool loose_nonfinite;
+
+static bool any_nonfinite(const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return true;
+    return false;
+}
+
+/* Below this, differences are float underflow (a denormal in double rounds to 0 in float). */
+#define UNDERFLOW_TOL 1e-35
+
+static void compare(const float *a, const float *r, int64_t n, tol t, const char *what) {
+    for (int64_t i = 0; i < n; i++)
+        FUZZ_CHECK((loose_nonfinite && (!isfinite(a[i]) || !isfinite(r[i]))) ||
+                       fuzz_close(a[i], r[i], t.rel, t.abs + UNDERFLOW_TOL),
+                   "%s[%lld]: kernels %.9g, reference %.9g (tolerance %g + %g |ref|) in %s", what, (long long)i,
+                   (double)a[i], (double)r[i], t.abs, t.rel, problem);
+}
+
+/* Every thread count gives the same bits (attn.h, attn_ctx_params.n_threads). */
+static void compare_bits(const float *a, const float *b, int64_t n, const char *what) {
+    for (int64_t i = 0; i < n; i++)
+        FUZZ_CHECK(memcmp(&a[i], &b[i], sizeof(float)) == 0 || (isnan(a[i]) && isnan(b[i])),
+                   "%s[%lld] depends on the thread count: %.9g vs %.9g", what, (long long)i, (double)a[i],
+                   (double)b[i]);
+}
+
+/* Compares the results of context c with those of context 0. */
+static void compare_run(const pair *p, int c, const float *a, const float *x, int64_t n, tol t, const char *what) {
+    if (c == 1) compare(a, x, n, t, what);
+    if (c == 2) compare_bits(a, x, n, what);
+}
+
+/* Adds a module parameter to the bounds: the largest row or column sum of |W| over 2-D ones (a
+ * projection's gain, whatever its layout), the largest |b| over the others. */
+static void param_bounds(int ndim, const int64_t *shape, const float *w, double *wsum, double *bmax) {
+    if (ndim != 2) {
+        int64_t n = 1;
+        for (int i = 0; i < ndim; i++) n *= shape[i];
+        const double m = max_abs(w, n);
+        if (m > *bmax) *bmax = m;
+        return;
+    }
+    for (int64_t r = 0; r < shape[0]; r++) {
+        double sum = 0.0;
+        for (int64_t c = 0; c < shape[1]; c++) sum += fabs((double)w[r * shape[1] + c]);
+        if (sum > *wsum) *wsum = sum;
+    }
+    for (int64_t c = 0; c < shape[1]; c++) {
+        double sum = 0.0;
+        for (int64_t r = 0; r < shape[0]; r++) sum += fabs((double)w[r * shape[1] + c]);
+        if (sum > *wsum) *wsum = sum;
+    }
+}
+
+/* Tolerances of a module's outputs and weights: inputs up to `amp`, parameters bounded by wsum and
+ * bmax, input widths up to `width`, head dim hd, embedding E, dropout scale `keep`. */
+static void module_tols(double amp, double wsum, double bmax, int64_t width, int64_t hd, int64_t E, double keep,
+                        tol *t_out, tol *t_w, double *score_bound) {
+    const double proj = amp * wsum + bmax;                              /* |q|, |k|, |v| after projection */
+    const double smag = sqrt((double)hd) * proj * proj;                 /* |score| */
+    const double ds = 1e-6 + 4.0 * (double)(width + hd + 8) * U * smag; /* score error */
+    *score_bound = smag;
+    *t_w = (tol){REL_TOL + 4.0 * ds, ABS_TOL};
+    const double gain = wsum > 1.0 ? wsum : 1.0; /* out_proj, when there is one */
+    *t_out = (tol){REL_TOL,
+                   ABS_TOL * (1.0 + proj) * gain + gain * keep * proj * (3.0 * ds + 4.0 * (double)(width + E + 4) * U)};
+    if (smag > (double)FLT_MAX / 16.0) t_out->abs = t_w->abs = INFINITY; /* float cannot hold the scores */
+}
+
+static void compare_generators(const pair *p) {
+    const attn_generator *a = attn_ctx_generator(p->ctx[0]);
+    for (int c = 1; c < p->n; c++) {
+        const attn_generator *r = attn_ctx_generator(p->ctx[c]);
+        FUZZ_CHECK(memcmp(a->mt, r->mt, sizeof a->mt) == 0 && a->left == r->left && a->next == r->next &&
+                       a->has_normal == r->has_normal && memcmp(&a->normal, &r->normal, sizeof a->normal) == 0,
+                   "the generators of contexts 0 and %d drew differently", c);
+    }
+}
+
+static void compare_status(const pair *p, const attn_status *st, const char *what) {
+    for (int c = 0; c < p->n; c++) fuzz_check_error(p->ctx[c], st[c], what);
+    for (int c = 1; c < p->n; c++)
+        FUZZ_CHECK(st[0] == st[c], "%s: %s gives %s (%s), context %d %s (%s)", what,
+                   attn_isa_name(attn_ctx_isa(p->ctx[0])), attn_strerror(st[0]), attn_ctx_last_error(p->ctx[0]), c,
+                   attn_strerror(st[c]), attn_ctx_last_error(p->ctx[c]));
+}
+
+/* ---- inputs -------------------------------------------------------------------------------- */
+
+static float *new_floats(int64_t n) { return fuzz_xmalloc((size_t)(n > 0 ? n : 1) * sizeof(float)); }
+
+/* A value whose handling float and double arithmetic must agree on: NaN, +-inf, +-0, or tiny. */
+static float special(pair *p) {
+    static const float values[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, FLT_MIN, FLT_TRUE_MIN, -FLT_MIN};
+    return values[fuzz_data_pick(p->fd, sizeof values / sizeof values[0])];
+}
+
+/* Values in [-amp, amp], sometimes with a few specials. */
+static void fill(pair *p, float *x, int64_t n, float amp) {
+    for (int64_t i = 0; i < n; i++) x[i] = fuzz_rng_float(&p->rng, -amp, amp);
+    if (n > 0 && fuzz_data_chance(p->fd, 1, 12)) {
+        const int k = fuzz_data_int_range(p->fd, 1, 3);
+        for (int i = 0; i < k; i++) x[fuzz_rng_below(&p->rng, (uint64_t)n)] = special(p);
+    }
+}
+
+static float pick_amp(pair *p) {
+    static const float amps[] = {0.5f, 2.0f, 8.0f, 40.0f};
+    return amps[fuzz_data_pick(p->fd, 4)];
+}
+
+/* A mask of n elements: BOOL bytes (any non-zero blocks) or F32 (0, -inf, random, very negative). */
+static void fill_mask(pair *p, void *m, int64_t n, attn_dtype dt) {
+    const unsigned density = (unsigned)fuzz_data_u8(p->fd);
+    if (dt == ATTN_DTYPE_BOOL) {
+        uint8_t *b = m;
+        for (int64_t i = 0; i < n; i++)
+            b[i] = fuzz_rng_below(&p->rng, 256) < density ? (uint8_t)(1 + fuzz_rng_below(&p->rng, 255)) : 0;
+        return;
+    }
+    float *f = m;
+    for (int64_t i = 0; i < n; i++) {
+        const uint64_t r = fuzz_rng_below(&p->rng, 256);
+        f[i] = r < density   ? -INFINITY
+               : r % 3 == 0  ? fuzz_rng_float(&p->rng, -6.0f, 3.0f)
+               : r % 17 == 1 ? -1e30f
+                             : 0.0f;
+    }
+    if (n > 0 && fuzz_data_chance(p->fd, 1, 16)) f[fuzz_rng_below(&p->rng, (uint64_t)n)] = special(p);
+}
+
+/* Strides of an nd-dim tensor of sizes n laid out contiguously in a permuted dimension order, with
+ * optional padding; each dimension broadcast (stride 0) with probability bcast/16. Returns the
+ * number of elements the buffer needs. */
+static int64_t layout(pair *p, int nd, const int64_t *n, unsigned bcast, int64_t *s) {
+    int perm[4] = {0, 1, 2, 3};
+    for (int i = nd - 1; i > 0; i--) {
+        const int j = (int)fuzz_data_pick(p->fd, (size_t)i + 1), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    bool broadcast[4] = {false, false, false, false};
+    for (int d = 0; d < nd; d++) broadcast[d] = bcast > 0 && fuzz_data_chance(p->fd, bcast, 16);
+    int64_t acc = 1;
+    for (int i = nd - 1; i >= 0; i--) {
+        const int d = perm[i];
+        if (broadcast[d]) {
+            s[d] = 0;
+            continue;
+        }
+        s[d] = acc;
+        acc = acc * n[d] + (fuzz_data_chance(p->fd, 1, 6) ? fuzz_data_i64_range(p->fd, 1, 3) : 0);
+    }
+    return acc;
+}
+
+/* Elements of a (B, H, L, S) view with non-negative strides s: its largest offset plus one. */
+static int64_t layout_elems(const int64_t s[4], int64_t B, int64_t H, int64_t L, int64_t S) {
+    return (B - 1) * s[0] + (H - 1) * s[1] + (L - 1) * s[2] + (S - 1) * s[3] + 1;
+}
+
+/* ---- SDPA ---------------------------------------------------------------------------------- */
+
+static void diff_sdpa(pair *p) {
+    fuzz_data *fd = p->fd;
+    /* Mostly small problems; sometimes long ones (several key and query tiles of the fused kernels)
+     * or wide ones (head dims over a few vector widths). */
+    const int shape_mode = (int)fuzz_data_pick(fd, 8);
+    const int64_t max_len_q = shape_mode == 0 ? 80 : 12, max_len_kv = shape_mode == 0 ? 220 : 12;
+    const int64_t max_dim = shape_mode == 1 ? 40 : 12, budget = shape_mode <= 1 ? 300000 : 40000;
+    int64_t B = fuzz_data_i64_range(fd, 1, 3), Hkv = fuzz_data_i64_range(fd, 1, 4), G = fuzz_data_i64_range(fd, 1, 3);
+    int64_t L = fuzz_data_i64_range(fd, 1, max_len_q), S = fuzz_data_i64_range(fd, 1, max_len_kv);
+    int64_t D = fuzz_data_i64_range(fd, 1, max_dim);
+    int64_t Dv = fuzz_data_bool(fd) ? D : fuzz_data_i64_range(fd, 1, max_dim);
+    while (B * Hkv * G * L * S * (D + Dv) > budget) { /* keep each run short: shrink the largest */
+        int64_t *big = &S;
+        int64_t *cand[6] = {&L, &D, &Dv, &B, &G, &Hkv};
+        for (int i = 0; i < 6; i++)
+            if (*cand[i] > *big) big = cand[i];
+        *big = *big > 8 ? *big * 3 / 4 : *big - 1;
+    }
+    const int64_t H = Hkv * G;
+    attn_sdpa_desc d;
+    attn_sdpa_desc_init(&d);
+    d.batch = B, d.n_heads = H, d.len_q = L, d.len_kv = S, d.head_dim = D;
+    d.n_kv_heads = Hkv == H && fuzz_data_bool(fd) ? 0 : Hkv;
+    d.head_dim_v = Dv == D && fuzz_data_bool(fd) ? 0 : Dv;
+    const int64_t nq[4] = {B, H, L, D}, nk[4] = {B, Hkv, S, D}, nv[4] = {B, Hkv, S, Dv}, no[4] = {B, H, L, Dv};
+    const int64_t cq = layout(p, 4, nq, 1, d.q_stride), ck = layout(p, 4, nk, 1, d.k_stride);
+    const int64_t cv = layout(p, 4, nv, 1, d.v_stride), co = layout(p, 4, no, 0, d.o_stride);
+    switch (fuzz_data_pick(fd, 6)) {
+    case 0: d.scale = fuzz_data_float_special(fd); break;
+    case 1:
+    case 2: d.scale = fuzz_data_float_range(fd, -2.0f, 2.0f); break;
+    default: d.scale = 0.0f; break;
+    }
+    d.causal = (attn_causal)fuzz_data_pick(fd, 3);
+    d.weights_mode = (attn_weights_mode)fuzz_data_pick(fd, 3);
+    if (fuzz_data_chance(fd, 1, 4)) d.dropout_p = fuzz_data_chance(fd, 1, 16) ? 1.0 : fuzz_data_unit(fd) * 0.95;
+    const bool want_lse = fuzz_data_bool(fd);
+
+    const float amp = pick_amp(p);
+    float *q = new_floats(cq), *k = new_floats(ck), *v = new_floats(cv);
+    fill(p, q, cq, amp);
+    fill(p, k, ck, amp);
+    fill(p, v, cv, amp);
+    void *mask = NULL, *kpm = NULL;
+    if (fuzz_data_chance(fd, 1, 2)) {
+        d.mask_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_F32 : ATTN_DTYPE_BOOL;
+        const int64_t nm[4] = {B, H, L, S};
+        const int64_t cm = layout(p, 4, nm, 8, d.mask_stride);
+        mask = fuzz_xmalloc((size_t)cm * attn_dtype_size(d.mask_dtype));
+        fill_mask(p, mask, cm, d.mask_dtype);
+        d.mask = mask;
+    }
+    if (fuzz_data_chance(fd, 1, 3)) {
+        d.key_padding_mask_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_F32 : ATTN_DTYPE_BOOL;
+        const int64_t nkpm[2] = {B, S};
+        const int64_t ckpm = layout(p, 2, nkpm, 4, d.key_padding_mask_stride);
+        kpm = fuzz_xmalloc((size_t)ckpm * attn_dtype_size(d.key_padding_mask_dtype));
+        fill_mask(p, kpm, ckpm, d.key_padding_mask_dtype);
+        d.key_padding_mask = kpm;
+    }
+    /* Tolerances: scores up to smag (plus the masks' finite values), error ds in them. */
+    double mmax = 0.0;
+    if (d.mask != NULL && d.mask_dtype == ATTN_DTYPE_F32) {
+        const float *f = d.mask;
+        for (int64_t i = 0, n = layout_elems(d.mask_stride, B, H, L, S); i < n; i++)
+            if (isfinite(f[i]) && fabsf(f[i]) < 1e20f && fabs((double)f[i]) > mmax) mmax = fabs((double)f[i]);
+    }
+    const double scale = d.scale != 0.0f ? fabs((double)d.scale) : 1.0 / sqrt((double)D);
+    const double smag = scale * (double)D * max_abs(q, cq) * max_abs(k, ck) + 2.0 * mmax;
+    const double ds = 1e-6 + 4.0 * (double)(D + 4) * U * smag;
+    const double keep = d.dropout_p > 0.0 && d.dropout_p < 1.0 ? 1.0 / (1.0 - d.dropout_p) : 1.0;
+    tol t_out = {REL_TOL, keep * max_abs(v, cv) * (ABS_TOL + 3.0 * ds)}, t_lse = {REL_TOL, ABS_TOL + ds};
+    const tol t_w = {REL_TOL + 4.0 * ds, ABS_TOL};
+    bool nonfinite = any_nonfinite(q, cq) || any_nonfinite(k, ck) || any_nonfinite(v, cv);
+    if (d.mask != NULL && d.mask_dtype == ATTN_DTYPE_F32)
+        for (int64_t i = 0, n = layout_elems(d.mask_stride, B, H, L, S); i < n; i++)
+            nonfinite = nonfinite || isnan(((const float *)d.mask)[i]) || ((const float *)d.mask)[i] == INFINITY;
+    if (d.key_padding_mask != NULL && d.key_padding_mask_dtype == ATTN_DTYPE_F32) {
+        const int64_t ks[4] = {d.key_padding_mask_stride[0], d.key_padding_mask_stride[1], 0, 0};
+        for (int64_t i = 0, n = layout_elems(ks, B, S, 1, 1); i < n; i++)
+            nonfinite = nonfinite || isnan(((const float *)kpm)[i]) || ((const float *)kpm)[i] == INFINITY;
+    }
+    /* Scores (times log2 e) near the float range overflow in float kernels, not in the reference;
+     * a scale near the float underflow turns scale * q into 0 and 0 * inf into NaN. */
+    loose_nonfinite = (nonfinite && (2.0 * smag > 80.0 || scale < 1e-30)) || smag > (double)FLT_MAX / 16.0;
+    if (smag > (double)FLT_MAX / 16.0) t_out.abs = t_lse.abs = INFINITY; /* float cannot hold the scores */
+    /* The fused kernels fold scale * log2(e) into q; attn.h leaves the result open when a product
+     * leaves the float range, although the scores may fit. */
+    const double qmax = max_abs(q, cq);
+    if (scale * (qmax > 1.0 ? qmax : 1.0) > (double)FLT_MAX / 4.0) {
+        loose_nonfinite = true;
+        t_out.abs = t_lse.abs = INFINITY;
+    }
+    snprintf(problem, sizeof problem,
+             "sdpa B=%lld H=%lld Hkv=%lld L=%lld S=%lld D=%lld Dv=%lld scale=%g causal=%d mask=%s kpm=%s dropout=%g "
+             "weights=%d lse=%d isa=%s",
+             (long long)B, (long long)H, (long long)Hkv, (long long)L, (long long)S, (long long)D, (long long)Dv,
+             (double)d.scale, (int)d.causal, d.mask == NULL ? "none" : attn_dtype_name(d.mask_dtype),
+             d.key_padding_mask == NULL ? "none" : attn_dtype_name(d.key_padding_mask_dtype), d.dropout_p,
+             (int)d.weights_mode, want_lse, attn_isa_name(attn_ctx_isa(p->ctx[0])));
+    const int64_t nl = B * H * L;
+    const int64_t nw = d.weights_mode == ATTN_WEIGHTS_PER_HEAD  ? B * H * L * S
+                       : d.weights_mode == ATTN_WEIGHTS_AVERAGE ? B * L * S
+                                                                : 0;
+    float *out[3] = {NULL, NULL, NULL}, *lse[3] = {NULL, NULL, NULL}, *w[3] = {NULL, NULL, NULL};
+    attn_status st[3];
+    for (int c = 0; c < p->n; c++) {
+        out[c] = new_floats(co);
+        memset(out[c], 0xCD, (size_t)co * sizeof(float));
+        if (want_lse) lse[c] = new_floats(nl), memset(lse[c], 0xCD, (size_t)nl * sizeof(float));
+        if (nw > 0) w[c] = new_floats(nw), memset(w[c], 0xCD, (size_t)nw * sizeof(float));
+        st[c] = attn_sdpa_fwd(p->ctx[c], &d, q, k, v, out[c], lse[c], w[c]);
+    }
+    compare_status(p, st, "attn_sdpa_fwd");
+    for (int c = 1; c < p->n && st[0] == ATTN_OK; c++) {
+        compare_run(p, c, out[0], out[c], co, t_out, "out");
+        if (want_lse) compare_run(p, c, lse[0], lse[c], nl, t_lse, "lse");
+        if (nw > 0) compare_run(p, c, w[0], w[c], nw, t_w, "weights");
+    }
+    compare_generators(p);
+    for (int c = 0; c < p->n; c++) free(out[c]), free(lse[c]), free(w[c]);
+    free(q), free(k), free(v), free(mask), free(kpm);
+}
+
+/* ---- nn.MultiheadAttention ------------------------------------------------------------------- */
+
+static void diff_mha(pair *p) {
+    fuzz_data *fd = p->fd;
+    const int64_t H = fuzz_data_i64_range(fd, 1, 3), hd = fuzz_data_i64_range(fd, 1, 4), E = H * hd;
+    attn_mha_config cfg;
+    attn_mha_config_init(&cfg, E, H);
+    cfg.kdim = fuzz_data_bool(fd) ? 0 : fuzz_data_i64_range(fd, 1, 6);
+    cfg.vdim = fuzz_data_bool(fd) ? 0 : fuzz_data_i64_range(fd, 1, 6);
+    cfg.bias = fuzz_data_chance(fd, 3, 4);
+    cfg.add_bias_kv = fuzz_data_chance(fd, 1, 3);
+    cfg.add_zero_attn = fuzz_data_chance(fd, 1, 3);
+    cfg.batch_first = fuzz_data_bool(fd);
+    cfg.dropout = fuzz_data_chance(fd, 1, 3) ? fuzz_data_unit(fd) * 0.9 : 0.0;
+    const int64_t kd = cfg.kdim == 0 ? E : cfg.kdim, vd = cfg.vdim == 0 ? E : cfg.vdim;
+
+    attn_mha *m[3] = {NULL, NULL, NULL};
+    attn_status st[3];
+    for (int c = 0; c < p->n; c++) st[c] = attn_mha_create(p->ctx[c], &cfg, &m[c]);
+    compare_status(p, st, "attn_mha_create");
+    FUZZ_CHECK(st[0] == ATTN_OK, "attn_mha_create: %s", attn_ctx_last_error(p->ctx[0]));
+    compare_generators(p);
+    const int count = attn_mha_param_count(m[0]);
+    for (int c = 1; c < p->n; c++) {
+        FUZZ_CHECK(count == attn_mha_param_count(m[c]), "parameter counts differ");
+        for (int i = 0; i < count; i++) { /* initialisation is the generator's: identical bits */
+            int64_t shape[3];
+            int ndim;
+            float *a, *r;
+            attn_mha_param_at(m[0], i, NULL, &ndim, shape, &a);
+            attn_mha_param_at(m[c], i, NULL, NULL, NULL, &r);
+            int64_t n = 1;
+            for (int dd = 0; dd < ndim; dd++) n *= shape[dd];
+            FUZZ_CHECK(memcmp(a, r, (size_t)n * sizeof(float)) == 0, "parameter %d initialised differently", i);
+        }
+    }
+
+    attn_mha_args a;
+    attn_mha_args_init(&a);
+    a.unbatched = fuzz_data_chance(fd, 1, 4);
+    const int64_t N = a.unbatched ? 1 : fuzz_data_i64_range(fd, 1, 3), L = fuzz_data_i64_range(fd, 1, 5);
+    a.batch = N, a.len_q = L;
+    /* key: omitted (only when kdim == E), the query itself (same shape), or its own tensor. */
+    int kmode = (int)fuzz_data_pick(fd, 3);
+    if (kmode != 2 && kd != E) kmode = 2;
+    const int64_t S = kmode == 2 ? fuzz_data_i64_range(fd, 1, 5) : L;
+    a.len_kv = S;
+    const int64_t kw = kmode == 2 ? kd : E;
+    int vmode = (int)fuzz_data_pick(fd, 3);
+    if (vmode != 2 && vd != kw) vmode = 2;
+    a.training = fuzz_data_chance(fd, 1, 3);
+    const float amp = pick_amp(p);
+    float *q = new_floats(L * N * E), *k = NULL, *v = NULL;
+    fill(p, q, L * N * E, amp);
+    if (kmode == 2) k = new_floats(S * N * kd), fill(p, k, S * N * kd, amp);
+    if (vmode == 2) v = new_floats(S * N * vd), fill(p, v, S * N * vd, amp);
+    a.query = q;
+    a.key = kmode == 0 ? NULL : kmode == 1 ? q : k;
+    a.value = vmode == 0 ? NULL : vmode == 1 ? (a.key != NULL ? a.key : q) : v;
+    void *mask = NULL, *kpm = NULL;
+    if (fuzz_data_chance(fd, 1, 3)) {
+        a.attn_mask_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_F32 : ATTN_DTYPE_BOOL;
+        a.attn_mask_ndim = fuzz_data_bool(fd) ? 3 : 2;
+        const int64_t nm = (a.attn_mask_ndim == 3 ? N * H : 1) * L * S;
+        mask = fuzz_xmalloc((size_t)nm * attn_dtype_size(a.attn_mask_dtype));
+        fill_mask(p, mask, nm, a.attn_mask_dtype);
+        a.attn_mask = mask;
+    } else {
+        a.causal = fuzz_data_chance(fd, 1, 3);
+    }
+    if (fuzz_data_chance(fd, 1, 3)) {
+        a.key_padding_mask_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_F32 : ATTN_DTYPE_BOOL;
+        kpm = fuzz_xmalloc((size_t)(N * S) * attn_dtype_size(a.key_padding_mask_dtype));
+        fill_mask(p, kpm, N * S, a.key_padding_mask_dtype);
+        a.key_padding_mask = kpm;
+    }
+    a.need_weights = fuzz_data_bool(fd);
+    a.average_attn_weights = fuzz_data_bool(fd);
+    double wsum = 0.0, bmax = 0.0;
+    for (int i = 0; i < count; i++) {
+        int64_t shape[3];
+        int ndim;
+        float *data;
+        attn_mha_param_at(m[1], i, NULL, &ndim, shape, &data);
+        param_bounds(ndim, shape, data, &wsum, &bmax);
+    }
+    double in_amp = max_abs(q, L * N * E);
+    if (k != NULL && max_abs(k, S * N * kd) > in_amp) in_amp = max_abs(k, S * N * kd);
+    if (v != NULL && max_abs(v, S * N * vd) > in_amp) in_amp = max_abs(v, S * N * vd);
+    const int64_t width = kd > vd ? (kd > E ? kd : E) : (vd > E ? vd : E);
+    const double keep = a.training && cfg.dropout > 0.0 ? 1.0 / (1.0 - cfg.dropout) : 1.0;
+    tol t_out, t_w;
+    double smag;
+    module_tols(in_amp, wsum, bmax, width, hd, E, keep, &t_out, &t_w, &smag);
+    bool nonfinite = any_nonfinite(q, L * N * E) || (k != NULL && any_nonfinite(k, S * N * kd)) ||
+                     (v != NULL && any_nonfinite(v, S * N * vd));
+    if (mask != NULL && a.attn_mask_dtype == ATTN_DTYPE_F32)
+        for (int64_t i = 0; i < (a.attn_mask_ndim == 3 ? N * H : 1) * L * S; i++)
+            nonfinite = nonfinite || isnan(((const float *)mask)[i]) || ((const float *)mask)[i] == INFINITY;
+    if (kpm != NULL && a.key_padding_mask_dtype == ATTN_DTYPE_F32)
+        for (int64_t i = 0; i < N * S; i++)
+            nonfinite = nonfinite || isnan(((const float *)kpm)[i]) || ((const float *)kpm)[i] == INFINITY;
+    loose_nonfinite = (nonfinite && 2.0 * smag > 80.0) || smag > (double)FLT_MAX / 16.0;
+    snprintf(problem, sizeof problem,
+             "mha E=%lld H=%lld kdim=%lld vdim=%lld bias=%d bias_kv=%d zero_attn=%d batch_first=%d dropout=%g N=%lld "
+             "L=%lld S=%lld unbatched=%d key=%d value=%d mask=%s/%d kpm=%s causal=%d weights=%d/%d training=%d isa=%s",
+             (long long)E, (long long)H, (long long)kd, (long long)vd, cfg.bias, cfg.add_bias_kv, cfg.add_zero_attn,
+             cfg.batch_first, cfg.dropout, (long long)N, (long long)L, (long long)S, a.unbatched, kmode, vmode,
+             a.attn_mask == NULL ? "none" : attn_dtype_name(a.attn_mask_dtype), a.attn_mask_ndim,
+             a.key_padding_mask == NULL ? "none" : attn_dtype_name(a.key_padding_mask_dtype), a.causal, a.need_weights,
+             a.average_attn_weights, a.training, attn_isa_name(attn_ctx_isa(p->ctx[0])));
+    const int64_t S2 = attn_mha_weights_len_kv(m[0], S);
+    const int64_t nw = a.need_weights ? N * (a.average_attn_weights ? 1 : H) * L * S2 : 0;
+    float *out[3] = {NULL, NULL, NULL}, *w[3] = {NULL, NULL, NULL};
+    for (int c = 0; c < p->n; c++) {
+        out[c] = new_floats(L * N * E);
+        memset(out[c], 0xCD, (size_t)(L * N * E) * sizeof(float));
+        if (nw > 0) w[c] = new_floats(nw), memset(w[c], 0xCD, (size_t)nw * sizeof(float));
+        st[c] = attn_mha_forward(p->ctx[c], m[c], &a, out[c], w[c]);
+    }
+    compare_status(p, st, "attn_mha_forward");
+    FUZZ_CHECK(st[0] == ATTN_OK, "attn_mha_forward: %s", attn_ctx_last_error(p->ctx[0]));
+    for (int c = 1; c < p->n; c++) {
+        compare_run(p, c, out[0], out[c], L * N * E, t_out, "mha out");
+        if (nw > 0) compare_run(p, c, w[0], w[c], nw, t_w, "mha weights");
+    }
+    compare_generators(p);
+    for (int c = 0; c < p->n; c++) free(out[c]), free(w[c]), attn_mha_free(m[c]);
+    free(q), free(k), free(v), free(mask), free(kpm);
+}
+
+/* ---- the book's modules ---------------------------------------------------------------------- */
+
+static void diff_book(pair *p) {
+    fuzz_data *fd = p->fd;
+    const attn_book_kind kind = (attn_book_kind)(1 + fuzz_data_pick(fd, 5));
+    const int64_t din = fuzz_data_i64_range(fd, 1, 6), heads = fuzz_data_i64_range(fd, 1, 3);
+    const int64_t dout = kind == ATTN_BOOK_MHA ? heads * fuzz_data_i64_range(fd, 1, 3) : fuzz_data_i64_range(fd, 1, 6);
+    const int64_t ctx_len = fuzz_data_i64_range(fd, 1, 8);
+    const double dropout = fuzz_data_chance(fd, 1, 3) ? fuzz_data_unit(fd) * 0.9 : 0.0;
+    const int bias = fuzz_data_bool(fd);
+    attn_book *m[3] = {NULL, NULL, NULL};
+    attn_status st[3];
+    for (int c = 0; c < p->n; c++) {
+        switch (kind) {
+        case ATTN_BOOK_SELF_ATTENTION_V1: st[c] = attn_book_self_attention_v1(p->ctx[c], din, dout, &m[c]); break;
+        case ATTN_BOOK_SELF_ATTENTION_V2: st[c] = attn_book_self_attention_v2(p->ctx[c], din, dout, bias, &m[c]); break;
+        case ATTN_BOOK_CAUSAL_ATTENTION:
+            st[c] = attn_book_causal_attention(p->ctx[c], din, dout, ctx_len, dropout, bias, &m[c]);
+            break;
+        case ATTN_BOOK_MHA_WRAPPER:
+            st[c] = attn_book_mha_wrapper(p->ctx[c], din, dout, ctx_len, dropout, heads, bias, &m[c]);
+            break;
+        default: st[c] = attn_book_mha(p->ctx[c], din, dout, ctx_len, dropout, heads, bias, &m[c]); break;
+        }
+    }
+    compare_status(p, st, "attn_book constructor");
+    FUZZ_CHECK(st[0] == ATTN_OK, "attn_book constructor: %s", attn_ctx_last_error(p->ctx[0]));
+    compare_generators(p);
+    const int64_t batch = fuzz_data_i64_range(fd, 1, 3), n = fuzz_data_i64_range(fd, 1, ctx_len);
+    const int64_t outf = attn_book_out_features(m[0]);
+    const int64_t hw = kind == ATTN_BOOK_MHA_WRAPPER || kind == ATTN_BOOK_MHA ? heads : 1;
+    const int training = fuzz_data_chance(fd, 1, 3), want_w = fuzz_data_bool(fd);
+    float *x = new_floats(batch * n * din);
+    fill(p, x, batch * n * din, pick_amp(p));
+    double wsum = 0.0, bmax = 0.0;
+    for (int i = 0; i < attn_book_param_count(m[1]); i++) {
+        int64_t shape[2];
+        int ndim;
+        float *data;
+        attn_book_param_at(m[1], i, NULL, &ndim, shape, &data);
+        param_bounds(ndim, shape, data, &wsum, &bmax);
+    }
+    const int64_t hd = kind == ATTN_BOOK_MHA ? dout / heads : dout;
+    const double keep = training && dropout > 0.0 ? 1.0 / (1.0 - dropout) : 1.0;
+    tol t_out, t_w;
+    double smag;
+    module_tols(max_abs(x, batch * n * din), wsum, bmax, din > dout ? din : dout, hd, dout, keep, &t_out, &t_w, &smag);
+    loose_nonfinite = (any_nonfinite(x, batch * n * din) && 2.0 * smag > 80.0) || smag > (double)FLT_MAX / 16.0;
+    snprintf(problem, sizeof problem,
+             "book kind=%d d_in=%lld d_out=%lld heads=%lld context_length=%lld dropout=%g bias=%d batch=%lld n=%lld "
+             "training=%d weights=%d isa=%s",
+             (int)kind, (long long)din, (long long)dout, (long long)heads, (long long)ctx_len, dropout, bias,
+             (long long)batch, (long long)n, training, want_w, attn_isa_name(attn_ctx_isa(p->ctx[0])));
+    float *out[3] = {NULL, NULL, NULL}, *w[3] = {NULL, NULL, NULL};
+    const int64_t no = batch * n * outf, nw = want_w ? batch * hw * n * n : 0;
+    for (int c = 0; c < p->n; c++) {
+        out[c] = new_floats(no);
+        memset(out[c], 0xCD, (size_t)no * sizeof(float));
+        if (want_w) w[c] = new_floats(nw), memset(w[c], 0xCD, (size_t)nw * sizeof(float));
+        st[c] = attn_book_forward(p->ctx[c], m[c], x, batch, n, training, out[c], w[c]);
+    }
+    compare_status(p, st, "attn_book_forward");
+    FUZZ_CHECK(st[0] == ATTN_OK, "attn_book_forward: %s", attn_ctx_last_error(p->ctx[0]));
+    for (int c = 1; c < p->n; c++) {
+        compare_run(p, c, out[0], out[c], no, t_out, "book out");
+        if (want_w) compare_run(p, c, w[0], w[c], nw, t_w, "book weights");
+    }
+    compare_generators(p);
+    for (int c = 0; c < p->n; c++) free(out[c]), free(w[c]), attn_book_free(m[c]);
+    free(x);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    fuzz_data fd;
+    fuzz_data_init(&fd, data, size);
+    const unsigned what = fuzz_data_u8(&fd);
+    const uint64_t seed = fuzz_data_u32(&fd);
+    /* The kernels under test: AUTO, or now and then any other ISA this CPU runs. */
+    attn_isa isa = ATTN_ISA_AUTO;
+    if (fuzz_data_chance(&fd, 1, 4)) {
+        const attn_isa other = (attn_isa)fuzz_data_int_range(&fd, 2, 7);
+        if (attn_isa_supported(other)) isa = other;
+    }
+    const int threads = fuzz_data_chance(&fd, 1, 4) ? fuzz_data_int_range(&fd, 2, 4) : 1;
+    fuzz_alloc alloc[3] = {{0}, {0}, {0}};
+    pair p;
+    p.fd = &fd;
+    p.rng.state = fuzz_data_u64(&fd);
+    p.n = fuzz_data_chance(&fd, 1, 6) ? 3 : 2;
+    p.ctx[0] = fuzz_ctx_new(&alloc[0], isa, threads, seed);
+    p.ctx[1] = fuzz_ctx_new(&alloc[1], ATTN_ISA_REF, 1, seed);
+    p.ctx[2] = p.n == 3 ? fuzz_ctx_new(&alloc[2], isa, threads == 1 ? 3 : 1, seed) : NULL;
+    switch (what % 8) {
+    case 0:
+    case 1:
+    case 2:
+    case 3:
+    case 4: diff_sdpa(&p); break;
+    case 5:
+    case 6: diff_mha(&p); break;
+    default: diff_book(&p); break;
+    }
+    for (int c = 0; c < p.n; c++) {
+        attn_ctx_free(p.ctx[c]);
+        FUZZ_CHECK(fuzz_alloc_live(&alloc[c]) == 0, "%zu blocks leaked", fuzz_alloc_live(&alloc[c]));
+    }
+    return 0;
+}

@@ -1,0 +1,150 @@
+/*
+ * fuzz_util.h - what the fuzz targets share: the invariant check that aborts (so libFuzzer and
+ * the replay driver report it), an allocator for contexts that counts live blocks (a leak check
+ * that works without a sanitizer), refuses requests over a cap and can fail one chosen call, the
+ * check of the error-reporting contract, and helpers for exactly sized buffers and checked size arithmetic.
+ */
+#ifndef ATTN_FUZZ_UTIL_H
+#define ATTN_FUZZ_UTIL_H
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn.h"
+
+/* An invariant of the library failed: say which and where, then abort (reported as a crash). */
+#define FUZZ_CHECK(cond, ...)                                                              \
+    do {                                                                                   \
+        if (!(cond)) {                                                                     \
+            fprintf(stderr, "fuzz: %s:%d: check failed: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                                  \
+            fputc('\n', stderr);                                                           \
+            abort();                                                                       \
+        }                                                                                  \
+    } while (0)
+
+/* ---- allocator hooks ------------------------------------------------------------------------- */
+
+/* Counters are atomic: a context's worker threads may allocate too. */
+typedef struct fuzz_alloc {
+    atomic_size_t live;           /* blocks handed out and not freed yet */
+    atomic_uint_fast64_t calls;   /* allocation requests so far */
+    atomic_uint_fast64_t refused; /* requests answered with NULL since the last fuzz_alloc_arm */
+    uint64_t fail_at;             /* the request number (1-based) that gets NULL; 0 for none */
+    size_t cap;                   /* requests above this many bytes get NULL; 0 for no cap */
+} fuzz_alloc;
+
+static inline size_t fuzz_alloc_live(fuzz_alloc *a) { return atomic_load(&a->live); }
+static inline uint64_t fuzz_alloc_calls(fuzz_alloc *a) { return (uint64_t)atomic_load(&a->calls); }
+static inline uint64_t fuzz_alloc_refused(fuzz_alloc *a) { return (uint64_t)atomic_load(&a->refused); }
+
+static inline void *fuzz_alloc_fn(void *user, size_t size, size_t align) {
+    fuzz_alloc *a = user;
+    const uint64_t n = (uint64_t)atomic_fetch_add(&a->calls, 1) + 1;
+    FUZZ_CHECK(align != 0 && (align & (align - 1)) == 0, "alignment %zu is not a power of two", align);
+    if (n == a->fail_at || (a->cap != 0 && size > a->cap)) {
+        atomic_fetch_add(&a->refused, 1);
+        return NULL;
+    }
+    void *p = NULL;
+    if (posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, size > 0 ? size : 1) != 0) {
+        atomic_fetch_add(&a->refused, 1);
+        return NULL;
+    }
+    atomic_fetch_add(&a->live, 1);
+    return p;
+}
+
+static inline void fuzz_free_fn(void *user, void *p) {
+    fuzz_alloc *a = user;
+    if (p == NULL) return;
+    FUZZ_CHECK(atomic_fetch_sub(&a->live, 1) > 0, "free of a block this allocator did not hand out");
+    free(p);
+}
+
+/* Creates a context whose memory goes through `a`. Aborts if that fails (it is not under test). */
+static inline attn_ctx *fuzz_ctx_new(fuzz_alloc *a, attn_isa isa, int n_threads, uint64_t seed) {
+    attn_ctx_params p;
+    attn_ctx_params_init(&p);
+    p.isa = isa;
+    p.n_threads = n_threads;
+    p.seed = seed;
+    p.allocator.alloc = fuzz_alloc_fn;
+    p.allocator.free = fuzz_free_fn;
+    p.allocator.user = a;
+    attn_ctx *ctx = NULL;
+    const uint64_t fail_at = a->fail_at;
+    a->fail_at = 0;
+    const attn_status st = attn_ctx_create(&p, &ctx);
+    a->fail_at = fail_at;
+    FUZZ_CHECK(st == ATTN_OK && ctx != NULL, "attn_ctx_create: %s", attn_strerror(st));
+    return ctx;
+}
+
+/* Arms the allocator for one call: request number `nth` from now fails (0: none). */
+static inline void fuzz_alloc_arm(fuzz_alloc *a, uint64_t nth) {
+    a->fail_at = nth == 0 ? 0 : fuzz_alloc_calls(a) + nth;
+    atomic_store(&a->refused, 0);
+}
+
+/* ---- the error contract -------------------------------------------------------------------- */
+
+static inline bool fuzz_status_known(attn_status st) { return (int)st >= 0 && (int)st <= (int)ATTN_ERR_BAD_FILE; }
+
+/* A failure on a context leaves a one-line message there (attn.h, "Conventions"). */
+static inline void fuzz_check_error(const attn_ctx *ctx, attn_status st, const char *what) {
+    FUZZ_CHECK(fuzz_status_known(st), "%s returned the unknown status %d", what, (int)st);
+    FUZZ_CHECK(attn_strerror(st) != NULL, "attn_strerror(%d) is NULL", (int)st);
+    if (st == ATTN_OK || ctx == NULL) return;
+    const char *msg = attn_ctx_last_error(ctx);
+    FUZZ_CHECK(msg != NULL && msg[0] != '\0', "%s failed with %s and no message", what, attn_strerror(st));
+    FUZZ_CHECK(strchr(msg, '\n') == NULL, "%s: the message has a newline: %s", what, msg);
+}
+
+/* ---- buffers ---------------------------------------------------------------------------------- */
+
+/* malloc of exactly `bytes` (at least 1) so that AddressSanitizer sees any access past the end. */
+static inline void *fuzz_xmalloc(size_t bytes) {
+    void *p = malloc(bytes > 0 ? bytes : 1);
+    FUZZ_CHECK(p != NULL, "out of memory (%zu bytes)", bytes);
+    return p;
+}
+
+/* Overflow-checked a*b and a+b on non-negative int64 values; false (and *out unchanged) on
+ * overflow or a negative operand. */
+static inline bool fuzz_mul(int64_t a, int64_t b, int64_t *out) {
+    int64_t r;
+    if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &r)) return false;
+    *out = r;
+    return true;
+}
+
+static inline bool fuzz_add(int64_t a, int64_t b, int64_t *out) {
+    int64_t r;
+    if (a < 0 || b < 0 || __builtin_add_overflow(a, b, &r)) return false;
+    *out = r;
+    return true;
+}
+
+/* Product of n sizes (each >= 0); false on overflow. */
+static inline bool fuzz_prod(int n, const int64_t *v, int64_t *out) {
+    int64_t p = 1;
+    for (int i = 0; i < n; i++)
+        if (!fuzz_mul(p, v[i], &p)) return false;
+    *out = p;
+    return true;
+}
+
+/* A tolerance comparison: NaN only against NaN, an infinity only against the same infinity. */
+static inline bool fuzz_close(float a, float b, double rel, double abs_tol) {
+    if (isnan(a) || isnan(b)) return isnan(a) && isnan(b);
+    if (isinf(a) || isinf(b)) return a == b;
+    return fabs((double)a - (double)b) <= abs_tol + rel * fabs((double)b);
+}
+
+#endif /* ATTN_FUZZ_UTIL_H */
