@@ -597,6 +597,31 @@ ATTN_API attn_status attn_book_param(attn_book *m, const char *name, int *ndim, 
 ATTN_API attn_status attn_book_forward(attn_ctx *ctx, attn_book *m, const float *x, int64_t batch, int64_t n_tokens,
                                        int training, float *out, float *weights);
 
+/*
+ * Training the book's modules, as attn_mha_forward_train / attn_mha_backward do for
+ * nn.MultiheadAttention: attn_book_forward_train is attn_book_forward that also keeps what the
+ * backward needs in `saved` (attn_book_saved_size bytes, 16-byte aligned). attn_book_backward then
+ * takes dout = dL/dout (batch, n_tokens, out_features) and writes
+ *   dx       (batch, n_tokens, d_in): the sum of x's uses as query, key and value (and, for the
+ *            wrapper, over the heads); NULL to skip
+ *   dparams  NULL, or attn_book_param_count pointers in state_dict order (attn_book_param_at),
+ *            each NULL or a buffer of that parameter's shape
+ * Gradients are overwritten, not accumulated. x, batch, n_tokens, training and the parameters must
+ * be the forward's; with training and dropout the backward uses the forward's dropout mask.
+ */
+/** Bytes attn_book_forward_train saves for this input shape. */
+ATTN_API attn_status attn_book_saved_size(attn_ctx *ctx, attn_book *m, int64_t batch, int64_t n_tokens,
+                                          size_t *bytes);
+/** attn_book_forward, also filling `saved` (ATTN_ERR_WORKSPACE if it is too small). */
+ATTN_API attn_status attn_book_forward_train(attn_ctx *ctx, attn_book *m, const float *x, int64_t batch,
+                                             int64_t n_tokens, int training, float *out, float *weights,
+                                             void *saved, size_t saved_size);
+/** Gradients given dout; see above. ATTN_ERR_INVALID_ARG if `saved` is not from a training forward
+ *  of this module with these arguments. */
+ATTN_API attn_status attn_book_backward(attn_ctx *ctx, attn_book *m, const float *x, int64_t batch, int64_t n_tokens,
+                                        int training, const void *saved, size_t saved_size, const float *dout,
+                                        float *dx, float *const *dparams);
+
 /** The exercise's weight transfer: v1.W_x = v2.W_x.weight^T (v2 must have no qkv bias). */
 ATTN_API attn_status attn_book_transfer_v2_to_v1(const attn_book *v2, attn_book *v1);
 

@@ -208,39 +208,56 @@ static void group_problem(const attn_book *m, int64_t g, const float *x, int64_t
     io->weights_mode = weights != NULL ? ATTN_WEIGHTS_PER_HEAD : ATTN_WEIGHTS_NONE;
 }
 
-attn_status attn_book_forward(attn_ctx *ctx, attn_book *m, const float *x, int64_t batch, int64_t n_tokens,
-                              int training, float *out, float *weights) {
-    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
-    attn__clear_error(ctx);
-    if (m == NULL || x == NULL || out == NULL)
-        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "book_forward: module, x and out must not be NULL");
+// Checks a forward's arguments and plans group 0 (every group has the same shapes, so one plan
+// sizes them all). `group_saved` is the bytes one group saves, rounded to ATTN_ALIGN.
+static attn_status book_plan(attn_ctx *ctx, const char *what, attn_book *m, const float *x, int64_t batch,
+                             int64_t n_tokens, int training, float *weights, attn__mha_plan *plan,
+                             size_t *saved_bytes) {
+    if (m == NULL || x == NULL)
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "%s: the module and x must not be NULL", what);
     if (batch < 1 || n_tokens < 1)
-        return attn__fail(ctx, ATTN_ERR_BAD_SHAPE, "book_forward: batch (%lld) and n_tokens (%lld) must be >= 1",
+        return attn__fail(ctx, ATTN_ERR_BAD_SHAPE, "%s: batch (%lld) and n_tokens (%lld) must be >= 1", what,
                           (long long)batch, (long long)n_tokens);
     if (is_causal_kind(m->kind) && n_tokens > m->context_length)
-        return attn__fail(ctx, ATTN_ERR_CONTEXT_LENGTH,
-                          "book_forward: %lld tokens exceed the module's context_length of %lld", (long long)n_tokens,
-                          (long long)m->context_length);
+        return attn__fail(ctx, ATTN_ERR_CONTEXT_LENGTH, "%s: %lld tokens exceed the module's context_length of %lld",
+                          what, (long long)n_tokens, (long long)m->context_length);
     // The input's and the output's element counts bound every stride computed below.
     int64_t numel;
-    ATTN_RETURN_IF_ERR(attn__numel(ctx, "book_forward: x", 3, (int64_t[]){batch, n_tokens, m->d_in}, &numel));
-    ATTN_RETURN_IF_ERR(
-        attn__numel(ctx, "book_forward: out", 3, (int64_t[]){batch, n_tokens, attn_book_out_features(m)}, &numel));
-    const bool wrapper = m->kind == ATTN_BOOK_MHA_WRAPPER;
+    ATTN_RETURN_IF_ERR(attn__numel(ctx, what, 3, (int64_t[]){batch, n_tokens, m->d_in}, &numel));
+    ATTN_RETURN_IF_ERR(attn__numel(ctx, what, 3, (int64_t[]){batch, n_tokens, attn_book_out_features(m)}, &numel));
     attn__mha_spec spec;
     attn__mha_io io;
+    float dummy;
+    group_problem(m, 0, x, batch, n_tokens, training != 0, &dummy, weights, &spec, &io);
+    ATTN_RETURN_IF_ERR(attn__mha_core_plan(ctx, &spec, &io, plan));
+    const size_t group_saved = (plan->saved_size + ATTN_ALIGN - 1) & ~(size_t)(ATTN_ALIGN - 1);
+    if (group_saved != 0 && (size_t)n_groups(m) > SIZE_MAX / group_saved)
+        return attn__fail(ctx, ATTN_ERR_OVERFLOW, "%s: the saved activations overflow size_t", what);
+    *saved_bytes = group_saved * (size_t)n_groups(m);
+    return ATTN_OK;
+}
+
+// The forward of every group; with `saved`, group g keeps its activations at g * group_saved.
+static attn_status book_run(attn_ctx *ctx, const char *what, attn_book *m, const float *x, int64_t batch,
+                            int64_t n_tokens, int training, float *out, float *weights, void *saved, size_t saved_size) {
+    if (out == NULL) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "%s: out must not be NULL", what);
     attn__mha_plan plan;
-    // Every group has the same shapes, so one plan sizes them all.
-    group_problem(m, 0, x, batch, n_tokens, training != 0, out, weights, &spec, &io);
-    ATTN_RETURN_IF_ERR(attn__mha_core_plan(ctx, &spec, &io, &plan));
+    size_t saved_bytes;
+    ATTN_RETURN_IF_ERR(book_plan(ctx, what, m, x, batch, n_tokens, training, weights, &plan, &saved_bytes));
+    if (saved != NULL && (uintptr_t)saved % ATTN_SAVED_ALIGN != 0)
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "%s: saved must be %d-byte aligned (as malloc's are)", what,
+                          ATTN_SAVED_ALIGN);
+    if (saved != NULL && saved_size < saved_bytes)
+        return attn__fail(ctx, ATTN_ERR_WORKSPACE, "%s: saved needs %zu bytes, got %zu", what, saved_bytes, saved_size);
+    const bool wrapper = m->kind == ATTN_BOOK_MHA_WRAPPER;
     attn__arena a = {0};
     attn__arena_take(&a, plan.ws_size);
     float *head_w = NULL;
     size_t head_w_bytes = 0;
     if (wrapper && weights != NULL) { // one head's (batch, 1, n, n) weights before they are interleaved
         int64_t nw;
-        ATTN_RETURN_IF_ERR(attn__numel(ctx, "book_forward: weights", 3, (int64_t[]){batch, n_tokens, n_tokens}, &nw));
-        ATTN_RETURN_IF_ERR(attn__bytes(ctx, "book_forward: weights", nw, sizeof(float), &head_w_bytes));
+        ATTN_RETURN_IF_ERR(attn__numel(ctx, what, 3, (int64_t[]){batch, n_tokens, n_tokens}, &nw));
+        ATTN_RETURN_IF_ERR(attn__bytes(ctx, what, nw, sizeof(float), &head_w_bytes));
         attn__arena_take(&a, head_w_bytes);
     }
     void *ws;
@@ -249,13 +266,86 @@ attn_status attn_book_forward(attn_ctx *ctx, attn_book *m, const float *x, int64
     void *core_ws = attn__arena_take(&a, plan.ws_size);
     if (head_w_bytes > 0) head_w = attn__arena_take(&a, head_w_bytes);
 
+    const size_t group_saved = saved_bytes / (size_t)n_groups(m);
     for (int64_t g = 0; g < n_groups(m); g++) {
+        attn__mha_spec spec;
+        attn__mha_io io;
         group_problem(m, g, x, batch, n_tokens, training != 0, out, wrapper ? head_w : weights, &spec, &io);
-        attn__mha_core_run(ctx, &spec, &io, &plan, core_ws, NULL);
+        attn__mha_core_run(ctx, &spec, &io, &plan, core_ws, saved != NULL ? (char *)saved + g * group_saved : NULL);
         if (head_w != NULL) // weights (batch, num_heads, n, n) <- head g's (batch, n, n)
             for (int64_t b = 0; b < batch; b++)
                 memcpy(weights + (b * m->num_heads + g) * n_tokens * n_tokens, head_w + b * n_tokens * n_tokens,
                        (size_t)(n_tokens * n_tokens) * sizeof(float));
+    }
+    return ATTN_OK;
+}
+
+attn_status attn_book_forward(attn_ctx *ctx, attn_book *m, const float *x, int64_t batch, int64_t n_tokens,
+                              int training, float *out, float *weights) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    attn__clear_error(ctx);
+    return book_run(ctx, "book_forward", m, x, batch, n_tokens, training, out, weights, NULL, 0);
+}
+
+attn_status attn_book_saved_size(attn_ctx *ctx, attn_book *m, int64_t batch, int64_t n_tokens, size_t *bytes) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    attn__clear_error(ctx);
+    if (bytes == NULL) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "book_saved_size: bytes is NULL");
+    attn__mha_plan plan;
+    const float dummy = 0.0f;
+    return book_plan(ctx, "book_saved_size", m, &dummy, batch, n_tokens, 0, NULL, &plan, bytes);
+}
+
+attn_status attn_book_forward_train(attn_ctx *ctx, attn_book *m, const float *x, int64_t batch, int64_t n_tokens,
+                                    int training, float *out, float *weights, void *saved, size_t saved_size) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    attn__clear_error(ctx);
+    if (saved == NULL) return attn__fail(ctx, ATTN_ERR_WORKSPACE, "book_forward_train: saved is NULL");
+    return book_run(ctx, "book_forward_train", m, x, batch, n_tokens, training, out, weights, saved, saved_size);
+}
+
+attn_status attn_book_backward(attn_ctx *ctx, attn_book *m, const float *x, int64_t batch, int64_t n_tokens,
+                               int training, const void *saved, size_t saved_size, const float *dout, float *dx,
+                               float *const *dparams) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    attn__clear_error(ctx);
+    const char *what = "book_backward";
+    if (dout == NULL) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "%s: dout is NULL", what);
+    attn__mha_plan plan;
+    size_t saved_bytes;
+    ATTN_RETURN_IF_ERR(book_plan(ctx, what, m, x, batch, n_tokens, training, NULL, &plan, &saved_bytes));
+    if (saved != NULL && (uintptr_t)saved % ATTN_SAVED_ALIGN != 0)
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "%s: saved must be %d-byte aligned (as malloc's are)", what,
+                          ATTN_SAVED_ALIGN);
+    const size_t group_saved = saved_bytes / (size_t)n_groups(m);
+    bool matches = saved != NULL && saved_size >= saved_bytes;
+    for (int64_t g = 0; matches && g < n_groups(m); g++) {
+        attn__mha_spec spec;
+        attn__mha_io io;
+        group_problem(m, g, x, batch, n_tokens, training != 0, (float *)(uintptr_t)dout, NULL, &spec, &io);
+        matches = attn__mha_saved_matches(&spec, &io, &plan, (const char *)saved + g * group_saved);
+    }
+    if (!matches)
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG,
+                          "%s: saved does not hold the activations of a training forward with these arguments", what);
+    void *ws;
+    ATTN_RETURN_IF_ERR(attn__workspace(ctx, plan.bwd_ws_size, &ws));
+    for (int64_t g = 0; g < n_groups(m); g++) {
+        attn__mha_spec spec;
+        attn__mha_io io;
+        // dout has out's layout: group g reads its column block, as its forward wrote it
+        group_problem(m, g, x, batch, n_tokens, training != 0, (float *)(uintptr_t)dout, NULL, &spec, &io);
+        attn__mha_grads gr = {.dquery = dx, .add_to_inputs = g > 0}; // x is query, key and value: one sum
+        float **slots[] = {&gr.dwq, &gr.dwk, &gr.dwv, &gr.dbq, &gr.dbk, &gr.dbv};
+        const float *mine[] = {spec.wq, spec.wk, spec.wv, spec.bq, spec.bk, spec.bv};
+        for (int i = 0; dparams != NULL && i < m->params.count; i++) {
+            const float *data = m->params.items[i].data;
+            for (int j = 0; j < 6; j++)
+                if (mine[j] != NULL && data == mine[j]) *slots[j] = dparams[i];
+            if (data == spec.wo) gr.dwo = dparams[i];
+            if (spec.bo != NULL && data == spec.bo) gr.dbo = dparams[i];
+        }
+        attn__mha_core_backward(ctx, &spec, &io, &plan, (const char *)saved + g * group_saved, io.out, &gr, ws);
     }
     return ATTN_OK;
 }

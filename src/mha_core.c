@@ -381,9 +381,9 @@ void attn__mha_core_backward(attn_ctx *ctx, const attn__mha_spec *spec, const at
     float *dk_dst = io->key == io->query ? g->dquery : g->dkey;
     float *dv_dst = io->value == io->key ? dk_dst : io->value == io->query ? g->dquery : g->dvalue;
     projection_backward(ctx, spec, io, w.dqb, L * E, L, io->query, io->q_bs, io->q_rs, spec->dq, spec->wq, g->dwq,
-                        g->dbq, dq_dst, false, w.mm_ws);
+                        g->dbq, dq_dst, g->add_to_inputs, w.mm_ws);
     projection_backward(ctx, spec, io, w.dkb, S2 * E, S, io->key, io->k_bs, io->k_rs, spec->dk, spec->wk, g->dwk,
-                        g->dbk, dk_dst, dk_dst == dq_dst, w.mm_ws);
+                        g->dbk, dk_dst, g->add_to_inputs || dk_dst == dq_dst, w.mm_ws);
     projection_backward(ctx, spec, io, w.dvb, S2 * E, S, io->value, io->v_bs, io->v_rs, spec->dv, spec->wv, g->dwv,
-                        g->dbv, dv_dst, dv_dst == dq_dst || dv_dst == dk_dst, w.mm_ws);
+                        g->dbv, dv_dst, g->add_to_inputs || dv_dst == dq_dst || dv_dst == dk_dst, w.mm_ws);
 }

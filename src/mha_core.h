@@ -73,6 +73,7 @@ void attn__mha_core_run(attn_ctx *ctx, const attn__mha_spec *spec, const attn__m
 typedef struct attn__mha_grads {
     float *dwq, *dwk, *dwv, *dbq, *dbk, *dbv, *dbias_k, *dbias_v, *dwo, *dbo;
     float *dquery, *dkey, *dvalue;
+    bool add_to_inputs; // add to dquery/dkey/dvalue instead of overwriting them (the wrapper's heads)
 } attn__mha_grads;
 
 // True when `saved` holds the activations of a training forward of this very problem.

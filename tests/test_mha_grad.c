@@ -3,8 +3,8 @@
 // heads, masks widened over the extra keys, q divided by sqrt(head_dim), softmax, dropout with the
 // forward's mask, out_proj), for every option: bias, add_bias_kv, add_zero_attn, kdim/vdim, bool
 // and float 2-D/3-D masks, causal, bool and float key padding, dropout, and self-attention (one
-// tensor as query, key and value: its gradient is the sum of the three paths). Also the book's
-// trainable modules.
+// tensor as query, key and value: its gradient is the sum of the three paths). The book's modules
+// are tested the same way in test_book_grad.c.
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
