@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
-.PHONY: all configure demo test clean install
+.PHONY: all configure demo train-demo test clean install
 
 all: configure
 	cmake --build $(BUILD) -j $(JOBS)
@@ -14,6 +14,13 @@ configure:
 
 demo: all
 	./$(BUILD)/attn demo
+
+# Trains a small causal attention model with AdamW (examples/train_recall.c), once without the
+# attention for comparison; writes the loss curves as CSV and, with gnuplot or matplotlib, a PNG.
+train-demo: all
+	./$(BUILD)/examples/example_train_recall --csv $(BUILD)/train_recall.csv
+	./$(BUILD)/examples/example_train_recall --no-attention --csv $(BUILD)/train_recall_no_attention.csv > /dev/null
+	sh examples/plot_loss.sh $(BUILD)/train_recall.png $(BUILD)/train_recall.csv $(BUILD)/train_recall_no_attention.csv
 
 test: all
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
