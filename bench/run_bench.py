@@ -91,6 +91,8 @@ def attn_cmd(args, shape, isa):
         cmd += ["--heads", str(shape["H"]), "--len-q", str(shape["L"]), "--head-dim", str(shape["D"])]
     if shape["causal"]:
         cmd.append("--causal")
+    if shape.get("backward"):
+        cmd.append("--backward")
     if shape.get("no_check"):
         cmd.append("--no-check")
     return cmd
@@ -102,6 +104,8 @@ def torch_cmd(python, shape, op):
     cmd += ["--embed-dim", str(shape["E"])] if op == "mha" else ["--head-dim", str(shape["D"])]
     if shape["causal"]:
         cmd.append("--causal")
+    if shape.get("backward"):
+        cmd.append("--backward")
     return cmd
 
 
@@ -114,6 +118,10 @@ def shapes(quick):
                         "repeat": 3 if L >= 4096 else 7, "torch": L <= 8192})
     out.append({"op": "mha", "H": 12, "L": 1024, "D": 64, "E": 768, "causal": False, "repeat": 7, "torch": True})
     out.append({"op": "mha", "H": 12, "L": 2048, "D": 64, "E": 768, "causal": False, "repeat": 5, "torch": True})
+    for causal in (False, True):  # forward + backward
+        for L in (1024, 4096):
+            out.append({"op": "sdpa", "H": 12, "L": L, "D": 64, "E": 768, "causal": causal, "backward": True,
+                        "repeat": 3 if L >= 4096 else 5, "torch": True})
     if not quick:  # memory: attn only (PyTorch's (L, L) scores alone would take 12.9 GB)
         out.append({"op": "sdpa", "H": 12, "L": 16384, "D": 64, "E": 768, "causal": False, "repeat": 1,
                     "torch": False, "no_check": True, "memory": True})
@@ -176,6 +184,8 @@ def med(rs, key="median_ms"):
 
 def flops(sh):
     core = 4.0 * sh["H"] * sh["L"] * sh["L"] * sh["D"] * (0.5 if sh["causal"] else 1.0)
+    if sh.get("backward"):
+        return 3.5 * core  # the backward counted as 2.5 forwards
     return core + (8.0 * sh["L"] * sh["E"] ** 2 if sh["op"] == "mha" else 0.0)
 
 
@@ -208,15 +218,35 @@ def write_report(args, info, peak, todo, results, isas, gemm):
       "8·B·L·E² for the four projections of the MHA module. PyTorch's attention core is `(q @ k^T) * scale`, "
       "`masked_fill` of a prepared causal mask, `softmax`, `@ v`; its MHA is `nn.MultiheadAttention` without "
       "gradients, the faster of its fused eval fast path and its regular path, `need_weights=False`.\n")
-    w("## Attention forward, B=1, H=12, D=64, L=S\n")
+    plot = {}
+    for backward in (False, True):
+        table(w, info, todo, results, isas, isa_label, peak_of, plot, backward)
+    mem = [(i, sh) for i, sh in enumerate(todo) if sh.get("memory")]
+    for i, sh in mem:
+        res = results[i]["attn_auto"][0]
+        extra = res["peak_rss_mb"] - res["io_mb"]
+        w(f"**Memory** at L=S={sh['L']}, H={sh['H']}, D={sh['D']} ({isa_label['auto']}): peak resident set "
+          f"{res['peak_rss_mb']:.0f} MiB for {res['io_mb']:.0f} MiB of inputs and output, i.e. {extra:.1f} MiB beyond "
+          f"them (program, libraries and scratch together); {res['median_ms'] / 1e3:.1f} s, {res['gflops']:.0f} GFLOP/s.\n")
+    w(targets(todo, results, peak_of, isas, isa_label))
+    write_tail(w, args, gemm, plot, lines)
+
+
+def table(w, info, todo, results, isas, isa_label, peak_of, plot, backward):
+    if backward:
+        w("## Attention forward + backward, B=1, H=12, D=64, L=S\n")
+        w("One forward and one backward (dQ, dK, dV given dL/dout) per run, against PyTorch autograd on the same "
+          "attention core (`out.backward(g)`; q, k, v require gradients). GFLOP/s count the backward as 2.5 "
+          "forwards (3.5 × the forward's flops per run).\n")
+    else:
+        w("## Attention forward, B=1, H=12, D=64, L=S\n")
     hdr = "| shape | attn ms | torch ms | ratio | attn GFLOP/s | % peak |"
     if info.get("torch2"):
         hdr = "| shape | attn ms | torch ms | ratio | torch 2 SDPA ms | attn GFLOP/s | % peak |"
     w(hdr)
     w("|" + "---|" * (hdr.count("|") - 1))
-    plot = {}
     for i, sh in enumerate(todo):
-        if sh.get("memory"):
+        if sh.get("memory") or bool(sh.get("backward")) != backward:
             continue
         r = results[i]
         t_ms = med(r.get("torch", []))
@@ -231,21 +261,16 @@ def write_report(args, info, peak, todo, results, isas, gemm):
                 row += f" {t2:.2f} |" if t2 else " – |"
             row += f" {gf:.0f} | {100 * gf / peak_of[isa]:.0f}% |"
             w(row)
-            if sh["op"] == "sdpa":
+            if sh["op"] == "sdpa" and not backward:
                 plot.setdefault((isa_label[isa], sh["causal"]), []).append((sh["L"], gf))
-        if sh["op"] == "sdpa" and t_ms:
+        if sh["op"] == "sdpa" and t_ms and not backward:
             plot.setdefault(("torch " + info["torch"], sh["causal"]), []).append((sh["L"], flops(sh) / (t_ms * 1e6)))
-        if sh["op"] == "sdpa" and t2:
+        if sh["op"] == "sdpa" and t2 and not backward:
             plot.setdefault(("torch " + info["torch2"] + " SDPA", sh["causal"]), []).append((sh["L"], flops(sh) / (t2 * 1e6)))
     w("")
-    mem = [(i, sh) for i, sh in enumerate(todo) if sh.get("memory")]
-    for i, sh in mem:
-        res = results[i]["attn_auto"][0]
-        extra = res["peak_rss_mb"] - res["io_mb"]
-        w(f"**Memory** at L=S={sh['L']}, H={sh['H']}, D={sh['D']} ({isa_label['auto']}): peak resident set "
-          f"{res['peak_rss_mb']:.0f} MiB for {res['io_mb']:.0f} MiB of inputs and output, i.e. {extra:.1f} MiB beyond "
-          f"them (program, libraries and scratch together); {res['median_ms'] / 1e3:.1f} s, {res['gflops']:.0f} GFLOP/s.\n")
-    w(targets(todo, results, peak_of, isas, isa_label))
+
+
+def write_tail(w, args, gemm, plot, lines):
     w("## What the library computes itself and what it hands to BLAS\n")
     w("The fused kernel computes its tile products with its own register-blocked microkernels: a BLAS call per "
       "(64 x 96) tile would need K and V packed and transposed for every call, and BLAS is slow at such sizes "
@@ -267,12 +292,13 @@ def write_report(args, info, peak, todo, results, isas, gemm):
 
 
 def targets(todo, results, peak_of, isas, isa_label):
-    out = ["## The targets of the fused-kernel work, checked\n",
+    out = ["## The targets, checked\n",
            "| target | measured | met |", "|---|---|---|"]
 
-    def find(op, L, causal):
+    def find(op, L, causal, backward=False):
         for i, sh in enumerate(todo):
-            if sh["op"] == op and sh["L"] == L and sh["causal"] == causal and not sh.get("memory"):
+            if (sh["op"] == op and sh["L"] == L and sh["causal"] == causal and not sh.get("memory")
+                    and bool(sh.get("backward")) == backward):
                 return i, sh
         return None, None
     for isa in isas:
@@ -294,6 +320,17 @@ def targets(todo, results, peak_of, isas, isa_label):
             t = med(results[i]["torch"])
             out.append(f"| MHA E=768 H=12 L=1024 [{isa_label[isa]}]: ≥1.5× nn.MultiheadAttention | {t / a:.2f}× | "
                        f"{'yes' if t / a >= 1.5 else '**no**'} |")
+        for causal in (False, True):
+            for L in (1024, 4096):
+                i, sh = find("sdpa", L, causal, backward=True)
+                if sh is None:
+                    continue
+                a = med(results[i]["attn_" + isa])
+                t = med(results[i].get("torch", []))
+                pct = 100 * flops(sh) / (a * 1e6) / peak_of[isa]
+                label = f"forward+backward L={L}{' causal' if causal else ''} [{isa_label[isa]}]: ≥50% of peak, ≥3× torch autograd"
+                ok = pct >= 50 and t / a >= 3
+                out.append(f"| {label} | {pct:.0f}% of peak, {t / a:.2f}× | {'yes' if ok else '**no**'} |")
     for i, sh in enumerate(todo):
         if sh.get("memory"):
             res = results[i]["attn_auto"][0]

@@ -6,6 +6,8 @@ Ops:
   sdpa  torch.nn.functional.scaled_dot_product_attention (torch >= 2.0; its CPU flash kernel)
   mha   nn.MultiheadAttention forward, self-attention, need_weights=False, no grad, the faster of
         eval mode with batch_first=True (the fused fast path) and the regular path
+With --backward (core, sdpa) each run is the forward and autograd's backward of out given a fixed
+dL/dout (q, k, v require gradients; their .grad are cleared between runs).
 The caller sets OMP_NUM_THREADS / OPENBLAS_NUM_THREADS and glibc's malloc variables before Python
 starts, so torch sees them at import. Prints {"median_ms": best time, "median_of_runs_ms": ..., ...}:
 the key median_ms holds PyTorch's best run after warm-up (see best_ms), its median is kept beside it.
@@ -56,13 +58,39 @@ def main():
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--embed-dim", type=int, default=768)
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--backward", action="store_true")
     ap.add_argument("--repeat", type=int, default=5)
     a = ap.parse_args()
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     B, H, L, D, E = a.batch, a.heads, a.len, a.head_dim, a.embed_dim
-    result = {"op": a.op, "torch": torch.__version__, "threads": torch.get_num_threads()}
+    result = {"op": a.op, "torch": torch.__version__, "threads": torch.get_num_threads(), "backward": a.backward}
+    if a.backward and a.op in ("core", "sdpa"):
+        if a.op == "sdpa" and not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+            print(json.dumps({"error": f"torch {torch.__version__} has no scaled_dot_product_attention"}))
+            return 0
+        q, k, v = (torch.randn(B, H, L, D, requires_grad=True) for _ in range(3))
+        g = torch.randn(B, H, L, D)
+        scale = D ** -0.5
+        mask = torch.triu(torch.ones(L, L, dtype=torch.bool), 1) if a.causal else None
+
+        def forward():
+            if a.op == "sdpa":
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=a.causal)
+            s = (q @ k.transpose(-1, -2)) * scale
+            if mask is not None:
+                s = s.masked_fill(mask, float("-inf"))
+            return torch.softmax(s, dim=-1) @ v
+
+        def step():
+            for t in (q, k, v):
+                t.grad = None
+            forward().backward(g)
+        result["median_ms"] = median_ms(step, a.repeat)
+        result["median_of_runs_ms"] = getattr(median_ms, "last_median", None)
+        print(json.dumps(result))
+        return 0
     with torch.no_grad():
         if a.op in ("core", "sdpa"):
             q, k, v = (torch.randn(B, H, L, D) for _ in range(3))

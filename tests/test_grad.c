@@ -248,7 +248,11 @@ static void test_fused_against_reference(void) {
         {1, 3, 3, 100, 100, 16, 16, ATTN_CAUSAL_BOTTOM_RIGHT, 2, 1, 0.0f, 0.0},
         {2, 2, 1, 70, 90, 8, 8, ATTN_CAUSAL_NONE, 3, 2, 0.0f, 0.2},
         {1, 2, 2, 200, 64, 7, 65, ATTN_CAUSAL_TOP_LEFT, 4, 0, 0.0f, 0.0},
+        {2, 4, 2, 90, 75, 16, 16, ATTN_CAUSAL_NONE, 1, 2, 0.0f, 0.3}, // one pass with dropout and masks
+        {3, 2, 2, 64, 200, 32, 48, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 1, 0.7f, 0.0},
     };
+    // Without a mask gradient, 1 thread takes the one-pass schedule and 3 threads the two passes
+    // whenever B * Hkv < 6: the bit comparison below covers both schedules.
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const prob *p = &cases[c];
         tensors t = make(p, 100u + (uint32_t)c);

@@ -2,13 +2,19 @@
 // set: the weights are recomputed tile by tile from q, k and the forward's log-sum-exp, and every
 // product runs on the kernel table's `gemm`.
 //
-// Two passes, each parallel and each output element owned by one work item, so the result is the
-// same for every thread count without atomics:
-//   pass 1, one item per (batch, kv head, key tile): dV_j = sum P_drop^T dO and dK_j = scale *
-//           sum dS^T Q over the query heads of the group and all query tiles, in that order;
-//   pass 2, one item per (batch, head, query tile): dQ_i = scale * sum dS K over the key tiles,
-//           and the additive mask's gradient dS (items grouped so that the cells a broadcast mask
-//           shares are summed by one item, in a fixed order).
+// Every output element is owned by one work item and summed in a fixed order, so the result is the
+// same for every thread count without atomics. Two schedules give the same bits:
+//   one pass, one item per (batch, kv head): for each key tile j in turn, for each query head of
+//           the group and each query tile i: dV_j += P_drop^T dO_i, dK_j += dS^T Q_i, and
+//           dQ_i += dS K_j into a per-thread (group, L, D) accumulator. Each score tile is computed
+//           once. Used when there are enough (batch, kv head) items to share out and no mask
+//           gradient is asked for.
+//   two passes, when the items would be too few for the threads, or for the mask gradient:
+//     pass 1, one item per (batch, kv head, key tile): dV_j and dK_j exactly as above;
+//     pass 2, one item per (batch, head, query tile): dQ_i = sum dS K_j over the key tiles in
+//             ascending order (as the one pass adds them), and the additive mask's gradient dS
+//             (items grouped so that the cells a broadcast mask shares are summed by one item, in
+//             a fixed order). The score tiles are computed twice.
 // For a tile pair: S^T = K Q^T (masked as in the forward), P^T = exp2(S^T - lse2), dP^T = V dO^T
 // (times the dropout mask), dS^T = P^T (dP^T - rowdot) with rowdot_i = dO_i . O_i. Key or value
 // tiles holding NaN or inf take products that skip zero weights, so masked keys are never read.
@@ -38,6 +44,7 @@ typedef struct bwd_job {
     float keep_scale;
     const uint8_t *kv_bad;      // (B, Hkv, n_kvtiles): key or value tile holds NaN or inf
     bool dmask_b, dmask_h, dmask_i; // pass 2 iterates over b / h / query tiles inside one item
+    size_t dq_acc_off;          // one pass: offset of the (group, L, Dp) dQ accumulator in a thread's scratch
     // Packed once per call: every query tile transposed and scaled (qt_all) and every dout tile
     // transposed (dot_all), tile after tile; and row copies padded to 16 columns of q, dout and k,
     // unless the tensors themselves can be read as such rows (then *_rows point into them).
@@ -133,50 +140,86 @@ static void gemm_skip_zeros(const float *A, int64_t a_rs, int64_t a_cs, int M, i
         }
 }
 
-static void pass1_task(void *arg, int64_t task, int thread) {
-    const bwd_job *J = arg;
+// The gradients of key tile jt of (b, hk): dK_j and dV_j, written out; with dq_acc (the group's
+// (group, L, Dp) dQ accumulator) also each pair's dS K_j added to the query rows.
+static void kv_tile(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t hk, int64_t jt, float *dq_acc) {
     const attn_sdpa_desc *d = J->d;
     const attn__sdpa_shape *sh = J->sh;
-    const int64_t jt = task % J->n_kvtiles, bhk = task / J->n_kvtiles;
-    const int64_t b = bhk / sh->Hkv, hk = bhk % sh->Hkv, j0 = jt * BWD_BC;
+    const int64_t j0 = jt * BWD_BC;
     const int nj = (int)(sh->S - j0 < BWD_BC ? sh->S - j0 : BWD_BC);
-    const bool bad = J->kv_bad[task];
-    bwd_tiles t;
-    tiles_layout(J->Dp, J->Dvp, &t, J->scratch + (size_t)thread * J->per_thread);
-    memset(t.acc1, 0, (size_t)nj * (size_t)J->Dp * sizeof(float));
-    memset(t.acc2, 0, (size_t)nj * (size_t)J->Dvp * sizeof(float));
+    const bool bad = J->kv_bad[(b * sh->Hkv + hk) * J->n_kvtiles + jt];
+    memset(t->acc1, 0, (size_t)nj * (size_t)J->Dp * sizeof(float));
+    memset(t->acc2, 0, (size_t)nj * (size_t)J->Dvp * sizeof(float));
+    const float *kr = J->k_pack != NULL ? J->k_rows + ((b * sh->Hkv + hk) * sh->S + j0) * J->k_ld
+                                        : J->k + attn__offset4(d->k_stride, b, hk, j0, 0);
     for (int64_t h = hk * sh->group; h < (hk + 1) * sh->group; h++)
         for (int64_t it = 0; it < J->n_qtiles; it++) {
             const int64_t i0 = it * BWD_BR;
             const int nq = (int)(sh->L - i0 < BWD_BR ? sh->L - i0 : BWD_BR);
             if (attn__keys_visible_until(d, sh, i0 + nq - 1) <= j0) continue; // every key hidden (causal)
-            load_queries(J, &t, b, h, it, nq);
-            if (!tile_pair(J, &t, b, h, i0, nq, j0, nj, bad)) continue;
+            load_queries(J, t, b, h, it, nq);
+            if (!tile_pair(J, t, b, h, i0, nq, j0, nj, bad)) continue;
             // dK_j += dS^T q_rows; dV_j += P_drop^T dout_rows (P_drop = P * dropout mask * scale)
             const int64_t row0 = (b * sh->H + h) * sh->L + i0; // row index into the packed copies
             const float *qr = J->q_pack != NULL ? J->q_rows + row0 * J->q_ld
                                                 : J->q + attn__offset4(d->q_stride, b, h, i0, 0);
             const float *dr = J->do_pack != NULL ? J->do_rows + row0 * J->do_ld
                                                  : J->dout + attn__offset4(d->o_stride, b, h, i0, 0);
-            J->kn->gemm(t.dpt, BWD_BR, 1, nj, nq, qr, J->q_ld, J->Dp, t.acc1, J->Dp, true);
+            J->kn->gemm(t->dpt, BWD_BR, 1, nj, nq, qr, J->q_ld, J->Dp, t->acc1, J->Dp, true);
+            if (dq_acc != NULL) { // dQ_i += dS k_rows, dS read transposed from dS^T (as pass 2 does)
+                float *dqi = dq_acc + ((h - hk * sh->group) * sh->L + i0) * J->Dp;
+                if (bad)
+                    gemm_skip_zeros(t->dpt, 1, BWD_BR, nq, nj, kr, J->k_ld, J->Dp, dqi, J->Dp);
+                else
+                    J->kn->gemm(t->dpt, 1, BWD_BR, nq, nj, kr, J->k_ld, J->Dp, dqi, J->Dp, true);
+            }
             if (J->keep != NULL) {
                 const int64_t bh = b * sh->H + h;
                 for (int j = 0; j < nj; j++)
                     for (int i = 0; i < nq; i++) {
                         const int64_t bit = (bh * sh->L + i0 + i) * sh->S + j0 + j;
-                        float *x = t.st + (int64_t)j * BWD_BR + i;
+                        float *x = t->st + (int64_t)j * BWD_BR + i;
                         *x = ((J->keep[bit >> 3] >> (bit & 7)) & 1) ? *x * J->keep_scale : 0.0f;
                     }
             }
-            J->kn->gemm(t.st, BWD_BR, 1, nj, nq, dr, J->do_ld, J->Dvp, t.acc2, J->Dvp, true);
+            J->kn->gemm(t->st, BWD_BR, 1, nj, nq, dr, J->do_ld, J->Dvp, t->acc2, J->Dvp, true);
         }
     const float scale = J->sh->scale;
     for (int j = 0; j < nj; j++) {
         float *dkr = J->dk + attn__offset4(d->k_stride, b, hk, j0 + j, 0);
         float *dvr = J->dv + attn__offset4(d->v_stride, b, hk, j0 + j, 0);
-        for (int64_t c = 0; c < sh->D; c++) dkr[c * d->k_stride[3]] = t.acc1[(int64_t)j * J->Dp + c] * scale;
-        for (int64_t c = 0; c < sh->Dv; c++) dvr[c * d->v_stride[3]] = t.acc2[(int64_t)j * J->Dvp + c];
+        for (int64_t c = 0; c < sh->D; c++) dkr[c * d->k_stride[3]] = t->acc1[(int64_t)j * J->Dp + c] * scale;
+        for (int64_t c = 0; c < sh->Dv; c++) dvr[c * d->v_stride[3]] = t->acc2[(int64_t)j * J->Dvp + c];
     }
+}
+
+static void pass1_task(void *arg, int64_t task, int thread) {
+    const bwd_job *J = arg;
+    const int64_t jt = task % J->n_kvtiles, bhk = task / J->n_kvtiles;
+    bwd_tiles t;
+    tiles_layout(J->Dp, J->Dvp, &t, J->scratch + (size_t)thread * J->per_thread);
+    kv_tile(J, &t, bhk / J->sh->Hkv, bhk % J->sh->Hkv, jt, NULL);
+}
+
+// The one-pass schedule: every key tile of (b, hk) in ascending order, then dQ of the group's heads.
+static void one_pass_task(void *arg, int64_t bhk, int thread) {
+    const bwd_job *J = arg;
+    const attn_sdpa_desc *d = J->d;
+    const attn__sdpa_shape *sh = J->sh;
+    const int64_t b = bhk / sh->Hkv, hk = bhk % sh->Hkv;
+    char *mine = J->scratch + (size_t)thread * J->per_thread;
+    bwd_tiles t;
+    tiles_layout(J->Dp, J->Dvp, &t, mine);
+    float *dq_acc = (float *)(mine + J->dq_acc_off); // (group, L, Dp)
+    memset(dq_acc, 0, (size_t)(sh->group * sh->L * J->Dp) * sizeof(float));
+    for (int64_t jt = 0; jt < J->n_kvtiles; jt++) kv_tile(J, &t, b, hk, jt, dq_acc);
+    const float scale = sh->scale;
+    for (int64_t g = 0; g < sh->group; g++)
+        for (int64_t i = 0; i < sh->L; i++) {
+            float *dqr = J->dq + attn__offset4(d->q_stride, b, hk * sh->group + g, i, 0);
+            const float *acc = dq_acc + (g * sh->L + i) * J->Dp;
+            for (int64_t c = 0; c < sh->D; c++) dqr[c * d->q_stride[3]] = acc[c] * scale;
+        }
 }
 
 // dQ (and the mask gradient) of one query tile of one head.
@@ -305,15 +348,20 @@ typedef struct bwd_layout {
     float *lse2, *rowdot, *qt_all, *dot_all, *q_pack, *do_pack, *k_pack;
     uint8_t *kv_bad, *keep;
     char *scratch;
-    size_t per_thread;
+    size_t per_thread, dq_acc_off;
 } bwd_layout;
 
 // Rows of a (.., rows, n) tensor can serve as a gemm operand in place when their elements are
 // contiguous and n is a multiple of 16 (the operand's padded width).
 static bool rows_in_place(int64_t n, const int64_t stride[4]) { return stride[3] == 1 && n % 16 == 0; }
 
-static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d, char *base,
-                     bwd_layout *bl) {
+// The one-pass schedule needs enough (batch, kv head) items for the threads, and no mask gradient.
+static bool use_one_pass(const attn_ctx *ctx, const attn__sdpa_shape *sh, bool want_dmask) {
+    return !want_dmask && sh->B * sh->Hkv >= 2 * (int64_t)attn__pool_threads(ctx->pool);
+}
+
+static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d, bool want_dmask,
+                     char *base, bwd_layout *bl) {
     const int threads = attn__pool_threads(ctx->pool);
     const int64_t rows = sh->B * sh->H * sh->L, n_kvtiles = (sh->S + BWD_BC - 1) / BWD_BC;
     const int64_t n_qtiles = (sh->L + BWD_BR - 1) / BWD_BR, Dp = pad16(sh->D), Dvp = pad16(sh->Dv);
@@ -329,15 +377,16 @@ static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn
     bl->kv_bad = attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * n_kvtiles));
     bl->keep = d->dropout_p > 0.0 ? attn__arena_take(&a, (size_t)((rows * sh->S + 7) / 8)) : NULL;
     bl->per_thread = (tiles_layout((int)Dp, (int)Dvp, NULL, NULL) + ATTN_ALIGN - 1) & ~(size_t)(ATTN_ALIGN - 1);
+    bl->dq_acc_off = bl->per_thread;
+    if (use_one_pass(ctx, sh, want_dmask)) bl->per_thread += (size_t)(sh->group * sh->L * Dp) * f;
     bl->scratch = attn__arena_take(&a, bl->per_thread * (size_t)threads);
     return a.used;
 }
 
 size_t attn__flash_bwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d,
                                  bool want_dmask) {
-    (void)want_dmask;
     bwd_layout bl;
-    return layout(ctx, sh, d, NULL, &bl);
+    return layout(ctx, sh, d, want_dmask, NULL, &bl);
 }
 
 void attn__flash_bwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh,
@@ -345,7 +394,7 @@ void attn__flash_bwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_sh
                      const float *out, const float *dout, const float *lse, float *dq, float *dk, float *dv,
                      float *dmask, void *ws) {
     bwd_layout bl;
-    layout(ctx, sh, d, ws, &bl);
+    layout(ctx, sh, d, dmask != NULL, ws, &bl);
     bwd_job J = {
         .d = d, .sh = sh, .kn = ctx->kernels, .q = q, .k = k, .v = v, .dout = dout,
         .dq = dq, .dk = dk, .dv = dv, .dmask = dmask,
@@ -354,7 +403,7 @@ void attn__flash_bwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_sh
         .qscale = (float)((double)sh->scale * LOG2E),
         .lse2 = bl.lse2, .rowdot = bl.rowdot, .keep = NULL, .keep_scale = 1.0f, .kv_bad = bl.kv_bad,
         .qt_all = bl.qt_all, .dot_all = bl.dot_all, .q_pack = bl.q_pack, .do_pack = bl.do_pack, .k_pack = bl.k_pack,
-        .scratch = bl.scratch, .per_thread = bl.per_thread,
+        .scratch = bl.scratch, .per_thread = bl.per_thread, .dq_acc_off = bl.dq_acc_off,
     };
     J.q_rows = bl.q_pack, J.do_rows = bl.do_pack, J.k_rows = bl.k_pack;
     J.q_ld = bl.q_pack != NULL ? J.Dp : d->q_stride[2];
@@ -374,6 +423,10 @@ void attn__flash_bwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_sh
                 if (attn__dropout_keep(&gen, keep_prob)) bl.keep[e >> 3] |= (uint8_t)(1u << (e & 7));
         J.keep = bl.keep;
         J.keep_scale = all ? 0.0f : 1.0f / (float)(1.0 - d->dropout_p);
+    }
+    if (use_one_pass(ctx, sh, dmask != NULL)) {
+        attn__pool_run(ctx->pool, sh->B * sh->Hkv, one_pass_task, &J);
+        return;
     }
     attn__pool_run(ctx->pool, sh->B * sh->Hkv * J.n_kvtiles, pass1_task, &J);
     if (dmask != NULL) {
