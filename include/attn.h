@@ -100,6 +100,14 @@ ATTN_API size_t attn_dtype_size(attn_dtype dtype);
 /** @return a short name ("F32", "BOOL", ...) or "?" for an unknown value. */
 ATTN_API const char *attn_dtype_name(attn_dtype dtype);
 
+/**
+ * Converts n elements between F32 and F16 or BF16 (either way; the same type is a copy). F32 to
+ * half rounds to nearest even as torch's .half() / .bfloat16(), overflow gives inf and NaN stays
+ * NaN; half to F32 is exact. dst and src may be the same buffer only for the same type.
+ * @return ATTN_OK, or ATTN_ERR_INVALID_ARG for another pair of types, n < 0 or NULL buffers.
+ */
+ATTN_API attn_status attn_convert(attn_dtype dst_dtype, void *dst, attn_dtype src_dtype, const void *src, int64_t n);
+
 /* ------------------------------------------------------------------------------------------ */
 /* PyTorch-compatible CPU random generator                                                    */
 /* ------------------------------------------------------------------------------------------ */
@@ -269,12 +277,16 @@ ATTN_API attn_status attn_ctx_reserve(attn_ctx *ctx, size_t size);
 
 /*
  * For every batch b, head h and query row i:
- *   s[j]  = scale * dot(q[b,h,i,:], k[b,hk,j,:]) + m(b,h,i,j)      j = 0..S-1, hk = h / (H/Hkv)
+ *   s[j]  = cap(scale * dot(q[b,h,i,:], k[b,hk,j,:])) + a(h,i,j) + m(b,h,i,j)
+ *                                                       j = 0..S-1, hk = h / (H/Hkv)
  *   p     = softmax(s)                                  (a row with every s[j] = -inf gives p = 0)
  *   p'    = dropout(p)                                  (when dropout_p > 0)
  *   o[b,h,i,:] = sum_j p'[j] v[b,hk,j,:]
  *   lse[b,h,i] = log(sum_j exp(s[j]))                   (-inf for a fully masked row)
- * where m adds -inf for causally hidden keys, the attention mask and the key padding mask.
+ * where m adds -inf for causally hidden keys and keys outside a local window, the attention mask and
+ * the key padding mask; cap(x) = softcap * tanh(x / softcap) when softcap > 0 (else x); a(h,i,j) =
+ * -alibi_slopes[h] * |i + off - j| with ALiBi (else 0). Query i and key j are aligned as the causal
+ * mode says: off = S - L for ATTN_CAUSAL_BOTTOM_RIGHT, else 0 (the last query sees the last key).
  * Masks: a BOOL mask blocks where True (the nn.MultiheadAttention convention, the opposite of
  * torch SDPA's bool mask); an F32 mask is added (-inf blocks). When several masks are given their
  * contributions are added, and a key that any of them blocks (causal, a True bool entry or a
@@ -336,6 +348,20 @@ typedef struct attn_sdpa_desc {
      * context's generator exactly like F.dropout on the (B*H, L, S) weights in row-major order. */
     double dropout_p;
     attn_weights_mode weights_mode; /* which weights the `weights` argument receives */
+    /* Local (sliding-window) attention, as FlashAttention's window_size: with use_window set, query
+     * i sees keys j with i + off - window_left <= j <= i + off + window_right (off as above); -1
+     * leaves that side unbounded. Key tiles wholly outside the window are skipped. */
+    int use_window;
+    int64_t window_left, window_right;
+    /* ALiBi: NULL, or H slopes (one per query head): a(h,i,j) = -slopes[h] * |i + off - j|. */
+    const float *alibi_slopes;
+    /* Logit soft-capping (Gemma 2): 0 for none, else > 0: scores = softcap * tanh(scores / softcap),
+     * applied to the scaled q.k before ALiBi and the masks. */
+    float softcap;
+    /* Element type of k and v: ATTN_DTYPE_F32 (0, the default), ATTN_DTYPE_F16 or ATTN_DTYPE_BF16
+     * (IEEE half and bfloat16 bit patterns, 2 bytes each; strides still count elements). Products
+     * and sums are always computed in float32. */
+    attn_dtype kv_dtype;
 } attn_sdpa_desc;
 
 /** Zeroes `desc`: no masks, no dropout, default scale, n_kv_heads = H, head_dim_v = D. */
@@ -350,8 +376,8 @@ ATTN_API attn_status attn_sdpa_fwd_workspace_size(const attn_ctx *ctx, const att
 /**
  * Scaled dot-product attention forward.
  * @param q        (B, H, L, D) at desc->q_stride
- * @param k        (B, Hkv, S, D) at desc->k_stride
- * @param v        (B, Hkv, S, Dv) at desc->v_stride
+ * @param k        (B, Hkv, S, D) at desc->k_stride, of desc->kv_dtype (float unless set)
+ * @param v        (B, Hkv, S, Dv) at desc->v_stride, of desc->kv_dtype
  * @param out      (B, H, L, Dv) at desc->o_stride; must not overlap the inputs
  * @param lse      (B, H, L) contiguous natural-log log-sum-exp of the masked, scaled scores
  *                 (before dropout), or NULL
@@ -360,8 +386,8 @@ ATTN_API attn_status attn_sdpa_fwd_workspace_size(const attn_ctx *ctx, const att
  * @return ATTN_OK; ATTN_ERR_INVALID_ARG, ATTN_ERR_BAD_SHAPE, ATTN_ERR_BAD_MASK, ATTN_ERR_OVERFLOW
  *         for bad arguments (nothing written); ATTN_ERR_OUT_OF_MEMORY, ATTN_ERR_WORKSPACE.
  */
-ATTN_API attn_status attn_sdpa_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const float *q, const float *k,
-                                   const float *v, float *out, float *lse, float *weights);
+ATTN_API attn_status attn_sdpa_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const float *q, const void *k,
+                                   const void *v, float *out, float *lse, float *weights);
 
 /** Scratch bytes attn_sdpa_bwd needs for `desc` (dmask_wanted: whether dmask will be asked for). */
 ATTN_API attn_status attn_sdpa_bwd_workspace_size(const attn_ctx *ctx, const attn_sdpa_desc *desc, int dmask_wanted,
@@ -378,16 +404,16 @@ ATTN_API attn_status attn_sdpa_bwd_workspace_size(const attn_ctx *ctx, const att
  *                  forward started (copy it before the forward); the forward's dropout mask is
  *                  regenerated from it, and the context's own generator is not touched. NULL
  *                  otherwise.
- * @param dq, dk, dv  written at q_stride, k_stride, v_stride (those strides must not be 0 on a
- *                  dimension longer than 1). With grouped-query attention dk and dv hold the sum
- *                  over the query heads sharing each kv head.
+ * @param dq, dk, dv  float32, written at q_stride, k_stride, v_stride (those strides must not be 0
+ *                  on a dimension longer than 1), whatever desc->kv_dtype is. With grouped-query
+ *                  attention dk and dv hold the sum over the query heads sharing each kv head.
  * @param dmask     NULL, or the gradient of an F32 desc->mask, written at mask_stride over the
  *                  mask's whole extent: dimensions the mask broadcasts (stride 0) receive the sum.
  * Fully masked rows contribute nothing. Results are identical for every thread count.
  * @return as attn_sdpa_fwd; ATTN_ERR_BAD_MASK for dmask without an F32 mask.
  */
-ATTN_API attn_status attn_sdpa_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const float *q, const float *k,
-                                   const float *v, const float *out, const float *dout, const float *lse,
+ATTN_API attn_status attn_sdpa_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const float *q, const void *k,
+                                   const void *v, const float *out, const float *dout, const float *lse,
                                    const attn_generator *dropout_state, float *dq, float *dk, float *dv, float *dmask);
 
 /* ------------------------------------------------------------------------------------------ */

@@ -113,25 +113,25 @@ attn_status attn__sdpa_check(attn_ctx *ctx, const attn_sdpa_desc *d, attn__sdpa_
 size_t attn__sdpa_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d);
 // Runs the kernel chosen for ctx on a checked descriptor with `ws` (>= attn__sdpa_workspace bytes).
 void attn__sdpa_run(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const float *q,
-                    const float *k, const float *v, float *out, float *lse, float *weights, void *ws);
+                    const void *k, const void *v, float *out, float *lse, float *weights, void *ws);
 
 // The scalar reference kernel (src/ref/sdpa_ref.c): the specification every other kernel is
 // tested against. Workspace: attn__sdpa_ref_workspace bytes.
 size_t attn__sdpa_ref_workspace(const attn__sdpa_shape *sh);
 void attn__sdpa_fwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, attn_generator *gen, const float *q,
-                        const float *k, const float *v, float *out, float *lse, float *weights, void *ws);
+                        const void *k, const void *v, float *out, float *lse, float *weights, void *ws);
 
 // The scalar reference backward (src/ref/sdpa_bwd_ref.c).
 size_t attn__sdpa_bwd_ref_workspace(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, bool want_dmask);
 void attn__sdpa_bwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const attn_generator *dropout_state,
-                        const float *q, const float *k, const float *v, const float *dout, float *dq, float *dk,
+                        const float *q, const void *k, const void *v, const float *dout, float *dq, float *dk,
                         float *dv, float *dmask, void *ws);
 // Checks the gradient outputs of a checked descriptor (strides, dmask) and sizes the scratch.
 attn_status attn__sdpa_bwd_check(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, bool want_dmask);
 size_t attn__sdpa_bwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d,
                                 bool want_dmask);
 void attn__sdpa_bwd_run(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh,
-                        const attn_generator *dropout_state, const float *q, const float *k, const float *v,
+                        const attn_generator *dropout_state, const float *q, const void *k, const void *v,
                         const float *out, const float *dout, const float *lse, float *dq, float *dk, float *dv,
                         float *dmask, void *ws);
 

@@ -72,6 +72,14 @@ attn_status attn__sdpa_check(attn_ctx *ctx, const attn_sdpa_desc *d, attn__sdpa_
     if (d->weights_mode != ATTN_WEIGHTS_NONE && d->weights_mode != ATTN_WEIGHTS_PER_HEAD &&
         d->weights_mode != ATTN_WEIGHTS_AVERAGE)
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa: unknown weights_mode %d", (int)d->weights_mode);
+    if (d->use_window && (d->window_left < -1 || d->window_right < -1))
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa: window sizes (%lld, %lld) must be >= 0, or -1 for unbounded",
+                          (long long)d->window_left, (long long)d->window_right);
+    if (!(d->softcap >= 0.0f) || isinf(d->softcap))
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa: softcap must be 0 (none) or a finite positive value");
+    if (d->kv_dtype != ATTN_DTYPE_F32 && d->kv_dtype != ATTN_DTYPE_F16 && d->kv_dtype != ATTN_DTYPE_BF16)
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa: kv_dtype must be F32, F16 or BF16, not %s",
+                          attn_dtype_name(d->kv_dtype));
 
     const int64_t nq[4] = {sh->B, sh->H, sh->L, sh->D}, nk[4] = {sh->B, sh->Hkv, sh->S, sh->D};
     const int64_t nv[4] = {sh->B, sh->Hkv, sh->S, sh->Dv}, no[4] = {sh->B, sh->H, sh->L, sh->Dv};
@@ -134,7 +142,7 @@ size_t attn__sdpa_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, con
 }
 
 void attn__sdpa_run(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const float *q,
-                    const float *k, const float *v, float *out, float *lse, float *weights, void *ws) {
+                    const void *k, const void *v, float *out, float *lse, float *weights, void *ws) {
     if (use_flash(ctx, d))
         attn__flash_fwd(ctx, d, sh, q, k, v, out, lse, ws);
     else
@@ -154,7 +162,7 @@ attn_status attn_sdpa_fwd_workspace_size(const attn_ctx *ctx, const attn_sdpa_de
     return ATTN_OK;
 }
 
-attn_status attn_sdpa_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const float *q, const float *k, const float *v,
+attn_status attn_sdpa_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const float *q, const void *k, const void *v,
                           float *out, float *lse, float *weights) {
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
     attn__clear_error(ctx);
@@ -206,7 +214,7 @@ size_t attn__sdpa_bwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh,
 }
 
 void attn__sdpa_bwd_run(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh,
-                        const attn_generator *dropout_state, const float *q, const float *k, const float *v,
+                        const attn_generator *dropout_state, const float *q, const void *k, const void *v,
                         const float *out, const float *dout, const float *lse, float *dq, float *dk, float *dv,
                         float *dmask, void *ws) {
     if (ctx->kernels != NULL)
@@ -237,7 +245,7 @@ attn_status attn_sdpa_bwd_workspace_size(const attn_ctx *ctx, const attn_sdpa_de
     return ATTN_OK;
 }
 
-attn_status attn_sdpa_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const float *q, const float *k, const float *v,
+attn_status attn_sdpa_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const float *q, const void *k, const void *v,
                           const float *out, const float *dout, const float *lse, const attn_generator *dropout_state,
                           float *dq, float *dk, float *dv, float *dmask) {
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;

@@ -19,7 +19,13 @@ typedef struct prob {
     int kpm;   // 0 none, 1 bool, 2 float
     float scale;
     double dropout;
+    int window;      // 0 none, else a local window (wl, wr)
+    int64_t wl, wr;
+    int alibi;       // ALiBi slopes 2^-(h+1)
+    float softcap;   // 0 none
+    attn_dtype kvdt; // k and v as F32 (0), F16 or BF16
 } prob;
+#define NO_EXT 0, 0, 0, 0, 0.0f, ATTN_DTYPE_F32 // no window, ALiBi, soft-capping; float k and v
 
 typedef struct tensors {
     double *q, *k, *v, *fmask; // double copies (the finite-difference variables)
@@ -27,6 +33,9 @@ typedef struct tensors {
     uint8_t *bmask, *bkpm;
     float *fkpm;
     float *keep; // dropout keep mask (B, H, L, S), 0/1, drawn like the forward
+    uint16_t *kh, *vh;  // half-precision k and v (kvdt F16 / BF16); kf, vf, k, v hold their values
+    const void *kp, *vp; // what the calls get
+    float *slopes;
     attn_sdpa_desc d;
     int64_t nq, nk, nv, no, nm, nmask;
 } tensors;
@@ -66,6 +75,19 @@ static tensors make(const prob *p, uint32_t seed) {
         t.bkpm[i] = urand(&seed) < 0.15;
         t.fkpm[i] = urand(&seed) < 0.1 ? -INFINITY : (float)(urand(&seed) - 0.5);
     }
+    t.kp = t.kf, t.vp = t.vf;
+    if (p->kvdt != ATTN_DTYPE_F32) { // the values k and v denote are the rounded ones
+        t.kh = malloc((size_t)t.nk * 2), t.vh = malloc((size_t)t.nv * 2);
+        ASSERT_OK(attn_convert(p->kvdt, t.kh, ATTN_DTYPE_F32, t.kf, t.nk));
+        ASSERT_OK(attn_convert(p->kvdt, t.vh, ATTN_DTYPE_F32, t.vf, t.nv));
+        ASSERT_OK(attn_convert(ATTN_DTYPE_F32, t.kf, p->kvdt, t.kh, t.nk));
+        ASSERT_OK(attn_convert(ATTN_DTYPE_F32, t.vf, p->kvdt, t.vh, t.nv));
+        for (int64_t i = 0; i < t.nk; i++) t.k[i] = t.kf[i];
+        for (int64_t i = 0; i < t.nv; i++) t.v[i] = t.vf[i];
+        t.kp = t.kh, t.vp = t.vh;
+    }
+    t.slopes = malloc((size_t)p->H * 4);
+    for (int64_t h = 0; h < p->H; h++) t.slopes[h] = ldexpf(1.0f, -(int)(h + 1));
     attn_generator gen;
     attn_generator_seed(&gen, dropout_seed);
     if (p->dropout > 0) attn_rand_bernoulli(&gen, t.keep, t.nm, 1.0 - p->dropout); // the forward's draws
@@ -77,6 +99,9 @@ static tensors make(const prob *p, uint32_t seed) {
     attn_layout_strides(ATTN_LAYOUT_BHLD, p->B, p->Hkv, p->S, p->D, d->k_stride);
     attn_layout_strides(ATTN_LAYOUT_BHLD, p->B, p->Hkv, p->S, p->Dv, d->v_stride);
     attn_layout_strides(ATTN_LAYOUT_BHLD, p->B, p->H, p->L, p->Dv, d->o_stride);
+    d->kv_dtype = p->kvdt, d->softcap = p->softcap;
+    if (p->alibi) d->alibi_slopes = t.slopes;
+    if (p->window) d->use_window = 1, d->window_left = p->wl, d->window_right = p->wr;
     if (p->mask) {
         d->mask = p->mask == 1 ? (const void *)t.bmask : (const void *)t.fmaskf;
         d->mask_dtype = p->mask == 1 ? ATTN_DTYPE_BOOL : ATTN_DTYPE_F32;
@@ -92,7 +117,8 @@ static tensors make(const prob *p, uint32_t seed) {
 
 static void release(tensors *t) {
     free(t->q), free(t->k), free(t->v), free(t->qf), free(t->kf), free(t->vf), free(t->g), free(t->fmask);
-    free(t->fmaskf), free(t->bmask), free(t->bkpm), free(t->fkpm), free(t->keep);
+    free(t->fmaskf), free(t->bmask), free(t->bkpm), free(t->fkpm), free(t->keep), free(t->kh), free(t->vh);
+    free(t->slopes);
 }
 
 // loss = sum G * out in double, for the double copies of q, k, v and the float mask.
@@ -109,8 +135,10 @@ static double loss(const prob *p, const tensors *t) {
                 const int64_t hk = h / (p->H / p->Hkv);
                 double mx = -INFINITY, sum = 0;
                 for (int64_t j = 0; j < p->S; j++) {
-                    bool hidden = (p->causal == ATTN_CAUSAL_TOP_LEFT && j > i) ||
-                                  (p->causal == ATTN_CAUSAL_BOTTOM_RIGHT && j > i + p->S - p->L);
+                    const int64_t off = p->causal == ATTN_CAUSAL_BOTTOM_RIGHT ? p->S - p->L : 0;
+                    bool hidden = p->causal != ATTN_CAUSAL_NONE && j > i + off;
+                    if (p->window && p->wl >= 0) hidden = hidden || j < i + off - p->wl;
+                    if (p->window && p->wr >= 0) hidden = hidden || j > i + off + p->wr;
                     double bias = 0;
                     const int64_t mo = b * ms[0] + h * ms[1] + i * ms[2] + j;
                     if (p->mask == 1) hidden = hidden || t->bmask[mo];
@@ -124,7 +152,10 @@ static double loss(const prob *p, const tensors *t) {
                     double dot = 0;
                     for (int64_t e = 0; e < p->D; e++)
                         dot += t->q[((b * p->H + h) * p->L + i) * p->D + e] * t->k[((b * p->Hkv + hk) * p->S + j) * p->D + e];
-                    s[j] = scale * dot + bias;
+                    s[j] = scale * dot;
+                    if (p->softcap > 0) s[j] = p->softcap * tanh(s[j] / p->softcap);
+                    if (p->alibi) s[j] -= (double)t->slopes[h] * (double)llabs(i + off - j);
+                    s[j] += bias;
                     if (s[j] > mx) mx = s[j];
                 }
                 if (mx == -INFINITY) continue; // fully masked: zero output
@@ -179,8 +210,8 @@ static void run_both(attn_ctx *ctx, const prob *p, const tensors *t, float *dq, 
     attn_generator *g = attn_ctx_generator(ctx);
     attn_generator_seed(g, dropout_seed);
     attn_generator start = *g;
-    ASSERT_OK(attn_sdpa_fwd(ctx, &t->d, t->qf, t->kf, t->vf, out, lse, NULL));
-    attn_status st = attn_sdpa_bwd(ctx, &t->d, t->qf, t->kf, t->vf, out, t->g, lse, p->dropout > 0 ? &start : NULL, dq,
+    ASSERT_OK(attn_sdpa_fwd(ctx, &t->d, t->qf, t->kp, t->vp, out, lse, NULL));
+    attn_status st = attn_sdpa_bwd(ctx, &t->d, t->qf, t->kp, t->vp, out, t->g, lse, p->dropout > 0 ? &start : NULL, dq,
                                    dk, dv, dmask);
     if (st != ATTN_OK) FAIL("sdpa_bwd: %s", attn_ctx_last_error(ctx));
     free(out), free(lse);
@@ -224,17 +255,24 @@ static void check_against_fd(const prob *p, uint32_t seed) {
 
 static void test_finite_differences_every_option(void) {
     const prob cases[] = {
-        {1, 1, 1, 3, 4, 2, 2, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0},
-        {2, 2, 1, 4, 5, 3, 2, ATTN_CAUSAL_NONE, 0, 0, 0.7f, 0.0},              // GQA, Dv != D, scale
-        {1, 2, 2, 5, 5, 4, 4, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0.0f, 0.0},
-        {1, 2, 2, 3, 6, 3, 3, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0.0f, 0.0},      // L < S
-        {1, 2, 2, 6, 3, 3, 3, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0.0f, 0.0},      // L > S: rows that see nothing
-        {2, 2, 2, 4, 5, 3, 3, ATTN_CAUSAL_NONE, 1, 1, 0.0f, 0.0},              // bool mask, bool padding
-        {2, 2, 2, 4, 5, 3, 3, ATTN_CAUSAL_NONE, 2, 2, 0.0f, 0.0},              // float per-head mask + float kpm
-        {2, 3, 3, 4, 5, 3, 3, ATTN_CAUSAL_TOP_LEFT, 3, 0, 0.0f, 0.0},          // float (L, S) broadcast: summed
-        {2, 3, 1, 4, 5, 3, 3, ATTN_CAUSAL_NONE, 4, 1, 0.0f, 0.0},              // float (H, L, S) over B, MQA
-        {2, 2, 2, 4, 6, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.5},              // dropout
-        {1, 2, 1, 5, 5, 4, 2, ATTN_CAUSAL_TOP_LEFT, 2, 1, 0.5f, 0.3},          // everything at once
+        {1, 1, 1, 3, 4, 2, 2, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, NO_EXT},
+        {2, 2, 1, 4, 5, 3, 2, ATTN_CAUSAL_NONE, 0, 0, 0.7f, 0.0, NO_EXT},              // GQA, Dv != D, scale
+        {1, 2, 2, 5, 5, 4, 4, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0.0f, 0.0, NO_EXT},
+        {1, 2, 2, 3, 6, 3, 3, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0.0f, 0.0, NO_EXT},      // L < S
+        {1, 2, 2, 6, 3, 3, 3, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0.0f, 0.0, NO_EXT},      // L > S: rows that see nothing
+        {2, 2, 2, 4, 5, 3, 3, ATTN_CAUSAL_NONE, 1, 1, 0.0f, 0.0, NO_EXT},              // bool mask, bool padding
+        {2, 2, 2, 4, 5, 3, 3, ATTN_CAUSAL_NONE, 2, 2, 0.0f, 0.0, NO_EXT},              // float per-head mask + float kpm
+        {2, 3, 3, 4, 5, 3, 3, ATTN_CAUSAL_TOP_LEFT, 3, 0, 0.0f, 0.0, NO_EXT},          // float (L, S) broadcast: summed
+        {2, 3, 1, 4, 5, 3, 3, ATTN_CAUSAL_NONE, 4, 1, 0.0f, 0.0, NO_EXT},              // float (H, L, S) over B, MQA
+        {2, 2, 2, 4, 6, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.5, NO_EXT},              // dropout
+        {1, 2, 1, 5, 5, 4, 2, ATTN_CAUSAL_TOP_LEFT, 2, 1, 0.5f, 0.3, NO_EXT},  // everything at once
+        {1, 2, 2, 6, 7, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 1, 2, 1, 0, 0.0f, 0},       // local window
+        {1, 2, 2, 5, 7, 3, 3, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0.0f, 0.0, 1, 1, -1, 0, 0.0f, 0}, // window + causal
+        {1, 2, 1, 5, 6, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 0, 0, 0, 1, 0.0f, 0},       // ALiBi, GQA
+        {1, 2, 2, 4, 5, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 3.0f, 0.0, 0, 0, 0, 0, 1.0f, 0},       // soft-capping
+        {1, 2, 2, 4, 5, 3, 3, ATTN_CAUSAL_NONE, 2, 0, 0.0f, 0.0, 0, 0, 0, 1, 2.0f, 0},       // cap + ALiBi + mask
+        {1, 2, 2, 4, 5, 3, 3, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 0.0f, ATTN_DTYPE_F16},
+        {1, 2, 1, 4, 5, 3, 2, ATTN_CAUSAL_NONE, 0, 1, 0.0f, 0.0, 1, 1, 1, 1, 1.5f, ATTN_DTYPE_BF16}, // all new ones
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) check_against_fd(&cases[c], 11u * (uint32_t)c + 3u);
 }
@@ -243,13 +281,17 @@ static void test_finite_differences_every_option(void) {
 // every thread count.
 static void test_fused_against_reference(void) {
     const prob cases[] = {
-        {1, 2, 2, 130, 70, 64, 64, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0},
-        {2, 4, 2, 65, 129, 33, 17, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0.0f, 0.0},
-        {1, 3, 3, 100, 100, 16, 16, ATTN_CAUSAL_BOTTOM_RIGHT, 2, 1, 0.0f, 0.0},
-        {2, 2, 1, 70, 90, 8, 8, ATTN_CAUSAL_NONE, 3, 2, 0.0f, 0.2},
-        {1, 2, 2, 200, 64, 7, 65, ATTN_CAUSAL_TOP_LEFT, 4, 0, 0.0f, 0.0},
-        {2, 4, 2, 90, 75, 16, 16, ATTN_CAUSAL_NONE, 1, 2, 0.0f, 0.3}, // one pass with dropout and masks
-        {3, 2, 2, 64, 200, 32, 48, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 1, 0.7f, 0.0},
+        {1, 2, 2, 130, 70, 64, 64, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, NO_EXT},
+        {2, 4, 2, 65, 129, 33, 17, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0.0f, 0.0, NO_EXT},
+        {1, 3, 3, 100, 100, 16, 16, ATTN_CAUSAL_BOTTOM_RIGHT, 2, 1, 0.0f, 0.0, NO_EXT},
+        {2, 2, 1, 70, 90, 8, 8, ATTN_CAUSAL_NONE, 3, 2, 0.0f, 0.2, NO_EXT},
+        {1, 2, 2, 200, 64, 7, 65, ATTN_CAUSAL_TOP_LEFT, 4, 0, 0.0f, 0.0, NO_EXT},
+        {2, 4, 2, 90, 75, 16, 16, ATTN_CAUSAL_NONE, 1, 2, 0.0f, 0.3, NO_EXT}, // one pass with dropout and masks
+        {3, 2, 2, 64, 200, 32, 48, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 1, 0.7f, 0.0, NO_EXT},
+        {2, 4, 2, 100, 300, 32, 32, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 1, 70, 10, 1, 0.0f, 0},  // window: tiles skipped
+        {1, 2, 2, 130, 130, 24, 24, ATTN_CAUSAL_TOP_LEFT, 2, 0, 0.0f, 0.0, 1, 40, -1, 0, 2.0f, 0}, // cap, dmask
+        {2, 2, 1, 70, 150, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 1, 0.0f, 0.1, 0, 0, 0, 1, 0.0f, ATTN_DTYPE_F16},
+        {3, 4, 2, 65, 129, 40, 24, ATTN_CAUSAL_NONE, 1, 0, 0.0f, 0.0, 1, 3, 3, 0, 4.0f, ATTN_DTYPE_BF16}, // one pass
     };
     // Without a mask gradient, 1 thread takes the one-pass schedule and 3 threads the two passes
     // whenever B * Hkv < 6: the bit comparison below covers both schedules.
@@ -284,7 +326,7 @@ static void test_fused_against_reference(void) {
 
 // Fully masked rows give zero gradients; NaN behind a mask reaches no gradient.
 static void test_masked_rows_and_nan(void) {
-    prob p = {1, 2, 2, 70, 70, 16, 16, ATTN_CAUSAL_BOTTOM_RIGHT, 1, 0, 0.0f, 0.0};
+    prob p = {1, 2, 2, 70, 70, 16, 16, ATTN_CAUSAL_BOTTOM_RIGHT, 1, 0, 0.0f, 0.0, NO_EXT};
     tensors t = make(&p, 5);
     for (int64_t j = 0; j < p.S; j++) t.bmask[3 * p.S + j] = 1; // row 3 of every head sees nothing
     for (int64_t e = 0; e < p.D; e++) t.kf[(p.S - 1) * p.D + e] = NAN; // last key: seen by the last row only
@@ -308,7 +350,7 @@ static void test_masked_rows_and_nan(void) {
 }
 
 static void test_errors(void) {
-    prob p = {1, 2, 2, 4, 5, 3, 3, ATTN_CAUSAL_NONE, 1, 0, 0.0f, 0.0};
+    prob p = {1, 2, 2, 4, 5, 3, 3, ATTN_CAUSAL_NONE, 1, 0, 0.0f, 0.0, NO_EXT};
     tensors t = make(&p, 1);
     attn_ctx *ctx = make_ctx(ATTN_ISA_AUTO, 1);
     float out[2 * 4 * 3], lse[8], dq[24], dk[30], dv[30], dm[20];

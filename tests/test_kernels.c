@@ -34,10 +34,19 @@ typedef struct problem {
     float scale;
     double dropout;
     int poison; // 0 none, 1 NaN in a key, 2 inf in a value, 3 a fully masked row via the mask
+    int window; // 0 none, else a local window (wl, wr)
+    int64_t wl, wr;
+    int alibi;        // ALiBi slopes 2^-(h+1)
+    float softcap;    // 0 none
+    attn_dtype kvdt;  // k and v as F32 (0), F16 or BF16
 } problem;
+#define NO_EXT 0, 0, 0, 0, 0.0f, ATTN_DTYPE_F32 // no window, ALiBi, soft-capping; float k and v
 
 typedef struct data {
     float *q, *k, *v, *fmask, *fkpm;
+    uint16_t *kh, *vh; // k and v in half precision (kvdt F16 / BF16)
+    const void *kp, *vp; // what the calls get
+    float *slopes;
     uint8_t *bmask, *bkpm;
     attn_sdpa_desc d;
 } data;
@@ -67,8 +76,21 @@ static data make_data(const problem *p, uint32_t seed) {
     }
     if (p->poison == 1) x.k[(p->S / 2) * p->D] = NAN;         // key S/2 of (b, hk) = (0, 0)
     if (p->poison == 2) x.v[(p->S - 1) * p->Dv] = INFINITY;   // last value of (0, 0)
+    x.kp = x.k, x.vp = x.v;
     attn_sdpa_desc *d = &x.d;
     attn_sdpa_desc_init(d);
+    if (p->kvdt != ATTN_DTYPE_F32) {
+        x.kh = malloc((size_t)nk * 2), x.vh = malloc((size_t)nv * 2);
+        if (attn_convert(p->kvdt, x.kh, ATTN_DTYPE_F32, x.k, nk) != ATTN_OK ||
+            attn_convert(p->kvdt, x.vh, ATTN_DTYPE_F32, x.v, nv) != ATTN_OK)
+            FAIL("attn_convert to %s failed", attn_dtype_name(p->kvdt));
+        x.kp = x.kh, x.vp = x.vh, d->kv_dtype = p->kvdt;
+    }
+    x.slopes = malloc((size_t)p->H * 4);
+    for (int64_t h = 0; h < p->H; h++) x.slopes[h] = ldexpf(1.0f, -(int)(h + 1));
+    if (p->alibi) d->alibi_slopes = x.slopes;
+    d->softcap = p->softcap;
+    if (p->window) d->use_window = 1, d->window_left = p->wl, d->window_right = p->wr;
     d->batch = p->B, d->n_heads = p->H, d->n_kv_heads = p->Hkv, d->len_q = p->L, d->len_kv = p->S;
     d->head_dim = p->D, d->head_dim_v = p->Dv, d->scale = p->scale, d->causal = p->causal, d->dropout_p = p->dropout;
     attn_layout_strides(ATTN_LAYOUT_BHLD, p->B, p->H, p->L, p->D, d->q_stride);
@@ -97,12 +119,13 @@ static data make_data(const problem *p, uint32_t seed) {
 
 static void free_data(data *x) {
     free(x->q), free(x->k), free(x->v), free(x->fmask), free(x->bmask), free(x->fkpm), free(x->bkpm);
+    free(x->kh), free(x->vh), free(x->slopes);
 }
 
 // Runs d on ctx; out (B,H,L,Dv) and lse (B,H,L) allocated by the caller.
 static void run(attn_ctx *ctx, const data *x, float *out, float *lse) {
     attn_generator_seed(attn_ctx_generator(ctx), 4242);
-    attn_status st = attn_sdpa_fwd(ctx, &x->d, x->q, x->k, x->v, out, lse, NULL);
+    attn_status st = attn_sdpa_fwd(ctx, &x->d, x->q, x->kp, x->vp, out, lse, NULL);
     if (st != ATTN_OK) FAIL("sdpa_fwd on %s: %s", attn_isa_name(attn_ctx_isa(ctx)), attn_ctx_last_error(ctx));
 }
 
@@ -163,7 +186,7 @@ static void test_size_grid(void) {
             const int64_t *dd = dims[idx % 5];
             problem p = {1 + idx % 2, 4, idx % 3 == 0 ? 1 : (idx % 3 == 1 ? 2 : 4), sizes[a], sizes[b], dd[0], dd[1],
                          (attn_causal)(idx % 3), (idx / 3) % 4, (idx / 2) % 3, idx % 4 == 0 ? 0.3f : 0.0f,
-                         idx % 7 == 3 ? 0.25 : 0.0, 0};
+                         idx % 7 == 3 ? 0.25 : 0.0, 0, NO_EXT};
             check_problem(&p, (uint32_t)idx * 7919u + 1u);
         }
 }
@@ -174,18 +197,50 @@ static void test_options(void) {
     for (int c = 0; c < 4; c++)
         for (int causal = 1; causal <= 2; causal++)
             for (int mask = 0; mask <= 2; mask += 2) {
-                problem p = {2, 3, 3, LS[c][0], LS[c][1], 40, 24, (attn_causal)causal, mask, mask ? 1 : 0, 0.0f, 0.0, 0};
+                problem p = {2, 3, 3, LS[c][0], LS[c][1], 40, 24, (attn_causal)causal, mask, mask ? 1 : 0, 0.0f, 0.0, 0, NO_EXT};
                 check_problem(&p, 99u + (uint32_t)(c * 10 + causal * 3 + mask));
             }
     // a long key sequence: many key tiles, online rescaling across them
-    problem longp = {1, 2, 1, 33, 1000, 64, 64, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 0};
+    problem longp = {1, 2, 1, 33, 1000, 64, 64, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 0, NO_EXT};
     check_problem(&longp, 5u);
     // dropout with every mask kind, p = 1 included
     const double ps[3] = {0.1, 0.5, 1.0};
     for (int i = 0; i < 3; i++) {
-        problem p = {2, 2, 2, 37, 70, 16, 16, ATTN_CAUSAL_TOP_LEFT, i, i % 3, 0.0f, ps[i], 0};
+        problem p = {2, 2, 2, 37, 70, 16, 16, ATTN_CAUSAL_TOP_LEFT, i, i % 3, 0.0f, ps[i], 0, NO_EXT};
         check_problem(&p, 11u + (uint32_t)i);
     }
+}
+
+// Local windows (tiles wholly outside skipped), ALiBi, soft-capping and half-precision k and v, alone
+// and together with causal masks, masks, GQA and dropout; windows narrower than a tile, empty
+// windows (fully masked rows), and windows on one side only.
+static void test_window_alibi_softcap_half(void) {
+    const int64_t win[7][2] = {{0, 0}, {3, 0}, {100, -1}, {-1, 5}, {17, 40}, {200, 200}, {1, 1}};
+    int idx = 0;
+    for (int w = 0; w < 7; w++)
+        for (int causal = 0; causal <= 2; causal++, idx++) {
+            problem p = {1 + idx % 2, 4, idx % 2 ? 2 : 4, idx % 3 ? 150 : 70, idx % 3 ? 260 : 130, 24 + idx % 3 * 20, 16,
+                         (attn_causal)causal, (idx % 4 == 1) ? 2 : 0, idx % 5 == 2 ? 1 : 0, 0.0f,
+                         idx % 6 == 5 ? 0.2 : 0.0, 0, 1, win[w][0], win[w][1], idx % 2, idx % 3 == 1 ? 5.0f : 0.0f,
+                         (attn_dtype)(idx % 3 == 0 ? ATTN_DTYPE_F32 : idx % 3 == 1 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16)};
+            check_problem(&p, 501u + (uint32_t)idx);
+        }
+    // each feature alone, and a key length far beyond the window (many skipped tiles)
+    const attn_dtype dts[3] = {ATTN_DTYPE_F32, ATTN_DTYPE_F16, ATTN_DTYPE_BF16};
+    for (int t = 0; t < 3; t++) {
+        problem half = {2, 2, 1, 65, 129, 64, 64, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 0, 0.0f, dts[t]};
+        check_problem(&half, 601u + (uint32_t)t);
+        problem cap = {1, 2, 2, 64, 64, 32, 32, (attn_causal)t, 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 0, 1.5f, 0};
+        check_problem(&cap, 611u + (uint32_t)t);
+        problem alibi = {1, 3, 1, 40, 90, 16, 16, (attn_causal)t, 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 1, 0.0f, 0};
+        check_problem(&alibi, 621u + (uint32_t)t);
+        problem longw = {1, 2, 2, 300, 2000, 32, 32, (attn_causal)t, 0, 0, 0.0f, 0.0, 0, 1, 64, t == 0 ? 64 : 0, 1,
+                         0.0f, dts[t]};
+        check_problem(&longw, 631u + (uint32_t)t);
+    }
+    // NaN in a key the window hides, with half-precision k
+    problem nanw = {1, 2, 2, 70, 130, 16, 16, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 1, 1, 2, 2, 0, 0.0f, ATTN_DTYPE_F16};
+    check_problem(&nanw, 641u);
 }
 
 static void test_non_finite_and_fully_masked(void) {
@@ -193,7 +248,7 @@ static void test_non_finite_and_fully_masked(void) {
     // value must reach that row alone although its key tile is shared with rows that hide it.
     for (int poison = 1; poison <= 3; poison++)
         for (int causal = 0; causal <= 2; causal++) {
-            problem p = {1, 2, 2, 70, 130, 16, 16, (attn_causal)causal, 0, poison == 2 ? 1 : 0, 0.0f, 0.0, poison};
+            problem p = {1, 2, 2, 70, 130, 16, 16, (attn_causal)causal, 0, poison == 2 ? 1 : 0, 0.0f, 0.0, poison, NO_EXT};
             check_problem(&p, 31u + (uint32_t)(poison * 2 + causal));
         }
     fprintf(stderr, "    %ld kernel runs compared with the reference\n", compared);
@@ -332,6 +387,7 @@ int main(int argc, char **argv) {
         HARNESS_CASE(test_exp2_error_bound),
         HARNESS_CASE(test_size_grid),
         HARNESS_CASE(test_options),
+        HARNESS_CASE(test_window_alibi_softcap_half),
         HARNESS_CASE(test_non_finite_and_fully_masked),
         HARNESS_CASE(test_linear_and_modules),
     };

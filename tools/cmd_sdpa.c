@@ -9,6 +9,7 @@ static const char summary[] =
     "usage: attn sdpa --q Q.npy --k K.npy --v V.npy --out O.npy [--scale X]\n"
     "                 [--causal | --causal-bottom-right] [--mask M.npy] [--key-padding-mask P.npy]\n"
     "                 [--dropout P --seed S] [--lse-out LSE.npy] [--weights-out W.npy [--average-weights]]\n"
+    "                 [--window LEFT,RIGHT] [--alibi SLOPES.npy] [--softcap C] [--kv-dtype f32|f16|bf16]\n"
     "                 [--grad-out DO.npy --grads-out G.safetensors]\n"
     "\n"
     "softmax(scale * q k^T + masks) v over float32 tensors q (B, H, L, D), k (B, Hkv, S, D) and\n"
@@ -18,6 +19,11 @@ static const char summary[] =
     "blocked, the nn.MultiheadAttention convention) or float32 (added), of any shape that broadcasts to\n"
     "(B, H, L, S); the key padding mask is (B, S), bool (True = ignore) or float32. A fully masked row\n"
     "gives zeros. Dropout draws like torch.manual_seed(S) then F.dropout on the (B, H, L, S) weights.\n"
+    "--window LEFT,RIGHT: query i sees keys i + off - LEFT .. i + off + RIGHT (off = S - L with\n"
+    "--causal-bottom-right, else 0; -1 = unbounded side). --alibi: float32 (H) slopes, adding\n"
+    "-slope[h] * |i + off - j|. --softcap C: scores become C * tanh(scores / C) before ALiBi and masks.\n"
+    "k and v may be float16 .npy files (then both); --kv-dtype f16 or bf16 rounds float32 k and v to\n"
+    "that type before the call (products and sums stay float32). Gradients are float32.\n"
     "Outputs: out (B, H, L, Dv), log-sum-exp (B, H, L), weights (B, H, L, S) or averaged (B, L, S).\n"
     "With --grad-out DO.npy (dL/d out) the backward runs too and --grads-out receives \"q\", \"k\", \"v\" and,\n"
     "for a float32 mask, \"mask\" (its gradient, summed over the dimensions it broadcasts).";
@@ -39,21 +45,47 @@ static int broadcast_strides(const char *what, const attn_tensor *t, const int64
     return 0;
 }
 
-static int read_f32_4d(attn_ctx *ctx, const char *what, const char *path, attn_tensor *t) {
+// A 4-D float32 array (float16 too when half_ok).
+static int read_4d(attn_ctx *ctx, const char *what, const char *path, bool half_ok, attn_tensor *t) {
     attn_status st = attn_npy_read(ctx, path, t);
     if (st != ATTN_OK) return cli_fail("sdpa", ctx, st, what);
-    if (t->dtype != ATTN_DTYPE_F32 || t->ndim != 4) {
+    if (!(t->dtype == ATTN_DTYPE_F32 || (half_ok && t->dtype == ATTN_DTYPE_F16)) || t->ndim != 4) {
         char shape[96];
-        return cli_error("sdpa", EXIT_FAILURE_RUN, "%s must be a 4-D float32 array, got %s %s", what,
-                         attn_dtype_name(t->dtype), cli_shape_str(t->ndim, t->shape, shape, sizeof shape));
+        return cli_error("sdpa", EXIT_FAILURE_RUN, "%s must be a 4-D float32%s array, got %s %s", what,
+                         half_ok ? " or float16" : "", attn_dtype_name(t->dtype),
+                         cli_shape_str(t->ndim, t->shape, shape, sizeof shape));
     }
     return 0;
+}
+
+// "LEFT,RIGHT" with each >= -1.
+static bool parse_window(const char *s, int64_t *left, int64_t *right) {
+    char *end;
+    long long a = strtoll(s, &end, 10);
+    if (end == s || *end != ',') return false;
+    const char *r = end + 1;
+    long long b = strtoll(r, &end, 10);
+    if (end == r || *end != '\0' || a < -1 || b < -1) return false;
+    *left = a, *right = b;
+    return true;
+}
+
+// Replaces a float32 tensor's values by their rounding to `dt` (F16 or BF16), in its own buffer.
+static attn_status to_half(attn_tensor *t, attn_dtype dt) {
+    const int64_t n = attn_tensor_numel(t);
+    uint16_t *h = malloc((size_t)n * 2 + 2);
+    if (h == NULL) return ATTN_ERR_OUT_OF_MEMORY;
+    attn_status st = attn_convert(dt, h, ATTN_DTYPE_F32, t->data, n);
+    if (st == ATTN_OK) memcpy(t->data, h, (size_t)n * 2), t->dtype = dt;
+    free(h);
+    return st;
 }
 
 int cmd_sdpa(int argc, char **argv) {
     const char *q_path = NULL, *k_path = NULL, *v_path = NULL, *mask_path = NULL, *kpm_path = NULL, *out_path = NULL;
     const char *lse_path = NULL, *w_path = NULL, *grad_path = NULL, *grads_path = NULL;
-    double scale = 0.0, dropout = 0.0;
+    const char *window = NULL, *alibi_path = NULL, *kv_dtype = NULL;
+    double scale = 0.0, dropout = 0.0, softcap = 0.0;
     int64_t seed = 0;
     bool causal = false, causal_br = false, average = false;
     arg_spec specs[] = {
@@ -71,6 +103,10 @@ int cmd_sdpa(int argc, char **argv) {
         {"--lse-out", ARG_STRING, &lse_path, "LSE.npy", "log-sum-exp per row (B, H, L)", false, false},
         {"--weights-out", ARG_STRING, &w_path, "W.npy", "attention weights after dropout", false, false},
         {"--average-weights", ARG_FLAG, &average, NULL, "average the weights over heads: (B, L, S)", false, false},
+        {"--window", ARG_STRING, &window, "LEFT,RIGHT", "local window sizes (-1: unbounded)", false, false},
+        {"--alibi", ARG_STRING, &alibi_path, "SLOPES.npy", "ALiBi slopes, float32 (H)", false, false},
+        {"--softcap", ARG_FLOAT, &softcap, "C", "logit soft-capping C * tanh(s / C)", false, false},
+        {"--kv-dtype", ARG_STRING, &kv_dtype, "T", "f32, f16 or bf16: round k and v to T first", false, false},
         {"--grad-out", ARG_STRING, &grad_path, "DO.npy", "dL/d out: run the backward too", false, false},
         {"--grads-out", ARG_STRING, &grads_path, "G.safetensors", "q, k, v (and mask) gradients", false, false},
     };
@@ -83,9 +119,20 @@ int cmd_sdpa(int argc, char **argv) {
     if (average && w_path == NULL) return cli_error("sdpa", EXIT_USAGE, "--average-weights needs --weights-out");
     if ((grad_path == NULL) != (grads_path == NULL))
         return cli_error("sdpa", EXIT_USAGE, "--grad-out and --grads-out go together");
+    int64_t win_left = -1, win_right = -1;
+    if (window != NULL && !parse_window(window, &win_left, &win_right))
+        return cli_error("sdpa", EXIT_USAGE, "--window wants LEFT,RIGHT with integers >= -1, got '%s'", window);
+    if (!(softcap >= 0.0) || softcap > 3.4e38) return cli_error("sdpa", EXIT_USAGE, "--softcap must be >= 0 and finite");
+    attn_dtype want_kv = ATTN_DTYPE_F32;
+    if (kv_dtype != NULL) {
+        if (strcmp(kv_dtype, "f16") == 0) want_kv = ATTN_DTYPE_F16;
+        else if (strcmp(kv_dtype, "bf16") == 0) want_kv = ATTN_DTYPE_BF16;
+        else if (strcmp(kv_dtype, "f32") != 0)
+            return cli_error("sdpa", EXIT_USAGE, "--kv-dtype must be f32, f16 or bf16, not '%s'", kv_dtype);
+    }
 
     attn_ctx *ctx = NULL;
-    attn_tensor q = {0}, k = {0}, v = {0}, mask = {0}, kpm = {0}, dout = {0};
+    attn_tensor q = {0}, k = {0}, v = {0}, mask = {0}, kpm = {0}, dout = {0}, slopes = {0};
     float *out = NULL, *lse = NULL, *weights = NULL;
     attn_tensor grads[4];
     int n_grads = 0;
@@ -93,9 +140,25 @@ int cmd_sdpa(int argc, char **argv) {
     attn_status st = attn_ctx_create(NULL, &ctx);
     if (st != ATTN_OK) return cli_fail("sdpa", NULL, st, "creating a context");
     rc = EXIT_FAILURE_RUN;
-    if (read_f32_4d(ctx, "q", q_path, &q) != 0 || read_f32_4d(ctx, "k", k_path, &k) != 0 ||
-        read_f32_4d(ctx, "v", v_path, &v) != 0)
+    if (read_4d(ctx, "q", q_path, false, &q) != 0 || read_4d(ctx, "k", k_path, true, &k) != 0 ||
+        read_4d(ctx, "v", v_path, true, &v) != 0)
         goto done;
+    if (k.dtype != v.dtype) {
+        cli_error("sdpa", EXIT_FAILURE_RUN, "k and v must have the same dtype, got %s and %s", attn_dtype_name(k.dtype),
+                  attn_dtype_name(v.dtype));
+        goto done;
+    }
+    if (want_kv != ATTN_DTYPE_F32) {
+        if (k.dtype != ATTN_DTYPE_F32) {
+            cli_error("sdpa", EXIT_FAILURE_RUN, "--kv-dtype converts float32 k and v; these are already %s",
+                      attn_dtype_name(k.dtype));
+            goto done;
+        }
+        if ((st = to_half(&k, want_kv)) != ATTN_OK || (st = to_half(&v, want_kv)) != ATTN_OK) {
+            cli_fail("sdpa", ctx, st, "converting k and v");
+            goto done;
+        }
+    }
     const int64_t B = q.shape[0], H = q.shape[1], L = q.shape[2], D = q.shape[3];
     const int64_t Hkv = k.shape[1], S = k.shape[2], Dv = v.shape[3];
     if (k.shape[0] != B || v.shape[0] != B || k.shape[3] != D || v.shape[1] != Hkv || v.shape[2] != S) {
@@ -114,6 +177,23 @@ int cmd_sdpa(int argc, char **argv) {
     attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, L, Dv, d.o_stride);
     d.scale = (float)scale;
     d.causal = causal ? ATTN_CAUSAL_TOP_LEFT : causal_br ? ATTN_CAUSAL_BOTTOM_RIGHT : ATTN_CAUSAL_NONE;
+    d.kv_dtype = k.dtype;
+    d.softcap = (float)softcap;
+    if (window != NULL) d.use_window = 1, d.window_left = win_left, d.window_right = win_right;
+    if (alibi_path != NULL) {
+        st = attn_npy_read(ctx, alibi_path, &slopes);
+        if (st != ATTN_OK) {
+            cli_fail("sdpa", ctx, st, "--alibi");
+            goto done;
+        }
+        if (slopes.dtype != ATTN_DTYPE_F32 || slopes.ndim != 1 || slopes.shape[0] != H) {
+            char got[96];
+            cli_error("sdpa", EXIT_FAILURE_RUN, "--alibi must be float32 (%lld), got %s %s", (long long)H,
+                      attn_dtype_name(slopes.dtype), cli_shape_str(slopes.ndim, slopes.shape, got, sizeof got));
+            goto done;
+        }
+        d.alibi_slopes = slopes.data;
+    }
     const int64_t target[4] = {B, H, L, S};
     if (mask_path != NULL) {
         st = attn_npy_read(ctx, mask_path, &mask);
@@ -178,6 +258,7 @@ int cmd_sdpa(int argc, char **argv) {
         const char *names[4] = {"q", "k", "v", "mask"};
         for (int i = 0; i < 3; i++) {
             grads[i] = *src[i];
+            grads[i].dtype = ATTN_DTYPE_F32;
             grads[i].name = (char *)(uintptr_t)names[i];
             grads[i].data = malloc((size_t)attn_tensor_numel(src[i]) * sizeof(float));
         }
@@ -222,6 +303,7 @@ done:
     attn_tensor_release(ctx, &v);
     attn_tensor_release(ctx, &mask);
     attn_tensor_release(ctx, &kpm);
+    attn_tensor_release(ctx, &slopes);
     attn_ctx_free(ctx);
     return rc;
 }

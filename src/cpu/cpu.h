@@ -41,6 +41,8 @@ struct attn__kernels {
     // Backward: dst[j][i] = pt[j][i] * (dst[j][i] - rowdot[i]): the score gradient from the weights,
     // the weights' gradient (in dst) and rowdot = sum_t dout[i][t] * out[i][t].
     void (*bwd_ds)(const float *pt, float *dst, int nj, int br, const float *rowdot);
+    // y[i] = x[i] converted exactly from ATTN_DTYPE_F16 or ATTN_DTYPE_BF16 to float, n values.
+    void (*half_to_f32)(attn_dtype dt, const uint16_t *x, float *y, int64_t n);
 };
 
 // S^T = K Q^T: st (nj, br) = k (nj, D at row/feature strides) times qt (D, br).

@@ -9,24 +9,38 @@ size_t attn__flash_fwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh
 // Runs the problem with ctx->kernels on ctx's threads. weights are not produced (the reference
 // kernel serves calls that ask for them).
 void attn__flash_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const float *q,
-                     const float *k, const float *v, float *out, float *lse, void *ws);
+                     const void *k, const void *v, float *out, float *lse, void *ws);
 
-// One past the last key any query up to `last_query` may see under the causal mask (S without one).
+// Keys visible from queries: one past the last key any query up to `last_query` may see, and the
+// first key any query from `first_query` on may see, under the causal mask and the local window.
 int64_t attn__keys_visible_until(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t last_query);
-// Applies the causal, attention and key-padding masks to the score tile st (nj keys from j0, brp
-// columns of which nq are the queries from i0), in the log2 domain. Returns false when every score
-// of the tile is hidden.
+int64_t attn__keys_visible_from(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t first_query);
+// True when the causal or window bounds cut through the tile (some of its scores are hidden).
+bool attn__tile_crosses_bounds(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i0, int nq, int64_t j0,
+                               int nj);
+// The causal and window bounds alone on the score tile st (nj keys from j0, brp columns of which
+// nq are the queries from i0). Returns false when every score of the tile is hidden.
+bool attn__bounds_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int brp, int64_t i0, int nq, int64_t j0,
+                       int nj, float *st);
+// The bounds, the attention mask and the key padding mask on the tile, in the log2 domain.
+// Returns false when every score of the tile is hidden.
 bool attn__mask_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int brp, int64_t b, int64_t h, int64_t i0,
                      int nq, int64_t j0, int nj, float *st);
-// The causal mask alone on a tile that crosses the diagonal (each key row hides a prefix of queries).
-void attn__causal_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int brp, int64_t i0, int nq, int64_t j0,
-                       int nj, float *st);
+// Soft-capping and ALiBi on the tile (before the masks); th (nj x brp) receives tanh of the capped
+// scores over the cap, for the backward (unused without soft-capping).
+void attn__score_transform(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int brp,
+                           int64_t h, int64_t i0, int nq, int64_t j0, int nj, float *st, float *th);
+
+// Rows [0, nj) of a half-precision key or value tile (row stride rs, element stride es) converted
+// to floats, (nj, n) contiguous.
+void attn__half_tile(const attn__kernels *kn, attn_dtype dt, const uint16_t *src, int64_t rs, int64_t es, int nj,
+                     int64_t n, float *dst);
 
 // The fused backward (flash_bwd.c).
 size_t attn__flash_bwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d,
                                  bool want_dmask);
 void attn__flash_bwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh,
-                     const attn_generator *dropout_state, const float *q, const float *k, const float *v,
+                     const attn_generator *dropout_state, const float *q, const void *k, const void *v,
                      const float *out, const float *dout, const float *lse, float *dq, float *dk, float *dv,
                      float *dmask, void *ws);
 

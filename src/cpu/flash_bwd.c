@@ -18,11 +18,15 @@
 // For a tile pair: S^T = K Q^T (masked as in the forward), P^T = exp2(S^T - lse2), dP^T = V dO^T
 // (times the dropout mask), dS^T = P^T (dP^T - rowdot) with rowdot_i = dO_i . O_i. Key or value
 // tiles holding NaN or inf take products that skip zero weights, so masked keys are never read.
+// Soft-capping multiplies dS by 1 - tanh^2 of the capped score (the mask gradient is dS before
+// that factor); ALiBi and the window enter as in the forward, and key tiles outside the window are
+// skipped. Half-precision keys and values are converted to float copies once per call.
 #include <math.h>
 #include <string.h>
 
 #include "cpu/cpu.h"
 #include "cpu/flash.h"
+#include "half.h"
 
 #define LOG2E 1.4426950408889634
 #define BWD_BR 64 // queries per tile
@@ -31,11 +35,12 @@
 static int pad16(int64_t n) { return (int)((n + 15) / 16 * 16); }
 
 typedef struct bwd_job {
-    const attn_sdpa_desc *d;
+    const attn_sdpa_desc *d;    // k_stride and v_stride: of k and v as read here (the float copies)
     const attn__sdpa_shape *sh;
     const attn__kernels *kn;
     const float *q, *k, *v, *dout;
     float *dq, *dk, *dv, *dmask;
+    const int64_t *dk_stride, *dv_stride; // where dk and dv are written (the caller's k and v strides)
     int Dp, Dvp;                // head dims padded to 16
     int64_t n_qtiles, n_kvtiles;
     float qscale;               // scale * log2(e)
@@ -63,6 +68,7 @@ typedef struct bwd_tiles {
     float *acc1;             // (BC, Dp) dK accumulator / (BR, Dp) dQ accumulator
     float *acc2;             // (BC, Dvp) dV accumulator
     float *lse2, *rowdot;    // (BR) the tile's rows, padded (+inf, 0)
+    float *th;               // (BC, BR) tanh of the soft-capped scores
 } bwd_tiles;
 
 static size_t tiles_layout(int Dp, int Dvp, bwd_tiles *t, char *base) {
@@ -77,6 +83,7 @@ static size_t tiles_layout(int Dp, int Dvp, bwd_tiles *t, char *base) {
     x.acc2 = attn__arena_take(&a, (size_t)BWD_BC * (size_t)Dvp * f);
     x.lse2 = attn__arena_take(&a, BWD_BR * f);
     x.rowdot = attn__arena_take(&a, BWD_BR * f);
+    x.th = attn__arena_take(&a, (size_t)BWD_BC * BWD_BR * f);
     if (t != NULL) *t = x;
     return a.used;
 }
@@ -102,10 +109,12 @@ static bool tile_pair(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int6
     const float *kt = J->k + attn__offset4(d->k_stride, b, hk, j0, 0);
     const float *vt = J->v + attn__offset4(d->v_stride, b, hk, j0, 0);
     attn__qk(J->kn, kt, d->k_stride[2], d->k_stride[3], nj, (int)sh->D, t->qt, BWD_BR, t->st);
+    if (d->softcap > 0.0f || d->alibi_slopes != NULL)
+        attn__score_transform(J->kn, d, sh, BWD_BR, h, i0, nq, j0, nj, t->st, t->th);
     if (d->mask != NULL || d->key_padding_mask != NULL) {
         if (!attn__mask_tile(d, sh, BWD_BR, b, h, i0, nq, j0, nj, t->st)) return false;
-    } else if (d->causal != ATTN_CAUSAL_NONE && attn__keys_visible_until(d, sh, i0) < j0 + nj) {
-        attn__causal_tile(d, sh, BWD_BR, i0, nq, j0, nj, t->st);
+    } else if (attn__tile_crosses_bounds(d, sh, i0, nq, j0, nj)) {
+        if (!attn__bounds_tile(d, sh, BWD_BR, i0, nq, j0, nj, t->st)) return false;
     }
     J->kn->bwd_p(t->st, nj, BWD_BR, t->lse2);
     // dP^T = V dout^T
@@ -126,6 +135,19 @@ static bool tile_pair(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int6
         J->kn->bwd_ds(t->st, t->dpt, nj, BWD_BR, t->rowdot);
     }
     return true;
+}
+
+// Soft-capping: dS of the capped score times d cap / d x = 1 - tanh^2 (zeros stay zero, whatever
+// the padding or hidden entries of th hold).
+static void cap_grad(const bwd_job *J, bwd_tiles *t, int nj) {
+    if (!(J->d->softcap > 0.0f)) return;
+    for (int64_t e = 0; e < (int64_t)nj * BWD_BR; e++)
+        if (t->dpt[e] != 0.0f) t->dpt[e] *= 1.0f - t->th[e] * t->th[e];
+}
+
+// Whether the key tile [j0, j0+nj) lies wholly left of the window of every query from i0 on.
+static bool left_of_window(const bwd_job *J, int64_t i0, int64_t j0, int nj) {
+    return attn__keys_visible_from(J->d, J->sh, i0) >= j0 + nj;
 }
 
 // C (M x N) += A (M x K at strides) B (K x N), skipping zero elements of A (so NaN or inf in the
@@ -157,8 +179,10 @@ static void kv_tile(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t hk, int64
             const int64_t i0 = it * BWD_BR;
             const int nq = (int)(sh->L - i0 < BWD_BR ? sh->L - i0 : BWD_BR);
             if (attn__keys_visible_until(d, sh, i0 + nq - 1) <= j0) continue; // every key hidden (causal)
+            if (left_of_window(J, i0, j0, nj)) continue;
             load_queries(J, t, b, h, it, nq);
             if (!tile_pair(J, t, b, h, i0, nq, j0, nj, bad)) continue;
+            cap_grad(J, t, nj);
             // dK_j += dS^T q_rows; dV_j += P_drop^T dout_rows (P_drop = P * dropout mask * scale)
             const int64_t row0 = (b * sh->H + h) * sh->L + i0; // row index into the packed copies
             const float *qr = J->q_pack != NULL ? J->q_rows + row0 * J->q_ld
@@ -186,10 +210,10 @@ static void kv_tile(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t hk, int64
         }
     const float scale = J->sh->scale;
     for (int j = 0; j < nj; j++) {
-        float *dkr = J->dk + attn__offset4(d->k_stride, b, hk, j0 + j, 0);
-        float *dvr = J->dv + attn__offset4(d->v_stride, b, hk, j0 + j, 0);
-        for (int64_t c = 0; c < sh->D; c++) dkr[c * d->k_stride[3]] = t->acc1[(int64_t)j * J->Dp + c] * scale;
-        for (int64_t c = 0; c < sh->Dv; c++) dvr[c * d->v_stride[3]] = t->acc2[(int64_t)j * J->Dvp + c];
+        float *dkr = J->dk + attn__offset4(J->dk_stride, b, hk, j0 + j, 0);
+        float *dvr = J->dv + attn__offset4(J->dv_stride, b, hk, j0 + j, 0);
+        for (int64_t c = 0; c < sh->D; c++) dkr[c * J->dk_stride[3]] = t->acc1[(int64_t)j * J->Dp + c] * scale;
+        for (int64_t c = 0; c < sh->Dv; c++) dvr[c * J->dv_stride[3]] = t->acc2[(int64_t)j * J->Dvp + c];
     }
 }
 
@@ -234,11 +258,13 @@ static void pass2_tile(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int
     for (int64_t j0 = 0; j0 < j_end; j0 += BWD_BC) {
         const int nj = (int)(sh->S - j0 < BWD_BC ? sh->S - j0 : BWD_BC);
         const bool bad = J->kv_bad[(b * sh->Hkv + hk) * J->n_kvtiles + j0 / BWD_BC];
+        if (left_of_window(J, i0, j0, nj)) continue;
         if (!tile_pair(J, t, b, h, i0, nq, j0, nj, bad)) continue;
         if (J->dmask != NULL) // the mask's gradient is dS (natural-log domain: no scale)
             for (int j = 0; j < nj; j++)
                 for (int i = 0; i < nq; i++)
                     J->dmask[attn__offset4(d->mask_stride, b, h, i0 + i, j0 + j)] += t->dpt[(int64_t)j * BWD_BR + i];
+        cap_grad(J, t, nj);
         // dQ_i += dS k_rows, with dS read transposed from dS^T
         const float *kr = J->k_pack != NULL ? J->k_rows + ((b * sh->Hkv + hk) * sh->S + j0) * J->k_ld
                                             : J->k + attn__offset4(d->k_stride, b, hk, j0, 0);
@@ -346,6 +372,7 @@ static void prep_tiles_task(void *arg, int64_t task, int thread) {
 
 typedef struct bwd_layout {
     float *lse2, *rowdot, *qt_all, *dot_all, *q_pack, *do_pack, *k_pack;
+    float *k_f32, *v_f32; // half-precision k and v as floats, (B, Hkv, S, D) and (B, Hkv, S, Dv)
     uint8_t *kv_bad, *keep;
     char *scratch;
     size_t per_thread, dq_acc_off;
@@ -366,6 +393,7 @@ static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn
     const int64_t rows = sh->B * sh->H * sh->L, n_kvtiles = (sh->S + BWD_BC - 1) / BWD_BC;
     const int64_t n_qtiles = (sh->L + BWD_BR - 1) / BWD_BR, Dp = pad16(sh->D), Dvp = pad16(sh->Dv);
     const size_t f = sizeof(float);
+    const bool half = d->kv_dtype != ATTN_DTYPE_F32;
     attn__arena a = {.base = base};
     bl->lse2 = attn__arena_take(&a, (size_t)rows * f);
     bl->rowdot = attn__arena_take(&a, (size_t)rows * f);
@@ -373,14 +401,39 @@ static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn
     bl->dot_all = attn__arena_take(&a, (size_t)(sh->B * sh->H * n_qtiles * sh->Dv) * BWD_BR * f);
     bl->q_pack = rows_in_place(sh->D, d->q_stride) ? NULL : attn__arena_take(&a, (size_t)(rows * Dp) * f);
     bl->do_pack = rows_in_place(sh->Dv, d->o_stride) ? NULL : attn__arena_take(&a, (size_t)(rows * Dvp) * f);
-    bl->k_pack = rows_in_place(sh->D, d->k_stride) ? NULL : attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * sh->S * Dp) * f);
+    bl->k_pack = (half ? sh->D % 16 == 0 : rows_in_place(sh->D, d->k_stride))
+                     ? NULL
+                     : attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * sh->S * Dp) * f);
     bl->kv_bad = attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * n_kvtiles));
+    bl->k_f32 = half ? attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * sh->S * sh->D) * f) : NULL;
+    bl->v_f32 = half ? attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * sh->S * sh->Dv) * f) : NULL;
     bl->keep = d->dropout_p > 0.0 ? attn__arena_take(&a, (size_t)((rows * sh->S + 7) / 8)) : NULL;
     bl->per_thread = (tiles_layout((int)Dp, (int)Dvp, NULL, NULL) + ATTN_ALIGN - 1) & ~(size_t)(ATTN_ALIGN - 1);
     bl->dq_acc_off = bl->per_thread;
     if (use_one_pass(ctx, sh, want_dmask)) bl->per_thread += (size_t)(sh->group * sh->L * Dp) * f;
     bl->scratch = attn__arena_take(&a, bl->per_thread * (size_t)threads);
     return a.used;
+}
+
+// One (b, hk) of half-precision k and v converted to the float copies.
+typedef struct half_job {
+    const attn__kernels *kn;
+    const attn_sdpa_desc *d;
+    const attn__sdpa_shape *sh;
+    const void *k, *v;
+    float *k_f32, *v_f32;
+} half_job;
+
+static void half_task(void *arg, int64_t bhk, int thread) {
+    (void)thread;
+    const half_job *H = arg;
+    const attn_sdpa_desc *d = H->d;
+    const attn__sdpa_shape *sh = H->sh;
+    const int64_t b = bhk / sh->Hkv, hk = bhk % sh->Hkv;
+    attn__half_tile(H->kn, d->kv_dtype, (const uint16_t *)H->k + attn__offset4(d->k_stride, b, hk, 0, 0), d->k_stride[2],
+                    d->k_stride[3], (int)sh->S, sh->D, H->k_f32 + bhk * sh->S * sh->D);
+    attn__half_tile(H->kn, d->kv_dtype, (const uint16_t *)H->v + attn__offset4(d->v_stride, b, hk, 0, 0), d->v_stride[2],
+                    d->v_stride[3], (int)sh->S, sh->Dv, H->v_f32 + bhk * sh->S * sh->Dv);
 }
 
 size_t attn__flash_bwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d,
@@ -390,14 +443,25 @@ size_t attn__flash_bwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh
 }
 
 void attn__flash_bwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh,
-                     const attn_generator *dropout_state, const float *q, const float *k, const float *v,
+                     const attn_generator *dropout_state, const float *q, const void *k, const void *v,
                      const float *out, const float *dout, const float *lse, float *dq, float *dk, float *dv,
                      float *dmask, void *ws) {
     bwd_layout bl;
     layout(ctx, sh, d, dmask != NULL, ws, &bl);
+    attn_sdpa_desc dr = *d; // as read: half-precision k and v become contiguous float copies
+    if (d->kv_dtype != ATTN_DTYPE_F32) {
+        half_job hj = {ctx->kernels, d, sh, k, v, bl.k_f32, bl.v_f32};
+        attn__pool_run(ctx->pool, sh->B * sh->Hkv, half_task, &hj);
+        const int64_t ks[4] = {sh->Hkv * sh->S * sh->D, sh->S * sh->D, sh->D, 1};
+        const int64_t vs[4] = {sh->Hkv * sh->S * sh->Dv, sh->S * sh->Dv, sh->Dv, 1};
+        memcpy(dr.k_stride, ks, sizeof ks);
+        memcpy(dr.v_stride, vs, sizeof vs);
+        dr.kv_dtype = ATTN_DTYPE_F32;
+        k = bl.k_f32, v = bl.v_f32;
+    }
     bwd_job J = {
-        .d = d, .sh = sh, .kn = ctx->kernels, .q = q, .k = k, .v = v, .dout = dout,
-        .dq = dq, .dk = dk, .dv = dv, .dmask = dmask,
+        .d = &dr, .sh = sh, .kn = ctx->kernels, .q = q, .k = k, .v = v, .dout = dout,
+        .dq = dq, .dk = dk, .dv = dv, .dmask = dmask, .dk_stride = d->k_stride, .dv_stride = d->v_stride,
         .Dp = pad16(sh->D), .Dvp = pad16(sh->Dv),
         .n_qtiles = (sh->L + BWD_BR - 1) / BWD_BR, .n_kvtiles = (sh->S + BWD_BC - 1) / BWD_BC,
         .qscale = (float)((double)sh->scale * LOG2E),
@@ -408,7 +472,7 @@ void attn__flash_bwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_sh
     J.q_rows = bl.q_pack, J.do_rows = bl.do_pack, J.k_rows = bl.k_pack;
     J.q_ld = bl.q_pack != NULL ? J.Dp : d->q_stride[2];
     J.do_ld = bl.do_pack != NULL ? J.Dvp : d->o_stride[2];
-    J.k_ld = bl.k_pack != NULL ? J.Dp : d->k_stride[2];
+    J.k_ld = bl.k_pack != NULL ? J.Dp : dr.k_stride[2];
     prep_job P = {&J, out, lse, bl.lse2, bl.rowdot, bl.kv_bad};
     attn__pool_run(ctx->pool, sh->B * sh->H, prep_rows_task, &P);
     attn__pool_run(ctx->pool, sh->B * sh->Hkv * J.n_kvtiles, prep_tiles_task, &P);

@@ -19,6 +19,7 @@
 
 #include "cpu/cpu.h"
 #include "cpu/flash.h"
+#include "half.h"
 
 #define LOG2E 1.4426950408889634
 #define LN2 0.6931471805599453
@@ -30,7 +31,8 @@ typedef struct flash_job {
     const attn_sdpa_desc *d;
     const attn__sdpa_shape *sh;
     const attn__kernels *kn;
-    const float *q, *k, *v;
+    const float *q;
+    const void *k, *v;          // of d->kv_dtype
     float *out, *lse;
     int br, brp;                // queries per item, and padded to ATTN_TILE_BR_ALIGN
     int64_t n_qtiles, n_kvtiles;
@@ -45,19 +47,40 @@ typedef struct flash_job {
 // Per-thread tiles, carved from the thread's scratch.
 typedef struct tiles {
     float *qt, *st, *ot, *m, *l, *alpha;
+    float *th;     // (BC, brp) tanh of soft-capped scores (unused here; the transform writes it)
+    float *kf, *vf; // (BC, D), (BC, Dv): a half-precision key and value tile converted to float
 } tiles;
 
-static size_t thread_scratch(const attn__sdpa_shape *sh, int brp, tiles *t, char *base) {
+static size_t thread_scratch(const attn__sdpa_shape *sh, const attn_sdpa_desc *d, int brp, tiles *t, char *base) {
     attn__arena a = {.base = base};
     const size_t f = sizeof(float);
-    float *qt = attn__arena_take(&a, (size_t)sh->D * (size_t)brp * f);
-    float *st = attn__arena_take(&a, (size_t)FLASH_BC * (size_t)brp * f);
-    float *ot = attn__arena_take(&a, (size_t)sh->Dv * (size_t)brp * f);
-    float *m = attn__arena_take(&a, (size_t)brp * f);
-    float *l = attn__arena_take(&a, (size_t)brp * f);
-    float *alpha = attn__arena_take(&a, (size_t)brp * f);
-    if (t != NULL) *t = (tiles){qt, st, ot, m, l, alpha};
+    const bool half = d->kv_dtype != ATTN_DTYPE_F32;
+    tiles x;
+    x.qt = attn__arena_take(&a, (size_t)sh->D * (size_t)brp * f);
+    x.st = attn__arena_take(&a, (size_t)FLASH_BC * (size_t)brp * f);
+    x.ot = attn__arena_take(&a, (size_t)sh->Dv * (size_t)brp * f);
+    x.m = attn__arena_take(&a, (size_t)brp * f);
+    x.l = attn__arena_take(&a, (size_t)brp * f);
+    x.alpha = attn__arena_take(&a, (size_t)brp * f);
+    x.th = d->softcap > 0.0f ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)brp * f) : NULL;
+    x.kf = half ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)sh->D * f) : NULL;
+    x.vf = half ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)sh->Dv * f) : NULL;
+    if (t != NULL) *t = x;
     return a.used;
+}
+
+// Rows [j0, j0+nj) of a half-precision k or v head (row stride rs, element stride es) as floats
+// (nj, n) contiguous.
+void attn__half_tile(const attn__kernels *kn, attn_dtype dt, const uint16_t *src, int64_t rs, int64_t es, int nj,
+                     int64_t n, float *dst) {
+    for (int j = 0; j < nj; j++) {
+        const uint16_t *r = src + (int64_t)j * rs;
+        float *o = dst + (int64_t)j * n;
+        if (es == 1)
+            kn->half_to_f32(dt, r, o, n);
+        else
+            for (int64_t c = 0; c < n; c++) o[c] = attn__kv_at(r, dt, c * es);
+    }
 }
 
 // Queries per work item: 64, fewer when that would leave threads idle (the result of a row does not
@@ -99,7 +122,7 @@ static void flash_task(void *arg, int64_t task, int thread) {
     const int nq = (int)(sh->L - i0 < J->br ? sh->L - i0 : J->br), brp = J->brp;
     const int D = (int)sh->D, Dv = (int)sh->Dv;
     tiles t;
-    thread_scratch(sh, brp, &t, J->scratch + (size_t)thread * J->per_thread);
+    thread_scratch(sh, d, brp, &t, J->scratch + (size_t)thread * J->per_thread);
 
     // qt (D, brp) = q[b, h, i0:i0+nq, :]^T * scale * log2(e), zero padding columns
     for (int dd = 0; dd < D; dd++) {
@@ -112,18 +135,30 @@ static void flash_task(void *arg, int64_t task, int thread) {
     memset(t.ot, 0, (size_t)Dv * (size_t)brp * sizeof(float));
 
     const bool masked = d->mask != NULL || d->key_padding_mask != NULL;
+    const bool transform = d->softcap > 0.0f || d->alibi_slopes != NULL;
+    const bool half = d->kv_dtype != ATTN_DTYPE_F32;
+    const size_t esize = half ? 2 : 4;
     const int64_t j_end = attn__keys_visible_until(d, sh, i0 + nq - 1);
-    const float *kbase = J->k + attn__offset4(d->k_stride, b, hk, 0, 0);
-    const float *vbase = J->v + attn__offset4(d->v_stride, b, hk, 0, 0);
-    for (int64_t j0 = 0; j0 < j_end; j0 += FLASH_BC) {
+    const int64_t j_begin = attn__keys_visible_from(d, sh, i0) / FLASH_BC * FLASH_BC; // whole tiles
+    const char *kbase = (const char *)J->k + (size_t)attn__offset4(d->k_stride, b, hk, 0, 0) * esize;
+    const char *vbase = (const char *)J->v + (size_t)attn__offset4(d->v_stride, b, hk, 0, 0) * esize;
+    for (int64_t j0 = j_begin; j0 < j_end; j0 += FLASH_BC) {
         const int nj = (int)(j_end - j0 < FLASH_BC ? j_end - j0 : FLASH_BC);
-        attn__qk(J->kn, kbase + j0 * d->k_stride[2], d->k_stride[2], d->k_stride[3], nj, D, t.qt, brp, t.st);
-        // the tile crosses the causal diagonal when its last key is hidden from its first query
-        const bool diagonal = attn__keys_visible_until(d, sh, i0) < j0 + nj;
+        // the key and value tiles as floats: in place, or converted from half precision
+        const float *kt = (const float *)(kbase + (size_t)(j0 * d->k_stride[2]) * esize);
+        const float *vt = (const float *)(vbase + (size_t)(j0 * d->v_stride[2]) * esize);
+        int64_t ks_row = d->k_stride[2], ks_d = d->k_stride[3], vs_row = d->v_stride[2], vs_d = d->v_stride[3];
+        if (half) {
+            attn__half_tile(J->kn, d->kv_dtype, (const uint16_t *)kt, ks_row, ks_d, nj, D, t.kf);
+            attn__half_tile(J->kn, d->kv_dtype, (const uint16_t *)vt, vs_row, vs_d, nj, Dv, t.vf);
+            kt = t.kf, vt = t.vf, ks_row = D, ks_d = 1, vs_row = Dv, vs_d = 1;
+        }
+        attn__qk(J->kn, kt, ks_row, ks_d, nj, D, t.qt, brp, t.st);
+        if (transform) attn__score_transform(J->kn, d, sh, brp, h, i0, nq, j0, nj, t.st, t.th);
         if (masked) {
             if (!attn__mask_tile(d, sh, brp, b, h, i0, nq, j0, nj, t.st)) continue; // every score hidden: nothing to add
-        } else if (d->causal != ATTN_CAUSAL_NONE && diagonal) {
-            attn__causal_tile(d, sh, brp, i0, nq, j0, nj, t.st); // (the first key row always has a visible query)
+        } else if (attn__tile_crosses_bounds(d, sh, i0, nq, j0, nj)) {
+            if (!attn__bounds_tile(d, sh, brp, i0, nq, j0, nj, t.st)) continue;
         }
         J->kn->softmax(t.st, nj, brp, t.m, t.l, t.alpha);
         if (J->keep != NULL) { // dropout: weights of dropped keys become 0 (after the row sums)
@@ -135,11 +170,10 @@ static void flash_task(void *arg, int64_t task, int thread) {
                 }
             }
         }
-        const float *vt = vbase + j0 * d->v_stride[2];
         if (J->v_bad[(b * sh->Hkv + hk) * J->n_kvtiles + j0 / FLASH_BC])
-            pv_skipping_zeros(vt, d->v_stride[2], d->v_stride[3], nj, Dv, t.st, brp, t.alpha, t.ot);
+            pv_skipping_zeros(vt, vs_row, vs_d, nj, Dv, t.st, brp, t.alpha, t.ot);
         else
-            J->kn->pv(vt, d->v_stride[2], d->v_stride[3], nj, Dv, t.st, brp, t.alpha, t.ot);
+            J->kn->pv(vt, vs_row, vs_d, nj, Dv, t.st, brp, t.alpha, t.ot);
     }
     // out = O / l (0 for a fully masked row), times the dropout scale; lse in natural log
     for (int i = 0; i < nq; i++) {
@@ -157,7 +191,7 @@ static void flash_task(void *arg, int64_t task, int thread) {
 typedef struct vscan_job {
     const attn_sdpa_desc *d;
     const attn__sdpa_shape *sh;
-    const float *v;
+    const void *v;
     int64_t n_kvtiles;
     uint8_t *v_bad;
 } vscan_job;
@@ -171,8 +205,8 @@ static void vscan_task(void *arg, int64_t task, int thread) {
         uint8_t bad = 0;
         const int64_t j_end = (tile + 1) * FLASH_BC < J->sh->S ? (tile + 1) * FLASH_BC : J->sh->S;
         for (int64_t j = tile * FLASH_BC; j < j_end && !bad; j++) {
-            const float *row = J->v + attn__offset4(d->v_stride, b, hk, j, 0);
-            for (int64_t t = 0; t < J->sh->Dv; t++) bad |= !isfinite(row[t * d->v_stride[3]]);
+            const int64_t row = attn__offset4(d->v_stride, b, hk, j, 0);
+            for (int64_t t = 0; t < J->sh->Dv; t++) bad |= !isfinite(attn__kv_at(J->v, d->kv_dtype, row + t * d->v_stride[3]));
         }
         J->v_bad[task * J->n_kvtiles + tile] = bad;
     }
@@ -192,7 +226,8 @@ static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn
     attn__arena a = {.base = base};
     fl->v_bad = attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * n_kvtiles));
     fl->keep = d->dropout_p > 0.0 ? attn__arena_take(&a, (size_t)((sh->B * sh->H * sh->L * sh->S + 7) / 8)) : NULL;
-    fl->per_thread = (thread_scratch(sh, br, NULL, NULL) + ATTN_ALIGN - 1) & ~(size_t)(ATTN_ALIGN - 1);
+    fl->per_thread = (thread_scratch(sh, d, (br + ATTN_TILE_BR_ALIGN - 1) / ATTN_TILE_BR_ALIGN * ATTN_TILE_BR_ALIGN, NULL,
+                                     NULL) + ATTN_ALIGN - 1) & ~(size_t)(ATTN_ALIGN - 1);
     fl->scratch = attn__arena_take(&a, fl->per_thread * (size_t)threads);
     return a.used;
 }
@@ -203,7 +238,7 @@ size_t attn__flash_fwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh
 }
 
 void attn__flash_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const float *q,
-                     const float *k, const float *v, float *out, float *lse, void *ws) {
+                     const void *k, const void *v, float *out, float *lse, void *ws) {
     flash_layout fl;
     layout(ctx, sh, d, ws, &fl);
     const int threads = attn__pool_threads(ctx->pool);

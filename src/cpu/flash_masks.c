@@ -1,20 +1,66 @@
-// flash_masks.c - masking of score tiles, shared by the fused forward and backward: causal masks
-// of both alignments, attention masks (bool or additive) and key padding masks, applied to a
-// transposed score tile st (nj keys x brp queries) in the log2 domain. A hidden score becomes -inf
-// whatever its value, so NaN in a key that a query cannot see never reaches that query.
+// flash_masks.c - what the fused forward and backward apply to a transposed score tile st (nj keys
+// x brp queries, log2 domain, scores already times scale*log2 e): the causal and local-window
+// bounds (whole tiles outside them are skipped by the callers), soft-capping and ALiBi, attention
+// masks (bool or additive) and key padding masks. A hidden score becomes -inf whatever its value,
+// so NaN in a key that a query cannot see never reaches that query.
 #include <math.h>
 
+#include "cpu/cpu.h"
 #include "cpu/flash.h"
 
 #define LOG2E 1.4426950408889634
 
+// Key j is visible from query i when lo(i) <= j <= hi(i); these give the bounds (INT64_MIN/MAX
+// for an unbounded side).
+static int64_t diag_off(const attn_sdpa_desc *d, const attn__sdpa_shape *sh) {
+    return d->causal == ATTN_CAUSAL_BOTTOM_RIGHT ? sh->S - sh->L : 0;
+}
+
+static int64_t hi_of(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i) {
+    int64_t hi = INT64_MAX;
+    if (d->causal != ATTN_CAUSAL_NONE) hi = i + diag_off(d, sh);
+    if (d->use_window && d->window_right >= 0 && i + diag_off(d, sh) + d->window_right < hi)
+        hi = i + diag_off(d, sh) + d->window_right;
+    return hi;
+}
+
+static int64_t lo_of(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i) {
+    if (d->use_window && d->window_left >= 0) return i + diag_off(d, sh) - d->window_left;
+    return INT64_MIN;
+}
+
 int64_t attn__keys_visible_until(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t last_query) {
-    // one past the last key any query up to last_query may see
-    int64_t end = sh->S;
-    if (d->causal == ATTN_CAUSAL_TOP_LEFT) end = last_query + 1;
-    if (d->causal == ATTN_CAUSAL_BOTTOM_RIGHT) end = last_query + 1 + (sh->S - sh->L);
-    if (end > sh->S) end = sh->S;
+    const int64_t hi = hi_of(d, sh, last_query); // one past the last key any query up to last_query sees
+    const int64_t end = hi >= sh->S ? sh->S : hi + 1;
     return end < 0 ? 0 : end;
+}
+
+int64_t attn__keys_visible_from(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t first_query) {
+    const int64_t lo = lo_of(d, sh, first_query); // the first key any query from first_query on sees
+    return lo <= 0 ? 0 : lo > sh->S ? sh->S : lo;
+}
+
+bool attn__tile_crosses_bounds(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i0, int nq, int64_t j0,
+                               int nj) {
+    if (d->causal == ATTN_CAUSAL_NONE && !d->use_window) return false;
+    return j0 + nj - 1 > hi_of(d, sh, i0) || j0 < lo_of(d, sh, i0 + nq - 1);
+}
+
+bool attn__bounds_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int brp, int64_t i0, int nq, int64_t j0,
+                       int nj, float *st) {
+    bool any_visible = false;
+    for (int j = 0; j < nj; j++) {
+        const int64_t jj = j0 + j;
+        float *s = st + (int64_t)j * brp;
+        // queries i with lo(i) <= jj <= hi(i): the bounds are increasing in i, so they form a range
+        int64_t first = 0, last = nq - 1;
+        while (first < nq && hi_of(d, sh, i0 + first) < jj) first++;
+        while (last >= first && lo_of(d, sh, i0 + last) > jj) last--;
+        for (int64_t i = 0; i < first && i < nq; i++) s[i] = -INFINITY;
+        for (int64_t i = last + 1; i < nq; i++) s[i] = -INFINITY;
+        any_visible = any_visible || first <= last;
+    }
+    return any_visible;
 }
 
 static inline float mask_value(const void *mask, attn_dtype dt, int64_t off) {
@@ -24,8 +70,8 @@ static inline float mask_value(const void *mask, attn_dtype dt, int64_t off) {
 
 bool attn__mask_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int brp, int64_t b, int64_t h, int64_t i0,
                      int nq, int64_t j0, int nj, float *st) {
-    const int64_t L = sh->L, S = sh->S;
     const float log2e = (float)LOG2E;
+    const bool bounded = d->causal != ATTN_CAUSAL_NONE || d->use_window;
     bool any_visible = false;
     for (int j = 0; j < nj; j++) {
         const int64_t jj = j0 + j;
@@ -36,9 +82,7 @@ bool attn__mask_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int br
         float *s = st + (int64_t)j * brp;
         for (int i = 0; i < nq; i++) {
             const int64_t ii = i0 + i;
-            bool hidden = kpm == -INFINITY;
-            if (d->causal == ATTN_CAUSAL_TOP_LEFT) hidden = hidden || jj > ii;
-            if (d->causal == ATTN_CAUSAL_BOTTOM_RIGHT) hidden = hidden || jj > ii + (S - L);
+            bool hidden = kpm == -INFINITY || (bounded && (jj > hi_of(d, sh, ii) || jj < lo_of(d, sh, ii)));
             float bias = kpm;
             if (!hidden && d->mask != NULL) {
                 const float mv = mask_value(d->mask, d->mask_dtype, attn__offset4(d->mask_stride, b, h, ii, jj));
@@ -56,15 +100,51 @@ bool attn__mask_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int br
     return any_visible;
 }
 
-void attn__causal_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int brp, int64_t i0, int nq, int64_t j0,
-                       int nj, float *st) {
-    const int64_t shift = d->causal == ATTN_CAUSAL_BOTTOM_RIGHT ? sh->S - sh->L : 0;
-    for (int j = 0; j < nj; j++) {
-        int64_t hidden = j0 + j - shift - i0; // columns [0, hidden) cannot see this key
-        if (hidden <= 0) continue;
-        if (hidden > nq) hidden = nq;
-        float *s = st + (int64_t)j * brp;
-        for (int64_t i = 0; i < hidden; i++) s[i] = -INFINITY;
+// tanh(z) for n values of a row: an odd polynomial below |z| = 0.3 (relative error < 2e-8), else
+// (1 - e) / (1 + e) with e = exp(-2|z|) from the table's exp2 (no cancellation past 0.3).
+static void tanh_row(const attn__kernels *kn, const float *z, float *out, int n) {
+    float e[64];
+    for (int c = 0; c < n; c += 64) {
+        const int m = n - c < 64 ? n - c : 64;
+        for (int i = 0; i < m; i++) e[i] = -2.0f * (float)LOG2E * fabsf(z[c + i]);
+        kn->exp2(e, e, m);
+        for (int i = 0; i < m; i++) {
+            const float x = z[c + i], x2 = x * x;
+            float t;
+            if (fabsf(x) < 0.3f)
+                t = x * (1.0f + x2 * (-1.0f / 3.0f + x2 * (2.0f / 15.0f + x2 * (-17.0f / 315.0f + x2 * (62.0f / 2835.0f)))));
+            else
+                t = copysignf((1.0f - e[i]) / (1.0f + e[i]), x);
+            out[c + i] = isnan(x) ? x : t;
+        }
     }
 }
 
+void attn__score_transform(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int brp,
+                           int64_t h, int64_t i0, int nq, int64_t j0, int nj, float *st, float *th) {
+    const float log2e = (float)LOG2E;
+    if (d->softcap > 0.0f) { // log2 domain: st = C2 tanh(st / C2) with C2 = softcap * log2 e
+        const float c2 = d->softcap * log2e, inv = 1.0f / c2;
+        float z[64];
+        for (int j = 0; j < nj; j++) {
+            float *s = st + (int64_t)j * brp, *t = th + (int64_t)j * brp;
+            for (int c = 0; c < nq; c += 64) {
+                const int m = nq - c < 64 ? nq - c : 64;
+                for (int i = 0; i < m; i++) z[i] = s[c + i] * inv;
+                tanh_row(kn, z, t + c, m);
+                for (int i = 0; i < m; i++) s[c + i] = c2 * t[c + i];
+            }
+        }
+    }
+    if (d->alibi_slopes != NULL) {
+        const float slope2 = d->alibi_slopes[h] * log2e;
+        const int64_t off = diag_off(d, sh);
+        for (int j = 0; j < nj; j++) {
+            float *s = st + (int64_t)j * brp;
+            for (int i = 0; i < nq; i++) {
+                const int64_t dist = i0 + i + off - (j0 + j);
+                s[i] -= slope2 * (float)(dist < 0 ? -dist : dist);
+            }
+        }
+    }
+}

@@ -1,10 +1,11 @@
 // ref_scores.h - one attention score of the scalar references (forward and backward), so both
-// apply exactly the masking rules of attn.h.
+// apply exactly the rules of attn.h: causal and local-window bounds, soft-capping, ALiBi, masks.
 #ifndef ATTN_REF_SCORES_H
 #define ATTN_REF_SCORES_H
 
 #include <math.h>
 
+#include "half.h"
 #include "internal.h"
 
 // Additive contribution of one mask element: BOOL True blocks (-inf), F32 is added.
@@ -13,19 +14,25 @@ static inline double attn__ref_mask_term(const void *mask, attn_dtype dtype, int
     return (double)((const float *)mask)[off];
 }
 
-// True when causal masking hides key j from query i.
-static inline bool attn__ref_causal_hidden(attn_causal c, int64_t i, int64_t j, int64_t L, int64_t S) {
-    if (c == ATTN_CAUSAL_TOP_LEFT) return j > i;
-    if (c == ATTN_CAUSAL_BOTTOM_RIGHT) return j > i + (S - L);
+// True when the causal mask or the local window hides key j from query i.
+static inline bool attn__ref_bounds_hide(const attn_sdpa_desc *d, int64_t i, int64_t j, int64_t L, int64_t S) {
+    const int64_t off = d->causal == ATTN_CAUSAL_BOTTOM_RIGHT ? S - L : 0;
+    if (d->causal != ATTN_CAUSAL_NONE && j > i + off) return true;
+    if (d->use_window) {
+        if (d->window_left >= 0 && j < i + off - d->window_left) return true;
+        if (d->window_right >= 0 && j > i + off + d->window_right) return true;
+    }
     return false;
 }
 
-// The score s[b,h,i,j] in double: -inf when causal masking or any mask term blocks the key (the
-// key's data and the other terms are then not read), else scale * q.k + the sum of the terms.
+// The score s[b,h,i,j] in double: -inf when the bounds or any mask term hide the key (the key's
+// data and the other terms are then not read), else cap(scale * q.k) + ALiBi + the mask terms.
+// *dcap receives d s / d (scale * q.k): 1, or 1 - tanh^2 with soft-capping.
 // q_row: (D) at q_stride[3]
 static inline double attn__ref_score(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const float *q_row,
-                                     const float *k, int64_t b, int64_t h, int64_t i, int64_t j) {
-    if (attn__ref_causal_hidden(d->causal, i, j, sh->L, sh->S)) return -INFINITY;
+                                     const void *k, int64_t b, int64_t h, int64_t i, int64_t j, double *dcap) {
+    *dcap = 1.0;
+    if (attn__ref_bounds_hide(d, i, j, sh->L, sh->S)) return -INFINITY;
     double bias = 0.0;
     if (d->mask != NULL) {
         const double t = attn__ref_mask_term(d->mask, d->mask_dtype, attn__offset4(d->mask_stride, b, h, i, j));
@@ -39,11 +46,23 @@ static inline double attn__ref_score(const attn_sdpa_desc *d, const attn__sdpa_s
         if (t == -INFINITY) return -INFINITY;
         bias += t;
     }
-    // k_row: (D) at k_stride[3]
-    const float *k_row = k + attn__offset4(d->k_stride, b, h / sh->group, j, 0);
+    // k_row: (D) at k_stride[3], of d->kv_dtype
+    const int64_t k_row = attn__offset4(d->k_stride, b, h / sh->group, j, 0);
     double dot = 0.0;
-    for (int64_t t = 0; t < sh->D; t++) dot += (double)q_row[t * d->q_stride[3]] * (double)k_row[t * d->k_stride[3]];
-    return (double)sh->scale * dot + bias;
+    for (int64_t t = 0; t < sh->D; t++)
+        dot += (double)q_row[t * d->q_stride[3]] * (double)attn__kv_at(k, d->kv_dtype, k_row + t * d->k_stride[3]);
+    double s = (double)sh->scale * dot;
+    if (d->softcap > 0.0f) {
+        const double c = (double)d->softcap, th = tanh(s / c);
+        s = c * th;
+        *dcap = 1.0 - th * th;
+    }
+    if (d->alibi_slopes != NULL) {
+        const int64_t off = d->causal == ATTN_CAUSAL_BOTTOM_RIGHT ? sh->S - sh->L : 0;
+        const int64_t dist = i + off - j;
+        s -= (double)d->alibi_slopes[h] * (double)(dist < 0 ? -dist : dist);
+    }
+    return s + bias;
 }
 
 #endif

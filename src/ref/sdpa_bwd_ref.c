@@ -19,7 +19,7 @@
 // Double accumulators for dk (B, Hkv, S, D), dv (B, Hkv, S, Dv), dq of one row (D), and the
 // row's scores (S).
 typedef struct bwd_bufs {
-    double *dk, *dv, *dq, *s, *dp;
+    double *dk, *dv, *dq, *s, *dp, *dc;
     double *dmask; // (B, H, L, S) by the mask's element offsets, or NULL
 } bwd_bufs;
 
@@ -38,6 +38,7 @@ static size_t layout(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, bool w
     b->dq = attn__arena_take(&a, (size_t)sh->D * dd);
     b->s = attn__arena_take(&a, (size_t)sh->S * dd);
     b->dp = attn__arena_take(&a, (size_t)sh->S * dd);
+    b->dc = attn__arena_take(&a, (size_t)sh->S * dd); // d s / d (scale q.k) per key (soft-capping)
     b->dmask = want_dmask ? attn__arena_take(&a, mask_span(d, sh) * dd) : NULL;
     return a.used;
 }
@@ -48,7 +49,7 @@ size_t attn__sdpa_bwd_ref_workspace(const attn_sdpa_desc *d, const attn__sdpa_sh
 }
 
 void attn__sdpa_bwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const attn_generator *dropout_state,
-                        const float *q, const float *k, const float *v, const float *dout, float *dq, float *dk,
+                        const float *q, const void *k, const void *v, const float *dout, float *dq, float *dk,
                         float *dv, float *dmask, void *ws) {
     const int64_t B = sh->B, H = sh->H, L = sh->L, S = sh->S, D = sh->D, Dv = sh->Dv;
     bwd_bufs w;
@@ -74,7 +75,7 @@ void attn__sdpa_bwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, con
                 double max = -INFINITY;
                 bool has_nan = false;
                 for (int64_t j = 0; j < S; j++) {
-                    w.s[j] = attn__ref_score(d, sh, q_row, k, b, h, i, j);
+                    w.s[j] = attn__ref_score(d, sh, q_row, k, b, h, i, j, &w.dc[j]);
                     if (w.s[j] == -INFINITY) continue;
                     if (isnan(w.s[j])) has_nan = true;
                     else if (w.s[j] > max) max = w.s[j];
@@ -96,9 +97,10 @@ void attn__sdpa_bwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, con
                     if (p == 0.0) continue; // a key without weight is not read
                     const double c = dropout ? (keep ? keep_scale : 0.0) : 1.0;
                     if (c == 0.0) continue;
-                    const float *v_row = v + attn__offset4(d->v_stride, b, hk, j, 0);
+                    const int64_t v_row = attn__offset4(d->v_stride, b, hk, j, 0);
                     double dot = 0.0;
-                    for (int64_t t = 0; t < Dv; t++) dot += (double)do_row[t * d->o_stride[3]] * v_row[t * d->v_stride[3]];
+                    for (int64_t t = 0; t < Dv; t++)
+                        dot += (double)do_row[t * d->o_stride[3]] * attn__kv_at(v, d->kv_dtype, v_row + t * d->v_stride[3]);
                     w.dp[j] = c * dot;
                     pdp += p * w.dp[j];
                     for (int64_t t = 0; t < Dv; t++) dv_head[j * Dv + t] += c * p * (double)do_row[t * d->o_stride[3]];
@@ -108,10 +110,11 @@ void attn__sdpa_bwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, con
                     if (w.s[j] == 0.0) continue;
                     const double ds = w.s[j] * (w.dp[j] - pdp);
                     if (w.dmask != NULL) w.dmask[attn__offset4(d->mask_stride, b, h, i, j)] += ds;
-                    const float *k_row = k + attn__offset4(d->k_stride, b, hk, j, 0);
+                    const double dsq = scale * ds * w.dc[j]; // through the soft cap to q.k
+                    const int64_t k_row = attn__offset4(d->k_stride, b, hk, j, 0);
                     for (int64_t t = 0; t < D; t++) {
-                        w.dq[t] += scale * ds * (double)k_row[t * d->k_stride[3]];
-                        dk_head[j * D + t] += scale * ds * (double)q_row[t * d->q_stride[3]];
+                        w.dq[t] += dsq * (double)attn__kv_at(k, d->kv_dtype, k_row + t * d->k_stride[3]);
+                        dk_head[j * D + t] += dsq * (double)q_row[t * d->q_stride[3]];
                     }
                 }
                 float *dq_row = dq + attn__offset4(d->q_stride, b, h, i, 0);

@@ -21,7 +21,7 @@ size_t attn__sdpa_ref_workspace(const attn__sdpa_shape *sh) {
 }
 
 void attn__sdpa_fwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, attn_generator *gen, const float *q,
-                        const float *k, const float *v, float *out, float *lse, float *weights, void *ws) {
+                        const void *k, const void *v, float *out, float *lse, float *weights, void *ws) {
     const int64_t B = sh->B, H = sh->H, L = sh->L, S = sh->S, Dv = sh->Dv;
     attn__arena arena = {.base = ws};
     double *s = attn__arena_take(&arena, (size_t)S * sizeof(double)); // s: (S) scores of the row
@@ -42,7 +42,8 @@ void attn__sdpa_fwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, att
                 for (int64_t j = 0; j < S; j++) {
                     // Masks first (attn__ref_score): NaN or inf in a key that a row cannot see
                     // does not reach that row.
-                    const double sj = attn__ref_score(d, sh, q_row, k, b, h, i, j);
+                    double dcap;
+                    const double sj = attn__ref_score(d, sh, q_row, k, b, h, i, j, &dcap);
                     s[j] = sj;
                     if (isnan(sj))
                         has_nan = true;
@@ -86,7 +87,7 @@ void attn__sdpa_fwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, att
                     double acc = 0.0;
                     for (int64_t j = 0; j < S; j++) {
                         if (p[j] == 0.0f) continue; // keys with no weight (masked, dropped) are not read
-                        acc += (double)p[j] * (double)v[attn__offset4(d->v_stride, b, hk, j, t)];
+                        acc += (double)p[j] * (double)attn__kv_at(v, d->kv_dtype, attn__offset4(d->v_stride, b, hk, j, t));
                     }
                     out_row[t * d->o_stride[3]] = (float)acc;
                 }

@@ -6,6 +6,8 @@ k and v repeat_interleave'd for grouped-query attention (PyTorch 2.x's enable_gq
 Covered: GQA/MQA, Dk != Dv, custom scales, top-left and bottom-right causal masks with L < S and
 L > S, bool and float masks of every broadcast shape, bool and float key padding masks, dropout,
 log-sum-exp, per-head and averaged weights. A fully masked row must give zeros (torch gives NaN).
+Also local windows, ALiBi slopes and logit soft-capping (written as explicit masks and tanh in
+torch) and half-precision k and v (torch's .half() / .bfloat16() rounding; products in float64).
 Gradients (dq, dk, dv and a float mask's, summed over its broadcast dimensions) are compared with
 autograd of the same reference in float64, to 1e-4 relative (1e-5 absolute: gradients that are
 exactly 0 come out as float rounding noise); configurations with fully masked rows
@@ -48,7 +50,11 @@ def random_config(rng):
                 kpm=rng.choice([None, None, "bool", "float"]),
                 dropout=rng.choice([0.0, 0.0, 0.0, 0.2, 0.5]),
                 weights=rng.choice([None, "per_head", "average"]),
-                lse=rng.random() < 0.5)
+                lse=rng.random() < 0.5,
+                window=None if rng.random() < 0.7 else (rng.choice([-1, 0, 1, 3]), rng.choice([-1, 0, 2, 5])),
+                alibi=rng.random() < 0.2,
+                softcap=0.0 if rng.random() < 0.75 else rng.choice([0.5, 2.0, 30.0]),
+                kv=rng.choice(["f32", "f32", "f32", "f16", "bf16"]))
 
 
 def mask_shape(c):
@@ -57,19 +63,35 @@ def mask_shape(c):
             "L1": (L, 1), "1S": (1, S), "BH1S": (B, H, 1, S)}[c["mask_shape"]]
 
 
-def reference(c, q, k, v, mask, kpm):
-    B, H, Hkv, L, S = c["B"], c["H"], c["Hkv"], c["L"], c["S"]
-    k = k.repeat_interleave(H // Hkv, dim=1)
-    v = v.repeat_interleave(H // Hkv, dim=1)
-    scale = c["scale"] if c["scale"] is not None else 1.0 / q.shape[-1] ** 0.5
-    s = (q.double() @ k.double().transpose(-1, -2)) * torch.tensor(scale, dtype=torch.float32).double()
-    add = torch.zeros(B, H, L, S, dtype=torch.float64)
+def kv_values(c, t):
+    """k or v as the values the call sees: rounded to float16 / bfloat16 for a half-precision run."""
+    return {"f32": t, "f16": t.half(), "bf16": t.bfloat16()}[c["kv"]].double()
+
+
+def logits(c, qd, kd, mask, kpm):
+    """cap(scale * q k^T) + ALiBi + window/causal/mask/padding terms, in float64 (B, H, L, S).
+    kd: keys already repeated to H heads; mask: bool or float (a float one may require grad)."""
+    B, H, L, S = c["B"], c["H"], c["L"], c["S"]
+    scale = c["scale"] if c["scale"] is not None else 1.0 / qd.shape[-1] ** 0.5
+    s = (qd @ kd.transpose(-1, -2)) * torch.tensor(scale, dtype=torch.float32).double()
+    if c["softcap"]:
+        s = c["softcap"] * torch.tanh(s / c["softcap"])
     i = torch.arange(L).view(L, 1)
     j = torch.arange(S).view(1, S)
-    if c["causal"] == "tl":
-        add = add.masked_fill(j > i, float("-inf"))
-    elif c["causal"] == "br":
-        add = add.masked_fill(j > i + (S - L), float("-inf"))
+    off = S - L if c["causal"] == "br" else 0
+    if c["alibi"]:
+        slopes = torch.tensor(c["slopes"], dtype=torch.float32).double().view(1, H, 1, 1)
+        s = s - slopes * (i + off - j).abs().double()
+    hidden = torch.zeros(L, S, dtype=torch.bool)
+    if c["causal"]:
+        hidden |= j > i + off
+    if c["window"] is not None:
+        left, right = c["window"]
+        if left >= 0:
+            hidden |= j < i + off - left
+        if right >= 0:
+            hidden |= j > i + off + right
+    add = torch.zeros(B, H, L, S, dtype=torch.float64).masked_fill(hidden, float("-inf"))
     if mask is not None:
         add = add + (torch.zeros(mask.shape, dtype=torch.float64).masked_fill(mask, float("-inf"))
                      if mask.dtype == torch.bool else mask.double())
@@ -77,41 +99,33 @@ def reference(c, q, k, v, mask, kpm):
         kp = torch.zeros(kpm.shape, dtype=torch.float64).masked_fill(kpm, float("-inf")) \
             if kpm.dtype == torch.bool else kpm.double()
         add = add + kp.view(B, 1, 1, S)
-    s = s + add
+    return s + add
+
+
+def reference(c, q, k, v, mask, kpm):
+    H, Hkv = c["H"], c["Hkv"]
+    k = kv_values(c, k).repeat_interleave(H // Hkv, dim=1)
+    v = kv_values(c, v).repeat_interleave(H // Hkv, dim=1)
+    s = logits(c, q.double(), k, mask, kpm)
     lse = torch.logsumexp(s, dim=-1)
     w = torch.softmax(s, dim=-1).float()
     w = torch.nan_to_num(w, nan=0.0)             # fully masked rows: zeros
     if c["dropout"] > 0:
         torch.manual_seed(c["seed"])
         w = F.dropout(w, p=c["dropout"])
-    out = (w.double() @ v.double()).float()
+    out = (w.double() @ v).float()
     return out, w, lse.float()
 
 
 def reference_grads(c, q, k, v, mask, kpm, dout):
-    """Autograd of sum(out * dout) through the reference computed in float64."""
+    """Autograd of sum(out * dout) through the reference computed in float64 (gradients with respect
+    to the values k and v denote)."""
     B, H, Hkv, L, S = c["B"], c["H"], c["Hkv"], c["L"], c["S"]
-    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    leaves = [q.double().requires_grad_(), kv_values(c, k).requires_grad_(), kv_values(c, v).requires_grad_()]
     fmask = mask.double().requires_grad_() if mask is not None and mask.dtype != torch.bool else None
     qd, kd, vd = leaves
     kr, vr = kd.repeat_interleave(H // Hkv, dim=1), vd.repeat_interleave(H // Hkv, dim=1)
-    scale = c["scale"] if c["scale"] is not None else 1.0 / q.shape[-1] ** 0.5
-    s = (qd @ kr.transpose(-1, -2)) * torch.tensor(scale, dtype=torch.float32).double()
-    add = torch.zeros(B, H, L, S, dtype=torch.float64)
-    i = torch.arange(L).view(L, 1)
-    j = torch.arange(S).view(1, S)
-    if c["causal"] == "tl":
-        add = add.masked_fill(j > i, float("-inf"))
-    elif c["causal"] == "br":
-        add = add.masked_fill(j > i + (S - L), float("-inf"))
-    if mask is not None:
-        add = add + (torch.zeros(mask.shape, dtype=torch.float64).masked_fill(mask, float("-inf"))
-                     if mask.dtype == torch.bool else fmask)
-    if kpm is not None:
-        kp = torch.zeros(kpm.shape, dtype=torch.float64).masked_fill(kpm, float("-inf")) \
-            if kpm.dtype == torch.bool else kpm.double()
-        add = add + kp.view(B, 1, 1, S)
-    w = torch.softmax(s + add, dim=-1)
+    w = torch.softmax(logits(c, qd, kr, fmask if fmask is not None else mask, kpm), dim=-1)
     if c["dropout"] > 0:
         torch.manual_seed(c["seed"])
         keep = torch.empty(B, H, L, S).bernoulli_(1 - c["dropout"])  # F.dropout's draws
@@ -142,11 +156,23 @@ def run_config(idx, c, attn_bin, tmp):
     elif c["kpm"] == "float":
         kpm = torch.randn(c["B"], c["S"], generator=gen)
     c["seed"] = 77 + idx
+    c["slopes"] = [2.0 ** -(h + 1) for h in range(c["H"])]
     out, w, lse = reference(c, q, k, v, mask, kpm)
     args = [attn_bin, "sdpa"]
     for name, t in (("q", q), ("k", k), ("v", v)):
+        if name != "q" and c["kv"] == "f16":  # float16 arrays, as torch's .half() rounds them
+            t = t.half()
         np.save(os.path.join(tmp, f"{name}.npy"), t.numpy())
         args += [f"--{name}", os.path.join(tmp, f"{name}.npy")]
+    if c["kv"] == "bf16":  # numpy has no bfloat16: attn rounds the float32 arrays itself
+        args += ["--kv-dtype", "bf16"]
+    if c["window"] is not None:
+        args += ["--window", f"{c['window'][0]},{c['window'][1]}"]
+    if c["alibi"]:
+        np.save(os.path.join(tmp, "slopes.npy"), np.array(c["slopes"], dtype=np.float32))
+        args += ["--alibi", os.path.join(tmp, "slopes.npy")]
+    if c["softcap"]:
+        args += ["--softcap", repr(c["softcap"])]
     args += ["--out", os.path.join(tmp, "o.npy")]
     if c["scale"] is not None:
         args += ["--scale", repr(c["scale"])]
@@ -206,7 +232,8 @@ def compare(what, got, want, rtol):
     if got.shape != want.shape:
         return [f"{what}: shape {got.shape} != {want.shape}"]
     same_inf = np.isinf(want) & (got == want)
-    err = np.where(same_inf, 0.0, np.abs(got.astype(np.float64) - want))
+    with np.errstate(invalid="ignore"):  # inf - inf where both are inf: masked out by same_inf
+        err = np.where(same_inf, 0.0, np.abs(got.astype(np.float64) - want))
     bad = ~(err <= 1e-6 + rtol * np.abs(np.where(same_inf, 0, want)))
     if bad.any():
         i = np.unravel_index(np.argmax(np.where(bad, 1, 0)), want.shape)

@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include "cpu/cpu.h"
+#include "half.h"
 
 // 2^x as 2^n * p(x - n), n = round(x), p a degree-6 polynomial fitted to 2^f on [-0.5, 0.5] for the
 // smallest relative error. For x in [-126, 128] the relative error is below 1.2e-7 (measured: 7.7e-8
@@ -104,6 +105,13 @@ static void pv_generic(const float *v, int64_t vs_row, int64_t vs_d, int nj, int
     }
 }
 
+static void half_to_f32_generic(attn_dtype dt, const uint16_t *x, float *y, int64_t n) {
+    if (dt == ATTN_DTYPE_F16)
+        for (int64_t i = 0; i < n; i++) y[i] = attn__f16_to_f32(x[i]);
+    else
+        for (int64_t i = 0; i < n; i++) y[i] = attn__bf16_to_f32(x[i]);
+}
+
 const attn__kernels attn__kernels_generic = {
     .name = "generic",
     .isa = ATTN_ISA_GENERIC,
@@ -113,4 +121,5 @@ const attn__kernels attn__kernels_generic = {
     .exp2 = exp2_generic,
     .bwd_p = bwd_p_generic,
     .bwd_ds = bwd_ds_generic,
+    .half_to_f32 = half_to_f32_generic,
 };

@@ -8,6 +8,7 @@
 #include <math.h>
 
 #include "cpu/cpu.h"
+#include "half.h"
 
 // 2^x, same polynomial as attn__exp2f (cpu/generic/flash_kernels.c), fused: within 1 ulp on
 // [-126, 128]; x < -126.5 and -inf give 0; NaN stays NaN (min/max take x as the second operand).
@@ -280,6 +281,21 @@ static void bwd_ds_avx2(const float *pt, float *dst, int nj, int br, const float
     }
 }
 
+// F16C converts half exactly; bfloat16 is the top half of a float.
+static void half_to_f32_avx2(attn_dtype dt, const uint16_t *x, float *y, int64_t n) {
+    int64_t i = 0;
+    if (dt == ATTN_DTYPE_F16) {
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+        for (; i < n; i++) y[i] = attn__f16_to_f32(x[i]);
+    } else {
+        for (; i + 8 <= n; i += 8) {
+            const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + i)));
+            _mm256_storeu_ps(y + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+        }
+        for (; i < n; i++) y[i] = attn__bf16_to_f32(x[i]);
+    }
+}
+
 const attn__kernels attn__kernels_avx2 = {
     .name = "avx2",
     .isa = ATTN_ISA_AVX2,
@@ -289,4 +305,5 @@ const attn__kernels attn__kernels_avx2 = {
     .exp2 = exp2_avx2,
     .bwd_p = bwd_p_avx2,
     .bwd_ds = bwd_ds_avx2,
+    .half_to_f32 = half_to_f32_avx2,
 };

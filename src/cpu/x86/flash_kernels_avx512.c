@@ -8,6 +8,7 @@
 #include <math.h>
 
 #include "cpu/cpu.h"
+#include "half.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -188,6 +189,21 @@ static void bwd_ds_avx512(const float *pt, float *dst, int nj, int br, const flo
     }
 }
 
+static void half_to_f32_avx512(attn_dtype dt, const uint16_t *x, float *y, int64_t n) {
+    int64_t i = 0;
+    if (dt == ATTN_DTYPE_F16) {
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))));
+        for (; i < n; i++) y[i] = attn__f16_to_f32(x[i]);
+    } else {
+        for (; i + 16 <= n; i += 16) {
+            const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + i)));
+            _mm512_storeu_ps(y + i, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+        }
+        for (; i < n; i++) y[i] = attn__bf16_to_f32(x[i]);
+    }
+}
+
 const attn__kernels attn__kernels_avx512 = {
     .name = "avx512",
     .isa = ATTN_ISA_AVX512,
@@ -197,4 +213,5 @@ const attn__kernels attn__kernels_avx512 = {
     .exp2 = exp2_avx512,
     .bwd_p = bwd_p_avx512,
     .bwd_ds = bwd_ds_avx512,
+    .half_to_f32 = half_to_f32_avx512,
 };

@@ -1,0 +1,25 @@
+// half.c - attn_convert: float32 to and from IEEE half and bfloat16 (the element types a k/v
+// tensor or a KV cache may hold), with the exact conversions of half.h.
+#include "half.h"
+#include "internal.h"
+
+static bool half_type(attn_dtype t) { return t == ATTN_DTYPE_F16 || t == ATTN_DTYPE_BF16; }
+
+attn_status attn_convert(attn_dtype dst_dtype, void *dst, attn_dtype src_dtype, const void *src, int64_t n) {
+    if (n < 0 || (n > 0 && (dst == NULL || src == NULL))) return ATTN_ERR_INVALID_ARG;
+    const bool to_half = src_dtype == ATTN_DTYPE_F32 && half_type(dst_dtype);
+    const bool from_half = half_type(src_dtype) && dst_dtype == ATTN_DTYPE_F32;
+    if (!to_half && !from_half && !(src_dtype == dst_dtype && (half_type(src_dtype) || src_dtype == ATTN_DTYPE_F32)))
+        return ATTN_ERR_INVALID_ARG;
+    if (src_dtype == dst_dtype) {
+        memmove(dst, src, (size_t)n * attn_dtype_size(src_dtype));
+    } else if (from_half) {
+        float *o = dst;
+        for (int64_t i = 0; i < n; i++) o[i] = attn__kv_at(src, src_dtype, i);
+    } else {
+        const float *x = src;
+        uint16_t *o = dst;
+        for (int64_t i = 0; i < n; i++) o[i] = dst_dtype == ATTN_DTYPE_F16 ? attn__f32_to_f16(x[i]) : attn__f32_to_bf16(x[i]);
+    }
+    return ATTN_OK;
+}

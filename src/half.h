@@ -1,0 +1,62 @@
+// half.h - IEEE binary16 and bfloat16 conversions, scalar and exact: every half value converts to
+// the float it denotes, and floats convert with round-to-nearest-even (as PyTorch's .half() and
+// .bfloat16() do), NaN staying NaN.
+#ifndef ATTN_HALF_H
+#define ATTN_HALF_H
+
+#include <stdint.h>
+#include <string.h>
+
+static inline float attn__bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint32_t attn__f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static inline float attn__f16_to_f32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (exp == 0x1f) return attn__bits_f32(sign | 0x7f800000u | (man << 13)); // inf, NaN (payload kept)
+    if (exp != 0) return attn__bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
+    // zero or subnormal: man * 2^-24, exact in float
+    const float v = (float)man * 5.9604644775390625e-8f;
+    return sign ? -v : v;
+}
+
+static inline uint16_t attn__f32_to_f16(float f) {
+    const uint32_t u = attn__f32_bits(f), sign = (u >> 16) & 0x8000u, abs = u & 0x7fffffffu;
+    if (abs > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((abs >> 13) & 0x3ffu)); // NaN stays NaN
+    if (abs >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); // rounds to >= 65520: inf
+    if (abs < 0x38800000u) { // below 2^-14: subnormal half (or zero), rounded to nearest even
+        const float a = attn__bits_f32(abs) * 16777216.0f;  // exact: in units of 2^-24
+        const uint32_t n = (uint32_t)a;
+        const float rest = a - (float)n;
+        const uint32_t r = n + (rest > 0.5f || (rest == 0.5f && (n & 1u)));
+        return (uint16_t)(sign | r);
+    }
+    const uint32_t mant_odd = (abs >> 13) & 1u;
+    const uint32_t rounded = abs + 0xfffu + mant_odd; // round to nearest even on the 13 dropped bits
+    return (uint16_t)(sign | (((rounded - 0x38000000u) >> 13) & 0x7fffu));
+}
+
+static inline float attn__bf16_to_f32(uint16_t h) { return attn__bits_f32((uint32_t)h << 16); }
+
+static inline uint16_t attn__f32_to_bf16(float f) {
+    const uint32_t u = attn__f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); // quiet NaN
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// Element `off` of a k or v tensor of dtype F32, F16 or BF16, as float.
+static inline float attn__kv_at(const void *p, int dtype, int64_t off) {
+    if (dtype == 2) return attn__f16_to_f32(((const uint16_t *)p)[off]);  // ATTN_DTYPE_F16
+    if (dtype == 3) return attn__bf16_to_f32(((const uint16_t *)p)[off]); // ATTN_DTYPE_BF16
+    return ((const float *)p)[off];
+}
+
+#endif
