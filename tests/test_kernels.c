@@ -243,6 +243,54 @@ static void test_window_alibi_softcap_half(void) {
     check_problem(&nanw, 641u);
 }
 
+// Half-precision k and v against float32 ones: the first-order bound of attn.h,
+// |out_half - out_f32| <= (exp(2 delta) - 1 + u) max|v| with delta = u scale sum_t |q_t| max|k_t|
+// (u = 2^-11 for F16, 2^-8 for BF16), holds on every row, for the reference and the fused kernels.
+static void test_half_error_bound(void) {
+    const attn_dtype dts[2] = {ATTN_DTYPE_F16, ATTN_DTYPE_BF16};
+    const double units[2] = {0x1p-11, 0x1p-8};
+    for (int t = 0; t < 2; t++) {
+        problem p = {2, 4, 2, 50, 300, 64, 64, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 0, NO_EXT};
+        data x = make_data(&p, 4711u + (uint32_t)t);
+        const int64_t no = p.B * p.H * p.L * p.Dv, nk = p.B * p.Hkv * p.S * p.D, nv = p.B * p.Hkv * p.S * p.Dv;
+        uint16_t *kh = malloc((size_t)nk * 2), *vh = malloc((size_t)nv * 2);
+        ASSERT_OK(attn_convert(dts[t], kh, ATTN_DTYPE_F32, x.k, nk));
+        ASSERT_OK(attn_convert(dts[t], vh, ATTN_DTYPE_F32, x.v, nv));
+        float *o32 = malloc((size_t)no * 4), *o16 = malloc((size_t)no * 4);
+        double kmax = 0, vmax = 0;
+        for (int64_t i = 0; i < nk; i++) kmax = fmax(kmax, fabs(x.k[i]));
+        for (int64_t i = 0; i < nv; i++) vmax = fmax(vmax, fabs(x.v[i]));
+        const attn_isa isas[2] = {ATTN_ISA_REF, ATTN_ISA_AUTO};
+        for (int ii = 0; ii < 2; ii++) {
+            attn_ctx *ctx = make_ctx(isas[ii], 2);
+            ASSERT_OK(attn_sdpa_fwd(ctx, &x.d, x.q, x.k, x.v, o32, NULL, NULL));
+            attn_sdpa_desc dh = x.d;
+            dh.kv_dtype = dts[t];
+            ASSERT_OK(attn_sdpa_fwd(ctx, &dh, x.q, kh, vh, o16, NULL, NULL));
+            double worst_ratio = 0;
+            for (int64_t r = 0; r < p.B * p.H * p.L; r++) {
+                double qsum = 0;
+                for (int64_t c = 0; c < p.D; c++) qsum += fabs(x.q[r * p.D + c]);
+                const double delta = units[t] * (1.0 / sqrt((double)p.D)) * qsum * kmax;
+                const double bound = (exp(2 * delta) - 1 + units[t]) * vmax;
+                for (int64_t c = 0; c < p.Dv; c++) {
+                    const double err = fabs((double)o16[r * p.Dv + c] - o32[r * p.Dv + c]);
+                    harness_checks++;
+                    if (!(err <= bound))
+                        FAIL("%s k/v on %s: row %lld error %.3g exceeds the bound %.3g", attn_dtype_name(dts[t]),
+                             attn_isa_name(attn_ctx_isa(ctx)), (long long)r, err, bound);
+                    worst_ratio = fmax(worst_ratio, err / bound);
+                }
+            }
+            fprintf(stderr, "    %s k/v on %s: largest error %.2f of the bound\n", attn_dtype_name(dts[t]),
+                    attn_isa_name(attn_ctx_isa(ctx)), worst_ratio);
+            attn_ctx_free(ctx);
+        }
+        free(kh), free(vh), free(o32), free(o16);
+        free_data(&x);
+    }
+}
+
 static void test_non_finite_and_fully_masked(void) {
     // causal 2 (bottom-right, L < S): the last key is seen by the last query only, so an inf in its
     // value must reach that row alone although its key tile is shared with rows that hide it.
@@ -388,6 +436,7 @@ int main(int argc, char **argv) {
         HARNESS_CASE(test_size_grid),
         HARNESS_CASE(test_options),
         HARNESS_CASE(test_window_alibi_softcap_half),
+        HARNESS_CASE(test_half_error_bound),
         HARNESS_CASE(test_non_finite_and_fully_masked),
         HARNESS_CASE(test_linear_and_modules),
     };
