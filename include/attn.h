@@ -74,7 +74,8 @@ typedef enum attn_status {
     ATTN_ERR_UNSUPPORTED = 8,     /* valid request this build or dtype does not support        */
     ATTN_ERR_NOT_FOUND = 9,       /* a named parameter or tensor is missing                    */
     ATTN_ERR_IO = 10,             /* a file could not be opened, read, written or renamed      */
-    ATTN_ERR_BAD_FILE = 11        /* a file is truncated or malformed, or its header lies      */
+    ATTN_ERR_BAD_FILE = 11,       /* a file is truncated or malformed, or its header lies      */
+    ATTN_ERR_CAPACITY = 12        /* a KV cache would grow past its capacity                   */
 } attn_status;
 
 /** @return a static, human-readable description of a status code (never NULL). */
@@ -418,6 +419,92 @@ ATTN_API attn_status attn_sdpa_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, co
                                    const void *v, const float *out, const float *dout, const float *lse,
                                    const attn_generator *dropout_state, float *dq, float *dk, float *dv, float *dmask);
 
+/*
+ * Variable-length packed batches (FlashAttention's varlen interface): desc->batch sequences laid
+ * end to end with no padding; sequence b has queries cu_seqlens_q[b] .. cu_seqlens_q[b+1] - 1 and
+ * keys cu_seqlens_k[b] .. cu_seqlens_k[b+1] - 1 (cu_seqlens_*: batch + 1 increasing offsets from 0).
+ * q (total_q, H, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv), out (total_q, H, Dv) are read
+ * through the desc's strides as (0, head, token, dim): q_stride[2] steps a token, q_stride[1] a
+ * head, q_stride[3] an element (stride[0] is not used). lse is (H, total_q) contiguous. len_q and
+ * len_kv give the longest sequence (an upper bound checked against the offsets). Each sequence
+ * is attention on its own: causal masks, windows and ALiBi align within the sequence; no
+ * attention or key padding mask. Dropout draws sequence after sequence, each in (h, i, j) order,
+ * as a loop over the sequences calling F.dropout would. The backward takes the same arguments.
+ */
+ATTN_API attn_status attn_sdpa_varlen_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const int64_t *cu_seqlens_q,
+                                          const int64_t *cu_seqlens_k, const float *q, const void *k, const void *v,
+                                          float *out, float *lse);
+ATTN_API attn_status attn_sdpa_varlen_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const int64_t *cu_seqlens_q,
+                                          const int64_t *cu_seqlens_k, const float *q, const void *k, const void *v,
+                                          const float *out, const float *dout, const float *lse,
+                                          const attn_generator *dropout_state, float *dq, float *dk, float *dv);
+
+/* ------------------------------------------------------------------------------------------ */
+/* KV cache for token-by-token decoding                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * One layer's keys and values: (B, Hkv, capacity, D) and (B, Hkv, capacity, Dv), of which the
+ * first `length` positions are filled, stored as F32, F16 or BF16. Append converts new keys and
+ * values (float32) to that type; attend runs SDPA of a block of new queries against the filled
+ * positions. A cache is not thread-safe: one caller at a time.
+ */
+typedef struct attn_kv_cache attn_kv_cache;
+
+typedef struct attn_kv_cache_config {
+    int64_t batch;       /* B >= 1 */
+    int64_t n_kv_heads;  /* Hkv >= 1 */
+    int64_t head_dim;    /* D >= 1 */
+    int64_t head_dim_v;  /* Dv; 0 means D */
+    int64_t capacity;    /* positions per sequence, >= 1 */
+    attn_dtype dtype;    /* ATTN_DTYPE_F32 (default), ATTN_DTYPE_F16 or ATTN_DTYPE_BF16 */
+} attn_kv_cache_config;
+
+/** Zeroes `cfg` (dtype F32). */
+ATTN_API void attn_kv_cache_config_init(attn_kv_cache_config *cfg);
+/** Allocates a cache (through ctx's allocator) of length 0. */
+ATTN_API attn_status attn_kv_cache_create(attn_ctx *ctx, const attn_kv_cache_config *cfg, attn_kv_cache **cache);
+/** Frees a cache; NULL is allowed. */
+ATTN_API void attn_kv_cache_free(attn_kv_cache *cache);
+/** @return the cache's configuration. */
+ATTN_API const attn_kv_cache_config *attn_kv_cache_get_config(const attn_kv_cache *cache);
+/** @return the number of filled positions (0 .. capacity). */
+ATTN_API int64_t attn_kv_cache_length(const attn_kv_cache *cache);
+
+/**
+ * Appends n positions: k (B, Hkv, n, D) at k_stride, v (B, Hkv, n, Dv) at v_stride (element
+ * strides in (B, Hkv, n, D) order; NULL strides mean contiguous), float32.
+ * @return ATTN_ERR_CAPACITY (nothing written) when length + n would exceed the capacity.
+ */
+ATTN_API attn_status attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, int64_t n, const float *k,
+                                          const int64_t k_stride[4], const float *v, const int64_t v_stride[4]);
+/** Forgets positions from `length` on (0 <= length <= current length): a roll-back after rejected
+ *  speculative tokens. */
+ATTN_API attn_status attn_kv_cache_truncate(attn_ctx *ctx, attn_kv_cache *cache, int64_t length);
+/** Empties the cache (length 0); its memory is kept. */
+ATTN_API void attn_kv_cache_reset(attn_kv_cache *cache);
+/**
+ * Direct access to the storage: k (B, Hkv, capacity, D) and v (B, Hkv, capacity, Dv) of the
+ * cache's dtype, with their element strides. Any output may be NULL.
+ */
+ATTN_API void attn_kv_cache_storage(attn_kv_cache *cache, void **k, int64_t k_stride[4], void **v,
+                                    int64_t v_stride[4]);
+
+/**
+ * SDPA of new queries q (B, H, L, D) at desc->q_stride against the cache's `length` positions,
+ * written to out (B, H, L, Dv) at desc->o_stride, lse (B, H, L) contiguous or NULL.
+ * From desc: batch (= B), n_heads (a multiple of Hkv: grouped-query attention), len_q, head_dim
+ * (= D), head_dim_v (0 or Dv), the q/o strides, scale, causal, local window, ALiBi, softcap, and
+ * the attention mask and key padding mask over the cache's positions. The cache supplies k, v,
+ * len_kv, n_kv_heads and kv_dtype (those desc fields are ignored). causal must be
+ * ATTN_CAUSAL_BOTTOM_RIGHT (the usual case: query i of the L newest tokens sees positions
+ * < length - L + i + 1) or ATTN_CAUSAL_NONE; dropout_p must be 0 and weights_mode NONE.
+ * One-query decoding splits the cache's positions among the threads and merges the partial
+ * results by log-sum-exp, reading each kv head once for all the query heads that share it.
+ */
+ATTN_API attn_status attn_kv_cache_attend(attn_ctx *ctx, const attn_kv_cache *cache, const attn_sdpa_desc *desc,
+                                          const float *q, float *out, float *lse);
+
 /* ------------------------------------------------------------------------------------------ */
 /* Linear maps                                                                                */
 /* ------------------------------------------------------------------------------------------ */
@@ -560,6 +647,18 @@ ATTN_API attn_status attn_mha_forward_train(attn_ctx *ctx, attn_mha *mha, const 
 ATTN_API attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, const attn_mha_args *args, const void *saved,
                                        size_t saved_size, const float *dout, float *dquery, float *dkey,
                                        float *dvalue, float *const *dparams);
+
+/**
+ * Self-attention of `len` new tokens x with a KV cache, for decoding: projects x, appends its keys
+ * and values (heads split) to `cache`, and attends from the new queries to every cached position
+ * with bottom-right causal masking, then out_proj. x and out are (len, batch, E), or (batch, len, E)
+ * with batch_first (contiguous). The cache must be configured with batch = `batch`,
+ * n_kv_heads = num_heads, head_dim = E / num_heads; the module must have kdim = vdim = E and no
+ * bias_k/bias_v or zero attention. Equal, to float rounding, to attn_mha_forward with causal
+ * masking over the whole sequence so far, at the rows of the new tokens (tested to 1e-5).
+ */
+ATTN_API attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache *cache, const float *x,
+                                             int64_t batch, int64_t len, float *out);
 
 /* ------------------------------------------------------------------------------------------ */
 /* The book's attention modules (ch. 3), built on the general code above                      */

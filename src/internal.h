@@ -109,6 +109,9 @@ typedef struct attn__sdpa_shape {
     float scale;
 } attn__sdpa_shape;
 attn_status attn__sdpa_check(attn_ctx *ctx, const attn_sdpa_desc *d, attn__sdpa_shape *sh);
+// The checks of the public SDPA entry points; *run receives the descriptor the kernels take (the
+// strides of length-1 dimensions zeroed).
+attn_status attn__sdpa_prepare(attn_ctx *ctx, const attn_sdpa_desc *desc, attn__sdpa_shape *sh, attn_sdpa_desc *run);
 // Scratch needed by attn__sdpa_run for a checked descriptor.
 size_t attn__sdpa_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d);
 // Runs the kernel chosen for ctx on a checked descriptor with `ws` (>= attn__sdpa_workspace bytes).

@@ -351,3 +351,74 @@ attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *m, const attn_mha_args *a
     attn__mha_core_backward(ctx, &spec, &io, &plan, saved, dout, &g, ws);
     return ATTN_OK;
 }
+
+// ---- decoding with a KV cache ---------------------------------------------------------------
+
+attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *m, attn_kv_cache *cache, const float *x, int64_t batch,
+                                    int64_t len, float *out) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    attn__clear_error(ctx);
+    if (m == NULL || cache == NULL || x == NULL || out == NULL)
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha_cached: module, cache, x and out must not be NULL");
+    const attn_mha_config *c = &m->cfg;
+    const int64_t E = c->embed_dim, H = c->num_heads, Dh = E / H, N = batch;
+    if (c->kdim != E || c->vdim != E || c->add_zero_attn || attn__params_find(&m->params, "bias_k") != NULL)
+        return attn__fail(ctx, ATTN_ERR_UNSUPPORTED,
+                          "mha_cached: needs kdim = vdim = embed_dim and no bias_k/bias_v or zero attention");
+    if (N < 1 || len < 1)
+        return attn__fail(ctx, ATTN_ERR_BAD_SHAPE, "mha_cached: batch (%lld) and len (%lld) must be >= 1",
+                          (long long)N, (long long)len);
+    const attn_kv_cache_config *kc = attn_kv_cache_get_config(cache);
+    if (kc->batch != N || kc->n_kv_heads != H || kc->head_dim != Dh || kc->head_dim_v != Dh)
+        return attn__fail(ctx, ATTN_ERR_BAD_SHAPE,
+                          "mha_cached: the cache holds (batch %lld, %lld heads, dims %lld/%lld); this module needs "
+                          "(%lld, %lld, %lld/%lld)",
+                          (long long)kc->batch, (long long)kc->n_kv_heads, (long long)kc->head_dim,
+                          (long long)kc->head_dim_v, (long long)N, (long long)H, (long long)Dh, (long long)Dh);
+    const int64_t length = attn_kv_cache_length(cache);
+    if (len > kc->capacity - length)
+        return attn__fail(ctx, ATTN_ERR_CAPACITY, "mha_cached: %lld tokens do not fit: %lld of the capacity %lld are used",
+                          (long long)len, (long long)length, (long long)kc->capacity);
+    int64_t rows, n3;
+    ATTN_RETURN_IF_ERR(attn__numel(ctx, "mha_cached: x", 2, (int64_t[]){N, len}, &rows));
+    ATTN_RETURN_IF_ERR(attn__numel(ctx, "mha_cached: projections", 3, (int64_t[]){rows, 4, E}, &n3));
+
+    // Rows of x, qkv and the attention output in x's order: (len, N) or (N, len) with batch_first.
+    // qkv (rows, 3E): q | k | v; head h is the column block [h*Dh, (h+1)*Dh) of each.
+    const bool bf = c->batch_first != 0;
+    const int64_t W3 = 3 * E;
+    const int64_t qkv_s[4] = {bf ? len * W3 : W3, Dh, bf ? W3 : N * W3, 1};
+    const int64_t ctx_s[4] = {bf ? len * E : E, Dh, bf ? E : N * E, 1};
+    attn_sdpa_desc d;
+    attn_sdpa_desc_init(&d);
+    d.batch = N, d.n_heads = H, d.n_kv_heads = H, d.len_q = len, d.len_kv = length + len, d.head_dim = Dh;
+    d.causal = ATTN_CAUSAL_BOTTOM_RIGHT, d.kv_dtype = kc->dtype;
+    memcpy(d.q_stride, qkv_s, sizeof qkv_s);
+    memcpy(d.o_stride, ctx_s, sizeof ctx_s);
+    void *kstore, *vstore;
+    attn_kv_cache_storage(cache, &kstore, d.k_stride, &vstore, d.v_stride);
+    attn__sdpa_shape sh;
+    attn_sdpa_desc run;
+    ATTN_RETURN_IF_ERR(attn__sdpa_prepare(ctx, &d, &sh, &run));
+
+    const size_t lin_ws = attn__linear_workspace(ctx, E), sdpa_ws = attn__sdpa_workspace(ctx, &sh, &run);
+    attn__arena a = {0};
+    attn__arena_take(&a, (size_t)(rows * W3) * sizeof(float));
+    attn__arena_take(&a, (size_t)(rows * E) * sizeof(float));
+    attn__arena_take(&a, lin_ws > sdpa_ws ? lin_ws : sdpa_ws);
+    void *ws;
+    ATTN_RETURN_IF_ERR(attn__workspace(ctx, a.used, &ws));
+    a = (attn__arena){.base = ws};
+    float *qkv = attn__arena_take(&a, (size_t)(rows * W3) * sizeof(float));
+    float *att = attn__arena_take(&a, (size_t)(rows * E) * sizeof(float));
+    void *scratch = attn__arena_take(&a, lin_ws > sdpa_ws ? lin_ws : sdpa_ws);
+
+    const mha_views v = views_of(m);
+    attn__linear(ctx, x, rows, E, E, v.wq, false, v.bq, E, qkv, W3, scratch);
+    attn__linear(ctx, x, rows, E, E, v.wk, false, v.bk, E, qkv + E, W3, scratch);
+    attn__linear(ctx, x, rows, E, E, v.wv, false, v.bv, E, qkv + 2 * E, W3, scratch);
+    ATTN_RETURN_IF_ERR(attn_kv_cache_append(ctx, cache, len, qkv + E, qkv_s, qkv + 2 * E, qkv_s)); // fits: checked
+    attn__sdpa_run(ctx, &run, &sh, qkv, kstore, vstore, att, NULL, NULL, scratch);
+    attn__linear(ctx, att, rows, E, E, v.wo, false, v.bo, E, out, E, scratch);
+    return ATTN_OK;
+}

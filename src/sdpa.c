@@ -114,7 +114,7 @@ attn_status attn__sdpa_check(attn_ctx *ctx, const attn_sdpa_desc *d, attn__sdpa_
 // The descriptor the kernels run: the caller's, with the strides of length-1 dimensions set to 0.
 // Such a stride is never needed to reach an element, and any value is accepted there, but the
 // kernels step their pointers by it after the last row: a huge one would overflow the pointer.
-static attn_status check_public(attn_ctx *ctx, const attn_sdpa_desc *desc, attn__sdpa_shape *sh, attn_sdpa_desc *run) {
+attn_status attn__sdpa_prepare(attn_ctx *ctx, const attn_sdpa_desc *desc, attn__sdpa_shape *sh, attn_sdpa_desc *run) {
     ATTN_RETURN_IF_ERR(attn__sdpa_check(ctx, desc, sh));
     *run = *desc;
     const int64_t nq[4] = {sh->B, sh->H, sh->L, sh->D}, nk[4] = {sh->B, sh->Hkv, sh->S, sh->D};
@@ -157,7 +157,7 @@ attn_status attn_sdpa_fwd_workspace_size(const attn_ctx *ctx, const attn_sdpa_de
         return attn__fail(mctx, ATTN_ERR_INVALID_ARG, "sdpa_fwd_workspace_size: desc and bytes must not be NULL");
     attn__sdpa_shape sh;
     attn_sdpa_desc run;
-    ATTN_RETURN_IF_ERR(check_public(mctx, desc, &sh, &run));
+    ATTN_RETURN_IF_ERR(attn__sdpa_prepare(mctx, desc, &sh, &run));
     *bytes = attn__sdpa_workspace(ctx, &sh, &run) + ATTN_ALIGN - 1; // room to align any buffer
     return ATTN_OK;
 }
@@ -174,7 +174,7 @@ attn_status attn_sdpa_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const float
                           "sdpa: weights must be given exactly when weights_mode is not ATTN_WEIGHTS_NONE");
     attn__sdpa_shape sh;
     attn_sdpa_desc run;
-    ATTN_RETURN_IF_ERR(check_public(ctx, desc, &sh, &run));
+    ATTN_RETURN_IF_ERR(attn__sdpa_prepare(ctx, desc, &sh, &run));
     void *ws;
     ATTN_RETURN_IF_ERR(attn__workspace(ctx, attn__sdpa_workspace(ctx, &sh, &run), &ws));
     attn__sdpa_run(ctx, &run, &sh, q, k, v, out, lse, weights, ws);
@@ -225,7 +225,7 @@ void attn__sdpa_bwd_run(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa
 
 static attn_status bwd_prepare(attn_ctx *ctx, const attn_sdpa_desc *desc, bool want_dmask, attn__sdpa_shape *sh,
                                attn_sdpa_desc *run, size_t *bytes) {
-    ATTN_RETURN_IF_ERR(check_public(ctx, desc, sh, run));
+    ATTN_RETURN_IF_ERR(attn__sdpa_prepare(ctx, desc, sh, run));
     ATTN_RETURN_IF_ERR(attn__sdpa_bwd_check(ctx, desc, sh, want_dmask));
     *bytes = attn__sdpa_bwd_workspace(ctx, sh, run, want_dmask);
     return ATTN_OK;

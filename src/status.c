@@ -13,7 +13,8 @@
     X(ATTN_ERR_UNSUPPORTED, "unsupported")                                         \
     X(ATTN_ERR_NOT_FOUND, "not found")                                             \
     X(ATTN_ERR_IO, "input/output error")                                           \
-    X(ATTN_ERR_BAD_FILE, "malformed file")
+    X(ATTN_ERR_BAD_FILE, "malformed file")                                         \
+    X(ATTN_ERR_CAPACITY, "KV cache capacity exceeded")
 
 const char *attn_strerror(attn_status status) {
     switch (status) {

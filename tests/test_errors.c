@@ -39,7 +39,7 @@ static attn_ctx *counted_ctx(counting *c) {
 
 static void test_status_strings(void) {
     const char *seen[16] = {0};
-    for (int s = ATTN_OK; s <= ATTN_ERR_BAD_FILE; s++) {
+    for (int s = ATTN_OK; s <= ATTN_ERR_CAPACITY; s++) {
         const char *msg = attn_strerror((attn_status)s);
         ASSERT_TRUE(msg != NULL && strlen(msg) > 3);
         for (int t = 0; t < s; t++) ASSERT_TRUE(strcmp(seen[t], msg) != 0);
@@ -49,6 +49,7 @@ static void test_status_strings(void) {
     // pinned values
     ASSERT_EQ_INT(ATTN_ERR_INVALID_ARG, 1);
     ASSERT_EQ_INT(ATTN_ERR_BAD_FILE, 11);
+    ASSERT_EQ_INT(ATTN_ERR_CAPACITY, 12);
 }
 
 static void test_version_and_dtypes(void) {

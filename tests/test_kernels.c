@@ -33,7 +33,8 @@ typedef struct problem {
     int kpm;    // 0 none, 1 bool, 2 float
     float scale;
     double dropout;
-    int poison; // 0 none, 1 NaN in a key, 2 inf in a value, 3 a fully masked row via the mask
+    int poison; // 0 none, 1 NaN in a key, 2 inf in the last value, 3 a fully masked row via the mask,
+                // 4 inf in the first value
     int window; // 0 none, else a local window (wl, wr)
     int64_t wl, wr;
     int alibi;        // ALiBi slopes 2^-(h+1)
@@ -76,6 +77,7 @@ static data make_data(const problem *p, uint32_t seed) {
     }
     if (p->poison == 1) x.k[(p->S / 2) * p->D] = NAN;         // key S/2 of (b, hk) = (0, 0)
     if (p->poison == 2) x.v[(p->S - 1) * p->Dv] = INFINITY;   // last value of (0, 0)
+    if (p->poison == 4) x.v[0] = INFINITY;                     // first value of (0, 0)
     x.kp = x.k, x.vp = x.v;
     attn_sdpa_desc *d = &x.d;
     attn_sdpa_desc_init(d);
@@ -241,6 +243,32 @@ static void test_window_alibi_softcap_half(void) {
     // NaN in a key the window hides, with half-precision k
     problem nanw = {1, 2, 2, 70, 130, 16, 16, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 1, 1, 2, 2, 0, 0.0f, ATTN_DTYPE_F16};
     check_problem(&nanw, 641u);
+}
+
+// Few queries per kv head (the decoding path: the group's heads packed in one tile, the keys split
+// in chunks of 1536 merged by log-sum-exp): one and several chunks, chunk edges, GQA groups up to 8,
+// causal alignments, windows, masks, ALiBi, soft-capping, half precision, inf in a value.
+static void test_decode_shapes(void) {
+    const int64_t Ss[5] = {1, 97, 1536, 1537, 5000};
+    const int64_t shapes[4][3] = {{1, 8, 2}, {3, 8, 8}, {1, 32, 8}, {16, 4, 1}}; // L, H, Hkv
+    int idx = 0;
+    for (int si = 0; si < 5; si++)
+        for (int sh = 0; sh < 4; sh++, idx++) {
+            const int64_t L = shapes[sh][0], H = shapes[sh][1], Hkv = shapes[sh][2], S = Ss[si];
+            problem p = {1 + idx % 2, H, Hkv, L, S, idx % 3 ? 64 : 40, idx % 3 ? 64 : 24,
+                         (attn_causal)(idx % 3 == 1 ? ATTN_CAUSAL_BOTTOM_RIGHT : idx % 3 == 2 ? ATTN_CAUSAL_TOP_LEFT : 0),
+                         idx % 5 == 3 ? 2 : 0, idx % 4 == 1 ? 1 : 0, 0.0f, 0.0, idx % 7 == 2 ? 2 : 0,
+                         idx % 6 == 4, 700, 0, idx % 4 == 2, idx % 5 == 1 ? 3.0f : 0.0f,
+                         (attn_dtype)(idx % 3 == 0 ? ATTN_DTYPE_F16 : idx % 3 == 1 ? ATTN_DTYPE_F32 : ATTN_DTYPE_BF16)};
+            check_problem(&p, 801u + (uint32_t)idx);
+        }
+    // inf in the first value, which the window hides from every query: it shares its tile with keys
+    // they see, and must not reach them
+    for (int w = 0; w < 2; w++) {
+        problem p = {1, 8, 2, 3, 50 + 2000 * w, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0.0f, 0.0, 4,
+                     1, 5 + 2000 * w, 0, 0, 0.0f, w ? ATTN_DTYPE_F16 : ATTN_DTYPE_F32};
+        check_problem(&p, 901u + (uint32_t)w);
+    }
 }
 
 // Half-precision k and v against float32 ones: the first-order bound of attn.h,
@@ -437,6 +465,7 @@ int main(int argc, char **argv) {
         HARNESS_CASE(test_options),
         HARNESS_CASE(test_window_alibi_softcap_half),
         HARNESS_CASE(test_half_error_bound),
+        HARNESS_CASE(test_decode_shapes),
         HARNESS_CASE(test_non_finite_and_fully_masked),
         HARNESS_CASE(test_linear_and_modules),
     };

@@ -4,12 +4,39 @@
 
 #include "internal.h"
 
+#ifndef FLASH_BC
+#define FLASH_BC 96 // keys per forward tile: a multiple of the 6-row register block
+#endif
+
+// A forward thread's tiles (brp query columns), carved from its scratch by attn__fwd_tiles_layout
+// (which returns the bytes; base NULL only sizes).
+typedef struct attn__fwd_tiles {
+    float *qt;              // (D, brp) queries transposed, times scale * log2 e
+    float *st;              // (BC, brp) scores, then weights
+    float *ot;              // (Dv, brp) output accumulator
+    float *m, *l, *alpha;   // (brp) running max (log2), sum, rescale factor
+    float *th;              // (BC, brp) tanh of soft-capped scores (with softcap)
+    float *kf, *vf;         // (BC, D), (BC, Dv): a half-precision key and value tile as floats
+} attn__fwd_tiles;
+size_t attn__fwd_tiles_layout(const attn__sdpa_shape *sh, const attn_sdpa_desc *d, int brp, attn__fwd_tiles *t,
+                              char *base);
+// O^T += V^T P^T with a loop that skips zero weights, for value tiles holding NaN or inf.
+void attn__pv_skipping_zeros(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
+                             const float *alpha, float *ot);
+
 // Scratch bytes for a checked problem on this context (its thread count and kernel table).
 size_t attn__flash_fwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d);
 // Runs the problem with ctx->kernels on ctx's threads. weights are not produced (the reference
 // kernel serves calls that ask for them).
 void attn__flash_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const float *q,
                      const void *k, const void *v, float *out, float *lse, void *ws);
+
+// The forward for few queries per kv head (flash_decode.c): used by attn__flash_fwd when group * L
+// packed query rows fit one tile and there is no dropout.
+bool attn__decode_applies(const attn__sdpa_shape *sh, const attn_sdpa_desc *d);
+size_t attn__decode_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d);
+void attn__decode_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const float *q,
+                      const void *k, const void *v, float *out, float *lse, void *ws);
 
 // Keys visible from queries: one past the last key any query up to `last_query` may see, and the
 // first key any query from `first_query` on may see, under the causal mask and the local window.

@@ -23,9 +23,6 @@
 
 #define LOG2E 1.4426950408889634
 #define LN2 0.6931471805599453
-#ifndef FLASH_BC
-#define FLASH_BC 96 // keys per tile: a multiple of the 6-row register block
-#endif
 
 typedef struct flash_job {
     const attn_sdpa_desc *d;
@@ -44,18 +41,12 @@ typedef struct flash_job {
     size_t per_thread;
 } flash_job;
 
-// Per-thread tiles, carved from the thread's scratch.
-typedef struct tiles {
-    float *qt, *st, *ot, *m, *l, *alpha;
-    float *th;     // (BC, brp) tanh of soft-capped scores (unused here; the transform writes it)
-    float *kf, *vf; // (BC, D), (BC, Dv): a half-precision key and value tile converted to float
-} tiles;
-
-static size_t thread_scratch(const attn__sdpa_shape *sh, const attn_sdpa_desc *d, int brp, tiles *t, char *base) {
+size_t attn__fwd_tiles_layout(const attn__sdpa_shape *sh, const attn_sdpa_desc *d, int brp, attn__fwd_tiles *t,
+                              char *base) {
     attn__arena a = {.base = base};
     const size_t f = sizeof(float);
     const bool half = d->kv_dtype != ATTN_DTYPE_F32;
-    tiles x;
+    attn__fwd_tiles x;
     x.qt = attn__arena_take(&a, (size_t)sh->D * (size_t)brp * f);
     x.st = attn__arena_take(&a, (size_t)FLASH_BC * (size_t)brp * f);
     x.ot = attn__arena_take(&a, (size_t)sh->Dv * (size_t)brp * f);
@@ -95,8 +86,7 @@ static int choose_br(const attn__sdpa_shape *sh, int threads) {
     return br;
 }
 
-// O^T += V^T P^T with a loop that skips zero weights, for value tiles holding NaN or inf.
-static void pv_skipping_zeros(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
+void attn__pv_skipping_zeros(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
                               const float *alpha, float *ot) {
     for (int t = 0; t < Dv; t++) {
         float *o = ot + (int64_t)t * br;
@@ -121,8 +111,8 @@ static void flash_task(void *arg, int64_t task, int thread) {
     const int64_t i0 = qtile * J->br;
     const int nq = (int)(sh->L - i0 < J->br ? sh->L - i0 : J->br), brp = J->brp;
     const int D = (int)sh->D, Dv = (int)sh->Dv;
-    tiles t;
-    thread_scratch(sh, d, brp, &t, J->scratch + (size_t)thread * J->per_thread);
+    attn__fwd_tiles t;
+    attn__fwd_tiles_layout(sh, d, brp, &t, J->scratch + (size_t)thread * J->per_thread);
 
     // qt (D, brp) = q[b, h, i0:i0+nq, :]^T * scale * log2(e), zero padding columns
     for (int dd = 0; dd < D; dd++) {
@@ -171,7 +161,7 @@ static void flash_task(void *arg, int64_t task, int thread) {
             }
         }
         if (J->v_bad[(b * sh->Hkv + hk) * J->n_kvtiles + j0 / FLASH_BC])
-            pv_skipping_zeros(vt, vs_row, vs_d, nj, Dv, t.st, brp, t.alpha, t.ot);
+            attn__pv_skipping_zeros(vt, vs_row, vs_d, nj, Dv, t.st, brp, t.alpha, t.ot);
         else
             J->kn->pv(vt, vs_row, vs_d, nj, Dv, t.st, brp, t.alpha, t.ot);
     }
@@ -226,19 +216,24 @@ static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn
     attn__arena a = {.base = base};
     fl->v_bad = attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * n_kvtiles));
     fl->keep = d->dropout_p > 0.0 ? attn__arena_take(&a, (size_t)((sh->B * sh->H * sh->L * sh->S + 7) / 8)) : NULL;
-    fl->per_thread = (thread_scratch(sh, d, (br + ATTN_TILE_BR_ALIGN - 1) / ATTN_TILE_BR_ALIGN * ATTN_TILE_BR_ALIGN, NULL,
+    fl->per_thread = (attn__fwd_tiles_layout(sh, d, (br + ATTN_TILE_BR_ALIGN - 1) / ATTN_TILE_BR_ALIGN * ATTN_TILE_BR_ALIGN, NULL,
                                      NULL) + ATTN_ALIGN - 1) & ~(size_t)(ATTN_ALIGN - 1);
     fl->scratch = attn__arena_take(&a, fl->per_thread * (size_t)threads);
     return a.used;
 }
 
 size_t attn__flash_fwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d) {
+    if (attn__decode_applies(sh, d)) return attn__decode_workspace(ctx, sh, d);
     flash_layout fl;
     return layout(ctx, sh, d, NULL, &fl);
 }
 
 void attn__flash_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const float *q,
                      const void *k, const void *v, float *out, float *lse, void *ws) {
+    if (attn__decode_applies(sh, d)) {
+        attn__decode_fwd(ctx, d, sh, q, k, v, out, lse, ws);
+        return;
+    }
     flash_layout fl;
     layout(ctx, sh, d, ws, &fl);
     const int threads = attn__pool_threads(ctx->pool);

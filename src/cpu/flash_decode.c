@@ -1,0 +1,217 @@
+// flash_decode.c - the fused forward for few queries per kv head (token-by-token decoding, short
+// prefill blocks): the queries of all the heads that share a kv head are packed into one tile, so
+// each key and value tile is read once for the whole group, and the keys are split into chunks
+// that the threads share; the chunks' partial results are merged by log-sum-exp.
+//
+// Work items are (batch, kv head, chunk of keys). An item packs the group's queries as columns
+// r = g * L + i (head hk * group + g, query i), runs the online softmax over its chunk's key tiles
+// (masks, windows, ALiBi and soft-capping applied head by head on the tile's column blocks) and
+// leaves (m, l, O) unnormalised. The merge then gives out = sum_c 2^(m_c - M) O_c / sum_c
+// 2^(m_c - M) l_c per row. The chunk length depends on the problem only, never on the thread
+// count, so every thread count gives the same bits. Value tiles are checked for NaN and inf as
+// they are used (they sit in cache then): no extra pass over the values, which would double the
+// memory traffic of a bandwidth-bound call.
+#include <math.h>
+#include <string.h>
+
+#include "cpu/cpu.h"
+#include "cpu/flash.h"
+#include "half.h"
+
+#define LN2 0.6931471805599453
+#define LOG2E 1.4426950408889634
+#define DECODE_ROWS 64             // packed query rows (group * L) handled by this path
+#define DECODE_CHUNK (16 * FLASH_BC) // keys per work item
+
+static int brp_of(const attn__sdpa_shape *sh) {
+    const int64_t rows = sh->group * sh->L;
+    return (int)((rows + ATTN_TILE_BR_ALIGN - 1) / ATTN_TILE_BR_ALIGN * ATTN_TILE_BR_ALIGN);
+}
+
+bool attn__decode_applies(const attn__sdpa_shape *sh, const attn_sdpa_desc *d) {
+    return d->dropout_p == 0.0 && sh->group * sh->L <= DECODE_ROWS;
+}
+
+// The keys any query may see, and its split into chunks of whole tiles.
+typedef struct key_range {
+    int64_t begin, end, n_chunks;
+} key_range;
+
+static key_range keys_of(const attn__sdpa_shape *sh, const attn_sdpa_desc *d) {
+    key_range r;
+    r.begin = attn__keys_visible_from(d, sh, 0) / FLASH_BC * FLASH_BC;
+    r.end = attn__keys_visible_until(d, sh, sh->L - 1);
+    r.n_chunks = r.end > r.begin ? (r.end - r.begin + DECODE_CHUNK - 1) / DECODE_CHUNK : 1;
+    return r;
+}
+
+typedef struct decode_job {
+    const attn_sdpa_desc *d;
+    const attn__sdpa_shape *sh;
+    const attn__kernels *kn;
+    const float *q;
+    const void *k, *v;
+    float *out, *lse;
+    int brp;
+    key_range keys;
+    float qscale;
+    float *part;        // per item: m (brp), l (brp), O (Dv, brp)
+    size_t part_floats; // floats per item
+    char *scratch;
+    size_t per_thread;
+} decode_job;
+
+// 1 when the (nj, n) tile at row stride rs, element stride es holds a NaN or an infinity.
+static bool tile_not_finite(const float *x, int64_t rs, int64_t es, int nj, int64_t n) {
+    uint32_t any = 0;
+    for (int j = 0; j < nj; j++) {
+        const float *r = x + (int64_t)j * rs;
+        if (es == 1) {
+            for (int64_t c = 0; c < n; c++) { // exponent all ones: inf or NaN
+                uint32_t u;
+                memcpy(&u, &r[c], sizeof u);
+                any |= (u & 0x7f800000u) == 0x7f800000u;
+            }
+        } else {
+            for (int64_t c = 0; c < n; c++) any |= !isfinite(r[c * es]);
+        }
+    }
+    return any != 0;
+}
+
+static void decode_task(void *arg, int64_t task, int thread) {
+    const decode_job *J = arg;
+    const attn_sdpa_desc *d = J->d;
+    const attn__sdpa_shape *sh = J->sh;
+    const int64_t chunk = task % J->keys.n_chunks, bhk = task / J->keys.n_chunks;
+    const int64_t b = bhk / sh->Hkv, hk = bhk % sh->Hkv, L = sh->L;
+    const int brp = J->brp, D = (int)sh->D, Dv = (int)sh->Dv, rows = (int)(sh->group * L);
+    attn__fwd_tiles t;
+    attn__fwd_tiles_layout(sh, d, brp, &t, J->scratch + (size_t)thread * J->per_thread);
+
+    // qt (D, brp): column g * L + i = q[b, hk * group + g, i, :] * scale * log2(e)
+    for (int dd = 0; dd < D; dd++) {
+        float *row = t.qt + (int64_t)dd * brp;
+        for (int64_t g = 0; g < sh->group; g++) {
+            const float *src = J->q + attn__offset4(d->q_stride, b, hk * sh->group + g, 0, dd);
+            for (int64_t i = 0; i < L; i++) row[g * L + i] = src[i * d->q_stride[2]] * J->qscale;
+        }
+        for (int r = rows; r < brp; r++) row[r] = 0.0f;
+    }
+    for (int r = 0; r < brp; r++) t.m[r] = -INFINITY, t.l[r] = 0.0f;
+    memset(t.ot, 0, (size_t)Dv * (size_t)brp * sizeof(float));
+
+    const bool masked = d->mask != NULL || d->key_padding_mask != NULL;
+    const bool transform = d->softcap > 0.0f || d->alibi_slopes != NULL;
+    const bool half = d->kv_dtype != ATTN_DTYPE_F32;
+    const size_t esize = half ? 2 : 4;
+    const int64_t c_begin = J->keys.begin + chunk * DECODE_CHUNK;
+    const int64_t c_end = c_begin + DECODE_CHUNK < J->keys.end ? c_begin + DECODE_CHUNK : J->keys.end;
+    const char *kbase = (const char *)J->k + (size_t)attn__offset4(d->k_stride, b, hk, 0, 0) * esize;
+    const char *vbase = (const char *)J->v + (size_t)attn__offset4(d->v_stride, b, hk, 0, 0) * esize;
+    for (int64_t j0 = c_begin; j0 < c_end; j0 += FLASH_BC) {
+        const int nj = (int)(c_end - j0 < FLASH_BC ? c_end - j0 : FLASH_BC);
+        const float *kt = (const float *)(kbase + (size_t)(j0 * d->k_stride[2]) * esize);
+        const float *vt = (const float *)(vbase + (size_t)(j0 * d->v_stride[2]) * esize);
+        int64_t ks_row = d->k_stride[2], ks_d = d->k_stride[3], vs_row = d->v_stride[2], vs_d = d->v_stride[3];
+        if (half) {
+            attn__half_tile(J->kn, d->kv_dtype, (const uint16_t *)kt, ks_row, ks_d, nj, D, t.kf);
+            kt = t.kf, ks_row = D, ks_d = 1;
+        }
+        attn__qk(J->kn, kt, ks_row, ks_d, nj, D, t.qt, brp, t.st);
+        bool any_visible = !(masked || attn__tile_crosses_bounds(d, sh, 0, (int)L, j0, nj));
+        for (int64_t g = 0; g < sh->group; g++) { // the group's heads: column blocks of L
+            const int64_t h = hk * sh->group + g;
+            float *sg = t.st + g * L;
+            if (transform) attn__score_transform(J->kn, d, sh, brp, h, 0, (int)L, j0, nj, sg, t.th + g * L);
+            if (masked)
+                any_visible |= attn__mask_tile(d, sh, brp, b, h, 0, (int)L, j0, nj, sg);
+            else if (attn__tile_crosses_bounds(d, sh, 0, (int)L, j0, nj))
+                any_visible |= attn__bounds_tile(d, sh, brp, 0, (int)L, j0, nj, sg);
+        }
+        if (!any_visible) continue;
+        J->kn->softmax(t.st, nj, brp, t.m, t.l, t.alpha);
+        if (half) {
+            attn__half_tile(J->kn, d->kv_dtype, (const uint16_t *)vt, vs_row, vs_d, nj, Dv, t.vf);
+            vt = t.vf, vs_row = Dv, vs_d = 1;
+        }
+        if (tile_not_finite(vt, vs_row, vs_d, nj, Dv))
+            attn__pv_skipping_zeros(vt, vs_row, vs_d, nj, Dv, t.st, brp, t.alpha, t.ot);
+        else
+            J->kn->pv(vt, vs_row, vs_d, nj, Dv, t.st, brp, t.alpha, t.ot);
+    }
+    float *part = J->part + task * J->part_floats;
+    memcpy(part, t.m, (size_t)brp * sizeof(float));
+    memcpy(part + brp, t.l, (size_t)brp * sizeof(float));
+    memcpy(part + 2 * brp, t.ot, (size_t)Dv * (size_t)brp * sizeof(float));
+}
+
+// Merges the chunks of (b, hk) into out and lse.
+static void merge_task(void *arg, int64_t bhk, int thread) {
+    (void)thread;
+    const decode_job *J = arg;
+    const attn_sdpa_desc *d = J->d;
+    const attn__sdpa_shape *sh = J->sh;
+    const int64_t b = bhk / sh->Hkv, hk = bhk % sh->Hkv, L = sh->L, nc = J->keys.n_chunks;
+    const int brp = J->brp;
+    for (int64_t r = 0; r < sh->group * L; r++) {
+        const int64_t h = hk * sh->group + r / L, i = r % L;
+        float mx = -INFINITY;
+        for (int64_t c = 0; c < nc; c++) {
+            const float *p = J->part + (bhk * nc + c) * J->part_floats;
+            if (p[brp + r] != 0.0f && p[r] > mx) mx = p[r]; // chunks that saw a key
+        }
+        float l = 0.0f;
+        float *o = J->out + attn__offset4(d->o_stride, b, h, i, 0);
+        for (int64_t e = 0; e < sh->Dv; e++) o[e * d->o_stride[3]] = 0.0f;
+        for (int64_t c = 0; c < nc; c++) {
+            const float *p = J->part + (bhk * nc + c) * J->part_floats;
+            const float lc = p[brp + r];
+            if (lc == 0.0f) continue;
+            const float w = mx == -INFINITY ? 1.0f : exp2f(p[r] - mx); // mx -inf: l is NaN (NaN scores)
+            l += w * lc;
+            for (int64_t e = 0; e < sh->Dv; e++) o[e * d->o_stride[3]] += w * p[2 * brp + e * brp + r];
+        }
+        const float inv = l > 0.0f ? 1.0f / l : (l == 0.0f ? 0.0f : l);
+        for (int64_t e = 0; e < sh->Dv; e++) o[e * d->o_stride[3]] *= inv;
+        if (J->lse != NULL)
+            J->lse[(b * sh->H + h) * L + i] =
+                l > 0.0f ? (float)(((double)mx + log2((double)l)) * LN2) : (l == 0.0f ? -INFINITY : l);
+    }
+}
+
+typedef struct decode_layout {
+    float *part;
+    char *scratch;
+    size_t per_thread, part_floats;
+} decode_layout;
+
+static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d, char *base,
+                     decode_layout *dl) {
+    const int brp = brp_of(sh);
+    const key_range keys = keys_of(sh, d);
+    attn__arena a = {.base = base};
+    dl->part_floats = (size_t)brp * (size_t)(2 + sh->Dv);
+    dl->part = attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * keys.n_chunks) * dl->part_floats * sizeof(float));
+    dl->per_thread = (attn__fwd_tiles_layout(sh, d, brp, NULL, NULL) + ATTN_ALIGN - 1) & ~(size_t)(ATTN_ALIGN - 1);
+    dl->scratch = attn__arena_take(&a, dl->per_thread * (size_t)attn__pool_threads(ctx->pool));
+    return a.used;
+}
+
+size_t attn__decode_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d) {
+    decode_layout dl;
+    return layout(ctx, sh, d, NULL, &dl);
+}
+
+void attn__decode_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const float *q,
+                      const void *k, const void *v, float *out, float *lse, void *ws) {
+    decode_layout dl;
+    layout(ctx, sh, d, ws, &dl);
+    decode_job J = {
+        .d = d, .sh = sh, .kn = ctx->kernels, .q = q, .k = k, .v = v, .out = out, .lse = lse,
+        .brp = brp_of(sh), .keys = keys_of(sh, d), .qscale = (float)((double)sh->scale * LOG2E),
+        .part = dl.part, .part_floats = dl.part_floats, .scratch = dl.scratch, .per_thread = dl.per_thread,
+    };
+    attn__pool_run(ctx->pool, sh->B * sh->Hkv * J.keys.n_chunks, decode_task, &J);
+    attn__pool_run(ctx->pool, sh->B * sh->Hkv, merge_task, &J);
+}
