@@ -13,6 +13,8 @@ int cli_error(const char *cmd, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
+// "auto", "ref", "generic", "avx2" or "avx512" as an attn_isa; false for another name.
+bool cli_parse_isa(const char *name, attn_isa *isa);
 // Shape as "(2, 3, 4)" into buf.
 const char *cli_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap);
 
@@ -20,5 +22,6 @@ int cmd_demo(int argc, char **argv);
 int cmd_mha(int argc, char **argv);
 int cmd_sdpa(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_bench_decode(int argc, char **argv); // attn bench --op decode
 
 #endif

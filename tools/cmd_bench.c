@@ -12,7 +12,7 @@
 #include "cli.h"
 
 static const char summary[] =
-    "usage: attn bench [--op sdpa|mha] [--batch B] [--heads H] [--kv-heads Hkv] [--len-q L] [--len-kv S]\n"
+    "usage: attn bench [--op sdpa|mha|decode] [--batch B] [--heads H] [--kv-heads Hkv] [--len-q L] [--len-kv S]\n"
     "                  [--head-dim D] [--embed-dim E] [--causal] [--threads T] [--isa auto|ref|generic|avx2|avx512]\n"
     "                  [--backward] [--repeat R] [--no-check] [--json]\n"
     "\n"
@@ -24,7 +24,8 @@ static const char summary[] =
     "projections, 8*B*L*E^2) and the peak resident set; --json ends the output with one JSON object.\n"
     "With --backward (sdpa) each run is a forward and a backward, counted as 3.5 times the forward's\n"
     "flops (the backward as 2.5 times).\n"
-    "Defaults: sdpa, B=1, H=12, L=S=1024, D=64, E=768, 1 thread, R=5.";
+    "Defaults: sdpa, B=1, H=12, L=S=1024, D=64, E=768, 1 thread, R=5.\n"
+    "--op decode times one decoding step against a KV cache: see attn bench --op decode --help.";
 
 static double now(void) {
     struct timespec ts;
@@ -114,10 +115,12 @@ static int check_sdpa(const bench_opts *o, const attn_sdpa_desc *d, const float 
 }
 
 int cmd_bench(int argc, char **argv) {
+    for (int i = 1; i + 1 < argc; i++) // decoding has options of its own
+        if (strcmp(argv[i], "--op") == 0 && strcmp(argv[i + 1], "decode") == 0) return cmd_bench_decode(argc, argv);
     bench_opts o = {.op = "sdpa", .isa = "auto", .B = 1, .H = 12, .Hkv = 0, .L = 1024, .S = 0, .D = 64, .E = 768,
                     .threads = 1, .repeat = 5};
     arg_spec specs[] = {
-        {"--op", ARG_STRING, &o.op, "sdpa|mha", "what to time (default sdpa)", false, false},
+        {"--op", ARG_STRING, &o.op, "sdpa|mha|decode", "what to time (default sdpa)", false, false},
         {"--batch", ARG_INT, &o.B, "B", "batch size (default 1)", false, false},
         {"--heads", ARG_INT, &o.H, "H", "query heads (default 12)", false, false},
         {"--kv-heads", ARG_INT, &o.Hkv, "Hkv", "key/value heads for sdpa (default H)", false, false},
@@ -138,12 +141,7 @@ int cmd_bench(int argc, char **argv) {
     const bool mha = strcmp(o.op, "mha") == 0;
     if (!mha && strcmp(o.op, "sdpa") != 0) return cli_error("bench", EXIT_USAGE, "--op must be sdpa or mha");
     attn_isa isa;
-    if (strcmp(o.isa, "auto") == 0) isa = ATTN_ISA_AUTO;
-    else if (strcmp(o.isa, "ref") == 0) isa = ATTN_ISA_REF;
-    else if (strcmp(o.isa, "generic") == 0) isa = ATTN_ISA_GENERIC;
-    else if (strcmp(o.isa, "avx2") == 0) isa = ATTN_ISA_AVX2;
-    else if (strcmp(o.isa, "avx512") == 0) isa = ATTN_ISA_AVX512;
-    else return cli_error("bench", EXIT_USAGE, "--isa must be auto, ref, generic, avx2 or avx512");
+    if (!cli_parse_isa(o.isa, &isa)) return cli_error("bench", EXIT_USAGE, "--isa must be auto, ref, generic, avx2 or avx512");
     if (o.Hkv == 0) o.Hkv = o.H;
     if (o.S == 0) o.S = o.L;
     if (o.B < 1 || o.H < 1 || o.Hkv < 1 || o.L < 1 || o.S < 1 || o.D < 1 || o.E < 1 || o.repeat < 1 || o.threads < 1 ||

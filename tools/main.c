@@ -41,6 +41,20 @@ int cli_error(const char *cmd, int code, const char *fmt, ...) {
     return code;
 }
 
+bool cli_parse_isa(const char *name, attn_isa *isa) {
+    static const struct {
+        const char *name;
+        attn_isa isa;
+    } names[] = {{"auto", ATTN_ISA_AUTO}, {"ref", ATTN_ISA_REF}, {"generic", ATTN_ISA_GENERIC},
+                 {"avx2", ATTN_ISA_AVX2}, {"avx512", ATTN_ISA_AVX512}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(name, names[i].name) == 0) {
+            *isa = names[i].isa;
+            return true;
+        }
+    return false;
+}
+
 const char *cli_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap) {
     size_t len = 0;
     len += (size_t)snprintf(buf, cap, "(");

@@ -1,0 +1,179 @@
+// cmd_bench_decode.c - `attn bench --op decode`: one decoding step (one query per head) against a
+// KV cache of S positions, the memory-bound call of token-by-token generation. Reports the median
+// time and the effective bandwidth: the bytes of K and V read per step over the median time.
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+
+static const char summary[] =
+    "usage: attn bench --op decode [--batch B] [--heads H] [--kv-heads Hkv] [--len-kv S] [--head-dim D]\n"
+    "                  [--kv-dtype f32|f16|bf16] [--threads T] [--isa ISA] [--repeat R] [--no-check] [--json]\n"
+    "\n"
+    "Times attn_kv_cache_attend for one new query per head (B, H, 1, D) against a cache of S positions\n"
+    "(B, Hkv, S, D) of the given type, filled with standard normal keys and values. Before timing, the\n"
+    "result is compared with the scalar reference (--no-check skips it). Prints the median of R steps\n"
+    "after one warm-up and the effective bandwidth, B*Hkv*S*2*D*bytes(kv-dtype) / median; --json ends\n"
+    "the output with one JSON object (median_ms, gbps, ...).\n"
+    "Defaults: B=1, H=32, Hkv=8, S=4096, D=128, f32, 1 thread, R=50.";
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+// Fills the cache with S positions of random keys and values, a block at a time.
+static attn_status fill(attn_ctx *ctx, attn_kv_cache *kc, int64_t B, int64_t Hkv, int64_t S, int64_t D) {
+    const int64_t block = 1024;
+    float *k = malloc((size_t)(B * Hkv * block * D) * sizeof(float));
+    float *v = malloc((size_t)(B * Hkv * block * D) * sizeof(float));
+    attn_status st = k != NULL && v != NULL ? ATTN_OK : ATTN_ERR_OUT_OF_MEMORY;
+    for (int64_t at = 0; at < S && st == ATTN_OK; at += block) {
+        const int64_t n = S - at < block ? S - at : block;
+        st = attn_rand_normal(attn_ctx_generator(ctx), k, B * Hkv * n * D, 0.0, 1.0);
+        if (st == ATTN_OK) st = attn_rand_normal(attn_ctx_generator(ctx), v, B * Hkv * n * D, 0.0, 1.0);
+        if (st == ATTN_OK) st = attn_kv_cache_append(ctx, kc, n, k, NULL, v, NULL);
+    }
+    free(k), free(v);
+    return st;
+}
+
+// The reference on the cache's own storage (the same rounded values), relative error of `out`.
+static attn_status check(const attn_sdpa_desc *d, attn_kv_cache *kc, const float *q, const float *out, double *worst) {
+    attn_ctx_params p;
+    attn_ctx_params_init(&p);
+    p.isa = ATTN_ISA_REF;
+    attn_ctx *ref;
+    attn_status st = attn_ctx_create(&p, &ref);
+    if (st != ATTN_OK) return st;
+    const attn_kv_cache_config *c = attn_kv_cache_get_config(kc);
+    attn_sdpa_desc r = *d;
+    void *k, *v;
+    attn_kv_cache_storage(kc, &k, r.k_stride, &v, r.v_stride);
+    r.n_kv_heads = c->n_kv_heads, r.len_kv = attn_kv_cache_length(kc), r.kv_dtype = c->dtype;
+    const int64_t n = d->batch * d->n_heads * d->head_dim;
+    float *want = malloc((size_t)n * sizeof(float));
+    st = want != NULL ? attn_sdpa_fwd(ref, &r, q, k, v, want, NULL, NULL) : ATTN_ERR_OUT_OF_MEMORY;
+    *worst = 0;
+    for (int64_t i = 0; st == ATTN_OK && i < n; i++) {
+        const double e = fabs((double)out[i] - want[i]) / (1e-3 + fabs((double)want[i]));
+        if (!(e <= *worst)) *worst = e;
+    }
+    free(want);
+    attn_ctx_free(ref);
+    return st;
+}
+
+int cmd_bench_decode(int argc, char **argv) {
+    const char *op = "decode", *isa_name = "auto", *dtype_name = "f32";
+    int64_t B = 1, H = 32, Hkv = 8, S = 4096, D = 128, threads = 1, repeat = 50;
+    bool no_check = false, json = false;
+    arg_spec specs[] = {
+        {"--op", ARG_STRING, &op, "decode", "what to time", false, false},
+        {"--batch", ARG_INT, &B, "B", "batch size (default 1)", false, false},
+        {"--heads", ARG_INT, &H, "H", "query heads (default 32)", false, false},
+        {"--kv-heads", ARG_INT, &Hkv, "Hkv", "key/value heads (default 8)", false, false},
+        {"--len-kv", ARG_INT, &S, "S", "cached positions (default 4096)", false, false},
+        {"--head-dim", ARG_INT, &D, "D", "head dimension (default 128)", false, false},
+        {"--kv-dtype", ARG_STRING, &dtype_name, "T", "cache type: f32, f16 or bf16 (default f32)", false, false},
+        {"--threads", ARG_INT, &threads, "T", "threads (default 1)", false, false},
+        {"--isa", ARG_STRING, &isa_name, "ISA", "kernels: auto, ref, generic, avx2 or avx512", false, false},
+        {"--repeat", ARG_INT, &repeat, "R", "timed steps (default 50)", false, false},
+        {"--no-check", ARG_FLAG, &no_check, NULL, "skip the check against the reference", false, false},
+        {"--json", ARG_FLAG, &json, NULL, "end with a JSON object on one line", false, false},
+    };
+    int rc = args_parse("bench", summary, argc, argv, specs, (int)(sizeof specs / sizeof specs[0]));
+    if (rc != 0) return rc < 0 ? EXIT_OK : rc;
+    attn_dtype dt;
+    if (strcmp(dtype_name, "f32") == 0) dt = ATTN_DTYPE_F32;
+    else if (strcmp(dtype_name, "f16") == 0) dt = ATTN_DTYPE_F16;
+    else if (strcmp(dtype_name, "bf16") == 0) dt = ATTN_DTYPE_BF16;
+    else return cli_error("bench", EXIT_USAGE, "--kv-dtype must be f32, f16 or bf16");
+    attn_isa isa;
+    if (!cli_parse_isa(isa_name, &isa)) return cli_error("bench", EXIT_USAGE, "--isa must be auto, ref, generic, avx2 or avx512");
+    if (B < 1 || H < 1 || Hkv < 1 || S < 1 || D < 1 || repeat < 1 || threads < 1 || threads > 4096)
+        return cli_error("bench", EXIT_USAGE, "sizes, --threads and --repeat must be >= 1");
+    if (H % Hkv != 0) return cli_error("bench", EXIT_USAGE, "--heads must be a multiple of --kv-heads");
+
+    attn_ctx_params p;
+    attn_ctx_params_init(&p);
+    p.n_threads = (int)threads, p.isa = isa;
+    attn_ctx *ctx;
+    attn_status st = attn_ctx_create(&p, &ctx);
+    if (st != ATTN_OK) return cli_error("bench", EXIT_FAILURE_RUN, "cannot create a context: %s", attn_strerror(st));
+    attn_kv_cache_config cc;
+    attn_kv_cache_config_init(&cc);
+    cc.batch = B, cc.n_kv_heads = Hkv, cc.head_dim = D, cc.capacity = S, cc.dtype = dt;
+    attn_kv_cache *kc = NULL;
+    float *q = malloc((size_t)(B * H * D) * sizeof(float)), *out = malloc((size_t)(B * H * D) * sizeof(float));
+    double *times = malloc((size_t)repeat * sizeof(double));
+    rc = EXIT_FAILURE_RUN;
+    if (q == NULL || out == NULL || times == NULL) {
+        cli_error("bench", EXIT_FAILURE_RUN, "out of memory");
+        goto done;
+    }
+    if ((st = attn_kv_cache_create(ctx, &cc, &kc)) != ATTN_OK || (st = fill(ctx, kc, B, Hkv, S, D)) != ATTN_OK ||
+        (st = attn_rand_normal(attn_ctx_generator(ctx), q, B * H * D, 0.0, 1.0)) != ATTN_OK) {
+        cli_fail("bench", ctx, st, "filling the cache");
+        goto done;
+    }
+    attn_sdpa_desc d;
+    attn_sdpa_desc_init(&d);
+    d.batch = B, d.n_heads = H, d.len_q = 1, d.head_dim = D, d.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+    attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, 1, D, d.q_stride);
+    attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, 1, D, d.o_stride);
+    if ((st = attn_kv_cache_attend(ctx, kc, &d, q, out, NULL)) != ATTN_OK) { // warm-up
+        cli_fail("bench", ctx, st, "attend");
+        goto done;
+    }
+    double check_err = -1;
+    if (!no_check) {
+        if ((st = check(&d, kc, q, out, &check_err)) != ATTN_OK) {
+            cli_error("bench", EXIT_FAILURE_RUN, "reference check: %s", attn_strerror(st));
+            goto done;
+        }
+        if (!(check_err < 1e-4)) {
+            cli_error("bench", EXIT_FAILURE_RUN, "the kernels disagree with the reference: relative error %.3g", check_err);
+            goto done;
+        }
+    }
+    for (int64_t r = 0; r < repeat && st == ATTN_OK; r++) {
+        const double t0 = now();
+        st = attn_kv_cache_attend(ctx, kc, &d, q, out, NULL);
+        times[r] = now() - t0;
+    }
+    if (st != ATTN_OK) {
+        cli_fail("bench", ctx, st, "attend");
+        goto done;
+    }
+    qsort(times, (size_t)repeat, sizeof(double), cmp_double);
+    const double median = repeat % 2 ? times[repeat / 2] : 0.5 * (times[repeat / 2 - 1] + times[repeat / 2]);
+    const double bytes = (double)B * (double)Hkv * (double)S * 2.0 * (double)D * (double)attn_dtype_size(dt);
+    const double gbps = bytes / median / 1e9;
+    printf("decode B=%lld H=%lld Hkv=%lld S=%lld D=%lld kv=%s threads=%lld isa=%s: median %.3f ms, %.1f GB/s of K and V "
+           "(%.1f MiB per step)%s\n",
+           (long long)B, (long long)H, (long long)Hkv, (long long)S, (long long)D, dtype_name, (long long)threads,
+           attn_isa_name(attn_ctx_isa(ctx)), median * 1e3, gbps, bytes / 1048576.0,
+           check_err >= 0 ? "; agrees with the reference" : "");
+    if (json)
+        printf("{\"op\": \"decode\", \"batch\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"len_kv\": %lld, "
+               "\"head_dim\": %lld, \"kv_dtype\": \"%s\", \"threads\": %lld, \"isa\": \"%s\", \"repeat\": %lld, "
+               "\"median_ms\": %.4f, \"gbps\": %.2f, \"bytes\": %.0f, \"check_rel_err\": %.3g}\n",
+               (long long)B, (long long)H, (long long)Hkv, (long long)S, (long long)D, dtype_name, (long long)threads,
+               attn_isa_name(attn_ctx_isa(ctx)), (long long)repeat, median * 1e3, gbps, bytes, check_err);
+    rc = EXIT_OK;
+done:
+    free(q), free(out), free(times);
+    attn_kv_cache_free(kc);
+    attn_ctx_free(ctx);
+    return rc;
+}
