@@ -255,7 +255,7 @@ static void test_decode_shapes(void) {
     for (int si = 0; si < 5; si++)
         for (int sh = 0; sh < 4; sh++, idx++) {
             const int64_t L = shapes[sh][0], H = shapes[sh][1], Hkv = shapes[sh][2], S = Ss[si];
-            problem p = {1 + idx % 2, H, Hkv, L, S, idx % 3 ? 64 : 40, idx % 3 ? 64 : 24,
+            problem p = {1 + idx % 2, H, Hkv, L, S, idx % 3 == 2 ? 37 : idx % 3 ? 64 : 40, idx % 3 ? 64 : 24,
                          (attn_causal)(idx % 3 == 1 ? ATTN_CAUSAL_BOTTOM_RIGHT : idx % 3 == 2 ? ATTN_CAUSAL_TOP_LEFT : 0),
                          idx % 5 == 3 ? 2 : 0, idx % 4 == 1 ? 1 : 0, 0.0f, 0.0, idx % 7 == 2 ? 2 : 0,
                          idx % 6 == 4, 700, 0, idx % 4 == 2, idx % 5 == 1 ? 3.0f : 0.0f,

@@ -41,6 +41,9 @@ struct attn__kernels {
     // Backward: dst[j][i] = pt[j][i] * (dst[j][i] - rowdot[i]): the score gradient from the weights,
     // the weights' gradient (in dst) and rowdot = sum_t dout[i][t] * out[i][t].
     void (*bwd_ds)(const float *pt, float *dst, int nj, int br, const float *rowdot);
+    // Decoding, few query rows: s[r*lds + j] = sum_d q[r*D + d] * k[j*ks_row + d] for r < rows,
+    // j < nj (key elements contiguous), each a dot product of vectors along d.
+    void (*qk_rows)(const float *k, int64_t ks_row, int nj, int D, const float *q, int rows, float *s, int64_t lds);
     // y[i] = x[i] converted exactly from ATTN_DTYPE_F16 or ATTN_DTYPE_BF16 to float, n values.
     void (*half_to_f32)(attn_dtype dt, const uint16_t *x, float *y, int64_t n);
 };

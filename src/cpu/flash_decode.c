@@ -11,6 +11,12 @@
 // count, so every thread count gives the same bits. Value tiles are checked for NaN and inf as
 // they are used (they sit in cache then): no extra pass over the values, which would double the
 // memory traffic of a bandwidth-bound call.
+//
+// With at most NARROW_ROWS packed rows (and key and value rows contiguous) the products are taken
+// row-major: S (rows, nj) as dot products of each key row with the few query rows (qk_rows), and
+// O (rows, Dv) += P V reading value rows as vectors with the weights broadcast, so a key or value
+// element costs about rows/16 vector FMAs instead of one. The scores are transposed into the usual
+// tile for the masks and the softmax (a few hundred floats).
 #include <math.h>
 #include <string.h>
 
@@ -22,6 +28,7 @@
 #define LOG2E 1.4426950408889634
 #define DECODE_ROWS 64             // packed query rows (group * L) handled by this path
 #define DECODE_CHUNK (16 * FLASH_BC) // keys per work item
+#define NARROW_ROWS 8
 
 static int brp_of(const attn__sdpa_shape *sh) {
     const int64_t rows = sh->group * sh->L;
@@ -55,11 +62,32 @@ typedef struct decode_job {
     int brp;
     key_range keys;
     float qscale;
-    float *part;        // per item: m (brp), l (brp), O (Dv, brp)
+    float *part;        // per item: m (brp), l (brp), O (rows, Dv) row by row
     size_t part_floats; // floats per item
+    bool narrow;        // the row-major products (see above)
     char *scratch;
-    size_t per_thread;
+    size_t per_thread, narrow_off; // narrow: offset of (NARROW_ROWS, BC) scores and (NARROW_ROWS, Dv) O
 } decode_job;
+
+// The narrow path applies: few rows, keys feature-major (position stride 1), values row-major.
+static bool narrow_applies(const attn__sdpa_shape *sh, const attn_sdpa_desc *d) {
+    return sh->group * sh->L <= NARROW_ROWS && (d->k_stride[3] == 1 || d->kv_dtype != ATTN_DTYPE_F32) &&
+           (d->v_stride[3] == 1 || d->kv_dtype != ATTN_DTYPE_F32);
+}
+
+// C (rows, n) (+)= A (rows, K at row stride lda) B (K, n at row stride ldb) with the table's gemm on
+// the columns that fill whole vectors and plain loops on the rest.
+static void small_gemm(const attn__kernels *kn, const float *A, int64_t lda, int rows, int K, const float *B,
+                       int64_t ldb, int n, float *C, int64_t ldc, bool accumulate) {
+    const int n16 = n / ATTN_TILE_BR_ALIGN * ATTN_TILE_BR_ALIGN;
+    if (n16 > 0) kn->gemm(A, lda, 1, rows, K, B, ldb, n16, C, ldc, accumulate);
+    for (int r = 0; r < rows; r++)
+        for (int c = n16; c < n; c++) {
+            float acc = accumulate ? C[(int64_t)r * ldc + c] : 0.0f;
+            for (int k = 0; k < K; k++) acc += A[(int64_t)r * lda + k] * B[(int64_t)k * ldb + c];
+            C[(int64_t)r * ldc + c] = acc;
+        }
+}
 
 // 1 when the (nj, n) tile at row stride rs, element stride es holds a NaN or an infinity.
 static bool tile_not_finite(const float *x, int64_t rs, int64_t es, int nj, int64_t n) {
@@ -109,6 +137,15 @@ static void decode_task(void *arg, int64_t task, int thread) {
     const int64_t c_end = c_begin + DECODE_CHUNK < J->keys.end ? c_begin + DECODE_CHUNK : J->keys.end;
     const char *kbase = (const char *)J->k + (size_t)attn__offset4(d->k_stride, b, hk, 0, 0) * esize;
     const char *vbase = (const char *)J->v + (size_t)attn__offset4(d->v_stride, b, hk, 0, 0) * esize;
+    // narrow: q row by row (rows, D), scores (rows, BC), O (rows, Dv)
+    float *qr = NULL, *sr = NULL, *orow = NULL;
+    if (J->narrow) {
+        char *mine = J->scratch + (size_t)thread * J->per_thread + J->narrow_off;
+        sr = (float *)mine, orow = sr + NARROW_ROWS * FLASH_BC, qr = orow + NARROW_ROWS * Dv;
+        for (int r = 0; r < rows; r++)
+            for (int dd = 0; dd < D; dd++) qr[(int64_t)r * D + dd] = t.qt[(int64_t)dd * brp + r];
+        memset(orow, 0, (size_t)rows * (size_t)Dv * sizeof(float));
+    }
     for (int64_t j0 = c_begin; j0 < c_end; j0 += FLASH_BC) {
         const int nj = (int)(c_end - j0 < FLASH_BC ? c_end - j0 : FLASH_BC);
         const float *kt = (const float *)(kbase + (size_t)(j0 * d->k_stride[2]) * esize);
@@ -118,7 +155,13 @@ static void decode_task(void *arg, int64_t task, int thread) {
             attn__half_tile(J->kn, d->kv_dtype, (const uint16_t *)kt, ks_row, ks_d, nj, D, t.kf);
             kt = t.kf, ks_row = D, ks_d = 1;
         }
-        attn__qk(J->kn, kt, ks_row, ks_d, nj, D, t.qt, brp, t.st);
+        if (J->narrow) { // S (rows, nj) = Q K^T, dot products along the key rows
+            J->kn->qk_rows(kt, ks_row, nj, D, qr, rows, sr, FLASH_BC);
+            for (int j = 0; j < nj; j++)
+                for (int r = 0; r < brp; r++) t.st[(int64_t)j * brp + r] = r < rows ? sr[(int64_t)r * FLASH_BC + j] : 0.0f;
+        } else {
+            attn__qk(J->kn, kt, ks_row, ks_d, nj, D, t.qt, brp, t.st);
+        }
         bool any_visible = !(masked || attn__tile_crosses_bounds(d, sh, 0, (int)L, j0, nj));
         for (int64_t g = 0; g < sh->group; g++) { // the group's heads: column blocks of L
             const int64_t h = hk * sh->group + g;
@@ -135,15 +178,38 @@ static void decode_task(void *arg, int64_t task, int thread) {
             attn__half_tile(J->kn, d->kv_dtype, (const uint16_t *)vt, vs_row, vs_d, nj, Dv, t.vf);
             vt = t.vf, vs_row = Dv, vs_d = 1;
         }
-        if (tile_not_finite(vt, vs_row, vs_d, nj, Dv))
+        const bool bad = tile_not_finite(vt, vs_row, vs_d, nj, Dv);
+        if (J->narrow) { // O (rows, Dv) = alpha O + P V, P (rows, nj) transposed back from the tile
+            for (int r = 0; r < rows; r++) {
+                float *o = orow + (int64_t)r * Dv;
+                for (int e = 0; e < Dv; e++) o[e] *= t.alpha[r];
+                for (int j = 0; j < nj; j++) sr[(int64_t)r * FLASH_BC + j] = t.st[(int64_t)j * brp + r];
+            }
+            if (bad) { // skip zero weights: a hidden key's NaN or inf value is never read
+                for (int r = 0; r < rows; r++)
+                    for (int j = 0; j < nj; j++) {
+                        const float p = sr[(int64_t)r * FLASH_BC + j];
+                        if (p != 0.0f)
+                            for (int e = 0; e < Dv; e++) orow[(int64_t)r * Dv + e] += p * vt[(int64_t)j * vs_row + e];
+                    }
+            } else {
+                small_gemm(J->kn, sr, FLASH_BC, rows, nj, vt, vs_row, Dv, orow, Dv, true);
+            }
+        } else if (bad) {
             attn__pv_skipping_zeros(vt, vs_row, vs_d, nj, Dv, t.st, brp, t.alpha, t.ot);
-        else
+        } else {
             J->kn->pv(vt, vs_row, vs_d, nj, Dv, t.st, brp, t.alpha, t.ot);
+        }
     }
     float *part = J->part + task * J->part_floats;
     memcpy(part, t.m, (size_t)brp * sizeof(float));
     memcpy(part + brp, t.l, (size_t)brp * sizeof(float));
-    memcpy(part + 2 * brp, t.ot, (size_t)Dv * (size_t)brp * sizeof(float));
+    float *po = part + 2 * brp; // O row by row
+    if (J->narrow)
+        memcpy(po, orow, (size_t)rows * (size_t)Dv * sizeof(float));
+    else
+        for (int r = 0; r < rows; r++)
+            for (int e = 0; e < Dv; e++) po[(int64_t)r * Dv + e] = t.ot[(int64_t)e * brp + r];
 }
 
 // Merges the chunks of (b, hk) into out and lse.
@@ -170,7 +236,7 @@ static void merge_task(void *arg, int64_t bhk, int thread) {
             if (lc == 0.0f) continue;
             const float w = mx == -INFINITY ? 1.0f : exp2f(p[r] - mx); // mx -inf: l is NaN (NaN scores)
             l += w * lc;
-            for (int64_t e = 0; e < sh->Dv; e++) o[e * d->o_stride[3]] += w * p[2 * brp + e * brp + r];
+            for (int64_t e = 0; e < sh->Dv; e++) o[e * d->o_stride[3]] += w * p[2 * brp + r * sh->Dv + e];
         }
         const float inv = l > 0.0f ? 1.0f / l : (l == 0.0f ? 0.0f : l);
         for (int64_t e = 0; e < sh->Dv; e++) o[e * d->o_stride[3]] *= inv;
@@ -183,7 +249,7 @@ static void merge_task(void *arg, int64_t bhk, int thread) {
 typedef struct decode_layout {
     float *part;
     char *scratch;
-    size_t per_thread, part_floats;
+    size_t per_thread, part_floats, narrow_off;
 } decode_layout;
 
 static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d, char *base,
@@ -193,7 +259,11 @@ static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn
     attn__arena a = {.base = base};
     dl->part_floats = (size_t)brp * (size_t)(2 + sh->Dv);
     dl->part = attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * keys.n_chunks) * dl->part_floats * sizeof(float));
-    dl->per_thread = (attn__fwd_tiles_layout(sh, d, brp, NULL, NULL) + ATTN_ALIGN - 1) & ~(size_t)(ATTN_ALIGN - 1);
+    const size_t align = ATTN_ALIGN - 1;
+    dl->per_thread = (attn__fwd_tiles_layout(sh, d, brp, NULL, NULL) + align) & ~align;
+    dl->narrow_off = dl->per_thread;
+    if (narrow_applies(sh, d)) // scores (rows, BC), O (rows, Dv), q (rows, D)
+        dl->per_thread += ((size_t)NARROW_ROWS * (size_t)(FLASH_BC + sh->Dv + sh->D) * sizeof(float) + align) & ~align;
     dl->scratch = attn__arena_take(&a, dl->per_thread * (size_t)attn__pool_threads(ctx->pool));
     return a.used;
 }
@@ -210,7 +280,8 @@ void attn__decode_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_s
     decode_job J = {
         .d = d, .sh = sh, .kn = ctx->kernels, .q = q, .k = k, .v = v, .out = out, .lse = lse,
         .brp = brp_of(sh), .keys = keys_of(sh, d), .qscale = (float)((double)sh->scale * LOG2E),
-        .part = dl.part, .part_floats = dl.part_floats, .scratch = dl.scratch, .per_thread = dl.per_thread,
+        .part = dl.part, .part_floats = dl.part_floats, .narrow = narrow_applies(sh, d), .scratch = dl.scratch,
+        .per_thread = dl.per_thread, .narrow_off = dl.narrow_off,
     };
     attn__pool_run(ctx->pool, sh->B * sh->Hkv * J.keys.n_chunks, decode_task, &J);
     attn__pool_run(ctx->pool, sh->B * sh->Hkv, merge_task, &J);

@@ -105,6 +105,16 @@ static void pv_generic(const float *v, int64_t vs_row, int64_t vs_d, int nj, int
     }
 }
 
+static void qk_rows_generic(const float *k, int64_t ks_row, int nj, int D, const float *q, int rows, float *s,
+                            int64_t lds) {
+    for (int j = 0; j < nj; j++)
+        for (int r = 0; r < rows; r++) {
+            float acc = 0.0f;
+            for (int d = 0; d < D; d++) acc += q[(int64_t)r * D + d] * k[(int64_t)j * ks_row + d];
+            s[(int64_t)r * lds + j] = acc;
+        }
+}
+
 static void half_to_f32_generic(attn_dtype dt, const uint16_t *x, float *y, int64_t n) {
     if (dt == ATTN_DTYPE_F16)
         for (int64_t i = 0; i < n; i++) y[i] = attn__f16_to_f32(x[i]);
@@ -121,5 +131,6 @@ const attn__kernels attn__kernels_generic = {
     .exp2 = exp2_generic,
     .bwd_p = bwd_p_generic,
     .bwd_ds = bwd_ds_generic,
+    .qk_rows = qk_rows_generic,
     .half_to_f32 = half_to_f32_generic,
 };

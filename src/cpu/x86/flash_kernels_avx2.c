@@ -282,6 +282,38 @@ static void bwd_ds_avx2(const float *pt, float *dst, int nj, int br, const float
 }
 
 // F16C converts half exactly; bfloat16 is the top half of a float.
+// Four rows at a time: per key, the rows' partial sums in four registers, reduced together.
+static void qk_rows_avx2(const float *k, int64_t ks_row, int nj, int D, const float *q, int rows, float *s,
+                         int64_t lds) {
+    const int d8 = D / 8 * 8;
+    for (int r0 = 0; r0 < rows; r0 += 4) {
+        const int nr = rows - r0 < 4 ? rows - r0 : 4;
+        const float *q0 = q + (int64_t)r0 * D, *q1 = q0 + (nr > 1 ? D : 0), *q2 = q0 + (nr > 2 ? 2 * D : 0),
+                    *q3 = q0 + (nr > 3 ? 3 * D : 0);
+        for (int j = 0; j < nj; j++) {
+            const float *kj = k + (int64_t)j * ks_row;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int d = 0; d < d8; d += 8) {
+                const __m256 kv = _mm256_loadu_ps(kj + d);
+                a0 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q0 + d), a0);
+                a1 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q1 + d), a1);
+                a2 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q2 + d), a2);
+                a3 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q3 + d), a3);
+            }
+            const __m256 s01 = _mm256_hadd_ps(a0, a1), s23 = _mm256_hadd_ps(a2, a3);
+            const __m256 s0123 = _mm256_hadd_ps(s01, s23);
+            const __m128 sum = _mm_add_ps(_mm256_castps256_ps128(s0123), _mm256_extractf128_ps(s0123, 1));
+            float out[4];
+            _mm_storeu_ps(out, sum);
+            for (int d = d8; d < D; d++) { // the last D % 8 features
+                out[0] += kj[d] * q0[d], out[1] += kj[d] * q1[d];
+                out[2] += kj[d] * q2[d], out[3] += kj[d] * q3[d];
+            }
+            for (int r = 0; r < nr; r++) s[(int64_t)(r0 + r) * lds + j] = out[r];
+        }
+    }
+}
+
 static void half_to_f32_avx2(attn_dtype dt, const uint16_t *x, float *y, int64_t n) {
     int64_t i = 0;
     if (dt == ATTN_DTYPE_F16) {
@@ -305,5 +337,6 @@ const attn__kernels attn__kernels_avx2 = {
     .exp2 = exp2_avx2,
     .bwd_p = bwd_p_avx2,
     .bwd_ds = bwd_ds_avx2,
+    .qk_rows = qk_rows_avx2,
     .half_to_f32 = half_to_f32_avx2,
 };

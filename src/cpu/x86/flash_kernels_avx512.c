@@ -189,6 +189,49 @@ static void bwd_ds_avx512(const float *pt, float *dst, int nj, int br, const flo
     }
 }
 
+INLINE __m256 hi256(__m512 x) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)); }
+
+// Four rows at a time: per key, the rows' partial sums in four registers, reduced together.
+static void qk_rows_avx512(const float *k, int64_t ks_row, int nj, int D, const float *q, int rows, float *s,
+                           int64_t lds) {
+    const int d16 = D / 16 * 16;
+    const __mmask16 tail = (__mmask16)((1u << (D - d16)) - 1u);
+    for (int r0 = 0; r0 < rows; r0 += 4) {
+        const int nr = rows - r0 < 4 ? rows - r0 : 4;
+        const float *q0 = q + (int64_t)r0 * D, *q1 = q0 + (nr > 1 ? D : 0), *q2 = q0 + (nr > 2 ? 2 * D : 0),
+                    *q3 = q0 + (nr > 3 ? 3 * D : 0);
+        for (int j = 0; j < nj; j++) {
+            const float *kj = k + (int64_t)j * ks_row;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int d = 0; d < d16; d += 16) {
+                const __m512 kv = _mm512_loadu_ps(kj + d);
+                a0 = _mm512_fmadd_ps(kv, _mm512_loadu_ps(q0 + d), a0);
+                a1 = _mm512_fmadd_ps(kv, _mm512_loadu_ps(q1 + d), a1);
+                a2 = _mm512_fmadd_ps(kv, _mm512_loadu_ps(q2 + d), a2);
+                a3 = _mm512_fmadd_ps(kv, _mm512_loadu_ps(q3 + d), a3);
+            }
+            if (tail) {
+                const __m512 kv = _mm512_maskz_loadu_ps(tail, kj + d16);
+                a0 = _mm512_fmadd_ps(kv, _mm512_maskz_loadu_ps(tail, q0 + d16), a0);
+                a1 = _mm512_fmadd_ps(kv, _mm512_maskz_loadu_ps(tail, q1 + d16), a1);
+                a2 = _mm512_fmadd_ps(kv, _mm512_maskz_loadu_ps(tail, q2 + d16), a2);
+                a3 = _mm512_fmadd_ps(kv, _mm512_maskz_loadu_ps(tail, q3 + d16), a3);
+            }
+            // 4 x 16 lanes -> 4 sums: halves added pairwise, then the 4-lane groups transposed
+            const __m256 h0 = _mm256_add_ps(_mm512_castps512_ps256(a0), hi256(a0));
+            const __m256 h1 = _mm256_add_ps(_mm512_castps512_ps256(a1), hi256(a1));
+            const __m256 h2 = _mm256_add_ps(_mm512_castps512_ps256(a2), hi256(a2));
+            const __m256 h3 = _mm256_add_ps(_mm512_castps512_ps256(a3), hi256(a3));
+            const __m256 s01 = _mm256_hadd_ps(h0, h1), s23 = _mm256_hadd_ps(h2, h3);
+            const __m256 s0123 = _mm256_hadd_ps(s01, s23); // lanes: r0 r1 r2 r3 (low half), same (high)
+            const __m128 sum = _mm_add_ps(_mm256_castps256_ps128(s0123), _mm256_extractf128_ps(s0123, 1));
+            float out[4];
+            _mm_storeu_ps(out, sum);
+            for (int r = 0; r < nr; r++) s[(int64_t)(r0 + r) * lds + j] = out[r];
+        }
+    }
+}
+
 static void half_to_f32_avx512(attn_dtype dt, const uint16_t *x, float *y, int64_t n) {
     int64_t i = 0;
     if (dt == ATTN_DTYPE_F16) {
@@ -213,5 +256,6 @@ const attn__kernels attn__kernels_avx512 = {
     .exp2 = exp2_avx512,
     .bwd_p = bwd_p_avx512,
     .bwd_ds = bwd_ds_avx512,
+    .qk_rows = qk_rows_avx512,
     .half_to_f32 = half_to_f32_avx512,
 };
