@@ -41,6 +41,7 @@ typedef struct scenario {
 
 typedef struct state {
     attn_mha *mha;
+    attn_kv_cache *cache;
     attn_book *book;
     attn_tensor_list list;
     attn_tensor t[8];
@@ -163,6 +164,61 @@ static void teardown_mha(void *st) {
     state *s = st;
     attn_mha_free(s->mha);
     attn_book_free(s->book);
+    attn_kv_cache_free(s->cache);
+}
+
+static attn_status call_kv_cache_create(attn_ctx *ctx, void *st) {
+    state *s = st;
+    attn_kv_cache_config c;
+    attn_kv_cache_config_init(&c);
+    c.batch = 2, c.n_kv_heads = 2, c.head_dim = 4, c.capacity = 8, c.dtype = ATTN_DTYPE_F16;
+    s->cache = (attn_kv_cache *)s; // must come back NULL on failure
+    attn_status r = attn_kv_cache_create(ctx, &c, &s->cache);
+    if (r != ATTN_OK && s->cache != NULL) FAIL("kv_cache_create left a pointer on failure");
+    return r;
+}
+
+// A module without bias_k / zero attention and its cache (batch 2, 2 heads of 4).
+static void setup_cached(attn_ctx *ctx, void *st) {
+    state *s = st;
+    attn_mha_config c;
+    attn_mha_config_init(&c, 8, 2);
+    ASSERT_OK(attn_mha_create(ctx, &c, &s->mha));
+    attn_kv_cache_config kc;
+    attn_kv_cache_config_init(&kc);
+    kc.batch = 2, kc.n_kv_heads = 2, kc.head_dim = 4, kc.capacity = 12;
+    ASSERT_OK(attn_kv_cache_create(ctx, &kc, &s->cache));
+    fill_x(ctx, s);
+}
+
+static attn_status call_mha_forward_cached(attn_ctx *ctx, void *st) {
+    state *s = st;
+    attn_status r = attn_mha_forward_cached(ctx, s->mha, s->cache, s->x, 2, 6, s->out);
+    if (r != ATTN_OK && attn_kv_cache_length(s->cache) != 0) FAIL("mha_forward_cached grew the cache and failed");
+    return r;
+}
+
+static attn_status call_kv_cache_attend(attn_ctx *ctx, void *st) {
+    state *s = st;
+    ASSERT_OK(attn_kv_cache_append(ctx, s->cache, 6, s->x, NULL, s->x, NULL)); // allocates nothing
+    attn_sdpa_desc d;
+    attn_sdpa_desc_init(&d);
+    d.batch = 2, d.n_heads = 4, d.len_q = 1, d.head_dim = 4, d.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+    attn_layout_strides(ATTN_LAYOUT_BHLD, 2, 4, 1, 4, d.q_stride);
+    attn_layout_strides(ATTN_LAYOUT_BHLD, 2, 4, 1, 4, d.o_stride);
+    return attn_kv_cache_attend(ctx, s->cache, &d, s->x, s->out, NULL);
+}
+
+static attn_status call_sdpa_varlen(attn_ctx *ctx, void *st) {
+    state *s = st;
+    attn_sdpa_desc d;
+    attn_sdpa_desc_init(&d);
+    d.batch = 2, d.n_heads = 2, d.len_q = 4, d.len_kv = 4, d.head_dim = 4, d.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+    const int64_t st4[4] = {0, 4, 8, 1}, cu[3] = {0, 2, 6};
+    memcpy(d.q_stride, st4, sizeof st4), memcpy(d.k_stride, st4, sizeof st4);
+    memcpy(d.v_stride, st4, sizeof st4), memcpy(d.o_stride, st4, sizeof st4);
+    fill_x(ctx, s);
+    return attn_sdpa_varlen_fwd(ctx, &d, cu, cu, s->x, s->x, s->x, s->out, s->w);
 }
 
 #define BOOK_CREATE(fn, ...)                                                    \
@@ -224,6 +280,10 @@ static void test_every_allocation_of_every_call(void) {
         {"attn_book_forward", setup_wrapper, call_book_forward, teardown_mha},
         {"attn_simple_self_attention", NULL, call_simple, NULL},
         {"attn_sdpa_fwd", NULL, call_sdpa, NULL},
+        {"attn_kv_cache_create", NULL, call_kv_cache_create, teardown_mha},
+        {"attn_mha_forward_cached", setup_cached, call_mha_forward_cached, teardown_mha},
+        {"attn_kv_cache_attend", setup_cached, call_kv_cache_attend, teardown_mha},
+        {"attn_sdpa_varlen_fwd", NULL, call_sdpa_varlen, NULL},
     };
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) run_scenario(&scenarios[i]);
 }
