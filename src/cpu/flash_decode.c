@@ -8,9 +8,11 @@
 // (masks, windows, ALiBi and soft-capping applied head by head on the tile's column blocks) and
 // leaves (m, l, O) unnormalised. The merge then gives out = sum_c 2^(m_c - M) O_c / sum_c
 // 2^(m_c - M) l_c per row. The chunk length depends on the problem only, never on the thread
-// count, so every thread count gives the same bits. Value tiles are checked for NaN and inf as
-// they are used (they sit in cache then): no extra pass over the values, which would double the
-// memory traffic of a bandwidth-bound call.
+// count, so every thread count gives the same bits. NaN or inf in a value a row cannot see must
+// not reach it (0 * inf is NaN), but checking every value tile would cost a pass over memory-bound
+// data: an item runs unchecked, and only when its result holds a NaN or an inf is it run again
+// with the value tiles checked and zero weights skipped (a finite result proves that no product
+// met a non-finite value).
 //
 // With at most NARROW_ROWS packed rows (and key and value rows contiguous) the products are taken
 // row-major: S (rows, nj) as dot products of each key row with the few query rows (qk_rows), and
@@ -29,6 +31,7 @@
 #define DECODE_ROWS 64             // packed query rows (group * L) handled by this path
 #define DECODE_CHUNK (16 * FLASH_BC) // keys per work item
 #define NARROW_ROWS 8
+#define HALF_PIECE 32 // keys converted from half precision at a time
 
 static int brp_of(const attn__sdpa_shape *sh) {
     const int64_t rows = sh->group * sh->L;
@@ -107,8 +110,9 @@ static bool tile_not_finite(const float *x, int64_t rs, int64_t es, int nj, int6
     return any != 0;
 }
 
-static void decode_task(void *arg, int64_t task, int thread) {
-    const decode_job *J = arg;
+// One item; `careful`: check each value tile and skip zero weights where it holds NaN or inf.
+// Returns whether the item's partial output is finite.
+static bool decode_item(const decode_job *J, int64_t task, int thread, bool careful) {
     const attn_sdpa_desc *d = J->d;
     const attn__sdpa_shape *sh = J->sh;
     const int64_t chunk = task % J->keys.n_chunks, bhk = task / J->keys.n_chunks;
@@ -145,20 +149,30 @@ static void decode_task(void *arg, int64_t task, int thread) {
         for (int r = 0; r < rows; r++)
             for (int dd = 0; dd < D; dd++) qr[(int64_t)r * D + dd] = t.qt[(int64_t)dd * brp + r];
         memset(orow, 0, (size_t)rows * (size_t)Dv * sizeof(float));
+        memset(t.st, 0, (size_t)FLASH_BC * (size_t)brp * sizeof(float)); // padding columns stay 0
     }
     for (int64_t j0 = c_begin; j0 < c_end; j0 += FLASH_BC) {
         const int nj = (int)(c_end - j0 < FLASH_BC ? c_end - j0 : FLASH_BC);
         const float *kt = (const float *)(kbase + (size_t)(j0 * d->k_stride[2]) * esize);
         const float *vt = (const float *)(vbase + (size_t)(j0 * d->v_stride[2]) * esize);
         int64_t ks_row = d->k_stride[2], ks_d = d->k_stride[3], vs_row = d->v_stride[2], vs_d = d->v_stride[3];
-        if (half) {
+        const bool piecewise = J->narrow && half && !careful; // half tiles converted a piece at a time
+        if (half && !piecewise) {
             attn__half_tile(J->kn, d->kv_dtype, (const uint16_t *)kt, ks_row, ks_d, nj, D, t.kf);
             kt = t.kf, ks_row = D, ks_d = 1;
         }
-        if (J->narrow) { // S (rows, nj) = Q K^T, dot products along the key rows
+        if (piecewise) { // pieces of HALF_PIECE keys: the converted floats stay in L1
+            for (int p0 = 0; p0 < nj; p0 += HALF_PIECE) {
+                const int np = nj - p0 < HALF_PIECE ? nj - p0 : HALF_PIECE;
+                attn__half_tile(J->kn, d->kv_dtype, (const uint16_t *)kt + p0 * ks_row, ks_row, ks_d, np, D, t.kf);
+                J->kn->qk_rows(t.kf, D, np, D, qr, rows, sr + p0, FLASH_BC);
+            }
+            for (int r = 0; r < rows; r++)
+                for (int j = 0; j < nj; j++) t.st[(int64_t)j * brp + r] = sr[(int64_t)r * FLASH_BC + j];
+        } else if (J->narrow) { // S (rows, nj) = Q K^T, dot products along the key rows
             J->kn->qk_rows(kt, ks_row, nj, D, qr, rows, sr, FLASH_BC);
-            for (int j = 0; j < nj; j++)
-                for (int r = 0; r < brp; r++) t.st[(int64_t)j * brp + r] = r < rows ? sr[(int64_t)r * FLASH_BC + j] : 0.0f;
+            for (int r = 0; r < rows; r++)
+                for (int j = 0; j < nj; j++) t.st[(int64_t)j * brp + r] = sr[(int64_t)r * FLASH_BC + j];
         } else {
             attn__qk(J->kn, kt, ks_row, ks_d, nj, D, t.qt, brp, t.st);
         }
@@ -174,18 +188,24 @@ static void decode_task(void *arg, int64_t task, int thread) {
         }
         if (!any_visible) continue;
         J->kn->softmax(t.st, nj, brp, t.m, t.l, t.alpha);
-        if (half) {
+        if (half && !piecewise) {
             attn__half_tile(J->kn, d->kv_dtype, (const uint16_t *)vt, vs_row, vs_d, nj, Dv, t.vf);
             vt = t.vf, vs_row = Dv, vs_d = 1;
         }
-        const bool bad = tile_not_finite(vt, vs_row, vs_d, nj, Dv);
+        const bool bad = careful && tile_not_finite(vt, vs_row, vs_d, nj, Dv);
         if (J->narrow) { // O (rows, Dv) = alpha O + P V, P (rows, nj) transposed back from the tile
             for (int r = 0; r < rows; r++) {
                 float *o = orow + (int64_t)r * Dv;
                 for (int e = 0; e < Dv; e++) o[e] *= t.alpha[r];
                 for (int j = 0; j < nj; j++) sr[(int64_t)r * FLASH_BC + j] = t.st[(int64_t)j * brp + r];
             }
-            if (bad) { // skip zero weights: a hidden key's NaN or inf value is never read
+            if (piecewise) {
+                for (int p0 = 0; p0 < nj; p0 += HALF_PIECE) {
+                    const int np = nj - p0 < HALF_PIECE ? nj - p0 : HALF_PIECE;
+                    attn__half_tile(J->kn, d->kv_dtype, (const uint16_t *)vt + p0 * vs_row, vs_row, vs_d, np, Dv, t.vf);
+                    small_gemm(J->kn, sr + p0, FLASH_BC, rows, np, t.vf, Dv, Dv, orow, Dv, true);
+                }
+            } else if (bad) { // skip zero weights: a hidden key's NaN or inf value is never read
                 for (int r = 0; r < rows; r++)
                     for (int j = 0; j < nj; j++) {
                         const float p = sr[(int64_t)r * FLASH_BC + j];
@@ -210,6 +230,18 @@ static void decode_task(void *arg, int64_t task, int thread) {
     else
         for (int r = 0; r < rows; r++)
             for (int e = 0; e < Dv; e++) po[(int64_t)r * Dv + e] = t.ot[(int64_t)e * brp + r];
+    uint32_t any = 0; // an exponent of all ones: NaN or inf
+    for (int64_t e = 0; e < (int64_t)rows * Dv; e++) {
+        uint32_t u;
+        memcpy(&u, &po[e], sizeof u);
+        any |= (u & 0x7f800000u) == 0x7f800000u;
+    }
+    return any == 0;
+}
+
+static void decode_task(void *arg, int64_t task, int thread) {
+    const decode_job *J = arg;
+    if (!decode_item(J, task, thread, false)) decode_item(J, task, thread, true);
 }
 
 // Merges the chunks of (b, hk) into out and lse.
