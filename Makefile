@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
-.PHONY: all configure demo train-demo test clean install
+.PHONY: all configure demo train-demo gpt2-demo test clean install
 
 all: configure
 	cmake --build $(BUILD) -j $(JOBS)
@@ -21,6 +21,13 @@ train-demo: all
 	./$(BUILD)/examples/example_train_recall --csv $(BUILD)/train_recall.csv
 	./$(BUILD)/examples/example_train_recall --no-attention --csv $(BUILD)/train_recall_no_attention.csv > /dev/null
 	sh examples/plot_loss.sh $(BUILD)/train_recall.png $(BUILD)/train_recall.csv $(BUILD)/train_recall_no_attention.csv
+
+# The attention layer of GPT-2 small decoding with a KV cache (examples/gpt2_decode.c): prefill a
+# 128-token prompt, decode 128 tokens, check every step against the full causal attention, print
+# tokens per second. Options go through GPT2_FLAGS, e.g. GPT2_FLAGS="--threads 2 --kv-dtype f16".
+GPT2_FLAGS ?=
+gpt2-demo: all
+	./$(BUILD)/examples/example_gpt2_decode $(GPT2_FLAGS)
 
 test: all
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
