@@ -3,14 +3,19 @@
     make && /usr/bin/python3 bench/run_bench.py [--threads 2] [--rounds 3] [--torch2 PYTHON] [--quick]
 
 1. Compiles bench/peak.c and measures the fp32 FMA peak of the machine (AVX2 and, when present,
-   AVX-512) with the same number of threads.
+   AVX-512) with the same number of threads, and bench/triad.c, a STREAM-like triad that measures
+   the memory bandwidth with the same number of threads.
 2. For every shape, runs `attn bench --json` and bench/torch_bench.py (with OMP_NUM_THREADS,
    OPENBLAS_NUM_THREADS and glibc's malloc kept warm, so PyTorch runs at its best) one after the
-   other, for --rounds rounds, and keeps the median of each side.
-3. Writes BENCHMARKS.md (machine, date, commit, command, the table with attn ms, torch ms, ratio,
-   attn GFLOP/s and % of the peak of the instruction set used, and the targets met or missed),
-   bench/results.json (every measurement) and bench/attention_gflops.png (GFLOP/s against sequence
-   length; needs matplotlib, skipped without it).
+   other, for --rounds rounds, and keeps the median of each side. The shapes are the attention
+   forward and backward (compute-bound) and one decoding step against a KV cache
+   (`attn bench --op decode`, memory-bound: H=32, Hkv=8, D=128, S in {4096, 32768}, f32, f16 and
+   bf16 caches).
+3. Writes BENCHMARKS.md (machine, date, commit, command, the tables with attn ms, torch ms, ratio,
+   attn GFLOP/s and % of the peak of the instruction set used, the decode table with GB/s and % of
+   the triad's bandwidth, and the targets met or missed), bench/results.json (every measurement)
+   and bench/attention_gflops.png (GFLOP/s against sequence length; needs matplotlib, skipped
+   without it).
 """
 import argparse
 import datetime
@@ -43,6 +48,29 @@ def measure_peak(threads):
     subprocess.run([cc, "-O2", "-mavx2", "-mfma", "-mavx512f", "-pthread", os.path.join(ROOT, "bench", "peak.c"),
                     "-o", exe], check=True)
     return run_json([exe, str(threads)])
+
+
+def measure_triad(threads):
+    """The memory bandwidth (GB/s, STREAM's count: 12 bytes per element of a = b + s * c) with
+    `threads` threads: bench/triad.c over three 256 MiB arrays, best of 10 passes."""
+    exe = os.path.join(ROOT, "build", "bench_triad")
+    cc = os.environ.get("CC", "cc")
+    subprocess.run([cc, "-O2", "-pthread", os.path.join(ROOT, "bench", "triad.c"), "-o", exe], check=True)
+    return run_json([exe, str(threads), "256", "10"])
+
+
+def cache_bytes(level=3):
+    """Size of the CPU's level-3 cache in bytes (0 if unknown)."""
+    try:
+        for d in sorted(os.listdir("/sys/devices/system/cpu/cpu0/cache")):
+            base = os.path.join("/sys/devices/system/cpu/cpu0/cache", d)
+            if open(os.path.join(base, "level")).read().strip() == str(level):
+                size = open(os.path.join(base, "size")).read().strip()
+                mult = {"K": 1024, "M": 1048576}.get(size[-1], 1)
+                return int(size.rstrip("KM")) * mult
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def measure_gemm(threads):
@@ -79,7 +107,7 @@ def machine():
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     return {"cpu": model, "cores": os.cpu_count(), "isa": isa, "kernel": platform.release(),
-            "date": datetime.date.today().isoformat(), "commit": commit or "?"}
+            "date": datetime.date.today().isoformat(), "commit": commit or "?", "l3_bytes": cache_bytes(3)}
 
 
 def attn_cmd(args, shape, isa):
@@ -96,6 +124,25 @@ def attn_cmd(args, shape, isa):
     if shape.get("no_check"):
         cmd.append("--no-check")
     return cmd
+
+
+def attn_decode_cmd(args, shape, isa):
+    return [args.attn, "bench", "--op", "decode", "--json", "--threads", str(args.threads), "--repeat",
+            str(shape["repeat"]), "--isa", isa, "--heads", str(shape["H"]), "--kv-heads", str(shape["Hkv"]),
+            "--len-kv", str(shape["S"]), "--head-dim", str(shape["D"]), "--kv-dtype", shape["kv"]]
+
+
+def torch_decode_cmd(python, shape):
+    return [python, os.path.join(ROOT, "bench", "torch_bench.py"), "--op", "decode", "--heads", str(shape["H"]),
+            "--kv-heads", str(shape["Hkv"]), "--len", str(shape["S"]), "--head-dim", str(shape["D"]),
+            "--kv-dtype", shape["kv"], "--repeat", str(shape["torch_repeat"])]
+
+
+def decode_shapes():
+    """One query per head against a cache of S positions (the same shapes with --quick)."""
+    return [{"op": "decode", "H": 32, "Hkv": 8, "D": 128, "S": S, "kv": kv, "repeat": 50 if S <= 4096 else 20,
+             "torch_repeat": 7 if S <= 4096 else 5}
+            for S in (4096, 32768) for kv in ("f32", "f16", "bf16")]
 
 
 def torch_cmd(python, shape, op):
@@ -147,11 +194,15 @@ def main():
     if args.torch2:
         info["torch2"] = run_json([args.torch2, "-c", "import json, torch; print(json.dumps({'v': torch.__version__}))"])["v"]
     peak = measure_peak(args.threads)
+    triad = measure_triad(args.threads)
     gemm = measure_gemm(args.threads)
-    log(f"peak with {args.threads} threads: AVX2 {peak['avx2_gflops']} GFLOP/s, AVX-512 {peak['avx512_gflops']}")
+    log(f"peak with {args.threads} threads: AVX2 {peak['avx2_gflops']} GFLOP/s, AVX-512 {peak['avx512_gflops']}; "
+        f"triad {triad['gbps']} GB/s")
     isas = ["auto", "avx2"] if info["isa"] == "AVX-512" else ["auto"]
     todo = shapes(args.quick)
     results = {i: {} for i in range(len(todo))}
+    dec = decode_shapes()
+    dec_results = {i: {} for i in range(len(dec))}
     for rnd in range(args.rounds):
         for i, sh in enumerate(todo):
             if sh.get("memory") and rnd > 0:
@@ -172,10 +223,21 @@ def main():
                     if "median_ms" in res:
                         r.setdefault("torch2", []).append(res)
                         log(f"round {rnd + 1}   torch {res['torch']} sdpa: {res['median_ms']:.2f} ms")
+        for i, sh in enumerate(dec):
+            r = dec_results[i]
+            for isa in isas:
+                res = run_json(attn_decode_cmd(args, sh, isa), env=env)
+                r.setdefault("attn_" + isa, []).append(res)
+                log(f"round {rnd + 1} decode S={sh['S']} {sh['kv']} attn[{isa}]: {res['median_ms']:.3f} ms "
+                    f"{res['gbps']:.1f} GB/s")
+            res = run_json(torch_decode_cmd(args.torch, sh), env=env)
+            r.setdefault("torch", []).append(res)
+            log(f"round {rnd + 1}   torch {res['torch']} decode: {res['median_ms']:.3f} ms")
     with open(os.path.join(ROOT, "bench", "results.json"), "w") as fh:
-        json.dump({"machine": info, "peak": peak, "gemm": gemm, "shapes": todo,
-                   "results": {str(k): v for k, v in results.items()}}, fh, indent=1)
-    write_report(args, info, peak, todo, results, isas, gemm)
+        json.dump({"machine": info, "peak": peak, "triad": triad, "gemm": gemm, "shapes": todo,
+                   "results": {str(k): v for k, v in results.items()}, "decode_shapes": dec,
+                   "decode_results": {str(k): v for k, v in dec_results.items()}}, fh, indent=1)
+    write_report(args, info, peak, todo, results, isas, gemm, triad, dec, dec_results)
 
 
 def med(rs, key="median_ms"):
@@ -189,7 +251,7 @@ def flops(sh):
     return core + (8.0 * sh["L"] * sh["E"] ** 2 if sh["op"] == "mha" else 0.0)
 
 
-def write_report(args, info, peak, todo, results, isas, gemm):
+def write_report(args, info, peak, todo, results, isas, gemm, triad, dec, dec_results):
     peak_of = {"auto": peak["avx512_gflops"] or peak["avx2_gflops"], "avx2": peak["avx2_gflops"]}
     if info["isa"] != "AVX-512":
         peak_of["auto"] = peak["avx2_gflops"]
@@ -214,6 +276,9 @@ def write_report(args, info, peak, todo, results, isas, gemm):
       + ". attn picks its kernels at run time: on this machine `auto` means "
       + isa_label["auto"] + "; the AVX2 rows force `--isa avx2`. \"% peak\" is relative to the peak of the instruction "
       "set the row used.\n")
+    w(f"**Memory bandwidth** (bench/triad.c, a STREAM-like triad a = b + s·c over three {triad['mib_per_array']} MiB "
+      f"float32 arrays, {triad['threads']} threads, best of 10 passes, 12 bytes counted per element as STREAM does): "
+      f"{triad['gbps']:.1f} GB/s. The decode rows are measured against it.\n")
     w("GFLOP/s count 4·B·H·L·S·D for attention (halved when causal: only the unmasked half is work) and add "
       "8·B·L·E² for the four projections of the MHA module. PyTorch's attention core is `(q @ k^T) * scale`, "
       "`masked_fill` of a prepared causal mask, `softmax`, `@ v`; its MHA is `nn.MultiheadAttention` without "
@@ -221,6 +286,7 @@ def write_report(args, info, peak, todo, results, isas, gemm):
     plot = {}
     for backward in (False, True):
         table(w, info, todo, results, isas, isa_label, peak_of, plot, backward)
+    decode_table(w, info, dec, dec_results, isas, isa_label, triad)
     mem = [(i, sh) for i, sh in enumerate(todo) if sh.get("memory")]
     for i, sh in mem:
         res = results[i]["attn_auto"][0]
@@ -228,7 +294,7 @@ def write_report(args, info, peak, todo, results, isas, gemm):
         w(f"**Memory** at L=S={sh['L']}, H={sh['H']}, D={sh['D']} ({isa_label['auto']}): peak resident set "
           f"{res['peak_rss_mb']:.0f} MiB for {res['io_mb']:.0f} MiB of inputs and output, i.e. {extra:.1f} MiB beyond "
           f"them (program, libraries and scratch together); {res['median_ms'] / 1e3:.1f} s, {res['gflops']:.0f} GFLOP/s.\n")
-    w(targets(todo, results, peak_of, isas, isa_label))
+    w(targets(todo, results, peak_of, isas, isa_label, dec, dec_results, triad))
     write_tail(w, args, gemm, plot, lines)
 
 
@@ -270,6 +336,54 @@ def table(w, info, todo, results, isas, isa_label, peak_of, plot, backward):
     w("")
 
 
+def decode_table(w, info, dec, dec_results, isas, isa_label, triad):
+    if not dec:
+        return
+    sh0 = dec[0]
+    w(f"## Decoding against a KV cache, B=1, H={sh0['H']}, Hkv={sh0['Hkv']}, D={sh0['D']}, one query per head\n")
+    w("One decoding step, `attn_kv_cache_attend` (`attn bench --op decode`): each query head against the S cached "
+      "keys and values of its kv head, stored as float32, float16 or bfloat16 (the query and the arithmetic are "
+      "float32). attn ms is the median of the timed steps after one warm-up, checked against the scalar reference "
+      "first. GB/s is the bytes of K and V read per step, B·Hkv·S·2·D·bytes(type), over that time; \"% triad\" "
+      "compares it with the measured memory bandwidth above. PyTorch computes the same step as "
+      "`softmax((q @ kᵀ) · scale) @ v` with q viewed as (B, Hkv, H/Hkv, D), so each kv head serves its group of "
+      "query heads without copies (`repeat_interleave` of k and v, the other way to write grouped-query attention, "
+      "copies the cache on every step and is several times slower); float32 and bfloat16 caches are computed in their "
+      "own type (q rounded to bfloat16 for the latter).\n")
+    hdr = "| cache | K+V MiB | isa | attn ms | attn GB/s | % triad | torch ms | ratio |"
+    w(hdr)
+    w("|" + "---|" * (hdr.count("|") - 1))
+    l3 = info.get("l3_bytes") or 0
+    notes = set()
+    for i, sh in enumerate(dec):
+        r = dec_results[i]
+        t = r.get("torch", [])
+        t_ms = med(t)
+        converted = any("float()" in x.get("path", "") for x in t)
+        mark = " ¹" if converted else ""
+        if converted:
+            notes.add(1)
+        nbytes = sh_bytes(sh)
+        fits = 0 < nbytes <= l3
+        if fits:
+            notes.add(2)
+        for isa in isas:
+            a_ms = med(r["attn_" + isa])
+            gbps = nbytes / (a_ms * 1e6)
+            row = (f"| S={sh['S']} {sh['kv']}{' ²' if fits else ''} | {nbytes / 1048576:.0f} | {isa_label[isa]} | "
+                   f"{a_ms:.3f} | {gbps:.1f} | {100 * gbps / triad['gbps']:.0f}% | ")
+            row += f"{t_ms:.3f}{mark} | {t_ms / a_ms:.2f}× |" if t_ms else "– | – |"
+            w(row)
+    w("")
+    if 1 in notes:
+        w(f"¹ PyTorch {info['torch']} has no float16 matrix product on the CPU (`\"addmm_impl_cpu_\" not implemented "
+          "for 'Half'`): its float16 step converts k and v with `.float()` and computes in float32, the conversion "
+          "included in its time.\n")
+    if 2 in notes:
+        w(f"² K and V are no larger than the {l3 // 1048576} MiB L3 cache, and every timed step reads the same cache: "
+          "these rows may read partly from L3 rather than from memory, and their % of the triad can pass 100%.\n")
+
+
 def write_tail(w, args, gemm, plot, lines):
     w("## What the library computes itself and what it hands to BLAS\n")
     w("The fused kernel computes its tile products with its own register-blocked microkernels: a BLAS call per "
@@ -291,7 +405,7 @@ def write_tail(w, args, gemm, plot, lines):
     log(f"wrote {args.out}")
 
 
-def targets(todo, results, peak_of, isas, isa_label):
+def targets(todo, results, peak_of, isas, isa_label, dec=(), dec_results=None, triad=None):
     out = ["## The targets, checked\n",
            "| target | measured | met |", "|---|---|---|"]
 
@@ -331,6 +445,16 @@ def targets(todo, results, peak_of, isas, isa_label):
                 label = f"forward+backward L={L}{' causal' if causal else ''} [{isa_label[isa]}]: ≥50% of peak, ≥3× torch autograd"
                 ok = pct >= 50 and t / a >= 3
                 out.append(f"| {label} | {pct:.0f}% of peak, {t / a:.2f}× | {'yes' if ok else '**no**'} |")
+        for i, sh in enumerate(dec):
+            if sh["kv"] not in ("f32", "f16") or sh["S"] not in (4096, 32768) or (sh["H"], sh["Hkv"], sh["D"]) != (32, 8, 128):
+                continue
+            a = med(dec_results[i]["attn_" + isa])
+            t = med(dec_results[i].get("torch", []))
+            pct = 100 * sh_bytes(sh) / (a * 1e6) / triad["gbps"]
+            label = f"decode H=32 Hkv=8 D=128 S={sh['S']} {sh['kv']} [{isa_label[isa]}]: ≥70% of the triad, ≥3× torch"
+            ok = pct >= 70 and t is not None and t / a >= 3
+            ratio = f"{t / a:.2f}×" if t else "no torch time"
+            out.append(f"| {label} | {pct:.0f}% of the triad, {ratio} | {'yes' if ok else '**no**'} |")
     for i, sh in enumerate(todo):
         if sh.get("memory"):
             res = results[i]["attn_auto"][0]
@@ -338,6 +462,11 @@ def targets(todo, results, peak_of, isas, isa_label):
             out.append(f"| memory at L=S=16384: ≤ inputs + outputs + 32 MiB | {extra:.1f} MiB over | "
                        f"{'yes' if extra <= 32 else '**no**'} |")
     return "\n".join(out) + "\n"
+
+
+def sh_bytes(sh):
+    """Bytes of K and V one decoding step reads."""
+    return sh["Hkv"] * sh["S"] * 2 * sh["D"] * {"f32": 4, "f16": 2, "bf16": 2}[sh["kv"]]
 
 
 def plot_png(plot):

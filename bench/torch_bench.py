@@ -6,6 +6,14 @@ Ops:
   sdpa  torch.nn.functional.scaled_dot_product_attention (torch >= 2.0; its CPU flash kernel)
   mha   nn.MultiheadAttention forward, self-attention, need_weights=False, no grad, the faster of
         eval mode with batch_first=True (the fused fast path) and the regular path
+  decode  one decoding step against a KV cache: q (B, H, 1, D) float32, k and v (B, Hkv, S, D)
+        stored as --kv-dtype; grouped-query attention by viewing q as (B, Hkv, H/Hkv, D) against
+        k and v as stored, (q @ k^T) * scale, softmax, @ v (no copies of the cache; repeating k
+        and v with repeat_interleave, the other way to write it, copies them on every step and was
+        7x slower here). float32 and bfloat16 caches are computed in their own type (for
+        bfloat16, q is rounded to bfloat16 once beforehand). torch 1.13 has no CPU float16 matmul
+        ("addmm_impl_cpu_" not implemented for 'Half'): then each step converts the cache with
+        .float() and computes in float32, and "path" says so.
 With --backward (core, sdpa) each run is the forward and autograd's backward of out given a fixed
 dL/dout (q, k, v require gradients; their .grad are cleared between runs).
 The caller sets OMP_NUM_THREADS / OPENBLAS_NUM_THREADS and glibc's malloc variables before Python
@@ -49,12 +57,44 @@ def median_ms(fn, repeat):
     return best
 
 
+KV_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def decode(a, result):
+    """One query per head against a cache of S positions (see the module's docstring)."""
+    B, H, S, D = a.batch, a.heads, a.len, a.head_dim
+    Hkv = a.kv_heads or H
+    if H % Hkv:
+        raise SystemExit("--heads must be a multiple of --kv-heads")
+    G, dt, scale = H // Hkv, KV_DTYPES[a.kv_dtype], D ** -0.5
+    q = torch.randn(B, H, 1, D)
+    k, v = torch.randn(B, Hkv, S, D).to(dt), torch.randn(B, Hkv, S, D).to(dt)
+
+    def attend(qg, k, v):  # qg (B, Hkv, G, D): the G query heads that share a kv head
+        s = (qg @ k.transpose(-1, -2)) * scale
+        return (torch.softmax(s, dim=-1) @ v).view(B, H, 1, D)
+    qn = q.to(dt).view(B, Hkv, G, D)
+    qf = q.view(B, Hkv, G, D)
+    with torch.no_grad():
+        try:
+            attend(qn, k, v)
+            step, path = (lambda: attend(qn, k, v)), f"grouped q (B, Hkv, {G}, D) @ k^T, {dt} throughout"
+        except RuntimeError as e:  # torch 1.13: no float16 matmul on the CPU
+            step = lambda: attend(qf, k.float(), v.float())
+            path = f"grouped q (B, Hkv, {G}, D) @ k^T in float32 after .float() of the {dt} cache each step ({e})"
+        result["median_ms"] = median_ms(step, a.repeat)
+    result.update({"path": path, "heads": H, "kv_heads": Hkv, "len_kv": S, "head_dim": D, "kv_dtype": a.kv_dtype,
+                   "bytes": B * Hkv * S * 2 * D * k.element_size()})
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--op", choices=["core", "sdpa", "mha"], required=True)
+    ap.add_argument("--op", choices=["core", "sdpa", "mha", "decode"], required=True)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--heads", type=int, default=12)
-    ap.add_argument("--len", type=int, default=1024)
+    ap.add_argument("--len", type=int, default=1024, help="L = S; for decode, the cached positions S")
+    ap.add_argument("--kv-heads", type=int, default=None, help="decode: Hkv (default H)")
+    ap.add_argument("--kv-dtype", choices=list(KV_DTYPES), default="f32", help="decode: the cache's type")
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--embed-dim", type=int, default=768)
     ap.add_argument("--causal", action="store_true")
@@ -66,6 +106,11 @@ def main():
     torch.manual_seed(0)
     B, H, L, D, E = a.batch, a.heads, a.len, a.head_dim, a.embed_dim
     result = {"op": a.op, "torch": torch.__version__, "threads": torch.get_num_threads(), "backward": a.backward}
+    if a.op == "decode":
+        decode(a, result)
+        result["median_of_runs_ms"] = getattr(median_ms, "last_median", None)
+        print(json.dumps(result))
+        return 0
     if a.backward and a.op in ("core", "sdpa"):
         if a.op == "sdpa" and not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
             print(json.dumps({"error": f"torch {torch.__version__} has no scaled_dot_product_attention"}))
