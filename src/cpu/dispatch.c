@@ -1,12 +1,18 @@
 // dispatch.c - chooses a kernel table for a context's ISA request from what this build contains
 // and what the CPU supports. The CPU is asked through the compiler's cpuid cache (filled once,
-// read-only afterwards); nothing here keeps state of its own.
+// read-only afterwards) and the cpuid instruction; nothing here keeps state of its own.
 #include "cpu/cpu.h"
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
 
 static bool cpu_has_avx2_fma(void) {
 #if defined(ATTN_HAVE_AVX2) && (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    unsigned a, b, c, d; // F16C (half-precision conversions): CPUID leaf 1, ECX bit 29
+    const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
 #else
     return false;
 #endif
