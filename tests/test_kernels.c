@@ -341,7 +341,8 @@ static void test_linear_and_modules(void) {
 }
 
 static void linear_and_modules(void) {
-    const int64_t shapes[][3] = {{1, 7, 5}, {63, 64, 97}, {65, 130, 193}, {130, 768, 200}, {200, 33, 384}};
+    const int64_t shapes[][3] = {{1, 7, 5},       {3, 768, 500},  {8, 37, 200},  {63, 64, 97},
+                                 {65, 130, 193}, {130, 768, 200}, {200, 33, 384}}; // rows <= 8: the dot-product path
     attn_isa isas[4];
     int n = n_isas(isas);
     uint32_t seed = 17;

@@ -3,7 +3,7 @@
 // W's rows in place of the keys and a packed block of 64 input rows in place of the query tile.
 //
 // Work items are (block of 64 rows, block of 192 output features), spread over the context's
-// threads; every output element is computed by one item with a fixed order of operations, so the
+// threads (a few rows take the dot-product path of gemv_task instead); every output element is computed by one item with a fixed order of operations, so the
 // result does not depend on the thread count.
 #include <string.h>
 
@@ -64,6 +64,27 @@ static void gemm_task(void *arg, int64_t task, int thread) {
     }
 }
 
+// Few rows (decoding: one token per sequence) with W in nn.Linear's layout: y = x W^T as dot
+// products along W's rows (the qk_rows kernel), so W streams through once at memory speed instead
+// of feeding a tile of 64 mostly empty rows. Items are blocks of output features.
+static void gemv_task(void *arg, int64_t task, int thread) {
+    const gemm_job *J = arg;
+    const int64_t o0 = task * GEMM_OUT, no = J->out - o0 < GEMM_OUT ? J->out - o0 : GEMM_OUT;
+    const float *xr = J->x;
+    if (J->ldx != J->in) { // rows packed at stride in, as qk_rows reads them
+        float *xt, *st;
+        thread_scratch(J->in, &xt, &st, J->scratch + (size_t)thread * J->per_thread);
+        for (int64_t r = 0; r < J->rows; r++) memcpy(xt + r * J->in, J->x + r * J->ldx, (size_t)J->in * sizeof(float));
+        xr = xt;
+    }
+    J->kn->qk_rows(J->W + o0 * J->in, J->in, (int)no, (int)J->in, xr, (int)J->rows, J->y + o0, J->ldy);
+    if (J->b != NULL)
+        for (int64_t r = 0; r < J->rows; r++)
+            for (int64_t j = 0; j < no; j++) J->y[r * J->ldy + o0 + j] += J->b[o0 + j];
+}
+
+#define GEMV_MAX_ROWS 8
+
 void attn__gemm_linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const float *W,
                        bool w_in_out, const float *b, int64_t out, float *y, int64_t ldy, void *ws) {
     const size_t per = (thread_scratch(in, NULL, NULL, NULL) + ATTN_ALIGN - 1) & ~(size_t)(ATTN_ALIGN - 1);
@@ -73,5 +94,8 @@ void attn__gemm_linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in, 
         .n_out_blocks = (out + GEMM_OUT - 1) / GEMM_OUT,
         .scratch = (char *)(((uintptr_t)ws + ATTN_ALIGN - 1) & ~(uintptr_t)(ATTN_ALIGN - 1)), .per_thread = per,
     };
-    attn__pool_run(ctx->pool, ((rows + GEMM_ROWS - 1) / GEMM_ROWS) * J.n_out_blocks, gemm_task, &J);
+    if (rows <= GEMV_MAX_ROWS && !w_in_out && in <= INT32_MAX)
+        attn__pool_run(ctx->pool, J.n_out_blocks, gemv_task, &J);
+    else
+        attn__pool_run(ctx->pool, ((rows + GEMM_ROWS - 1) / GEMM_ROWS) * J.n_out_blocks, gemm_task, &J);
 }
