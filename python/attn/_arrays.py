@@ -1,0 +1,122 @@
+"""_arrays.py - numpy arrays as (pointer, element strides) for the C calls, and argument checks."""
+import numpy as np
+
+from . import _lib
+from ._lib import AttnError
+
+F32 = np.dtype(np.float32)
+F16 = np.dtype(np.float16)
+BF16_BITS = np.dtype(np.uint16)  # numpy has no bfloat16: bfloat16 tensors travel as their bits
+
+
+def fail(status, message):
+    raise AttnError(status, message)
+
+
+def shape_str(shape):
+    return "(" + ", ".join(str(int(s)) for s in shape) + ")"
+
+
+def elem_strides(a):
+    """a's strides in elements, or None when one is negative or not a multiple of the item size."""
+    out = []
+    for n, s in zip(a.shape, a.strides):
+        if n == 1:
+            out.append(0)  # never used to reach an element
+        elif s < 0 or s % a.itemsize:
+            return None
+        else:
+            out.append(s // a.itemsize)
+    return out
+
+
+def view(a, dtype, what):
+    """a as an array of dtype (converted only if needed) whose strides the library can take:
+    returns (array, element strides). A copy is made only for negative strides or strides that are
+    not whole elements."""
+    try:
+        a = np.asarray(a, dtype=dtype)
+    except (TypeError, ValueError) as exc:
+        fail(_lib.ERR_INVALID_ARG, "%s: cannot be read as %s (%s)" % (what, np.dtype(dtype).name, exc))
+    s = elem_strides(a)
+    if s is None:
+        a = np.ascontiguousarray(a)
+        s = elem_strides(a)
+    return a, s
+
+
+def contiguous(a, dtype, what):
+    try:
+        return np.ascontiguousarray(a, dtype=dtype)
+    except (TypeError, ValueError) as exc:
+        fail(_lib.ERR_INVALID_ARG, "%s: cannot be read as %s (%s)" % (what, np.dtype(dtype).name, exc))
+
+
+def ptr(a):
+    return a.ctypes.data if a is not None else None
+
+
+def check_ndim(a, ndim, what, layout):
+    if a.ndim != ndim:
+        fail(_lib.ERR_BAD_SHAPE, "%s must have %d dimensions %s, got shape %s" % (what, ndim, layout, shape_str(a.shape)))
+
+
+def check_shape(a, expected, what, names):
+    """expected: tuple of ints or None (any size); names: their letters for the message."""
+    if len(a.shape) != len(expected) or any(e is not None and e != s for e, s in zip(expected, a.shape)):
+        want = ", ".join("%s=%d" % (n, e) if e is not None else n for n, e in zip(names, expected))
+        fail(_lib.ERR_BAD_SHAPE, "%s has shape %s, expected (%s)" % (what, shape_str(a.shape), want))
+
+
+_KV_DTYPES = {"f32": _lib.DTYPE_F32, "float32": _lib.DTYPE_F32, "f16": _lib.DTYPE_F16, "float16": _lib.DTYPE_F16,
+              "bf16": _lib.DTYPE_BF16, "bfloat16": _lib.DTYPE_BF16}
+
+
+def kv_dtype_code(name):
+    if name not in _KV_DTYPES:
+        fail(_lib.ERR_INVALID_ARG, "dtype must be 'f32', 'f16' or 'bf16', not %r" % (name,))
+    return _KV_DTYPES[name]
+
+
+def kv_views(k, v, kv_dtype):
+    """k and v as arrays of one storage type: float32, float16, or bfloat16 bits (uint16, with
+    kv_dtype="bf16"). Returns (k, k_strides, v, v_strides, dtype code)."""
+    k, v = np.asarray(k), np.asarray(v)
+    if kv_dtype is None:
+        if k.dtype == F16 and v.dtype == F16:
+            code = _lib.DTYPE_F16
+        elif k.dtype == BF16_BITS or v.dtype == BF16_BITS:
+            fail(_lib.ERR_INVALID_ARG, "uint16 k/v need kv_dtype='bf16' (bfloat16 bits)")
+        else:
+            code = _lib.DTYPE_F32
+    else:
+        code = kv_dtype_code(kv_dtype)
+    np_dtype = {_lib.DTYPE_F32: F32, _lib.DTYPE_F16: F16, _lib.DTYPE_BF16: BF16_BITS}[code]
+    if code == _lib.DTYPE_BF16 and (k.dtype != BF16_BITS or v.dtype != BF16_BITS):
+        fail(_lib.ERR_INVALID_ARG, "kv_dtype='bf16' takes k and v as uint16 arrays of bfloat16 bits "
+             "(see attn.to_bfloat16), got %s and %s" % (k.dtype, v.dtype))
+    if code == _lib.DTYPE_F16 and (k.dtype != F16 or v.dtype != F16):
+        fail(_lib.ERR_INVALID_ARG, "kv_dtype='f16' takes float16 k and v, got %s and %s" % (k.dtype, v.dtype))
+    k, ks = view(k, np_dtype, "k")
+    v, vs = view(v, np_dtype, "v")
+    return k, ks, v, vs, code
+
+
+def mask_view(mask, shape, what):
+    """A bool (True = blocked) or float (added) mask broadcast to `shape`.
+    Returns (kept-alive array, pointer, dtype code, element strides), or Nones for no mask."""
+    if mask is None:
+        return None, None, _lib.DTYPE_F32, [0] * len(shape)
+    m = np.asarray(mask)
+    if m.dtype == np.bool_:
+        m, _ = view(m, np.bool_, what)
+        code = _lib.DTYPE_BOOL
+    else:
+        m, _ = view(m, F32, what)
+        code = _lib.DTYPE_F32
+    try:
+        b = np.broadcast_to(m, shape)
+    except ValueError:
+        fail(_lib.ERR_BAD_MASK, "%s of shape %s does not broadcast to %s" % (what, shape_str(m.shape), shape_str(shape)))
+    s = [0 if n == 1 else st // b.itemsize for n, st in zip(b.shape, b.strides)]
+    return m, b.ctypes.data, code, s

@@ -1,0 +1,126 @@
+"""context.py - Context: an attn_ctx (threads, kernel set, random generator, scratch memory).
+
+A context must not be used by two threads at once. Calls that take ctx=None use a default
+context of their own thread (one thread, AUTO kernels, seed 0), created on first use.
+"""
+import ctypes
+import threading
+
+from . import _lib
+from ._lib import AttnError, check, fn
+
+_ISA_NAMES = {v: k for k, v in _lib.ISA.items()}
+
+
+class RngState:
+    """A copy of a context's generator state (torch.get_rng_state's role): pass it to
+    Context.set_rng_state, or to sdpa_backward(dropout_state=...) to replay a forward's dropout."""
+
+    __slots__ = ("_gen",)
+
+    def __init__(self, gen):
+        self._gen = _lib.Generator()
+        ctypes.pointer(self._gen)[0] = gen
+
+    def _pointer(self):
+        return ctypes.byref(self._gen)
+
+
+class Context:
+    """An attn_ctx. Context(threads=1, isa="auto", seed=0, use_blas=True).
+
+    threads: threads used by compute calls (results are identical for every count);
+    isa: "auto", "ref" (scalar reference), "generic", "avx2" or "avx512";
+    seed: seed of the context's generator (torch.manual_seed's numbers), used by dropout and by
+    module initialisation. Usable as a context manager; close() frees it (also on garbage
+    collection). Objects created with a context (MHA, KVCache) keep it alive."""
+
+    def __init__(self, threads=1, isa="auto", seed=0, use_blas=True):
+        self._ptr = None
+        if isa not in _lib.ISA:
+            raise AttnError(_lib.ERR_INVALID_ARG, "isa must be one of %s, not %r" % (sorted(_lib.ISA), isa))
+        params = _lib.CtxParams()
+        fn("attn_ctx_params_init")(ctypes.byref(params))
+        params.n_threads = int(threads)
+        params.isa = _lib.ISA[isa]
+        params.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        params.use_blas = 1 if use_blas else 0
+        ptr = ctypes.c_void_p()
+        status = fn("attn_ctx_create")(ctypes.byref(params), ctypes.byref(ptr))
+        if status != _lib.OK:
+            why = {_lib.ERR_UNSUPPORTED: "isa %r cannot run on this CPU or build" % isa,
+                   _lib.ERR_INVALID_ARG: "threads = %d is out of range [0, 4096]" % params.n_threads}
+            raise AttnError(status, why.get(status, _lib.strerror(status)))
+        self._ptr = ptr.value
+        self.threads = max(1, params.n_threads)
+
+    # the raw attn_ctx*, checked
+    @property
+    def ptr(self):
+        if self._ptr is None:
+            raise AttnError(_lib.ERR_INVALID_ARG, "the context is closed")
+        return self._ptr
+
+    def check(self, status):
+        check(status, self._ptr)
+
+    @property
+    def isa(self):
+        """The kernel set in use, AUTO resolved ("avx512", "avx2", "generic" or "ref")."""
+        return _ISA_NAMES.get(fn("attn_ctx_isa")(self.ptr), "?")
+
+    @property
+    def last_error(self):
+        return fn("attn_ctx_last_error")(self.ptr).decode(errors="replace")
+
+    def manual_seed(self, seed):
+        """Seeds the context's generator as torch.manual_seed(seed) seeds torch's."""
+        fn("attn_generator_seed")(fn("attn_ctx_generator")(self.ptr), int(seed) & 0xFFFFFFFFFFFFFFFF)
+
+    def rng_state(self):
+        """A copy of the generator's state."""
+        return RngState(fn("attn_ctx_generator")(self.ptr)[0])
+
+    def set_rng_state(self, state):
+        fn("attn_ctx_generator")(self.ptr)[0] = state._gen
+
+    def reserve(self, nbytes):
+        """Grows the context's scratch memory to at least nbytes now."""
+        self.check(fn("attn_ctx_reserve")(self.ptr, int(nbytes)))
+
+    def close(self):
+        if self._ptr is not None:
+            fn("attn_ctx_free")(self._ptr)
+            self._ptr = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+    def __repr__(self):
+        if self._ptr is None:
+            return "Context(closed)"
+        return "Context(threads=%d, isa=%r)" % (self.threads, self.isa)
+
+
+_local = threading.local()
+
+
+def default_context():
+    """This thread's default context (created on first use)."""
+    ctx = getattr(_local, "ctx", None)
+    if ctx is None:
+        ctx = _local.ctx = Context()
+    return ctx
+
+
+def resolve(ctx):
+    return default_context() if ctx is None else ctx

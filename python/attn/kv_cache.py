@@ -1,0 +1,153 @@
+"""kv_cache.py - KVCache: one layer's keys and values for decoding (attn_kv_cache_*)."""
+import ctypes
+
+import numpy as np
+
+from . import _lib
+from ._arrays import F32, check_ndim, check_shape, elem_strides, fail, kv_dtype_code, mask_view, ptr, view
+from ._lib import AttnError, fn
+from .context import resolve
+from .sdpa import _options
+
+_DTYPE_NAMES = {_lib.DTYPE_F32: "f32", _lib.DTYPE_F16: "f16", _lib.DTYPE_BF16: "bf16"}
+
+
+def has_kv_cache():
+    """Whether the loaded library has the KV cache and the module's cached forward."""
+    return all(_lib.has_symbol(s) for s in ("attn_kv_cache_create", "attn_kv_cache_attend",
+                                             "attn_mha_forward_cached"))
+
+
+class KVCache:
+    """KVCache(batch, n_kv_heads, head_dim, capacity, dtype="f32", head_dim_v=None, ctx=None):
+    keys (B, Hkv, capacity, D) and values (B, Hkv, capacity, Dv) stored as float32, float16 or
+    bfloat16, of which the first len(cache) positions are filled."""
+
+    def __init__(self, batch, n_kv_heads, head_dim, capacity, dtype="f32", head_dim_v=None, *, ctx=None):
+        self._ptr = None
+        self.ctx = resolve(ctx)
+        cfg = _lib.KVCacheConfig()
+        fn("attn_kv_cache_config_init")(ctypes.byref(cfg))
+        cfg.batch, cfg.n_kv_heads, cfg.head_dim, cfg.capacity = int(batch), int(n_kv_heads), int(head_dim), int(capacity)
+        cfg.head_dim_v = 0 if head_dim_v is None else int(head_dim_v)
+        cfg.dtype = kv_dtype_code(dtype)
+        p = ctypes.c_void_p()
+        self.ctx.check(fn("attn_kv_cache_create")(self.ctx.ptr, ctypes.byref(cfg), ctypes.byref(p)))
+        self._ptr = p.value
+        c = fn("attn_kv_cache_get_config")(self._ptr)[0]
+        self.batch, self.n_kv_heads, self.head_dim, self.head_dim_v = c.batch, c.n_kv_heads, c.head_dim, c.head_dim_v
+        self.capacity, self.dtype = c.capacity, _DTYPE_NAMES[c.dtype]
+
+    @property
+    def ptr(self):
+        if self._ptr is None:
+            raise AttnError(_lib.ERR_INVALID_ARG, "the cache is closed")
+        return self._ptr
+
+    def len(self):
+        """The number of filled positions."""
+        return fn("attn_kv_cache_length")(self.ptr)
+
+    __len__ = len
+
+    def append(self, k, v, *, ctx=None):
+        """Appends n positions: k (B, Hkv, n, D) and v (B, Hkv, n, Dv), any float arrays (stored
+        converted to the cache's dtype). AttnError ATTN_ERR_CAPACITY (nothing written) when they
+        do not fit."""
+        ctx = self.ctx if ctx is None else ctx
+        k, ks = view(k, F32, "k")
+        v, vs = view(v, F32, "v")
+        check_ndim(k, 4, "k", "(B, Hkv, n, D)")
+        check_shape(k, (self.batch, self.n_kv_heads, None, self.head_dim), "k", ("B", "Hkv", "n", "D"))
+        check_shape(v, (self.batch, self.n_kv_heads, k.shape[2], self.head_dim_v), "v", ("B", "Hkv", "n", "Dv"))
+        ctx.check(fn("attn_kv_cache_append")(ctx.ptr, self.ptr, k.shape[2], ptr(k), _lib.I64x4(*ks), ptr(v),
+                                             _lib.I64x4(*vs)))
+
+    def truncate(self, length, *, ctx=None):
+        """Forgets the positions from `length` on (0 <= length <= len(cache))."""
+        ctx = self.ctx if ctx is None else ctx
+        ctx.check(fn("attn_kv_cache_truncate")(ctx.ptr, self.ptr, int(length)))
+
+    def reset(self):
+        """Empties the cache (its memory is kept)."""
+        fn("attn_kv_cache_reset")(self.ptr)
+
+    def _filled(self, which):
+        kp, vp = ctypes.c_void_p(), ctypes.c_void_p()
+        ks, vs = _lib.I64x4(), _lib.I64x4()
+        fn("attn_kv_cache_storage")(self.ptr, ctypes.byref(kp), ks, ctypes.byref(vp), vs)
+        p, s, d = (kp.value, ks, self.head_dim) if which == "k" else (vp.value, vs, self.head_dim_v)
+        n = self.len()
+        code = {"f32": _lib.DTYPE_F32, "f16": _lib.DTYPE_F16, "bf16": _lib.DTYPE_BF16}[self.dtype]
+        size = 4 if code == _lib.DTYPE_F32 else 2
+        full = (self.batch, self.n_kv_heads, self.capacity, d)
+        count = int(np.prod(full))
+        raw = np.frombuffer((ctypes.c_char * (count * size)).from_address(p),
+                            dtype={4: np.float32, 2: np.uint16}[size])
+        raw = np.lib.stride_tricks.as_strided(raw, full, [x * size for x in s])[:, :, :n]
+        out = np.empty(raw.shape, dtype=F32)
+        if out.size:
+            src = np.ascontiguousarray(raw)
+            self.ctx.check(fn("attn_convert")(_lib.DTYPE_F32, out.ctypes.data, code, src.ctypes.data, out.size))
+        return out
+
+    def keys(self):
+        """A float32 copy of the filled keys, (B, Hkv, len, D)."""
+        return self._filled("k")
+
+    def values(self):
+        """A float32 copy of the filled values, (B, Hkv, len, Dv)."""
+        return self._filled("v")
+
+    def attend(self, q, *, causal="bottom_right", mask=None, key_padding_mask=None, scale=None, window=None,
+               alibi_slopes=None, softcap=0.0, return_lse=False, ctx=None):
+        """SDPA of new queries q (B, H, L, D) against the filled positions (attn_kv_cache_attend),
+        H a multiple of n_kv_heads. causal: "bottom_right" (query i of the L newest tokens sees
+        positions < len - L + i + 1) or None. mask broadcasts to (B, H, L, len), key_padding_mask
+        to (B, len). Returns out (B, H, L, Dv), and lse (B, H, L) with return_lse."""
+        ctx = self.ctx if ctx is None else ctx
+        if causal not in ("bottom_right", None):
+            fail(_lib.ERR_INVALID_ARG, "causal must be 'bottom_right' or None for a KV cache, not %r" % (causal,))
+        q, qs = view(q, F32, "q")
+        check_ndim(q, 4, "q", "(B, H, L, D)")
+        check_shape(q, (self.batch, None, None, self.head_dim), "q", ("B", "H", "L", "D"))
+        B, H, L, _ = q.shape
+        S = self.len()
+        desc = _lib.SdpaDesc()
+        fn("attn_sdpa_desc_init")(ctypes.byref(desc))
+        desc.batch, desc.n_heads, desc.len_q, desc.head_dim, desc.head_dim_v = B, H, L, self.head_dim, self.head_dim_v
+        desc.q_stride[:] = qs
+        keep = []
+        for m, shape, what in ((mask, (B, H, L, S), "mask"), (key_padding_mask, (B, S), "key_padding_mask")):
+            a, mp, dt, ms = mask_view(m, shape, what)
+            if a is not None:
+                keep.append(a)
+                if what == "mask":
+                    desc.mask, desc.mask_dtype = mp, dt
+                    desc.mask_stride[:] = ms
+                else:
+                    desc.key_padding_mask, desc.key_padding_mask_dtype = mp, dt
+                    desc.key_padding_mask_stride[:] = ms
+        _options(desc, H, causal, scale, 0.0, window, alibi_slopes, softcap, keep)
+        out = np.empty((B, H, L, self.head_dim_v), dtype=F32)
+        desc.o_stride[:] = elem_strides(out)
+        lse = np.empty((B, H, L), dtype=F32) if return_lse else None
+        ctx.check(fn("attn_kv_cache_attend")(ctx.ptr, self.ptr, ctypes.byref(desc), ptr(q), ptr(out), ptr(lse)))
+        return (out, lse) if return_lse else out
+
+    def close(self):
+        if getattr(self, "_ptr", None) is not None:
+            fn("attn_kv_cache_free")(self._ptr)
+            self._ptr = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        if getattr(self, "_ptr", None) is None:
+            return "KVCache(closed)"
+        return "KVCache(batch=%d, n_kv_heads=%d, head_dim=%d, head_dim_v=%d, capacity=%d, dtype=%r, len=%d)" % (
+            self.batch, self.n_kv_heads, self.head_dim, self.head_dim_v, self.capacity, self.dtype, self.len())

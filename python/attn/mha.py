@@ -1,0 +1,270 @@
+"""mha.py - MHA: nn.MultiheadAttention (attn_mha_*), created like torch's or from a state_dict."""
+import ctypes
+from collections import OrderedDict
+
+import numpy as np
+
+from . import _lib
+from ._arrays import F32, check_shape, contiguous, fail, shape_str
+from ._lib import AttnError, fn
+from .context import resolve
+from .files import TensorList
+
+
+def _param_view(owner, data, shape):
+    n = int(np.prod(shape, dtype=np.int64))
+    buf = (ctypes.c_float * n).from_address(ctypes.cast(data, ctypes.c_void_p).value)
+    buf._owner = owner  # the view keeps the module alive
+    return np.frombuffer(buf, dtype=F32).reshape(shape)
+
+
+def _mask(m, what):
+    m = np.asarray(m)
+    if m.dtype == np.bool_:
+        return np.ascontiguousarray(m), _lib.DTYPE_BOOL
+    return contiguous(m, F32, what), _lib.DTYPE_F32
+
+
+class MHA:
+    """nn.MultiheadAttention in libattn.
+
+    MHA(embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
+        kdim=None, vdim=None, batch_first=False, ctx=None)
+    initialises the parameters exactly like torch's constructor from the context's generator
+    (after ctx.manual_seed(s), torch.manual_seed(s)'s weights). MHA.from_safetensors and
+    MHA.from_state_dict load a state_dict instead. The module keeps its context and uses it
+    unless a call passes another."""
+
+    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
+                 kdim=None, vdim=None, batch_first=False, *, ctx=None):
+        ctx = resolve(ctx)
+        cfg = _lib.MhaConfig()
+        fn("attn_mha_config_init")(ctypes.byref(cfg), int(embed_dim), int(num_heads))
+        cfg.kdim = 0 if kdim is None else int(kdim)
+        cfg.vdim = 0 if vdim is None else int(vdim)
+        cfg.bias, cfg.add_bias_kv, cfg.add_zero_attn = int(bool(bias)), int(bool(add_bias_kv)), int(bool(add_zero_attn))
+        cfg.batch_first, cfg.dropout = int(bool(batch_first)), float(dropout)
+        p = ctypes.c_void_p()
+        ctx.check(fn("attn_mha_create")(ctx.ptr, ctypes.byref(cfg), ctypes.byref(p)))
+        self._init(ctx, p.value)
+
+    def _init(self, ctx, ptr):
+        self._ptr, self.ctx = ptr, ctx
+
+    @classmethod
+    def from_state_dict(cls, state, num_heads, batch_first=False, add_zero_attn=False, dropout=0.0, *, ctx=None):
+        """A module holding `state` ({name: array}, e.g. {k: v.numpy() for k, v in
+        torch_mha.state_dict().items()}); bias, add_bias_kv and kdim/vdim follow from the names
+        present (attn_mha_create_from_state). The arrays are copied."""
+        ctx = resolve(ctx)
+        tl = TensorList(OrderedDict((k, contiguous(v, F32, k)) for k, v in state.items()))
+        return cls._from_list(ctx, tl.list, num_heads, batch_first, add_zero_attn, dropout)
+
+    @classmethod
+    def from_safetensors(cls, path, num_heads, batch_first=False, add_zero_attn=False, dropout=0.0, *, ctx=None):
+        """A module from a .safetensors file holding an nn.MultiheadAttention state_dict
+        (attn_safetensors_read + attn_mha_create_from_state)."""
+        ctx = resolve(ctx)
+        lst = _lib.TensorList()
+        ctx.check(fn("attn_safetensors_read")(ctx.ptr, str(path).encode(), ctypes.byref(lst)))
+        try:
+            return cls._from_list(ctx, lst, num_heads, batch_first, add_zero_attn, dropout)
+        finally:
+            fn("attn_tensor_list_release")(ctx.ptr, ctypes.byref(lst))
+
+    @classmethod
+    def _from_list(cls, ctx, lst, num_heads, batch_first, add_zero_attn, dropout):
+        extra = _lib.MhaConfig()
+        extra.batch_first, extra.add_zero_attn, extra.dropout = int(bool(batch_first)), int(bool(add_zero_attn)), \
+            float(dropout)
+        p = ctypes.c_void_p()
+        ctx.check(fn("attn_mha_create_from_state")(ctx.ptr, ctypes.byref(lst), int(num_heads), ctypes.byref(extra),
+                                                   ctypes.byref(p)))
+        self = cls.__new__(cls)
+        self._init(ctx, p.value)
+        return self
+
+    # ---- configuration and parameters --------------------------------------------------------
+
+    @property
+    def ptr(self):
+        if self._ptr is None:
+            raise AttnError(_lib.ERR_INVALID_ARG, "the module is closed")
+        return self._ptr
+
+    @property
+    def config(self):
+        """A dict of the module's configuration (kdim/vdim resolved)."""
+        c = fn("attn_mha_get_config")(self.ptr)[0]
+        return dict(embed_dim=c.embed_dim, num_heads=c.num_heads, kdim=c.kdim, vdim=c.vdim, bias=bool(c.bias),
+                    add_bias_kv=bool(c.add_bias_kv), add_zero_attn=bool(c.add_zero_attn),
+                    batch_first=bool(c.batch_first), dropout=c.dropout)
+
+    embed_dim = property(lambda self: self.config["embed_dim"])
+    num_heads = property(lambda self: self.config["num_heads"])
+    batch_first = property(lambda self: self.config["batch_first"])
+
+    def named_parameters(self):
+        """[(name, array)] in state_dict order; the arrays are views of the module's memory
+        (writing them changes the module; they are invalid after close())."""
+        out = []
+        for i in range(fn("attn_mha_param_count")(self.ptr)):
+            name, ndim = ctypes.c_char_p(), ctypes.c_int()
+            shape, data = (ctypes.c_int64 * 3)(), _lib.c_float_p()
+            self.ctx.check(fn("attn_mha_param_at")(self.ptr, i, ctypes.byref(name), ctypes.byref(ndim), shape,
+                                                   ctypes.byref(data)))
+            out.append((name.value.decode(), _param_view(self, data, tuple(shape[:ndim.value]))))
+        return out
+
+    def parameters(self):
+        return [a for _, a in self.named_parameters()]
+
+    def state_dict(self):
+        """OrderedDict name -> a copy of each parameter, torch's state_dict order and names."""
+        return OrderedDict((n, a.copy()) for n, a in self.named_parameters())
+
+    def load_state_dict(self, state):
+        """Copies {name: array} into the parameters (every name and shape must match)."""
+        params = OrderedDict(self.named_parameters())
+        if set(state) != set(params):
+            fail(_lib.ERR_NOT_FOUND if set(params) - set(state) else _lib.ERR_INVALID_ARG,
+                 "state names %s differ from the module's %s" % (sorted(state), list(params)))
+        for n, a in state.items():
+            a = np.asarray(a, dtype=F32)
+            if a.shape != params[n].shape:
+                fail(_lib.ERR_BAD_SHAPE, "%s has shape %s, the module's %s" % (n, shape_str(a.shape),
+                                                                                shape_str(params[n].shape)))
+            params[n][...] = a
+
+    def save_safetensors(self, path):
+        from .files import save_safetensors
+        save_safetensors(path, self.state_dict(), ctx=self.ctx)
+
+    # ---- forward ----------------------------------------------------------------------------------
+
+    def forward(self, query, key=None, value=None, key_padding_mask=None, *, attn_mask=None, causal=False,
+                need_weights=True, average_attn_weights=True, training=False, ctx=None):
+        """nn.MultiheadAttention.forward: returns (out, weights), weights None without need_weights.
+
+        query (L, N, E), key (S, N, kdim), value (S, N, vdim), or (N, L, E) etc. with batch_first;
+        (L, E), (S, kdim), (S, vdim) unbatched. key None means key = query, value None value = key;
+        passing the same array object for several of them is self-attention with one packed
+        projection, as `query is key` in torch. attn_mask: (L, S) or (N*H, L, S), bool
+        (True = not allowed) or float (added); key_padding_mask: (N, S) or (S,), bool (True =
+        ignore) or float; causal: triu(ones(L, S), 1) as the mask (exclusive with attn_mask).
+        weights: (N, L, S') averaged over heads, or (N, H, L, S') per head, N dropped unbatched,
+        with S' = S + add_bias_kv + add_zero_attn. training applies the module's dropout."""
+        ctx = self.ctx if ctx is None else ctx
+        c = self.config
+        E, H, kdim, vdim, bf = c["embed_dim"], c["num_heads"], c["kdim"], c["vdim"], c["batch_first"]
+        q = contiguous(query, F32, "query")
+        if q.ndim not in (2, 3):
+            fail(_lib.ERR_BAD_SHAPE, "query must be (L, N, E), (N, L, E) with batch_first, or (L, E) unbatched; "
+                 "got shape %s" % shape_str(q.shape))
+        unbatched = q.ndim == 2
+        if unbatched:
+            N, L = 1, q.shape[0]
+            check_shape(q, (None, E), "query", ("L", "E"))
+        else:
+            N, L = (q.shape[0], q.shape[1]) if bf else (q.shape[1], q.shape[0])
+            check_shape(q, (N, L, E) if bf else (L, N, E), "query", ("N", "L", "E") if bf else ("L", "N", "E"))
+
+        def tokens(x, dim, what):
+            """x's sequence length after checking its other sizes."""
+            if unbatched:
+                check_shape(x, (None, dim), what, ("S", what[0] + "dim"))
+                return x.shape[0]
+            names = ("N", "S", what[0] + "dim") if bf else ("S", "N", what[0] + "dim")
+            check_shape(x, (N, None, dim) if bf else (None, N, dim), what, names)
+            return x.shape[1] if bf else x.shape[0]
+
+        if key is None:
+            k, S = None, L
+            if kdim != E:
+                fail(_lib.ERR_BAD_SHAPE, "key = query needs kdim == embed_dim (%d != %d)" % (kdim, E))
+        else:
+            k = q if key is query else contiguous(key, F32, "key")
+            S = tokens(k, kdim, "key")
+        if value is None:
+            v = None
+            if vdim != kdim:
+                fail(_lib.ERR_BAD_SHAPE, "value = key needs vdim == kdim (%d != %d)" % (vdim, kdim))
+        else:
+            v = q if value is query else k if (value is key and k is not None) else contiguous(value, F32, "value")
+            if tokens(v, vdim, "value") != S:
+                fail(_lib.ERR_BAD_SHAPE, "value has %d positions, key %d" % (tokens(v, vdim, "value"), S))
+        args = _lib.MhaArgs()
+        fn("attn_mha_args_init")(ctypes.byref(args))
+        args.query = q.ctypes.data
+        args.key = None if k is None else k.ctypes.data
+        args.value = None if v is None else v.ctypes.data
+        args.batch, args.len_q, args.len_kv, args.unbatched = N, L, S, int(unbatched)
+        keep = []
+        if attn_mask is not None:
+            m, dt = _mask(attn_mask, "attn_mask")
+            if m.ndim == 2:
+                check_shape(m, (L, S), "attn_mask", ("L", "S"))
+            elif m.ndim == 3:
+                check_shape(m, (N * H, L, S), "attn_mask", ("N*H", "L", "S"))
+            else:
+                fail(_lib.ERR_BAD_MASK, "attn_mask must be (L, S) or (N*H, L, S), got shape %s" % shape_str(m.shape))
+            keep.append(m)
+            args.attn_mask, args.attn_mask_dtype, args.attn_mask_ndim = m.ctypes.data, dt, m.ndim
+        if key_padding_mask is not None:
+            m, dt = _mask(key_padding_mask, "key_padding_mask")
+            if m.shape != ((S,) if unbatched else (N, S)):
+                fail(_lib.ERR_BAD_MASK, "key_padding_mask has shape %s, expected %s" % (
+                    shape_str(m.shape), "(S=%d)" % S if unbatched else "(N=%d, S=%d)" % (N, S)))
+            keep.append(m)
+            args.key_padding_mask, args.key_padding_mask_dtype = m.ctypes.data, dt
+        args.causal = int(bool(causal))
+        args.need_weights = int(bool(need_weights))
+        args.average_attn_weights = int(bool(average_attn_weights))
+        args.training = int(bool(training))
+        out = np.empty(q.shape, dtype=F32)
+        weights = None
+        if need_weights:
+            Sw = fn("attn_mha_weights_len_kv")(self.ptr, S)
+            shape = (L, Sw) if average_attn_weights else (H, L, Sw)
+            weights = np.empty(shape if unbatched else (N,) + shape, dtype=F32)
+        ctx.check(fn("attn_mha_forward")(ctx.ptr, self.ptr, ctypes.byref(args), out.ctypes.data,
+                                         None if weights is None else weights.ctypes.data))
+        return out, weights
+
+    __call__ = forward
+
+    def forward_cached(self, x, cache, *, ctx=None):
+        """Self-attention of new tokens x with a KVCache (attn_mha_forward_cached): x (len, N, E),
+        or (N, len, E) with batch_first; appends their keys and values to `cache` and attends with
+        bottom-right causal masking over everything cached. Returns out, x's shape."""
+        ctx = self.ctx if ctx is None else ctx
+        from .kv_cache import KVCache
+        if not isinstance(cache, KVCache):
+            fail(_lib.ERR_INVALID_ARG, "cache must be an attn.KVCache, not %s" % type(cache).__name__)
+        x = contiguous(x, F32, "x")
+        E, bf = self.embed_dim, self.batch_first
+        if x.ndim != 3 or x.shape[2] != E:
+            fail(_lib.ERR_BAD_SHAPE, "x has shape %s, expected %s with E=%d" % (
+                shape_str(x.shape), "(N, len, E)" if bf else "(len, N, E)", E))
+        N, n = (x.shape[0], x.shape[1]) if bf else (x.shape[1], x.shape[0])
+        out = np.empty(x.shape, dtype=F32)
+        ctx.check(fn("attn_mha_forward_cached")(ctx.ptr, self.ptr, cache.ptr, x.ctypes.data, N, n, out.ctypes.data))
+        return out
+
+    def close(self):
+        if getattr(self, "_ptr", None) is not None:
+            fn("attn_mha_free")(self._ptr)
+            self._ptr = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        if getattr(self, "_ptr", None) is None:
+            return "MHA(closed)"
+        c = self.config
+        return "MHA(embed_dim=%d, num_heads=%d, kdim=%d, vdim=%d, bias=%s, batch_first=%s)" % (
+            c["embed_dim"], c["num_heads"], c["kdim"], c["vdim"], c["bias"], c["batch_first"])

@@ -1,0 +1,285 @@
+"""sdpa.py - scaled dot-product attention on numpy arrays: attn_sdpa_fwd/bwd and the varlen pair.
+
+Shapes follow PyTorch: q (B, H, L, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv), out (B, H, L, Dv),
+lse (B, H, L), with H a multiple of Hkv (grouped-query attention). q is float32; k and v are
+float32, float16, or bfloat16 bits (uint16 arrays with kv_dtype="bf16"). Any non-negative strides
+are passed to the library as they are (numpy's byte strides divided by the item size); other
+arrays are copied once.
+
+Options (keyword-only, shared by forward and backward):
+  causal          None, "top_left" (query i sees keys j <= i) or "bottom_right" (j <= i + S - L)
+  mask            bool (True = blocked, nn.MultiheadAttention's convention) or float (added),
+                  any shape that broadcasts to (B, H, L, S)
+  key_padding_mask  bool (True = ignore the key) or float (added), broadcasting to (B, S)
+  scale           None for 1/sqrt(D) (0 also means the default)
+  dropout_p       dropout on the weights, drawn from the context's generator like F.dropout
+  window          None or (left, right): query i sees keys i+off-left .. i+off+right; None or -1
+                  leaves a side unbounded
+  alibi_slopes    None or H floats
+  softcap         0 for none, else scores = softcap * tanh(scores / softcap)
+  kv_dtype        None (from k and v's dtype), "f32", "f16" or "bf16"
+  ctx             a Context; None for this thread's default context
+A fully masked row gives zeros and lse = -inf (PyTorch 1.13 gives NaN).
+"""
+import ctypes
+
+import numpy as np
+
+from . import _lib
+from ._arrays import F32, check_ndim, check_shape, contiguous, elem_strides, fail, kv_views, mask_view, ptr, view
+from ._lib import AttnError, fn
+from .context import resolve
+
+
+def _options(desc, H, causal, scale, dropout_p, window, alibi_slopes, softcap, keep):
+    try:
+        known = causal in _lib.CAUSAL and not (isinstance(causal, (int, float)) and not isinstance(causal, bool))
+    except TypeError:
+        known = False
+    if not known:
+        fail(_lib.ERR_INVALID_ARG, "causal must be None, 'top_left' or 'bottom_right', not %r" % (causal,))
+    desc.causal = _lib.CAUSAL[causal]
+    desc.scale = 0.0 if scale is None else float(scale)
+    desc.dropout_p = float(dropout_p)
+    if window is not None:
+        try:
+            left, right = window
+        except (TypeError, ValueError):
+            fail(_lib.ERR_INVALID_ARG, "window must be None or (left, right), not %r" % (window,))
+        desc.use_window = 1
+        desc.window_left = -1 if left is None else int(left)
+        desc.window_right = -1 if right is None else int(right)
+    if alibi_slopes is not None:
+        slopes = contiguous(alibi_slopes, F32, "alibi_slopes").reshape(-1)
+        if slopes.shape[0] != H:
+            fail(_lib.ERR_BAD_SHAPE, "alibi_slopes has %d values, expected one per query head (H=%d)"
+                 % (slopes.shape[0], H))
+        keep.append(slopes)
+        desc.alibi_slopes = slopes.ctypes.data
+    desc.softcap = float(softcap)
+
+
+def _masks(desc, B, H, L, S, mask, key_padding_mask, keep):
+    m, mp, mdt, ms = mask_view(mask, (B, H, L, S), "mask")
+    if m is not None:
+        keep.append(m)
+        desc.mask, desc.mask_dtype = mp, mdt
+        desc.mask_stride[:] = ms
+    kp, kpp, kpdt, kps = mask_view(key_padding_mask, (B, S), "key_padding_mask")
+    if kp is not None:
+        keep.append(kp)
+        desc.key_padding_mask, desc.key_padding_mask_dtype = kpp, kpdt
+        desc.key_padding_mask_stride[:] = kps
+
+
+def _describe(q, k, v, causal, mask, key_padding_mask, scale, dropout_p, window, alibi_slopes, softcap, kv_dtype):
+    """Checks the arrays and fills an attn_sdpa_desc. Returns (desc, q, k, v, keep-alive list)."""
+    q, qs = view(q, F32, "q")
+    k, ks, v, vs, code = kv_views(k, v, kv_dtype)
+    check_ndim(q, 4, "q", "(B, H, L, D)")
+    check_ndim(k, 4, "k", "(B, Hkv, S, D)")
+    check_ndim(v, 4, "v", "(B, Hkv, S, Dv)")
+    B, H, L, D = q.shape
+    check_shape(k, (B, None, None, D), "k", ("B", "Hkv", "S", "D"))
+    Hkv, S = k.shape[1], k.shape[2]
+    check_shape(v, (B, Hkv, S, None), "v", ("B", "Hkv", "S", "Dv"))
+    desc = _lib.SdpaDesc()
+    fn("attn_sdpa_desc_init")(ctypes.byref(desc))
+    desc.batch, desc.n_heads, desc.n_kv_heads, desc.len_q, desc.len_kv = B, H, Hkv, L, S
+    desc.head_dim, desc.head_dim_v = D, v.shape[3]
+    desc.q_stride[:], desc.k_stride[:], desc.v_stride[:] = qs, ks, vs
+    desc.kv_dtype = code
+    keep = []
+    _masks(desc, B, H, L, S, mask, key_padding_mask, keep)
+    _options(desc, H, causal, scale, dropout_p, window, alibi_slopes, softcap, keep)
+    return desc, q, k, v, keep
+
+
+def sdpa(q, k, v, *, causal=None, mask=None, key_padding_mask=None, scale=None, dropout_p=0.0, window=None,
+         alibi_slopes=None, softcap=0.0, kv_dtype=None, return_lse=False, return_weights=None, ctx=None):
+    """Scaled dot-product attention forward (attn_sdpa_fwd).
+
+    return_weights: None, "per_head" ((B, H, L, S) weights after dropout) or "average" ((B, L, S)).
+    Returns out (B, H, L, Dv) float32; with return_lse and/or return_weights a tuple
+    (out, lse, weights) of those asked for, in that order. With dropout, keep ctx.rng_state()
+    from before the call to run sdpa_backward."""
+    ctx = resolve(ctx)
+    desc, q, k, v, keep = _describe(q, k, v, causal, mask, key_padding_mask, scale, dropout_p, window,
+                                    alibi_slopes, softcap, kv_dtype)
+    B, H, L, S, Dv = desc.batch, desc.n_heads, desc.len_q, desc.len_kv, desc.head_dim_v
+    out = np.empty((B, H, L, Dv), dtype=F32)
+    desc.o_stride[:] = elem_strides(out)
+    lse = np.empty((B, H, L), dtype=F32) if return_lse else None
+    if return_weights not in _lib.WEIGHTS or return_weights is True:
+        fail(_lib.ERR_INVALID_ARG, "return_weights must be None, 'per_head' or 'average', not %r" % (return_weights,))
+    desc.weights_mode = _lib.WEIGHTS[return_weights]
+    weights = None
+    if desc.weights_mode == 1:
+        weights = np.empty((B, H, L, S), dtype=F32)
+    elif desc.weights_mode == 2:
+        weights = np.empty((B, L, S), dtype=F32)
+    ctx.check(fn("attn_sdpa_fwd")(ctx.ptr, ctypes.byref(desc), ptr(q), ptr(k), ptr(v), ptr(out), ptr(lse),
+                                  ptr(weights)))
+    if not return_lse and weights is None:
+        return out
+    return tuple(x for x, want in ((out, True), (lse, return_lse), (weights, weights is not None)) if want)
+
+
+def _grad_layout(a, what):
+    """a itself when a dense float32 array of the same strides can receive its gradient, else a
+    contiguous copy. Returns (array, element strides, gradient buffer)."""
+    g = np.empty_like(a, dtype=F32, order="K")
+    if elem_strides(g) != elem_strides(a):
+        a = np.ascontiguousarray(a)
+        g = np.empty(a.shape, dtype=F32)
+    return a, elem_strides(a), g
+
+
+def _dropout_state(desc, dropout_state):
+    if desc.dropout_p > 0 and dropout_state is None:
+        fail(_lib.ERR_INVALID_ARG, "dropout_p > 0 needs dropout_state: ctx.rng_state() taken before the forward")
+    return dropout_state._pointer() if dropout_state is not None else None
+
+
+def sdpa_backward(q, k, v, out, dout, lse, *, causal=None, mask=None, key_padding_mask=None, scale=None,
+                  dropout_p=0.0, window=None, alibi_slopes=None, softcap=0.0, kv_dtype=None, dropout_state=None,
+                  return_dmask=False, ctx=None):
+    """Gradients of a loss given dout = dL/dout (attn_sdpa_bwd), with the forward's options.
+
+    out and lse are the forward's (sdpa(..., return_lse=True)). dropout_state: with dropout_p > 0,
+    the ctx.rng_state() taken before the forward (the context's own generator is not touched).
+    Returns (dq, dk, dv) as float32 (dk, dv with k and v's shapes whatever their dtype; with
+    grouped-query attention the sum over the heads sharing a kv head); with return_dmask also the
+    gradient of a float mask, in the mask's own shape (broadcast dimensions summed)."""
+    ctx = resolve(ctx)
+    desc, q, k, v, keep = _describe(q, k, v, causal, mask, key_padding_mask, scale, dropout_p, window,
+                                    alibi_slopes, softcap, kv_dtype)
+    B, H, L, Dv = desc.batch, desc.n_heads, desc.len_q, desc.head_dim_v
+    q, qs, dq = _grad_layout(q, "q")
+    k, ks, dk = _grad_layout(k, "k")
+    v, vs, dv = _grad_layout(v, "v")
+    desc.q_stride[:], desc.k_stride[:], desc.v_stride[:] = qs, ks, vs
+    out, os_ = view(out, F32, "out")
+    dout, ds = view(dout, F32, "dout")
+    check_shape(out, (B, H, L, Dv), "out", ("B", "H", "L", "Dv"))
+    check_shape(dout, (B, H, L, Dv), "dout", ("B", "H", "L", "Dv"))
+    if os_ != ds:  # out and dout share o_stride
+        out, dout = np.ascontiguousarray(out), np.ascontiguousarray(dout)
+        os_ = elem_strides(out)
+    desc.o_stride[:] = os_
+    lse = contiguous(lse, F32, "lse")
+    check_shape(lse, (B, H, L), "lse", ("B", "H", "L"))
+    dmask = None
+    if return_dmask:
+        if mask is None or np.asarray(mask).dtype == np.bool_:
+            fail(_lib.ERR_BAD_MASK, "return_dmask needs a float mask")
+        dmask = np.zeros(np.shape(mask), dtype=F32)
+        _, dmp, _, dms = mask_view(dmask, (B, H, L, desc.len_kv), "dmask")
+        if list(desc.mask_stride) != dms:  # the mask was a strided view: give it dmask's layout
+            m = np.ascontiguousarray(np.asarray(mask, dtype=F32))
+            keep.append(m)
+            desc.mask = np.broadcast_to(m, (B, H, L, desc.len_kv)).ctypes.data
+            desc.mask_stride[:] = dms
+    state = _dropout_state(desc, dropout_state)
+    ctx.check(fn("attn_sdpa_bwd")(ctx.ptr, ctypes.byref(desc), ptr(q), ptr(k), ptr(v), ptr(out), ptr(dout),
+                                  ptr(lse), state, ptr(dq), ptr(dk), ptr(dv), ptr(dmask)))
+    return (dq, dk, dv, dmask) if return_dmask else (dq, dk, dv)
+
+
+# ---- variable-length packed batches ------------------------------------------------------------
+
+def _describe_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, dropout_p,
+                     window, alibi_slopes, softcap, kv_dtype):
+    q, qs = view(q, F32, "q")
+    k, ks, v, vs, code = kv_views(k, v, kv_dtype)
+    check_ndim(q, 3, "q", "(total_q, H, D)")
+    check_ndim(k, 3, "k", "(total_k, Hkv, D)")
+    check_ndim(v, 3, "v", "(total_k, Hkv, Dv)")
+    Tq, H, D = q.shape
+    check_shape(k, (None, None, D), "k", ("total_k", "Hkv", "D"))
+    Tk, Hkv = k.shape[0], k.shape[1]
+    check_shape(v, (Tk, Hkv, None), "v", ("total_k", "Hkv", "Dv"))
+    cq = contiguous(cu_seqlens_q, np.int64, "cu_seqlens_q").reshape(-1)
+    ck = contiguous(cu_seqlens_k, np.int64, "cu_seqlens_k").reshape(-1)
+    if cq.shape[0] < 2 or cq.shape != ck.shape:
+        fail(_lib.ERR_BAD_SHAPE, "cu_seqlens_q and cu_seqlens_k must both hold batch + 1 >= 2 offsets, got %d and %d"
+             % (cq.shape[0], ck.shape[0]))
+    # the library checks that the offsets increase from 0; their last values must match the arrays
+    if cq[-1] != Tq or ck[-1] != Tk:
+        fail(_lib.ERR_BAD_SHAPE, "cu_seqlens_q ends at %d and cu_seqlens_k at %d, but q has %d tokens and k %d"
+             % (cq[-1], ck[-1], Tq, Tk))
+    desc = _lib.SdpaDesc()
+    fn("attn_sdpa_desc_init")(ctypes.byref(desc))
+    lens_q, lens_k = np.diff(cq), np.diff(ck)
+    desc.batch, desc.n_heads, desc.n_kv_heads = cq.shape[0] - 1, H, Hkv
+    desc.len_q = int(max_seqlen_q) if max_seqlen_q is not None else max(1, int(lens_q.max()))
+    desc.len_kv = int(max_seqlen_k) if max_seqlen_k is not None else max(1, int(lens_k.max()))
+    desc.head_dim, desc.head_dim_v = D, v.shape[2]
+    # (token, head, dim) arrays read as (0, head, token, dim)
+    desc.q_stride[:] = [0, qs[1], qs[0], qs[2]]
+    desc.k_stride[:] = [0, ks[1], ks[0], ks[2]]
+    desc.v_stride[:] = [0, vs[1], vs[0], vs[2]]
+    desc.kv_dtype = code
+    keep = [cq, ck]
+    _options(desc, H, causal, scale, dropout_p, window, alibi_slopes, softcap, keep)
+    return desc, q, k, v, cq, ck, keep
+
+
+def has_varlen():
+    """Whether the loaded library has attn_sdpa_varlen_fwd and attn_sdpa_varlen_bwd."""
+    return _lib.has_symbol("attn_sdpa_varlen_fwd") and _lib.has_symbol("attn_sdpa_varlen_bwd")
+
+
+def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, causal=None,
+                scale=None, dropout_p=0.0, window=None, alibi_slopes=None, softcap=0.0, kv_dtype=None,
+                return_lse=False, ctx=None):
+    """Attention over sequences packed end to end (FlashAttention's varlen interface,
+    attn_sdpa_varlen_fwd): q (total_q, H, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv); sequence b
+    has queries cu_seqlens_q[b]:cu_seqlens_q[b+1] and keys cu_seqlens_k[b]:cu_seqlens_k[b+1]. Each
+    sequence is attention on its own (causal masks, windows and ALiBi align within it); no masks.
+    Returns out (total_q, H, Dv), and lse (H, total_q) with return_lse."""
+    ctx = resolve(ctx)
+    desc, q, k, v, cq, ck, keep = _describe_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                   causal, scale, dropout_p, window, alibi_slopes, softcap, kv_dtype)
+    Tq, H, Dv = q.shape[0], desc.n_heads, desc.head_dim_v
+    out = np.empty((Tq, H, Dv), dtype=F32)
+    os_ = elem_strides(out)
+    desc.o_stride[:] = [0, os_[1], os_[0], os_[2]]
+    lse = np.empty((H, Tq), dtype=F32) if return_lse else None
+    ctx.check(fn("attn_sdpa_varlen_fwd")(ctx.ptr, ctypes.byref(desc), ptr(cq), ptr(ck), ptr(q), ptr(k), ptr(v),
+                                         ptr(out), ptr(lse)))
+    return (out, lse) if return_lse else out
+
+
+def sdpa_varlen_backward(q, k, v, cu_seqlens_q, cu_seqlens_k, out, dout, lse, *, max_seqlen_q=None,
+                         max_seqlen_k=None, causal=None, scale=None, dropout_p=0.0, window=None, alibi_slopes=None,
+                         softcap=0.0, kv_dtype=None, dropout_state=None, ctx=None):
+    """Gradients of sdpa_varlen (attn_sdpa_varlen_bwd): out (total_q, H, Dv) and lse (H, total_q)
+    from the forward, dout like out. Returns (dq, dk, dv) float32 with q, k, v's shapes."""
+    ctx = resolve(ctx)
+    desc, q, k, v, cq, ck, keep = _describe_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                   causal, scale, dropout_p, window, alibi_slopes, softcap, kv_dtype)
+    Tq, H, Dv = q.shape[0], desc.n_heads, desc.head_dim_v
+    q, qs, dq = _grad_layout(q, "q")
+    k, ks, dk = _grad_layout(k, "k")
+    v, vs, dv = _grad_layout(v, "v")
+    desc.q_stride[:] = [0, qs[1], qs[0], qs[2]]
+    desc.k_stride[:] = [0, ks[1], ks[0], ks[2]]
+    desc.v_stride[:] = [0, vs[1], vs[0], vs[2]]
+    out, os_ = view(out, F32, "out")
+    dout, ds = view(dout, F32, "dout")
+    check_shape(out, (Tq, H, Dv), "out", ("total_q", "H", "Dv"))
+    check_shape(dout, (Tq, H, Dv), "dout", ("total_q", "H", "Dv"))
+    if os_ != ds:
+        out, dout = np.ascontiguousarray(out), np.ascontiguousarray(dout)
+        os_ = elem_strides(out)
+    desc.o_stride[:] = [0, os_[1], os_[0], os_[2]]
+    lse = contiguous(lse, F32, "lse")
+    check_shape(lse, (H, Tq), "lse", ("H", "total_q"))
+    state = _dropout_state(desc, dropout_state)
+    ctx.check(fn("attn_sdpa_varlen_bwd")(ctx.ptr, ctypes.byref(desc), ptr(cq), ptr(ck), ptr(q), ptr(k), ptr(v),
+                                         ptr(out), ptr(dout), ptr(lse), state, ptr(dq), ptr(dk), ptr(dv)))
+    return dq, dk, dv
+
+
+__all__ = ["sdpa", "sdpa_backward", "sdpa_varlen", "sdpa_varlen_backward", "has_varlen", "AttnError"]
