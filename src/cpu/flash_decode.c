@@ -180,7 +180,8 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
         for (int64_t g = 0; g < sh->group; g++) { // the group's heads: column blocks of L
             const int64_t h = hk * sh->group + g;
             float *sg = t.st + g * L;
-            if (transform) attn__score_transform(J->kn, d, sh, brp, h, 0, (int)L, j0, nj, sg, t.th + g * L);
+            if (transform) // th exists with soft-capping only
+                attn__score_transform(J->kn, d, sh, brp, h, 0, (int)L, j0, nj, sg, t.th != NULL ? t.th + g * L : NULL);
             if (masked)
                 any_visible |= attn__mask_tile(d, sh, brp, b, h, 0, (int)L, j0, nj, sg);
             else if (attn__tile_crosses_bounds(d, sh, 0, (int)L, j0, nj))
