@@ -16,9 +16,10 @@
 //
 // With at most NARROW_ROWS packed rows (and key and value rows contiguous) the products are taken
 // row-major: S (rows, nj) as dot products of each key row with the few query rows (qk_rows), and
-// O (rows, Dv) += P V reading value rows as vectors with the weights broadcast, so a key or value
-// element costs about rows/16 vector FMAs instead of one. The scores are transposed into the usual
-// tile for the masks and the softmax (a few hundred floats).
+// O (rows, Dv) += P V reading value rows as vectors with the weights broadcast (pv_rows), so a key
+// or value element costs about rows/16 vector FMAs instead of one; half-precision keys and values
+// are converted in registers as they are loaded. The scores are transposed into the usual tile for
+// the masks and the softmax (a few hundred floats).
 #include <math.h>
 #include <string.h>
 
@@ -31,7 +32,6 @@
 #define DECODE_ROWS 64             // packed query rows (group * L) handled by this path
 #define DECODE_CHUNK (16 * FLASH_BC) // keys per work item
 #define NARROW_ROWS 8
-#define HALF_PIECE 32 // keys converted from half precision at a time
 
 static int brp_of(const attn__sdpa_shape *sh) {
     const int64_t rows = sh->group * sh->L;
@@ -74,22 +74,7 @@ typedef struct decode_job {
 
 // The narrow path applies: few rows, keys feature-major (position stride 1), values row-major.
 static bool narrow_applies(const attn__sdpa_shape *sh, const attn_sdpa_desc *d) {
-    return sh->group * sh->L <= NARROW_ROWS && (d->k_stride[3] == 1 || d->kv_dtype != ATTN_DTYPE_F32) &&
-           (d->v_stride[3] == 1 || d->kv_dtype != ATTN_DTYPE_F32);
-}
-
-// C (rows, n) (+)= A (rows, K at row stride lda) B (K, n at row stride ldb) with the table's gemm on
-// the columns that fill whole vectors and plain loops on the rest.
-static void small_gemm(const attn__kernels *kn, const float *A, int64_t lda, int rows, int K, const float *B,
-                       int64_t ldb, int n, float *C, int64_t ldc, bool accumulate) {
-    const int n16 = n / ATTN_TILE_BR_ALIGN * ATTN_TILE_BR_ALIGN;
-    if (n16 > 0) kn->gemm(A, lda, 1, rows, K, B, ldb, n16, C, ldc, accumulate);
-    for (int r = 0; r < rows; r++)
-        for (int c = n16; c < n; c++) {
-            float acc = accumulate ? C[(int64_t)r * ldc + c] : 0.0f;
-            for (int k = 0; k < K; k++) acc += A[(int64_t)r * lda + k] * B[(int64_t)k * ldb + c];
-            C[(int64_t)r * ldc + c] = acc;
-        }
+    return sh->group * sh->L <= NARROW_ROWS && d->k_stride[3] == 1 && d->v_stride[3] == 1;
 }
 
 // 1 when the (nj, n) tile at row stride rs, element stride es holds a NaN or an infinity.
@@ -153,27 +138,19 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
     }
     for (int64_t j0 = c_begin; j0 < c_end; j0 += FLASH_BC) {
         const int nj = (int)(c_end - j0 < FLASH_BC ? c_end - j0 : FLASH_BC);
-        const float *kt = (const float *)(kbase + (size_t)(j0 * d->k_stride[2]) * esize);
-        const float *vt = (const float *)(vbase + (size_t)(j0 * d->v_stride[2]) * esize);
+        const void *kraw = kbase + (size_t)(j0 * d->k_stride[2]) * esize; // of d->kv_dtype
+        const void *vraw = vbase + (size_t)(j0 * d->v_stride[2]) * esize;
+        const float *kt = kraw, *vt = vraw; // as floats (converted tiles for half precision)
         int64_t ks_row = d->k_stride[2], ks_d = d->k_stride[3], vs_row = d->v_stride[2], vs_d = d->v_stride[3];
-        const bool piecewise = J->narrow && half && !careful; // half tiles converted a piece at a time
-        if (half && !piecewise) {
-            attn__half_tile(J->kn, d->kv_dtype, (const uint16_t *)kt, ks_row, ks_d, nj, D, t.kf);
-            kt = t.kf, ks_row = D, ks_d = 1;
-        }
-        if (piecewise) { // pieces of HALF_PIECE keys: the converted floats stay in L1
-            for (int p0 = 0; p0 < nj; p0 += HALF_PIECE) {
-                const int np = nj - p0 < HALF_PIECE ? nj - p0 : HALF_PIECE;
-                attn__half_tile(J->kn, d->kv_dtype, (const uint16_t *)kt + p0 * ks_row, ks_row, ks_d, np, D, t.kf);
-                J->kn->qk_rows(t.kf, D, np, D, qr, rows, sr + p0, FLASH_BC);
-            }
-            for (int r = 0; r < rows; r++)
-                for (int j = 0; j < nj; j++) t.st[(int64_t)j * brp + r] = sr[(int64_t)r * FLASH_BC + j];
-        } else if (J->narrow) { // S (rows, nj) = Q K^T, dot products along the key rows
-            J->kn->qk_rows(kt, ks_row, nj, D, qr, rows, sr, FLASH_BC);
+        if (J->narrow) { // S (rows, nj) = Q K^T, dot products along the key rows, then transposed
+            J->kn->qk_rows(d->kv_dtype, kraw, ks_row, nj, D, qr, rows, sr, FLASH_BC);
             for (int r = 0; r < rows; r++)
                 for (int j = 0; j < nj; j++) t.st[(int64_t)j * brp + r] = sr[(int64_t)r * FLASH_BC + j];
         } else {
+            if (half) {
+                attn__half_tile(J->kn, d->kv_dtype, kraw, ks_row, ks_d, nj, D, t.kf);
+                kt = t.kf, ks_row = D, ks_d = 1;
+            }
             attn__qk(J->kn, kt, ks_row, ks_d, nj, D, t.qt, brp, t.st);
         }
         bool any_visible = !(masked || attn__tile_crosses_bounds(d, sh, 0, (int)L, j0, nj));
@@ -189,8 +166,8 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
         }
         if (!any_visible) continue;
         J->kn->softmax(t.st, nj, brp, t.m, t.l, t.alpha);
-        if (half && !piecewise) {
-            attn__half_tile(J->kn, d->kv_dtype, (const uint16_t *)vt, vs_row, vs_d, nj, Dv, t.vf);
+        if (half && (careful || !J->narrow)) {
+            attn__half_tile(J->kn, d->kv_dtype, vraw, vs_row, vs_d, nj, Dv, t.vf);
             vt = t.vf, vs_row = Dv, vs_d = 1;
         }
         const bool bad = careful && tile_not_finite(vt, vs_row, vs_d, nj, Dv);
@@ -200,13 +177,7 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
                 for (int e = 0; e < Dv; e++) o[e] *= t.alpha[r];
                 for (int j = 0; j < nj; j++) sr[(int64_t)r * FLASH_BC + j] = t.st[(int64_t)j * brp + r];
             }
-            if (piecewise) {
-                for (int p0 = 0; p0 < nj; p0 += HALF_PIECE) {
-                    const int np = nj - p0 < HALF_PIECE ? nj - p0 : HALF_PIECE;
-                    attn__half_tile(J->kn, d->kv_dtype, (const uint16_t *)vt + p0 * vs_row, vs_row, vs_d, np, Dv, t.vf);
-                    small_gemm(J->kn, sr + p0, FLASH_BC, rows, np, t.vf, Dv, Dv, orow, Dv, true);
-                }
-            } else if (bad) { // skip zero weights: a hidden key's NaN or inf value is never read
+            if (bad) { // skip zero weights: a hidden key's NaN or inf value is never read
                 for (int r = 0; r < rows; r++)
                     for (int j = 0; j < nj; j++) {
                         const float p = sr[(int64_t)r * FLASH_BC + j];
@@ -214,7 +185,7 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
                             for (int e = 0; e < Dv; e++) orow[(int64_t)r * Dv + e] += p * vt[(int64_t)j * vs_row + e];
                     }
             } else {
-                small_gemm(J->kn, sr, FLASH_BC, rows, nj, vt, vs_row, Dv, orow, Dv, true);
+                J->kn->pv_rows(d->kv_dtype, vraw, d->v_stride[2], nj, Dv, sr, FLASH_BC, rows, orow, Dv);
             }
         } else if (bad) {
             attn__pv_skipping_zeros(vt, vs_row, vs_d, nj, Dv, t.st, brp, t.alpha, t.ot);

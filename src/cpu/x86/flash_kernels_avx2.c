@@ -282,36 +282,101 @@ static void bwd_ds_avx2(const float *pt, float *dst, int nj, int br, const float
 }
 
 // F16C converts half exactly; bfloat16 is the top half of a float.
+// 8 elements of a k or v row of type dt from element i, as floats; `n` < 8 reads only n of them
+// (the others are 0).
+static inline __attribute__((always_inline)) __m256 load_kv8(const void *p, attn_dtype dt, int64_t i, int n) {
+    if (n < 8) {
+        float t[8] = {0};
+        for (int c = 0; c < n; c++) t[c] = attn__kv_at(p, dt, i + c);
+        return _mm256_loadu_ps(t);
+    }
+    if (dt == ATTN_DTYPE_F32) return _mm256_loadu_ps((const float *)p + i);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+    if (dt == ATTN_DTYPE_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); // bfloat16
+}
+
+static inline __attribute__((always_inline)) __m256 load_f8(const float *p, int n) {
+    if (n == 8) return _mm256_loadu_ps(p);
+    float t[8] = {0};
+    for (int c = 0; c < n; c++) t[c] = p[c];
+    return _mm256_loadu_ps(t);
+}
+
 // Four rows at a time: per key, the rows' partial sums in four registers, reduced together.
-static void qk_rows_avx2(const float *k, int64_t ks_row, int nj, int D, const float *q, int rows, float *s,
-                         int64_t lds) {
+static inline __attribute__((always_inline)) void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row,
+                                                               int nj, int D, const float *q, int rows, float *s,
+                                                               int64_t lds) {
     const int d8 = D / 8 * 8;
     for (int r0 = 0; r0 < rows; r0 += 4) {
         const int nr = rows - r0 < 4 ? rows - r0 : 4;
         const float *q0 = q + (int64_t)r0 * D, *q1 = q0 + (nr > 1 ? D : 0), *q2 = q0 + (nr > 2 ? 2 * D : 0),
                     *q3 = q0 + (nr > 3 ? 3 * D : 0);
         for (int j = 0; j < nj; j++) {
-            const float *kj = k + (int64_t)j * ks_row;
+            const int64_t kj = (int64_t)j * ks_row;
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int d = 0; d < d8; d += 8) {
-                const __m256 kv = _mm256_loadu_ps(kj + d);
-                a0 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q0 + d), a0);
-                a1 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q1 + d), a1);
-                a2 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q2 + d), a2);
-                a3 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q3 + d), a3);
+            for (int d = 0; d < D; d += 8) {
+                const int n = d < d8 ? 8 : D - d;
+                const __m256 kv = load_kv8(k, dt, kj + d, n);
+                a0 = _mm256_fmadd_ps(kv, load_f8(q0 + d, n), a0);
+                a1 = _mm256_fmadd_ps(kv, load_f8(q1 + d, n), a1);
+                a2 = _mm256_fmadd_ps(kv, load_f8(q2 + d, n), a2);
+                a3 = _mm256_fmadd_ps(kv, load_f8(q3 + d, n), a3);
             }
             const __m256 s01 = _mm256_hadd_ps(a0, a1), s23 = _mm256_hadd_ps(a2, a3);
             const __m256 s0123 = _mm256_hadd_ps(s01, s23);
             const __m128 sum = _mm_add_ps(_mm256_castps256_ps128(s0123), _mm256_extractf128_ps(s0123, 1));
             float out[4];
             _mm_storeu_ps(out, sum);
-            for (int d = d8; d < D; d++) { // the last D % 8 features
-                out[0] += kj[d] * q0[d], out[1] += kj[d] * q1[d];
-                out[2] += kj[d] * q2[d], out[3] += kj[d] * q3[d];
-            }
             for (int r = 0; r < nr; r++) s[(int64_t)(r0 + r) * lds + j] = out[r];
         }
     }
+}
+
+static void qk_rows_avx2(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const float *q, int rows,
+                         float *s, int64_t lds) {
+    if (dt == ATTN_DTYPE_F16) qk_rows_impl(ATTN_DTYPE_F16, k, ks_row, nj, D, q, rows, s, lds);
+    else if (dt == ATTN_DTYPE_BF16) qk_rows_impl(ATTN_DTYPE_BF16, k, ks_row, nj, D, q, rows, s, lds);
+    else qk_rows_impl(ATTN_DTYPE_F32, k, ks_row, nj, D, q, rows, s, lds);
+}
+
+// Four rows and 16 columns at a time: per key, two value vectors and four broadcast weights.
+static inline __attribute__((always_inline)) void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row,
+                                                               int nj, int Dv, const float *p, int64_t ldp, int rows,
+                                                               float *o, int64_t ldo) {
+    for (int r0 = 0; r0 < rows; r0 += 4) {
+        const int nr = rows - r0 < 4 ? rows - r0 : 4;
+        const float *p0 = p + (int64_t)r0 * ldp, *p1 = p0 + (nr > 1 ? ldp : 0), *p2 = p0 + (nr > 2 ? 2 * ldp : 0),
+                    *p3 = p0 + (nr > 3 ? 3 * ldp : 0);
+        for (int e = 0; e < Dv; e += 16) {
+            const int n0 = Dv - e < 8 ? Dv - e : 8, n1 = Dv - e - 8 < 0 ? 0 : (Dv - e - 8 < 8 ? Dv - e - 8 : 8);
+            __m256 c[4][2];
+            for (int r = 0; r < 4; r++) c[r][0] = c[r][1] = _mm256_setzero_ps();
+            for (int j = 0; j < nj; j++) {
+                const int64_t vj = (int64_t)j * vs_row + e;
+                const __m256 v0 = load_kv8(v, dt, vj, n0), v1 = n1 > 0 ? load_kv8(v, dt, vj + 8, n1) : v0;
+                const __m256 w0 = _mm256_set1_ps(p0[j]), w1 = _mm256_set1_ps(p1[j]), w2 = _mm256_set1_ps(p2[j]),
+                             w3 = _mm256_set1_ps(p3[j]);
+                c[0][0] = _mm256_fmadd_ps(w0, v0, c[0][0]), c[0][1] = _mm256_fmadd_ps(w0, v1, c[0][1]);
+                c[1][0] = _mm256_fmadd_ps(w1, v0, c[1][0]), c[1][1] = _mm256_fmadd_ps(w1, v1, c[1][1]);
+                c[2][0] = _mm256_fmadd_ps(w2, v0, c[2][0]), c[2][1] = _mm256_fmadd_ps(w2, v1, c[2][1]);
+                c[3][0] = _mm256_fmadd_ps(w3, v0, c[3][0]), c[3][1] = _mm256_fmadd_ps(w3, v1, c[3][1]);
+            }
+            for (int r = 0; r < nr; r++) {
+                float *orow = o + (int64_t)(r0 + r) * ldo + e;
+                float t[16];
+                _mm256_storeu_ps(t, c[r][0]), _mm256_storeu_ps(t + 8, c[r][1]);
+                for (int x = 0; x < n0 + n1; x++) orow[x] += t[x];
+            }
+        }
+    }
+}
+
+static void pv_rows_avx2(attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *p, int64_t ldp,
+                         int rows, float *o, int64_t ldo) {
+    if (dt == ATTN_DTYPE_F16) pv_rows_impl(ATTN_DTYPE_F16, v, vs_row, nj, Dv, p, ldp, rows, o, ldo);
+    else if (dt == ATTN_DTYPE_BF16) pv_rows_impl(ATTN_DTYPE_BF16, v, vs_row, nj, Dv, p, ldp, rows, o, ldo);
+    else pv_rows_impl(ATTN_DTYPE_F32, v, vs_row, nj, Dv, p, ldp, rows, o, ldo);
 }
 
 static void half_to_f32_avx2(attn_dtype dt, const uint16_t *x, float *y, int64_t n) {
@@ -338,5 +403,6 @@ const attn__kernels attn__kernels_avx2 = {
     .bwd_p = bwd_p_avx2,
     .bwd_ds = bwd_ds_avx2,
     .qk_rows = qk_rows_avx2,
+    .pv_rows = pv_rows_avx2,
     .half_to_f32 = half_to_f32_avx2,
 };

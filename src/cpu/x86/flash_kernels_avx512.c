@@ -191,31 +191,39 @@ static void bwd_ds_avx512(const float *pt, float *dst, int nj, int br, const flo
 
 INLINE __m256 hi256(__m512 x) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)); }
 
+// 16 elements of a k or v row of type dt from element i, as floats; `n` < 16 reads only n of them
+// (the others are 0).
+INLINE __m512 load_kv16(const void *p, attn_dtype dt, int64_t i, int n) {
+    if (n < 16) {
+        float t[16] = {0};
+        for (int c = 0; c < n; c++) t[c] = attn__kv_at(p, dt, i + c);
+        return _mm512_loadu_ps(t);
+    }
+    if (dt == ATTN_DTYPE_F32) return _mm512_loadu_ps((const float *)p + i);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+    if (dt == ATTN_DTYPE_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); // bfloat16
+}
+
 // Four rows at a time: per key, the rows' partial sums in four registers, reduced together.
-static void qk_rows_avx512(const float *k, int64_t ks_row, int nj, int D, const float *q, int rows, float *s,
-                           int64_t lds) {
+INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const float *q, int rows,
+                         float *s, int64_t lds) {
     const int d16 = D / 16 * 16;
-    const __mmask16 tail = (__mmask16)((1u << (D - d16)) - 1u);
     for (int r0 = 0; r0 < rows; r0 += 4) {
         const int nr = rows - r0 < 4 ? rows - r0 : 4;
         const float *q0 = q + (int64_t)r0 * D, *q1 = q0 + (nr > 1 ? D : 0), *q2 = q0 + (nr > 2 ? 2 * D : 0),
                     *q3 = q0 + (nr > 3 ? 3 * D : 0);
         for (int j = 0; j < nj; j++) {
-            const float *kj = k + (int64_t)j * ks_row;
+            const int64_t kj = (int64_t)j * ks_row;
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int d = 0; d < d16; d += 16) {
-                const __m512 kv = _mm512_loadu_ps(kj + d);
-                a0 = _mm512_fmadd_ps(kv, _mm512_loadu_ps(q0 + d), a0);
-                a1 = _mm512_fmadd_ps(kv, _mm512_loadu_ps(q1 + d), a1);
-                a2 = _mm512_fmadd_ps(kv, _mm512_loadu_ps(q2 + d), a2);
-                a3 = _mm512_fmadd_ps(kv, _mm512_loadu_ps(q3 + d), a3);
-            }
-            if (tail) {
-                const __m512 kv = _mm512_maskz_loadu_ps(tail, kj + d16);
-                a0 = _mm512_fmadd_ps(kv, _mm512_maskz_loadu_ps(tail, q0 + d16), a0);
-                a1 = _mm512_fmadd_ps(kv, _mm512_maskz_loadu_ps(tail, q1 + d16), a1);
-                a2 = _mm512_fmadd_ps(kv, _mm512_maskz_loadu_ps(tail, q2 + d16), a2);
-                a3 = _mm512_fmadd_ps(kv, _mm512_maskz_loadu_ps(tail, q3 + d16), a3);
+            for (int d = 0; d < D; d += 16) {
+                const int n = d < d16 ? 16 : D - d;
+                const __m512 kv = load_kv16(k, dt, kj + d, n);
+                const __mmask16 m = (__mmask16)(n == 16 ? 0xffffu : (1u << n) - 1u);
+                a0 = _mm512_fmadd_ps(kv, _mm512_maskz_loadu_ps(m, q0 + d), a0);
+                a1 = _mm512_fmadd_ps(kv, _mm512_maskz_loadu_ps(m, q1 + d), a1);
+                a2 = _mm512_fmadd_ps(kv, _mm512_maskz_loadu_ps(m, q2 + d), a2);
+                a3 = _mm512_fmadd_ps(kv, _mm512_maskz_loadu_ps(m, q3 + d), a3);
             }
             // 4 x 16 lanes -> 4 sums: halves added pairwise, then the 4-lane groups transposed
             const __m256 h0 = _mm256_add_ps(_mm512_castps512_ps256(a0), hi256(a0));
@@ -230,6 +238,54 @@ static void qk_rows_avx512(const float *k, int64_t ks_row, int nj, int D, const 
             for (int r = 0; r < nr; r++) s[(int64_t)(r0 + r) * lds + j] = out[r];
         }
     }
+}
+
+static void qk_rows_avx512(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const float *q, int rows,
+                           float *s, int64_t lds) {
+    if (dt == ATTN_DTYPE_F16) qk_rows_impl(ATTN_DTYPE_F16, k, ks_row, nj, D, q, rows, s, lds);
+    else if (dt == ATTN_DTYPE_BF16) qk_rows_impl(ATTN_DTYPE_BF16, k, ks_row, nj, D, q, rows, s, lds);
+    else qk_rows_impl(ATTN_DTYPE_F32, k, ks_row, nj, D, q, rows, s, lds);
+}
+
+// Four rows and 32 columns at a time: per key, two value vectors and four broadcast weights.
+INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *p,
+                         int64_t ldp, int rows, float *o, int64_t ldo) {
+    for (int r0 = 0; r0 < rows; r0 += 4) {
+        const int nr = rows - r0 < 4 ? rows - r0 : 4;
+        const float *p0 = p + (int64_t)r0 * ldp, *p1 = p0 + (nr > 1 ? ldp : 0), *p2 = p0 + (nr > 2 ? 2 * ldp : 0),
+                    *p3 = p0 + (nr > 3 ? 3 * ldp : 0);
+        for (int e = 0; e < Dv; e += 32) {
+            const int n0 = Dv - e < 16 ? Dv - e : 16, n1 = Dv - e - 16 < 0 ? 0 : (Dv - e - 16 < 16 ? Dv - e - 16 : 16);
+            __m512 c[4][2];
+            for (int r = 0; r < 4; r++) c[r][0] = c[r][1] = _mm512_setzero_ps();
+            for (int j = 0; j < nj; j++) {
+                const int64_t vj = (int64_t)j * vs_row + e;
+                const __m512 v0 = load_kv16(v, dt, vj, n0), v1 = n1 > 0 ? load_kv16(v, dt, vj + 16, n1) : v0;
+                const __m512 w0 = _mm512_set1_ps(p0[j]), w1 = _mm512_set1_ps(p1[j]), w2 = _mm512_set1_ps(p2[j]),
+                             w3 = _mm512_set1_ps(p3[j]);
+                c[0][0] = _mm512_fmadd_ps(w0, v0, c[0][0]), c[0][1] = _mm512_fmadd_ps(w0, v1, c[0][1]);
+                c[1][0] = _mm512_fmadd_ps(w1, v0, c[1][0]), c[1][1] = _mm512_fmadd_ps(w1, v1, c[1][1]);
+                c[2][0] = _mm512_fmadd_ps(w2, v0, c[2][0]), c[2][1] = _mm512_fmadd_ps(w2, v1, c[2][1]);
+                c[3][0] = _mm512_fmadd_ps(w3, v0, c[3][0]), c[3][1] = _mm512_fmadd_ps(w3, v1, c[3][1]);
+            }
+            for (int r = 0; r < nr; r++) {
+                float *orow = o + (int64_t)(r0 + r) * ldo + e;
+                const __mmask16 m0 = (__mmask16)(n0 == 16 ? 0xffffu : (1u << n0) - 1u);
+                _mm512_mask_storeu_ps(orow, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, orow), c[r][0]));
+                if (n1 > 0) {
+                    const __mmask16 m1 = (__mmask16)(n1 == 16 ? 0xffffu : (1u << n1) - 1u);
+                    _mm512_mask_storeu_ps(orow + 16, m1, _mm512_add_ps(_mm512_maskz_loadu_ps(m1, orow + 16), c[r][1]));
+                }
+            }
+        }
+    }
+}
+
+static void pv_rows_avx512(attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *p, int64_t ldp,
+                           int rows, float *o, int64_t ldo) {
+    if (dt == ATTN_DTYPE_F16) pv_rows_impl(ATTN_DTYPE_F16, v, vs_row, nj, Dv, p, ldp, rows, o, ldo);
+    else if (dt == ATTN_DTYPE_BF16) pv_rows_impl(ATTN_DTYPE_BF16, v, vs_row, nj, Dv, p, ldp, rows, o, ldo);
+    else pv_rows_impl(ATTN_DTYPE_F32, v, vs_row, nj, Dv, p, ldp, rows, o, ldo);
 }
 
 static void half_to_f32_avx512(attn_dtype dt, const uint16_t *x, float *y, int64_t n) {
@@ -257,5 +313,6 @@ const attn__kernels attn__kernels_avx512 = {
     .bwd_p = bwd_p_avx512,
     .bwd_ds = bwd_ds_avx512,
     .qk_rows = qk_rows_avx512,
+    .pv_rows = pv_rows_avx512,
     .half_to_f32 = half_to_f32_avx512,
 };
