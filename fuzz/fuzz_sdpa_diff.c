@@ -5,7 +5,9 @@
  * SDPA problems have B, H, Hkv, L, S, D, Dv up to about 12 (sometimes long sequences spanning
  * several kernel tiles, or wide heads), q/k/v/out in permuted contiguous layouts (with padding,
  * and broadcast inputs), attention masks of both dtypes broadcast by their strides, key padding
- * masks, every causal mode, scales, weights modes, log-sum-exp and dropout; nn.MultiheadAttention
+ * masks, every causal mode, scales, weights modes, log-sum-exp and dropout, local windows, ALiBi,
+ * soft-capping and float16/bfloat16 k and v (converted with attn_convert, whose rounding is
+ * checked on the way); nn.MultiheadAttention
  * and the book's modules run tiny configurations the same way. The contexts are seeded alike, so
  * with dropout too the runs must agree: the same status; outputs within 1e-5 relative plus an
  * absolute tolerance of 1e-6 scaled by the magnitudes involved and widened by what float
@@ -14,223 +16,7 @@
  * generators in the same state afterwards. Sometimes a third context runs the same kernels with
  * another thread count and must give the same bits.
  */
-#include <float.h>
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "attn.h"
-#include "fuzz_data.h"
-#include "fuzz_util.h"
-
-#define REL_TOL 1e-5
-#define ABS_TOL 1e-6
-
-/* The contexts compared: [0] the kernels under test (ATTN_ISA_AUTO, or an ISA the CPU supports),
- * [1] the reference, and sometimes [2] the kernels under test with another thread count. */
-typedef struct pair {
-    fuzz_data *fd;
-    fuzz_rng rng;
-    int n;
-    attn_ctx *ctx[3];
-} pair;
-
-/* ---- comparing ----------------------------------------------------------------------------- */
-
-/*
- * Tolerances. The reference accumulates in double; the fused kernels and the projections' GEMM in
- * float, so a score s = scale * q.k legitimately differs by up to about D * 2^-24 * |scale| *
- * sum|q_t k_t|, and a softmax turns an error ds in the scores into a relative error of about ds
- * in the weights and outputs. Each comparison is |AUTO - REF| <= REL_TOL * |REF| + abs, where abs
- * is ABS_TOL times the magnitude of what the element sums, plus that score error propagated.
- * Small inputs leave only REL_TOL and ABS_TOL; large ones widen the bound as float arithmetic must.
- */
-#define U 5.9604644775390625e-8 /* 2^-24 */
-
-typedef struct tol {
-    double rel, abs;
-} tol;
-
-static double max_abs(const float *x, int64_t n) {
-    double m = 0.0;
-    for (int64_t i = 0; i < n; i++)
-        if (isfinite(x[i]) && fabs((double)x[i]) > m) m = fabs((double)x[i]);
-    return m;
-}
-
-/* The problem being compared, for the message of a failed check. */
-static char problem[512];
-
-/*
- * NaN and infinities must appear in the same places, with one exception: the fused kernels flush
- * weights below 2^-126 of a row's largest to 0 (attn.h), where the reference may keep a denormal
- * weight, so a NaN or infinity in a value row can reach an output through such a weight in one and
- * not in the other. That needs non-finite inputs and scores spread over more than ln(2^126) ~ 87.
- * Scores near the float range may also overflow in float arithmetic where the reference's double
- * does not, and scales near the underflow may give 0 * inf. In these cases (loose_nonfinite) a
- * non-finite result on one side only is accepted.
- */
-static bool loose_nonfinite;
-
-static bool any_nonfinite(const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(x[i])) return true;
-    return false;
-}
-
-/* Below this, differences are float underflow (a denormal in double rounds to 0 in float). */
-#define UNDERFLOW_TOL 1e-35
-
-static void compare(const float *a, const float *r, int64_t n, tol t, const char *what) {
-    for (int64_t i = 0; i < n; i++)
-        FUZZ_CHECK((loose_nonfinite && (!isfinite(a[i]) || !isfinite(r[i]))) ||
-                       fuzz_close(a[i], r[i], t.rel, t.abs + UNDERFLOW_TOL),
-                   "%s[%lld]: kernels %.9g, reference %.9g (tolerance %g + %g |ref|) in %s", what, (long long)i,
-                   (double)a[i], (double)r[i], t.abs, t.rel, problem);
-}
-
-/* Every thread count gives the same bits (attn.h, attn_ctx_params.n_threads). */
-static void compare_bits(const float *a, const float *b, int64_t n, const char *what) {
-    for (int64_t i = 0; i < n; i++)
-        FUZZ_CHECK(memcmp(&a[i], &b[i], sizeof(float)) == 0 || (isnan(a[i]) && isnan(b[i])),
-                   "%s[%lld] depends on the thread count: %.9g vs %.9g", what, (long long)i, (double)a[i],
-                   (double)b[i]);
-}
-
-/* Compares the results of context c with those of context 0. */
-static void compare_run(const pair *p, int c, const float *a, const float *x, int64_t n, tol t, const char *what) {
-    if (c == 1) compare(a, x, n, t, what);
-    if (c == 2) compare_bits(a, x, n, what);
-}
-
-/* Adds a module parameter to the bounds: the largest row or column sum of |W| over 2-D ones (a
- * projection's gain, whatever its layout), the largest |b| over the others. */
-static void param_bounds(int ndim, const int64_t *shape, const float *w, double *wsum, double *bmax) {
-    if (ndim != 2) {
-        int64_t n = 1;
-        for (int i = 0; i < ndim; i++) n *= shape[i];
-        const double m = max_abs(w, n);
-        if (m > *bmax) *bmax = m;
-        return;
-    }
-    for (int64_t r = 0; r < shape[0]; r++) {
-        double sum = 0.0;
-        for (int64_t c = 0; c < shape[1]; c++) sum += fabs((double)w[r * shape[1] + c]);
-        if (sum > *wsum) *wsum = sum;
-    }
-    for (int64_t c = 0; c < shape[1]; c++) {
-        double sum = 0.0;
-        for (int64_t r = 0; r < shape[0]; r++) sum += fabs((double)w[r * shape[1] + c]);
-        if (sum > *wsum) *wsum = sum;
-    }
-}
-
-/* Tolerances of a module's outputs and weights: inputs up to `amp`, parameters bounded by wsum and
- * bmax, input widths up to `width`, head dim hd, embedding E, dropout scale `keep`. */
-static void module_tols(double amp, double wsum, double bmax, int64_t width, int64_t hd, int64_t E, double keep,
-                        tol *t_out, tol *t_w, double *score_bound) {
-    const double proj = amp * wsum + bmax;                              /* |q|, |k|, |v| after projection */
-    const double smag = sqrt((double)hd) * proj * proj;                 /* |score| */
-    const double ds = 1e-6 + 4.0 * (double)(width + hd + 8) * U * smag; /* score error */
-    *score_bound = smag;
-    *t_w = (tol){REL_TOL + 4.0 * ds, ABS_TOL};
-    const double gain = wsum > 1.0 ? wsum : 1.0; /* out_proj, when there is one */
-    *t_out = (tol){REL_TOL,
-                   ABS_TOL * (1.0 + proj) * gain + gain * keep * proj * (3.0 * ds + 4.0 * (double)(width + E + 4) * U)};
-    if (smag > (double)FLT_MAX / 16.0) t_out->abs = t_w->abs = INFINITY; /* float cannot hold the scores */
-}
-
-static void compare_generators(const pair *p) {
-    const attn_generator *a = attn_ctx_generator(p->ctx[0]);
-    for (int c = 1; c < p->n; c++) {
-        const attn_generator *r = attn_ctx_generator(p->ctx[c]);
-        FUZZ_CHECK(memcmp(a->mt, r->mt, sizeof a->mt) == 0 && a->left == r->left && a->next == r->next &&
-                       a->has_normal == r->has_normal && memcmp(&a->normal, &r->normal, sizeof a->normal) == 0,
-                   "the generators of contexts 0 and %d drew differently", c);
-    }
-}
-
-static void compare_status(const pair *p, const attn_status *st, const char *what) {
-    for (int c = 0; c < p->n; c++) fuzz_check_error(p->ctx[c], st[c], what);
-    for (int c = 1; c < p->n; c++)
-        FUZZ_CHECK(st[0] == st[c], "%s: %s gives %s (%s), context %d %s (%s)", what,
-                   attn_isa_name(attn_ctx_isa(p->ctx[0])), attn_strerror(st[0]), attn_ctx_last_error(p->ctx[0]), c,
-                   attn_strerror(st[c]), attn_ctx_last_error(p->ctx[c]));
-}
-
-/* ---- inputs -------------------------------------------------------------------------------- */
-
-static float *new_floats(int64_t n) { return fuzz_xmalloc((size_t)(n > 0 ? n : 1) * sizeof(float)); }
-
-/* A value whose handling float and double arithmetic must agree on: NaN, +-inf, +-0, or tiny. */
-static float special(pair *p) {
-    static const float values[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, FLT_MIN, FLT_TRUE_MIN, -FLT_MIN};
-    return values[fuzz_data_pick(p->fd, sizeof values / sizeof values[0])];
-}
-
-/* Values in [-amp, amp], sometimes with a few specials. */
-static void fill(pair *p, float *x, int64_t n, float amp) {
-    for (int64_t i = 0; i < n; i++) x[i] = fuzz_rng_float(&p->rng, -amp, amp);
-    if (n > 0 && fuzz_data_chance(p->fd, 1, 12)) {
-        const int k = fuzz_data_int_range(p->fd, 1, 3);
-        for (int i = 0; i < k; i++) x[fuzz_rng_below(&p->rng, (uint64_t)n)] = special(p);
-    }
-}
-
-static float pick_amp(pair *p) {
-    static const float amps[] = {0.5f, 2.0f, 8.0f, 40.0f};
-    return amps[fuzz_data_pick(p->fd, 4)];
-}
-
-/* A mask of n elements: BOOL bytes (any non-zero blocks) or F32 (0, -inf, random, very negative). */
-static void fill_mask(pair *p, void *m, int64_t n, attn_dtype dt) {
-    const unsigned density = (unsigned)fuzz_data_u8(p->fd);
-    if (dt == ATTN_DTYPE_BOOL) {
-        uint8_t *b = m;
-        for (int64_t i = 0; i < n; i++)
-            b[i] = fuzz_rng_below(&p->rng, 256) < density ? (uint8_t)(1 + fuzz_rng_below(&p->rng, 255)) : 0;
-        return;
-    }
-    float *f = m;
-    for (int64_t i = 0; i < n; i++) {
-        const uint64_t r = fuzz_rng_below(&p->rng, 256);
-        f[i] = r < density   ? -INFINITY
-               : r % 3 == 0  ? fuzz_rng_float(&p->rng, -6.0f, 3.0f)
-               : r % 17 == 1 ? -1e30f
-                             : 0.0f;
-    }
-    if (n > 0 && fuzz_data_chance(p->fd, 1, 16)) f[fuzz_rng_below(&p->rng, (uint64_t)n)] = special(p);
-}
-
-/* Strides of an nd-dim tensor of sizes n laid out contiguously in a permuted dimension order, with
- * optional padding; each dimension broadcast (stride 0) with probability bcast/16. Returns the
- * number of elements the buffer needs. */
-static int64_t layout(pair *p, int nd, const int64_t *n, unsigned bcast, int64_t *s) {
-    int perm[4] = {0, 1, 2, 3};
-    for (int i = nd - 1; i > 0; i--) {
-        const int j = (int)fuzz_data_pick(p->fd, (size_t)i + 1), t = perm[i];
-        perm[i] = perm[j], perm[j] = t;
-    }
-    bool broadcast[4] = {false, false, false, false};
-    for (int d = 0; d < nd; d++) broadcast[d] = bcast > 0 && fuzz_data_chance(p->fd, bcast, 16);
-    int64_t acc = 1;
-    for (int i = nd - 1; i >= 0; i--) {
-        const int d = perm[i];
-        if (broadcast[d]) {
-            s[d] = 0;
-            continue;
-        }
-        s[d] = acc;
-        acc = acc * n[d] + (fuzz_data_chance(p->fd, 1, 6) ? fuzz_data_i64_range(p->fd, 1, 3) : 0);
-    }
-    return acc;
-}
-
-/* Elements of a (B, H, L, S) view with non-negative strides s: its largest offset plus one. */
-static int64_t layout_elems(const int64_t s[4], int64_t B, int64_t H, int64_t L, int64_t S) {
-    return (B - 1) * s[0] + (H - 1) * s[1] + (L - 1) * s[2] + (S - 1) * s[3] + 1;
-}
+#include "fuzz_diff.h"
 
 /* ---- SDPA ---------------------------------------------------------------------------------- */
 
@@ -294,7 +80,12 @@ static void diff_sdpa(pair *p) {
         fill_mask(p, kpm, ckpm, d.key_padding_mask_dtype);
         d.key_padding_mask = kpm;
     }
-    /* Tolerances: scores up to smag (plus the masks' finite values), error ds in them. */
+    sdpa_extras ex;
+    decode_extras(p, &d, &ex);
+    kv_for_dtype(p, &d, k, ck, v, cv, &ex);
+    const void *kin = ex.kh != NULL ? (const void *)ex.kh : k, *vin = ex.vh != NULL ? (const void *)ex.vh : v;
+    /* Tolerances: scores up to smag (plus the masks' finite values and the ALiBi terms), error ds
+     * in them (soft-capping adds the error of its tanh, relative to the cap). */
     double mmax = 0.0;
     if (d.mask != NULL && d.mask_dtype == ATTN_DTYPE_F32) {
         const float *f = d.mask;
@@ -302,12 +93,14 @@ static void diff_sdpa(pair *p) {
             if (isfinite(f[i]) && fabsf(f[i]) < 1e20f && fabs((double)f[i]) > mmax) mmax = fabs((double)f[i]);
     }
     const double scale = d.scale != 0.0f ? fabs((double)d.scale) : 1.0 / sqrt((double)D);
-    const double smag = scale * (double)D * max_abs(q, cq) * max_abs(k, ck) + 2.0 * mmax;
-    const double ds = 1e-6 + 4.0 * (double)(D + 4) * U * smag;
+    const double smag = scale * (double)D * max_abs(q, cq) * max_abs(k, ck) + 2.0 * mmax + ex.alibi_mag;
+    const double cap = d.softcap > 0.0f ? fmin((double)d.softcap, smag) : 0.0;
+    const double ds = 1e-6 + 4.0 * (double)(D + 4) * U * smag + 16.0 * U * cap;
     const double keep = d.dropout_p > 0.0 && d.dropout_p < 1.0 ? 1.0 / (1.0 - d.dropout_p) : 1.0;
     tol t_out = {REL_TOL, keep * max_abs(v, cv) * (ABS_TOL + 3.0 * ds)}, t_lse = {REL_TOL, ABS_TOL + ds};
     const tol t_w = {REL_TOL + 4.0 * ds, ABS_TOL};
-    bool nonfinite = any_nonfinite(q, cq) || any_nonfinite(k, ck) || any_nonfinite(v, cv);
+    bool nonfinite = any_nonfinite(q, cq) || any_nonfinite(k, ck) || any_nonfinite(v, cv) ||
+                     (ex.slopes != NULL && any_nonfinite(ex.slopes, H));
     if (d.mask != NULL && d.mask_dtype == ATTN_DTYPE_F32)
         for (int64_t i = 0, n = layout_elems(d.mask_stride, B, H, L, S); i < n; i++)
             nonfinite = nonfinite || isnan(((const float *)d.mask)[i]) || ((const float *)d.mask)[i] == INFINITY;
@@ -320,6 +113,10 @@ static void diff_sdpa(pair *p) {
      * a scale near the float underflow turns scale * q into 0 and 0 * inf into NaN. */
     loose_nonfinite = (nonfinite && (2.0 * smag > 80.0 || scale < 1e-30)) || smag > (double)FLT_MAX / 16.0;
     if (smag > (double)FLT_MAX / 16.0) t_out.abs = t_lse.abs = INFINITY; /* float cannot hold the scores */
+    if (keep * max_abs(v, cv) * (double)S > (double)FLT_MAX / 16.0) { /* nor the sums of the values */
+        loose_nonfinite = true;
+        t_out.abs = INFINITY;
+    }
     /* The fused kernels fold scale * log2(e) into q; attn.h leaves the result open when a product
      * leaves the float range, although the scores may fit. */
     const double qmax = max_abs(q, cq);
@@ -327,13 +124,15 @@ static void diff_sdpa(pair *p) {
         loose_nonfinite = true;
         t_out.abs = t_lse.abs = INFINITY;
     }
+    char extras[160];
+    describe_extras(&d, extras, sizeof extras);
     snprintf(problem, sizeof problem,
              "sdpa B=%lld H=%lld Hkv=%lld L=%lld S=%lld D=%lld Dv=%lld scale=%g causal=%d mask=%s kpm=%s dropout=%g "
-             "weights=%d lse=%d isa=%s",
+             "weights=%d lse=%d%s isa=%s",
              (long long)B, (long long)H, (long long)Hkv, (long long)L, (long long)S, (long long)D, (long long)Dv,
              (double)d.scale, (int)d.causal, d.mask == NULL ? "none" : attn_dtype_name(d.mask_dtype),
              d.key_padding_mask == NULL ? "none" : attn_dtype_name(d.key_padding_mask_dtype), d.dropout_p,
-             (int)d.weights_mode, want_lse, attn_isa_name(attn_ctx_isa(p->ctx[0])));
+             (int)d.weights_mode, want_lse, extras, attn_isa_name(attn_ctx_isa(p->ctx[0])));
     const int64_t nl = B * H * L;
     const int64_t nw = d.weights_mode == ATTN_WEIGHTS_PER_HEAD  ? B * H * L * S
                        : d.weights_mode == ATTN_WEIGHTS_AVERAGE ? B * L * S
@@ -345,7 +144,7 @@ static void diff_sdpa(pair *p) {
         memset(out[c], 0xCD, (size_t)co * sizeof(float));
         if (want_lse) lse[c] = new_floats(nl), memset(lse[c], 0xCD, (size_t)nl * sizeof(float));
         if (nw > 0) w[c] = new_floats(nw), memset(w[c], 0xCD, (size_t)nw * sizeof(float));
-        st[c] = attn_sdpa_fwd(p->ctx[c], &d, q, k, v, out[c], lse[c], w[c]);
+        st[c] = attn_sdpa_fwd(p->ctx[c], &d, q, kin, vin, out[c], lse[c], w[c]);
     }
     compare_status(p, st, "attn_sdpa_fwd");
     for (int c = 1; c < p->n && st[0] == ATTN_OK; c++) {
@@ -356,6 +155,7 @@ static void diff_sdpa(pair *p) {
     compare_generators(p);
     for (int c = 0; c < p->n; c++) free(out[c]), free(lse[c]), free(w[c]);
     free(q), free(k), free(v), free(mask), free(kpm);
+    free_extras(&ex);
 }
 
 /* ---- nn.MultiheadAttention ------------------------------------------------------------------- */
@@ -565,22 +365,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_data fd;
     fuzz_data_init(&fd, data, size);
     const unsigned what = fuzz_data_u8(&fd);
-    const uint64_t seed = fuzz_data_u32(&fd);
-    /* The kernels under test: AUTO, or now and then any other ISA this CPU runs. */
-    attn_isa isa = ATTN_ISA_AUTO;
-    if (fuzz_data_chance(&fd, 1, 4)) {
-        const attn_isa other = (attn_isa)fuzz_data_int_range(&fd, 2, 7);
-        if (attn_isa_supported(other)) isa = other;
-    }
-    const int threads = fuzz_data_chance(&fd, 1, 4) ? fuzz_data_int_range(&fd, 2, 4) : 1;
     fuzz_alloc alloc[3] = {{0}, {0}, {0}};
     pair p;
-    p.fd = &fd;
-    p.rng.state = fuzz_data_u64(&fd);
-    p.n = fuzz_data_chance(&fd, 1, 6) ? 3 : 2;
-    p.ctx[0] = fuzz_ctx_new(&alloc[0], isa, threads, seed);
-    p.ctx[1] = fuzz_ctx_new(&alloc[1], ATTN_ISA_REF, 1, seed);
-    p.ctx[2] = p.n == 3 ? fuzz_ctx_new(&alloc[2], isa, threads == 1 ? 3 : 1, seed) : NULL;
+    diff_open(&p, &fd, alloc);
     switch (what % 8) {
     case 0:
     case 1:
@@ -591,9 +378,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 6: diff_mha(&p); break;
     default: diff_book(&p); break;
     }
-    for (int c = 0; c < p.n; c++) {
-        attn_ctx_free(p.ctx[c]);
-        FUZZ_CHECK(fuzz_alloc_live(&alloc[c]) == 0, "%zu blocks leaked", fuzz_alloc_live(&alloc[c]));
-    }
+    diff_close(&p, alloc);
     return 0;
 }

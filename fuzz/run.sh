@@ -9,7 +9,9 @@
 # fuzz/corpus/TARGET/ (-merge=1 -use_counters=0: only inputs reaching new edges are added) and
 # prints one line: seconds, runs, coverage (cov/ft), corpus size and new entries. Inputs that crash
 # or fail an invariant are left in BUILD_DIR/fuzz-work/TARGET/ as crash-*, leak-*, timeout-* or
-# oom-*, and the script exits 1. Extra libFuzzer flags can be given in FUZZ_FLAGS.
+# oom-*, and the script exits 1. Extra libFuzzer flags can be given in FUZZ_FLAGS. With
+# ATTN_FUZZ_SKIP set (known open bugs the differential targets then steer around, see
+# fuzz/README.md), new inputs that fail without it are not merged into the corpus.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 if [ $# -lt 2 ]; then
@@ -40,7 +42,7 @@ for t in $targets; do
         status=1
         continue
     fi
-    rm -rf "$work/corpus"
+    rm -rf "$work/corpus" "$work/known"
     rm -f "$work"/crash-* "$work"/leak-* "$work"/timeout-* "$work"/oom-* "$work"/slow-unit-*
     mkdir -p "$work/corpus" "$corpus"
     # crash-* files reproduce bugs (they are replayed by the tests); they are not seeds.
@@ -56,9 +58,21 @@ for t in $targets; do
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/fuzz.log" | tail -n 1)
     cov=$(grep -o 'cov: [0-9]* ft: [0-9]*' "$work/fuzz.log" | tail -n 1)
     before=$(find "$corpus" -type f | wc -l)
+    find "$corpus" -type f | sort > "$work/before.txt"
     # Only inputs that reach new code (edges, not hit counts) join the committed corpus.
     # shellcheck disable=SC2086
     "$bin" -merge=1 -use_counters=0 $dict "$corpus" "$work/corpus" > "$work/merge.log" 2>&1
+    if [ -n "${ATTN_FUZZ_SKIP:-}" ]; then
+        # The tests replay the corpus without ATTN_FUZZ_SKIP: new inputs that fail without it show
+        # a known bug and are moved to BUILD_DIR/fuzz-work/TARGET/known/ instead.
+        mkdir -p "$work/known"
+        find "$corpus" -type f | sort | comm -13 "$work/before.txt" - | while read -r f; do
+            if ! env -u ATTN_FUZZ_SKIP "$bin" "$f" > /dev/null 2>&1; then
+                mv "$f" "$work/known/"
+            fi
+        done
+        echo "  $(find "$work/known" -type f | wc -l) new inputs fail without ATTN_FUZZ_SKIP: moved to $work/known"
+    fi
     after=$(find "$corpus" -type f | wc -l)
     printf '%-12s %5ss  %10s runs  %-20s  corpus %4d files (+%d new)\n' "$t" "$elapsed" "${runs:-?}" \
         "${cov:-cov: ? ft: ?}" "$after" $((after - before))

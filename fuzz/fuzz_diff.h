@@ -1,0 +1,432 @@
+/*
+ * fuzz_diff.h - what the differential targets (fuzz_sdpa_diff.c, fuzz_bwd_diff.c) share: the
+ * contexts compared (the kernels under test, the reference, sometimes the kernels with another
+ * thread count), the tolerance helpers, the comparisons, and the generators of inputs, masks and
+ * strided layouts. Each target includes it once.
+ */
+#ifndef ATTN_FUZZ_DIFF_H
+#define ATTN_FUZZ_DIFF_H
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn.h"
+#include "fuzz_data.h"
+#include "fuzz_util.h"
+
+#define REL_TOL 1e-5
+#define ABS_TOL 1e-6
+
+/* The contexts compared: [0] the kernels under test (ATTN_ISA_AUTO, or an ISA the CPU supports),
+ * [1] the reference, and sometimes [2] the kernels under test with another thread count. */
+typedef struct pair {
+    fuzz_data *fd;
+    fuzz_rng rng;
+    int n;
+    attn_ctx *ctx[3];
+    int threads[3]; /* each context's thread count */
+} pair;
+
+/* ---- comparing ----------------------------------------------------------------------------- */
+
+/*
+ * Tolerances. The reference accumulates in double; the fused kernels and the projections' GEMM in
+ * float, so a score s = scale * q.k legitimately differs by up to about D * 2^-24 * |scale| *
+ * sum|q_t k_t|, and a softmax turns an error ds in the scores into a relative error of about ds
+ * in the weights and outputs. Each comparison is |AUTO - REF| <= REL_TOL * |REF| + abs, where abs
+ * is ABS_TOL times the magnitude of what the element sums, plus that score error propagated.
+ * Small inputs leave only REL_TOL and ABS_TOL; large ones widen the bound as float arithmetic must.
+ */
+#define U 5.9604644775390625e-8 /* 2^-24 */
+
+typedef struct tol {
+    double rel, abs;
+} tol;
+
+static inline double max_abs(const float *x, int64_t n) {
+    double m = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        if (isfinite(x[i]) && fabs((double)x[i]) > m) m = fabs((double)x[i]);
+    return m;
+}
+
+/* The problem being compared, for the message of a failed check. */
+static char problem[1024];
+
+/*
+ * NaN and infinities must appear in the same places, with one exception: the fused kernels flush
+ * weights below 2^-126 of a row's largest to 0 (attn.h), where the reference may keep a denormal
+ * weight, so a NaN or infinity in a value row can reach an output through such a weight in one and
+ * not in the other. That needs non-finite inputs and scores spread over more than ln(2^126) ~ 87.
+ * Scores near the float range may also overflow in float arithmetic where the reference's double
+ * does not, and scales near the underflow may give 0 * inf. In these cases (loose_nonfinite) a
+ * non-finite result on one side only is accepted.
+ */
+static bool loose_nonfinite;
+
+static inline bool any_nonfinite(const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return true;
+    return false;
+}
+
+/* Below this, differences are float underflow (a denormal in double rounds to 0 in float). */
+#define UNDERFLOW_TOL 1e-35
+
+static inline void compare(const float *a, const float *r, int64_t n, tol t, const char *what) {
+    for (int64_t i = 0; i < n; i++)
+        FUZZ_CHECK((loose_nonfinite && (!isfinite(a[i]) || !isfinite(r[i]))) ||
+                       fuzz_close(a[i], r[i], t.rel, t.abs + UNDERFLOW_TOL),
+                   "%s[%lld]: kernels %.9g, reference %.9g (tolerance %g + %g |ref|) in %s", what, (long long)i,
+                   (double)a[i], (double)r[i], t.abs, t.rel, problem);
+}
+
+/* Every thread count gives the same bits (attn.h, attn_ctx_params.n_threads). */
+static inline void compare_bits(const float *a, const float *b, int64_t n, const char *what) {
+    for (int64_t i = 0; i < n; i++)
+        FUZZ_CHECK(memcmp(&a[i], &b[i], sizeof(float)) == 0 || (isnan(a[i]) && isnan(b[i])),
+                   "%s[%lld] depends on the thread count: %.9g vs %.9g in %s", what, (long long)i, (double)a[i],
+                   (double)b[i], problem);
+}
+
+/* Compares the results of context c with those of context 0. */
+static inline void compare_run(const pair *p, int c, const float *a, const float *x, int64_t n, tol t,
+                               const char *what) {
+    if (c == 1) compare(a, x, n, t, what);
+    if (c == 2) compare_bits(a, x, n, what);
+}
+
+/* Adds a module parameter to the bounds: the largest row or column sum of |W| over 2-D ones (a
+ * projection's gain, whatever its layout), the largest |b| over the others. */
+static inline void param_bounds(int ndim, const int64_t *shape, const float *w, double *wsum, double *bmax) {
+    if (ndim != 2) {
+        int64_t n = 1;
+        for (int i = 0; i < ndim; i++) n *= shape[i];
+        const double m = max_abs(w, n);
+        if (m > *bmax) *bmax = m;
+        return;
+    }
+    for (int64_t r = 0; r < shape[0]; r++) {
+        double sum = 0.0;
+        for (int64_t c = 0; c < shape[1]; c++) sum += fabs((double)w[r * shape[1] + c]);
+        if (sum > *wsum) *wsum = sum;
+    }
+    for (int64_t c = 0; c < shape[1]; c++) {
+        double sum = 0.0;
+        for (int64_t r = 0; r < shape[0]; r++) sum += fabs((double)w[r * shape[1] + c]);
+        if (sum > *wsum) *wsum = sum;
+    }
+}
+
+/* Tolerances of a module's outputs and weights: inputs up to `amp`, parameters bounded by wsum and
+ * bmax, input widths up to `width`, head dim hd, embedding E, dropout scale `keep`. */
+static inline void module_tols(double amp, double wsum, double bmax, int64_t width, int64_t hd, int64_t E, double keep,
+                        tol *t_out, tol *t_w, double *score_bound) {
+    const double proj = amp * wsum + bmax;                              /* |q|, |k|, |v| after projection */
+    const double smag = sqrt((double)hd) * proj * proj;                 /* |score| */
+    const double ds = 1e-6 + 4.0 * (double)(width + hd + 8) * U * smag; /* score error */
+    *score_bound = smag;
+    *t_w = (tol){REL_TOL + 4.0 * ds, ABS_TOL};
+    const double gain = wsum > 1.0 ? wsum : 1.0; /* out_proj, when there is one */
+    *t_out = (tol){REL_TOL,
+                   ABS_TOL * (1.0 + proj) * gain + gain * keep * proj * (3.0 * ds + 4.0 * (double)(width + E + 4) * U)};
+    if (smag > (double)FLT_MAX / 16.0) t_out->abs = t_w->abs = INFINITY; /* float cannot hold the scores */
+}
+
+static inline void compare_generators(const pair *p) {
+    const attn_generator *a = attn_ctx_generator(p->ctx[0]);
+    for (int c = 1; c < p->n; c++) {
+        const attn_generator *r = attn_ctx_generator(p->ctx[c]);
+        FUZZ_CHECK(memcmp(a->mt, r->mt, sizeof a->mt) == 0 && a->left == r->left && a->next == r->next &&
+                       a->has_normal == r->has_normal && memcmp(&a->normal, &r->normal, sizeof a->normal) == 0,
+                   "the generators of contexts 0 and %d drew differently", c);
+    }
+}
+
+static inline void compare_status(const pair *p, const attn_status *st, const char *what) {
+    for (int c = 0; c < p->n; c++) fuzz_check_error(p->ctx[c], st[c], what);
+    for (int c = 1; c < p->n; c++)
+        FUZZ_CHECK(st[0] == st[c], "%s: %s gives %s (%s), context %d %s (%s)", what,
+                   attn_isa_name(attn_ctx_isa(p->ctx[0])), attn_strerror(st[0]), attn_ctx_last_error(p->ctx[0]), c,
+                   attn_strerror(st[c]), attn_ctx_last_error(p->ctx[c]));
+}
+
+/* ---- inputs -------------------------------------------------------------------------------- */
+
+static inline float *new_floats(int64_t n) { return fuzz_xmalloc((size_t)(n > 0 ? n : 1) * sizeof(float)); }
+
+/* A value whose handling float and double arithmetic must agree on: NaN, +-inf, +-0, or tiny. */
+static inline float special(pair *p) {
+    static const float values[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, FLT_MIN, FLT_TRUE_MIN, -FLT_MIN};
+    return values[fuzz_data_pick(p->fd, sizeof values / sizeof values[0])];
+}
+
+/* Values in [-amp, amp], sometimes with a few specials. */
+static inline void fill(pair *p, float *x, int64_t n, float amp) {
+    for (int64_t i = 0; i < n; i++) x[i] = fuzz_rng_float(&p->rng, -amp, amp);
+    if (n > 0 && fuzz_data_chance(p->fd, 1, 12)) {
+        const int k = fuzz_data_int_range(p->fd, 1, 3);
+        for (int i = 0; i < k; i++) x[fuzz_rng_below(&p->rng, (uint64_t)n)] = special(p);
+    }
+}
+
+static inline float pick_amp(pair *p) {
+    static const float amps[] = {0.5f, 2.0f, 8.0f, 40.0f};
+    return amps[fuzz_data_pick(p->fd, 4)];
+}
+
+/* A mask of n elements: BOOL bytes (any non-zero blocks) or F32 (0, -inf, random, very negative). */
+static inline void fill_mask(pair *p, void *m, int64_t n, attn_dtype dt) {
+    const unsigned density = (unsigned)fuzz_data_u8(p->fd);
+    if (dt == ATTN_DTYPE_BOOL) {
+        uint8_t *b = m;
+        for (int64_t i = 0; i < n; i++)
+            b[i] = fuzz_rng_below(&p->rng, 256) < density ? (uint8_t)(1 + fuzz_rng_below(&p->rng, 255)) : 0;
+        return;
+    }
+    float *f = m;
+    for (int64_t i = 0; i < n; i++) {
+        const uint64_t r = fuzz_rng_below(&p->rng, 256);
+        f[i] = r < density   ? -INFINITY
+               : r % 3 == 0  ? fuzz_rng_float(&p->rng, -6.0f, 3.0f)
+               : r % 17 == 1 ? -1e30f
+                             : 0.0f;
+    }
+    if (n > 0 && fuzz_data_chance(p->fd, 1, 16)) f[fuzz_rng_below(&p->rng, (uint64_t)n)] = special(p);
+}
+
+/* Strides of an nd-dim tensor of sizes n laid out contiguously in a permuted dimension order, with
+ * optional padding; each dimension broadcast (stride 0) with probability bcast/16. Returns the
+ * number of elements the buffer needs. */
+static inline int64_t layout(pair *p, int nd, const int64_t *n, unsigned bcast, int64_t *s) {
+    int perm[4] = {0, 1, 2, 3};
+    for (int i = nd - 1; i > 0; i--) {
+        const int j = (int)fuzz_data_pick(p->fd, (size_t)i + 1), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    bool broadcast[4] = {false, false, false, false};
+    for (int d = 0; d < nd; d++) broadcast[d] = bcast > 0 && fuzz_data_chance(p->fd, bcast, 16);
+    int64_t acc = 1;
+    for (int i = nd - 1; i >= 0; i--) {
+        const int d = perm[i];
+        if (broadcast[d]) {
+            s[d] = 0;
+            continue;
+        }
+        s[d] = acc;
+        acc = acc * n[d] + (fuzz_data_chance(p->fd, 1, 6) ? fuzz_data_i64_range(p->fd, 1, 3) : 0);
+    }
+    return acc;
+}
+
+/* Elements of a (B, H, L, S) view with non-negative strides s: its largest offset plus one. */
+static inline int64_t layout_elems(const int64_t s[4], int64_t B, int64_t H, int64_t L, int64_t S) {
+    return (B - 1) * s[0] + (H - 1) * s[1] + (L - 1) * s[2] + (S - 1) * s[3] + 1;
+}
+
+/*
+ * Known open discrepancies of the library, tolerated only when named in the environment variable
+ * ATTN_FUZZ_SKIP (comma-separated), so that a campaign can get past a bug already reported while
+ * the replayed corpus keeps checking the specification (docs/fuzzing-runs.md lists them):
+ *   bwd-hidden-nonfinite  the fused backward multiplies the zero weights of hidden (query, key)
+ *                         pairs and of fully masked rows by the row's q and dout and by dout . v,
+ *                         so NaN or inf there (or a dout . v that overflows float) reaches dq, dk
+ *                         and dv (0 * inf = NaN) where the reference, which never reads a key
+ *                         without weight, gives finite values or 0;
+ *   softcap-range         the fused kernels compute softcap * log2(e) and its inverse in float:
+ *                         a cap above FLT_MAX / log2(e) or below 1 / (FLT_MAX log2(e)) gives NaN
+ *                         (then only caps inside that range are drawn);
+ *   alibi-range           likewise slope * log2(e): a finite slope above FLT_MAX / log2(e) gives
+ *                         inf * 0 = NaN on the diagonal (then such slopes are not drawn);
+ *   dmask-overlap         attn_sdpa_bwd's fused mask gradient for a mask view whose cells share
+ *                         elements through non-zero strides: work items on different threads add
+ *                         into the same elements at once (a data race; then no dmask is asked for
+ *                         with such strides).
+ */
+static inline bool known_issue(const char *name) {
+    const size_t n = strlen(name);
+    for (const char *s = getenv("ATTN_FUZZ_SKIP"); s != NULL; s = strchr(s, ',')) {
+        if (*s == ',') s++;
+        if (strncmp(s, name, n) == 0 && (s[n] == '\0' || s[n] == ',')) return true;
+    }
+    return false;
+}
+
+/* ---- the SDPA options beyond masks: local windows, ALiBi, soft-capping, half k and v ---------- */
+
+/* Half-precision values decoded here, independently of the library: binary16 and bfloat16. */
+static inline double half_value(attn_dtype dt, uint16_t h) {
+    if (dt == ATTN_DTYPE_BF16) {
+        const uint32_t u = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &u, sizeof f);
+        return (double)f;
+    }
+    const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    const double sign = (h & 0x8000) ? -1.0 : 1.0;
+    if (e == 0x1f) return m != 0 ? NAN : sign * INFINITY;
+    return sign * (e == 0 ? ldexp((double)m, -24) : ldexp((double)(1024 + m), e - 25));
+}
+
+static inline bool half_is_nan(attn_dtype dt, uint16_t h) {
+    if (dt == ATTN_DTYPE_BF16) return (h & 0x7f80) == 0x7f80 && (h & 0x7f) != 0;
+    return (h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0;
+}
+
+/* attn_convert's contract: F32 -> half rounds to nearest, ties to even, overflow gives inf, NaN stays
+ * NaN; half -> F32 is exact. h is the conversion of x; checks it against its neighbours. */
+static inline void check_half_rounding(attn_dtype dt, float x, uint16_t h) {
+    const char *name = attn_dtype_name(dt);
+    if (isnan(x)) {
+        FUZZ_CHECK(half_is_nan(dt, h), "attn_convert F32 -> %s: NaN became 0x%04x", name, h);
+        return;
+    }
+    FUZZ_CHECK(!half_is_nan(dt, h), "attn_convert F32 -> %s: %.9g became a NaN (0x%04x)", name, (double)x, h);
+    FUZZ_CHECK(((h & 0x8000) != 0) == (signbit(x) != 0), "attn_convert F32 -> %s: %.9g became 0x%04x (sign)", name,
+               (double)x, h);
+    const uint16_t mag = h & 0x7fff, inf = dt == ATTN_DTYPE_BF16 ? 0x7f80 : 0x7c00;
+    const double ax = fabs((double)x), y = half_value(dt, mag);
+    /* the largest finite value and half its last step: from there on, x rounds to inf */
+    const double top = half_value(dt, (uint16_t)(inf - 1));
+    const double past = top + (top - half_value(dt, (uint16_t)(inf - 2))) / 2;
+    if (mag == inf) {
+        FUZZ_CHECK(ax >= past, "attn_convert F32 -> %s: %.9g became inf", name, (double)x);
+        return;
+    }
+    FUZZ_CHECK(mag < inf && ax < past, "attn_convert F32 -> %s: %.9g became 0x%04x", name, (double)x, h);
+    const double err = fabs(ax - y);
+    const double below = mag > 0 ? fabs(ax - half_value(dt, (uint16_t)(mag - 1))) : INFINITY;
+    const double above = mag + 1 < inf ? fabs(ax - half_value(dt, (uint16_t)(mag + 1))) : INFINITY;
+    FUZZ_CHECK(err <= below && err <= above && ((err != below && err != above) || (mag & 1) == 0),
+               "attn_convert F32 -> %s: %.9g became %.9g (0x%04x), not the nearest (ties to even)", name, (double)x,
+               (double)(signbit(x) ? -y : y), h);
+}
+
+/* What decode_extras adds to a problem: ALiBi slopes, half copies of k and v. */
+typedef struct sdpa_extras {
+    float *slopes;     /* (H), or NULL */
+    uint16_t *kh, *vh; /* k and v of desc.kv_dtype, or NULL for F32 */
+    double alibi_mag;  /* the largest |ALiBi term| */
+} sdpa_extras;
+
+/*
+ * Decodes the options beyond the masks into d: a local window (each side -1 or 0 .. S + 1), ALiBi
+ * slopes (the usual geometric ones, random ones of either sign, sometimes a special value), a
+ * soft cap (moderate, sometimes extreme) and the element type of k and v. Read after everything
+ * else, so that inputs written before these options existed decode as they did.
+ */
+static inline void decode_extras(pair *p, attn_sdpa_desc *d, sdpa_extras *x) {
+    fuzz_data *fd = p->fd;
+    const int64_t H = d->n_heads, L = d->len_q, S = d->len_kv;
+    memset(x, 0, sizeof *x);
+    if (fuzz_data_chance(fd, 1, 4)) {
+        d->use_window = 1;
+        d->window_left = fuzz_data_chance(fd, 1, 4) ? -1 : fuzz_data_i64_range(fd, 0, S + 1);
+        d->window_right = fuzz_data_chance(fd, 1, 4) ? -1 : fuzz_data_i64_range(fd, 0, S + 1);
+    }
+    if (fuzz_data_chance(fd, 1, 4)) {
+        x->slopes = new_floats(H);
+        const int mode = (int)fuzz_data_pick(fd, 4);
+        for (int64_t h = 0; h < H; h++)
+            x->slopes[h] = mode == 0   ? (float)exp2(-8.0 * (double)(h + 1) / (double)H)
+                           : mode == 1 ? fuzz_rng_float(&p->rng, 0.0f, 2.0f)
+                           : mode == 2 ? fuzz_rng_float(&p->rng, -1.0f, 1.0f)
+                                       : fuzz_rng_float(&p->rng, -40.0f, 40.0f);
+        if (fuzz_data_chance(fd, 1, 8)) {
+            float *sl = &x->slopes[fuzz_data_pick(fd, (size_t)H)];
+            *sl = fuzz_data_float_special(fd);
+            if (isfinite(*sl) && fabsf(*sl) > 1e38f && known_issue("alibi-range")) *sl = copysignf(1e38f, *sl);
+        }
+        d->alibi_slopes = x->slopes;
+        const int64_t off = d->causal == ATTN_CAUSAL_BOTTOM_RIGHT ? S - L : 0;
+        const int64_t dmax = (L - 1 + off > 0 ? L - 1 + off : -(L - 1 + off)) + S; /* >= every |i + off - j| */
+        for (int64_t h = 0; h < H; h++)
+            if (isfinite(x->slopes[h]) && fabs((double)x->slopes[h]) * (double)dmax > x->alibi_mag)
+                x->alibi_mag = fabs((double)x->slopes[h]) * (double)dmax;
+    }
+    if (fuzz_data_chance(fd, 1, 4)) {
+        static const float extreme[] = {FLT_TRUE_MIN, FLT_MIN, 1e-30f, 1e-6f, 1e6f, 1e30f, FLT_MAX};
+        d->softcap = fuzz_data_chance(fd, 1, 12) ? extreme[fuzz_data_pick(fd, sizeof extreme / sizeof extreme[0])]
+                                                 : fuzz_data_float_range(fd, 0.05f, 60.0f);
+        if (known_issue("softcap-range")) d->softcap = fminf(fmaxf(d->softcap, FLT_MIN), 1e38f);
+    }
+    if (fuzz_data_chance(fd, 1, 3)) d->kv_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
+}
+
+/* Converts n floats to d->kv_dtype with attn_convert (checking the rounding and the way back),
+ * sometimes with a few raw bit patterns (subnormals, NaN payloads, infinities) put in, then
+ * replaces x by the values the half copy holds, which are what the library computes with. */
+static inline uint16_t *to_half(pair *p, attn_dtype dt, float *x, int64_t n) {
+    uint16_t *h = fuzz_xmalloc((size_t)(n > 0 ? n : 1) * sizeof(uint16_t));
+    FUZZ_CHECK(attn_convert(dt, h, ATTN_DTYPE_F32, x, n) == ATTN_OK, "attn_convert F32 -> %s", attn_dtype_name(dt));
+    for (int64_t i = 0; i < n; i++) check_half_rounding(dt, x[i], h[i]);
+    if (n > 0 && fuzz_data_chance(p->fd, 1, 10)) {
+        const int k = fuzz_data_int_range(p->fd, 1, 3);
+        for (int i = 0; i < k; i++)
+            h[fuzz_rng_below(&p->rng, (uint64_t)n)] = (uint16_t)fuzz_data_u64_range(p->fd, 0, 0xffff);
+    }
+    FUZZ_CHECK(attn_convert(ATTN_DTYPE_F32, x, dt, h, n) == ATTN_OK, "attn_convert %s -> F32", attn_dtype_name(dt));
+    for (int64_t i = 0; i < n; i++) {
+        const double v = half_value(dt, h[i]);
+        FUZZ_CHECK(isnan(v) ? isnan(x[i]) : (double)x[i] == v && (signbit(x[i]) != 0) == (signbit(v) != 0),
+                   "attn_convert %s -> F32: 0x%04x became %.9g, not %.9g", attn_dtype_name(dt), h[i], (double)x[i], v);
+    }
+    return h;
+}
+
+/* The k and v to pass for d->kv_dtype: the floats, or half copies of them (x then holds the values
+ * the copies denote). */
+static inline void kv_for_dtype(pair *p, const attn_sdpa_desc *d, float *k, int64_t ck, float *v, int64_t cv,
+                                sdpa_extras *x) {
+    if (d->kv_dtype == ATTN_DTYPE_F32) return;
+    x->kh = to_half(p, d->kv_dtype, k, ck);
+    x->vh = to_half(p, d->kv_dtype, v, cv);
+}
+
+static inline void free_extras(sdpa_extras *x) { free(x->slopes), free(x->kh), free(x->vh); }
+
+/* A short description of the options, for the message of a failed check. */
+static inline void describe_extras(const attn_sdpa_desc *d, char *buf, size_t size) {
+    char win[64] = "", alibi[64] = "";
+    if (d->use_window)
+        snprintf(win, sizeof win, " window=(%lld,%lld)", (long long)d->window_left, (long long)d->window_right);
+    if (d->alibi_slopes != NULL) snprintf(alibi, sizeof alibi, " alibi[0]=%g", (double)d->alibi_slopes[0]);
+    snprintf(buf, size, "%s%s softcap=%g kv=%s", win, alibi, (double)d->softcap, attn_dtype_name(d->kv_dtype));
+}
+
+/* ---- contexts ------------------------------------------------------------------------------ */
+
+/* Decodes the contexts from the input (after the byte choosing what to run) and creates them:
+ * [0] ATTN_ISA_AUTO, or now and then any other ISA this CPU runs, with 1 to 4 threads; [1] the
+ * reference; with probability 1/6 [2] the kernels of [0] with another thread count. All seeded
+ * alike. */
+static inline void diff_open(pair *p, fuzz_data *fd, fuzz_alloc alloc[3]) {
+    const uint64_t seed = fuzz_data_u32(fd);
+    attn_isa isa = ATTN_ISA_AUTO;
+    if (fuzz_data_chance(fd, 1, 4)) {
+        const attn_isa other = (attn_isa)fuzz_data_int_range(fd, 2, 7);
+        if (attn_isa_supported(other)) isa = other;
+    }
+    const int threads = fuzz_data_chance(fd, 1, 4) ? fuzz_data_int_range(fd, 2, 4) : 1;
+    p->fd = fd;
+    p->rng.state = fuzz_data_u64(fd);
+    p->n = fuzz_data_chance(fd, 1, 6) ? 3 : 2;
+    p->ctx[0] = fuzz_ctx_new(&alloc[0], isa, threads, seed);
+    p->ctx[1] = fuzz_ctx_new(&alloc[1], ATTN_ISA_REF, 1, seed);
+    p->ctx[2] = p->n == 3 ? fuzz_ctx_new(&alloc[2], isa, threads == 1 ? 3 : 1, seed) : NULL;
+    p->threads[0] = threads, p->threads[1] = 1, p->threads[2] = threads == 1 ? 3 : 1;
+}
+
+/* Frees the contexts; none may leak a block. With ATTN_FUZZ_VERBOSE set, prints the problem run. */
+static inline void diff_close(pair *p, fuzz_alloc alloc[3]) {
+    if (getenv("ATTN_FUZZ_VERBOSE") != NULL) fprintf(stderr, "%s\n", problem);
+    for (int c = 0; c < p->n; c++) {
+        attn_ctx_free(p->ctx[c]);
+        FUZZ_CHECK(fuzz_alloc_live(&alloc[c]) == 0, "%zu blocks leaked", fuzz_alloc_live(&alloc[c]));
+    }
+}
+
+#endif /* ATTN_FUZZ_DIFF_H */
