@@ -4,6 +4,7 @@
 // L > S, bool and float masks (broadcast and per head), key padding, GQA, custom scales, dropout,
 // fully masked rows and non-finite inputs. Outputs and log-sum-exp agree to 1e-6 absolute + 1e-5
 // relative; 1, 2 and 3 threads give identical bits.
+#include <float.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -37,7 +38,7 @@ typedef struct problem {
                 // 4 inf in the first value
     int window; // 0 none, else a local window (wl, wr)
     int64_t wl, wr;
-    int alibi;        // ALiBi slopes 2^-(h+1)
+    int alibi;        // ALiBi slopes: 1: 2^-(h+1); 2: near float's largest (slope * log2(e) overflows)
     float softcap;    // 0 none
     attn_dtype kvdt;  // k and v as F32 (0), F16 or BF16
 } problem;
@@ -89,7 +90,8 @@ static data make_data(const problem *p, uint32_t seed) {
         x.kp = x.kh, x.vp = x.vh, d->kv_dtype = p->kvdt;
     }
     x.slopes = malloc((size_t)p->H * 4);
-    for (int64_t h = 0; h < p->H; h++) x.slopes[h] = ldexpf(1.0f, -(int)(h + 1));
+    static const float huge[4] = {FLT_MAX, 3e38f, 2.4e38f, 1e38f};
+    for (int64_t h = 0; h < p->H; h++) x.slopes[h] = p->alibi == 2 ? huge[h % 4] : ldexpf(1.0f, -(int)(h + 1));
     if (p->alibi) d->alibi_slopes = x.slopes;
     d->softcap = p->softcap;
     if (p->window) d->use_window = 1, d->window_left = p->wl, d->window_right = p->wr;
@@ -239,6 +241,17 @@ static void test_window_alibi_softcap_half(void) {
         problem longw = {1, 2, 2, 300, 2000, 32, 32, (attn_causal)t, 0, 0, 0.0f, 0.0, 0, 1, 64, t == 0 ? 64 : 0, 1,
                          0.0f, dts[t]};
         check_problem(&longw, 631u + (uint32_t)t);
+    }
+    // soft caps and slopes at the ends of float's range (the kernels work in log2 units: softcap *
+    // log2(e), its inverse and slope * log2(e) must not overflow into inf * 0)
+    static const float caps[4] = {FLT_MAX, 3e38f, 1e-39f, FLT_TRUE_MIN};
+    for (int c = 0; c < 4; c++) {
+        problem cap = {1, 2, 2, 33, 70, 16, 16, (attn_causal)(c % 3), 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 0, caps[c], 0};
+        check_problem(&cap, 651u + (uint32_t)c);
+    }
+    for (int causal = 0; causal <= 2; causal++) {
+        problem alibi = {1, 4, 2, 33, 70, 16, 16, (attn_causal)causal, 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 2, 0.0f, 0};
+        check_problem(&alibi, 661u + (uint32_t)causal);
     }
     // NaN in a key the window hides, with half-precision k
     problem nanw = {1, 2, 2, 70, 130, 16, 16, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 1, 1, 2, 2, 0, 0.0f, ATTN_DTYPE_F16};

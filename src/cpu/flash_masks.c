@@ -3,6 +3,7 @@
 // bounds (whole tiles outside them are skipped by the callers), soft-capping and ALiBi, attention
 // masks (bool or additive) and key padding masks. A hidden score becomes -inf whatever its value,
 // so NaN in a key that a query cannot see never reaches that query.
+#include <float.h>
 #include <math.h>
 
 #include "cpu/cpu.h"
@@ -120,11 +121,19 @@ static void tanh_row(const attn__kernels *kn, const float *z, float *out, int n)
     }
 }
 
+// x rounded to float, finite values beyond float's range clamped to +-FLT_MAX (NaN and the
+// infinities stay what they are).
+static float clamp_flt(double x) {
+    if (!isfinite(x)) return (float)x;
+    return x > FLT_MAX ? FLT_MAX : x < -FLT_MAX ? -FLT_MAX : (float)x;
+}
+
 void attn__score_transform(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int brp,
                            int64_t h, int64_t i0, int nq, int64_t j0, int nj, float *st, float *th) {
-    const float log2e = (float)LOG2E;
     if (d->softcap > 0.0f) { // log2 domain: st = C2 tanh(st / C2) with C2 = softcap * log2 e
-        const float c2 = d->softcap * log2e, inv = 1.0f / c2;
+        // In double, then clamped to float's range: a cap near FLT_MAX (or near 0) must not turn
+        // C2 (or 1 / C2) into inf, which would make 0 * inf = NaN of a zero score.
+        const float c2 = clamp_flt((double)d->softcap * LOG2E), inv = clamp_flt(1.0 / (double)c2);
         float z[64];
         for (int j = 0; j < nj; j++) {
             float *s = st + (int64_t)j * brp, *t = th + (int64_t)j * brp;
@@ -137,7 +146,7 @@ void attn__score_transform(const attn__kernels *kn, const attn_sdpa_desc *d, con
         }
     }
     if (d->alibi_slopes != NULL) {
-        const float slope2 = d->alibi_slopes[h] * log2e;
+        const float slope2 = clamp_flt((double)d->alibi_slopes[h] * LOG2E); // inf * 0 on the diagonal: NaN
         const int64_t off = diag_off(d, sh);
         for (int j = 0; j < nj; j++) {
             float *s = st + (int64_t)j * brp;
