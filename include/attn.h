@@ -411,8 +411,12 @@ ATTN_API attn_status attn_sdpa_bwd_workspace_size(const attn_ctx *ctx, const att
  *                  on a dimension longer than 1), whatever desc->kv_dtype is. With grouped-query
  *                  attention dk and dv hold the sum over the query heads sharing each kv head.
  * @param dmask     NULL, or the gradient of an F32 desc->mask, written at mask_stride over the
- *                  mask's whole extent: dimensions the mask broadcasts (stride 0) receive the sum.
- * Fully masked rows contribute nothing. Results are identical for every thread count.
+ *                  mask's whole extent: elements several cells share (a broadcast dimension of
+ *                  stride 0, or strides that overlap) receive the sum.
+ * A hidden (query, key) pair (score -inf) contributes nothing to any gradient, whatever that row's
+ * q, dout or dout . v hold (NaN, inf, overflow), so fully masked rows contribute nothing and get
+ * dq = 0; a row with a NaN score gives NaN to the keys it sees only (PyTorch's math path spreads
+ * it to every key). Results are identical for every thread count.
  * @return as attn_sdpa_fwd; ATTN_ERR_BAD_MASK for dmask without an F32 mask.
  */
 ATTN_API attn_status attn_sdpa_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const float *q, const void *k,

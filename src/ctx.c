@@ -201,3 +201,20 @@ bool attn__view_extent(const int64_t n[4], const int64_t s[4], int64_t *max_offs
     *max_offset = off;
     return true;
 }
+
+bool attn__view_disjoint(const int64_t n[4], const int64_t s[4]) {
+    int idx[4], m = 0;
+    for (int i = 0; i < 4; i++)
+        if (n[i] > 1 && s[i] != 0) idx[m++] = i;
+    for (int a = 1; a < m; a++) // insertion sort by stride
+        for (int b = a; b > 0 && s[idx[b]] < s[idx[b - 1]]; b--) {
+            const int t = idx[b];
+            idx[b] = idx[b - 1], idx[b - 1] = t;
+        }
+    int64_t reach = 0; // largest offset of the dimensions so far (no overflow: the view's extent fits)
+    for (int a = 0; a < m; a++) {
+        if (s[idx[a]] <= reach) return false;
+        reach += (n[idx[a]] - 1) * s[idx[a]];
+    }
+    return true;
+}

@@ -100,6 +100,12 @@ static inline int64_t attn__offset4(const int64_t s[4], int64_t i0, int64_t i1, 
 }
 // Largest offset reached by an (n0, n1, n2, n3) view with strides s (all n >= 1); false on overflow.
 bool attn__view_extent(const int64_t n[4], const int64_t s[4], int64_t *max_offset);
+// Whether the dimensions of a view (extents n, strides s, checked by attn__view_extent) with a
+// non-zero stride and n > 1 address distinct elements for distinct indices, by the sufficient test
+// that, in ascending order of stride, each stride exceeds the largest offset of the dimensions
+// before it. False for overlapping views such as strides {0, 1, 1, 1}; broadcast (stride 0)
+// dimensions are left out.
+bool attn__view_disjoint(const int64_t n[4], const int64_t s[4]);
 
 // ---- scaled dot-product attention ------------------------------------------------------------
 // Checks a descriptor; on success fills the resolved values (Hkv, Dv, scale).

@@ -3,7 +3,8 @@
 // causal alignments, GQA, Dk != Dv, custom scale, dropout with the forward's mask), central
 // differences of the loss sum(G * out), and attn_sdpa_bwd on every ISA (the reference and the fused
 // kernels). Also: the fused backward against the reference on a size grid, identical bits for 1, 2
-// and 3 threads, fully masked rows, masked NaN, and argument errors.
+// and 3 threads, fully masked rows, masked NaN, NaN and inf in rows against the reference, mask
+// views whose cells overlap, and argument errors.
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -349,6 +350,81 @@ static void test_masked_rows_and_nan(void) {
     release(&t);
 }
 
+// Each fused gradient against the reference's, non-finite values included: non-finite in the same
+// places, finite values close; and the same bits for 1 and 3 threads.
+static void check_like_reference(const prob *p, const tensors *t, bool want_dmask, int64_t nmask_out) {
+    const int64_t n[4] = {t->nq, t->nk, t->nv, nmask_out};
+    const char *names[4] = {"dq", "dk", "dv", "dmask"};
+    float *r[4], *f[4], *f3[4];
+    for (int g = 0; g < 4; g++)
+        r[g] = calloc((size_t)n[g], 4), f[g] = calloc((size_t)n[g], 4), f3[g] = calloc((size_t)n[g], 4);
+    attn_ctx *ref = make_ctx(ATTN_ISA_REF, 1);
+    run_both(ref, p, t, r[0], r[1], r[2], want_dmask ? r[3] : NULL);
+    attn_ctx_free(ref);
+    const attn_isa isas[3] = {ATTN_ISA_GENERIC, ATTN_ISA_AVX2, ATTN_ISA_AVX512};
+    for (int i = 0; i < 3; i++) {
+        if (!attn_isa_supported(isas[i])) continue;
+        attn_ctx *c1 = make_ctx(isas[i], 1), *c3 = make_ctx(isas[i], 3);
+        run_both(c1, p, t, f[0], f[1], f[2], want_dmask ? f[3] : NULL);
+        run_both(c3, p, t, f3[0], f3[1], f3[2], want_dmask ? f3[3] : NULL);
+        for (int g = 0; g < (want_dmask ? 4 : 3); g++) {
+            for (int64_t e = 0; e < n[g]; e++) {
+                harness_checks++;
+                const float a = f[g][e], b = r[g][e];
+                if (isfinite(a) != isfinite(b)) // which non-finite value (inf - inf or not) may differ
+                    FAIL("%s: %s[%lld] is %g, the reference's %g", attn_isa_name(isas[i]), names[g], (long long)e,
+                         (double)a, (double)b);
+                if (isfinite(b) && !(fabsf(a - b) <= 1e-4f + 1e-4f * fabsf(b)))
+                    FAIL("%s: %s[%lld] = %.8g, reference %.8g", attn_isa_name(isas[i]), names[g], (long long)e,
+                         (double)a, (double)b);
+            }
+            if (memcmp(f[g], f3[g], (size_t)n[g] * 4) != 0)
+                FAIL("%s: %s differs between 1 and 3 threads", attn_isa_name(isas[i]), names[g]);
+        }
+        attn_ctx_free(c1), attn_ctx_free(c3);
+    }
+    for (int g = 0; g < 4; g++) free(r[g]), free(f[g]), free(f3[g]);
+}
+
+// NaN or inf in a row's dout, or a dout . v that overflows float, reaches only the gradients of
+// pairs the row sees: never keys it cannot see (weight 0), and a row that sees nothing gets dq = 0,
+// as the reference, which never reads a pair without weight. A NaN in q makes the row's weights NaN
+// everywhere (softmax of a row holding NaN), hidden keys included, in both.
+static void test_nonfinite_rows_reach_no_hidden_pair(void) {
+    for (int variant = 0; variant < 3; variant++) {
+        // top-left causal: row i sees keys 0..i; bottom-right with L > S: the first rows see nothing
+        prob p = {2, 2, 2, 100, variant == 2 ? 60 : 100, 16, 16,
+                  variant == 2 ? ATTN_CAUSAL_BOTTOM_RIGHT : ATTN_CAUSAL_TOP_LEFT, variant == 1 ? 1 : 0, 0, 0.0f, 0.0,
+                  NO_EXT};
+        tensors t = make(&p, 900u + (uint32_t)variant);
+        if (variant == 1) // row 3 of every head sees nothing
+            for (int64_t j = 0; j < p.S; j++) t.bmask[3 * p.S + j] = 1;
+        t.g[5 * p.Dv + 1] = NAN;                                  // (b0, h0) row 5: keys 6.. are hidden from it
+        t.g[((1 * p.H + 1) * p.L + 70) * p.Dv] = INFINITY;        // (b1, h1) row 70
+        t.qf[(1 * p.L + 20) * p.D + 2] = NAN; // (b0, h1) row 20: NaN scores, NaN weights everywhere (as torch)
+        if (variant == 1) t.g[3 * p.Dv] = NAN;                    // the fully masked row of (b0, h0)
+        if (variant == 2) { // finite inputs: a hidden pair's dout . v overflows (row 0 sees nothing)
+            for (int64_t e = 0; e < p.Dv; e++) t.vf[e] = 3e37f, t.g[e] = 100.0f;
+            for (int64_t e = 40 * p.Dv; e < p.L * p.Dv; e++) t.g[e] = 0.0f; // rows that see key 0: dS = 0 exactly
+        }
+        check_like_reference(&p, &t, false, 1);
+        release(&t);
+    }
+}
+
+// A float mask whose strides make cells share elements without broadcasting ({0, 1, 1, 1}: cell
+// (b, h, i, j) is element h + i + j): the mask gradient sums every cell into its element, the same
+// for every thread count.
+static void test_dmask_overlapping_strides(void) {
+    prob p = {2, 3, 3, 70, 80, 16, 16, ATTN_CAUSAL_NONE, 2, 0, 0.0f, 0.0, NO_EXT};
+    tensors t = make(&p, 950u);
+    const int64_t st[4] = {0, 1, 1, 1};
+    memcpy(t.d.mask_stride, st, sizeof st);
+    for (int64_t e = 0; e < t.nmask; e++) t.fmaskf[e] = isfinite(t.fmaskf[e]) ? t.fmaskf[e] : -2.0f;
+    check_like_reference(&p, &t, true, (p.H - 1) + (p.L - 1) + (p.S - 1) + 1);
+    release(&t);
+}
+
 static void test_errors(void) {
     prob p = {1, 2, 2, 4, 5, 3, 3, ATTN_CAUSAL_NONE, 1, 0, 0.0f, 0.0, NO_EXT};
     tensors t = make(&p, 1);
@@ -379,6 +455,8 @@ int main(int argc, char **argv) {
         HARNESS_CASE(test_finite_differences_every_option),
         HARNESS_CASE(test_fused_against_reference),
         HARNESS_CASE(test_masked_rows_and_nan),
+        HARNESS_CASE(test_nonfinite_rows_reach_no_hidden_pair),
+        HARNESS_CASE(test_dmask_overlapping_strides),
         HARNESS_CASE(test_errors),
     };
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));

@@ -36,10 +36,12 @@ struct attn__kernels {
     // y[i] = 2^x[i] for n values, with the error bound documented in attn.h (exp2 of -inf is 0).
     void (*exp2)(const float *x, float *y, int64_t n);
     // Backward: st[j][i] = exp2(st[j][i] - lse2[i]), the forward's weights from scores in the log2
-    // domain and the row's log2-sum-exp2 (a row with lse2 = -inf is fully masked: its weights are 0).
+    // domain and the row's log2-sum-exp2 (a row with lse2 = -inf is fully masked: its weights are 0;
+    // a hidden score, -inf, gives 0 whatever lse2 holds, NaN included).
     void (*bwd_p)(float *st, int nj, int br, const float *lse2);
     // Backward: dst[j][i] = pt[j][i] * (dst[j][i] - rowdot[i]): the score gradient from the weights,
-    // the weights' gradient (in dst) and rowdot = sum_t dout[i][t] * out[i][t].
+    // the weights' gradient (in dst) and rowdot = sum_t dout[i][t] * out[i][t]; exactly 0 where
+    // pt is 0, whatever dst holds (NaN or inf there must not reach hidden pairs).
     void (*bwd_ds)(const float *pt, float *dst, int nj, int br, const float *rowdot);
     // Decoding, few query rows, k and v of type dt (F32, F16 or BF16, converted as they are loaded):
     //   qk_rows: s[r*lds + j] = sum_d q[r*D + d] * k[j*ks_row + d] (r < rows, j < nj; key elements

@@ -14,10 +14,13 @@
 //     pass 2, one item per (batch, head, query tile): dQ_i = sum dS K_j over the key tiles in
 //             ascending order (as the one pass adds them), and the additive mask's gradient dS
 //             (items grouped so that the cells a broadcast mask shares are summed by one item, in
-//             a fixed order). The score tiles are computed twice.
+//             a fixed order; a mask whose strides overlap otherwise is summed by a single item).
+//             The score tiles are computed twice.
 // For a tile pair: S^T = K Q^T (masked as in the forward), P^T = exp2(S^T - lse2), dP^T = V dO^T
-// (times the dropout mask), dS^T = P^T (dP^T - rowdot) with rowdot_i = dO_i . O_i. Key or value
-// tiles holding NaN or inf take products that skip zero weights, so masked keys are never read.
+// (times the dropout mask), dS^T = P^T (dP^T - rowdot) with rowdot_i = dO_i . O_i, exactly 0 where
+// P is (so NaN or inf in dO, or a dO . V that overflows, never reaches a hidden pair). Key or value
+// tiles, and query tiles whose q or dO rows, hold NaN or inf take products that skip zero
+// weights, so data a pair cannot see is never read.
 // Soft-capping multiplies dS by 1 - tanh^2 of the capped score (the mask gradient is dS before
 // that factor); ALiBi and the window enter as in the forward, and key tiles outside the window are
 // skipped. Half-precision keys and values are converted to float copies once per call.
@@ -48,6 +51,7 @@ typedef struct bwd_job {
     const uint8_t *keep;        // dropout bits (B, H, L, S), or NULL
     float keep_scale;
     const uint8_t *kv_bad;      // (B, Hkv, n_kvtiles): key or value tile holds NaN or inf
+    uint8_t *q_bad;             // (B, H, n_qtiles): q or dout rows of the query tile hold NaN or inf
     bool dmask_b, dmask_h, dmask_i; // pass 2 iterates over b / h / query tiles inside one item
     size_t dq_acc_off;          // one pass: offset of the (group, L, Dp) dQ accumulator in a thread's scratch
     // Packed once per call: every query tile transposed and scaled (qt_all) and every dout tile
@@ -101,8 +105,7 @@ static void load_queries(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, i
 
 // P^T and dS^T of tile pair (b, h, query tile at i0) x (key tile at j0) into t->st, t->dpt. Returns
 // false when every score is hidden (the pair contributes nothing).
-static bool tile_pair(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int64_t i0, int nq, int64_t j0, int nj,
-                      bool bad) {
+static bool tile_pair(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int64_t i0, int nq, int64_t j0, int nj) {
     const attn_sdpa_desc *d = J->d;
     const attn__sdpa_shape *sh = J->sh;
     const int64_t hk = h / sh->group;
@@ -128,12 +131,7 @@ static bool tile_pair(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int6
                 *x = ((J->keep[bit >> 3] >> (bit & 7)) & 1) ? *x * J->keep_scale : 0.0f;
             }
     }
-    if (bad) { // keys never seen must not be read: dS = 0 where P = 0, whatever dP holds
-        for (int64_t e = 0; e < (int64_t)nj * BWD_BR; e++)
-            t->dpt[e] = t->st[e] == 0.0f ? 0.0f : t->st[e] * (t->dpt[e] - t->rowdot[e % BWD_BR]);
-    } else {
-        J->kn->bwd_ds(t->st, t->dpt, nj, BWD_BR, t->rowdot);
-    }
+    J->kn->bwd_ds(t->st, t->dpt, nj, BWD_BR, t->rowdot); // 0 where P is 0, whatever dP holds
     return true;
 }
 
@@ -181,15 +179,19 @@ static void kv_tile(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t hk, int64
             if (attn__keys_visible_until(d, sh, i0 + nq - 1) <= j0) continue; // every key hidden (causal)
             if (left_of_window(J, i0, j0, nj)) continue;
             load_queries(J, t, b, h, it, nq);
-            if (!tile_pair(J, t, b, h, i0, nq, j0, nj, bad)) continue;
+            if (!tile_pair(J, t, b, h, i0, nq, j0, nj)) continue;
             cap_grad(J, t, nj);
+            const bool qbad = J->q_bad[(b * sh->H + h) * J->n_qtiles + it];
             // dK_j += dS^T q_rows; dV_j += P_drop^T dout_rows (P_drop = P * dropout mask * scale)
             const int64_t row0 = (b * sh->H + h) * sh->L + i0; // row index into the packed copies
             const float *qr = J->q_pack != NULL ? J->q_rows + row0 * J->q_ld
                                                 : J->q + attn__offset4(d->q_stride, b, h, i0, 0);
             const float *dr = J->do_pack != NULL ? J->do_rows + row0 * J->do_ld
                                                  : J->dout + attn__offset4(d->o_stride, b, h, i0, 0);
-            J->kn->gemm(t->dpt, BWD_BR, 1, nj, nq, qr, J->q_ld, J->Dp, t->acc1, J->Dp, true);
+            if (qbad)
+                gemm_skip_zeros(t->dpt, BWD_BR, 1, nj, nq, qr, J->q_ld, J->Dp, t->acc1, J->Dp);
+            else
+                J->kn->gemm(t->dpt, BWD_BR, 1, nj, nq, qr, J->q_ld, J->Dp, t->acc1, J->Dp, true);
             if (dq_acc != NULL) { // dQ_i += dS k_rows, dS read transposed from dS^T (as pass 2 does)
                 float *dqi = dq_acc + ((h - hk * sh->group) * sh->L + i0) * J->Dp;
                 if (bad)
@@ -206,7 +208,10 @@ static void kv_tile(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t hk, int64
                         *x = ((J->keep[bit >> 3] >> (bit & 7)) & 1) ? *x * J->keep_scale : 0.0f;
                     }
             }
-            J->kn->gemm(t->st, BWD_BR, 1, nj, nq, dr, J->do_ld, J->Dvp, t->acc2, J->Dvp, true);
+            if (qbad)
+                gemm_skip_zeros(t->st, BWD_BR, 1, nj, nq, dr, J->do_ld, J->Dvp, t->acc2, J->Dvp);
+            else
+                J->kn->gemm(t->st, BWD_BR, 1, nj, nq, dr, J->do_ld, J->Dvp, t->acc2, J->Dvp, true);
         }
     const float scale = J->sh->scale;
     for (int j = 0; j < nj; j++) {
@@ -259,7 +264,7 @@ static void pass2_tile(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int
         const int nj = (int)(sh->S - j0 < BWD_BC ? sh->S - j0 : BWD_BC);
         const bool bad = J->kv_bad[(b * sh->Hkv + hk) * J->n_kvtiles + j0 / BWD_BC];
         if (left_of_window(J, i0, j0, nj)) continue;
-        if (!tile_pair(J, t, b, h, i0, nq, j0, nj, bad)) continue;
+        if (!tile_pair(J, t, b, h, i0, nq, j0, nj)) continue;
         if (J->dmask != NULL) // the mask's gradient is dS (natural-log domain: no scale)
             for (int j = 0; j < nj; j++)
                 for (int i = 0; i < nq; i++)
@@ -326,6 +331,10 @@ static void prep_rows_task(void *arg, int64_t bh, int thread) {
             const float *src = J->dout + attn__offset4(d->o_stride, b, h, i0, c);
             for (int64_t i = 0; i < BWD_BR; i++) dot[c * BWD_BR + i] = i < nq ? src[i * d->o_stride[2]] : 0.0f;
         }
+        uint8_t bad = 0;
+        for (int64_t e = 0; e < sh->D * BWD_BR; e++) bad |= !isfinite(qt[e]);
+        for (int64_t e = 0; e < sh->Dv * BWD_BR; e++) bad |= !isfinite(dot[e]);
+        J->q_bad[bh * J->n_qtiles + it] = bad;
     }
     for (int64_t i = 0; J->q_pack != NULL && i < sh->L; i++) {
         float *r = J->q_pack + (bh * sh->L + i) * J->q_ld;
@@ -373,7 +382,7 @@ static void prep_tiles_task(void *arg, int64_t task, int thread) {
 typedef struct bwd_layout {
     float *lse2, *rowdot, *qt_all, *dot_all, *q_pack, *do_pack, *k_pack;
     float *k_f32, *v_f32; // half-precision k and v as floats, (B, Hkv, S, D) and (B, Hkv, S, Dv)
-    uint8_t *kv_bad, *keep;
+    uint8_t *kv_bad, *q_bad, *keep;
     char *scratch;
     size_t per_thread, dq_acc_off;
 } bwd_layout;
@@ -405,6 +414,7 @@ static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn
                      ? NULL
                      : attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * sh->S * Dp) * f);
     bl->kv_bad = attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * n_kvtiles));
+    bl->q_bad = attn__arena_take(&a, (size_t)(sh->B * sh->H * n_qtiles));
     bl->k_f32 = half ? attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * sh->S * sh->D) * f) : NULL;
     bl->v_f32 = half ? attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * sh->S * sh->Dv) * f) : NULL;
     bl->keep = d->dropout_p > 0.0 ? attn__arena_take(&a, (size_t)((rows * sh->S + 7) / 8)) : NULL;
@@ -465,7 +475,7 @@ void attn__flash_bwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_sh
         .Dp = pad16(sh->D), .Dvp = pad16(sh->Dv),
         .n_qtiles = (sh->L + BWD_BR - 1) / BWD_BR, .n_kvtiles = (sh->S + BWD_BC - 1) / BWD_BC,
         .qscale = (float)((double)sh->scale * LOG2E),
-        .lse2 = bl.lse2, .rowdot = bl.rowdot, .keep = NULL, .keep_scale = 1.0f, .kv_bad = bl.kv_bad,
+        .lse2 = bl.lse2, .rowdot = bl.rowdot, .keep = NULL, .keep_scale = 1.0f, .kv_bad = bl.kv_bad, .q_bad = bl.q_bad,
         .qt_all = bl.qt_all, .dot_all = bl.dot_all, .q_pack = bl.q_pack, .do_pack = bl.do_pack, .k_pack = bl.k_pack,
         .scratch = bl.scratch, .per_thread = bl.per_thread, .dq_acc_off = bl.dq_acc_off,
     };
@@ -498,9 +508,12 @@ void attn__flash_bwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_sh
         int64_t extent = 0;
         attn__view_extent(n, d->mask_stride, &extent);
         memset(dmask, 0, (size_t)(extent + 1) * sizeof(float));
-        J.dmask_b = sh->B > 1 && d->mask_stride[0] == 0;
-        J.dmask_h = sh->H > 1 && d->mask_stride[1] == 0;
-        J.dmask_i = sh->L > 1 && d->mask_stride[2] == 0;
+        // Strides under which distinct cells share elements other than by broadcasting: one item
+        // sums everything, in order (items on several threads would add into the same elements).
+        const bool shared = !attn__view_disjoint(n, d->mask_stride);
+        J.dmask_b = sh->B > 1 && (d->mask_stride[0] == 0 || shared);
+        J.dmask_h = sh->H > 1 && (d->mask_stride[1] == 0 || shared);
+        J.dmask_i = sh->L > 1 && (d->mask_stride[2] == 0 || shared);
     }
     const int64_t items = (J.dmask_b ? 1 : sh->B) * (J.dmask_h ? 1 : sh->H) * (J.dmask_i ? 1 : J.n_qtiles);
     attn__pool_run(ctx->pool, items, pass2_task, &J);

@@ -89,8 +89,8 @@ void attn__sdpa_bwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, con
                 for (int64_t j = 0; j < S; j++) {
                     const bool keep = !dropout || (!drop_all && attn__dropout_keep(&gen, keep_prob));
                     double p;
-                    if (has_nan) p = NAN;
-                    else if (max == -INFINITY || w.s[j] == -INFINITY) p = 0.0;
+                    if (w.s[j] == -INFINITY) p = 0.0; // hidden: no weight, even in a row holding NaN
+                    else if (has_nan) p = NAN;
                     else p = exp(w.s[j] - max) / sum;
                     w.s[j] = p;
                     w.dp[j] = 0.0;

@@ -62,8 +62,8 @@ static void gemm_generic(const float *A, int64_t a_rs, int64_t a_cs, int M, int 
 static void bwd_p_generic(float *st, int nj, int br, const float *lse2) {
     for (int j = 0; j < nj; j++)
         for (int i = 0; i < br; i++) {
-            const float base = lse2[i] == -INFINITY ? 0.0f : lse2[i];
-            st[(int64_t)j * br + i] = attn__exp2f(st[(int64_t)j * br + i] - base);
+            const float base = lse2[i] == -INFINITY ? 0.0f : lse2[i], x = st[(int64_t)j * br + i];
+            st[(int64_t)j * br + i] = x == -INFINITY ? 0.0f : attn__exp2f(x - base); // hidden: 0 whatever lse2 is
         }
 }
 
@@ -71,7 +71,7 @@ static void bwd_ds_generic(const float *pt, float *dst, int nj, int br, const fl
     for (int j = 0; j < nj; j++)
         for (int i = 0; i < br; i++) {
             const int64_t e = (int64_t)j * br + i;
-            dst[e] = pt[e] * (dst[e] - rowdot[i]);
+            dst[e] = pt[e] == 0.0f ? 0.0f : pt[e] * (dst[e] - rowdot[i]); // nothing through zero weights
         }
 }
 

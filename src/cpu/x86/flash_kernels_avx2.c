@@ -267,7 +267,11 @@ static void bwd_p_avx2(float *st, int nj, int br, const float *lse2) {
         const __m256 l = _mm256_load_ps(lse2 + i0);
         const __m256 base = _mm256_blendv_ps(l, _mm256_setzero_ps(), _mm256_cmp_ps(l, neg_inf, _CMP_EQ_OQ));
         float *s = st + i0;
-        for (int j = 0; j < nj; j++, s += br) _mm256_store_ps(s, exp2_nonpos_ps(_mm256_sub_ps(_mm256_load_ps(s), base)));
+        for (int j = 0; j < nj; j++, s += br) { // hidden (-inf) scores give 0 whatever lse2 holds
+            const __m256 x = _mm256_load_ps(s);
+            const __m256 seen = _mm256_cmp_ps(x, neg_inf, _CMP_NEQ_UQ);
+            _mm256_store_ps(s, _mm256_and_ps(seen, exp2_nonpos_ps(_mm256_sub_ps(x, base))));
+        }
     }
 }
 
@@ -276,7 +280,9 @@ static void bwd_ds_avx2(const float *pt, float *dst, int nj, int br, const float
         const __m256 r = _mm256_load_ps(rowdot + i0);
         for (int j = 0; j < nj; j++) {
             const int64_t e = (int64_t)j * br + i0;
-            _mm256_store_ps(dst + e, _mm256_mul_ps(_mm256_load_ps(pt + e), _mm256_sub_ps(_mm256_load_ps(dst + e), r)));
+            const __m256 pe = _mm256_load_ps(pt + e);
+            const __m256 nz = _mm256_cmp_ps(pe, _mm256_setzero_ps(), _CMP_NEQ_UQ); // dS = 0 where P = 0
+            _mm256_store_ps(dst + e, _mm256_and_ps(nz, _mm256_mul_ps(pe, _mm256_sub_ps(_mm256_load_ps(dst + e), r))));
         }
     }
 }

@@ -175,7 +175,11 @@ static void bwd_p_avx512(float *st, int nj, int br, const float *lse2) {
         const __m512 l = _mm512_load_ps(lse2 + i0);
         const __m512 base = _mm512_mask_mov_ps(l, _mm512_cmp_ps_mask(l, neg_inf, _CMP_EQ_OQ), _mm512_setzero_ps());
         float *s = st + i0;
-        for (int j = 0; j < nj; j++, s += br) _mm512_store_ps(s, exp2_ps512(_mm512_sub_ps(_mm512_load_ps(s), base)));
+        for (int j = 0; j < nj; j++, s += br) { // hidden (-inf) scores give 0 whatever lse2 holds
+            const __m512 x = _mm512_load_ps(s);
+            const __mmask16 seen = _mm512_cmp_ps_mask(x, neg_inf, _CMP_NEQ_UQ);
+            _mm512_store_ps(s, _mm512_maskz_mov_ps(seen, exp2_ps512(_mm512_sub_ps(x, base))));
+        }
     }
 }
 
@@ -184,7 +188,9 @@ static void bwd_ds_avx512(const float *pt, float *dst, int nj, int br, const flo
         const __m512 r = _mm512_load_ps(rowdot + i0);
         for (int j = 0; j < nj; j++) {
             const int64_t e = (int64_t)j * br + i0;
-            _mm512_store_ps(dst + e, _mm512_mul_ps(_mm512_load_ps(pt + e), _mm512_sub_ps(_mm512_load_ps(dst + e), r)));
+            const __m512 pe = _mm512_load_ps(pt + e);
+            const __mmask16 nz = _mm512_cmp_ps_mask(pe, _mm512_setzero_ps(), _CMP_NEQ_UQ); // dS = 0 where P = 0
+            _mm512_store_ps(dst + e, _mm512_maskz_mul_ps(nz, pe, _mm512_sub_ps(_mm512_load_ps(dst + e), r)));
         }
     }
 }
