@@ -72,5 +72,5 @@ FUZZ_SECONDS ?= 60
 fuzz:
 	@cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_BUILD_FUZZ=ON \
 	    $(CMAKE_FLAGS) > /dev/null
-	cmake --build build-fuzz -j $(JOBS) --target fuzz_npy fuzz_safetensors fuzz_api fuzz_sdpa_diff
-	sh fuzz/run.sh build-fuzz $(FUZZ_SECONDS) npy safetensors api sdpa_diff
+	cmake --build build-fuzz -j $(JOBS) --target fuzz_npy fuzz_safetensors fuzz_api fuzz_sdpa_diff fuzz_bwd_diff
+	sh fuzz/run.sh build-fuzz $(FUZZ_SECONDS) npy safetensors api sdpa_diff bwd_diff
