@@ -241,11 +241,14 @@ typedef struct attn_ctx_params {
     attn_isa isa;             /* kernel selection, ATTN_ISA_AUTO by default */
     uint64_t seed;            /* seed of the context's generator (default 0) */
     attn_allocator allocator; /* all allocations go through it; {NULL,NULL,NULL} = aligned_alloc/free */
-    int use_blas;             /* 1 (default): projections through CBLAS where that is faster (see
-                                 attn_has_blas); 0: always the library's own GEMM on its own threads */
+    int use_blas;             /* 0 (default): every product on the library's own GEMM and the
+                                 context's threads; 1: projections through CBLAS (see attn_has_blas)
+                                 on contexts running AVX2 or portable kernels. The BLAS runs its own
+                                 threads (OPENBLAS_NUM_THREADS), which busy-wait after each call and
+                                 compete with the context's: measured in BENCHMARKS.md. */
 } attn_ctx_params;
 
-/** Fills `params` with the defaults (1 thread, AUTO, seed 0, system allocator, use_blas 1). */
+/** Fills `params` with the defaults (1 thread, AUTO, seed 0, system allocator, use_blas 0). */
 ATTN_API void attn_ctx_params_init(attn_ctx_params *params);
 /**
  * Creates a context. `params` may be NULL for the defaults.

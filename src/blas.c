@@ -1,9 +1,11 @@
 // blas.c - the projections through CBLAS (sgemm), when the build found it (ATTN_HAVE_CBLAS).
 //
-// Used for y = x W^T + b on contexts whose kernels are AVX2 or portable: on the machines measured
-// (BENCHMARKS.md) OpenBLAS's sgemm beats the library's AVX2 GEMM there, while the AVX-512 GEMM of
-// cpu/gemm.c beats the BLAS. The BLAS library runs its own threads (OPENBLAS_NUM_THREADS), not the
-// context's; its sgemm does not split the inner dimension, so results do not depend on them.
+// Used for y = x W^T + b when the caller asks for it (attn_ctx_params.use_blas, off by default) on
+// contexts whose kernels are AVX2 or portable. OpenBLAS's sgemm alone can beat the library's AVX2
+// GEMM, but it runs its own threads (OPENBLAS_NUM_THREADS), not the context's, and they busy-wait
+// after each call: on 2 cores the nn.MultiheadAttention forward then swung between 44 and 80 ms
+// against a steady 47 ms on the library's GEMM (BENCHMARKS.md). Its sgemm does not split the inner
+// dimension, so results do not depend on its threads.
 #include "cpu/cpu.h"
 #include "internal.h"
 

@@ -93,7 +93,7 @@ void attn_ctx_params_init(attn_ctx_params *params) {
     memset(params, 0, sizeof *params);
     params->n_threads = 1;
     params->isa = ATTN_ISA_AUTO;
-    params->use_blas = 1;
+    params->use_blas = 0;
 }
 
 attn_status attn_ctx_create(const attn_ctx_params *params, attn_ctx **out) {

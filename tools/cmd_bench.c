@@ -14,7 +14,7 @@
 static const char summary[] =
     "usage: attn bench [--op sdpa|mha|decode] [--batch B] [--heads H] [--kv-heads Hkv] [--len-q L] [--len-kv S]\n"
     "                  [--head-dim D] [--embed-dim E] [--causal] [--threads T] [--isa auto|ref|generic|avx2|avx512]\n"
-    "                  [--backward] [--repeat R] [--no-check] [--json]\n"
+    "                  [--backward] [--repeat R] [--no-check] [--blas] [--json]\n"
     "\n"
     "Times scaled dot-product attention (--op sdpa: q, k, v of shape (B, H, L, D), (B, Hkv, S, D)) or the\n"
     "nn.MultiheadAttention forward (--op mha: self-attention on (L, B, E) with E = --embed-dim, heads H,\n"
@@ -56,7 +56,7 @@ static float *alloc_randn(attn_ctx *ctx, size_t n) {
 typedef struct bench_opts {
     const char *op, *isa;
     int64_t B, H, Hkv, L, S, D, E, threads, repeat;
-    bool causal, no_check, json, backward;
+    bool causal, no_check, json, backward, blas;
 } bench_opts;
 
 // Checks sampled rows of `out` (B, H, L, D contiguous) against the reference: up to 2 heads of batch
@@ -134,6 +134,7 @@ int cmd_bench(int argc, char **argv) {
         {"--isa", ARG_STRING, &o.isa, "ISA", "kernels: auto, ref, generic, avx2 or avx512 (default auto)", false, false},
         {"--repeat", ARG_INT, &o.repeat, "R", "timed runs (default 5)", false, false},
         {"--no-check", ARG_FLAG, &o.no_check, NULL, "skip the check against the reference", false, false},
+        {"--blas", ARG_FLAG, &o.blas, NULL, "projections through CBLAS (use_blas = 1; its own threads)", false, false},
         {"--json", ARG_FLAG, &o.json, NULL, "end with a JSON object on one line", false, false},
     };
     int rc = args_parse("bench", summary, argc, argv, specs, (int)(sizeof specs / sizeof specs[0]));
@@ -156,6 +157,7 @@ int cmd_bench(int argc, char **argv) {
     attn_ctx_params_init(&p);
     p.n_threads = (int)o.threads;
     p.isa = isa;
+    p.use_blas = o.blas;
     attn_ctx *ctx;
     attn_status st = attn_ctx_create(&p, &ctx);
     if (st != ATTN_OK) return cli_error("bench", EXIT_FAILURE_RUN, "cannot create a context: %s", attn_strerror(st));

@@ -27,7 +27,7 @@ class RngState:
 
 
 class Context:
-    """An attn_ctx. Context(threads=1, isa="auto", seed=0, use_blas=True).
+    """An attn_ctx. Context(threads=1, isa="auto", seed=0, use_blas=False).
 
     threads: threads used by compute calls (results are identical for every count);
     isa: "auto", "ref" (scalar reference), "generic", "avx2" or "avx512";
@@ -35,7 +35,7 @@ class Context:
     module initialisation. Usable as a context manager; close() frees it (also on garbage
     collection). Objects created with a context (MHA, KVCache) keep it alive."""
 
-    def __init__(self, threads=1, isa="auto", seed=0, use_blas=True):
+    def __init__(self, threads=1, isa="auto", seed=0, use_blas=False):
         self._ptr = None
         if isa not in _lib.ISA:
             raise AttnError(_lib.ERR_INVALID_ARG, "isa must be one of %s, not %r" % (sorted(_lib.ISA), isa))

@@ -182,7 +182,7 @@ class TestAbi(unittest.TestCase):
     def test_struct_defaults(self):
         p = _lib.CtxParams()
         _lib.fn("attn_ctx_params_init")(ctypes.byref(p))
-        self.assertEqual((p.n_threads, p.isa, p.seed, p.use_blas), (1, 0, 0, 1))
+        self.assertEqual((p.n_threads, p.isa, p.seed, p.use_blas), (1, 0, 0, 0))
         c = _lib.MhaConfig()
         _lib.fn("attn_mha_config_init")(ctypes.byref(c), 12, 3)
         self.assertEqual((c.embed_dim, c.num_heads, c.kdim, c.vdim, c.bias, c.batch_first, c.dropout),
