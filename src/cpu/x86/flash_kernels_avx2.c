@@ -8,6 +8,7 @@
 #include <math.h>
 
 #include "cpu/cpu.h"
+#include "cpu/x86/decode_prefetch.h"
 #include "half.h"
 
 // 2^x, same polynomial as attn__exp2f (cpu/generic/flash_kernels.c), fused: within 1 ulp on
@@ -309,32 +310,45 @@ static inline __attribute__((always_inline)) __m256 load_f8(const float *p, int 
     return _mm256_loadu_ps(t);
 }
 
-// Four rows at a time: per key, the rows' partial sums in four registers, reduced together.
+// The four sums of 8 lanes each of a0..a3.
+static inline __attribute__((always_inline)) __m128 sum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    const __m256 s01 = _mm256_hadd_ps(a0, a1), s23 = _mm256_hadd_ps(a2, a3);
+    const __m256 s0123 = _mm256_hadd_ps(s01, s23);
+    return _mm_add_ps(_mm256_castps256_ps128(s0123), _mm256_extractf128_ps(s0123, 1));
+}
+
+// Four rows against two keys at a time (each q vector loaded once for both): per key, the rows'
+// partial sums in four registers, reduced together; every key's sum runs along d in the same order
+// whatever its pairing.
 static inline __attribute__((always_inline)) void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row,
                                                                int nj, int D, const float *q, int rows, float *s,
                                                                int64_t lds) {
-    const int d8 = D / 8 * 8;
+    const int d8 = D / 8 * 8, line = decode_line_elems(dt);
     for (int r0 = 0; r0 < rows; r0 += 4) {
         const int nr = rows - r0 < 4 ? rows - r0 : 4;
         const float *q0 = q + (int64_t)r0 * D, *q1 = q0 + (nr > 1 ? D : 0), *q2 = q0 + (nr > 2 ? 2 * D : 0),
                     *q3 = q0 + (nr > 3 ? 3 * D : 0);
-        for (int j = 0; j < nj; j++) {
-            const int64_t kj = (int64_t)j * ks_row;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int j = 0; j < nj; j += 2) {
+            const int64_t kj = (int64_t)j * ks_row, kj1 = j + 1 < nj ? kj + ks_row : kj; // odd nj: j twice
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
             for (int d = 0; d < D; d += 8) {
                 const int n = d < d8 ? 8 : D - d;
-                const __m256 kv = load_kv8(k, dt, kj + d, n);
-                a0 = _mm256_fmadd_ps(kv, load_f8(q0 + d, n), a0);
-                a1 = _mm256_fmadd_ps(kv, load_f8(q1 + d, n), a1);
-                a2 = _mm256_fmadd_ps(kv, load_f8(q2 + d, n), a2);
-                a3 = _mm256_fmadd_ps(kv, load_f8(q3 + d, n), a3);
+                if (r0 == 0 && d % line == 0) decode_prefetch(k, dt, kj + d), decode_prefetch(k, dt, kj1 + d);
+                const __m256 ka = load_kv8(k, dt, kj + d, n), kb = load_kv8(k, dt, kj1 + d, n);
+                const __m256 x0 = load_f8(q0 + d, n), x1 = load_f8(q1 + d, n), x2 = load_f8(q2 + d, n),
+                             x3 = load_f8(q3 + d, n);
+                a0 = _mm256_fmadd_ps(ka, x0, a0), b0 = _mm256_fmadd_ps(kb, x0, b0);
+                a1 = _mm256_fmadd_ps(ka, x1, a1), b1 = _mm256_fmadd_ps(kb, x1, b1);
+                a2 = _mm256_fmadd_ps(ka, x2, a2), b2 = _mm256_fmadd_ps(kb, x2, b2);
+                a3 = _mm256_fmadd_ps(ka, x3, a3), b3 = _mm256_fmadd_ps(kb, x3, b3);
             }
-            const __m256 s01 = _mm256_hadd_ps(a0, a1), s23 = _mm256_hadd_ps(a2, a3);
-            const __m256 s0123 = _mm256_hadd_ps(s01, s23);
-            const __m128 sum = _mm_add_ps(_mm256_castps256_ps128(s0123), _mm256_extractf128_ps(s0123, 1));
-            float out[4];
-            _mm_storeu_ps(out, sum);
-            for (int r = 0; r < nr; r++) s[(int64_t)(r0 + r) * lds + j] = out[r];
+            float out[8];
+            _mm_storeu_ps(out, sum4(a0, a1, a2, a3));
+            _mm_storeu_ps(out + 4, sum4(b0, b1, b2, b3));
+            for (int r = 0; r < nr; r++) {
+                s[(int64_t)(r0 + r) * lds + j] = out[r];
+                if (j + 1 < nj) s[(int64_t)(r0 + r) * lds + j + 1] = out[4 + r];
+            }
         }
     }
 }
@@ -360,6 +374,8 @@ static inline __attribute__((always_inline)) void pv_rows_impl(const attn_dtype 
             for (int r = 0; r < 4; r++) c[r][0] = c[r][1] = _mm256_setzero_ps();
             for (int j = 0; j < nj; j++) {
                 const int64_t vj = (int64_t)j * vs_row + e;
+                if (r0 == 0 && e == 0) // the whole row, ahead of the first pass over the columns
+                    for (int x = 0; x < Dv; x += decode_line_elems(dt)) decode_prefetch(v, dt, vj + x);
                 const __m256 v0 = load_kv8(v, dt, vj, n0), v1 = n1 > 0 ? load_kv8(v, dt, vj + 8, n1) : v0;
                 const __m256 w0 = _mm256_set1_ps(p0[j]), w1 = _mm256_set1_ps(p1[j]), w2 = _mm256_set1_ps(p2[j]),
                              w3 = _mm256_set1_ps(p3[j]);

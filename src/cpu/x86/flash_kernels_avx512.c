@@ -8,6 +8,7 @@
 #include <math.h>
 
 #include "cpu/cpu.h"
+#include "cpu/x86/decode_prefetch.h"
 #include "half.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -212,36 +213,47 @@ INLINE __m512 load_kv16(const void *p, attn_dtype dt, int64_t i, int n) {
 }
 
 // Four rows at a time: per key, the rows' partial sums in four registers, reduced together.
+INLINE __m128 sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+    const __m256 h0 = _mm256_add_ps(_mm512_castps512_ps256(a0), hi256(a0));
+    const __m256 h1 = _mm256_add_ps(_mm512_castps512_ps256(a1), hi256(a1));
+    const __m256 h2 = _mm256_add_ps(_mm512_castps512_ps256(a2), hi256(a2));
+    const __m256 h3 = _mm256_add_ps(_mm512_castps512_ps256(a3), hi256(a3));
+    const __m256 s01 = _mm256_hadd_ps(h0, h1), s23 = _mm256_hadd_ps(h2, h3);
+    const __m256 s0123 = _mm256_hadd_ps(s01, s23); // lanes: r0 r1 r2 r3 (low half), same (high)
+    return _mm_add_ps(_mm256_castps256_ps128(s0123), _mm256_extractf128_ps(s0123, 1));
+}
+
+// Four query rows against two keys at a time (each q vector loaded once for both), 16 lanes of d
+// per step; every key's sum runs along d in the same order whatever its pairing.
 INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const float *q, int rows,
                          float *s, int64_t lds) {
-    const int d16 = D / 16 * 16;
+    const int d16 = D / 16 * 16, line = decode_line_elems(dt);
     for (int r0 = 0; r0 < rows; r0 += 4) {
         const int nr = rows - r0 < 4 ? rows - r0 : 4;
         const float *q0 = q + (int64_t)r0 * D, *q1 = q0 + (nr > 1 ? D : 0), *q2 = q0 + (nr > 2 ? 2 * D : 0),
                     *q3 = q0 + (nr > 3 ? 3 * D : 0);
-        for (int j = 0; j < nj; j++) {
-            const int64_t kj = (int64_t)j * ks_row;
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int j = 0; j < nj; j += 2) {
+            const int64_t kj = (int64_t)j * ks_row, kj1 = j + 1 < nj ? kj + ks_row : kj; // odd nj: j twice
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
             for (int d = 0; d < D; d += 16) {
                 const int n = d < d16 ? 16 : D - d;
-                const __m512 kv = load_kv16(k, dt, kj + d, n);
+                if (r0 == 0 && d % line == 0) decode_prefetch(k, dt, kj + d), decode_prefetch(k, dt, kj1 + d);
+                const __m512 ka = load_kv16(k, dt, kj + d, n), kb = load_kv16(k, dt, kj1 + d, n);
                 const __mmask16 m = (__mmask16)(n == 16 ? 0xffffu : (1u << n) - 1u);
-                a0 = _mm512_fmadd_ps(kv, _mm512_maskz_loadu_ps(m, q0 + d), a0);
-                a1 = _mm512_fmadd_ps(kv, _mm512_maskz_loadu_ps(m, q1 + d), a1);
-                a2 = _mm512_fmadd_ps(kv, _mm512_maskz_loadu_ps(m, q2 + d), a2);
-                a3 = _mm512_fmadd_ps(kv, _mm512_maskz_loadu_ps(m, q3 + d), a3);
+                const __m512 x0 = _mm512_maskz_loadu_ps(m, q0 + d), x1 = _mm512_maskz_loadu_ps(m, q1 + d);
+                const __m512 x2 = _mm512_maskz_loadu_ps(m, q2 + d), x3 = _mm512_maskz_loadu_ps(m, q3 + d);
+                a0 = _mm512_fmadd_ps(ka, x0, a0), b0 = _mm512_fmadd_ps(kb, x0, b0);
+                a1 = _mm512_fmadd_ps(ka, x1, a1), b1 = _mm512_fmadd_ps(kb, x1, b1);
+                a2 = _mm512_fmadd_ps(ka, x2, a2), b2 = _mm512_fmadd_ps(kb, x2, b2);
+                a3 = _mm512_fmadd_ps(ka, x3, a3), b3 = _mm512_fmadd_ps(kb, x3, b3);
             }
-            // 4 x 16 lanes -> 4 sums: halves added pairwise, then the 4-lane groups transposed
-            const __m256 h0 = _mm256_add_ps(_mm512_castps512_ps256(a0), hi256(a0));
-            const __m256 h1 = _mm256_add_ps(_mm512_castps512_ps256(a1), hi256(a1));
-            const __m256 h2 = _mm256_add_ps(_mm512_castps512_ps256(a2), hi256(a2));
-            const __m256 h3 = _mm256_add_ps(_mm512_castps512_ps256(a3), hi256(a3));
-            const __m256 s01 = _mm256_hadd_ps(h0, h1), s23 = _mm256_hadd_ps(h2, h3);
-            const __m256 s0123 = _mm256_hadd_ps(s01, s23); // lanes: r0 r1 r2 r3 (low half), same (high)
-            const __m128 sum = _mm_add_ps(_mm256_castps256_ps128(s0123), _mm256_extractf128_ps(s0123, 1));
-            float out[4];
-            _mm_storeu_ps(out, sum);
-            for (int r = 0; r < nr; r++) s[(int64_t)(r0 + r) * lds + j] = out[r];
+            float out[8];
+            _mm_storeu_ps(out, sum4(a0, a1, a2, a3));
+            _mm_storeu_ps(out + 4, sum4(b0, b1, b2, b3));
+            for (int r = 0; r < nr; r++) {
+                s[(int64_t)(r0 + r) * lds + j] = out[r];
+                if (j + 1 < nj) s[(int64_t)(r0 + r) * lds + j + 1] = out[4 + r];
+            }
         }
     }
 }
@@ -266,6 +278,8 @@ INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int
             for (int r = 0; r < 4; r++) c[r][0] = c[r][1] = _mm512_setzero_ps();
             for (int j = 0; j < nj; j++) {
                 const int64_t vj = (int64_t)j * vs_row + e;
+                if (r0 == 0 && e == 0) // the whole row, ahead of the first pass over the columns
+                    for (int x = 0; x < Dv; x += decode_line_elems(dt)) decode_prefetch(v, dt, vj + x);
                 const __m512 v0 = load_kv16(v, dt, vj, n0), v1 = n1 > 0 ? load_kv16(v, dt, vj + 16, n1) : v0;
                 const __m512 w0 = _mm512_set1_ps(p0[j]), w1 = _mm512_set1_ps(p1[j]), w2 = _mm512_set1_ps(p2[j]),
                              w3 = _mm512_set1_ps(p3[j]);
