@@ -42,6 +42,19 @@ def run_json(cmd, env=None):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def try_json(cmd, env=None):
+    """run_json, or {"error": why} when the command fails (PyTorch may be killed for memory)."""
+    try:
+        return run_json(cmd, env)
+    except RuntimeError as e:
+        return {"error": str(e)}
+
+
+def failure(err):
+    """How a failed PyTorch run shows in the tables."""
+    return "killed (out of memory)" if "(-9)" in err else "failed"
+
+
 def measure_peak(threads):
     exe = os.path.join(ROOT, "build", "bench_peak")
     cc = os.environ.get("CC", "cc")
@@ -123,6 +136,8 @@ def attn_cmd(args, shape, isa):
         cmd.append("--backward")
     if shape.get("no_check"):
         cmd.append("--no-check")
+    if shape.get("blas"):
+        cmd.append("--blas")
     return cmd
 
 
@@ -165,6 +180,9 @@ def shapes(quick):
                         "repeat": 3 if L >= 4096 else 7, "torch": L <= 8192})
     out.append({"op": "mha", "H": 12, "L": 1024, "D": 64, "E": 768, "causal": False, "repeat": 7, "torch": True})
     out.append({"op": "mha", "H": 12, "L": 2048, "D": 64, "E": 768, "causal": False, "repeat": 5, "torch": True})
+    # the same module with its projections through CBLAS (use_blas = 1), for the section on BLAS
+    out.append({"op": "mha", "H": 12, "L": 1024, "D": 64, "E": 768, "causal": False, "repeat": 7, "torch": False,
+                "blas": True})
     for causal in (False, True):  # forward + backward
         for L in (1024, 4096):
             out.append({"op": "sdpa", "H": 12, "L": L, "D": 64, "E": 768, "causal": causal, "backward": True,
@@ -213,14 +231,22 @@ def main():
                 r.setdefault("attn_" + isa, []).append(res)
                 log(f"round {rnd + 1} {sh['op']} L={sh['L']}{' causal' if sh['causal'] else ''} attn[{isa}]: "
                     f"{res['median_ms']:.2f} ms {res['gflops']:.1f} GFLOP/s")
-            if sh["torch"]:
+            if sh["torch"]:  # a shape PyTorch failed once is not run by it again
                 op = "mha" if sh["op"] == "mha" else "core"
-                res = run_json(torch_cmd(args.torch, sh, op), env=env)
-                r.setdefault("torch", []).append(res)
-                log(f"round {rnd + 1}   torch {res['torch']} {op}: {res['median_ms']:.2f} ms")
-                if args.torch2 and sh["op"] == "sdpa":
-                    res = run_json(torch_cmd(args.torch2, sh, "sdpa"), env=env)
-                    if "median_ms" in res:
+                if "torch_error" not in r:
+                    res = try_json(torch_cmd(args.torch, sh, op), env=env)
+                    if "error" in res:
+                        r["torch_error"] = res["error"]
+                        log(f"round {rnd + 1}   torch {op}: {failure(res['error'])}")
+                    else:
+                        r.setdefault("torch", []).append(res)
+                        log(f"round {rnd + 1}   torch {res['torch']} {op}: {res['median_ms']:.2f} ms")
+                if args.torch2 and sh["op"] == "sdpa" and "torch2_error" not in r:
+                    res = try_json(torch_cmd(args.torch2, sh, "sdpa"), env=env)
+                    if "error" in res:
+                        r["torch2_error"] = res["error"]
+                        log(f"round {rnd + 1}   torch 2 sdpa: {failure(res['error'])}")
+                    elif "median_ms" in res:
                         r.setdefault("torch2", []).append(res)
                         log(f"round {rnd + 1}   torch {res['torch']} sdpa: {res['median_ms']:.2f} ms")
         for i, sh in enumerate(dec):
@@ -320,11 +346,12 @@ def table(w, info, todo, results, isas, isa_label, peak_of, plot, backward):
         for isa in isas:
             a_ms = med(r["attn_" + isa])
             gf = flops(sh) / (a_ms * 1e6)
-            name = (f"MHA E={sh['E']} H={sh['H']} L={sh['L']}" if sh["op"] == "mha" else
+            name = (f"MHA E={sh['E']} H={sh['H']} L={sh['L']}{' CBLAS' if sh.get('blas') else ''}" if sh["op"] == "mha" else
                     f"L={sh['L']}{' causal' if sh['causal'] else ''}") + f" [{isa_label[isa]}]"
-            row = f"| {name} | {a_ms:.2f} | {t_ms:.2f} | {t_ms / a_ms:.2f}× |" if t_ms else f"| {name} | {a_ms:.2f} | – | – |"
+            t_cell = failure(r["torch_error"]) if "torch_error" in r else "–"
+            row = f"| {name} | {a_ms:.2f} | {t_ms:.2f} | {t_ms / a_ms:.2f}× |" if t_ms else f"| {name} | {a_ms:.2f} | {t_cell} | – |"
             if info.get("torch2"):
-                row += f" {t2:.2f} |" if t2 else " – |"
+                row += f" {t2:.2f} |" if t2 else (f" {failure(r['torch2_error'])} |" if "torch2_error" in r else " – |")
             row += f" {gf:.0f} | {100 * gf / peak_of[isa]:.0f}% |"
             w(row)
             if sh["op"] == "sdpa" and not backward:
@@ -395,14 +422,34 @@ def write_tail(w, args, gemm, plot, lines):
     w("|---|---|---|---|")
     for g in gemm:
         w(f"| {g['M']} x {g['N']} x {g['K']} | {g['impl']} | {g['ms']:.2f} | {g['gflops']:.0f} |")
-    w("\nSo projections go to CBLAS on contexts running AVX2 or portable kernels, where OpenBLAS was faster, and to "
-      "the library's GEMM with AVX-512, where it was faster than this OpenBLAS (which runs AVX2 code on this "
-      "processor). `attn_ctx_params.use_blas = 0` keeps everything on the library's own threads.\n")
+    w("\nOpenBLAS runs its own threads (`OPENBLAS_NUM_THREADS`), not the context's, and they busy-wait for a while "
+      "after each call, competing with the context's threads for the same cores. So the library keeps every "
+      "product on its own GEMM and threads by default (`use_blas = 0`); `use_blas = 1` sends the projections of "
+      "AVX2 and portable contexts to CBLAS. The \"MHA ... CBLAS\" rows of the forward table time the module "
+      "that way" + mha_blas_note(todo, results, isas, isa_label) + ".\n")
     if plot_png(plot):
         w("![GFLOP/s against sequence length](bench/attention_gflops.png)\n")
     with open(args.out, "w") as fh:
         fh.write("\n".join(lines))
     log(f"wrote {args.out}")
+
+
+def mha_blas_note(todo, results, isas, isa_label):
+    """The MHA forward with and without CBLAS, in words (the rows of each run, not only the medians)."""
+    parts = []
+    for isa in isas:
+        own = cblas = None
+        for i, sh in enumerate(todo):
+            if sh["op"] == "mha" and sh["L"] == 1024:
+                runs = [x["median_ms"] for x in results[i]["attn_" + isa]]
+                if sh.get("blas"):
+                    cblas = runs
+                else:
+                    own = runs
+        if own and cblas:
+            fmt = lambda rs: ", ".join(f"{x:.1f}" for x in rs)
+            parts.append(f"[{isa_label[isa]}] {fmt(cblas)} ms with CBLAS against {fmt(own)} ms without, run by run")
+    return (": " + "; ".join(parts)) if parts else ""
 
 
 def targets(todo, results, peak_of, isas, isa_label, dec=(), dec_results=None, triad=None):
@@ -412,7 +459,7 @@ def targets(todo, results, peak_of, isas, isa_label, dec=(), dec_results=None, t
     def find(op, L, causal, backward=False):
         for i, sh in enumerate(todo):
             if (sh["op"] == op and sh["L"] == L and sh["causal"] == causal and not sh.get("memory")
-                    and bool(sh.get("backward")) == backward):
+                    and not sh.get("blas") and bool(sh.get("backward")) == backward):
                 return i, sh
         return None, None
     for isa in isas:
