@@ -3,9 +3,11 @@
 // Used for y = x W^T + b when the caller asks for it (attn_ctx_params.use_blas, off by default) on
 // contexts whose kernels are AVX2 or portable. OpenBLAS's sgemm alone can beat the library's AVX2
 // GEMM, but it runs its own threads (OPENBLAS_NUM_THREADS), not the context's, and they busy-wait
-// after each call: on 2 cores the nn.MultiheadAttention forward then swung between 44 and 80 ms
-// against a steady 47 ms on the library's GEMM (BENCHMARKS.md). Its sgemm does not split the inner
-// dimension, so results do not depend on its threads.
+// after each call. On 2 cores with a 2-thread context, the nn.MultiheadAttention forward (E = 768,
+// L = 1024, AVX2) took 44 to 68 ms over five processes with OPENBLAS_NUM_THREADS=2 and 68 to 80 ms
+// with 1, against 47 to 50 ms on the library's GEMM, which also follows the context's thread count
+// (BENCHMARKS.md has the rows). Its sgemm does not split the inner dimension, so results do not
+// depend on its threads.
 #include "cpu/cpu.h"
 #include "internal.h"
 

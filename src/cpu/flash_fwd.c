@@ -74,10 +74,12 @@ void attn__half_tile(const attn__kernels *kn, attn_dtype dt, const uint16_t *src
     }
 }
 
-// Queries per work item: 64, fewer when that would leave threads idle (the result of a row does not
-// depend on this choice).
+// Queries per work item: 128, fewer when that would leave threads idle (the result of a row does not
+// depend on this choice). Each item streams its head's whole K and V once, so long sequences, whose
+// K and V outgrow L2, go faster with more queries per item: 128 against 64 measured +9% (AVX2) and
+// +3% (AVX-512) at L = S = 4096, +7% and +8% at 8192, and no change at 1024.
 #ifndef FLASH_BR
-#define FLASH_BR 64
+#define FLASH_BR 128
 #endif
 static int choose_br(const attn__sdpa_shape *sh, int threads) {
     int br = FLASH_BR;
