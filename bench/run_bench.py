@@ -177,7 +177,7 @@ def shapes(quick):
     for causal in (False, True):
         for L in lens:
             out.append({"op": "sdpa", "H": 12, "L": L, "D": 64, "E": 768, "causal": causal,
-                        "repeat": 3 if L >= 4096 else 7, "torch": L <= 8192})
+                        "repeat": 101 if L <= 512 else 21 if L <= 2048 else 3, "torch": L <= 8192})
     out.append({"op": "mha", "H": 12, "L": 1024, "D": 64, "E": 768, "causal": False, "repeat": 7, "torch": True})
     out.append({"op": "mha", "H": 12, "L": 2048, "D": 64, "E": 768, "causal": False, "repeat": 5, "torch": True})
     # the same module with its projections through CBLAS (use_blas = 1), for the section on BLAS
@@ -304,7 +304,8 @@ def write_report(args, info, peak, todo, results, isas, gemm, triad, dec, dec_re
     w("Rerun with `make && /usr/bin/python3 bench/run_bench.py` (options: `--threads`, `--rounds`, `--torch2 PYTHON`). "
       "Every shape is run by attn and by PyTorch one after the other, round after round "
       f"({args.rounds} rounds); each cell is the median over rounds. For attn that is the median of each run's "
-      "timed repeats after one warm-up; for PyTorch it is its *best* repeat after warming up until two runs agree "
+      "timed repeats after one warm-up (101 for L ≤ 512, 21 up to 2048: a new process's threads may share one CPU "
+      "for its first tens of milliseconds, until the scheduler spreads them, and short runs would time that); for PyTorch it is its *best* repeat after warming up until two runs agree "
       "(its (L, L) temporaries page-fault for a while on this virtual machine, so its medians swing 2-9×): "
       "the comparison is conservative for attn. Raw numbers: `bench/results.json`. Timings on a shared "
       "virtual machine vary by several percent between runs: read ratios measured here, not absolute times "

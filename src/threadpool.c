@@ -8,6 +8,7 @@
 // 0.2 ms) watching for the next loop, then sleeps on a condition variable: waking a sleeping
 // thread can take a millisecond, as long as a whole short attention call.
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -50,6 +51,16 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+// One round of a spin-wait: a few pause instructions, and every 16th round a sched_yield, so that a
+// thread the scheduler put on the same CPU (it happens: then every loop waited for a time slice, and
+// a short attention call took four times as long) gets to run instead of waiting for the spinner.
+static inline void spin_round(int i) {
+    if ((i & 15) == 15)
+        sched_yield();
+    else
+        for (int k = 0; k < 8; k++) cpu_relax();
+}
+
 static void *worker_main(void *varg) {
     worker_arg *wa = varg;
     attn__pool *p = wa->pool;
@@ -58,7 +69,7 @@ static void *worker_main(void *varg) {
     for (;;) {
         // spin a little: the next loop usually follows soon
         for (int i = 0; i < SPIN_ROUNDS && atomic_load_explicit(&p->generation, memory_order_acquire) == seen; i++)
-            for (int k = 0; k < 8; k++) cpu_relax();
+            spin_round(i);
         pthread_mutex_lock(&p->mu);
         while (!p->stop && atomic_load_explicit(&p->generation, memory_order_acquire) == seen)
             pthread_cond_wait(&p->wake, &p->mu);
@@ -150,10 +161,9 @@ void attn__pool_run(attn__pool *p, int64_t n_tasks, attn__task_fn fn, void *arg)
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
     run_tasks(p, fn, arg, n_tasks, 0);
-    // Wait for the workers still finishing a task: spin briefly, then sleep (a worker sharing this
-    // CPU could not run while the caller spins).
-    for (int i = 0; i < 256 && atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++)
-        for (int k = 0; k < 8; k++) cpu_relax();
+    // Wait for the workers still finishing a task: spin briefly (yielding, for a worker sharing this
+    // CPU), then sleep.
+    for (int i = 0; i < 256 && atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) spin_round(i);
     if (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) {
         pthread_mutex_lock(&p->mu);
         while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) pthread_cond_wait(&p->done, &p->mu);
