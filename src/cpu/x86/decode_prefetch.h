@@ -15,11 +15,14 @@
 
 #define DECODE_PF_BYTES 16384
 
+// Bytes per element of a cache of type dt (F32, F16 or BF16), inline for the kernels' inner loops.
+static inline int decode_elem_bytes(attn_dtype dt) { return dt == ATTN_DTYPE_F32 ? 4 : 2; }
+
 // Elements of type dt per 64-byte cache line: how often the loops issue a prefetch.
-static inline int decode_line_elems(attn_dtype dt) { return dt == ATTN_DTYPE_F32 ? 16 : 32; }
+static inline int decode_line_elems(attn_dtype dt) { return 64 / decode_elem_bytes(dt); }
 
 static inline __attribute__((always_inline)) void decode_prefetch(const void *p, attn_dtype dt, int64_t i) {
-    _mm_prefetch((const char *)p + i * (dt == ATTN_DTYPE_F32 ? 4 : 2) + DECODE_PF_BYTES, _MM_HINT_T1);
+    _mm_prefetch((const char *)p + i * decode_elem_bytes(dt) + DECODE_PF_BYTES, _MM_HINT_T1);
 }
 
 #endif

@@ -212,14 +212,14 @@ INLINE __m512 load_kv16(const void *p, attn_dtype dt, int64_t i, int n) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); // bfloat16
 }
 
-// Four rows at a time: per key, the rows' partial sums in four registers, reduced together.
+// The four sums of 16 lanes each of a0..a3: halves added pairwise, then the 4-lane groups transposed.
 INLINE __m128 sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
     const __m256 h0 = _mm256_add_ps(_mm512_castps512_ps256(a0), hi256(a0));
     const __m256 h1 = _mm256_add_ps(_mm512_castps512_ps256(a1), hi256(a1));
     const __m256 h2 = _mm256_add_ps(_mm512_castps512_ps256(a2), hi256(a2));
     const __m256 h3 = _mm256_add_ps(_mm512_castps512_ps256(a3), hi256(a3));
     const __m256 s01 = _mm256_hadd_ps(h0, h1), s23 = _mm256_hadd_ps(h2, h3);
-    const __m256 s0123 = _mm256_hadd_ps(s01, s23); // lanes: r0 r1 r2 r3 (low half), same (high)
+    const __m256 s0123 = _mm256_hadd_ps(s01, s23); // lanes: a0 a1 a2 a3 (low half), same (high)
     return _mm_add_ps(_mm256_castps256_ps128(s0123), _mm256_extractf128_ps(s0123, 1));
 }
 
