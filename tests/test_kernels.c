@@ -260,7 +260,8 @@ static void test_window_alibi_softcap_half(void) {
 
 // Few queries per kv head (the decoding path: the group's heads packed in one tile, the keys split
 // in chunks of 1536 merged by log-sum-exp): one and several chunks, chunk edges, GQA groups up to 8,
-// causal alignments, windows, masks, ALiBi, soft-capping, half precision, inf in a value.
+// causal alignments, windows, masks, ALiBi, soft-capping, half precision, inf in a value, every
+// row count of the narrow row kernels.
 static void test_decode_shapes(void) {
     const int64_t Ss[5] = {1, 97, 1536, 1537, 5000};
     const int64_t shapes[4][3] = {{1, 8, 2}, {3, 8, 8}, {1, 32, 8}, {16, 4, 1}}; // L, H, Hkv
@@ -275,6 +276,15 @@ static void test_decode_shapes(void) {
                          (attn_dtype)(idx % 3 == 0 ? ATTN_DTYPE_F16 : idx % 3 == 1 ? ATTN_DTYPE_F32 : ATTN_DTYPE_BF16)};
             check_problem(&p, 801u + (uint32_t)idx);
         }
+    // every packed row count of the row kernels (1 to 8: a block of four rows and a partial one),
+    // with value widths that end in a partial vector and in a partial block of columns
+    const int64_t rows_shapes[5][3] = {{2, 1, 1}, {1, 5, 1}, {2, 3, 1}, {1, 7, 1}, {1, 16, 2}}; // L, H, Hkv
+    for (int c = 0; c < 5; c++) {
+        problem p = {1, rows_shapes[c][1], rows_shapes[c][2], rows_shapes[c][0], 300, 40, c % 2 ? 72 : 20,
+                     ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 0, 0.0f,
+                     (attn_dtype)(c % 3 == 0 ? ATTN_DTYPE_F32 : c % 3 == 1 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16)};
+        check_problem(&p, 851u + (uint32_t)c);
+    }
     // inf in the first value, which the window hides from every query: it shares its tile with keys
     // they see, and must not reach them
     for (int w = 0; w < 2; w++) {

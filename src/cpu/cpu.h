@@ -44,14 +44,16 @@ struct attn__kernels {
     // pt is 0, whatever dst holds (NaN or inf there must not reach hidden pairs).
     void (*bwd_ds)(const float *pt, float *dst, int nj, int br, const float *rowdot);
     // Decoding, few query rows, k and v of type dt (F32, F16 or BF16, converted as they are loaded):
-    //   qk_rows: s[r*lds + j] = sum_d q[r*D + d] * k[j*ks_row + d] (r < rows, j < nj; key elements
-    //            contiguous), each a dot product of vectors along d;
-    //   pv_rows: o[r*ldo + e] += sum_j p[r*ldp + j] * v[j*vs_row + e] (r < rows, e < Dv), value
-    //            rows read as vectors, the weights broadcast.
+    //   qk_rows: s[r*s_r + j*s_j] = sum_d q[r*D + d] * k[j*ks_row + d] (r < rows, j < nj; key
+    //            elements contiguous), each a dot product of vectors along d (s_r = 1, s_j = ld:
+    //            the tile layout of the scores, key j's at s + j*ld);
+    //   pv_rows: o[r*ldo + e] = alpha[r] * o[r*ldo + e] + sum_j pt[j*ldp + r] * v[j*vs_row + e]
+    //            (r < rows, e < Dv), value rows read as vectors, the weights (in the tile layout)
+    //            broadcast; pt's columns up to rows rounded up to a multiple of 4 are read.
     void (*qk_rows)(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const float *q, int rows, float *s,
-                    int64_t lds);
-    void (*pv_rows)(attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *p, int64_t ldp, int rows,
-                    float *o, int64_t ldo);
+                    int64_t s_r, int64_t s_j);
+    void (*pv_rows)(attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pt, int64_t ldp,
+                    const float *alpha, int rows, float *o, int64_t ldo);
     // y[i] = x[i] converted exactly from ATTN_DTYPE_F16 or ATTN_DTYPE_BF16 to float, n values.
     void (*half_to_f32)(attn_dtype dt, const uint16_t *x, float *y, int64_t n);
 };

@@ -15,11 +15,11 @@
 // met a non-finite value).
 //
 // With at most NARROW_ROWS packed rows (and key and value rows contiguous) the products are taken
-// row-major: S (rows, nj) as dot products of each key row with the few query rows (qk_rows), and
-// O (rows, Dv) += P V reading value rows as vectors with the weights broadcast (pv_rows), so a key
-// or value element costs about rows/16 vector FMAs instead of one; half-precision keys and values
-// are converted in registers as they are loaded. The scores are transposed into the usual tile for
-// the masks and the softmax (a few hundred floats).
+// along the rows: the scores as dot products of each key row with the few query rows (qk_rows),
+// written straight into the usual tile for the masks and the softmax, and O (rows, Dv) = alpha O +
+// P V reading value rows as vectors with the tile's weights broadcast (pv_rows), so a key or value
+// element costs about rows/16 vector FMAs instead of one; half-precision keys and values are
+// converted in registers as they are loaded.
 #include <math.h>
 #include <string.h>
 
@@ -69,7 +69,7 @@ typedef struct decode_job {
     size_t part_floats; // floats per item
     bool narrow;        // the row-major products (see above)
     char *scratch;
-    size_t per_thread, narrow_off; // narrow: offset of (NARROW_ROWS, BC) scores and (NARROW_ROWS, Dv) O
+    size_t per_thread, narrow_off; // narrow: offset of (NARROW_ROWS, Dv) O and (NARROW_ROWS, D) q
 } decode_job;
 
 // The narrow path applies: few rows, keys feature-major (position stride 1), values row-major.
@@ -126,11 +126,11 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
     const int64_t c_end = c_begin + DECODE_CHUNK < J->keys.end ? c_begin + DECODE_CHUNK : J->keys.end;
     const char *kbase = (const char *)J->k + (size_t)attn__offset4(d->k_stride, b, hk, 0, 0) * esize;
     const char *vbase = (const char *)J->v + (size_t)attn__offset4(d->v_stride, b, hk, 0, 0) * esize;
-    // narrow: q row by row (rows, D), scores (rows, BC), O (rows, Dv)
-    float *qr = NULL, *sr = NULL, *orow = NULL;
+    // narrow: q row by row (rows, D), O (rows, Dv)
+    float *qr = NULL, *orow = NULL;
     if (J->narrow) {
         char *mine = J->scratch + (size_t)thread * J->per_thread + J->narrow_off;
-        sr = (float *)mine, orow = sr + NARROW_ROWS * FLASH_BC, qr = orow + NARROW_ROWS * Dv;
+        orow = (float *)mine, qr = orow + NARROW_ROWS * Dv;
         for (int r = 0; r < rows; r++)
             for (int dd = 0; dd < D; dd++) qr[(int64_t)r * D + dd] = t.qt[(int64_t)dd * brp + r];
         memset(orow, 0, (size_t)rows * (size_t)Dv * sizeof(float));
@@ -142,10 +142,8 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
         const void *vraw = vbase + (size_t)(j0 * d->v_stride[2]) * esize;
         const float *kt = kraw, *vt = vraw; // as floats (converted tiles for half precision)
         int64_t ks_row = d->k_stride[2], ks_d = d->k_stride[3], vs_row = d->v_stride[2], vs_d = d->v_stride[3];
-        if (J->narrow) { // S (rows, nj) = Q K^T, dot products along the key rows, then transposed
-            J->kn->qk_rows(d->kv_dtype, kraw, ks_row, nj, D, qr, rows, sr, FLASH_BC);
-            for (int r = 0; r < rows; r++)
-                for (int j = 0; j < nj; j++) t.st[(int64_t)j * brp + r] = sr[(int64_t)r * FLASH_BC + j];
+        if (J->narrow) { // S^T (nj, brp) = K Q^T, dot products along the key rows
+            J->kn->qk_rows(d->kv_dtype, kraw, ks_row, nj, D, qr, rows, t.st, 1, brp);
         } else {
             if (half) {
                 attn__half_tile(J->kn, d->kv_dtype, kraw, ks_row, ks_d, nj, D, t.kf);
@@ -171,21 +169,19 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
             vt = t.vf, vs_row = Dv, vs_d = 1;
         }
         const bool bad = careful && tile_not_finite(vt, vs_row, vs_d, nj, Dv);
-        if (J->narrow) { // O (rows, Dv) = alpha O + P V, P (rows, nj) transposed back from the tile
-            for (int r = 0; r < rows; r++) {
-                float *o = orow + (int64_t)r * Dv;
-                for (int e = 0; e < Dv; e++) o[e] *= t.alpha[r];
-                for (int j = 0; j < nj; j++) sr[(int64_t)r * FLASH_BC + j] = t.st[(int64_t)j * brp + r];
-            }
+        if (J->narrow) { // O (rows, Dv) = alpha O + P V, P read from the tile
             if (bad) { // skip zero weights: a hidden key's NaN or inf value is never read
-                for (int r = 0; r < rows; r++)
+                for (int r = 0; r < rows; r++) {
+                    float *o = orow + (int64_t)r * Dv;
+                    for (int e = 0; e < Dv; e++) o[e] *= t.alpha[r];
                     for (int j = 0; j < nj; j++) {
-                        const float p = sr[(int64_t)r * FLASH_BC + j];
+                        const float p = t.st[(int64_t)j * brp + r];
                         if (p != 0.0f)
-                            for (int e = 0; e < Dv; e++) orow[(int64_t)r * Dv + e] += p * vt[(int64_t)j * vs_row + e];
+                            for (int e = 0; e < Dv; e++) o[e] += p * vt[(int64_t)j * vs_row + e];
                     }
+                }
             } else {
-                J->kn->pv_rows(d->kv_dtype, vraw, d->v_stride[2], nj, Dv, sr, FLASH_BC, rows, orow, Dv);
+                J->kn->pv_rows(d->kv_dtype, vraw, d->v_stride[2], nj, Dv, t.st, brp, t.alpha, rows, orow, Dv);
             }
         } else if (bad) {
             attn__pv_skipping_zeros(vt, vs_row, vs_d, nj, Dv, t.st, brp, t.alpha, t.ot);
@@ -266,8 +262,8 @@ static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn
     const size_t align = ATTN_ALIGN - 1;
     dl->per_thread = (attn__fwd_tiles_layout(sh, d, brp, NULL, NULL) + align) & ~align;
     dl->narrow_off = dl->per_thread;
-    if (narrow_applies(sh, d)) // scores (rows, BC), O (rows, Dv), q (rows, D)
-        dl->per_thread += ((size_t)NARROW_ROWS * (size_t)(FLASH_BC + sh->Dv + sh->D) * sizeof(float) + align) & ~align;
+    if (narrow_applies(sh, d)) // O (rows, Dv), q (rows, D)
+        dl->per_thread += ((size_t)NARROW_ROWS * (size_t)(sh->Dv + sh->D) * sizeof(float) + align) & ~align;
     dl->scratch = attn__arena_take(&a, dl->per_thread * (size_t)attn__pool_threads(ctx->pool));
     return a.used;
 }

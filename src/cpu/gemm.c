@@ -77,7 +77,7 @@ static void gemv_task(void *arg, int64_t task, int thread) {
         for (int64_t r = 0; r < J->rows; r++) memcpy(xt + r * J->in, J->x + r * J->ldx, (size_t)J->in * sizeof(float));
         xr = xt;
     }
-    J->kn->qk_rows(ATTN_DTYPE_F32, J->W + o0 * J->in, J->in, (int)no, (int)J->in, xr, (int)J->rows, J->y + o0, J->ldy);
+    J->kn->qk_rows(ATTN_DTYPE_F32, J->W + o0 * J->in, J->in, (int)no, (int)J->in, xr, (int)J->rows, J->y + o0, J->ldy, 1);
     if (J->b != NULL)
         for (int64_t r = 0; r < J->rows; r++)
             for (int64_t j = 0; j < no; j++) J->y[r * J->ldy + o0 + j] += J->b[o0 + j];

@@ -106,23 +106,25 @@ static void pv_generic(const float *v, int64_t vs_row, int64_t vs_d, int nj, int
 }
 
 static void qk_rows_generic(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const float *q, int rows,
-                            float *s, int64_t lds) {
+                            float *s, int64_t s_r, int64_t s_j) {
     for (int j = 0; j < nj; j++)
         for (int r = 0; r < rows; r++) {
             float acc = 0.0f;
             for (int d = 0; d < D; d++) acc += q[(int64_t)r * D + d] * attn__kv_at(k, dt, (int64_t)j * ks_row + d);
-            s[(int64_t)r * lds + j] = acc;
+            s[(int64_t)r * s_r + (int64_t)j * s_j] = acc;
         }
 }
 
-static void pv_rows_generic(attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *p, int64_t ldp,
-                            int rows, float *o, int64_t ldo) {
-    for (int r = 0; r < rows; r++)
+static void pv_rows_generic(attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pt,
+                            int64_t ldp, const float *alpha, int rows, float *o, int64_t ldo) {
+    for (int r = 0; r < rows; r++) {
+        float *orow = o + (int64_t)r * ldo;
+        for (int e = 0; e < Dv; e++) orow[e] *= alpha[r];
         for (int j = 0; j < nj; j++) {
-            const float w = p[(int64_t)r * ldp + j];
-            float *orow = o + (int64_t)r * ldo;
+            const float w = pt[(int64_t)j * ldp + r];
             for (int e = 0; e < Dv; e++) orow[e] += w * attn__kv_at(v, dt, (int64_t)j * vs_row + e);
         }
+    }
 }
 
 static void half_to_f32_generic(attn_dtype dt, const uint16_t *x, float *y, int64_t n) {

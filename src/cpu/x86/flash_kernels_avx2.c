@@ -322,7 +322,7 @@ static inline __attribute__((always_inline)) __m128 sum4(__m256 a0, __m256 a1, _
 // whatever its pairing.
 static inline __attribute__((always_inline)) void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row,
                                                                int nj, int D, const float *q, int rows, float *s,
-                                                               int64_t lds) {
+                                                               int64_t s_r, int64_t s_j) {
     const int d8 = D / 8 * 8, line = decode_line_elems(dt);
     for (int r0 = 0; r0 < rows; r0 += 4) {
         const int nr = rows - r0 < 4 ? rows - r0 : 4;
@@ -342,63 +342,79 @@ static inline __attribute__((always_inline)) void qk_rows_impl(const attn_dtype 
                 a2 = _mm256_fmadd_ps(ka, x2, a2), b2 = _mm256_fmadd_ps(kb, x2, b2);
                 a3 = _mm256_fmadd_ps(ka, x3, a3), b3 = _mm256_fmadd_ps(kb, x3, b3);
             }
-            float out[8];
-            _mm_storeu_ps(out, sum4(a0, a1, a2, a3));
-            _mm_storeu_ps(out + 4, sum4(b0, b1, b2, b3));
-            for (int r = 0; r < nr; r++) {
-                s[(int64_t)(r0 + r) * lds + j] = out[r];
-                if (j + 1 < nj) s[(int64_t)(r0 + r) * lds + j + 1] = out[4 + r];
+            const __m128 sa = sum4(a0, a1, a2, a3), sb = sum4(b0, b1, b2, b3);
+            float *sj = s + (int64_t)r0 * s_r + (int64_t)j * s_j;
+            if (nr == 4 && s_r == 1) { // a key's four scores adjacent (the tile layout)
+                _mm_storeu_ps(sj, sa);
+                if (j + 1 < nj) _mm_storeu_ps(sj + s_j, sb);
+            } else {
+                float out[8];
+                _mm_storeu_ps(out, sa), _mm_storeu_ps(out + 4, sb);
+                for (int r = 0; r < nr; r++) {
+                    sj[r * s_r] = out[r];
+                    if (j + 1 < nj) sj[r * s_r + s_j] = out[4 + r];
+                }
             }
         }
     }
 }
 
 static void qk_rows_avx2(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const float *q, int rows,
-                         float *s, int64_t lds) {
-    if (dt == ATTN_DTYPE_F16) qk_rows_impl(ATTN_DTYPE_F16, k, ks_row, nj, D, q, rows, s, lds);
-    else if (dt == ATTN_DTYPE_BF16) qk_rows_impl(ATTN_DTYPE_BF16, k, ks_row, nj, D, q, rows, s, lds);
-    else qk_rows_impl(ATTN_DTYPE_F32, k, ks_row, nj, D, q, rows, s, lds);
+                         float *s, int64_t s_r, int64_t s_j) {
+    if (dt == ATTN_DTYPE_F16) qk_rows_impl(ATTN_DTYPE_F16, k, ks_row, nj, D, q, rows, s, s_r, s_j);
+    else if (dt == ATTN_DTYPE_BF16) qk_rows_impl(ATTN_DTYPE_BF16, k, ks_row, nj, D, q, rows, s, s_r, s_j);
+    else qk_rows_impl(ATTN_DTYPE_F32, k, ks_row, nj, D, q, rows, s, s_r, s_j);
 }
 
-// Four rows and 16 columns at a time: per key, two value vectors and four broadcast weights.
+// pv_rows over the columns [e, e + n0 + n1) of four rows (n0, n1 <= 8; `full`: both 8, known
+// when compiled): per key, two value vectors and the rows' four weights, adjacent in the tile
+// (pp[0..3], pp advancing by ldp), broadcast. The sums are left in c (row r: c[2r], c[2r + 1]).
+static inline __attribute__((always_inline)) void pv_cols(const attn_dtype dt, const bool full, const void *v,
+                                                          int64_t vs_row, int nj, int Dv, int e, int n0, int n1,
+                                                          const float *pp, int64_t ldp, bool prefetch, __m256 c[8]) {
+    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
+    for (int j = 0; j < nj; j++, pp += ldp) {
+        const int64_t vj = (int64_t)j * vs_row + e;
+        if (prefetch) decode_prefetch_cols(v, dt, vj, vs_row, e, 16, Dv);
+        const __m256 v0 = load_kv8(v, dt, vj, full ? 8 : n0);
+        const __m256 v1 = full ? load_kv8(v, dt, vj + 8, 8) : (n1 > 0 ? load_kv8(v, dt, vj + 8, n1) : v0);
+        const __m256 w0 = _mm256_broadcast_ss(pp), w1 = _mm256_broadcast_ss(pp + 1), w2 = _mm256_broadcast_ss(pp + 2),
+                     w3 = _mm256_broadcast_ss(pp + 3);
+        c0 = _mm256_fmadd_ps(w0, v0, c0), c1 = _mm256_fmadd_ps(w0, v1, c1);
+        c2 = _mm256_fmadd_ps(w1, v0, c2), c3 = _mm256_fmadd_ps(w1, v1, c3);
+        c4 = _mm256_fmadd_ps(w2, v0, c4), c5 = _mm256_fmadd_ps(w2, v1, c5);
+        c6 = _mm256_fmadd_ps(w3, v0, c6), c7 = _mm256_fmadd_ps(w3, v1, c7);
+    }
+    c[0] = c0, c[1] = c1, c[2] = c2, c[3] = c3, c[4] = c4, c[5] = c5, c[6] = c6, c[7] = c7;
+}
+
+// Four rows and 16 columns at a time; the sums are added to the rows of o scaled by alpha.
 static inline __attribute__((always_inline)) void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row,
-                                                               int nj, int Dv, const float *p, int64_t ldp, int rows,
-                                                               float *o, int64_t ldo) {
+                                                               int nj, int Dv, const float *pt, int64_t ldp,
+                                                               const float *alpha, int rows, float *o, int64_t ldo) {
     for (int r0 = 0; r0 < rows; r0 += 4) {
         const int nr = rows - r0 < 4 ? rows - r0 : 4;
-        const float *p0 = p + (int64_t)r0 * ldp, *p1 = p0 + (nr > 1 ? ldp : 0), *p2 = p0 + (nr > 2 ? 2 * ldp : 0),
-                    *p3 = p0 + (nr > 3 ? 3 * ldp : 0);
         for (int e = 0; e < Dv; e += 16) {
             const int n0 = Dv - e < 8 ? Dv - e : 8, n1 = Dv - e - 8 < 0 ? 0 : (Dv - e - 8 < 8 ? Dv - e - 8 : 8);
-            __m256 c[4][2];
-            for (int r = 0; r < 4; r++) c[r][0] = c[r][1] = _mm256_setzero_ps();
-            for (int j = 0; j < nj; j++) {
-                const int64_t vj = (int64_t)j * vs_row + e;
-                if (r0 == 0 && e == 0) // the whole row, ahead of the first pass over the columns
-                    for (int x = 0; x < Dv; x += decode_line_elems(dt)) decode_prefetch(v, dt, vj + x);
-                const __m256 v0 = load_kv8(v, dt, vj, n0), v1 = n1 > 0 ? load_kv8(v, dt, vj + 8, n1) : v0;
-                const __m256 w0 = _mm256_set1_ps(p0[j]), w1 = _mm256_set1_ps(p1[j]), w2 = _mm256_set1_ps(p2[j]),
-                             w3 = _mm256_set1_ps(p3[j]);
-                c[0][0] = _mm256_fmadd_ps(w0, v0, c[0][0]), c[0][1] = _mm256_fmadd_ps(w0, v1, c[0][1]);
-                c[1][0] = _mm256_fmadd_ps(w1, v0, c[1][0]), c[1][1] = _mm256_fmadd_ps(w1, v1, c[1][1]);
-                c[2][0] = _mm256_fmadd_ps(w2, v0, c[2][0]), c[2][1] = _mm256_fmadd_ps(w2, v1, c[2][1]);
-                c[3][0] = _mm256_fmadd_ps(w3, v0, c[3][0]), c[3][1] = _mm256_fmadd_ps(w3, v1, c[3][1]);
-            }
+            __m256 c[8];
+            if (n0 + n1 == 16) pv_cols(dt, true, v, vs_row, nj, Dv, e, 8, 8, pt + r0, ldp, r0 == 0, c);
+            else pv_cols(dt, false, v, vs_row, nj, Dv, e, n0, n1, pt + r0, ldp, r0 == 0, c);
             for (int r = 0; r < nr; r++) {
                 float *orow = o + (int64_t)(r0 + r) * ldo + e;
+                const float a = alpha[r0 + r];
                 float t[16];
-                _mm256_storeu_ps(t, c[r][0]), _mm256_storeu_ps(t + 8, c[r][1]);
-                for (int x = 0; x < n0 + n1; x++) orow[x] += t[x];
+                _mm256_storeu_ps(t, c[2 * r]), _mm256_storeu_ps(t + 8, c[2 * r + 1]);
+                for (int x = 0; x < n0 + n1; x++) orow[x] = a * orow[x] + t[x];
             }
         }
     }
 }
 
-static void pv_rows_avx2(attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *p, int64_t ldp,
-                         int rows, float *o, int64_t ldo) {
-    if (dt == ATTN_DTYPE_F16) pv_rows_impl(ATTN_DTYPE_F16, v, vs_row, nj, Dv, p, ldp, rows, o, ldo);
-    else if (dt == ATTN_DTYPE_BF16) pv_rows_impl(ATTN_DTYPE_BF16, v, vs_row, nj, Dv, p, ldp, rows, o, ldo);
-    else pv_rows_impl(ATTN_DTYPE_F32, v, vs_row, nj, Dv, p, ldp, rows, o, ldo);
+static void pv_rows_avx2(attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pt, int64_t ldp,
+                         const float *alpha, int rows, float *o, int64_t ldo) {
+    if (dt == ATTN_DTYPE_F16) pv_rows_impl(ATTN_DTYPE_F16, v, vs_row, nj, Dv, pt, ldp, alpha, rows, o, ldo);
+    else if (dt == ATTN_DTYPE_BF16) pv_rows_impl(ATTN_DTYPE_BF16, v, vs_row, nj, Dv, pt, ldp, alpha, rows, o, ldo);
+    else pv_rows_impl(ATTN_DTYPE_F32, v, vs_row, nj, Dv, pt, ldp, alpha, rows, o, ldo);
 }
 
 static void half_to_f32_avx2(attn_dtype dt, const uint16_t *x, float *y, int64_t n) {
