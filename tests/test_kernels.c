@@ -457,6 +457,64 @@ static void test_exp2_error_bound(void) {
     free(x), free(y);
 }
 
+// The online softmax kernel of every table against double precision, on wide tiles (br a multiple
+// of 16) and the compact tiles of decoding (br 4 and 8): scores in [-2, 2] with one key per column
+// 300 higher (at a different key in each column, so only each column's maximum over all of the
+// tile's keys keeps exp2 finite), a column hidden so far and in this tile (m and every score
+// -inf: weights and alpha 0), -inf scores, and tiles of 1 to 97 keys.
+static void test_softmax_tiles(void) {
+    const attn_isa isas[3] = {ATTN_ISA_GENERIC, ATTN_ISA_AVX2, ATTN_ISA_AVX512};
+    const int brs[4] = {4, 8, 16, 32}, njs[5] = {1, 2, 3, 7, 97};
+    float *st = aligned_alloc(64, 97 * 32 * sizeof(float)), *s0 = malloc(97 * 32 * sizeof(float));
+    _Alignas(64) float m[32], l[32], alpha[32];
+    float m0[32], l0[32];
+    uint32_t seed = 99;
+    for (int t = 0; t < 3; t++) {
+        bool ok;
+        const attn__kernels *kn = attn__kernels_for(isas[t], &ok);
+        if (!ok) continue;
+        for (int bi = 0; bi < 4; bi++)
+            for (int ni = 0; ni < 5; ni++) {
+                const int br = brs[bi], nj = njs[ni];
+                for (int i = 0; i < br; i++) {
+                    m0[i] = i % 3 == 0 ? -INFINITY : 4.0f * urand(&seed) - 2.0f;
+                    l0[i] = m0[i] == -INFINITY ? 0.0f : 1.0f + urand(&seed);
+                }
+                m0[1] = -INFINITY, l0[1] = 0.0f;
+                for (int j = 0; j < nj; j++)
+                    for (int i = 0; i < br; i++) {
+                        float x = 4.0f * urand(&seed) - 2.0f;
+                        if (j == (i * 3 + 1) % nj) x += 300.0f;
+                        if (i == 1 || (j + i) % 11 == 5) x = -INFINITY;
+                        s0[j * br + i] = x;
+                    }
+                memcpy(st, s0, (size_t)(nj * br) * sizeof(float));
+                memcpy(m, m0, sizeof m), memcpy(l, l0, sizeof l);
+                kn->softmax(st, nj, br, m, l, alpha);
+                for (int i = 0; i < br; i++) {
+                    double mx = m0[i];
+                    for (int j = 0; j < nj; j++) mx = fmax(mx, s0[j * br + i]);
+                    const double base = mx == -INFINITY ? 0.0 : mx, a = exp2((double)m0[i] - base);
+                    double sum = 0;
+                    for (int j = 0; j < nj; j++) {
+                        const double p = exp2((double)s0[j * br + i] - base);
+                        sum += p;
+                        harness_checks++;
+                        if (!(fabs(st[j * br + i] - p) <= 1e-6 * p + 0x1p-126)) // below 2^-126: 0
+                            FAIL("%s softmax br %d nj %d: weight [%d][%d] %.9g, want %.9g", kn->name, br, nj, j, i,
+                                 (double)st[j * br + i], p);
+                    }
+                    const double lw = a * l0[i] + sum;
+                    harness_checks++;
+                    if (!((float)mx == m[i] && fabs(alpha[i] - a) <= 1e-6 * a + 0x1p-126 && fabs(l[i] - lw) <= 1e-6 * lw))
+                        FAIL("%s softmax br %d nj %d column %d: m %g alpha %g l %g, want %g %g %g", kn->name, br, nj,
+                             i, (double)m[i], (double)alpha[i], (double)l[i], mx, a, lw);
+                }
+            }
+    }
+    free(st), free(s0);
+}
+
 static void test_isa_requests(void) {
     ASSERT_TRUE(attn_isa_supported(ATTN_ISA_AUTO) && attn_isa_supported(ATTN_ISA_REF) &&
                 attn_isa_supported(ATTN_ISA_GENERIC));
@@ -490,6 +548,7 @@ int main(int argc, char **argv) {
         HARNESS_CASE(test_window_alibi_softcap_half),
         HARNESS_CASE(test_half_error_bound),
         HARNESS_CASE(test_decode_shapes),
+        HARNESS_CASE(test_softmax_tiles),
         HARNESS_CASE(test_non_finite_and_fully_masked),
         HARNESS_CASE(test_linear_and_modules),
     };

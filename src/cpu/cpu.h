@@ -29,6 +29,7 @@ struct attn__kernels {
     // Online softmax update of one key tile, in place (all in the log2 domain):
     //   m' = max(m, max_j st[j][i]); alpha[i] = exp2(m - m'); st = exp2(st - m');
     //   l = alpha*l + sum_j st[j][i]; m = m'. A column whose m' is -inf gets st = 0, alpha = 0.
+    //   br is a multiple of ATTN_TILE_BR_ALIGN, or 4 or 8: a compact tile of few rows (decoding).
     void (*softmax)(float *st, int nj, int br, float *m, float *l, float *alpha);
     // ot[d*br + i] = alpha[i] * ot[d*br + i] + sum_j v[j*vs_row + d*vs_d] * st[j*br + i]
     void (*pv)(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,

@@ -16,8 +16,9 @@
 //
 // With at most NARROW_ROWS packed rows (and key and value rows contiguous) the products are taken
 // along the rows: the scores as dot products of each key row with the few query rows (qk_rows),
-// written straight into the usual tile for the masks and the softmax, and O (rows, Dv) = alpha O +
-// P V reading value rows as vectors with the tile's weights broadcast (pv_rows), so a key or value
+// written straight into a compact score tile (a key's rows adjacent, the row count rounded up to
+// 4: no softmax work on padding) for the masks and the softmax, and O (rows, Dv) = alpha O + P V
+// reading value rows as vectors with the tile's weights broadcast (pv_rows), so a key or value
 // element costs about rows/16 vector FMAs instead of one; half-precision keys and values are
 // converted in registers as they are loaded.
 #include <math.h>
@@ -103,6 +104,7 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
     const int64_t chunk = task % J->keys.n_chunks, bhk = task / J->keys.n_chunks;
     const int64_t b = bhk / sh->Hkv, hk = bhk % sh->Hkv, L = sh->L;
     const int brp = J->brp, D = (int)sh->D, Dv = (int)sh->Dv, rows = (int)(sh->group * L);
+    const int ld = J->narrow ? (rows + 3) / 4 * 4 : brp; // the score tile's row stride (narrow: compact)
     attn__fwd_tiles t;
     attn__fwd_tiles_layout(sh, d, brp, &t, J->scratch + (size_t)thread * J->per_thread);
 
@@ -134,7 +136,7 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
         for (int r = 0; r < rows; r++)
             for (int dd = 0; dd < D; dd++) qr[(int64_t)r * D + dd] = t.qt[(int64_t)dd * brp + r];
         memset(orow, 0, (size_t)rows * (size_t)Dv * sizeof(float));
-        memset(t.st, 0, (size_t)FLASH_BC * (size_t)brp * sizeof(float)); // padding columns stay 0
+        memset(t.st, 0, (size_t)FLASH_BC * (size_t)ld * sizeof(float)); // padding columns stay 0
     }
     for (int64_t j0 = c_begin; j0 < c_end; j0 += FLASH_BC) {
         const int nj = (int)(c_end - j0 < FLASH_BC ? c_end - j0 : FLASH_BC);
@@ -142,8 +144,8 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
         const void *vraw = vbase + (size_t)(j0 * d->v_stride[2]) * esize;
         const float *kt = kraw, *vt = vraw; // as floats (converted tiles for half precision)
         int64_t ks_row = d->k_stride[2], ks_d = d->k_stride[3], vs_row = d->v_stride[2], vs_d = d->v_stride[3];
-        if (J->narrow) { // S^T (nj, brp) = K Q^T, dot products along the key rows
-            J->kn->qk_rows(d->kv_dtype, kraw, ks_row, nj, D, qr, rows, t.st, 1, brp);
+        if (J->narrow) { // S^T (nj, ld) = K Q^T, dot products along the key rows
+            J->kn->qk_rows(d->kv_dtype, kraw, ks_row, nj, D, qr, rows, t.st, 1, ld);
         } else {
             if (half) {
                 attn__half_tile(J->kn, d->kv_dtype, kraw, ks_row, ks_d, nj, D, t.kf);
@@ -156,14 +158,14 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
             const int64_t h = hk * sh->group + g;
             float *sg = t.st + g * L;
             if (transform) // th exists with soft-capping only
-                attn__score_transform(J->kn, d, sh, brp, h, 0, (int)L, j0, nj, sg, t.th != NULL ? t.th + g * L : NULL);
+                attn__score_transform(J->kn, d, sh, ld, h, 0, (int)L, j0, nj, sg, t.th != NULL ? t.th + g * L : NULL);
             if (masked)
-                any_visible |= attn__mask_tile(d, sh, brp, b, h, 0, (int)L, j0, nj, sg);
+                any_visible |= attn__mask_tile(d, sh, ld, b, h, 0, (int)L, j0, nj, sg);
             else if (attn__tile_crosses_bounds(d, sh, 0, (int)L, j0, nj))
-                any_visible |= attn__bounds_tile(d, sh, brp, 0, (int)L, j0, nj, sg);
+                any_visible |= attn__bounds_tile(d, sh, ld, 0, (int)L, j0, nj, sg);
         }
         if (!any_visible) continue;
-        J->kn->softmax(t.st, nj, brp, t.m, t.l, t.alpha);
+        J->kn->softmax(t.st, nj, ld, t.m, t.l, t.alpha);
         if (half && (careful || !J->narrow)) {
             attn__half_tile(J->kn, d->kv_dtype, vraw, vs_row, vs_d, nj, Dv, t.vf);
             vt = t.vf, vs_row = Dv, vs_d = 1;
@@ -175,13 +177,13 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
                     float *o = orow + (int64_t)r * Dv;
                     for (int e = 0; e < Dv; e++) o[e] *= t.alpha[r];
                     for (int j = 0; j < nj; j++) {
-                        const float p = t.st[(int64_t)j * brp + r];
+                        const float p = t.st[(int64_t)j * ld + r];
                         if (p != 0.0f)
                             for (int e = 0; e < Dv; e++) o[e] += p * vt[(int64_t)j * vs_row + e];
                     }
                 }
             } else {
-                J->kn->pv_rows(d->kv_dtype, vraw, d->v_stride[2], nj, Dv, t.st, brp, t.alpha, rows, orow, Dv);
+                J->kn->pv_rows(d->kv_dtype, vraw, d->v_stride[2], nj, Dv, t.st, ld, t.alpha, rows, orow, Dv);
             }
         } else if (bad) {
             attn__pv_skipping_zeros(vt, vs_row, vs_d, nj, Dv, t.st, brp, t.alpha, t.ot);

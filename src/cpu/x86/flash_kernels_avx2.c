@@ -118,8 +118,45 @@ static void gemm_avx2(const float *A, int64_t a_rs, int64_t a_cs, int M, int K, 
         for (int n = 0; n < N; n += 16) gemm_1x16(A + (int64_t)m * a_rs, a_cs, K, B + n, ldb, C + (int64_t)m * ldc + n, acc);
 }
 
+// The softmax of a compact tile of four columns (br = 4): the tile read as one array, two keys
+// per vector, lane i holding column i % 4; the halves are combined for each column's maximum and
+// sum, and the low half's maximum is the base of both.
+static void softmax_compact(float *st, int nj, float *m, float *l, float *alpha) {
+    const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
+    const __m128 m4 = _mm_loadu_ps(m);
+    const __m256 m_old = _mm256_insertf128_ps(_mm256_castps128_ps256(m4), m4, 1);
+    const int n8 = nj / 2 * 8;
+    __m256 mx = m_old;
+    for (int i = 0; i < n8; i += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(st + i));
+    if (nj % 2) mx = _mm256_max_ps(mx, _mm256_insertf128_ps(neg_inf, _mm_loadu_ps(st + n8), 0));
+    mx = _mm256_max_ps(mx, _mm256_permute2f128_ps(mx, mx, 1));
+    mx = _mm256_permute2f128_ps(mx, mx, 0);
+    const __m256 base = _mm256_blendv_ps(mx, _mm256_setzero_ps(), _mm256_cmp_ps(mx, neg_inf, _CMP_EQ_OQ));
+    const __m256 a = exp2_nonpos_ps(_mm256_sub_ps(m_old, base));
+    __m256 sum = _mm256_setzero_ps();
+    for (int i = 0; i < n8; i += 8) {
+        const __m256 e = exp2_nonpos_ps(_mm256_sub_ps(_mm256_loadu_ps(st + i), base));
+        _mm256_storeu_ps(st + i, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    if (nj % 2) { // -inf in the high half, past the tile: its exponentials are 0
+        const __m256 e = exp2_nonpos_ps(_mm256_sub_ps(_mm256_insertf128_ps(neg_inf, _mm_loadu_ps(st + n8), 0), base));
+        _mm_storeu_ps(st + n8, _mm256_castps256_ps128(e));
+        sum = _mm256_add_ps(sum, e);
+    }
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+    const __m128 a4 = _mm256_castps256_ps128(a);
+    _mm_storeu_ps(alpha, a4);
+    _mm_storeu_ps(l, _mm_fmadd_ps(a4, _mm_loadu_ps(l), s4));
+    _mm_storeu_ps(m, _mm256_castps256_ps128(mx));
+}
+
 static void softmax_avx2(float *st, int nj, int br, float *m, float *l, float *alpha) {
     const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
+    if (br == 4) {
+        softmax_compact(st, nj, m, l, alpha);
+        return;
+    }
     for (int i0 = 0; i0 < br; i0 += 8) {
         const __m256 m_old = _mm256_load_ps(m + i0);
         __m256 mx = m_old;

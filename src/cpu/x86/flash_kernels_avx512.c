@@ -87,8 +87,49 @@ static void gemm_avx512(const float *A, int64_t a_rs, int64_t a_cs, int M, int K
     if (m < M) gemm_rows(A + (int64_t)m * a_rs, a_rs, a_cs, K, B, ldb, N, Cm + (int64_t)m * ldc, ldc, acc, 1);
 }
 
+// The softmax of a compact tile of few columns (br = 4 or 8): the tile read as one array, 16 / br
+// keys per vector, lane i holding column i % br; the lane groups are combined for each column's
+// maximum and sum, and group 0's maximum is the base of every group.
+static void softmax_compact(float *st, int nj, int br, float *m, float *l, float *alpha) {
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+    const __mmask16 cols = (__mmask16)((1u << br) - 1u);
+    const __m512i col_of = _mm512_and_si512(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32(br - 1));
+    const __m512 m_old = _mm512_permutexvar_ps(col_of, _mm512_maskz_loadu_ps(cols, m));
+    const int64_t n = (int64_t)nj * br, n16 = n / 16 * 16;
+    const __mmask16 tail = (__mmask16)((1u << (n - n16)) - 1u);
+    __m512 mx = m_old;
+    for (int64_t i = 0; i < n16; i += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(st + i));
+    if (tail) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(neg_inf, tail, st + n16));
+    mx = _mm512_max_ps(mx, _mm512_shuffle_f32x4(mx, mx, _MM_SHUFFLE(1, 0, 3, 2)));
+    if (br == 4) mx = _mm512_max_ps(mx, _mm512_shuffle_f32x4(mx, mx, _MM_SHUFFLE(2, 3, 0, 1)));
+    mx = _mm512_permutexvar_ps(col_of, mx);
+    const __m512 base = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ), _mm512_setzero_ps());
+    const __m512 a = exp2_ps512(_mm512_sub_ps(m_old, base));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n16; i += 16) {
+        const __m512 e = exp2_ps512(_mm512_sub_ps(_mm512_loadu_ps(st + i), base));
+        _mm512_storeu_ps(st + i, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    if (tail) { // -inf in the lanes past the tile: their exponentials are 0
+        const __m512 e = exp2_ps512(_mm512_sub_ps(_mm512_mask_loadu_ps(neg_inf, tail, st + n16), base));
+        _mm512_mask_storeu_ps(st + n16, tail, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    sum = _mm512_add_ps(sum, _mm512_shuffle_f32x4(sum, sum, _MM_SHUFFLE(1, 0, 3, 2)));
+    if (br == 4) sum = _mm512_add_ps(sum, _mm512_shuffle_f32x4(sum, sum, _MM_SHUFFLE(2, 3, 0, 1)));
+    _mm512_mask_storeu_ps(alpha, cols, a);
+    _mm512_mask_storeu_ps(l, cols, _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(cols, l), sum));
+    _mm512_mask_storeu_ps(m, cols, mx);
+}
+
 static void softmax_avx512(float *st, int nj, int br, float *m, float *l, float *alpha) {
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+    if (br < 16) {
+        softmax_compact(st, nj, br, m, l, alpha);
+        return;
+    }
     for (int i0 = 0; i0 < br; i0 += 16) {
         const __m512 m_old = _mm512_load_ps(m + i0);
         __m512 mx0 = m_old, mx1 = m_old;
