@@ -354,9 +354,10 @@ static inline __attribute__((always_inline)) __m128 sum4(__m256 a0, __m256 a1, _
     return _mm_add_ps(_mm256_castps256_ps128(s0123), _mm256_extractf128_ps(s0123, 1));
 }
 
-// Four rows against two keys at a time (each q vector loaded once for both): per key, the rows'
-// partial sums in four registers, reduced together; every key's sum runs along d in the same order
-// whatever its pairing.
+// Four rows against three keys at a time (12 accumulators; each q vector loaded once for the
+// three keys, each key vector once for the four rows): per key, the rows' partial sums in four
+// registers, reduced together. A tile's last keys (nj not a multiple of 3) repeat its last key,
+// and every key's sum runs along d in the same order whatever its place in the group.
 static inline __attribute__((always_inline)) void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row,
                                                                int nj, int D, const float *q, int rows, float *s,
                                                                int64_t s_r, int64_t s_j) {
@@ -365,32 +366,37 @@ static inline __attribute__((always_inline)) void qk_rows_impl(const attn_dtype 
         const int nr = rows - r0 < 4 ? rows - r0 : 4;
         const float *q0 = q + (int64_t)r0 * D, *q1 = q0 + (nr > 1 ? D : 0), *q2 = q0 + (nr > 2 ? 2 * D : 0),
                     *q3 = q0 + (nr > 3 ? 3 * D : 0);
-        for (int j = 0; j < nj; j += 2) {
-            const int64_t kj = (int64_t)j * ks_row, kj1 = j + 1 < nj ? kj + ks_row : kj; // odd nj: j twice
+        for (int j = 0; j < nj; j += 3) {
+            const int64_t ka_at = (int64_t)j * ks_row, kb_at = (int64_t)(j + 1 < nj ? j + 1 : nj - 1) * ks_row,
+                          kc_at = (int64_t)(j + 2 < nj ? j + 2 : nj - 1) * ks_row;
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            __m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0;
             for (int d = 0; d < D; d += 8) {
                 const int n = d < d8 ? 8 : D - d;
-                if (r0 == 0 && d % line == 0) decode_prefetch(k, dt, kj + d), decode_prefetch(k, dt, kj1 + d);
-                const __m256 ka = load_kv8(k, dt, kj + d, n), kb = load_kv8(k, dt, kj1 + d, n);
-                const __m256 x0 = load_f8(q0 + d, n), x1 = load_f8(q1 + d, n), x2 = load_f8(q2 + d, n),
-                             x3 = load_f8(q3 + d, n);
-                a0 = _mm256_fmadd_ps(ka, x0, a0), b0 = _mm256_fmadd_ps(kb, x0, b0);
-                a1 = _mm256_fmadd_ps(ka, x1, a1), b1 = _mm256_fmadd_ps(kb, x1, b1);
-                a2 = _mm256_fmadd_ps(ka, x2, a2), b2 = _mm256_fmadd_ps(kb, x2, b2);
-                a3 = _mm256_fmadd_ps(ka, x3, a3), b3 = _mm256_fmadd_ps(kb, x3, b3);
+                if (r0 == 0 && d % line == 0)
+                    decode_prefetch(k, dt, ka_at + d), decode_prefetch(k, dt, kb_at + d), decode_prefetch(k, dt, kc_at + d);
+                const __m256 ka = load_kv8(k, dt, ka_at + d, n), kb = load_kv8(k, dt, kb_at + d, n),
+                             kc = load_kv8(k, dt, kc_at + d, n);
+                __m256 x = load_f8(q0 + d, n);
+                a0 = _mm256_fmadd_ps(ka, x, a0), b0 = _mm256_fmadd_ps(kb, x, b0), c0 = _mm256_fmadd_ps(kc, x, c0);
+                x = load_f8(q1 + d, n);
+                a1 = _mm256_fmadd_ps(ka, x, a1), b1 = _mm256_fmadd_ps(kb, x, b1), c1 = _mm256_fmadd_ps(kc, x, c1);
+                x = load_f8(q2 + d, n);
+                a2 = _mm256_fmadd_ps(ka, x, a2), b2 = _mm256_fmadd_ps(kb, x, b2), c2 = _mm256_fmadd_ps(kc, x, c2);
+                x = load_f8(q3 + d, n);
+                a3 = _mm256_fmadd_ps(ka, x, a3), b3 = _mm256_fmadd_ps(kb, x, b3), c3 = _mm256_fmadd_ps(kc, x, c3);
             }
-            const __m128 sa = sum4(a0, a1, a2, a3), sb = sum4(b0, b1, b2, b3);
+            float out[12];
+            _mm_storeu_ps(out, sum4(a0, a1, a2, a3));
+            _mm_storeu_ps(out + 4, sum4(b0, b1, b2, b3));
+            _mm_storeu_ps(out + 8, sum4(c0, c1, c2, c3));
+            const int nk = nj - j < 3 ? nj - j : 3;
             float *sj = s + (int64_t)r0 * s_r + (int64_t)j * s_j;
             if (nr == 4 && s_r == 1) { // a key's four scores adjacent (the tile layout)
-                _mm_storeu_ps(sj, sa);
-                if (j + 1 < nj) _mm_storeu_ps(sj + s_j, sb);
+                for (int c = 0; c < nk; c++) _mm_storeu_ps(sj + c * s_j, _mm_loadu_ps(out + 4 * c));
             } else {
-                float out[8];
-                _mm_storeu_ps(out, sa), _mm_storeu_ps(out + 4, sb);
-                for (int r = 0; r < nr; r++) {
-                    sj[r * s_r] = out[r];
-                    if (j + 1 < nj) sj[r * s_r + s_j] = out[4 + r];
-                }
+                for (int c = 0; c < nk; c++)
+                    for (int r = 0; r < nr; r++) sj[c * s_j + r * s_r] = out[4 * c + r];
             }
         }
     }

@@ -237,8 +237,6 @@ static void bwd_ds_avx512(const float *pt, float *dst, int nj, int br, const flo
     }
 }
 
-INLINE __m256 hi256(__m512 x) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)); }
-
 // 16 elements of a k or v row of type dt from element i, as floats; `n` < 16 reads only n of them
 // (the others are 0).
 INLINE __m512 load_kv16(const void *p, attn_dtype dt, int64_t i, int n) {
@@ -253,19 +251,30 @@ INLINE __m512 load_kv16(const void *p, attn_dtype dt, int64_t i, int n) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); // bfloat16
 }
 
-// The four sums of 16 lanes each of a0..a3: halves added pairwise, then the 4-lane groups transposed.
-INLINE __m128 sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
-    const __m256 h0 = _mm256_add_ps(_mm512_castps512_ps256(a0), hi256(a0));
-    const __m256 h1 = _mm256_add_ps(_mm512_castps512_ps256(a1), hi256(a1));
-    const __m256 h2 = _mm256_add_ps(_mm512_castps512_ps256(a2), hi256(a2));
-    const __m256 h3 = _mm256_add_ps(_mm512_castps512_ps256(a3), hi256(a3));
-    const __m256 s01 = _mm256_hadd_ps(h0, h1), s23 = _mm256_hadd_ps(h2, h3);
-    const __m256 s0123 = _mm256_hadd_ps(s01, s23); // lanes: a0 a1 a2 a3 (low half), same (high)
-    return _mm_add_ps(_mm256_castps256_ps128(s0123), _mm256_extractf128_ps(s0123, 1));
+// a + b with a's and b's 128-bit quarters picked by the shuffle constants ia and ib.
+#define ADD_QUARTERS(a, b, ia, ib) _mm512_add_ps(_mm512_shuffle_f32x4(a, b, ia), _mm512_shuffle_f32x4(a, b, ib))
+
+// The sums of the 16 lanes of each of x[0..15] in one vector, lane i the sum of x[i]: the halves
+// and then quarters of pairs of vectors added (two levels), then the four lanes of each quarter.
+// Every x[i] is summed in the same order whatever its index.
+INLINE __m512 sum16(const __m512 x[16]) {
+    __m512 y[8], z[4];
+    for (int p = 0; p < 8; p++) { // y[p]: quarters 0, 1 from x[a], 2, 3 from x[a + 4], each half-summed
+        const int a = (p % 2) * 8 + p / 2;
+        y[p] = ADD_QUARTERS(x[a], x[a + 4], _MM_SHUFFLE(1, 0, 1, 0), _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int c = 0; c < 4; c++) // z[c]: quarter t holds x[c + 4t]'s four partial sums
+        z[c] = ADD_QUARTERS(y[2 * c], y[2 * c + 1], _MM_SHUFFLE(2, 0, 2, 0), _MM_SHUFFLE(3, 1, 3, 1));
+    const __m512 u01 = _mm512_add_ps(_mm512_unpacklo_ps(z[0], z[1]), _mm512_unpackhi_ps(z[0], z[1]));
+    const __m512 u23 = _mm512_add_ps(_mm512_unpacklo_ps(z[2], z[3]), _mm512_unpackhi_ps(z[2], z[3]));
+    return _mm512_add_ps(_mm512_shuffle_ps(u01, u23, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(u01, u23, _MM_SHUFFLE(3, 2, 3, 2)));
 }
 
-// Four query rows against two keys at a time (each q vector loaded once for both), 16 lanes of d
-// per step; every key's sum runs along d in the same order whatever its pairing.
+// Four query rows against four keys at a time (16 accumulators; each q vector loaded once for the
+// four keys, each key vector once for the four rows), 16 lanes of d per step, the 16 dot products
+// reduced together by sum16. A tile's last keys (nj not a multiple of 4) repeat its last key, and
+// every key's sum is the same whatever its place in the group.
 INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const float *q, int rows,
                          float *s, int64_t s_r, int64_t s_j) {
     const int d16 = D / 16 * 16, line = decode_line_elems(dt);
@@ -273,33 +282,41 @@ INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int
         const int nr = rows - r0 < 4 ? rows - r0 : 4;
         const float *q0 = q + (int64_t)r0 * D, *q1 = q0 + (nr > 1 ? D : 0), *q2 = q0 + (nr > 2 ? 2 * D : 0),
                     *q3 = q0 + (nr > 3 ? 3 * D : 0);
-        for (int j = 0; j < nj; j += 2) {
-            const int64_t kj = (int64_t)j * ks_row, kj1 = j + 1 < nj ? kj + ks_row : kj; // odd nj: j twice
+        for (int j = 0; j < nj; j += 4) {
+            int64_t kj[4];
+            for (int c = 0; c < 4; c++) kj[c] = (int64_t)(j + c < nj ? j + c : nj - 1) * ks_row;
+            // accumulators in named variables (an array is kept in memory across the loop)
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            __m512 c0 = a0, c1 = a0, c2 = a0, c3 = a0, e0 = a0, e1 = a0, e2 = a0, e3 = a0;
             for (int d = 0; d < D; d += 16) {
                 const int n = d < d16 ? 16 : D - d;
-                if (r0 == 0 && d % line == 0) decode_prefetch(k, dt, kj + d), decode_prefetch(k, dt, kj1 + d);
-                const __m512 ka = load_kv16(k, dt, kj + d, n), kb = load_kv16(k, dt, kj1 + d, n);
+                if (r0 == 0 && d % line == 0)
+                    for (int c = 0; c < 4; c++) decode_prefetch(k, dt, kj[c] + d);
                 const __mmask16 m = (__mmask16)(n == 16 ? 0xffffu : (1u << n) - 1u);
                 const __m512 x0 = _mm512_maskz_loadu_ps(m, q0 + d), x1 = _mm512_maskz_loadu_ps(m, q1 + d);
                 const __m512 x2 = _mm512_maskz_loadu_ps(m, q2 + d), x3 = _mm512_maskz_loadu_ps(m, q3 + d);
-                a0 = _mm512_fmadd_ps(ka, x0, a0), b0 = _mm512_fmadd_ps(kb, x0, b0);
-                a1 = _mm512_fmadd_ps(ka, x1, a1), b1 = _mm512_fmadd_ps(kb, x1, b1);
-                a2 = _mm512_fmadd_ps(ka, x2, a2), b2 = _mm512_fmadd_ps(kb, x2, b2);
-                a3 = _mm512_fmadd_ps(ka, x3, a3), b3 = _mm512_fmadd_ps(kb, x3, b3);
+#define KEY_STEP(kv, v0, v1, v2, v3)                                                                          \
+    v0 = _mm512_fmadd_ps(kv, x0, v0), v1 = _mm512_fmadd_ps(kv, x1, v1), v2 = _mm512_fmadd_ps(kv, x2, v2), \
+    v3 = _mm512_fmadd_ps(kv, x3, v3)
+                const __m512 ka = load_kv16(k, dt, kj[0] + d, n), kb = load_kv16(k, dt, kj[1] + d, n);
+                KEY_STEP(ka, a0, a1, a2, a3);
+                KEY_STEP(kb, b0, b1, b2, b3);
+                const __m512 kc = load_kv16(k, dt, kj[2] + d, n), ke = load_kv16(k, dt, kj[3] + d, n);
+                KEY_STEP(kc, c0, c1, c2, c3);
+                KEY_STEP(ke, e0, e1, e2, e3);
+#undef KEY_STEP
             }
-            const __m128 sa = sum4(a0, a1, a2, a3), sb = sum4(b0, b1, b2, b3);
+            const __m512 acc[16] = {a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, e0, e1, e2, e3};
+            const __m512 sums = sum16(acc); // lane 4c + r: key j + c, row r0 + r
+            const int nk = nj - j < 4 ? nj - j : 4;
             float *sj = s + (int64_t)r0 * s_r + (int64_t)j * s_j;
-            if (nr == 4 && s_r == 1) { // a key's four scores adjacent (the tile layout)
-                _mm_storeu_ps(sj, sa);
-                if (j + 1 < nj) _mm_storeu_ps(sj + s_j, sb);
+            if (nr == 4 && s_r == 1 && s_j == 4 && nk == 4) { // the compact tile of four rows
+                _mm512_storeu_ps(sj, sums);
             } else {
-                float out[8];
-                _mm_storeu_ps(out, sa), _mm_storeu_ps(out + 4, sb);
-                for (int r = 0; r < nr; r++) {
-                    sj[r * s_r] = out[r];
-                    if (j + 1 < nj) sj[r * s_r + s_j] = out[4 + r];
-                }
+                float out[16];
+                _mm512_storeu_ps(out, sums);
+                for (int c = 0; c < nk; c++)
+                    for (int r = 0; r < nr; r++) sj[c * s_j + r * s_r] = out[4 * c + r];
             }
         }
     }
