@@ -329,45 +329,56 @@ static void qk_rows_avx512(attn_dtype dt, const void *k, int64_t ks_row, int nj,
     else qk_rows_impl(ATTN_DTYPE_F32, k, ks_row, nj, D, q, rows, s, s_r, s_j);
 }
 
-// pv_rows over the columns [e, e + n0 + n1) of four rows (n0, n1 <= 16; `full`: both 16, known
-// when compiled): per key, two value vectors and the rows' four weights, adjacent in the tile
-// (pp[0..3], pp advancing by ldp), broadcast. The sums are left in c (row r: c[2r], c[2r + 1]).
-INLINE void pv_cols(const attn_dtype dt, const bool full, const void *v, int64_t vs_row, int nj, int Dv, int e, int n0,
-                    int n1, const float *pp, int64_t ldp, bool prefetch, __m512 c[8]) {
-    __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
+// pv_rows over the columns [e, e + 64) of four rows, cut at Dv (`full`: all 64 there, known when
+// compiled): per key, four value vectors and the rows' four weights, adjacent in the tile (pp[0..3],
+// pp advancing by ldp), broadcast. The sums are left in c (row r: c[4r .. 4r + 3]).
+INLINE void pv_cols(const attn_dtype dt, const bool full, const void *v, int64_t vs_row, int nj, int Dv, int e,
+                    const float *pp, int64_t ldp, bool prefetch, __m512 c[16]) {
+    int n[4]; // columns in each of the four vectors
+    for (int x = 0; x < 4; x++) n[x] = full ? 16 : Dv - e - 16 * x < 0 ? 0 : Dv - e - 16 * x < 16 ? Dv - e - 16 * x : 16;
+    // accumulators in named variables (an array is kept in memory across the loop)
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    __m512 c0 = a0, c1 = a0, c2 = a0, c3 = a0, d0 = a0, d1 = a0, d2 = a0, d3 = a0;
     for (int j = 0; j < nj; j++, pp += ldp) {
         const int64_t vj = (int64_t)j * vs_row + e;
-        if (prefetch) decode_prefetch_cols(v, dt, vj, vs_row, e, 32, Dv);
-        const __m512 v0 = load_kv16(v, dt, vj, full ? 16 : n0);
-        const __m512 v1 = full ? load_kv16(v, dt, vj + 16, 16) : (n1 > 0 ? load_kv16(v, dt, vj + 16, n1) : v0);
-        const __m512 w0 = _mm512_set1_ps(pp[0]), w1 = _mm512_set1_ps(pp[1]), w2 = _mm512_set1_ps(pp[2]),
-                     w3 = _mm512_set1_ps(pp[3]);
-        c0 = _mm512_fmadd_ps(w0, v0, c0), c1 = _mm512_fmadd_ps(w0, v1, c1);
-        c2 = _mm512_fmadd_ps(w1, v0, c2), c3 = _mm512_fmadd_ps(w1, v1, c3);
-        c4 = _mm512_fmadd_ps(w2, v0, c4), c5 = _mm512_fmadd_ps(w2, v1, c5);
-        c6 = _mm512_fmadd_ps(w3, v0, c6), c7 = _mm512_fmadd_ps(w3, v1, c7);
+        if (prefetch) decode_prefetch_cols(v, dt, vj, vs_row, e, 64, Dv);
+        const __m512 v0 = load_kv16(v, dt, vj, n[0]);
+        const __m512 v1 = full || n[1] > 0 ? load_kv16(v, dt, vj + 16, n[1]) : v0;
+        const __m512 v2 = full || n[2] > 0 ? load_kv16(v, dt, vj + 32, n[2]) : v0;
+        const __m512 v3 = full || n[3] > 0 ? load_kv16(v, dt, vj + 48, n[3]) : v0;
+#define ROW_STEP(w, r0, r1, r2, r3)                                                                      \
+    r0 = _mm512_fmadd_ps(w, v0, r0), r1 = _mm512_fmadd_ps(w, v1, r1), r2 = _mm512_fmadd_ps(w, v2, r2), \
+    r3 = _mm512_fmadd_ps(w, v3, r3)
+        const __m512 w0 = _mm512_set1_ps(pp[0]), w1 = _mm512_set1_ps(pp[1]);
+        ROW_STEP(w0, a0, a1, a2, a3);
+        ROW_STEP(w1, b0, b1, b2, b3);
+        const __m512 w2 = _mm512_set1_ps(pp[2]), w3 = _mm512_set1_ps(pp[3]);
+        ROW_STEP(w2, c0, c1, c2, c3);
+        ROW_STEP(w3, d0, d1, d2, d3);
+#undef ROW_STEP
     }
-    c[0] = c0, c[1] = c1, c[2] = c2, c[3] = c3, c[4] = c4, c[5] = c5, c[6] = c6, c[7] = c7;
+    c[0] = a0, c[1] = a1, c[2] = a2, c[3] = a3, c[4] = b0, c[5] = b1, c[6] = b2, c[7] = b3;
+    c[8] = c0, c[9] = c1, c[10] = c2, c[11] = c3, c[12] = d0, c[13] = d1, c[14] = d2, c[15] = d3;
 }
 
-// Four rows and 32 columns at a time; the sums are added to the rows of o scaled by alpha.
+// Four rows and 64 columns at a time; the sums are added to the rows of o scaled by alpha.
 INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pt,
                          int64_t ldp, const float *alpha, int rows, float *o, int64_t ldo) {
     for (int r0 = 0; r0 < rows; r0 += 4) {
         const int nr = rows - r0 < 4 ? rows - r0 : 4;
-        for (int e = 0; e < Dv; e += 32) {
-            const int n0 = Dv - e < 16 ? Dv - e : 16, n1 = Dv - e - 16 < 0 ? 0 : (Dv - e - 16 < 16 ? Dv - e - 16 : 16);
-            __m512 c[8];
-            if (n0 + n1 == 32) pv_cols(dt, true, v, vs_row, nj, Dv, e, 16, 16, pt + r0, ldp, r0 == 0, c);
-            else pv_cols(dt, false, v, vs_row, nj, Dv, e, n0, n1, pt + r0, ldp, r0 == 0, c);
-            const __mmask16 m0 = (__mmask16)(n0 == 16 ? 0xffffu : (1u << n0) - 1u);
-            const __mmask16 m1 = (__mmask16)(n1 == 16 ? 0xffffu : (1u << n1) - 1u); // n1 = 0: none
+        for (int e = 0; e < Dv; e += 64) {
+            __m512 c[16];
+            if (Dv - e >= 64) pv_cols(dt, true, v, vs_row, nj, Dv, e, pt + r0, ldp, r0 == 0, c);
+            else pv_cols(dt, false, v, vs_row, nj, Dv, e, pt + r0, ldp, r0 == 0, c);
             for (int r = 0; r < nr; r++) {
                 float *orow = o + (int64_t)(r0 + r) * ldo + e;
                 const __m512 a = _mm512_set1_ps(alpha[r0 + r]);
-                _mm512_mask_storeu_ps(orow, m0, _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m0, orow), c[2 * r]));
-                _mm512_mask_storeu_ps(orow + 16, m1,
-                                      _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m1, orow + 16), c[2 * r + 1]));
+                for (int x = 0; x < 4; x++) {
+                    const int n = Dv - e - 16 * x < 0 ? 0 : Dv - e - 16 * x < 16 ? Dv - e - 16 * x : 16;
+                    const __mmask16 m = (__mmask16)((1u << n) - 1u); // n = 0: none
+                    _mm512_mask_storeu_ps(orow + 16 * x, m,
+                                          _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m, orow + 16 * x), c[4 * r + x]));
+                }
             }
         }
     }
