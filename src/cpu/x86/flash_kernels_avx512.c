@@ -329,13 +329,19 @@ static void qk_rows_avx512(attn_dtype dt, const void *k, int64_t ks_row, int nj,
     else qk_rows_impl(ATTN_DTYPE_F32, k, ks_row, nj, D, q, rows, s, s_r, s_j);
 }
 
+// Columns of a row of Dv that vector x of a 64-column block from column e holds: 0 to 16.
+INLINE int block_cols(int Dv, int e, int x) {
+    const int left = Dv - e - 16 * x;
+    return left < 0 ? 0 : left < 16 ? left : 16;
+}
+
 // pv_rows over the columns [e, e + 64) of four rows, cut at Dv (`full`: all 64 there, known when
 // compiled): per key, four value vectors and the rows' four weights, adjacent in the tile (pp[0..3],
 // pp advancing by ldp), broadcast. The sums are left in c (row r: c[4r .. 4r + 3]).
 INLINE void pv_cols(const attn_dtype dt, const bool full, const void *v, int64_t vs_row, int nj, int Dv, int e,
                     const float *pp, int64_t ldp, bool prefetch, __m512 c[16]) {
     int n[4]; // columns in each of the four vectors
-    for (int x = 0; x < 4; x++) n[x] = full ? 16 : Dv - e - 16 * x < 0 ? 0 : Dv - e - 16 * x < 16 ? Dv - e - 16 * x : 16;
+    for (int x = 0; x < 4; x++) n[x] = full ? 16 : block_cols(Dv, e, x);
     // accumulators in named variables (an array is kept in memory across the loop)
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
     __m512 c0 = a0, c1 = a0, c2 = a0, c3 = a0, d0 = a0, d1 = a0, d2 = a0, d3 = a0;
@@ -374,8 +380,7 @@ INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int
                 float *orow = o + (int64_t)(r0 + r) * ldo + e;
                 const __m512 a = _mm512_set1_ps(alpha[r0 + r]);
                 for (int x = 0; x < 4; x++) {
-                    const int n = Dv - e - 16 * x < 0 ? 0 : Dv - e - 16 * x < 16 ? Dv - e - 16 * x : 16;
-                    const __mmask16 m = (__mmask16)((1u << n) - 1u); // n = 0: none
+                    const __mmask16 m = (__mmask16)((1u << block_cols(Dv, e, x)) - 1u); // 0 columns: none
                     _mm512_mask_storeu_ps(orow + 16 * x, m,
                                           _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m, orow + 16 * x), c[4 * r + x]));
                 }
