@@ -368,6 +368,15 @@ typedef struct attn_sdpa_desc {
      * a row's output differs by at most (exp(2 delta) - 1 + u) * max|v| with
      * delta = u * scale * sum_t |q_t| * max|k| and u = 2^-11 (F16) or 2^-8 (BF16) (tested). */
     attn_dtype kv_dtype;
+    /* Element types of q and of out: ATTN_DTYPE_F32 (0, the default), ATTN_DTYPE_F16 or
+     * ATTN_DTYPE_BF16; strides still count elements. attn_sdpa_bwd reads out and dout in out_dtype.
+     * Products and sums are computed in float32 (with bf16/f16 operands on instructions that take
+     * them), and the output is rounded to out_dtype once, to nearest even. lse, weights and dmask
+     * stay float32. */
+    attn_dtype q_dtype;
+    attn_dtype out_dtype;
+    /* Element type of dq, dk and dv written by attn_sdpa_bwd: F32 (0, the default), F16 or BF16. */
+    attn_dtype grad_dtype;
 } attn_sdpa_desc;
 
 /** Zeroes `desc`: no masks, no dropout, default scale, n_kv_heads = H, head_dim_v = D. */
@@ -381,10 +390,10 @@ ATTN_API attn_status attn_sdpa_fwd_workspace_size(const attn_ctx *ctx, const att
 
 /**
  * Scaled dot-product attention forward.
- * @param q        (B, H, L, D) at desc->q_stride
+ * @param q        (B, H, L, D) at desc->q_stride, of desc->q_dtype (float unless set)
  * @param k        (B, Hkv, S, D) at desc->k_stride, of desc->kv_dtype (float unless set)
  * @param v        (B, Hkv, S, Dv) at desc->v_stride, of desc->kv_dtype
- * @param out      (B, H, L, Dv) at desc->o_stride; must not overlap the inputs
+ * @param out      (B, H, L, Dv) at desc->o_stride, of desc->out_dtype; must not overlap the inputs
  * @param lse      (B, H, L) contiguous natural-log log-sum-exp of the masked, scaled scores
  *                 (before dropout), or NULL
  * @param weights  attention weights after dropout, shaped by desc->weights_mode (contiguous);
@@ -392,8 +401,8 @@ ATTN_API attn_status attn_sdpa_fwd_workspace_size(const attn_ctx *ctx, const att
  * @return ATTN_OK; ATTN_ERR_INVALID_ARG, ATTN_ERR_BAD_SHAPE, ATTN_ERR_BAD_MASK, ATTN_ERR_OVERFLOW
  *         for bad arguments (nothing written); ATTN_ERR_OUT_OF_MEMORY, ATTN_ERR_WORKSPACE.
  */
-ATTN_API attn_status attn_sdpa_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const float *q, const void *k,
-                                   const void *v, float *out, float *lse, float *weights);
+ATTN_API attn_status attn_sdpa_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const void *q, const void *k,
+                                   const void *v, void *out, float *lse, float *weights);
 
 /** Scratch bytes attn_sdpa_bwd needs for `desc` (dmask_wanted: whether dmask will be asked for). */
 ATTN_API attn_status attn_sdpa_bwd_workspace_size(const attn_ctx *ctx, const attn_sdpa_desc *desc, int dmask_wanted,
@@ -410,8 +419,9 @@ ATTN_API attn_status attn_sdpa_bwd_workspace_size(const attn_ctx *ctx, const att
  *                  forward started (copy it before the forward); the forward's dropout mask is
  *                  regenerated from it, and the context's own generator is not touched. NULL
  *                  otherwise.
- * @param dq, dk, dv  float32, written at q_stride, k_stride, v_stride (those strides must not be 0
- *                  on a dimension longer than 1), whatever desc->kv_dtype is. With grouped-query
+ * @param dq, dk, dv  of desc->grad_dtype (float32 unless set), written at q_stride, k_stride,
+ *                  v_stride (those strides must not be 0 on a dimension longer than 1), whatever
+ *                  desc->q_dtype and desc->kv_dtype are. With grouped-query
  *                  attention dk and dv hold the sum over the query heads sharing each kv head.
  * @param dmask     NULL, or the gradient of an F32 desc->mask, written at mask_stride over the
  *                  mask's whole extent: elements several cells share (a broadcast dimension of
@@ -422,9 +432,9 @@ ATTN_API attn_status attn_sdpa_bwd_workspace_size(const attn_ctx *ctx, const att
  * it to every key). Results are identical for every thread count.
  * @return as attn_sdpa_fwd; ATTN_ERR_BAD_MASK for dmask without an F32 mask.
  */
-ATTN_API attn_status attn_sdpa_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const float *q, const void *k,
-                                   const void *v, const float *out, const float *dout, const float *lse,
-                                   const attn_generator *dropout_state, float *dq, float *dk, float *dv, float *dmask);
+ATTN_API attn_status attn_sdpa_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const void *q, const void *k,
+                                   const void *v, const void *out, const void *dout, const float *lse,
+                                   const attn_generator *dropout_state, void *dq, void *dk, void *dv, float *dmask);
 
 /*
  * Variable-length packed batches (FlashAttention's varlen interface): desc->batch sequences laid
@@ -439,12 +449,12 @@ ATTN_API attn_status attn_sdpa_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, co
  * as a loop over the sequences calling F.dropout would. The backward takes the same arguments.
  */
 ATTN_API attn_status attn_sdpa_varlen_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const int64_t *cu_seqlens_q,
-                                          const int64_t *cu_seqlens_k, const float *q, const void *k, const void *v,
-                                          float *out, float *lse);
+                                          const int64_t *cu_seqlens_k, const void *q, const void *k, const void *v,
+                                          void *out, float *lse);
 ATTN_API attn_status attn_sdpa_varlen_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const int64_t *cu_seqlens_q,
-                                          const int64_t *cu_seqlens_k, const float *q, const void *k, const void *v,
-                                          const float *out, const float *dout, const float *lse,
-                                          const attn_generator *dropout_state, float *dq, float *dk, float *dv);
+                                          const int64_t *cu_seqlens_k, const void *q, const void *k, const void *v,
+                                          const void *out, const void *dout, const float *lse,
+                                          const attn_generator *dropout_state, void *dq, void *dk, void *dv);
 
 /* ------------------------------------------------------------------------------------------ */
 /* KV cache for token-by-token decoding                                                       */
@@ -510,7 +520,7 @@ ATTN_API void attn_kv_cache_storage(attn_kv_cache *cache, void **k, int64_t k_st
  * results by log-sum-exp, reading each kv head once for all the query heads that share it.
  */
 ATTN_API attn_status attn_kv_cache_attend(attn_ctx *ctx, const attn_kv_cache *cache, const attn_sdpa_desc *desc,
-                                          const float *q, float *out, float *lse);
+                                          const void *q, void *out, float *lse);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Linear maps                                                                                */

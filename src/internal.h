@@ -85,6 +85,11 @@ int attn__pool_threads(const attn__pool *p);
 // Runs tasks 0..n_tasks-1 on the workers and the caller; returns when all are done. p may be NULL.
 void attn__pool_run(attn__pool *p, int64_t n_tasks, attn__task_fn fn, void *arg);
 
+// Whether dtype is one of the floating-point element types tensors may have (F32, F16, BF16).
+static inline bool attn__is_float_dtype(attn_dtype t) {
+    return t == ATTN_DTYPE_F32 || t == ATTN_DTYPE_F16 || t == ATTN_DTYPE_BF16;
+}
+
 // ---- checked size arithmetic -------------------------------------------------------------
 // Return false on overflow (or a negative operand), true otherwise.
 bool attn__mul_i64(int64_t a, int64_t b, int64_t *out);

@@ -168,7 +168,7 @@ void attn_kv_cache_reset(attn_kv_cache *cache) {
 }
 
 attn_status attn_kv_cache_attend(attn_ctx *ctx, const attn_kv_cache *cache, const attn_sdpa_desc *desc,
-                                 const float *q, float *out, float *lse) {
+                                 const void *q, void *out, float *lse) {
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
     attn__clear_error(ctx);
     if (cache == NULL || desc == NULL)

@@ -77,9 +77,15 @@ attn_status attn__sdpa_check(attn_ctx *ctx, const attn_sdpa_desc *d, attn__sdpa_
                           (long long)d->window_left, (long long)d->window_right);
     if (!(d->softcap >= 0.0f) || isinf(d->softcap))
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa: softcap must be 0 (none) or a finite positive value");
-    if (d->kv_dtype != ATTN_DTYPE_F32 && d->kv_dtype != ATTN_DTYPE_F16 && d->kv_dtype != ATTN_DTYPE_BF16)
-        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa: kv_dtype must be F32, F16 or BF16, not %s",
-                          attn_dtype_name(d->kv_dtype));
+    const struct {
+        const char *name;
+        attn_dtype dtype;
+    } types[] = {{"kv_dtype", d->kv_dtype}, {"q_dtype", d->q_dtype}, {"out_dtype", d->out_dtype},
+                 {"grad_dtype", d->grad_dtype}};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (!attn__is_float_dtype(types[i].dtype))
+            return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa: %s must be F32, F16 or BF16, not %s", types[i].name,
+                              attn_dtype_name(types[i].dtype));
 
     const int64_t nq[4] = {sh->B, sh->H, sh->L, sh->D}, nk[4] = {sh->B, sh->Hkv, sh->S, sh->D};
     const int64_t nv[4] = {sh->B, sh->Hkv, sh->S, sh->Dv}, no[4] = {sh->B, sh->H, sh->L, sh->Dv};
@@ -116,6 +122,12 @@ attn_status attn__sdpa_check(attn_ctx *ctx, const attn_sdpa_desc *d, attn__sdpa_
 // kernels step their pointers by it after the last row: a huge one would overflow the pointer.
 attn_status attn__sdpa_prepare(attn_ctx *ctx, const attn_sdpa_desc *desc, attn__sdpa_shape *sh, attn_sdpa_desc *run) {
     ATTN_RETURN_IF_ERR(attn__sdpa_check(ctx, desc, sh));
+    if (desc->q_dtype != ATTN_DTYPE_F32 || desc->out_dtype != ATTN_DTYPE_F32 || desc->grad_dtype != ATTN_DTYPE_F32)
+        return attn__fail(ctx, ATTN_ERR_UNSUPPORTED,
+                          "sdpa: the CPU kernels take q, out and the gradients in F32 only (q_dtype %s, out_dtype %s, "
+                          "grad_dtype %s)",
+                          attn_dtype_name(desc->q_dtype), attn_dtype_name(desc->out_dtype),
+                          attn_dtype_name(desc->grad_dtype));
     *run = *desc;
     const int64_t nq[4] = {sh->B, sh->H, sh->L, sh->D}, nk[4] = {sh->B, sh->Hkv, sh->S, sh->D};
     const int64_t nv[4] = {sh->B, sh->Hkv, sh->S, sh->Dv}, no[4] = {sh->B, sh->H, sh->L, sh->Dv};
@@ -162,8 +174,8 @@ attn_status attn_sdpa_fwd_workspace_size(const attn_ctx *ctx, const attn_sdpa_de
     return ATTN_OK;
 }
 
-attn_status attn_sdpa_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const float *q, const void *k, const void *v,
-                          float *out, float *lse, float *weights) {
+attn_status attn_sdpa_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const void *q, const void *k, const void *v,
+                          void *out, float *lse, float *weights) {
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
     attn__clear_error(ctx);
     if (desc == NULL) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa: desc is NULL");
@@ -177,7 +189,7 @@ attn_status attn_sdpa_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const float
     ATTN_RETURN_IF_ERR(attn__sdpa_prepare(ctx, desc, &sh, &run));
     void *ws;
     ATTN_RETURN_IF_ERR(attn__workspace(ctx, attn__sdpa_workspace(ctx, &sh, &run), &ws));
-    attn__sdpa_run(ctx, &run, &sh, q, k, v, out, lse, weights, ws);
+    attn__sdpa_run(ctx, &run, &sh, (const float *)q, k, v, (float *)out, lse, weights, ws);
     return ATTN_OK;
 }
 
@@ -245,9 +257,9 @@ attn_status attn_sdpa_bwd_workspace_size(const attn_ctx *ctx, const attn_sdpa_de
     return ATTN_OK;
 }
 
-attn_status attn_sdpa_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const float *q, const void *k, const void *v,
-                          const float *out, const float *dout, const float *lse, const attn_generator *dropout_state,
-                          float *dq, float *dk, float *dv, float *dmask) {
+attn_status attn_sdpa_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const void *q, const void *k, const void *v,
+                          const void *out, const void *dout, const float *lse, const attn_generator *dropout_state,
+                          void *dq, void *dk, void *dv, float *dmask) {
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
     attn__clear_error(ctx);
     if (desc == NULL) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa_bwd: desc is NULL");
@@ -262,6 +274,7 @@ attn_status attn_sdpa_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const float
     ATTN_RETURN_IF_ERR(bwd_prepare(ctx, desc, dmask != NULL, &sh, &run, &bytes));
     void *ws;
     ATTN_RETURN_IF_ERR(attn__workspace(ctx, bytes, &ws));
-    attn__sdpa_bwd_run(ctx, &run, &sh, dropout_state, q, k, v, out, dout, lse, dq, dk, dv, dmask, ws);
+    attn__sdpa_bwd_run(ctx, &run, &sh, dropout_state, (const float *)q, k, v, (const float *)out, (const float *)dout,
+                       lse, (float *)dq, (float *)dk, (float *)dv, dmask, ws);
     return ATTN_OK;
 }

@@ -99,8 +99,10 @@ static void zero_rows(float *x, const int64_t s[4], int64_t H, int64_t r0, int64
 }
 
 attn_status attn_sdpa_varlen_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const int64_t *cu_seqlens_q,
-                                 const int64_t *cu_seqlens_k, const float *q, const void *k, const void *v, float *out,
+                                 const int64_t *cu_seqlens_k, const void *q_, const void *k, const void *v, void *out_,
                                  float *lse) {
+    const float *q = q_; // F32 until attn__sdpa_prepare accepts other types
+    float *out = out_;
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
     attn__clear_error(ctx);
     if (desc == NULL || q == NULL || k == NULL || v == NULL || out == NULL)
@@ -135,9 +137,11 @@ attn_status attn_sdpa_varlen_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, cons
 }
 
 attn_status attn_sdpa_varlen_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const int64_t *cu_seqlens_q,
-                                 const int64_t *cu_seqlens_k, const float *q, const void *k, const void *v,
-                                 const float *out, const float *dout, const float *lse,
-                                 const attn_generator *dropout_state, float *dq, float *dk, float *dv) {
+                                 const int64_t *cu_seqlens_k, const void *q_, const void *k, const void *v,
+                                 const void *out_, const void *dout_, const float *lse,
+                                 const attn_generator *dropout_state, void *dq_, void *dk_, void *dv_) {
+    const float *q = q_, *out = out_, *dout = dout_; // F32 until attn__sdpa_prepare accepts other types
+    float *dq = dq_, *dk = dk_, *dv = dv_;
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
     attn__clear_error(ctx);
     if (desc == NULL || q == NULL || k == NULL || v == NULL || out == NULL || dout == NULL || lse == NULL ||

@@ -574,6 +574,22 @@ static void test_argument_errors(void) {
     ASSERT_STATUS(attn_sdpa_fwd(ctx, &d, p.q, p.k, p.v, o, NULL, NULL), ATTN_ERR_BAD_MASK);
     d = good, d.mask = m, d.mask_dtype = ATTN_DTYPE_BOOL, d.mask_stride[3] = -1;
     ASSERT_STATUS(attn_sdpa_fwd(ctx, &d, p.q, p.k, p.v, o, NULL, NULL), ATTN_ERR_INVALID_ARG);
+    // element types: anything but F32, F16 and BF16 is invalid for each of them
+    const attn_dtype bad_types[] = {ATTN_DTYPE_F64, ATTN_DTYPE_BOOL, ATTN_DTYPE_I32, (attn_dtype)99};
+    for (size_t t = 0; t < sizeof bad_types / sizeof bad_types[0]; t++) {
+        d = good, d.kv_dtype = bad_types[t];
+        ASSERT_STATUS(attn_sdpa_fwd(ctx, &d, p.q, p.k, p.v, o, NULL, NULL), ATTN_ERR_INVALID_ARG);
+        ASSERT_TRUE(strstr(attn_ctx_last_error(ctx), "kv_dtype") != NULL);
+        d = good, d.q_dtype = bad_types[t];
+        ASSERT_STATUS(attn_sdpa_fwd(ctx, &d, p.q, p.k, p.v, o, NULL, NULL), ATTN_ERR_INVALID_ARG);
+        ASSERT_TRUE(strstr(attn_ctx_last_error(ctx), "q_dtype") != NULL);
+        d = good, d.out_dtype = bad_types[t];
+        ASSERT_STATUS(attn_sdpa_fwd(ctx, &d, p.q, p.k, p.v, o, NULL, NULL), ATTN_ERR_INVALID_ARG);
+        ASSERT_TRUE(strstr(attn_ctx_last_error(ctx), "out_dtype") != NULL);
+        d = good, d.grad_dtype = bad_types[t];
+        ASSERT_STATUS(attn_sdpa_fwd(ctx, &d, p.q, p.k, p.v, o, NULL, NULL), ATTN_ERR_INVALID_ARG);
+        ASSERT_TRUE(strstr(attn_ctx_last_error(ctx), "grad_dtype") != NULL);
+    }
     int64_t st[4];
     ASSERT_STATUS(attn_layout_strides((attn_layout)5, 1, 1, 1, 1, st), ATTN_ERR_INVALID_ARG);
     ASSERT_STATUS(attn_layout_strides(ATTN_LAYOUT_BHLD, 0, 1, 1, 1, st), ATTN_ERR_INVALID_ARG);

@@ -130,7 +130,8 @@ class SdpaDesc(ctypes.Structure):
                 ("key_padding_mask_stride", ctypes.c_int64 * 2),
                 ("dropout_p", ctypes.c_double), ("weights_mode", ctypes.c_int),
                 ("use_window", ctypes.c_int), ("window_left", ctypes.c_int64), ("window_right", ctypes.c_int64),
-                ("alibi_slopes", ctypes.c_void_p), ("softcap", ctypes.c_float), ("kv_dtype", ctypes.c_int)]
+                ("alibi_slopes", ctypes.c_void_p), ("softcap", ctypes.c_float), ("kv_dtype", ctypes.c_int),
+                ("q_dtype", ctypes.c_int), ("out_dtype", ctypes.c_int), ("grad_dtype", ctypes.c_int)]
 
 
 class KVCacheConfig(ctypes.Structure):

@@ -269,9 +269,11 @@ static attn_status check_local(attn_cp *cp, attn_ctx *ctx, const attn_cp_desc *d
     if (sd->use_window || sd->alibi_slopes != NULL)
         return cp_fail(cp, ATTN_ERR_UNSUPPORTED, "a local window and ALiBi are not supported (they depend on "
                                                  "positions; only causal masking is applied on global positions)");
-    if (sd->kv_dtype != ATTN_DTYPE_F32)
-        return cp_fail(cp, ATTN_ERR_UNSUPPORTED, "keys and values must be F32 (kv_dtype %s)",
-                       attn_dtype_name(sd->kv_dtype));
+    if (sd->kv_dtype != ATTN_DTYPE_F32 || sd->q_dtype != ATTN_DTYPE_F32 || sd->out_dtype != ATTN_DTYPE_F32 ||
+        sd->grad_dtype != ATTN_DTYPE_F32)
+        return cp_fail(cp, ATTN_ERR_UNSUPPORTED, "every tensor must be F32 (kv_dtype %s, q_dtype %s, out_dtype %s, grad_dtype %s)",
+                       attn_dtype_name(sd->kv_dtype), attn_dtype_name(sd->q_dtype), attn_dtype_name(sd->out_dtype),
+                       attn_dtype_name(sd->grad_dtype));
     if (a->bwd && attn_ctx_isa(ctx) == ATTN_ISA_REF)
         return cp_fail(cp, ATTN_ERR_UNSUPPORTED, "the backward needs fused kernels (the context's ISA is REF)");
     attn__cp_chunks_of(l, l->rank, &s->mine);
