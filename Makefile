@@ -29,6 +29,16 @@ GPT2_FLAGS ?=
 gpt2-demo: all
 	./$(BUILD)/examples/example_gpt2_decode $(GPT2_FLAGS)
 
+# A whole GPT-2 on attn (examples/gpt2_model.c): generates 32 tokens greedily after a 16-token random
+# prompt and prints prefill and decode tokens per second. GPT2_MODEL=DIR (or a model.safetensors)
+# loads a Hugging Face GPT-2 checkpoint; without it the weights are random, of GPT-2 small's shape.
+# Options go through GPT2_MODEL_FLAGS, e.g. GPT2_MODEL_FLAGS="--threads 2 --top-k 40 --tokens 64".
+GPT2_MODEL ?=
+GPT2_MODEL_FLAGS ?=
+.PHONY: gpt2-model-demo
+gpt2-model-demo: all
+	./$(BUILD)/examples/example_gpt2_model $(if $(GPT2_MODEL),--model $(GPT2_MODEL)) $(GPT2_MODEL_FLAGS)
+
 test: all
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 

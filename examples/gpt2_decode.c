@@ -33,9 +33,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "attn.h"
+#include "example_check.h"
 
 enum { E = 768, HEADS = 12, CONTEXT = 1024 };
 
@@ -46,26 +46,6 @@ enum { E = 768, HEADS = 12, CONTEXT = 1024 };
             goto done;                                                           \
         }                                                                        \
     } while (0)
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-typedef struct errors {
-    double max_abs;   // largest |cached - full|
-    double max_ratio; // largest |cached - full| / (atol + rtol |full|): the check passes while <= 1
-} errors;
-
-static void compare(errors *e, const float *got, const float *want, int64_t n, double atol, double rtol) {
-    for (int64_t i = 0; i < n; i++) {
-        const double d = fabs((double)got[i] - (double)want[i]);
-        const double r = d / (atol + rtol * fabs((double)want[i]));
-        if (d > e->max_abs || d != d) e->max_abs = d;
-        if (r > e->max_ratio || r != r) e->max_ratio = r; // NaN fails the check
-    }
-}
 
 static void usage(const char *prog) {
     fprintf(stderr,
@@ -165,16 +145,16 @@ int main(int argc, char **argv) {
     attn_mha_args args;
     attn_mha_args_init(&args);
     args.query = x, args.batch = N, args.causal = 1, args.need_weights = 0;
-    errors err = {0.0, 0.0};
+    example_errors err = {0.0, 0.0};
 
     // ---- prefill: the whole prompt in one call
-    double t0 = now();
+    double t0 = example_now();
     CHECK(attn_mha_forward_cached(ctx, mha, cache, x, N, prompt, out));
-    const double prefill_s = now() - t0;
+    const double prefill_s = example_now() - t0;
     if (check) {
         args.len_q = prompt;
         CHECK(attn_mha_forward(ctx, mha, &args, full, NULL));
-        compare(&err, out, full, prompt * N * E, atol, rtol);
+        example_compare(&err, out, full, prompt * N * E, atol, rtol);
     }
     printf("prefill: %lld tokens x %lld in %.2f ms (%.0f tokens/s)\n", (long long)prompt, (long long)N,
            1e3 * prefill_s, (double)(prompt * N) / prefill_s);
@@ -184,13 +164,13 @@ int main(int argc, char **argv) {
     for (int64_t t = prompt; t < total; t++) {
         const float *xt = x + t * N * E;
         float *ot = out + t * N * E;
-        t0 = now();
+        t0 = example_now();
         CHECK(attn_mha_forward_cached(ctx, mha, cache, xt, N, 1, ot));
-        decode_s += now() - t0;
+        decode_s += example_now() - t0;
         if (check) { // the whole sequence 0..t again, causal, without the cache: its last row is step t's
             args.len_q = t + 1;
             CHECK(attn_mha_forward(ctx, mha, &args, full, NULL));
-            compare(&err, ot, full + t * N * E, N * E, atol, rtol);
+            example_compare(&err, ot, full + t * N * E, N * E, atol, rtol);
         }
     }
     if (tokens > 0)
