@@ -22,6 +22,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -442,9 +443,19 @@ def write_tail(w, args, gemm, plot, lines, blas_note):
       "that way" + blas_note + ".\n")
     if plot_png(plot):
         w("![GFLOP/s against sequence length](bench/attention_gflops.png)\n")
+    lines += kept_sections(args.out)
     with open(args.out, "w") as fh:
         fh.write("\n".join(lines))
     log(f"wrote {args.out}")
+
+
+def kept_sections(path):
+    """The sections of `path` that other scripts own, between "<!-- NAME: begin -->" and "<!-- NAME: end -->"
+    (bench/run_bench_e2e.py's end-to-end table), kept as they are when this script rewrites the file."""
+    if not os.path.exists(path):
+        return []
+    text = open(path).read()
+    return [m.group(0) + "\n" for m in re.finditer(r"<!-- (\S+): begin -->.*?<!-- \1: end -->", text, re.S)]
 
 
 def mha_blas_note(todo, results, isas, isa_label):
