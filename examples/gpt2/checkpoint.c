@@ -167,6 +167,25 @@ static attn_status settle_config(const attn_tensor_list *list, const char *prefi
     return gpt2_config_check(c, err);
 }
 
+// Every block's tensors into the model. scratch: as take_tensor's; attn_w: 4 E^2 + 4 E floats where
+// the attention's weights wait, in nn.Linear's layout, for the MHA that copies them.
+static attn_status load_blocks(attn_ctx *ctx, attn_tensor_list *list, const char *prefix, gpt2_model *m,
+                               float *scratch, float *attn_w, char *err) {
+    const int64_t E = m->cfg.n_embd;
+    float *w_qkv = attn_w, *b_qkv = attn_w + 3 * E * E, *w_o = b_qkv + 3 * E, *b_o = w_o + E * E;
+    char name[160];
+    for (int64_t l = 0; l < m->cfg.n_layer; l++) {
+        slot s[N_BLOCK_TENSORS];
+        block_slots(&m->cfg, &m->blocks[l], w_qkv, b_qkv, w_o, b_o, s);
+        for (int i = 0; i < N_BLOCK_TENSORS; i++) {
+            snprintf(name, sizeof name, "%sh.%lld.%s", prefix, (long long)l, block_names[i]);
+            GPT2_RETURN_IF_ERR(take_tensor(ctx, list, name, &s[i], scratch, err));
+        }
+        GPT2_RETURN_IF_ERR(gpt2__set_attention(ctx, m, l, w_qkv, b_qkv, w_o, b_o, err));
+    }
+    return ATTN_OK;
+}
+
 attn_status gpt2_load(attn_ctx *ctx, const char *path, const char *config_path, gpt2_model **out, char *err) {
     *out = NULL;
     char file[4096], config[4096];
@@ -224,16 +243,7 @@ attn_status gpt2_load(attn_ctx *ctx, const char *path, const char *config_path, 
             st = take_tensor(ctx, &list, "lm_head.weight", &head, scratch, err);
         }
     }
-    float *w_qkv = attn_w, *b_qkv = attn_w + 3 * E * E, *w_o = b_qkv + 3 * E, *b_o = w_o + E * E;
-    for (int64_t l = 0; st == ATTN_OK && l < c.n_layer; l++) {
-        slot s[N_BLOCK_TENSORS];
-        block_slots(&c, &m->blocks[l], w_qkv, b_qkv, w_o, b_o, s);
-        for (int i = 0; st == ATTN_OK && i < N_BLOCK_TENSORS; i++) {
-            snprintf(name, sizeof name, "%sh.%lld.%s", prefix, (long long)l, block_names[i]);
-            st = take_tensor(ctx, &list, name, &s[i], scratch, err);
-        }
-        if (st == ATTN_OK) st = gpt2__set_attention(ctx, m, l, w_qkv, b_qkv, w_o, b_o, err);
-    }
+    if (st == ATTN_OK) st = load_blocks(ctx, &list, prefix, m, scratch, attn_w, err);
     free(scratch);
     free(attn_w);
     attn_tensor_list_release(ctx, &list);

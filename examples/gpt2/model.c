@@ -120,13 +120,14 @@ attn_status gpt2_create_random(attn_ctx *ctx, const gpt2_config *cfg, gpt2_model
     const double std = 0.02, std_resid = 0.02 / sqrt(2.0 * (double)cfg->n_layer);
     attn_generator *gen = attn_ctx_generator(ctx);
     const int64_t most = 3 * E * E > I * E ? 3 * E * E : I * E;
-    float *scratch = malloc((size_t)most * sizeof(float)), *attn_w = malloc((size_t)(4 * E * E + 4 * E) * sizeof(float));
-    attn_status st = scratch == NULL || attn_w == NULL ? ATTN_ERR_OUT_OF_MEMORY : ATTN_OK;
-    if (st != ATTN_OK) gpt2__fail(err, st, "out of memory");
-    if (st == ATTN_OK) st = attn_rand_normal(gen, m->wte, V * E, 0.0, std);
-    if (st == ATTN_OK) st = attn_rand_normal(gen, m->wpe, cfg->n_positions * E, 0.0, std);
+    float *scratch = malloc((size_t)most * sizeof(float)), *attn_w = calloc((size_t)(4 * E * E + 4 * E), sizeof(float));
+    if (scratch == NULL || attn_w == NULL) {
+        free(scratch), free(attn_w), gpt2_free(m);
+        return gpt2__fail(err, ATTN_ERR_OUT_OF_MEMORY, "out of memory");
+    }
     float *w_qkv = attn_w, *w_o = attn_w + 3 * E * E, *biases = attn_w + 4 * E * E; // biases: 4E zeros
-    if (attn_w != NULL) memset(biases, 0, (size_t)(4 * E) * sizeof(float));
+    attn_status st = attn_rand_normal(gen, m->wte, V * E, 0.0, std);
+    if (st == ATTN_OK) st = attn_rand_normal(gen, m->wpe, cfg->n_positions * E, 0.0, std);
     for (int64_t l = 0; st == ATTN_OK && l < cfg->n_layer; l++) {
         gpt2_block *b = &m->blocks[l];
         for (int64_t i = 0; i < E; i++) b->ln_1_weight[i] = b->ln_2_weight[i] = 1.0f;
