@@ -20,7 +20,10 @@ PYTHON: an interpreter with torch >= 2 and transformers (the C side needs only `
    prefill and decode are timed the same way (the model's loading excluded); its "generate" is
    their sum. Tokens per second: the prompt's tokens over the prefill; the decode steps over the
    decode; the new tokens over the whole generation.
-4. Checks: every row's greedy tokens are compared with eager's (a row that differs says so).
+4. Checks: every row's greedy tokens are compared with eager's (a row that differs says so). The
+   memory bandwidth is measured first (bench/triad.c, as bench/run_bench.py does, same threads):
+   decoding reads every weight once per token, so the section gives the C row's decode as GB/s of
+   weights read and as a share of that bandwidth.
 5. Writes the section between the markers below in BENCHMARKS.md (the other sections are left as
    they are; bench/run_bench.py keeps this one when it rewrites the file), with the machine, the
    date, the command, the versions and the load average before and after the run.
@@ -41,9 +44,13 @@ import sys
 import tempfile
 import time
 
+from run_bench import measure_triad  # bench/run_bench.py, beside this file
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEGIN, END = "<!-- run_bench_e2e.py: begin -->", "<!-- run_bench_e2e.py: end -->"
 IMPLS = ("eager", "sdpa", "attn")
+WEIGHT_BYTES = 4 * 124439808  # GPT-2 small's parameters (the tied head once), float32
+KV_BYTES_PER_TOKEN = 4 * 2 * 12 * 768  # keys and values of 12 layers of E = 768, float32
 
 
 def log(msg):
@@ -128,7 +135,7 @@ def write_section(path, text):
     os.replace(tmp, path)
 
 
-def report(args, info, versions, rows, unavailable, load):
+def report(args, info, versions, rows, unavailable, load, triad):
     P, N = args.prompt, args.new
     w = []
     w.append("## End to end: generating with a GPT-2-small-shaped model\n")
@@ -169,6 +176,14 @@ def report(args, info, versions, rows, unavailable, load):
         ratio = lambda key, n: statistics.median(n / r[key] for r in c) / statistics.median(n / r[key] for r in e)
         w.append(f"The C GPT-2 against eager transformers: prefill {ratio('prefill_s', P):.2f}×, decode "
                  f"{ratio('decode_s', N - 1):.2f}×, whole generation {ratio('generate_s', N):.2f}×.\n")
+    if c:
+        gbps = WEIGHT_BYTES / 1e9 * statistics.median((N - 1) / r["decode_s"] for r in c)
+        w.append(f"Each decoding step reads every weight once: {WEIGHT_BYTES / 1e6:.0f} MB in float32 (and the KV "
+                 f"cache, at most {KV_BYTES_PER_TOKEN * (P + N) / 1e6:.0f} MB here). At its median the C row reads {gbps:.1f} GB/s of "
+                 f"weights, {100 * gbps / triad:.0f}% of the {triad:.1f} GB/s a STREAM-like triad (bench/triad.c, "
+                 f"{args.threads} threads) measured at the start of the run (a stream of reads alone can pass it: the "
+                 "triad counts 12 bytes an element where the writes' cache fills move 16; and other work on the "
+                 "machine lowers both).\n")
     return "\n".join(w)
 
 
@@ -196,6 +211,8 @@ def main():
     transformers.utils.logging.disable_progress_bar()
     info = machine()
     load = [os.getloadavg()[0]]
+    triad = measure_triad(args.threads)["gbps"]
+    log(f"triad: {triad:.1f} GB/s with {args.threads} threads")
     unavailable = {}
     why = register_attn()
     if why is not None:
@@ -229,7 +246,7 @@ def main():
             log(f"round {rnd + 1} C: prefill {args.prompt / r['prefill_s']:.0f} tokens/s, decode "
                 f"{(args.new - 1) / r['decode_s']:.1f} tokens/s, generate {args.new / r['generate_s']:.1f} tokens/s")
     load.append(os.getloadavg()[0])
-    text = report(args, info, versions, rows, unavailable, load)
+    text = report(args, info, versions, rows, unavailable, load, triad)
     if args.no_write:
         print(text)
     else:
