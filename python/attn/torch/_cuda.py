@@ -1,8 +1,9 @@
 """_cuda.py - where CUDA tensors go: libattn_cuda, the CUDA library built beside libattn.
 
 libattn_cuda is a library of its own (CMake ATTN_CUDA=ON where nvcc is found; `pip install .
--Ccmake.define.ATTN_CUDA=ON` puts it in the package beside libattn). It is looked up like libattn:
-$ATTN_CUDA_LIBRARY, this package's folder, build/ of the source tree, the system loader.
+--config-settings=cmake.define.ATTN_CUDA=ON` puts it in the package beside libattn). It is looked
+up like libattn: $ATTN_CUDA_LIBRARY, this package's folder, build/ of the source tree, the system
+loader.
 
 This is the one place the torch ops call for CUDA tensors (sdpa_forward / sdpa_backward, with the
 tensors the CPU path gets; the calls run on torch.cuda.current_stream(q.device)). Without
