@@ -10,6 +10,7 @@ softmax) and "attn":
     decoding past the sliding windows;
   - output_attentions: the weights equal eager's;
   - one training step: every parameter's gradient equals eager's;
+  - a bfloat16 model: logits as close to eager's as sdpa's, sdpa's greedy tokens;
   - each family's feature matters in these configurations (a different window or soft cap
     changes eager's logits), so agreement is not vacuous.
 
@@ -169,6 +170,26 @@ class TestFamilies(unittest.TestCase):
                 for (n, a), (_, b) in zip(ours.named_parameters(), eager.named_parameters()):
                     if b.grad is not None:
                         self.close(a.grad, b.grad, 1e-4, "%s %s" % (name, n))
+
+    def test_bfloat16_model(self):
+        """A bfloat16 model: keys and values go to attn as bfloat16; its logits stay as close to
+        eager's as sdpa's are (bfloat16 rounding of every layer's activations), and its greedy
+        tokens are sdpa's."""
+        ids, _ = inputs()
+        cfg = families()["llama"]
+        torch.manual_seed(0)
+        models = {impl: AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=impl,
+                                                         dtype=torch.bfloat16).eval()
+                  for impl in ("eager", "sdpa", NAME)}
+        for m in models.values():
+            m.load_state_dict(models["eager"].state_dict())
+        with torch.no_grad():
+            logits = {impl: m(ids).logits.float() for impl, m in models.items()}
+            scale = logits["eager"].abs().max()
+            self.assertLess((logits[NAME] - logits["eager"]).abs().max(), 0.05 * scale)
+            self.assertLess((logits[NAME] - logits["sdpa"]).abs().max(), 0.05 * scale)
+            kw = dict(max_new_tokens=5, do_sample=False)
+            self.assertEqual(models[NAME].generate(ids, **kw).tolist(), models["sdpa"].generate(ids, **kw).tolist())
 
     def test_features_matter(self):
         """A different sliding window or soft cap changes eager's logits on these inputs, so the
