@@ -142,6 +142,32 @@ class TestScaledDotProductAttention(unittest.TestCase, Close):
         q64 = rnd(1, 1, 2, 4, dtype=torch.float64)
         self.assertEqual([t.dtype for t in _call.plan(ctx, q64, q64, q64, False)[:3]], [torch.float32] * 3)
 
+    def test_half_types_fall_back_to_float32(self):
+        """Where the library refuses a half type it was taken to accept (ATTN_ERR_UNSUPPORTED for a
+        shape its kernels do not cover), the call runs again in float32: forced here by marking
+        bfloat16 native, whether or not this library computes in it."""
+        ctx = _call.context()
+        saved = dict(_call._native)
+        try:
+            for backward in (False, True):
+                _call._native[(ctx.isa, torch.bfloat16, torch.bfloat16, backward)] = True
+            seen = []
+
+            def refuse_half(qc, kc, vc, dt):
+                seen.append(dt)
+                if dt != torch.float32:
+                    raise attn.AttnError(8, "no kernel for this shape")
+                return qc.dtype
+
+            h = rnd(1, 1, 2, 4, dtype=torch.bfloat16)
+            self.assertEqual(_call.typed(ctx, h, h, h, False, refuse_half), torch.float32)
+            self.assertEqual(seen, [torch.bfloat16, torch.float32])
+            self.run_case("forced_native_bf16", (2, 4, 5, 8), (2, 2, 7, 8), (2, 2, 7, 8), lambda: {"enable_gqa": True},
+                          torch.bfloat16, 3e-2, 3e-2)
+        finally:
+            _call._native.clear()
+            _call._native.update(saved)
+
     def test_fully_masked_rows(self):
         q, k, v = rnd(1, 2, 3, 4, grad=True), rnd(1, 2, 5, 4, grad=True), rnd(1, 2, 5, 4, grad=True)
         mask = torch.ones(3, 5, dtype=torch.bool)

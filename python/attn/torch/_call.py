@@ -5,9 +5,9 @@ element strides: transposed views and stride-0 broadcasts are not copied). Eleme
   - k and v: float32, float16 and bfloat16 as they are (attn_sdpa_desc.kv_dtype); float64 (or k and
     v of different types) are computed in float32.
   - q and out: float32 as they are. float16 and bfloat16 go to the library as they are when it
-    accepts them (asked once per type with a one-element call, see native()); until then they are
-    converted to float32 and the result rounded back to the input's type. float64 is computed in
-    float32 and returned as float64.
+    accepts them (asked once per type with a one-query call, see native(); a call it still refuses
+    runs again in float32, see typed()); until then they are converted to float32 and the result
+    rounded back to the input's type. float64 is computed in float32 and returned as float64.
   - the gradients: dq in q's type, dk and dv in k's and v's (computed in float32 unless the library
     takes the type natively).
 CUDA tensors go to _cuda.py (libattn_cuda). Every check the library cannot make itself (the
@@ -21,7 +21,7 @@ import torch
 
 from .. import _lib
 from .._arrays import check_qkv, check_qkv_varlen, fail, shape_str
-from .._lib import fn
+from .._lib import AttnError, fn
 from ..context import Context
 from ..sdpa import _options
 from . import _cuda
@@ -92,20 +92,22 @@ _native = {}
 
 def native(ctx, q_dtype, kv_dtype, backward):
     """Whether the library takes q and out (and, for the backward, the gradients) of q_dtype with k
-    and v of kv_dtype as they are: asked once per combination with a one-element call, which the
-    library answers ATTN_ERR_UNSUPPORTED until it computes in that type."""
+    and v of kv_dtype as they are: asked once per combination with a one-query, one-key call, which
+    the library answers ATTN_ERR_UNSUPPORTED until it computes in that type."""
     if q_dtype == torch.float32:
         return True
     key = (ctx.isa, q_dtype, kv_dtype, backward)
     if key not in _native:
-        t = torch.zeros((1, 1, 1, 1), dtype=q_dtype)
-        kv = torch.zeros((1, 1, 1, 1), dtype=kv_dtype)
+        D = 16
+        t = torch.zeros((1, 1, 1, D), dtype=q_dtype)
+        kv = torch.zeros((1, 1, 1, D), dtype=kv_dtype)
         lse = torch.zeros((1, 1, 1), dtype=torch.float32)
         desc = _lib.SdpaDesc()
         fn("attn_sdpa_desc_init")(ctypes.byref(desc))
-        desc.batch = desc.n_heads = desc.n_kv_heads = desc.len_q = desc.len_kv = desc.head_dim = desc.head_dim_v = 1
+        desc.batch = desc.n_heads = desc.n_kv_heads = desc.len_q = desc.len_kv = 1
+        desc.head_dim = desc.head_dim_v = D
         for name in ("q_stride", "k_stride", "v_stride", "o_stride"):
-            getattr(desc, name)[:] = [1, 1, 1, 1]
+            getattr(desc, name)[:] = [D, D, D, 1]
         desc.q_dtype = desc.out_dtype = desc.grad_dtype = CODES[q_dtype]
         desc.kv_dtype = CODES[kv_dtype]
         if backward:
@@ -123,13 +125,26 @@ def native(ctx, q_dtype, kv_dtype, backward):
 
 def plan(ctx, q, k, v, backward):
     """The tensors as the library will read them and the type it computes q/out (and the
-    gradients) in: (q, k, v, dtype). Conversions are made here, nowhere else."""
+    gradients) in: (q, k, v, dtype). Conversions are made here and in typed()'s fallback."""
     if k.dtype != v.dtype or k.dtype not in CODES:
         k, v = k.float(), v.float()
     if q.dtype in (torch.float16, torch.bfloat16) and (not backward or k.dtype == q.dtype) \
             and native(ctx, q.dtype, k.dtype, backward):
         return q, k, v, q.dtype
     return q.float(), k, v, torch.float32
+
+
+def typed(ctx, q, k, v, backward, call):
+    """call(q, k, v, dtype) on what plan() gives; if the library then answers
+    ATTN_ERR_UNSUPPORTED for a half type it took in native()'s probe (a shape its kernels for that
+    type do not cover), once more in float32."""
+    qc, kc, vc, dt = plan(ctx, q, k, v, backward)
+    try:
+        return call(qc, kc, vc, dt)
+    except AttnError as exc:
+        if dt == torch.float32 or exc.status != _lib.ERR_UNSUPPORTED:
+            raise
+    return call(qc.float(), kc, vc, torch.float32)
 
 
 # ---- the descriptor ---------------------------------------------------------------------------
@@ -235,17 +250,20 @@ def sdpa_forward(q, k, v, mask, key_padding_mask, causal, scale, dropout_p, seed
         out = q.new_zeros((B, H, L, Dv))
         return out, q.new_full((B, H, L), float("-inf"), dtype=torch.float32), q.new_zeros(wshape, dtype=torch.float32)
     ctx = context()
-    qc, kc, vc, odt = plan(ctx, q, k, v, backward=False)
-    out = torch.empty((B, H, L, Dv), dtype=odt)
-    lse = torch.empty((B, H, L), dtype=torch.float32)
-    weights = torch.empty(wshape, dtype=torch.float32)
-    desc, keep = describe(qc, kc, vc, out, mask, key_padding_mask, causal, scale, dropout_p, window_left, window_right,
-                          alibi_slopes, softcap)
-    desc.weights_mode = weights_mode
-    with seeded(ctx, seed, dropout_p):
-        ctx.check(fn("attn_sdpa_fwd")(ctx.ptr, ctypes.byref(desc), qc.data_ptr(), kc.data_ptr(), vc.data_ptr(),
-                                      out.data_ptr(), lse.data_ptr(), weights.data_ptr() if weights_mode else None))
-    return out.to(q.dtype), lse, weights
+
+    def call(qc, kc, vc, odt):
+        out = torch.empty((B, H, L, Dv), dtype=odt)
+        lse = torch.empty((B, H, L), dtype=torch.float32)
+        weights = torch.empty(wshape, dtype=torch.float32)
+        desc, keep = describe(qc, kc, vc, out, mask, key_padding_mask, causal, scale, dropout_p, window_left,
+                              window_right, alibi_slopes, softcap)
+        desc.weights_mode = weights_mode
+        with seeded(ctx, seed, dropout_p):
+            ctx.check(fn("attn_sdpa_fwd")(ctx.ptr, ctypes.byref(desc), qc.data_ptr(), kc.data_ptr(), vc.data_ptr(),
+                                          out.data_ptr(), lse.data_ptr(), weights.data_ptr() if weights_mode else None))
+        return out.to(q.dtype), lse, weights
+
+    return typed(ctx, q, k, v, False, call)
 
 
 def _grad_buffers(qc, kc, vc, gdt):
@@ -280,19 +298,22 @@ def sdpa_backward(dout, q, k, v, out, lse, mask, key_padding_mask, causal, scale
     if 0 in (B, H, L, S):
         return q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape), dmask
     ctx = context()
-    qc, kc, vc, cdt = plan(ctx, q, k, v, backward=True)
-    qc, kc, vc, (dq, dk, dv) = _grad_buffers(qc, kc, vc, cdt)
-    out_c, dout_c, lse_c = out.to(cdt).contiguous(), dout.to(cdt).contiguous(), lse.contiguous()
-    if want_dmask:
-        mask = mask.contiguous()  # dmask is written at the mask's strides
-    desc, keep = describe(qc, kc, vc, out_c, mask, key_padding_mask, causal, scale, dropout_p, window_left,
-                          window_right, alibi_slopes, softcap)
-    desc.grad_dtype = CODES[cdt]
-    state = dropout_state(seed, dropout_p)
-    ctx.check(fn("attn_sdpa_bwd")(ctx.ptr, ctypes.byref(desc), qc.data_ptr(), kc.data_ptr(), vc.data_ptr(),
-                                  out_c.data_ptr(), dout_c.data_ptr(), lse_c.data_ptr(), state, dq.data_ptr(),
-                                  dk.data_ptr(), dv.data_ptr(), dmask.data_ptr() if want_dmask else None))
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dmask
+    mask_c = mask.contiguous() if want_dmask else mask  # dmask is written at the mask's strides
+
+    def call(qc, kc, vc, cdt):
+        qc, kc, vc, (dq, dk, dv) = _grad_buffers(qc, kc, vc, cdt)
+        out_c, dout_c, lse_c = out.to(cdt).contiguous(), dout.to(cdt).contiguous(), lse.contiguous()
+        desc, keep = describe(qc, kc, vc, out_c, mask_c, key_padding_mask, causal, scale, dropout_p, window_left,
+                              window_right, alibi_slopes, softcap)
+        desc.grad_dtype = CODES[cdt]
+        state = dropout_state(seed, dropout_p)
+        dmask.zero_()
+        ctx.check(fn("attn_sdpa_bwd")(ctx.ptr, ctypes.byref(desc), qc.data_ptr(), kc.data_ptr(), vc.data_ptr(),
+                                      out_c.data_ptr(), dout_c.data_ptr(), lse_c.data_ptr(), state, dq.data_ptr(),
+                                      dk.data_ptr(), dv.data_ptr(), dmask.data_ptr() if want_dmask else None))
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dmask
+
+    return typed(ctx, q, k, v, True, call)
 
 
 # ---- packed variable-length batches -----------------------------------------------------------
@@ -335,15 +356,19 @@ def varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, 
     if dev.type == "cuda":
         return _cuda.sdpa_forward(q, k, v)
     ctx = context()
-    qc, kc, vc, odt = plan(ctx, q, k, v, backward=False)
-    out = torch.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=odt)
-    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32)
-    desc, keep = _describe_varlen(qc, kc, vc, out, cq, ck, max_q, max_k, causal, scale, dropout_p, window_left,
-                                  window_right, alibi_slopes, softcap)
-    with seeded(ctx, seed, dropout_p):
-        ctx.check(fn("attn_sdpa_varlen_fwd")(ctx.ptr, ctypes.byref(desc), cq.data_ptr(), ck.data_ptr(), qc.data_ptr(),
-                                             kc.data_ptr(), vc.data_ptr(), out.data_ptr(), lse.data_ptr()))
-    return out.to(q.dtype), lse
+
+    def call(qc, kc, vc, odt):
+        out = torch.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=odt)
+        lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+        desc, keep = _describe_varlen(qc, kc, vc, out, cq, ck, max_q, max_k, causal, scale, dropout_p, window_left,
+                                      window_right, alibi_slopes, softcap)
+        with seeded(ctx, seed, dropout_p):
+            ctx.check(fn("attn_sdpa_varlen_fwd")(ctx.ptr, ctypes.byref(desc), cq.data_ptr(), ck.data_ptr(),
+                                                 qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), out.data_ptr(),
+                                                 lse.data_ptr()))
+        return out.to(q.dtype), lse
+
+    return typed(ctx, q, k, v, False, call)
 
 
 def varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, seed, window_left,
@@ -354,14 +379,17 @@ def varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, s
     if dev.type == "cuda":
         return _cuda.sdpa_backward(q, k, v)
     ctx = context()
-    qc, kc, vc, cdt = plan(ctx, q, k, v, backward=True)
-    qc, kc, vc, (dq, dk, dv) = _grad_buffers(qc, kc, vc, cdt)
-    out_c, dout_c, lse_c = out.to(cdt).contiguous(), dout.to(cdt).contiguous(), lse.contiguous()
-    desc, keep = _describe_varlen(qc, kc, vc, out_c, cq, ck, max_q, max_k, causal, scale, dropout_p, window_left,
-                                  window_right, alibi_slopes, softcap)
-    desc.grad_dtype = CODES[cdt]
-    state = dropout_state(seed, dropout_p)
-    ctx.check(fn("attn_sdpa_varlen_bwd")(ctx.ptr, ctypes.byref(desc), cq.data_ptr(), ck.data_ptr(), qc.data_ptr(),
-                                         kc.data_ptr(), vc.data_ptr(), out_c.data_ptr(), dout_c.data_ptr(),
-                                         lse_c.data_ptr(), state, dq.data_ptr(), dk.data_ptr(), dv.data_ptr()))
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+    def call(qc, kc, vc, cdt):
+        qc, kc, vc, (dq, dk, dv) = _grad_buffers(qc, kc, vc, cdt)
+        out_c, dout_c, lse_c = out.to(cdt).contiguous(), dout.to(cdt).contiguous(), lse.contiguous()
+        desc, keep = _describe_varlen(qc, kc, vc, out_c, cq, ck, max_q, max_k, causal, scale, dropout_p, window_left,
+                                      window_right, alibi_slopes, softcap)
+        desc.grad_dtype = CODES[cdt]
+        state = dropout_state(seed, dropout_p)
+        ctx.check(fn("attn_sdpa_varlen_bwd")(ctx.ptr, ctypes.byref(desc), cq.data_ptr(), ck.data_ptr(), qc.data_ptr(),
+                                             kc.data_ptr(), vc.data_ptr(), out_c.data_ptr(), dout_c.data_ptr(),
+                                             lse_c.data_ptr(), state, dq.data_ptr(), dk.data_ptr(), dv.data_ptr()))
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+    return typed(ctx, q, k, v, True, call)
