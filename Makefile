@@ -84,3 +84,16 @@ fuzz:
 	    $(CMAKE_FLAGS) > /dev/null
 	cmake --build build-fuzz -j $(JOBS) --target fuzz_npy fuzz_safetensors fuzz_api fuzz_sdpa_diff fuzz_bwd_diff
 	sh fuzz/run.sh build-fuzz $(FUZZ_SECONDS) npy safetensors api sdpa_diff bwd_diff
+
+# ---- PyTorch 2.x, transformers and the pip package (python/README.md) ----------------------------
+# `make venv`: build-venv/ with torch 2.x and transformers from PyPI (tests/torch2_venv.sh);
+# `make test-torch2`: make test with the tests that need them; `make test-pip`: pip install . into
+# fresh virtual environments and the package's tests from outside the source tree.
+VENV ?= build-venv
+.PHONY: venv test-torch2 test-pip
+venv:
+	sh tests/torch2_venv.sh $(VENV)
+test-torch2:
+	$(MAKE) test CMAKE_FLAGS="$(CMAKE_FLAGS) -DATTN_TORCH2_PYTHON=$$(sh tests/torch2_venv.sh $(VENV))"
+test-pip:
+	sh tests/pip_install_test.sh $$(sh tests/torch2_venv.sh $(VENV))

@@ -15,8 +15,11 @@ What is here:
   KVCache                 keys and values for decoding: append, attend, truncate, reset
   load_safetensors, save_safetensors, to_bfloat16, from_bfloat16
   AttnError               raised for every failure: .status, .name ("ATTN_ERR_BAD_SHAPE"), .message
-The library is found through $ATTN_LIBRARY, then ../../build of this package, then the system
-loader (see _lib.py).
+Submodules, imported on demand: attn.torch (PyTorch >= 2.4: custom ops, scaled_dot_product_attention,
+MultiheadAttention) and attn.hf (transformers: attn.hf.register()). `python -m attn` runs the attn
+tool (the walkthrough without arguments).
+The library is found through $ATTN_LIBRARY, then this package's folder (pip install .), then
+../../build of this package, then the system loader (see _lib.py).
 """
 import numpy as _np
 

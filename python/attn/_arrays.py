@@ -68,6 +68,32 @@ def check_shape(a, expected, what, names):
         fail(_lib.ERR_BAD_SHAPE, "%s has shape %s, expected (%s)" % (what, shape_str(a.shape), want))
 
 
+def check_qkv(q, k, v):
+    """q (B, H, L, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv), numpy arrays or torch tensors: the
+    extents the library cannot check. Returns (B, H, L, D, Hkv, S, Dv)."""
+    check_ndim(q, 4, "q", "(B, H, L, D)")
+    check_ndim(k, 4, "k", "(B, Hkv, S, D)")
+    check_ndim(v, 4, "v", "(B, Hkv, S, Dv)")
+    B, H, L, D = q.shape
+    check_shape(k, (B, None, None, D), "k", ("B", "Hkv", "S", "D"))
+    Hkv, S = k.shape[1], k.shape[2]
+    check_shape(v, (B, Hkv, S, None), "v", ("B", "Hkv", "S", "Dv"))
+    return B, H, L, D, Hkv, S, v.shape[3]
+
+
+def check_qkv_varlen(q, k, v):
+    """Packed q (total_q, H, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv). Returns
+    (total_q, H, D, total_k, Hkv, Dv)."""
+    check_ndim(q, 3, "q", "(total_q, H, D)")
+    check_ndim(k, 3, "k", "(total_k, Hkv, D)")
+    check_ndim(v, 3, "v", "(total_k, Hkv, Dv)")
+    Tq, H, D = q.shape
+    check_shape(k, (None, None, D), "k", ("total_k", "Hkv", "D"))
+    Tk, Hkv = k.shape[0], k.shape[1]
+    check_shape(v, (Tk, Hkv, None), "v", ("total_k", "Hkv", "Dv"))
+    return Tq, H, D, Tk, Hkv, v.shape[2]
+
+
 _KV_DTYPES = {"f32": _lib.DTYPE_F32, "float32": _lib.DTYPE_F32, "f16": _lib.DTYPE_F16, "float16": _lib.DTYPE_F16,
               "bf16": _lib.DTYPE_BF16, "bfloat16": _lib.DTYPE_BF16}
 
