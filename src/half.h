@@ -66,11 +66,4 @@ static inline void attn__elem_set(void *p, int dtype, int64_t off, float x) {
     else ((float *)p)[off] = x;
 }
 
-// x rounded to dtype F16 or BF16 and back (unchanged for F32): the value a tensor of that type holds.
-static inline float attn__round_to(int dtype, float x) {
-    if (dtype == 2) return attn__f16_to_f32(attn__f32_to_f16(x));
-    if (dtype == 3) return attn__bf16_to_f32(attn__f32_to_bf16(x));
-    return x;
-}
-
 #endif
