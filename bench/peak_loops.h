@@ -54,70 +54,53 @@ typedef struct peak_job {
     float sink;
 } peak_job;
 
-#define PEAK_CHAINS(OP) OP(0) OP(1) OP(2) OP(3) OP(4) OP(5) OP(6) OP(7) OP(8) OP(9) OP(10) OP(11)
-
 #if PEAK_X86
-__attribute__((target("avx2,fma"))) static void peak_run_fma256(peak_job *j) {
-    const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
-#define DECL(i) __m256 a##i = _mm256_set1_ps((float)(i));
-#define STEP(i) a##i = _mm256_fmadd_ps(a##i, m, c);
-#define SUM(i) s = _mm256_add_ps(s, a##i);
-    PEAK_CHAINS(DECL)
-    const double t0 = peak_now();
-    for (long it = 0; it < j->iters; it++) {
-        PEAK_CHAINS(STEP)
-        __asm__ volatile("" ::: "memory");
-    }
-    j->seconds = peak_now() - t0;
-    __m256 s = _mm256_setzero_ps();
-    PEAK_CHAINS(SUM)
+// The timed loop over 12 chains a##i = STEP(a##i) of vector type V, started from SET1(i), then
+// summed into a float with SUM_ALL so the chains stay live.
+#define PEAK_TIMED_CHAINS(j, V, SET1, STEP, ADD, SUM_ALL)                                   \
+    do {                                                                                   \
+        V a0 = SET1(0.0f), a1 = SET1(1.0f), a2 = SET1(2.0f), a3 = SET1(3.0f), a4 = SET1(4.0f); \
+        V a5 = SET1(5.0f), a6 = SET1(6.0f), a7 = SET1(7.0f), a8 = SET1(8.0f), a9 = SET1(9.0f); \
+        V a10 = SET1(10.0f), a11 = SET1(11.0f);                                            \
+        const double t0 = peak_now();                                                      \
+        for (long it = 0; it < (j)->iters; it++) {                                         \
+            a0 = STEP(a0), a1 = STEP(a1), a2 = STEP(a2), a3 = STEP(a3), a4 = STEP(a4);     \
+            a5 = STEP(a5), a6 = STEP(a6), a7 = STEP(a7), a8 = STEP(a8), a9 = STEP(a9);     \
+            a10 = STEP(a10), a11 = STEP(a11);                                              \
+            __asm__ volatile("" ::: "memory");                                             \
+        }                                                                                  \
+        (j)->seconds = peak_now() - t0;                                                    \
+        V s = ADD(ADD(ADD(a0, a1), ADD(a2, a3)), ADD(ADD(a4, a5), ADD(a6, a7)));           \
+        s = ADD(s, ADD(ADD(a8, a9), ADD(a10, a11)));                                       \
+        (j)->sink = SUM_ALL(s);                                                            \
+    } while (0)
+
+__attribute__((target("avx2,fma"))) static float peak_sum256(__m256 s) {
     float out[8];
     _mm256_storeu_ps(out, s);
-    j->sink = out[0];
-#undef DECL
+    return out[0] + out[1] + out[2] + out[3] + out[4] + out[5] + out[6] + out[7];
+}
+
+__attribute__((target("avx2,fma"))) static void peak_run_fma256(peak_job *j) {
+    const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+#define STEP(x) _mm256_fmadd_ps(x, m, c)
+    PEAK_TIMED_CHAINS(j, __m256, _mm256_set1_ps, STEP, _mm256_add_ps, peak_sum256);
 #undef STEP
-#undef SUM
 }
 
 __attribute__((target("avx512f"))) static void peak_run_fma512(peak_job *j) {
     const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
-#define DECL(i) __m512 a##i = _mm512_set1_ps((float)(i));
-#define STEP(i) a##i = _mm512_fmadd_ps(a##i, m, c);
-#define SUM(i) s = _mm512_add_ps(s, a##i);
-    PEAK_CHAINS(DECL)
-    const double t0 = peak_now();
-    for (long it = 0; it < j->iters; it++) {
-        PEAK_CHAINS(STEP)
-        __asm__ volatile("" ::: "memory");
-    }
-    j->seconds = peak_now() - t0;
-    __m512 s = _mm512_setzero_ps();
-    PEAK_CHAINS(SUM)
-    j->sink = _mm512_reduce_add_ps(s);
-#undef DECL
+#define STEP(x) _mm512_fmadd_ps(x, m, c)
+    PEAK_TIMED_CHAINS(j, __m512, _mm512_set1_ps, STEP, _mm512_add_ps, _mm512_reduce_add_ps);
 #undef STEP
-#undef SUM
 }
 
 // acc += a[2i] * b[2i] + a[2i+1] * b[2i+1] per fp32 lane, the bf16 pairs small so the sums stay finite.
 __attribute__((target("avx512f,avx512bf16"))) static void peak_run_dpbf16(peak_job *j) {
     const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3800), b = (__m512bh)_mm512_set1_epi16(0x2000); // 2^-15, 2^-63
-#define DECL(i) __m512 a##i = _mm512_set1_ps((float)(i));
-#define STEP(i) a##i = _mm512_dpbf16_ps(a##i, a, b);
-#define SUM(i) s = _mm512_add_ps(s, a##i);
-    PEAK_CHAINS(DECL)
-    const double t0 = peak_now();
-    for (long it = 0; it < j->iters; it++) {
-        PEAK_CHAINS(STEP)
-        __asm__ volatile("" ::: "memory");
-    }
-    j->seconds = peak_now() - t0;
-    __m512 s = _mm512_setzero_ps();
-    PEAK_CHAINS(SUM)
-    j->sink = _mm512_reduce_add_ps(s);
-#undef DECL
+#define STEP(x) _mm512_dpbf16_ps(x, a, b)
+    PEAK_TIMED_CHAINS(j, __m512, _mm512_set1_ps, STEP, _mm512_add_ps, _mm512_reduce_add_ps);
 #undef STEP
-#undef SUM
 }
 #endif
 
