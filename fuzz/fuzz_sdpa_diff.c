@@ -84,6 +84,12 @@ static void diff_sdpa(pair *p) {
     decode_extras(p, &d, &ex);
     kv_for_dtype(p, &d, k, ck, v, cv, &ex);
     const void *kin = ex.kh != NULL ? (const void *)ex.kh : k, *vin = ex.vh != NULL ? (const void *)ex.vh : v;
+    /* q and out in half precision now and then (read last: older inputs decode as they did); q then
+     * holds the values its half copy denotes */
+    if (fuzz_data_chance(fd, 1, 4)) d.q_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
+    if (fuzz_data_chance(fd, 1, 4)) d.out_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
+    uint16_t *qh = d.q_dtype != ATTN_DTYPE_F32 ? to_half(p, d.q_dtype, q, cq) : NULL;
+    const void *qin = qh != NULL ? (const void *)qh : q;
     /* Tolerances: scores up to smag (plus the masks' finite values and the ALiBi terms), error ds
      * in them (soft-capping adds the error of its tanh, relative to the cap). */
     double mmax = 0.0;
@@ -99,6 +105,9 @@ static void diff_sdpa(pair *p) {
     const double keep = d.dropout_p > 0.0 && d.dropout_p < 1.0 ? 1.0 / (1.0 - d.dropout_p) : 1.0;
     tol t_out = {REL_TOL, keep * max_abs(v, cv) * (ABS_TOL + 3.0 * ds)}, t_lse = {REL_TOL, ABS_TOL + ds};
     const tol t_w = {REL_TOL + 4.0 * ds, ABS_TOL};
+    if (d.out_dtype != ATTN_DTYPE_F32) /* both results rounded to the type: 2 u |ref| and its smallest subnormal */
+        t_out.rel += d.out_dtype == ATTN_DTYPE_BF16 ? 0x1p-7 : 0x1p-10,
+            t_out.abs += d.out_dtype == ATTN_DTYPE_BF16 ? 0x1p-133 : 0x1p-24;
     bool nonfinite = any_nonfinite(q, cq) || any_nonfinite(k, ck) || any_nonfinite(v, cv) ||
                      (ex.slopes != NULL && any_nonfinite(ex.slopes, H));
     if (d.mask != NULL && d.mask_dtype == ATTN_DTYPE_F32)
@@ -128,11 +137,12 @@ static void diff_sdpa(pair *p) {
     describe_extras(&d, extras, sizeof extras);
     snprintf(problem, sizeof problem,
              "sdpa B=%lld H=%lld Hkv=%lld L=%lld S=%lld D=%lld Dv=%lld scale=%g causal=%d mask=%s kpm=%s dropout=%g "
-             "weights=%d lse=%d%s isa=%s",
+             "weights=%d lse=%d%s q=%s out=%s isa=%s",
              (long long)B, (long long)H, (long long)Hkv, (long long)L, (long long)S, (long long)D, (long long)Dv,
              (double)d.scale, (int)d.causal, d.mask == NULL ? "none" : attn_dtype_name(d.mask_dtype),
              d.key_padding_mask == NULL ? "none" : attn_dtype_name(d.key_padding_mask_dtype), d.dropout_p,
-             (int)d.weights_mode, want_lse, extras, attn_isa_name(attn_ctx_isa(p->ctx[0])));
+             (int)d.weights_mode, want_lse, extras, attn_dtype_name(d.q_dtype), attn_dtype_name(d.out_dtype),
+             attn_isa_name(attn_ctx_isa(p->ctx[0])));
     const int64_t nl = B * H * L;
     const int64_t nw = d.weights_mode == ATTN_WEIGHTS_PER_HEAD  ? B * H * L * S
                        : d.weights_mode == ATTN_WEIGHTS_AVERAGE ? B * L * S
@@ -144,7 +154,13 @@ static void diff_sdpa(pair *p) {
         memset(out[c], 0xCD, (size_t)co * sizeof(float));
         if (want_lse) lse[c] = new_floats(nl), memset(lse[c], 0xCD, (size_t)nl * sizeof(float));
         if (nw > 0) w[c] = new_floats(nw), memset(w[c], 0xCD, (size_t)nw * sizeof(float));
-        st[c] = attn_sdpa_fwd(p->ctx[c], &d, q, kin, vin, out[c], lse[c], w[c]);
+        st[c] = attn_sdpa_fwd(p->ctx[c], &d, qin, kin, vin, out[c], lse[c], w[c]);
+        if (st[c] == ATTN_OK && d.out_dtype != ATTN_DTYPE_F32) { /* the half results as floats, in place */
+            uint16_t *h = fuzz_xmalloc((size_t)co * sizeof(uint16_t));
+            memcpy(h, out[c], (size_t)co * sizeof(uint16_t));
+            FUZZ_CHECK(attn_convert(ATTN_DTYPE_F32, out[c], d.out_dtype, h, co) == ATTN_OK, "attn_convert");
+            free(h);
+        }
     }
     compare_status(p, st, "attn_sdpa_fwd");
     for (int c = 1; c < p->n && st[0] == ATTN_OK; c++) {
@@ -154,7 +170,7 @@ static void diff_sdpa(pair *p) {
     }
     compare_generators(p);
     for (int c = 0; c < p->n; c++) free(out[c]), free(lse[c]), free(w[c]);
-    free(q), free(k), free(v), free(mask), free(kpm);
+    free(q), free(k), free(v), free(mask), free(kpm), free(qh);
     free_extras(&ex);
 }
 

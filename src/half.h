@@ -52,11 +52,18 @@ static inline uint16_t attn__f32_to_bf16(float f) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-// Element `off` of a k or v tensor of dtype F32, F16 or BF16, as float.
+// Element `off` of a tensor (q, k, v, out, a gradient) of dtype F32, F16 or BF16, as float.
 static inline float attn__kv_at(const void *p, int dtype, int64_t off) {
     if (dtype == 2) return attn__f16_to_f32(((const uint16_t *)p)[off]);  // ATTN_DTYPE_F16
     if (dtype == 3) return attn__bf16_to_f32(((const uint16_t *)p)[off]); // ATTN_DTYPE_BF16
     return ((const float *)p)[off];
+}
+
+// Writes x as element `off` of a tensor of dtype F32, F16 or BF16 (rounded to nearest even).
+static inline void attn__elem_set(void *p, int dtype, int64_t off, float x) {
+    if (dtype == 2) ((uint16_t *)p)[off] = attn__f32_to_f16(x);       // ATTN_DTYPE_F16
+    else if (dtype == 3) ((uint16_t *)p)[off] = attn__f32_to_bf16(x); // ATTN_DTYPE_BF16
+    else ((float *)p)[off] = x;
 }
 
 #endif

@@ -126,27 +126,28 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, const attn_sdpa_desc *desc, attn__
 // Scratch needed by attn__sdpa_run for a checked descriptor.
 size_t attn__sdpa_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d);
 // Runs the kernel chosen for ctx on a checked descriptor with `ws` (>= attn__sdpa_workspace bytes).
-void attn__sdpa_run(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const float *q,
-                    const void *k, const void *v, float *out, float *lse, float *weights, void *ws);
+// q, out (and in the backward out, dout, dq, dk, dv) are of the desc's q_dtype, out_dtype, grad_dtype.
+void attn__sdpa_run(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const void *q,
+                    const void *k, const void *v, void *out, float *lse, float *weights, void *ws);
 
 // The scalar reference kernel (src/ref/sdpa_ref.c): the specification every other kernel is
 // tested against. Workspace: attn__sdpa_ref_workspace bytes.
 size_t attn__sdpa_ref_workspace(const attn__sdpa_shape *sh);
-void attn__sdpa_fwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, attn_generator *gen, const float *q,
-                        const void *k, const void *v, float *out, float *lse, float *weights, void *ws);
+void attn__sdpa_fwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, attn_generator *gen, const void *q,
+                        const void *k, const void *v, void *out, float *lse, float *weights, void *ws);
 
 // The scalar reference backward (src/ref/sdpa_bwd_ref.c).
 size_t attn__sdpa_bwd_ref_workspace(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, bool want_dmask);
 void attn__sdpa_bwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const attn_generator *dropout_state,
-                        const float *q, const void *k, const void *v, const float *dout, float *dq, float *dk,
-                        float *dv, float *dmask, void *ws);
+                        const void *q, const void *k, const void *v, const void *dout, void *dq, void *dk, void *dv,
+                        float *dmask, void *ws);
 // Checks the gradient outputs of a checked descriptor (strides, dmask) and sizes the scratch.
 attn_status attn__sdpa_bwd_check(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, bool want_dmask);
 size_t attn__sdpa_bwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d,
                                 bool want_dmask);
 void attn__sdpa_bwd_run(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh,
-                        const attn_generator *dropout_state, const float *q, const void *k, const void *v,
-                        const float *out, const float *dout, const float *lse, float *dq, float *dk, float *dv,
+                        const attn_generator *dropout_state, const void *q, const void *k, const void *v,
+                        const void *out, const void *dout, const float *lse, void *dq, void *dk, void *dv,
                         float *dmask, void *ws);
 
 // ---- dense linear algebra -------------------------------------------------------------------

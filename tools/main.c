@@ -55,6 +55,19 @@ bool cli_parse_isa(const char *name, attn_isa *isa) {
     return false;
 }
 
+bool cli_parse_float_dtype(const char *name, attn_dtype *dt) {
+    static const struct {
+        const char *name;
+        attn_dtype dt;
+    } names[] = {{"f32", ATTN_DTYPE_F32}, {"f16", ATTN_DTYPE_F16}, {"bf16", ATTN_DTYPE_BF16}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(name, names[i].name) == 0) {
+            *dt = names[i].dt;
+            return true;
+        }
+    return false;
+}
+
 const char *cli_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap) {
     size_t len = 0;
     len += (size_t)snprintf(buf, cap, "(");

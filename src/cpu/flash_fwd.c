@@ -28,9 +28,10 @@ typedef struct flash_job {
     const attn_sdpa_desc *d;
     const attn__sdpa_shape *sh;
     const attn__kernels *kn;
-    const float *q;
+    const void *q;              // of d->q_dtype
     const void *k, *v;          // of d->kv_dtype
-    float *out, *lse;
+    void *out;                  // of d->out_dtype
+    float *lse;
     int br, brp;                // queries per item, and padded to ATTN_TILE_BR_ALIGN
     int64_t n_qtiles, n_kvtiles;
     float qscale;               // scale * log2(e), folded into the packed queries
@@ -116,11 +117,11 @@ static void flash_task(void *arg, int64_t task, int thread) {
     attn__fwd_tiles t;
     attn__fwd_tiles_layout(sh, d, brp, &t, J->scratch + (size_t)thread * J->per_thread);
 
-    // qt (D, brp) = q[b, h, i0:i0+nq, :]^T * scale * log2(e), zero padding columns
+    // qt (D, brp) = q[b, h, i0:i0+nq, :]^T * scale * log2(e) as floats, zero padding columns
     for (int dd = 0; dd < D; dd++) {
         float *row = t.qt + (int64_t)dd * brp;
-        const float *src = J->q + attn__offset4(d->q_stride, b, h, i0, dd);
-        for (int i = 0; i < nq; i++) row[i] = src[(int64_t)i * d->q_stride[2]] * J->qscale;
+        const int64_t src = attn__offset4(d->q_stride, b, h, i0, dd);
+        for (int i = 0; i < nq; i++) row[i] = attn__kv_at(J->q, d->q_dtype, src + (int64_t)i * d->q_stride[2]) * J->qscale;
         for (int i = nq; i < brp; i++) row[i] = 0.0f;
     }
     for (int i = 0; i < brp; i++) t.m[i] = -INFINITY, t.l[i] = 0.0f;
@@ -171,8 +172,9 @@ static void flash_task(void *arg, int64_t task, int thread) {
     for (int i = 0; i < nq; i++) {
         const float li = t.l[i];
         const float inv = li > 0.0f ? J->keep_scale / li : (li == 0.0f ? 0.0f : li);
-        float *o = J->out + attn__offset4(d->o_stride, b, h, i0 + i, 0);
-        for (int dd = 0; dd < Dv; dd++) o[(int64_t)dd * d->o_stride[3]] = t.ot[(int64_t)dd * brp + i] * inv;
+        const int64_t o = attn__offset4(d->o_stride, b, h, i0 + i, 0);
+        for (int dd = 0; dd < Dv; dd++)
+            attn__elem_set(J->out, d->out_dtype, o + (int64_t)dd * d->o_stride[3], t.ot[(int64_t)dd * brp + i] * inv);
         if (J->lse != NULL)
             J->lse[bh * sh->L + i0 + i] =
                 li > 0.0f ? (float)(((double)t.m[i] + log2((double)li)) * LN2) : (li == 0.0f ? -INFINITY : li);
@@ -224,16 +226,67 @@ static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn
     return a.used;
 }
 
+// The decode path reads a float32 q and writes a float32 out: half-precision ones are staged through
+// contiguous float copies, (B, H, L, D) and (B, H, L, Dv), ahead of its own workspace. *dd receives
+// the descriptor the decode path runs.
+typedef struct decode_staging {
+    float *q, *out;
+    void *ws;
+} decode_staging;
+
+static size_t decode_staging_layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d,
+                                    char *base, decode_staging *st, attn_sdpa_desc *dd) {
+    attn__arena a = {.base = base};
+    *dd = *d;
+    st->q = st->out = NULL;
+    if (d->q_dtype != ATTN_DTYPE_F32 || d->out_dtype != ATTN_DTYPE_F32) {
+        st->q = attn__arena_take(&a, (size_t)(sh->B * sh->H * sh->L * sh->D) * sizeof(float));
+        st->out = attn__arena_take(&a, (size_t)(sh->B * sh->H * sh->L * sh->Dv) * sizeof(float));
+        attn_layout_strides(ATTN_LAYOUT_BHLD, sh->B, sh->H, sh->L, sh->D, dd->q_stride);
+        attn_layout_strides(ATTN_LAYOUT_BHLD, sh->B, sh->H, sh->L, sh->Dv, dd->o_stride);
+        dd->q_dtype = dd->out_dtype = ATTN_DTYPE_F32;
+    }
+    st->ws = attn__arena_take(&a, attn__decode_workspace(ctx, sh, dd));
+    return a.used;
+}
+
+// Copies the (B, H, L, n) view `src` at strides s of dtype dt into or out of a contiguous float array.
+static void stage_view(const attn__sdpa_shape *sh, int64_t n, const int64_t s[4], int dt, void *view, float *flat,
+                       bool into_flat) {
+    int64_t e = 0;
+    for (int64_t b = 0; b < sh->B; b++)
+        for (int64_t h = 0; h < sh->H; h++)
+            for (int64_t i = 0; i < sh->L; i++)
+                for (int64_t c = 0; c < n; c++, e++) {
+                    const int64_t o = attn__offset4(s, b, h, i, c);
+                    if (into_flat) flat[e] = attn__kv_at(view, dt, o);
+                    else attn__elem_set(view, dt, o, flat[e]);
+                }
+}
+
 size_t attn__flash_fwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d) {
-    if (attn__decode_applies(sh, d)) return attn__decode_workspace(ctx, sh, d);
+    if (attn__decode_applies(sh, d)) {
+        decode_staging st;
+        attn_sdpa_desc dd;
+        return decode_staging_layout(ctx, sh, d, NULL, &st, &dd);
+    }
     flash_layout fl;
     return layout(ctx, sh, d, NULL, &fl);
 }
 
-void attn__flash_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const float *q,
-                     const void *k, const void *v, float *out, float *lse, void *ws) {
+void attn__flash_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const void *q,
+                     const void *k, const void *v, void *out, float *lse, void *ws) {
     if (attn__decode_applies(sh, d)) {
-        attn__decode_fwd(ctx, d, sh, q, k, v, out, lse, ws);
+        decode_staging st;
+        attn_sdpa_desc dd;
+        decode_staging_layout(ctx, sh, d, ws, &st, &dd);
+        if (st.q == NULL) {
+            attn__decode_fwd(ctx, d, sh, q, k, v, out, lse, st.ws);
+            return;
+        }
+        stage_view(sh, sh->D, d->q_stride, d->q_dtype, (void *)(uintptr_t)q, st.q, true);
+        attn__decode_fwd(ctx, &dd, sh, st.q, k, v, st.out, lse, st.ws);
+        stage_view(sh, sh->Dv, d->o_stride, d->out_dtype, out, st.out, false);
         return;
     }
     flash_layout fl;
