@@ -394,7 +394,20 @@ typedef struct attn_sdpa_desc {
      * (IEEE half and bfloat16 bit patterns, 2 bytes each; strides still count elements). Products
      * and sums are always computed in float32. Against the float32 k and v they were rounded from,
      * a row's output differs by at most (exp(2 delta) - 1 + u) * max|v| with
-     * delta = u * scale * sum_t |q_t| * max|k| and u = 2^-11 (F16) or 2^-8 (BF16) (tested). */
+     * delta = u * scale * sum_t |q_t| * max|k| and u = 2^-11 (F16) or 2^-8 (BF16) (tested).
+     * ATTN_DTYPE_Q8_0 or ATTN_DTYPE_Q4_0 (forward only: attn_sdpa_fwd, attn_sdpa_varlen_fwd and KV
+     * caches; the backward answers ATTN_ERR_UNSUPPORTED): k and v are blocks of 32 values along D
+     * (layouts in attn_dtype), read directly by the kernels (no dequantised copy). D and Dv must be
+     * multiples of 32 (else ATTN_ERR_BAD_SHAPE). Strides still count values: k_stride[3] and
+     * v_stride[3] must be 1 and the other strides multiples of 32 (dimensions of extent 1 excepted),
+     * so every row is whole blocks: value (b, h, s, t) lies in block o / 32 of the tensor, o =
+     * b*stride[0] + h*stride[1] + s*stride[2] + t, at byte (o / 32) * attn_dtype_size(kv_dtype);
+     * ATTN_ERR_INVALID_ARG otherwise. Products and sums are float32 on the dequantised values
+     * (q * d, exact). Against the float32 k and v they were quantised from, a row's output differs
+     * by at most (exp(2 delta) * (1 + c) - 1) * max|v| + exp(2 delta) * a, plus float32 rounding,
+     * with delta = scale * sum_t |q_t| * (c * max|k| + a), max over the row's kv head, and c, a the
+     * per-value bound of attn_convert (Q8_0: c = 1/254 + 2^-11 + 2^-20, a = 2^-18; Q4_0: c = 1/8 +
+     * 2^-10, a = 2^-21) (tested, with large logits and outliers). The query is not quantised. */
     attn_dtype kv_dtype;
     /* Element types of q and of out: ATTN_DTYPE_F32 (0, the default), ATTN_DTYPE_F16 or
      * ATTN_DTYPE_BF16; strides still count elements. attn_sdpa_bwd reads out and dout in out_dtype.
@@ -490,9 +503,12 @@ ATTN_API attn_status attn_sdpa_varlen_bwd(attn_ctx *ctx, const attn_sdpa_desc *d
 
 /*
  * One layer's keys and values: (B, Hkv, capacity, D) and (B, Hkv, capacity, Dv), of which the
- * first `length` positions are filled, stored as F32, F16 or BF16. Append converts new keys and
- * values (float32) to that type; attend runs SDPA of a block of new queries against the filled
- * positions. A cache is not thread-safe: one caller at a time.
+ * first `length` positions are filled, stored as F32, F16 or BF16, or quantised as Q8_0 or Q4_0
+ * (blocks of 32 values along D, ggml's layouts: see attn_dtype; D and Dv must then be multiples of
+ * 32). Append converts new keys and values (float32) to that type (quantising each row's blocks as
+ * attn_convert does); attend runs SDPA of a block of new queries against the filled positions,
+ * reading the stored type directly (the error bound of quantised types: attn_sdpa_desc.kv_dtype).
+ * A cache is not thread-safe: one caller at a time.
  */
 typedef struct attn_kv_cache attn_kv_cache;
 
@@ -502,7 +518,8 @@ typedef struct attn_kv_cache_config {
     int64_t head_dim;    /* D >= 1 */
     int64_t head_dim_v;  /* Dv; 0 means D */
     int64_t capacity;    /* positions per sequence, >= 1 */
-    attn_dtype dtype;    /* ATTN_DTYPE_F32 (default), ATTN_DTYPE_F16 or ATTN_DTYPE_BF16 */
+    attn_dtype dtype;    /* ATTN_DTYPE_F32 (default), F16, BF16, Q8_0 or Q4_0 (head_dim and
+                            head_dim_v multiples of 32, else ATTN_ERR_BAD_SHAPE at create) */
 } attn_kv_cache_config;
 
 /** Zeroes `cfg` (dtype F32). */
@@ -530,7 +547,9 @@ ATTN_API attn_status attn_kv_cache_truncate(attn_ctx *ctx, attn_kv_cache *cache,
 ATTN_API void attn_kv_cache_reset(attn_kv_cache *cache);
 /**
  * Direct access to the storage: k (B, Hkv, capacity, D) and v (B, Hkv, capacity, Dv) of the
- * cache's dtype, with their element strides. Any output may be NULL.
+ * cache's dtype, with their element strides. Any output may be NULL. For Q8_0 and Q4_0 the strides
+ * count values, as attn_sdpa_desc's do (contiguous rows of D / 32 blocks): value offset o is in the
+ * block at byte (o / 32) * attn_dtype_size(dtype).
  */
 ATTN_API void attn_kv_cache_storage(attn_kv_cache *cache, void **k, int64_t k_stride[4], void **v,
                                     int64_t v_stride[4]);

@@ -9,7 +9,8 @@ static const char summary[] =
     "usage: attn sdpa --q Q.npy --k K.npy --v V.npy --out O.npy [--scale X]\n"
     "                 [--causal | --causal-bottom-right] [--mask M.npy] [--key-padding-mask P.npy]\n"
     "                 [--dropout P --seed S] [--lse-out LSE.npy] [--weights-out W.npy [--average-weights]]\n"
-    "                 [--window LEFT,RIGHT] [--alibi SLOPES.npy] [--softcap C] [--kv-dtype f32|f16|bf16]\n"
+    "                 [--window LEFT,RIGHT] [--alibi SLOPES.npy] [--softcap C]\n"
+    "                 [--kv-dtype f32|f16|bf16|q8_0|q4_0]\n"
     "                 [--grad-out DO.npy --grads-out G.safetensors]\n"
     "\n"
     "softmax(scale * q k^T + masks) v over float32 tensors q (B, H, L, D), k (B, Hkv, S, D) and\n"
@@ -23,7 +24,9 @@ static const char summary[] =
     "--causal-bottom-right, else 0; -1 = unbounded side). --alibi: float32 (H) slopes, adding\n"
     "-slope[h] * |i + off - j|. --softcap C: scores become C * tanh(scores / C) before ALiBi and masks.\n"
     "k and v may be float16 .npy files (then both); --kv-dtype f16 or bf16 rounds float32 k and v to\n"
-    "that type before the call (products and sums stay float32). Gradients are float32.\n"
+    "that type before the call (products and sums stay float32); q8_0 or q4_0 quantises them in blocks\n"
+    "of 32 along D and Dv (ggml's Q8_0 and Q4_0; D and Dv multiples of 32; forward only), which the\n"
+    "kernels read directly. Gradients are float32.\n"
     "Outputs: out (B, H, L, Dv), log-sum-exp (B, H, L), weights (B, H, L, S) or averaged (B, L, S).\n"
     "With --grad-out DO.npy (dL/d out) the backward runs too and --grads-out receives \"q\", \"k\", \"v\" and,\n"
     "for a float32 mask, \"mask\" (its gradient, summed over the dimensions it broadcasts).";
@@ -70,13 +73,15 @@ static bool parse_window(const char *s, int64_t *left, int64_t *right) {
     return true;
 }
 
-// Replaces a float32 tensor's values by their rounding to `dt` (F16 or BF16), in its own buffer.
-static attn_status to_half(attn_tensor *t, attn_dtype dt) {
+// Replaces a float32 tensor's values by their conversion to `dt` (F16, BF16, or Q8_0 / Q4_0 with
+// its last dimension a multiple of 32), in its own buffer (never larger than the floats).
+static attn_status to_kv_dtype(attn_tensor *t, attn_dtype dt) {
     const int64_t n = attn_tensor_numel(t);
-    uint16_t *h = malloc((size_t)n * 2 + 2);
+    const size_t bytes = (size_t)(n / attn_dtype_block_size(dt)) * attn_dtype_size(dt);
+    void *h = malloc(bytes + 2);
     if (h == NULL) return ATTN_ERR_OUT_OF_MEMORY;
     attn_status st = attn_convert(dt, h, ATTN_DTYPE_F32, t->data, n);
-    if (st == ATTN_OK) memcpy(t->data, h, (size_t)n * 2), t->dtype = dt;
+    if (st == ATTN_OK) memcpy(t->data, h, bytes), t->dtype = dt;
     free(h);
     return st;
 }
@@ -127,8 +132,10 @@ int cmd_sdpa(int argc, char **argv) {
     if (kv_dtype != NULL) {
         if (strcmp(kv_dtype, "f16") == 0) want_kv = ATTN_DTYPE_F16;
         else if (strcmp(kv_dtype, "bf16") == 0) want_kv = ATTN_DTYPE_BF16;
+        else if (strcmp(kv_dtype, "q8_0") == 0) want_kv = ATTN_DTYPE_Q8_0;
+        else if (strcmp(kv_dtype, "q4_0") == 0) want_kv = ATTN_DTYPE_Q4_0;
         else if (strcmp(kv_dtype, "f32") != 0)
-            return cli_error("sdpa", EXIT_USAGE, "--kv-dtype must be f32, f16 or bf16, not '%s'", kv_dtype);
+            return cli_error("sdpa", EXIT_USAGE, "--kv-dtype must be f32, f16, bf16, q8_0 or q4_0, not '%s'", kv_dtype);
     }
 
     attn_ctx *ctx = NULL;
@@ -154,7 +161,13 @@ int cmd_sdpa(int argc, char **argv) {
                       attn_dtype_name(k.dtype));
             goto done;
         }
-        if ((st = to_half(&k, want_kv)) != ATTN_OK || (st = to_half(&v, want_kv)) != ATTN_OK) {
+        const int64_t blk = attn_dtype_block_size(want_kv);
+        if (k.shape[3] % blk != 0 || v.shape[3] % blk != 0) {
+            cli_error("sdpa", EXIT_FAILURE_RUN, "--kv-dtype %s needs D and Dv multiples of %lld, got %lld and %lld",
+                      kv_dtype, (long long)blk, (long long)k.shape[3], (long long)v.shape[3]);
+            goto done;
+        }
+        if ((st = to_kv_dtype(&k, want_kv)) != ATTN_OK || (st = to_kv_dtype(&v, want_kv)) != ATTN_OK) {
             cli_fail("sdpa", ctx, st, "converting k and v");
             goto done;
         }
