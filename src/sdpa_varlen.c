@@ -53,7 +53,7 @@ static seq_view view_of(const attn_sdpa_desc *whole, const int64_t *cu_q, const 
 }
 
 static const void *rows_at(const void *p, attn_dtype dt, int64_t row, int64_t row_stride) {
-    return (const char *)p + (size_t)(row * row_stride) * attn_dtype_size(dt);
+    return (const char *)p + attn__kv_bytes(dt, row * row_stride); // block types: rows start on blocks
 }
 
 // Prepares sequence b's problem (false when it has no queries or no keys: nothing to run).

@@ -465,6 +465,14 @@ static void test_direct_sdpa(void) {
         ASSERT_OK(attn_sdpa_varlen_fwd(ctx, &p, cu_q, cu_k, q, k, v, o1, NULL));
         ASSERT_OK(attn_sdpa_varlen_fwd(ref, &p, cu_q, cu_k, q, k, v, o2, NULL));
         ASSERT_CLOSE(o1, o2, 3 * H * Dv, 2e-6, 2e-5);
+        // sequence 1 on its own: keys from row 64 (byte offset of whole blocks), queries 1 and 2
+        attn_sdpa_desc one = p;
+        one.batch = 1, one.len_q = 2, one.len_kv = 66;
+        float *o3 = malloc((size_t)(2 * H * Dv) * 4);
+        ASSERT_OK(attn_sdpa_fwd(ref, &one, q + H * D, (const char *)k + qbytes(dt, 64 * Hkv * D),
+                                (const char *)v + qbytes(dt, 64 * Hkv * Dv), o3, NULL, NULL));
+        ASSERT_CLOSE(o1 + H * Dv, o3, 2 * H * Dv, 2e-6, 2e-5);
+        free(o3);
         // refused: head dims that are not whole blocks, values not contiguous, rows off a block
         attn_sdpa_desc e = d;
         e.head_dim = 16;
