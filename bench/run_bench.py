@@ -160,7 +160,12 @@ def decode_shapes():
     """One query per head against a cache of S positions (the same shapes with --quick)."""
     return [{"op": "decode", "H": 32, "Hkv": 8, "D": 128, "S": S, "kv": kv, "repeat": 50 if S <= 4096 else 20,
              "torch_repeat": 7 if S <= 4096 else 5}
-            for S in (4096, 32768) for kv in ("f32", "f16", "bf16")]
+            for S in (4096, 32768) for kv in ("f32", "f16", "bf16", "q8_0", "q4_0")]
+
+
+def has_torch_decode(shape):
+    """PyTorch has no Q8_0 / Q4_0 cache: those rows are attn's alone."""
+    return shape["kv"] not in ("q8_0", "q4_0")
 
 
 def torch_cmd(python, shape, op):
@@ -278,6 +283,8 @@ def main():
                 r.setdefault("attn_" + isa, []).append(res)
                 log(f"round {rnd + 1} decode S={sh['S']} {sh['kv']} attn[{isa}]: {res['median_ms']:.3f} ms "
                     f"{res['gbps']:.1f} GB/s")
+            if not has_torch_decode(sh):
+                continue
             res = run_json(torch_decode_cmd(args.torch, sh), env=env)
             r.setdefault("torch", []).append(res)
             log(f"round {rnd + 1}   torch {res['torch']} decode: {res['median_ms']:.3f} ms")
@@ -477,9 +484,11 @@ def decode_table(w, info, dec, dec_results, isas, isa_label, triad):
     sh0 = dec[0]
     w(f"## Decoding against a KV cache, B=1, H={sh0['H']}, Hkv={sh0['Hkv']}, D={sh0['D']}, one query per head\n")
     w("One decoding step, `attn_kv_cache_attend` (`attn bench --op decode`): each query head against the S cached "
-      "keys and values of its kv head, stored as float32, float16 or bfloat16 (the query and the arithmetic are "
-      "float32). attn ms is the median of the timed steps after one warm-up, checked against the scalar reference "
-      "first. GB/s is the bytes of K and V read per step, B·Hkv·S·2·D·bytes(type), over that time; \"% triad\" "
+      "keys and values of its kv head, stored as float32, float16 or bfloat16, or quantised as q8_0 or q4_0 "
+      "(ggml's Q8_0 and Q4_0: blocks of 32 values with a float16 scale, 34 and 18 bytes per 32 values, "
+      "dequantised in registers) (the query and the arithmetic are float32). attn ms is the median of the timed steps after one warm-up, checked against the scalar reference "
+      "first. GB/s is the bytes of K and V read per step, B·Hkv·S·2·D·bytes(type) (scales included for the "
+      "quantised types), over that time; \"% triad\" "
       "compares it with the measured memory bandwidth above. PyTorch computes the same step as "
       "`softmax((q @ kᵀ) · scale) @ v` with q viewed as (B, Hkv, H/Hkv, D), so each kv head serves its group of "
       "query heads without copies (`repeat_interleave` of k and v, the other way to write grouped-query attention, "
@@ -620,6 +629,7 @@ def targets(todo, results, peak_of, isas, isa_label, dec=(), dec_results=None, t
             ok = pct >= 70 and t is not None and t / a >= 3
             ratio = f"{t / a:.2f}×" if t else "no torch time"
             out.append(f"| {label} | {pct:.0f}% of the triad, {ratio} | {'yes' if ok else '**no**'} |")
+        out += quant_decode_targets(dec, dec_results, isa, isa_label, triad)
     for i, sh in enumerate(todo):
         if sh.get("memory"):
             res = results[i]["attn_auto"][0]
@@ -629,9 +639,29 @@ def targets(todo, results, peak_of, isas, isa_label, dec=(), dec_results=None, t
     return "\n".join(out) + "\n"
 
 
+def quant_decode_targets(dec, dec_results, isa, isa_label, triad):
+    """Decode at S=32768 with Q8_0 / Q4_0 caches: >= 1.7x / 2.8x the f16 cache's speed, each >= 70%
+    of the triad counting the bytes the kernels read (scales included)."""
+    rows = []
+    at = {sh["kv"]: i for i, sh in enumerate(dec) if sh["S"] == 32768 and (sh["H"], sh["Hkv"], sh["D"]) == (32, 8, 128)}
+    if "f16" not in at:
+        return rows
+    f16 = med(dec_results[at["f16"]]["attn_" + isa])
+    for kv, want in (("q8_0", 1.7), ("q4_0", 2.8)):
+        if kv not in at:
+            continue
+        sh = dec[at[kv]]
+        a = med(dec_results[at[kv]]["attn_" + isa])
+        pct = 100 * sh_bytes(sh) / (a * 1e6) / triad["gbps"]
+        label = f"decode H=32 Hkv=8 D=128 S=32768 {kv} [{isa_label[isa]}]: ≥{want}× the f16 cache, ≥70% of the triad"
+        ok = f16 / a >= want and pct >= 70
+        rows.append(f"| {label} | {f16 / a:.2f}×, {pct:.0f}% of the triad | {'yes' if ok else '**no**'} |")
+    return rows
+
+
 def sh_bytes(sh):
     """Bytes of K and V one decoding step reads."""
-    return sh["Hkv"] * sh["S"] * 2 * sh["D"] * {"f32": 4, "f16": 2, "bf16": 2}[sh["kv"]]
+    return sh["Hkv"] * sh["S"] * 2 * sh["D"] * {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34 / 32, "q4_0": 18 / 32}[sh["kv"]]
 
 
 def plot_png(plot):

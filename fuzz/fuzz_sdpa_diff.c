@@ -7,7 +7,8 @@
  * and broadcast inputs), attention masks of both dtypes broadcast by their strides, key padding
  * masks, every causal mode, scales, weights modes, log-sum-exp and dropout, local windows, ALiBi,
  * soft-capping and float16/bfloat16 k and v (converted with attn_convert, whose rounding is
- * checked on the way); nn.MultiheadAttention
+ * checked on the way); KV caches of every type, Q8_0 and Q4_0 included (first byte 156, 188, 220
+ * or 252), appended and attended in the same steps on each context; nn.MultiheadAttention
  * and the book's modules run tiny configurations the same way. The contexts are seeded alike, so
  * with dropout too the runs must agree: the same status; outputs within 1e-5 relative plus an
  * absolute tolerance of 1e-6 scaled by the magnitudes involved and widened by what float
@@ -17,6 +18,90 @@
  * another thread count and must give the same bits.
  */
 #include "fuzz_diff.h"
+
+/* ---- KV caches of every type, the block-quantised Q8_0 and Q4_0 included -------------------- */
+
+/*
+ * Each context gets its own cache of the drawn type (F32, F16, BF16, Q8_0 or Q4_0; head dims of
+ * whole blocks of 32 for the last two), filled by the same appends of values with specials
+ * (NaN and infinities make their quantised blocks NaN), and attends with bottom-right causal
+ * masking, optionally a key padding mask and a window: the caches must hold the same bytes, and
+ * the results agree as SDPA's do (both sides compute on the same stored values).
+ */
+static void diff_kv_cache(pair *p) {
+    fuzz_data *fd = p->fd;
+    static const attn_dtype types[5] = {ATTN_DTYPE_F32, ATTN_DTYPE_F16, ATTN_DTYPE_BF16, ATTN_DTYPE_Q8_0,
+                                        ATTN_DTYPE_Q4_0};
+    const attn_dtype dt = types[fuzz_data_pick(fd, 5)];
+    const int64_t unit = dt == ATTN_DTYPE_Q8_0 || dt == ATTN_DTYPE_Q4_0 ? 32 : 1;
+    const int64_t B = fuzz_data_i64_range(fd, 1, 2), Hkv = fuzz_data_i64_range(fd, 1, 3), G = fuzz_data_i64_range(fd, 1, 4);
+    const int64_t D = unit * fuzz_data_i64_range(fd, 1, unit > 1 ? 3 : 40), Dv = unit * fuzz_data_i64_range(fd, 1, unit > 1 ? 3 : 40);
+    const int64_t cap = fuzz_data_i64_range(fd, 1, 300), H = Hkv * G;
+    attn_kv_cache_config c;
+    attn_kv_cache_config_init(&c);
+    c.batch = B, c.n_kv_heads = Hkv, c.head_dim = D, c.head_dim_v = Dv, c.capacity = cap, c.dtype = dt;
+    attn_kv_cache *kc[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < p->n; i++)
+        FUZZ_CHECK(attn_kv_cache_create(p->ctx[i], &c, &kc[i]) == ATTN_OK, "kv_cache_create: %s", attn_ctx_last_error(p->ctx[i]));
+    const float amp = pick_amp(p);
+    snprintf(problem, sizeof problem, "kv cache %s B=%lld H=%lld Hkv=%lld D=%lld Dv=%lld cap=%lld amp=%g", attn_dtype_name(dt),
+             (long long)B, (long long)H, (long long)Hkv, (long long)D, (long long)Dv, (long long)cap, (double)amp);
+    const int steps = fuzz_data_int_range(fd, 1, 4);
+    for (int step = 0; step < steps; step++) {
+        const int64_t len = attn_kv_cache_length(kc[0]);
+        if (len == cap) break;
+        const int64_t n = fuzz_data_i64_range(fd, 1, cap - len);
+        float *k = new_floats(B * Hkv * n * D), *v = new_floats(B * Hkv * n * Dv);
+        fill(p, k, B * Hkv * n * D, amp), fill(p, v, B * Hkv * n * Dv, amp);
+        for (int i = 0; i < p->n; i++)
+            FUZZ_CHECK(attn_kv_cache_append(p->ctx[i], kc[i], n, k, NULL, v, NULL) == ATTN_OK, "kv_cache_append: %s",
+                       attn_ctx_last_error(p->ctx[i]));
+        free(k), free(v);
+        const int64_t S = len + n, L = fuzz_data_i64_range(fd, 1, S < 12 ? S : 12);
+        attn_sdpa_desc d;
+        attn_sdpa_desc_init(&d);
+        d.batch = B, d.n_heads = H, d.len_q = L, d.head_dim = D, d.head_dim_v = Dv, d.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+        attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, L, D, d.q_stride);
+        attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, L, Dv, d.o_stride);
+        uint8_t *kpm = NULL;
+        if (fuzz_data_chance(fd, 1, 3)) {
+            kpm = fuzz_xmalloc((size_t)(B * S));
+            for (int64_t j = 0; j < B * S; j++) kpm[j] = fuzz_rng_below(&p->rng, 4) == 0;
+            d.key_padding_mask = kpm, d.key_padding_mask_dtype = ATTN_DTYPE_BOOL;
+            d.key_padding_mask_stride[0] = S, d.key_padding_mask_stride[1] = 1;
+        }
+        if (fuzz_data_chance(fd, 1, 4)) d.use_window = 1, d.window_left = fuzz_data_i64_range(fd, 0, S), d.window_right = -1;
+        float *q = new_floats(B * H * L * D), *o[3], *lse[3];
+        fill(p, q, B * H * L * D, amp);
+        attn_status st[3];
+        for (int i = 0; i < p->n; i++) {
+            o[i] = new_floats(B * H * L * Dv), lse[i] = new_floats(B * H * L);
+            st[i] = attn_kv_cache_attend(p->ctx[i], kc[i], &d, q, o[i], lse[i]);
+        }
+        compare_status(p, st, "kv_cache_attend");
+        if (st[0] == ATTN_OK) {
+            void *s0, *s1;
+            attn_kv_cache_storage(kc[0], &s0, NULL, NULL, NULL);
+            attn_kv_cache_storage(kc[1], &s1, NULL, NULL, NULL);
+            const size_t head = (size_t)(cap * D / unit) * attn_dtype_size(dt), filled = (size_t)(S * D / unit) * attn_dtype_size(dt);
+            for (int64_t bh = 0; bh < B * Hkv; bh++) /* the filled positions of each head */
+                FUZZ_CHECK(memcmp((const char *)s0 + (size_t)bh * head, (const char *)s1 + (size_t)bh * head, filled) == 0,
+                           "the caches hold different keys in %s", problem);
+            /* magnitudes of what the rows sum (a dequantised value is at most the block's largest) */
+            const double mk = amp, ds = 4.0 * (double)(D + 8) * U * (double)D * mk * max_abs(q, B * H * L * D) / sqrt((double)D);
+            loose_nonfinite = true; /* specials: the flush of tiny weights may differ (see above) */
+            const tol t = {REL_TOL + 4.0 * ds, ABS_TOL * (1.0 + amp) + amp * (3.0 * ds + 4.0 * (double)(S + 8) * U)};
+            for (int i = 1; i < p->n; i++) {
+                compare_run(p, i, o[0], o[i], B * H * L * Dv, t, "kv cache out");
+                compare_run(p, i, lse[0], lse[i], B * H * L, (tol){REL_TOL + 4.0 * ds, ABS_TOL + 4.0 * ds}, "kv cache lse");
+            }
+            loose_nonfinite = false;
+        }
+        for (int i = 0; i < p->n; i++) free(o[i]), free(lse[i]);
+        free(q), free(kpm);
+    }
+    for (int i = 0; i < p->n; i++) attn_kv_cache_free(kc[i]);
+}
 
 /* ---- SDPA ---------------------------------------------------------------------------------- */
 
@@ -389,7 +474,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 1:
     case 2:
     case 3:
-    case 4: diff_sdpa(&p); break;
+    case 4: /* 156, 188, 220, 252 (first bytes no corpus input had before): KV caches */
+        if (what % 8 == 4 && what >= 156 && (what - 156) % 32 == 0)
+            diff_kv_cache(&p);
+        else
+            diff_sdpa(&p);
+        break;
     case 5:
     case 6: diff_mha(&p); break;
     default: diff_book(&p); break;

@@ -90,6 +90,14 @@ static inline bool attn__is_float_dtype(attn_dtype t) {
     return t == ATTN_DTYPE_F32 || t == ATTN_DTYPE_F16 || t == ATTN_DTYPE_BF16;
 }
 
+// Whether dtype is a block-quantised type (Q8_0, Q4_0: blocks of 32 values, see attn.h).
+static inline bool attn__is_block_dtype(attn_dtype t) { return t == ATTN_DTYPE_Q8_0 || t == ATTN_DTYPE_Q4_0; }
+// Bytes from the start of a k or v tensor of type dt to its element `off` (for a block type, off
+// is a multiple of the block size: the start of a block).
+static inline size_t attn__kv_bytes(attn_dtype dt, int64_t off) {
+    return (size_t)(off / attn_dtype_block_size(dt)) * attn_dtype_size(dt);
+}
+
 // ---- checked size arithmetic -------------------------------------------------------------
 // Return false on overflow (or a negative operand), true otherwise.
 bool attn__mul_i64(int64_t a, int64_t b, int64_t *out);
@@ -120,6 +128,8 @@ typedef struct attn__sdpa_shape {
     float scale;
 } attn__sdpa_shape;
 attn_status attn__sdpa_check(attn_ctx *ctx, const attn_sdpa_desc *d, attn__sdpa_shape *sh);
+// The layout rules of Q8_0 and Q4_0 k and v (attn.h, kv_dtype), for a checked shape (quant.c).
+attn_status attn__check_block_kv(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh);
 // The checks of the public SDPA entry points; *run receives the descriptor the kernels take (the
 // strides of length-1 dimensions zeroed).
 attn_status attn__sdpa_prepare(attn_ctx *ctx, const attn_sdpa_desc *desc, attn__sdpa_shape *sh, attn_sdpa_desc *run);

@@ -83,9 +83,10 @@ attn_status attn__sdpa_check(attn_ctx *ctx, const attn_sdpa_desc *d, attn__sdpa_
     } types[] = {{"kv_dtype", d->kv_dtype}, {"q_dtype", d->q_dtype}, {"out_dtype", d->out_dtype},
                  {"grad_dtype", d->grad_dtype}};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
-        if (!attn__is_float_dtype(types[i].dtype))
-            return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa: %s must be F32, F16 or BF16, not %s", types[i].name,
-                              attn_dtype_name(types[i].dtype));
+        if (!attn__is_float_dtype(types[i].dtype) && !(i == 0 && attn__is_block_dtype(d->kv_dtype)))
+            return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa: %s must be F32, F16 or BF16%s, not %s", types[i].name,
+                              i == 0 ? " (or Q8_0, Q4_0)" : "", attn_dtype_name(types[i].dtype));
+    if (attn__is_block_dtype(d->kv_dtype)) ATTN_RETURN_IF_ERR(attn__check_block_kv(ctx, d, sh));
 
     const int64_t nq[4] = {sh->B, sh->H, sh->L, sh->D}, nk[4] = {sh->B, sh->Hkv, sh->S, sh->D};
     const int64_t nv[4] = {sh->B, sh->Hkv, sh->S, sh->Dv}, no[4] = {sh->B, sh->H, sh->L, sh->Dv};
@@ -202,6 +203,9 @@ attn_status attn__sdpa_bwd_check(attn_ctx *ctx, const attn_sdpa_desc *d, const a
                 return attn__fail(ctx, ATTN_ERR_INVALID_ARG,
                                   "sdpa_bwd: %s would be written at stride 0 on dimension %d (a broadcast input)",
                                   grads[g].name, i);
+    if (attn__is_block_dtype(d->kv_dtype))
+        return attn__fail(ctx, ATTN_ERR_UNSUPPORTED, "sdpa_bwd: k and v of type %s are for the forward only",
+                          attn_dtype_name(d->kv_dtype));
     if (want_dmask && (d->mask == NULL || d->mask_dtype != ATTN_DTYPE_F32))
         return attn__fail(ctx, ATTN_ERR_BAD_MASK, "sdpa_bwd: dmask needs an F32 attention mask");
     // the reference keeps double accumulators for every key and value element

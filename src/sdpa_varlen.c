@@ -53,9 +53,10 @@ static seq_view view_of(const attn_sdpa_desc *whole, const int64_t *cu_q, const 
     return s;
 }
 
-// Row `row` of a packed tensor of dtype dt (row stride in elements); const dropped for outputs.
+// Row `row` of a packed tensor of dtype dt (row stride in elements; rows of the block types start on
+// whole blocks); const dropped for outputs.
 static void *rows_at(const void *p, attn_dtype dt, int64_t row, int64_t row_stride) {
-    return (char *)(uintptr_t)p + (size_t)(row * row_stride) * attn_dtype_size(dt);
+    return (char *)(uintptr_t)p + attn__kv_bytes(dt, row * row_stride);
 }
 
 // Prepares sequence b's problem (false when it has no queries or no keys: nothing to run).

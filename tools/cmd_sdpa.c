@@ -9,8 +9,9 @@ static const char summary[] =
     "usage: attn sdpa --q Q.npy --k K.npy --v V.npy --out O.npy [--scale X]\n"
     "                 [--causal | --causal-bottom-right] [--mask M.npy] [--key-padding-mask P.npy]\n"
     "                 [--dropout P --seed S] [--lse-out LSE.npy] [--weights-out W.npy [--average-weights]]\n"
-    "                 [--window LEFT,RIGHT] [--alibi SLOPES.npy] [--softcap C] [--kv-dtype f32|f16|bf16]\n"
-    "                 [--dtype f32|f16|bf16] [--isa ISA] [--grad-out DO.npy --grads-out G.safetensors]\n"
+    "                 [--window LEFT,RIGHT] [--alibi SLOPES.npy] [--softcap C]\n"
+    "                 [--kv-dtype f32|f16|bf16|q8_0|q4_0] [--dtype f32|f16|bf16] [--isa ISA]\n"
+    "                 [--grad-out DO.npy --grads-out G.safetensors]\n"
     "\n"
     "softmax(scale * q k^T + masks) v over float32 tensors q (B, H, L, D), k (B, Hkv, S, D) and\n"
     "v (B, Hkv, S, Dv); H must be a multiple of Hkv (grouped-query attention: query head h uses kv\n"
@@ -23,7 +24,9 @@ static const char summary[] =
     "--causal-bottom-right, else 0; -1 = unbounded side). --alibi: float32 (H) slopes, adding\n"
     "-slope[h] * |i + off - j|. --softcap C: scores become C * tanh(scores / C) before ALiBi and masks.\n"
     "k and v may be float16 .npy files (then both); --kv-dtype f16 or bf16 rounds float32 k and v to\n"
-    "that type before the call (products and sums stay float32). Gradients are float32.\n"
+    "that type before the call (products and sums stay float32); q8_0 or q4_0 quantises them in blocks\n"
+    "of 32 along D and Dv (ggml's Q8_0 and Q4_0; D and Dv multiples of 32; forward only), which the\n"
+    "kernels read directly. Gradients are float32 unless --dtype says otherwise.\n"
     "--dtype f16 or bf16 rounds q, k, v (and dL/d out) to that type and computes out and the gradients in\n"
     "it (attn_sdpa_desc's q/kv/out/grad dtypes); they are written as float32 arrays holding those values.\n"
     "--isa picks the kernels (auto, ref, generic, avx2, avx512; default auto).\n"
@@ -73,13 +76,15 @@ static bool parse_window(const char *s, int64_t *left, int64_t *right) {
     return true;
 }
 
-// Replaces a float32 tensor's values by their rounding to `dt` (F16 or BF16), in its own buffer.
-static attn_status to_half(attn_tensor *t, attn_dtype dt) {
+// Replaces a float32 tensor's values by their conversion to `dt` (F16, BF16, or Q8_0 / Q4_0 with
+// its last dimension a multiple of 32), in its own buffer (never larger than the floats).
+static attn_status to_dtype(attn_tensor *t, attn_dtype dt) {
     const int64_t n = attn_tensor_numel(t);
-    uint16_t *h = malloc((size_t)n * 2 + 2);
+    const size_t bytes = (size_t)(n / attn_dtype_block_size(dt)) * attn_dtype_size(dt);
+    void *h = malloc(bytes + 2);
     if (h == NULL) return ATTN_ERR_OUT_OF_MEMORY;
     attn_status st = attn_convert(dt, h, ATTN_DTYPE_F32, t->data, n);
-    if (st == ATTN_OK) memcpy(t->data, h, (size_t)n * 2), t->dtype = dt;
+    if (st == ATTN_OK) memcpy(t->data, h, bytes), t->dtype = dt;
     free(h);
     return st;
 }
@@ -142,8 +147,8 @@ int cmd_sdpa(int argc, char **argv) {
         return cli_error("sdpa", EXIT_USAGE, "--window wants LEFT,RIGHT with integers >= -1, got '%s'", window);
     if (!(softcap >= 0.0) || softcap > 3.4e38) return cli_error("sdpa", EXIT_USAGE, "--softcap must be >= 0 and finite");
     attn_dtype want_kv = ATTN_DTYPE_F32, want_all = ATTN_DTYPE_F32;
-    if (kv_dtype != NULL && !cli_parse_float_dtype(kv_dtype, &want_kv))
-        return cli_error("sdpa", EXIT_USAGE, "--kv-dtype must be f32, f16 or bf16, not '%s'", kv_dtype);
+    if (kv_dtype != NULL && !cli_parse_kv_dtype(kv_dtype, &want_kv))
+        return cli_error("sdpa", EXIT_USAGE, "--kv-dtype must be f32, f16, bf16, q8_0 or q4_0, not '%s'", kv_dtype);
     if (all_dtype != NULL && !cli_parse_float_dtype(all_dtype, &want_all))
         return cli_error("sdpa", EXIT_USAGE, "--dtype must be f32, f16 or bf16, not '%s'", all_dtype);
     if (kv_dtype != NULL && all_dtype != NULL && want_kv != want_all)
@@ -178,8 +183,14 @@ int cmd_sdpa(int argc, char **argv) {
                       attn_dtype_name(k.dtype));
             goto done;
         }
-        if ((st = to_half(&k, want_kv)) != ATTN_OK || (st = to_half(&v, want_kv)) != ATTN_OK ||
-            (want_all != ATTN_DTYPE_F32 && (st = to_half(&q, want_all)) != ATTN_OK)) {
+        const int64_t blk = attn_dtype_block_size(want_kv);
+        if (k.shape[3] % blk != 0 || v.shape[3] % blk != 0) {
+            cli_error("sdpa", EXIT_FAILURE_RUN, "--kv-dtype %s needs D and Dv multiples of %lld, got %lld and %lld",
+                      kv_dtype, (long long)blk, (long long)k.shape[3], (long long)v.shape[3]);
+            goto done;
+        }
+        if ((st = to_dtype(&k, want_kv)) != ATTN_OK || (st = to_dtype(&v, want_kv)) != ATTN_OK ||
+            (want_all != ATTN_DTYPE_F32 && (st = to_dtype(&q, want_all)) != ATTN_OK)) {
             cli_fail("sdpa", ctx, st, "converting q, k and v");
             goto done;
         }
@@ -280,7 +291,7 @@ int cmd_sdpa(int argc, char **argv) {
                       cli_shape_str(dout.ndim, dout.shape, got, sizeof got));
             goto done;
         }
-        if (want_all != ATTN_DTYPE_F32 && (st = to_half(&dout, want_all)) != ATTN_OK) {
+        if (want_all != ATTN_DTYPE_F32 && (st = to_dtype(&dout, want_all)) != ATTN_OK) {
             cli_fail("sdpa", ctx, st, "converting --grad-out");
             goto done;
         }

@@ -59,9 +59,9 @@ bool attn__mask_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int br
 void attn__score_transform(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int brp,
                            int64_t h, int64_t i0, int nq, int64_t j0, int nj, float *st, float *th);
 
-// Rows [0, nj) of a half-precision key or value tile (row stride rs, element stride es) converted
-// to floats, (nj, n) contiguous.
-void attn__half_tile(const attn__kernels *kn, attn_dtype dt, const uint16_t *src, int64_t rs, int64_t es, int nj,
+// Rows [0, nj) of a half-precision or block-quantised (Q8_0, Q4_0: es = 1, rs a multiple of 32) key
+// or value tile (row stride rs, element stride es) converted to floats, (nj, n) contiguous.
+void attn__half_tile(const attn__kernels *kn, attn_dtype dt, const void *src, int64_t rs, int64_t es, int nj,
                      int64_t n, float *dst);
 
 // The fused backward (flash_bwd.c).

@@ -61,14 +61,16 @@ size_t attn__fwd_tiles_layout(const attn__sdpa_shape *sh, const attn_sdpa_desc *
     return a.used;
 }
 
-// Rows [j0, j0+nj) of a half-precision k or v head (row stride rs, element stride es) as floats
-// (nj, n) contiguous.
-void attn__half_tile(const attn__kernels *kn, attn_dtype dt, const uint16_t *src, int64_t rs, int64_t es, int nj,
+// Rows [j0, j0+nj) of a half-precision or block-quantised k or v head (row stride rs, element
+// stride es; block types: es = 1, rs a multiple of the block) as floats (nj, n) contiguous.
+void attn__half_tile(const attn__kernels *kn, attn_dtype dt, const void *src, int64_t rs, int64_t es, int nj,
                      int64_t n, float *dst) {
     for (int j = 0; j < nj; j++) {
-        const uint16_t *r = src + (int64_t)j * rs;
+        const void *r = (const char *)src + attn__kv_bytes(dt, (int64_t)j * rs);
         float *o = dst + (int64_t)j * n;
-        if (es == 1)
+        if (attn__is_block_dtype(dt))
+            kn->dequant_rows(dt, r, o, n);
+        else if (es == 1)
             kn->half_to_f32(dt, r, o, n);
         else
             for (int64_t c = 0; c < n; c++) o[c] = attn__kv_at(r, dt, c * es);
@@ -130,20 +132,19 @@ static void flash_task(void *arg, int64_t task, int thread) {
     const bool masked = d->mask != NULL || d->key_padding_mask != NULL;
     const bool transform = d->softcap > 0.0f || d->alibi_slopes != NULL;
     const bool half = d->kv_dtype != ATTN_DTYPE_F32;
-    const size_t esize = half ? 2 : 4;
     const int64_t j_end = attn__keys_visible_until(d, sh, i0 + nq - 1);
     const int64_t j_begin = attn__keys_visible_from(d, sh, i0) / FLASH_BC * FLASH_BC; // whole tiles
-    const char *kbase = (const char *)J->k + (size_t)attn__offset4(d->k_stride, b, hk, 0, 0) * esize;
-    const char *vbase = (const char *)J->v + (size_t)attn__offset4(d->v_stride, b, hk, 0, 0) * esize;
+    const char *kbase = (const char *)J->k + attn__kv_bytes(d->kv_dtype, attn__offset4(d->k_stride, b, hk, 0, 0));
+    const char *vbase = (const char *)J->v + attn__kv_bytes(d->kv_dtype, attn__offset4(d->v_stride, b, hk, 0, 0));
     for (int64_t j0 = j_begin; j0 < j_end; j0 += FLASH_BC) {
         const int nj = (int)(j_end - j0 < FLASH_BC ? j_end - j0 : FLASH_BC);
         // the key and value tiles as floats: in place, or converted from half precision
-        const float *kt = (const float *)(kbase + (size_t)(j0 * d->k_stride[2]) * esize);
-        const float *vt = (const float *)(vbase + (size_t)(j0 * d->v_stride[2]) * esize);
+        const float *kt = (const float *)(kbase + attn__kv_bytes(d->kv_dtype, j0 * d->k_stride[2]));
+        const float *vt = (const float *)(vbase + attn__kv_bytes(d->kv_dtype, j0 * d->v_stride[2]));
         int64_t ks_row = d->k_stride[2], ks_d = d->k_stride[3], vs_row = d->v_stride[2], vs_d = d->v_stride[3];
         if (half) {
-            attn__half_tile(J->kn, d->kv_dtype, (const uint16_t *)kt, ks_row, ks_d, nj, D, t.kf);
-            attn__half_tile(J->kn, d->kv_dtype, (const uint16_t *)vt, vs_row, vs_d, nj, Dv, t.vf);
+            attn__half_tile(J->kn, d->kv_dtype, kt, ks_row, ks_d, nj, D, t.kf);
+            attn__half_tile(J->kn, d->kv_dtype, vt, vs_row, vs_d, nj, Dv, t.vf);
             kt = t.kf, vt = t.vf, ks_row = D, ks_d = 1, vs_row = Dv, vs_d = 1;
         }
         attn__qk(J->kn, kt, ks_row, ks_d, nj, D, t.qt, brp, t.st);

@@ -16,6 +16,7 @@ Covered:
     cross attention, kdim/vdim, bias_k/bias_v, batch_first, unbatched, masks, weights), and
     against a numpy reference without torch; parameters as views, state_dict, safetensors round trip;
   - KVCache: token-by-token decoding against full causal attention (F32/F16/BF16 storage, GQA),
+    Q8_0/Q4_0 storage within the quantisation's bound,
     truncate/reset, capacity errors, MHA.forward_cached against the causal forward;
   - sdpa_varlen and its backward against a loop over the sequences;
   - errors: AttnError with the status name and the library's message.
@@ -718,6 +719,26 @@ class TestKVCache(unittest.TestCase):
                 rk = {"f32": k, "f16": k.astype(np.float16).astype(np.float32), "bf16": attn.from_bfloat16(ks)}[dtype]
                 np.testing.assert_array_equal(cache.keys(), rk)
                 self.assertEqual(cache.values().shape, (B, Hkv, T, Dv))
+
+    def test_quantised_cache(self):
+        # q8_0 / q4_0: quantised on append (blocks of 32 along D), read back within the bound of
+        # attn.h, and attend equals attention on the values the cache holds
+        B, H, Hkv, D, Dv, T = 1, 4, 2, 64, 32, 40
+        q, k, v = randn(self.rng, B, H, 2, D), randn(self.rng, B, Hkv, T, D), randn(self.rng, B, Hkv, T, Dv)
+        for dtype, c, a in (("q8_0", 1 / 254 + 2 ** -11 + 2 ** -20, 2 ** -18), ("q4_0", 1 / 8 + 2 ** -10, 2 ** -21)):
+            with self.subTest(dtype):
+                cache = attn.KVCache(B, Hkv, D, capacity=T, dtype=dtype, head_dim_v=Dv)
+                self.assertEqual(cache.dtype, dtype)
+                cache.append(k, v)
+                for got, x in ((cache.keys(), k), (cache.values(), v)):
+                    m = np.abs(x.reshape(-1, 32)).max(axis=1, keepdims=True)
+                    err = np.abs(got.reshape(-1, 32) - x.reshape(-1, 32))
+                    self.assertTrue(np.all(err <= c * m + a), dtype)
+                    self.assertTrue(np.any(err > 0), dtype)
+                want = attn.sdpa(q, cache.keys(), cache.values(), causal="bottom_right")
+                close(self, cache.attend(q), want, rtol=1e-5, atol=1e-5, what=dtype)
+        with self.assertRaises(attn.AttnError):
+            attn.KVCache(1, 1, 48, 8, dtype="q8_0")  # head_dim not a multiple of 32
 
     def test_attend_options(self):
         B, H, Hkv, D, T = 1, 2, 1, 8, 9
