@@ -84,6 +84,9 @@ void attn__pool_free(attn__pool *p);
 int attn__pool_threads(const attn__pool *p);
 // Runs tasks 0..n_tasks-1 on the workers and the caller; returns when all are done. p may be NULL.
 void attn__pool_run(attn__pool *p, int64_t n_tasks, attn__task_fn fn, void *arg);
+// The pool to run a loop of about `flops` floating-point operations on: NULL (the caller alone)
+// below ATTN_SERIAL_FLOPS, where waking a worker would cost more than it saves.
+attn__pool *attn__pool_for(attn__pool *p, double flops);
 
 // Whether dtype is one of the floating-point element types tensors may have (F32, F16, BF16).
 static inline bool attn__is_float_dtype(attn_dtype t) {

@@ -287,6 +287,9 @@ void attn__decode_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_s
         .part = dl.part, .part_floats = dl.part_floats, .narrow = narrow_applies(sh, d), .scratch = dl.scratch,
         .per_thread = dl.per_thread, .narrow_off = dl.narrow_off,
     };
-    attn__pool_run(ctx->pool, sh->B * sh->Hkv * J.keys.n_chunks, decode_task, &J);
-    attn__pool_run(ctx->pool, sh->B * sh->Hkv, merge_task, &J);
+    // q k^T and p v: 2 (D + Dv) flops per query row and key
+    attn__pool *pool = attn__pool_for(ctx->pool, 2.0 * (double)(sh->B * sh->H * sh->L) * (double)sh->S *
+                                                     (double)(sh->D + sh->Dv));
+    attn__pool_run(pool, sh->B * sh->Hkv * J.keys.n_chunks, decode_task, &J);
+    attn__pool_run(pool, sh->B * sh->Hkv, merge_task, &J);
 }

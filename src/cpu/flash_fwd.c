@@ -303,8 +303,11 @@ void attn__flash_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_sh
     };
     J.brp = (J.br + ATTN_TILE_BR_ALIGN - 1) / ATTN_TILE_BR_ALIGN * ATTN_TILE_BR_ALIGN;
     J.n_qtiles = (sh->L + J.br - 1) / J.br;
+    // q k^T and p v: 2 (D + Dv) flops per query row and key
+    attn__pool *pool = attn__pool_for(ctx->pool, 2.0 * (double)(sh->B * sh->H * sh->L) * (double)sh->S *
+                                                     (double)(sh->D + sh->Dv));
     vscan_job vj = {d, sh, v, J.n_kvtiles, fl.v_bad};
-    attn__pool_run(ctx->pool, sh->B * sh->Hkv, vscan_task, &vj);
+    attn__pool_run(pool, sh->B * sh->Hkv, vscan_task, &vj);
     if (d->dropout_p > 0.0) { // the reference's draws, in (b, h, i, j) order, kept as bits
         const int64_t n = sh->B * sh->H * sh->L * sh->S;
         const bool all = d->dropout_p >= 1.0;
@@ -316,5 +319,5 @@ void attn__flash_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_sh
         J.keep = fl.keep;
         J.keep_scale = all ? 0.0f : 1.0f / (float)(1.0 - d->dropout_p);
     }
-    attn__pool_run(ctx->pool, sh->B * sh->H * J.n_qtiles, flash_task, &J);
+    attn__pool_run(pool, sh->B * sh->H * J.n_qtiles, flash_task, &J);
 }
