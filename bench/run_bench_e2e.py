@@ -171,11 +171,16 @@ def report(args, info, versions, rows, unavailable, load, triad):
                  f"{'same as eager' if same else 'DIFFER from eager'} |")
     w.append("")
     c = rows.get("C")
-    e = rows.get("eager")
-    if c and e:
-        ratio = lambda key, n: statistics.median(n / r[key] for r in c) / statistics.median(n / r[key] for r in e)
-        w.append(f"The C GPT-2 against eager transformers: prefill {ratio('prefill_s', P):.2f}×, decode "
-                 f"{ratio('decode_s', N - 1):.2f}×, whole generation {ratio('generate_s', N):.2f}×.\n")
+
+    def against(what, a, b):  # medians' ratios of rows a and b
+        ratio = lambda key, n: statistics.median(n / r[key] for r in a) / statistics.median(n / r[key] for r in b)
+        w.append(f"{what}: prefill {ratio('prefill_s', P):.2f}×, decode {ratio('decode_s', N - 1):.2f}×, whole "
+                 f"generation {ratio('generate_s', N):.2f}×.\n")
+
+    if rows.get("attn") and rows.get("sdpa") and "attn" not in unavailable:
+        against('transformers under "attn" against "sdpa" (only the attention differs)', rows["attn"], rows["sdpa"])
+    if c and rows.get("eager"):
+        against("The C GPT-2 against eager transformers", c, rows["eager"])
     if c:
         gbps = WEIGHT_BYTES / 1e9 * statistics.median((N - 1) / r["decode_s"] for r in c)
         w.append(f"Each decoding step reads every weight once: {WEIGHT_BYTES / 1e6:.0f} MB in float32 (and the KV "
