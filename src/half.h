@@ -92,4 +92,23 @@ static inline void attn__elem_set(void *p, int dtype, int64_t off, float x) {
     else ((float *)p)[off] = x;
 }
 
+// dst[i] = scale * element off + i * stride of p (a dtype of attn__kv_at), i < n: the type tested
+// once, float32 read directly.
+static inline void attn__gather(float *dst, const void *p, int dtype, int64_t off, int64_t stride, int64_t n,
+                                float scale) {
+    if (dtype == 0) // ATTN_DTYPE_F32
+        for (int64_t i = 0; i < n; i++) dst[i] = ((const float *)p)[off + i * stride] * scale;
+    else
+        for (int64_t i = 0; i < n; i++) dst[i] = attn__kv_at(p, dtype, off + i * stride) * scale;
+}
+
+// Element off + i * stride of p (dtype F32, F16 or BF16) = scale * src[i * src_stride], i < n.
+static inline void attn__scatter(void *p, int dtype, int64_t off, int64_t stride, const float *src, int64_t src_stride,
+                                 int64_t n, float scale) {
+    if (dtype == 0) // ATTN_DTYPE_F32
+        for (int64_t i = 0; i < n; i++) ((float *)p)[off + i * stride] = src[i * src_stride] * scale;
+    else
+        for (int64_t i = 0; i < n; i++) attn__elem_set(p, dtype, off + i * stride, src[i * src_stride] * scale);
+}
+
 #endif

@@ -221,10 +221,8 @@ static void kv_tile(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t hk, int64
     for (int j = 0; j < nj; j++) {
         const int64_t dkr = attn__offset4(J->dk_stride, b, hk, j0 + j, 0);
         const int64_t dvr = attn__offset4(J->dv_stride, b, hk, j0 + j, 0);
-        for (int64_t c = 0; c < sh->D; c++)
-            attn__elem_set(J->dk, d->grad_dtype, dkr + c * J->dk_stride[3], t->acc1[(int64_t)j * J->Dp + c] * scale);
-        for (int64_t c = 0; c < sh->Dv; c++)
-            attn__elem_set(J->dv, d->grad_dtype, dvr + c * J->dv_stride[3], t->acc2[(int64_t)j * J->Dvp + c]);
+        attn__scatter(J->dk, d->grad_dtype, dkr, J->dk_stride[3], t->acc1 + (int64_t)j * J->Dp, 1, sh->D, scale);
+        attn__scatter(J->dv, d->grad_dtype, dvr, J->dv_stride[3], t->acc2 + (int64_t)j * J->Dvp, 1, sh->Dv, 1.0f);
     }
 }
 
@@ -253,7 +251,7 @@ static void one_pass_task(void *arg, int64_t bhk, int thread) {
         for (int64_t i = 0; i < sh->L; i++) {
             const int64_t dqr = attn__offset4(d->q_stride, b, hk * sh->group + g, i, 0);
             const float *acc = dq_acc + (g * sh->L + i) * J->Dp;
-            for (int64_t c = 0; c < sh->D; c++) attn__elem_set(J->dq, d->grad_dtype, dqr + c * d->q_stride[3], acc[c] * scale);
+            attn__scatter(J->dq, d->grad_dtype, dqr, d->q_stride[3], acc, 1, sh->D, scale);
         }
 }
 
@@ -287,8 +285,7 @@ static void pass2_tile(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int
     const float scale = sh->scale;
     for (int i = 0; i < nq; i++) {
         const int64_t dqr = attn__offset4(d->q_stride, b, h, i0 + i, 0);
-        for (int64_t c = 0; c < sh->D; c++)
-            attn__elem_set(J->dq, d->grad_dtype, dqr + c * d->q_stride[3], t->acc1[(int64_t)i * J->Dp + c] * scale);
+        attn__scatter(J->dq, d->grad_dtype, dqr, d->q_stride[3], t->acc1 + (int64_t)i * J->Dp, 1, sh->D, scale);
     }
 }
 
@@ -333,13 +330,13 @@ static void prep_rows_task(void *arg, int64_t bh, int thread) {
         float *dot = J->dot_all + (bh * J->n_qtiles + it) * sh->Dv * BWD_BR;
         for (int64_t c = 0; c < sh->D; c++) {
             const int64_t src = attn__offset4(d->q_stride, b, h, i0, c);
-            for (int64_t i = 0; i < BWD_BR; i++)
-                qt[c * BWD_BR + i] = i < nq ? attn__kv_at(J->q, d->q_dtype, src + i * d->q_stride[2]) * J->qscale : 0.0f;
+            attn__gather(qt + c * BWD_BR, J->q, d->q_dtype, src, d->q_stride[2], nq, J->qscale);
+            for (int64_t i = nq; i < BWD_BR; i++) qt[c * BWD_BR + i] = 0.0f;
         }
         for (int64_t c = 0; c < sh->Dv; c++) {
             const int64_t src = attn__offset4(d->o_stride, b, h, i0, c);
-            for (int64_t i = 0; i < BWD_BR; i++)
-                dot[c * BWD_BR + i] = i < nq ? attn__kv_at(J->dout, d->out_dtype, src + i * d->o_stride[2]) : 0.0f;
+            attn__gather(dot + c * BWD_BR, J->dout, d->out_dtype, src, d->o_stride[2], nq, 1.0f);
+            for (int64_t i = nq; i < BWD_BR; i++) dot[c * BWD_BR + i] = 0.0f;
         }
         uint8_t bad = 0;
         for (int64_t e = 0; e < sh->D * BWD_BR; e++) bad |= !isfinite(qt[e]);
@@ -349,13 +346,14 @@ static void prep_rows_task(void *arg, int64_t bh, int thread) {
     for (int64_t i = 0; J->q_pack != NULL && i < sh->L; i++) {
         float *r = J->q_pack + (bh * sh->L + i) * J->q_ld;
         const int64_t src = attn__offset4(d->q_stride, b, h, i, 0);
-        for (int64_t c = 0; c < J->q_ld; c++) r[c] = c < sh->D ? attn__kv_at(J->q, d->q_dtype, src + c * d->q_stride[3]) : 0.0f;
+        attn__gather(r, J->q, d->q_dtype, src, d->q_stride[3], sh->D, 1.0f);
+        for (int64_t c = sh->D; c < J->q_ld; c++) r[c] = 0.0f;
     }
     for (int64_t i = 0; J->do_pack != NULL && i < sh->L; i++) {
         float *r = J->do_pack + (bh * sh->L + i) * J->do_ld;
         const int64_t src = attn__offset4(d->o_stride, b, h, i, 0);
-        for (int64_t c = 0; c < J->do_ld; c++)
-            r[c] = c < sh->Dv ? attn__kv_at(J->dout, d->out_dtype, src + c * d->o_stride[3]) : 0.0f;
+        attn__gather(r, J->dout, d->out_dtype, src, d->o_stride[3], sh->Dv, 1.0f);
+        for (int64_t c = sh->Dv; c < J->do_ld; c++) r[c] = 0.0f;
     }
     for (int64_t i = 0; i < sh->L; i++) {
         const int64_t o = attn__offset4(d->o_stride, b, h, i, 0);

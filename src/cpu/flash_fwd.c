@@ -123,7 +123,7 @@ static void flash_task(void *arg, int64_t task, int thread) {
     for (int dd = 0; dd < D; dd++) {
         float *row = t.qt + (int64_t)dd * brp;
         const int64_t src = attn__offset4(d->q_stride, b, h, i0, dd);
-        for (int i = 0; i < nq; i++) row[i] = attn__kv_at(J->q, d->q_dtype, src + (int64_t)i * d->q_stride[2]) * J->qscale;
+        attn__gather(row, J->q, d->q_dtype, src, d->q_stride[2], nq, J->qscale);
         for (int i = nq; i < brp; i++) row[i] = 0.0f;
     }
     for (int i = 0; i < brp; i++) t.m[i] = -INFINITY, t.l[i] = 0.0f;
@@ -174,8 +174,7 @@ static void flash_task(void *arg, int64_t task, int thread) {
         const float li = t.l[i];
         const float inv = li > 0.0f ? J->keep_scale / li : (li == 0.0f ? 0.0f : li);
         const int64_t o = attn__offset4(d->o_stride, b, h, i0 + i, 0);
-        for (int dd = 0; dd < Dv; dd++)
-            attn__elem_set(J->out, d->out_dtype, o + (int64_t)dd * d->o_stride[3], t.ot[(int64_t)dd * brp + i] * inv);
+        attn__scatter(J->out, d->out_dtype, o, d->o_stride[3], t.ot + i, brp, Dv, inv);
         if (J->lse != NULL)
             J->lse[bh * sh->L + i0 + i] =
                 li > 0.0f ? (float)(((double)t.m[i] + log2((double)li)) * LN2) : (li == 0.0f ? -INFINITY : li);
@@ -191,17 +190,34 @@ typedef struct vscan_job {
     uint8_t *v_bad;
 } vscan_job;
 
+// Whether a contiguous row of n float32 values holds an infinity or a NaN (all exponent bits set),
+// in integer operations the compiler vectorises.
+static bool f32_row_nonfinite(const float *row, int64_t n) {
+    uint32_t all = 0;
+    for (int64_t t = 0; t < n; t++) {
+        uint32_t u;
+        memcpy(&u, &row[t], sizeof u);
+        all |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+    }
+    return all != 0;
+}
+
 static void vscan_task(void *arg, int64_t task, int thread) {
     (void)thread;
     const vscan_job *J = arg;
     const attn_sdpa_desc *d = J->d;
-    const int64_t b = task / J->sh->Hkv, hk = task % J->sh->Hkv;
+    const int64_t b = task / J->sh->Hkv, hk = task % J->sh->Hkv, Dv = J->sh->Dv;
+    const bool dense_f32 = d->kv_dtype == ATTN_DTYPE_F32 && (d->v_stride[3] == 1 || Dv == 1);
     for (int64_t tile = 0; tile < J->n_kvtiles; tile++) {
         uint8_t bad = 0;
         const int64_t j_end = (tile + 1) * FLASH_BC < J->sh->S ? (tile + 1) * FLASH_BC : J->sh->S;
         for (int64_t j = tile * FLASH_BC; j < j_end && !bad; j++) {
             const int64_t row = attn__offset4(d->v_stride, b, hk, j, 0);
-            for (int64_t t = 0; t < J->sh->Dv; t++) bad |= !isfinite(attn__kv_at(J->v, d->kv_dtype, row + t * d->v_stride[3]));
+            if (dense_f32) {
+                bad = f32_row_nonfinite((const float *)J->v + row, Dv);
+                continue;
+            }
+            for (int64_t t = 0; t < Dv; t++) bad |= !isfinite(attn__kv_at(J->v, d->kv_dtype, row + t * d->v_stride[3]));
         }
         J->v_bad[task * J->n_kvtiles + tile] = bad;
     }
