@@ -275,7 +275,7 @@ int cmd_bench(int argc, char **argv) {
     if (o.dtype != NULL && row_peak_kind(attn_ctx_isa(ctx), &kind))
         peak = peak_measure(kind, (int)o.threads, 20000000L, 3, &sink);
     const double io_mb = mha ? 2.0 * (double)(o.L * o.B * o.E) * 4 / 1048576.0
-                             : (double)(2 * nq + 2 * nk) * 4 / 1048576.0; // inputs + output
+                             : (double)(2 * nq + 2 * nk) * (double)attn_dtype_size(dt) / 1048576.0; // q, k, v, out
     char shape[160];
     if (mha)
         snprintf(shape, sizeof shape, "mha B=%lld E=%lld H=%lld L=%lld", (long long)o.B, (long long)o.E, (long long)o.H,
