@@ -55,12 +55,15 @@ def _batch(query, key, value, enable_gqa):
     """The broadcast batch shape (query's heads last), and the number of key/value heads the
     library is given: Hkv dividing H with enable_gqa, 1 when key and value have one head to
     broadcast, else H."""
+    def broadcast(a, b, c):  # torch.broadcast_shapes costs about 50 us a call: not for equal shapes
+        return a if a == b == c else torch.broadcast_shapes(a, b, c)
+
     try:
         if enable_gqa:
-            lead = torch.broadcast_shapes(query.shape[:-3], key.shape[:-3], value.shape[:-3])
+            lead = broadcast(query.shape[:-3], key.shape[:-3], value.shape[:-3])
             bshape = tuple(lead) + (_heads(query),)
         else:
-            bshape = tuple(torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2]))
+            bshape = tuple(broadcast(query.shape[:-2], key.shape[:-2], value.shape[:-2]))
     except RuntimeError as exc:
         _fail(_lib.ERR_BAD_SHAPE, "the batch dimensions of query %s, key %s and value %s do not broadcast (%s)"
               % (_shape(query), _shape(key), _shape(value), exc))
