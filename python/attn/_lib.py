@@ -40,8 +40,9 @@ ERR_BAD_MASK = 5
 ERR_UNSUPPORTED = 8
 
 
-class AttnError(Exception):
-    """A libattn call failed, or the binding rejected its arguments before calling.
+class AttnError(RuntimeError):
+    """A libattn call failed, or the binding rejected its arguments before calling. A RuntimeError,
+    as torch's own operators raise for the same mistakes.
 
     status: the attn_status value (int); name: its enum name ("ATTN_ERR_BAD_SHAPE");
     message: the context's attn_ctx_last_error() (or the binding's own message)."""

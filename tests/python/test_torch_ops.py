@@ -247,6 +247,27 @@ class TestScaledDotProductAttention(unittest.TestCase, Close):
                 if name:
                     self.assertEqual(cm.exception.name, name, cm.exception)
                 self.assertTrue(cm.exception.message)
+        # the same mistakes raise what torch's own function raises: RuntimeError (AttnError is one),
+        # TypeError for what is not a tensor; each before any work and on one line
+        c64 = q.to(torch.complex64)
+        same = [
+            (lambda f: f(c64, c64, c64), RuntimeError),
+            (lambda f: f(q.int(), q.int(), q.int()), RuntimeError),
+            (lambda f: f(q, q.double(), q), RuntimeError),
+            (lambda f: f(q.half(), q, q), RuntimeError),
+            (lambda f: f(q, q, q, attn_mask=torch.ones(3, 3, dtype=torch.int64)), RuntimeError),
+            (lambda f: f(q, q, q, attn_mask=torch.ones(5, 3, dtype=torch.bool)), RuntimeError),
+            (lambda f: f(q, q, q, dropout_p=2.0), RuntimeError),
+            (lambda f: f(q.to("meta"), q, q), RuntimeError),
+            (lambda f: f([[1.0]], q, q), TypeError),
+        ]
+        for i, (call, kind) in enumerate(same):
+            with self.subTest(same_as_torch=i):
+                with self.assertRaises(kind):
+                    call(torch.nn.functional.scaled_dot_product_attention)
+                with self.assertRaises(kind) as cm:
+                    call(at.scaled_dot_product_attention)
+                self.assertNotIn("\n", str(cm.exception))
         # a gradient attn does not compute is refused, not returned as zero
         slopes = torch.ones(2, requires_grad=True)
         out = at.sdpa(rnd(1, 2, 3, 4, grad=True), q, q, alibi_slopes=slopes)

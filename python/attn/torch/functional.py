@@ -28,13 +28,16 @@ def _shape(t):
 
 def _check_inputs(query, key, value, same_dtype):
     for t, what in ((query, "query"), (key, "key"), (value, "value")):
-        if not isinstance(t, torch.Tensor):
-            _fail(_lib.ERR_INVALID_ARG, "%s must be a torch.Tensor, not %s" % (what, type(t).__name__))
+        if not isinstance(t, torch.Tensor):  # as torch's own functions
+            raise TypeError("%s must be a torch.Tensor, not %s" % (what, type(t).__name__))
         if t.dim() < 2:
             _fail(_lib.ERR_BAD_SHAPE, "%s must have at least 2 dimensions (..., L, E), got shape %s"
                   % (what, _shape(t)))
         if t.dtype not in FLOATS:
             _fail(_lib.ERR_UNSUPPORTED, "%s: dtype %s is not float32, float16, bfloat16 or float64" % (what, t.dtype))
+    if not query.device == key.device == value.device:
+        _fail(_lib.ERR_INVALID_ARG, "query, key and value must be on the same device, got %s, %s and %s"
+              % (query.device, key.device, value.device))
     if same_dtype and not query.dtype == key.dtype == value.dtype:
         _fail(_lib.ERR_INVALID_ARG, "query, key and value must have the same dtype, got %s, %s and %s"
               % (query.dtype, key.dtype, value.dtype))
