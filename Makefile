@@ -74,6 +74,12 @@ test-valgrind:
 	cmake --build build-valgrind -j $(JOBS)
 	cd build-valgrind && ctest --output-on-failure -j $(JOBS) -L valgrind
 
+# `make soak`: the decode soak of tests/test_soak.c for SOAK_STEPS steps (make test runs 10 000).
+SOAK_STEPS ?= 100000
+.PHONY: soak
+soak: all
+	ATTN_SOAK_STEPS=$(SOAK_STEPS) ./$(BUILD)/tests/test_soak
+
 # ---- fuzzing (see fuzz/ and docs/fuzzing-runs.md) ----------------------------------------------
 # `make fuzz FUZZ_SECONDS=N`: builds the libFuzzer targets with clang in build-fuzz, runs each for N
 # seconds over a copy of its corpus and merges what adds coverage into fuzz/corpus/<target>/.
