@@ -15,7 +15,8 @@
  * arithmetic can lose on large scores (see "Tolerances" below); NaN and infinities, a fully masked
  * row's -inf log-sum-exp included, in the same places; padding between output rows left alike; the
  * generators in the same state afterwards. Sometimes a third context runs the same kernels with
- * another thread count and must give the same bits.
+ * another thread count and must give the same bits. First bytes 155, 187, 219 and 251 run SDPA on
+ * raw half values and raw Q8_0 / Q4_0 blocks against attn.h's stated bound (diff_sdpa_raw).
  */
 #include "fuzz_diff.h"
 
@@ -297,6 +298,224 @@ static void diff_sdpa(pair *p) {
     free_extras(&ex);
 }
 
+/* ---- raw half values and raw Q8_0 / Q4_0 blocks (first byte 155, 187, 219 or 251) ------------ */
+
+/* A half bit pattern: now and then a special (signed zeros, the smallest and largest subnormals,
+ * the smallest normal, the largest finite value, infinities, quiet and signalling NaNs, 1), else
+ * a moderate value (|x| up to 2^(e-15) or 2^(e-127) for the drawn exponent range). */
+static uint16_t raw_half(pair *p, attn_dtype dt, int special_rate) {
+    static const uint16_t f16[] = {0x0000, 0x8000, 0x0001, 0x83ff, 0x03ff, 0x0400, 0x7bff, 0xfbff,
+                                   0x7c00, 0xfc00, 0x7e00, 0x7c01, 0xfe00, 0x3c00};
+    static const uint16_t bf16[] = {0x0000, 0x8000, 0x0001, 0x807f, 0x007f, 0x0080, 0x7f7f, 0xff7f,
+                                    0x7f80, 0xff80, 0x7fc0, 0x7f81, 0xffc0, 0x3f80};
+    if ((int)fuzz_rng_below(&p->rng, 64) < special_rate)
+        return (dt == ATTN_DTYPE_BF16 ? bf16 : f16)[fuzz_rng_below(&p->rng, 14)];
+    /* sign, an exponent near 1 (within 2^-6 .. 2^2), random mantissa */
+    const uint16_t sign = (uint16_t)(fuzz_rng_below(&p->rng, 2) << 15);
+    if (dt == ATTN_DTYPE_BF16)
+        return (uint16_t)(sign | (uint16_t)((121 + fuzz_rng_below(&p->rng, 8)) << 7) | (uint16_t)fuzz_rng_below(&p->rng, 128));
+    return (uint16_t)(sign | (uint16_t)((9 + fuzz_rng_below(&p->rng, 8)) << 10) | (uint16_t)fuzz_rng_below(&p->rng, 1024));
+}
+
+/* n values of a block type as raw blocks: each block is all zero, has a zero scale, a special
+ * scale (NaN, inf, subnormal, the largest half) with random or zero quants, extreme quants (-128,
+ * 127; nibbles 0 and 15), or (mostly) a moderate scale with random quants. */
+static uint8_t *raw_blocks(pair *p, attn_dtype dt, int64_t n, int special_rate) {
+    const int64_t nb = n / 32;
+    const size_t bs = attn_dtype_size(dt);
+    uint8_t *x = fuzz_xmalloc((size_t)(nb > 0 ? nb : 1) * bs);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *blk = x + (size_t)b * bs;
+        const int kind = (int)fuzz_rng_below(&p->rng, 64) < special_rate ? (int)fuzz_rng_below(&p->rng, 5) : 5;
+        uint16_t d = kind == 0 || kind == 1 ? (uint16_t)(fuzz_rng_below(&p->rng, 2) << 15)
+                     : kind == 2            ? raw_half(p, ATTN_DTYPE_F16, 64)
+                     : kind == 3            ? (fuzz_rng_below(&p->rng, 2) ? 0x7bff : 0x0001)
+                                            : raw_half(p, ATTN_DTYPE_F16, 0);
+        if (kind == 5) d = (uint16_t)((d & 0x83ff) | (uint16_t)((4 + fuzz_rng_below(&p->rng, 10)) << 10)); /* 2^-11 .. 2^-2 */
+        blk[0] = (uint8_t)(d & 0xff), blk[1] = (uint8_t)(d >> 8);
+        for (size_t i = 2; i < bs; i++) {
+            const uint8_t r = (uint8_t)fuzz_rng_below(&p->rng, 256);
+            blk[i] = kind == 0 ? 0 : kind == 3 ? (dt == ATTN_DTYPE_Q8_0 ? (r & 1 ? 0x80 : 0x7f) : (r & 1 ? 0x0f : 0xf0)) : r;
+        }
+        if (kind == 2 && fuzz_rng_below(&p->rng, 2)) memset(blk + 2, dt == ATTN_DTYPE_Q8_0 ? 0 : 0x88, bs - 2);
+    }
+    return x;
+}
+
+/* The values of raw blocks, decoded here (value = q * d in float, d the IEEE half scale), checked
+ * against attn_convert's, which attn.h says is q * d exactly. */
+static float *dequantise(attn_dtype dt, const uint8_t *x, int64_t n) {
+    float *f = new_floats(n), *g = new_floats(n);
+    const size_t bs = attn_dtype_size(dt);
+    for (int64_t i = 0; i < n; i++) {
+        const uint8_t *blk = x + (size_t)(i / 32) * bs;
+        const float d = (float)half_value(ATTN_DTYPE_F16, (uint16_t)(blk[0] | blk[1] << 8));
+        const int j = (int)(i % 32);
+        const int q = dt == ATTN_DTYPE_Q8_0 ? (int)(int8_t)blk[2 + j]
+                                            : (j < 16 ? (blk[2 + j] & 15) : (blk[2 + j - 16] >> 4)) - 8;
+        f[i] = (float)q * d;
+    }
+    FUZZ_CHECK(attn_convert(ATTN_DTYPE_F32, g, dt, x, n) == ATTN_OK, "attn_convert %s -> F32", attn_dtype_name(dt));
+    for (int64_t i = 0; i < n; i++)
+        FUZZ_CHECK(isnan(f[i]) ? isnan(g[i]) : memcmp(&f[i], &g[i], sizeof(float)) == 0,
+                   "attn_convert %s -> F32: value %lld of a raw block is %.9g, not q * d = %.9g", attn_dtype_name(dt),
+                   (long long)i, (double)g[i], (double)f[i]);
+    free(g);
+    return f;
+}
+
+/*
+ * SDPA with k and v given as raw bit patterns (F16, BF16, or Q8_0 / Q4_0 blocks, specials
+ * included) and q as floats or raw halves, against the reference, with the bound attn.h states
+ * for half and quantised types (attn_sdpa_desc.q_dtype): for each element of a row (b, h, i)
+ *   |out - out_ref| <= 2 u_o |out_ref| + t_o + (exp(2 delta) - 1 + 2^-16) max_j |v_j|,
+ *   delta = (D + 2) 2^-24 scale sum_t |q_t| max_j |k_j|_inf + 2^-22 softcap.
+ * Rows that see a NaN or infinite key or value (a NaN or infinite scale makes its block's values
+ * NaN or +-inf: q * d), or whose q holds one, must be non-finite in the same places on both sides
+ * (unless the scores span more than the flush of tiny weights, see loose_nonfinite); rows that see
+ * none must be finite on both.
+ */
+static void diff_sdpa_raw(pair *p) {
+    fuzz_data *fd = p->fd;
+    static const attn_dtype kv_types[4] = {ATTN_DTYPE_F16, ATTN_DTYPE_BF16, ATTN_DTYPE_Q8_0, ATTN_DTYPE_Q4_0};
+    static const attn_dtype types[3] = {ATTN_DTYPE_F32, ATTN_DTYPE_F16, ATTN_DTYPE_BF16};
+    attn_sdpa_desc d;
+    attn_sdpa_desc_init(&d);
+    d.kv_dtype = kv_types[fuzz_data_pick(fd, 4)];
+    d.q_dtype = types[fuzz_data_pick(fd, 3)];
+    d.out_dtype = types[fuzz_data_pick(fd, 3)];
+    const bool quant = d.kv_dtype == ATTN_DTYPE_Q8_0 || d.kv_dtype == ATTN_DTYPE_Q4_0;
+    const int64_t B = fuzz_data_i64_range(fd, 1, 2), Hkv = fuzz_data_i64_range(fd, 1, 3), G = fuzz_data_i64_range(fd, 1, 3);
+    const int64_t L = fuzz_data_i64_range(fd, 1, 12), S = fuzz_data_i64_range(fd, 1, 80), H = Hkv * G;
+    const int64_t D = quant ? 32 * fuzz_data_i64_range(fd, 1, 3) : fuzz_data_i64_range(fd, 1, 40);
+    const int64_t Dv = quant ? 32 * fuzz_data_i64_range(fd, 1, 2) : fuzz_data_i64_range(fd, 1, 40);
+    d.batch = B, d.n_heads = H, d.n_kv_heads = Hkv, d.len_q = L, d.len_kv = S, d.head_dim = D, d.head_dim_v = Dv;
+    d.causal = (attn_causal)fuzz_data_pick(fd, 3);
+    if (fuzz_data_chance(fd, 1, 3)) d.scale = fuzz_data_float_range(fd, -2.0f, 2.0f);
+    if (fuzz_data_chance(fd, 1, 4)) d.softcap = fuzz_data_float_range(fd, 0.5f, 50.0f);
+    /* k and v (B, Hkv, S, D) contiguous or token-major (B, S, Hkv, D): strides whole blocks */
+    const attn_layout kl = fuzz_data_bool(fd) ? ATTN_LAYOUT_BLHD : ATTN_LAYOUT_BHLD;
+    attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, L, D, d.q_stride);
+    attn_layout_strides(kl, B, Hkv, S, D, d.k_stride);
+    attn_layout_strides(kl, B, Hkv, S, Dv, d.v_stride);
+    attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, L, Dv, d.o_stride);
+    const int special_rate = (int)fuzz_data_pick(fd, 5) * (int)fuzz_data_pick(fd, 5); /* of 64: often none */
+    const int64_t nq = B * H * L * D, nk = B * Hkv * S * D, nv = B * Hkv * S * Dv, no = B * H * L * Dv;
+
+    float *q = new_floats(nq), *k, *v;
+    void *kraw, *vraw, *qraw = NULL;
+    fill(p, q, nq, pick_amp(p));
+    if (d.q_dtype != ATTN_DTYPE_F32) {
+        uint16_t *h = fuzz_xmalloc((size_t)nq * sizeof(uint16_t));
+        for (int64_t i = 0; i < nq; i++) h[i] = raw_half(p, d.q_dtype, special_rate);
+        FUZZ_CHECK(attn_convert(ATTN_DTYPE_F32, q, d.q_dtype, h, nq) == ATTN_OK, "attn_convert");
+        qraw = h;
+    }
+    if (quant) {
+        kraw = raw_blocks(p, d.kv_dtype, nk, special_rate), vraw = raw_blocks(p, d.kv_dtype, nv, special_rate);
+        k = dequantise(d.kv_dtype, kraw, nk), v = dequantise(d.kv_dtype, vraw, nv);
+    } else {
+        uint16_t *kh = fuzz_xmalloc((size_t)nk * sizeof(uint16_t)), *vh = fuzz_xmalloc((size_t)nv * sizeof(uint16_t));
+        for (int64_t i = 0; i < nk; i++) kh[i] = raw_half(p, d.kv_dtype, special_rate);
+        for (int64_t i = 0; i < nv; i++) vh[i] = raw_half(p, d.kv_dtype, special_rate);
+        k = new_floats(nk), v = new_floats(nv);
+        FUZZ_CHECK(attn_convert(ATTN_DTYPE_F32, k, d.kv_dtype, kh, nk) == ATTN_OK, "attn_convert");
+        FUZZ_CHECK(attn_convert(ATTN_DTYPE_F32, v, d.kv_dtype, vh, nv) == ATTN_OK, "attn_convert");
+        kraw = kh, vraw = vh;
+    }
+    snprintf(problem, sizeof problem,
+             "sdpa raw B=%lld H=%lld Hkv=%lld L=%lld S=%lld D=%lld Dv=%lld scale=%g softcap=%g causal=%d q=%s kv=%s "
+             "out=%s kv layout=%d specials=%d/64 isa=%s",
+             (long long)B, (long long)H, (long long)Hkv, (long long)L, (long long)S, (long long)D, (long long)Dv,
+             (double)d.scale, (double)d.softcap, (int)d.causal, attn_dtype_name(d.q_dtype), attn_dtype_name(d.kv_dtype),
+             attn_dtype_name(d.out_dtype), (int)kl, special_rate, attn_isa_name(attn_ctx_isa(p->ctx[0])));
+    float *out[3] = {NULL, NULL, NULL}, *lse[3] = {NULL, NULL, NULL};
+    attn_status st[3];
+    for (int c = 0; c < p->n; c++) {
+        out[c] = new_floats(no), lse[c] = new_floats(B * H * L);
+        st[c] = attn_sdpa_fwd(p->ctx[c], &d, qraw != NULL ? qraw : (const void *)q, kraw, vraw, out[c], lse[c], NULL);
+        if (st[c] == ATTN_OK && d.out_dtype != ATTN_DTYPE_F32) {
+            uint16_t *h = fuzz_xmalloc((size_t)no * sizeof(uint16_t));
+            memcpy(h, out[c], (size_t)no * sizeof(uint16_t));
+            FUZZ_CHECK(attn_convert(ATTN_DTYPE_F32, out[c], d.out_dtype, h, no) == ATTN_OK, "attn_convert");
+            free(h);
+        }
+    }
+    compare_status(p, st, "attn_sdpa_fwd");
+    FUZZ_CHECK(st[0] == ATTN_OK, "attn_sdpa_fwd: %s in %s", attn_ctx_last_error(p->ctx[0]), problem);
+    const double u_o = d.out_dtype == ATTN_DTYPE_BF16 ? 0x1p-8 : d.out_dtype == ATTN_DTYPE_F16 ? 0x1p-11 : 0x1p-24;
+    const double t_o = d.out_dtype == ATTN_DTYPE_BF16 ? 0x1p-133 : d.out_dtype == ATTN_DTYPE_F16 ? 0x1p-24 : 0x1p-149;
+    const double o_max = d.out_dtype == ATTN_DTYPE_F16 ? 65504.0 : 0x1.fep127; /* BF16's largest; F32 near it */
+    const double scale = d.scale != 0.0f ? fabs((double)d.scale) : 1.0 / sqrt((double)D);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+            const int64_t hk = h / G;
+            double kmax = 0.0, vmax = 0.0; /* over the kv head's finite values */
+            bool kv_nonfinite = false;
+            for (int64_t j = 0; j < S; j++) {
+                const float *kr = k + b * d.k_stride[0] + hk * d.k_stride[1] + j * d.k_stride[2];
+                const float *vr = v + b * d.v_stride[0] + hk * d.v_stride[1] + j * d.v_stride[2];
+                for (int64_t t = 0; t < D; t++) kv_nonfinite |= !isfinite(kr[t]), kmax = isfinite(kr[t]) ? fmax(kmax, fabs((double)kr[t])) : kmax;
+                for (int64_t t = 0; t < Dv; t++) kv_nonfinite |= !isfinite(vr[t]), vmax = isfinite(vr[t]) ? fmax(vmax, fabs((double)vr[t])) : vmax;
+            }
+            for (int64_t i = 0; i < L; i++) {
+                const float *qr = q + b * d.q_stride[0] + h * d.q_stride[1] + i * d.q_stride[2];
+                double qsum = 0.0, qmax = 1.0;
+                bool q_nonfinite = false;
+                for (int64_t t = 0; t < D; t++)
+                    q_nonfinite |= !isfinite(qr[t]), qsum += isfinite(qr[t]) ? fabs((double)qr[t]) : 0.0,
+                        qmax = isfinite(qr[t]) ? fmax(qmax, fabs((double)qr[t])) : qmax;
+                const double delta = (double)(D + 2) * 0x1p-24 * scale * qsum * kmax + 0x1p-22 * (double)d.softcap;
+                const double smag = d.softcap > 0.0f ? fmin((double)d.softcap, scale * qsum * kmax) : scale * qsum * kmax;
+                const bool seen_nonfinite = q_nonfinite || kv_nonfinite; /* the row may see one */
+                /* attn.h: |scale * q| past about 2.3e38 makes the fused kernels' row NaN */
+                const bool in_range = scale * qsum * kmax < (double)FLT_MAX / 16.0 && vmax * (double)S < (double)FLT_MAX / 16.0 &&
+                                      scale * qmax <= (double)FLT_MAX / 4.0;
+                for (int64_t e = 0; e < Dv; e++) {
+                    const int64_t o = b * d.o_stride[0] + h * d.o_stride[1] + i * d.o_stride[2] + e;
+                    const float a = out[0][o], r = out[1][o];
+                    if (!isfinite(a) || !isfinite(r)) {
+                        /* finite inputs give finite results unless float or the output type cannot
+                         * hold the scores, the sums of values or the output */
+                        FUZZ_CHECK(seen_nonfinite || !in_range || vmax >= o_max,
+                                   "out[%lld] = %g (kernels), %g (reference) from finite inputs in %s", (long long)o,
+                                   (double)a, (double)r, problem);
+                        const bool same = fuzz_close(a, r, 0.0, 0.0);
+                        const bool overflow = fabs((double)(isfinite(a) ? a : r)) >= o_max; /* rounded either way */
+                        FUZZ_CHECK(same || overflow || !in_range || 2.0 * smag > 80.0,
+                                   "out[%lld]: kernels %g, reference %g in %s", (long long)o, (double)a, (double)r, problem);
+                        continue;
+                    }
+                    const double bound = 2.0 * u_o * fabs((double)r) + t_o + (expm1(2.0 * delta) + 0x1p-16) * vmax;
+                    FUZZ_CHECK(fabs((double)a - (double)r) <= bound || !isfinite(bound) || !in_range,
+                               "out[%lld]: kernels %.9g, reference %.9g, beyond attn.h's bound %g in %s", (long long)o,
+                               (double)a, (double)r, bound, problem);
+                }
+            }
+        }
+    for (int c = 2; c < p->n; c++) compare_bits(out[0], out[c], no, "out"), compare_bits(lse[0], lse[c], B * H * L, "lse");
+    compare_generators(p);
+    /* read as they are: the reference on float32 copies of the decoded values gives the same */
+    {
+        attn_sdpa_desc df = d;
+        df.kv_dtype = ATTN_DTYPE_F32, df.q_dtype = ATTN_DTYPE_F32;
+        float *of = new_floats(no), *lf = new_floats(B * H * L);
+        FUZZ_CHECK(attn_sdpa_fwd(p->ctx[1], &df, q, k, v, of, lf, NULL) == ATTN_OK, "attn_sdpa_fwd: %s",
+                   attn_ctx_last_error(p->ctx[1]));
+        if (d.out_dtype != ATTN_DTYPE_F32) {
+            uint16_t *h = fuzz_xmalloc((size_t)no * sizeof(uint16_t));
+            memcpy(h, of, (size_t)no * sizeof(uint16_t));
+            FUZZ_CHECK(attn_convert(ATTN_DTYPE_F32, of, d.out_dtype, h, no) == ATTN_OK, "attn_convert");
+            free(h);
+        }
+        compare_bits(out[1], of, no, "out of the reference on the decoded values");
+        compare_bits(lse[1], lf, B * H * L, "lse of the reference on the decoded values");
+        free(of), free(lf);
+    }
+    for (int c = 0; c < p->n; c++) free(out[c]), free(lse[c]);
+    free(q), free(k), free(v), free(qraw), free(kraw), free(vraw);
+}
+
 /* ---- nn.MultiheadAttention ------------------------------------------------------------------- */
 
 static void diff_mha(pair *p) {
@@ -512,9 +731,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 1:
     case 2:
     case 3:
-    case 4: /* 156, 188, 220, 252 (first bytes no corpus input had before): KV caches */
+    case 4: /* 156, 188, 220, 252 (first bytes no corpus input had before): KV caches; 155, 187,
+             * 219, 251 (none either): raw half values and raw Q8_0 / Q4_0 blocks */
         if (what % 8 == 4 && what >= 156 && (what - 156) % 32 == 0)
             diff_kv_cache(&p);
+        else if (what % 8 == 3 && what >= 155 && (what - 155) % 32 == 0)
+            diff_sdpa_raw(&p);
         else
             diff_sdpa(&p);
         break;

@@ -407,7 +407,14 @@ typedef struct attn_sdpa_desc {
      * by at most (exp(2 delta) * (1 + c) - 1) * max|v| + exp(2 delta) * a, plus float32 rounding,
      * with delta = scale * sum_t |q_t| * (c * max|k| + a), max over the row's kv head, and c, a the
      * per-value bound of attn_convert (Q8_0: c = 1/254 + 2^-11 + 2^-20, a = 2^-18; Q4_0: c = 1/8 +
-     * 2^-10, a = 2^-21) (tested, with large logits and outliers). The query is not quantised. */
+     * 2^-10, a = 2^-21) (tested, with large logits and outliers). The query is not quantised.
+     * Half values and blocks the caller wrote are read as they are, whatever their bits: a half is
+     * its IEEE value (subnormals, infinities and NaN included) and a block's value is q * d in
+     * float, so a NaN scale makes all 32 values NaN, an infinite one makes them +-inf (NaN where
+     * q = 0), a subnormal or zero scale is exact. Such values then act as NaN and infinite inputs
+     * do: they reach the rows that see them (masking, windows and causality keep them from the
+     * others), where kernels and reference give non-finite results in the same places
+     * (differential fuzzing with raw half values and raw Q8_0 / Q4_0 blocks). */
     attn_dtype kv_dtype;
     /* Element types of q and of out: ATTN_DTYPE_F32 (0, the default), ATTN_DTYPE_F16 or
      * ATTN_DTYPE_BF16; strides still count elements. attn_sdpa_bwd reads out and dout in out_dtype.
