@@ -28,7 +28,7 @@
  * (NaN and infinities make their quantised blocks NaN), and attends with bottom-right causal
  * masking, optionally a key padding mask and a window: the caches must hold the same bytes, and
  * the results agree as SDPA's do (both sides compute on the same stored values), raw blocks (see
- * raw_blocks) included.
+ * overwrite_blocks) included.
  */
 /*
  * Now and then (from the pair's generator, so the input decodes as before) a few stored Q8_0/Q4_0
@@ -37,7 +37,7 @@
  * the largest magnitude a stored value now has (0 when nothing was written); NaN when a block is
  * not finite.
  */
-static double raw_blocks(pair *p, attn_kv_cache *const kc[3], attn_dtype dt, int64_t rows, int64_t cap,
+static double overwrite_blocks(pair *p, attn_kv_cache *const kc[3], attn_dtype dt, int64_t rows, int64_t cap,
                          int64_t D, int64_t Dv, int64_t S) {
     if (fuzz_rng_below(&p->rng, 4) != 0) return 0.0;
     static const uint16_t scales[] = {0x0000, 0x8000, 0x0001, 0x03ff, 0x0400, 0x7bff, 0xfbff, 0x7c00, 0xfc00, 0x7e00, 0x3c00};
@@ -111,7 +111,7 @@ static void diff_kv_cache(pair *p) {
         if (fuzz_data_chance(fd, 1, 4)) d.use_window = 1, d.window_left = fuzz_data_i64_range(fd, 0, S), d.window_right = -1;
         float *q = new_floats(B * H * L * D), *o[3], *lse[3];
         fill(p, q, B * H * L * D, amp);
-        const double raw = unit > 1 ? raw_blocks(p, kc, dt, B * Hkv, cap, D, Dv, S) : 0.0;
+        const double raw = unit > 1 ? overwrite_blocks(p, kc, dt, B * Hkv, cap, D, Dv, S) : 0.0;
         attn_status st[3];
         for (int i = 0; i < p->n; i++) {
             o[i] = new_floats(B * H * L * Dv), lse[i] = new_floats(B * H * L);
