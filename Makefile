@@ -29,6 +29,16 @@ GPT2_FLAGS ?=
 gpt2-demo: all
 	./$(BUILD)/examples/example_gpt2_decode $(GPT2_FLAGS)
 
+# A whole GPT-2 on attn (examples/gpt2_model.c): generates 32 tokens greedily after a 16-token random
+# prompt and prints prefill and decode tokens per second. GPT2_MODEL=DIR (or a model.safetensors)
+# loads a Hugging Face GPT-2 checkpoint; without it the weights are random, of GPT-2 small's shape.
+# Options go through GPT2_MODEL_FLAGS, e.g. GPT2_MODEL_FLAGS="--threads 2 --top-k 40 --tokens 64".
+GPT2_MODEL ?=
+GPT2_MODEL_FLAGS ?=
+.PHONY: gpt2-model-demo
+gpt2-model-demo: all
+	./$(BUILD)/examples/example_gpt2_model $(if $(GPT2_MODEL),--model $(GPT2_MODEL)) $(GPT2_MODEL_FLAGS)
+
 test: all
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
@@ -64,6 +74,12 @@ test-valgrind:
 	cmake --build build-valgrind -j $(JOBS)
 	cd build-valgrind && ctest --output-on-failure -j $(JOBS) -L valgrind
 
+# `make soak`: the decode soak of tests/test_soak.c for SOAK_STEPS steps (make test runs 10 000).
+SOAK_STEPS ?= 100000
+.PHONY: soak
+soak: all
+	ATTN_SOAK_STEPS=$(SOAK_STEPS) ./$(BUILD)/tests/test_soak
+
 # ---- fuzzing (see fuzz/ and docs/fuzzing-runs.md) ----------------------------------------------
 # `make fuzz FUZZ_SECONDS=N`: builds the libFuzzer targets with clang in build-fuzz, runs each for N
 # seconds over a copy of its corpus and merges what adds coverage into fuzz/corpus/<target>/.
@@ -74,3 +90,16 @@ fuzz:
 	    $(CMAKE_FLAGS) > /dev/null
 	cmake --build build-fuzz -j $(JOBS) --target fuzz_npy fuzz_safetensors fuzz_api fuzz_sdpa_diff fuzz_bwd_diff
 	sh fuzz/run.sh build-fuzz $(FUZZ_SECONDS) npy safetensors api sdpa_diff bwd_diff
+
+# ---- PyTorch 2.x, transformers and the pip package (python/README.md) ----------------------------
+# `make venv`: build-venv/ with torch 2.x and transformers from PyPI (tests/torch2_venv.sh);
+# `make test-torch2`: make test with the tests that need them; `make test-pip`: pip install . into
+# fresh virtual environments and the package's tests from outside the source tree.
+VENV ?= build-venv
+.PHONY: venv test-torch2 test-pip
+venv:
+	sh tests/torch2_venv.sh $(VENV)
+test-torch2:
+	$(MAKE) test CMAKE_FLAGS="$(CMAKE_FLAGS) -DATTN_TORCH2_PYTHON=$$(sh tests/torch2_venv.sh $(VENV))"
+test-pip:
+	sh tests/pip_install_test.sh $$(sh tests/torch2_venv.sh $(VENV))

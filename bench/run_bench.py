@@ -22,6 +22,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -58,7 +59,7 @@ def failure(err):
 def measure_peak(threads):
     exe = os.path.join(ROOT, "build", "bench_peak")
     cc = os.environ.get("CC", "cc")
-    subprocess.run([cc, "-O2", "-mavx2", "-mfma", "-mavx512f", "-pthread", os.path.join(ROOT, "bench", "peak.c"),
+    subprocess.run([cc, "-O2", "-pthread", os.path.join(ROOT, "bench", "peak.c"),
                     "-o", exe], check=True)
     return run_json([exe, str(threads)])
 
@@ -138,6 +139,8 @@ def attn_cmd(args, shape, isa):
         cmd.append("--no-check")
     if shape.get("blas"):
         cmd.append("--blas")
+    if shape.get("dtype"):
+        cmd += ["--dtype", shape["dtype"]]
     return cmd
 
 
@@ -157,7 +160,12 @@ def decode_shapes():
     """One query per head against a cache of S positions (the same shapes with --quick)."""
     return [{"op": "decode", "H": 32, "Hkv": 8, "D": 128, "S": S, "kv": kv, "repeat": 50 if S <= 4096 else 20,
              "torch_repeat": 7 if S <= 4096 else 5}
-            for S in (4096, 32768) for kv in ("f32", "f16", "bf16")]
+            for S in (4096, 32768) for kv in ("f32", "f16", "bf16", "q8_0", "q4_0")]
+
+
+def has_torch_decode(shape):
+    """PyTorch has no Q8_0 / Q4_0 cache: those rows are attn's alone."""
+    return shape["kv"] not in ("q8_0", "q4_0")
 
 
 def torch_cmd(python, shape, op):
@@ -168,6 +176,8 @@ def torch_cmd(python, shape, op):
         cmd.append("--causal")
     if shape.get("backward"):
         cmd.append("--backward")
+    if shape.get("dtype"):
+        cmd += ["--dtype", shape["dtype"]]
     return cmd
 
 
@@ -187,6 +197,11 @@ def shapes(quick):
         for L in (1024, 4096):
             out.append({"op": "sdpa", "H": 12, "L": L, "D": 64, "E": 768, "causal": causal, "backward": True,
                         "repeat": 3 if L >= 4096 else 5, "torch": True})
+    for backward in (False, True):  # bfloat16 q, k, v, out: attn and torch 2's SDPA on bf16 tensors
+        for causal in (False, True):
+            for L in (1024, 4096):
+                out.append({"op": "sdpa", "H": 12, "L": L, "D": 64, "E": 768, "causal": causal, "backward": backward,
+                            "dtype": "bf16", "repeat": 3 if L >= 4096 else (5 if backward else 21), "torch": False})
     if not quick:  # memory: attn only (PyTorch's (L, L) scores alone would take 12.9 GB)
         out.append({"op": "sdpa", "H": 12, "L": 16384, "D": 64, "E": 768, "causal": False, "repeat": 1,
                     "torch": False, "no_check": True, "memory": True})
@@ -268,6 +283,8 @@ def main():
                 r.setdefault("attn_" + isa, []).append(res)
                 log(f"round {rnd + 1} decode S={sh['S']} {sh['kv']} attn[{isa}]: {res['median_ms']:.3f} ms "
                     f"{res['gbps']:.1f} GB/s")
+            if not has_torch_decode(sh):
+                continue
             res = run_json(torch_decode_cmd(args.torch, sh), env=env)
             r.setdefault("torch", []).append(res)
             log(f"round {rnd + 1}   torch {res['torch']} decode: {res['median_ms']:.3f} ms")
@@ -325,6 +342,7 @@ def write_report(args, info, peak, todo, results, isas, gemm, triad, dec, dec_re
     plot = {}
     for backward in (False, True):
         table(w, info, todo, results, isas, isa_label, peak_of, plot, backward)
+    bf16_table(w, info, todo, results, isas, isa_label, peak)
     decode_table(w, info, dec, dec_results, isas, isa_label, triad)
     mem = [(i, sh) for i, sh in enumerate(todo) if sh.get("memory")]
     for i, sh in mem:
@@ -333,7 +351,8 @@ def write_report(args, info, peak, todo, results, isas, gemm, triad, dec, dec_re
         w(f"**Memory** at L=S={sh['L']}, H={sh['H']}, D={sh['D']} ({isa_label['auto']}): peak resident set "
           f"{res['peak_rss_mb']:.0f} MiB for {res['io_mb']:.0f} MiB of inputs and output, i.e. {extra:.1f} MiB beyond "
           f"them (program, libraries and scratch together); {res['median_ms'] / 1e3:.1f} s, {res['gflops']:.0f} GFLOP/s.\n")
-    w(targets(todo, results, peak_of, isas, isa_label, dec, dec_results, triad))
+    w(targets(todo, results, peak_of, isas, isa_label, dec, dec_results, triad) + bf16_targets(todo, results, isas,
+                                                                                                isa_label, peak))
     write_tail(w, args, gemm, plot, lines, mha_blas_note(todo, results, isas, isa_label))
 
 
@@ -351,7 +370,7 @@ def table(w, info, todo, results, isas, isa_label, peak_of, plot, backward):
     w(hdr)
     w("|" + "---|" * (hdr.count("|") - 1))
     for i, sh in enumerate(todo):
-        if sh.get("memory") or bool(sh.get("backward")) != backward:
+        if sh.get("memory") or sh.get("dtype") or bool(sh.get("backward")) != backward:
             continue
         r = results[i]
         t_ms = med(r.get("torch", []))
@@ -376,15 +395,100 @@ def table(w, info, todo, results, isas, isa_label, peak_of, plot, backward):
     w("")
 
 
+PEAK_KEYS = {"FMA (256-bit)": "avx2_gflops", "FMA (512-bit)": "avx512_gflops", "vdpbf16ps": "bf16_dot_gflops"}
+
+
+def instr_peak(res, peak):
+    """The instruction a bf16 row's kernels used (attn bench reports it) and that instruction's peak
+    from bench/peak.c in this run."""
+    instr = res[0].get("peak_instr") if res else None
+    return instr, (peak.get(PEAK_KEYS.get(instr)) if instr else None)
+
+
+def bf16_pairs(todo):
+    """(index of the bf16 row, index of the float32 row of the same shape) for every bf16 row."""
+    for i, sh in enumerate(todo):
+        if sh.get("dtype") != "bf16":
+            continue
+        for j, f in enumerate(todo):
+            if (not f.get("dtype") and f["op"] == "sdpa" and f["L"] == sh["L"] and f["causal"] == sh["causal"]
+                    and bool(f.get("backward")) == bool(sh.get("backward")) and not f.get("memory")):
+                yield i, sh, j
+                break
+        else:
+            yield i, sh, None
+
+
+def bf16_table(w, info, todo, results, isas, isa_label, peak):
+    rows = list(bf16_pairs(todo))
+    if not rows:
+        return
+    w("## bfloat16 attention, B=1, H=12, D=64, L=S\n")
+    w("q, k, v and out (and, with the backward, dL/dout and the gradients) in bfloat16 (`attn bench --dtype bf16`), "
+      "beside attn's float32 row of the same shape from the tables above and PyTorch 2's "
+      "`F.scaled_dot_product_attention` on bfloat16 tensors (`torch_bench.py --op sdpa --dtype bf16`, autograd for the "
+      "backward). \"% peak\" is relative to the peak of the instructions the row's kernels computed the products "
+      "with, as `attn bench` reports them, from bench/peak.c in this run: "
+      + (f"vdpbf16ps {peak['bf16_dot_gflops']:.0f} GFLOP/s" if peak.get("bf16_dot_gflops") else
+         "this CPU has no AVX512-BF16, so no bf16 dot-product peak") + ".\n")
+    hdr = "| shape | attn bf16 ms | attn f32 ms | bf16 / f32 speed | torch 2 SDPA bf16 ms | ratio | GFLOP/s | instructions | % peak |"
+    w(hdr)
+    w("|" + "---|" * (hdr.count("|") - 1))
+    for i, sh, j in rows:
+        r = results[i]
+        t2 = med(r.get("torch2", []))
+        for isa in isas:
+            a_ms = med(r["attn_" + isa])
+            f_ms = med(results[j]["attn_" + isa]) if j is not None else None
+            gf = flops(sh) / (a_ms * 1e6)
+            instr, pk = instr_peak(r["attn_" + isa], peak)
+            name = f"L={sh['L']}{' causal' if sh['causal'] else ''}{' fwd+bwd' if sh.get('backward') else ''} [{isa_label[isa]}]"
+            row = f"| {name} | {a_ms:.2f} | " + (f"{f_ms:.2f} | {f_ms / a_ms:.2f}× |" if f_ms else "– | – |")
+            row += (f" {t2:.2f} | {t2 / a_ms:.2f}× |" if t2 else
+                    (f" {failure(r['torch2_error'])} | – |" if "torch2_error" in r else " – | – |"))
+            row += f" {gf:.0f} | {instr or '–'} | " + (f"{100 * gf / pk:.0f}% |" if pk else "– |")
+            w(row)
+    w("")
+
+
+def bf16_targets(todo, results, isas, isa_label, peak):
+    """The bfloat16 targets: forward >= 1.7x attn's float32 forward, >= 1.5x torch 2 SDPA in bf16 and
+    >= 70% of the bf16 dot-product peak; forward + backward >= 1.5x attn's float32 one."""
+    out = []
+    for i, sh, j in bf16_pairs(todo):
+        if sh["L"] not in (1024, 4096) or j is None:
+            continue
+        r = results[i]
+        for isa in isas:
+            a = med(r["attn_" + isa])
+            f = med(results[j]["attn_" + isa])
+            name = f"bf16 {'forward+backward' if sh.get('backward') else 'forward'} L={sh['L']}" \
+                   f"{' causal' if sh['causal'] else ''} [{isa_label[isa]}]"
+            if sh.get("backward"):
+                out.append(f"| {name}: ≥1.5× attn f32 | {f / a:.2f}× | {'yes' if f / a >= 1.5 else '**no**'} |")
+                continue
+            t2 = med(r.get("torch2", []))
+            bf16_peak = peak.get("bf16_dot_gflops")
+            pct = 100 * flops(sh) / (a * 1e6) / bf16_peak if bf16_peak else None
+            ok = f / a >= 1.7 and t2 is not None and t2 / a >= 1.5 and pct is not None and pct >= 70
+            out.append(f"| {name}: ≥1.7× attn f32, ≥1.5× torch 2 SDPA bf16, ≥70% of the bf16 dot peak | "
+                       f"{f / a:.2f}×, " + (f"{t2 / a:.2f}×" if t2 else "no torch 2 time") + ", "
+                       + (f"{pct:.0f}%" if pct is not None else "no bf16 dot-product instruction here")
+                       + f" | {'yes' if ok else '**no**'} |")
+    return "\n".join(out) + ("\n" if out else "")
+
+
 def decode_table(w, info, dec, dec_results, isas, isa_label, triad):
     if not dec:
         return
     sh0 = dec[0]
     w(f"## Decoding against a KV cache, B=1, H={sh0['H']}, Hkv={sh0['Hkv']}, D={sh0['D']}, one query per head\n")
     w("One decoding step, `attn_kv_cache_attend` (`attn bench --op decode`): each query head against the S cached "
-      "keys and values of its kv head, stored as float32, float16 or bfloat16 (the query and the arithmetic are "
-      "float32). attn ms is the median of the timed steps after one warm-up, checked against the scalar reference "
-      "first. GB/s is the bytes of K and V read per step, B·Hkv·S·2·D·bytes(type), over that time; \"% triad\" "
+      "keys and values of its kv head, stored as float32, float16 or bfloat16, or quantised as q8_0 or q4_0 "
+      "(ggml's Q8_0 and Q4_0: blocks of 32 values with a float16 scale, 34 and 18 bytes per 32 values, "
+      "dequantised in registers) (the query and the arithmetic are float32). attn ms is the median of the timed steps after one warm-up, checked against the scalar reference "
+      "first. GB/s is the bytes of K and V read per step, B·Hkv·S·2·D·bytes(type) (scales included for the "
+      "quantised types), over that time; \"% triad\" "
       "compares it with the measured memory bandwidth above. PyTorch computes the same step as "
       "`softmax((q @ kᵀ) · scale) @ v` with q viewed as (B, Hkv, H/Hkv, D), so each kv head serves its group of "
       "query heads without copies (`repeat_interleave` of k and v, the other way to write grouped-query attention, "
@@ -442,9 +546,19 @@ def write_tail(w, args, gemm, plot, lines, blas_note):
       "that way" + blas_note + ".\n")
     if plot_png(plot):
         w("![GFLOP/s against sequence length](bench/attention_gflops.png)\n")
+    lines += kept_sections(args.out)
     with open(args.out, "w") as fh:
         fh.write("\n".join(lines))
     log(f"wrote {args.out}")
+
+
+def kept_sections(path):
+    """The sections of `path` that other scripts own, between "<!-- NAME: begin -->" and "<!-- NAME: end -->"
+    (bench/run_bench_e2e.py's end-to-end table), kept as they are when this script rewrites the file."""
+    if not os.path.exists(path):
+        return []
+    text = open(path).read()
+    return [m.group(0) + "\n" for m in re.finditer(r"<!-- (\S+): begin -->.*?<!-- \1: end -->", text, re.S)]
 
 
 def mha_blas_note(todo, results, isas, isa_label):
@@ -472,7 +586,7 @@ def targets(todo, results, peak_of, isas, isa_label, dec=(), dec_results=None, t
     def find(op, L, causal, backward=False):
         for i, sh in enumerate(todo):
             if (sh["op"] == op and sh["L"] == L and sh["causal"] == causal and not sh.get("memory")
-                    and not sh.get("blas") and bool(sh.get("backward")) == backward):
+                    and not sh.get("blas") and bool(sh.get("backward")) == backward and not sh.get("dtype")):
                 return i, sh
         return None, None
     for isa in isas:
@@ -515,6 +629,7 @@ def targets(todo, results, peak_of, isas, isa_label, dec=(), dec_results=None, t
             ok = pct >= 70 and t is not None and t / a >= 3
             ratio = f"{t / a:.2f}×" if t else "no torch time"
             out.append(f"| {label} | {pct:.0f}% of the triad, {ratio} | {'yes' if ok else '**no**'} |")
+        out += quant_decode_targets(dec, dec_results, isa, isa_label, triad)
     for i, sh in enumerate(todo):
         if sh.get("memory"):
             res = results[i]["attn_auto"][0]
@@ -524,9 +639,29 @@ def targets(todo, results, peak_of, isas, isa_label, dec=(), dec_results=None, t
     return "\n".join(out) + "\n"
 
 
+def quant_decode_targets(dec, dec_results, isa, isa_label, triad):
+    """Decode at S=32768 with Q8_0 / Q4_0 caches: >= 1.7x / 2.8x the f16 cache's speed, each >= 70%
+    of the triad counting the bytes the kernels read (scales included)."""
+    rows = []
+    at = {sh["kv"]: i for i, sh in enumerate(dec) if sh["S"] == 32768 and (sh["H"], sh["Hkv"], sh["D"]) == (32, 8, 128)}
+    if "f16" not in at:
+        return rows
+    f16 = med(dec_results[at["f16"]]["attn_" + isa])
+    for kv, want in (("q8_0", 1.7), ("q4_0", 2.8)):
+        if kv not in at:
+            continue
+        sh = dec[at[kv]]
+        a = med(dec_results[at[kv]]["attn_" + isa])
+        pct = 100 * sh_bytes(sh) / (a * 1e6) / triad["gbps"]
+        label = f"decode H=32 Hkv=8 D=128 S=32768 {kv} [{isa_label[isa]}]: ≥{want}× the f16 cache, ≥70% of the triad"
+        ok = f16 / a >= want and pct >= 70
+        rows.append(f"| {label} | {f16 / a:.2f}×, {pct:.0f}% of the triad | {'yes' if ok else '**no**'} |")
+    return rows
+
+
 def sh_bytes(sh):
     """Bytes of K and V one decoding step reads."""
-    return sh["Hkv"] * sh["S"] * 2 * sh["D"] * {"f32": 4, "f16": 2, "bf16": 2}[sh["kv"]]
+    return sh["Hkv"] * sh["S"] * 2 * sh["D"] * {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34 / 32, "q4_0": 18 / 32}[sh["kv"]]
 
 
 def plot_png(plot):

@@ -15,7 +15,8 @@ Ops:
         ("addmm_impl_cpu_" not implemented for 'Half'): then each step converts the cache with
         .float() and computes in float32, and "path" says so.
 With --backward (core, sdpa) each run is the forward and autograd's backward of out given a fixed
-dL/dout (q, k, v require gradients; their .grad are cleared between runs).
+dL/dout (q, k, v require gradients; their .grad are cleared between runs). --dtype bf16|f16 (core,
+sdpa) makes q, k, v and dL/dout tensors of that type (default f32).
 The caller sets OMP_NUM_THREADS / OPENBLAS_NUM_THREADS and glibc's malloc variables before Python
 starts, so torch sees them at import. Prints {"median_ms": best time, "median_of_runs_ms": ..., ...}:
 the key median_ms holds PyTorch's best run after warm-up (see best_ms), its median is kept beside it.
@@ -99,13 +100,16 @@ def main():
     ap.add_argument("--embed-dim", type=int, default=768)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--backward", action="store_true")
+    ap.add_argument("--dtype", choices=list(KV_DTYPES), default="f32", help="core, sdpa: q, k, v (and dL/dout) type")
     ap.add_argument("--repeat", type=int, default=5)
     a = ap.parse_args()
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     B, H, L, D, E = a.batch, a.heads, a.len, a.head_dim, a.embed_dim
-    result = {"op": a.op, "torch": torch.__version__, "threads": torch.get_num_threads(), "backward": a.backward}
+    result = {"op": a.op, "torch": torch.__version__, "threads": torch.get_num_threads(), "backward": a.backward,
+              "dtype": a.dtype}
+    dt = KV_DTYPES[a.dtype]
     if a.op == "decode":
         decode(a, result)
         result["median_of_runs_ms"] = getattr(median_ms, "last_median", None)
@@ -115,8 +119,8 @@ def main():
         if a.op == "sdpa" and not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
             print(json.dumps({"error": f"torch {torch.__version__} has no scaled_dot_product_attention"}))
             return 0
-        q, k, v = (torch.randn(B, H, L, D, requires_grad=True) for _ in range(3))
-        g = torch.randn(B, H, L, D)
+        q, k, v = (torch.randn(B, H, L, D).to(dt).requires_grad_(True) for _ in range(3))
+        g = torch.randn(B, H, L, D).to(dt)
         scale = D ** -0.5
         mask = torch.triu(torch.ones(L, L, dtype=torch.bool), 1) if a.causal else None
 
@@ -138,7 +142,7 @@ def main():
         return 0
     with torch.no_grad():
         if a.op in ("core", "sdpa"):
-            q, k, v = (torch.randn(B, H, L, D) for _ in range(3))
+            q, k, v = (torch.randn(B, H, L, D).to(dt) for _ in range(3))
             if a.op == "sdpa":
                 if not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
                     print(json.dumps({"error": f"torch {torch.__version__} has no scaled_dot_product_attention"}))

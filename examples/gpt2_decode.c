@@ -22,9 +22,12 @@
 // paths compute the same thing in a different order: atol = rtol = 1e-5. A half cache stores k and
 // v rounded (relative error 2^-11 for f16, 2^-8 for bf16), which the full recompute does not, so
 // the outputs differ by about that rounding: f16 atol 2e-3, rtol 1e-2 (as tests/test_kv_cache.c);
-// bf16, 8 times coarser, atol 1.6e-2, rtol 8e-2.
+// bf16, 8 times coarser, atol 1.6e-2, rtol 8e-2. The quantised caches (blocks of 32 along the head
+// dimension, ggml's Q8_0 and Q4_0) err by up to 1/254 and 1/8 of each block's largest magnitude:
+// q8_0 atol 1.5e-2, rtol 6e-2; q4_0 atol 0.25, rtol 0.5 (seen: 0.006 and 0.11 at most with the
+// defaults).
 //
-// Usage: gpt2_decode [--prompt P] [--tokens T] [--batch B] [--threads N] [--kv-dtype f32|f16|bf16]
+// Usage: gpt2_decode [--prompt P] [--tokens T] [--batch B] [--threads N] [--kv-dtype f32|f16|bf16|q8_0|q4_0]
 //                    [--check | --no-check] [--seed S]
 //   P + T <= 1024. --check (the default) runs the comparison and exits 1 when it fails;
 //   --no-check times the decoding alone. Prints the prefill time, tokens per second of the
@@ -33,9 +36,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "attn.h"
+#include "example_check.h"
 
 enum { E = 768, HEADS = 12, CONTEXT = 1024 };
 
@@ -47,29 +50,9 @@ enum { E = 768, HEADS = 12, CONTEXT = 1024 };
         }                                                                        \
     } while (0)
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-typedef struct errors {
-    double max_abs;   // largest |cached - full|
-    double max_ratio; // largest |cached - full| / (atol + rtol |full|): the check passes while <= 1
-} errors;
-
-static void compare(errors *e, const float *got, const float *want, int64_t n, double atol, double rtol) {
-    for (int64_t i = 0; i < n; i++) {
-        const double d = fabs((double)got[i] - (double)want[i]);
-        const double r = d / (atol + rtol * fabs((double)want[i]));
-        if (d > e->max_abs || d != d) e->max_abs = d;
-        if (r > e->max_ratio || r != r) e->max_ratio = r; // NaN fails the check
-    }
-}
-
 static void usage(const char *prog) {
     fprintf(stderr,
-            "usage: %s [--prompt P] [--tokens T] [--batch B] [--threads N] [--kv-dtype f32|f16|bf16]\n"
+            "usage: %s [--prompt P] [--tokens T] [--batch B] [--threads N] [--kv-dtype f32|f16|bf16|q8_0|q4_0]\n"
             "       [--check | --no-check] [--seed S]      (P + T <= %d)\n",
             prog, CONTEXT);
 }
@@ -94,8 +77,10 @@ int main(int argc, char **argv) {
             if (strcmp(t, "f32") == 0) kv_dtype = ATTN_DTYPE_F32;
             else if (strcmp(t, "f16") == 0) kv_dtype = ATTN_DTYPE_F16;
             else if (strcmp(t, "bf16") == 0) kv_dtype = ATTN_DTYPE_BF16;
+            else if (strcmp(t, "q8_0") == 0) kv_dtype = ATTN_DTYPE_Q8_0;
+            else if (strcmp(t, "q4_0") == 0) kv_dtype = ATTN_DTYPE_Q4_0;
             else {
-                fprintf(stderr, "%s: --kv-dtype must be f32, f16 or bf16, not '%s'\n", argv[0], t);
+                fprintf(stderr, "%s: --kv-dtype must be f32, f16, bf16, q8_0 or q4_0, not '%s'\n", argv[0], t);
                 return 2;
             }
         } else {
@@ -109,8 +94,16 @@ int main(int argc, char **argv) {
         usage(argv[0]);
         return 2;
     }
-    const double atol = kv_dtype == ATTN_DTYPE_F32 ? 1e-5 : kv_dtype == ATTN_DTYPE_F16 ? 2e-3 : 1.6e-2;
-    const double rtol = kv_dtype == ATTN_DTYPE_F32 ? 1e-5 : kv_dtype == ATTN_DTYPE_F16 ? 1e-2 : 8e-2;
+    const double atol = kv_dtype == ATTN_DTYPE_F32    ? 1e-5
+                        : kv_dtype == ATTN_DTYPE_F16  ? 2e-3
+                        : kv_dtype == ATTN_DTYPE_BF16 ? 1.6e-2
+                        : kv_dtype == ATTN_DTYPE_Q8_0 ? 1.5e-2
+                                                      : 0.25;
+    const double rtol = kv_dtype == ATTN_DTYPE_F32    ? 1e-5
+                        : kv_dtype == ATTN_DTYPE_F16  ? 1e-2
+                        : kv_dtype == ATTN_DTYPE_BF16 ? 8e-2
+                        : kv_dtype == ATTN_DTYPE_Q8_0 ? 6e-2
+                                                      : 0.5;
     const int64_t N = batch, total = prompt + tokens;
 
     int rc = 1;
@@ -155,7 +148,8 @@ int main(int argc, char **argv) {
     attn_kv_cache_config_init(&kc);
     kc.batch = N, kc.n_kv_heads = HEADS, kc.head_dim = E / HEADS, kc.capacity = CONTEXT, kc.dtype = kv_dtype;
     CHECK(attn_kv_cache_create(ctx, &kc, &cache));
-    const double cache_mib = 2.0 * (double)(N * HEADS * CONTEXT * (E / HEADS)) * (double)attn_dtype_size(kv_dtype) / 1048576.0;
+    const double cache_mib = 2.0 * (double)(N * HEADS * CONTEXT * (E / HEADS)) * (double)attn_dtype_size(kv_dtype) /
+                             (double)attn_dtype_block_size(kv_dtype) / 1048576.0;
 
     printf("GPT-2 attention layer: E=%d, %d heads of %d, qkv bias, context %d; batch %lld, %d thread%s, "
            "%s kernels, %s KV cache (%.1f MiB)\n",
@@ -165,16 +159,16 @@ int main(int argc, char **argv) {
     attn_mha_args args;
     attn_mha_args_init(&args);
     args.query = x, args.batch = N, args.causal = 1, args.need_weights = 0;
-    errors err = {0.0, 0.0};
+    example_errors err = {0.0, 0.0};
 
     // ---- prefill: the whole prompt in one call
-    double t0 = now();
+    double t0 = example_now();
     CHECK(attn_mha_forward_cached(ctx, mha, cache, x, N, prompt, out));
-    const double prefill_s = now() - t0;
+    const double prefill_s = example_now() - t0;
     if (check) {
         args.len_q = prompt;
         CHECK(attn_mha_forward(ctx, mha, &args, full, NULL));
-        compare(&err, out, full, prompt * N * E, atol, rtol);
+        example_compare(&err, out, full, prompt * N * E, atol, rtol);
     }
     printf("prefill: %lld tokens x %lld in %.2f ms (%.0f tokens/s)\n", (long long)prompt, (long long)N,
            1e3 * prefill_s, (double)(prompt * N) / prefill_s);
@@ -184,13 +178,13 @@ int main(int argc, char **argv) {
     for (int64_t t = prompt; t < total; t++) {
         const float *xt = x + t * N * E;
         float *ot = out + t * N * E;
-        t0 = now();
+        t0 = example_now();
         CHECK(attn_mha_forward_cached(ctx, mha, cache, xt, N, 1, ot));
-        decode_s += now() - t0;
+        decode_s += example_now() - t0;
         if (check) { // the whole sequence 0..t again, causal, without the cache: its last row is step t's
             args.len_q = t + 1;
             CHECK(attn_mha_forward(ctx, mha, &args, full, NULL));
-            compare(&err, ot, full + t * N * E, N * E, atol, rtol);
+            example_compare(&err, ot, full + t * N * E, N * E, atol, rtol);
         }
     }
     if (tokens > 0)

@@ -25,6 +25,8 @@ static const char *descr_of(attn_dtype dtype) {
     case ATTN_DTYPE_I32: return "<i4";
     case ATTN_DTYPE_I64: return "<i8";
     case ATTN_DTYPE_BF16: return NULL;
+    case ATTN_DTYPE_Q8_0: return NULL;
+    case ATTN_DTYPE_Q4_0: return NULL;
     }
     return NULL;
 }

@@ -7,7 +7,8 @@
  * and broadcast inputs), attention masks of both dtypes broadcast by their strides, key padding
  * masks, every causal mode, scales, weights modes, log-sum-exp and dropout, local windows, ALiBi,
  * soft-capping and float16/bfloat16 k and v (converted with attn_convert, whose rounding is
- * checked on the way); nn.MultiheadAttention
+ * checked on the way); KV caches of every type, Q8_0 and Q4_0 included (first byte 156, 188, 220
+ * or 252), appended and attended in the same steps on each context; nn.MultiheadAttention
  * and the book's modules run tiny configurations the same way. The contexts are seeded alike, so
  * with dropout too the runs must agree: the same status; outputs within 1e-5 relative plus an
  * absolute tolerance of 1e-6 scaled by the magnitudes involved and widened by what float
@@ -17,6 +18,90 @@
  * another thread count and must give the same bits.
  */
 #include "fuzz_diff.h"
+
+/* ---- KV caches of every type, the block-quantised Q8_0 and Q4_0 included -------------------- */
+
+/*
+ * Each context gets its own cache of the drawn type (F32, F16, BF16, Q8_0 or Q4_0; head dims of
+ * whole blocks of 32 for the last two), filled by the same appends of values with specials
+ * (NaN and infinities make their quantised blocks NaN), and attends with bottom-right causal
+ * masking, optionally a key padding mask and a window: the caches must hold the same bytes, and
+ * the results agree as SDPA's do (both sides compute on the same stored values).
+ */
+static void diff_kv_cache(pair *p) {
+    fuzz_data *fd = p->fd;
+    static const attn_dtype types[5] = {ATTN_DTYPE_F32, ATTN_DTYPE_F16, ATTN_DTYPE_BF16, ATTN_DTYPE_Q8_0,
+                                        ATTN_DTYPE_Q4_0};
+    const attn_dtype dt = types[fuzz_data_pick(fd, 5)];
+    const int64_t unit = dt == ATTN_DTYPE_Q8_0 || dt == ATTN_DTYPE_Q4_0 ? 32 : 1;
+    const int64_t B = fuzz_data_i64_range(fd, 1, 2), Hkv = fuzz_data_i64_range(fd, 1, 3), G = fuzz_data_i64_range(fd, 1, 4);
+    const int64_t D = unit * fuzz_data_i64_range(fd, 1, unit > 1 ? 3 : 40), Dv = unit * fuzz_data_i64_range(fd, 1, unit > 1 ? 3 : 40);
+    const int64_t cap = fuzz_data_i64_range(fd, 1, 300), H = Hkv * G;
+    attn_kv_cache_config c;
+    attn_kv_cache_config_init(&c);
+    c.batch = B, c.n_kv_heads = Hkv, c.head_dim = D, c.head_dim_v = Dv, c.capacity = cap, c.dtype = dt;
+    attn_kv_cache *kc[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < p->n; i++)
+        FUZZ_CHECK(attn_kv_cache_create(p->ctx[i], &c, &kc[i]) == ATTN_OK, "kv_cache_create: %s", attn_ctx_last_error(p->ctx[i]));
+    const float amp = pick_amp(p);
+    snprintf(problem, sizeof problem, "kv cache %s B=%lld H=%lld Hkv=%lld D=%lld Dv=%lld cap=%lld amp=%g", attn_dtype_name(dt),
+             (long long)B, (long long)H, (long long)Hkv, (long long)D, (long long)Dv, (long long)cap, (double)amp);
+    const int steps = fuzz_data_int_range(fd, 1, 4);
+    for (int step = 0; step < steps; step++) {
+        const int64_t len = attn_kv_cache_length(kc[0]);
+        if (len == cap) break;
+        const int64_t n = fuzz_data_i64_range(fd, 1, cap - len);
+        float *k = new_floats(B * Hkv * n * D), *v = new_floats(B * Hkv * n * Dv);
+        fill(p, k, B * Hkv * n * D, amp), fill(p, v, B * Hkv * n * Dv, amp);
+        for (int i = 0; i < p->n; i++)
+            FUZZ_CHECK(attn_kv_cache_append(p->ctx[i], kc[i], n, k, NULL, v, NULL) == ATTN_OK, "kv_cache_append: %s",
+                       attn_ctx_last_error(p->ctx[i]));
+        free(k), free(v);
+        const int64_t S = len + n, L = fuzz_data_i64_range(fd, 1, S < 12 ? S : 12);
+        attn_sdpa_desc d;
+        attn_sdpa_desc_init(&d);
+        d.batch = B, d.n_heads = H, d.len_q = L, d.head_dim = D, d.head_dim_v = Dv, d.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+        attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, L, D, d.q_stride);
+        attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, L, Dv, d.o_stride);
+        uint8_t *kpm = NULL;
+        if (fuzz_data_chance(fd, 1, 3)) {
+            kpm = fuzz_xmalloc((size_t)(B * S));
+            for (int64_t j = 0; j < B * S; j++) kpm[j] = fuzz_rng_below(&p->rng, 4) == 0;
+            d.key_padding_mask = kpm, d.key_padding_mask_dtype = ATTN_DTYPE_BOOL;
+            d.key_padding_mask_stride[0] = S, d.key_padding_mask_stride[1] = 1;
+        }
+        if (fuzz_data_chance(fd, 1, 4)) d.use_window = 1, d.window_left = fuzz_data_i64_range(fd, 0, S), d.window_right = -1;
+        float *q = new_floats(B * H * L * D), *o[3], *lse[3];
+        fill(p, q, B * H * L * D, amp);
+        attn_status st[3];
+        for (int i = 0; i < p->n; i++) {
+            o[i] = new_floats(B * H * L * Dv), lse[i] = new_floats(B * H * L);
+            st[i] = attn_kv_cache_attend(p->ctx[i], kc[i], &d, q, o[i], lse[i]);
+        }
+        compare_status(p, st, "kv_cache_attend");
+        if (st[0] == ATTN_OK) {
+            void *s0, *s1;
+            attn_kv_cache_storage(kc[0], &s0, NULL, NULL, NULL);
+            attn_kv_cache_storage(kc[1], &s1, NULL, NULL, NULL);
+            const size_t head = (size_t)(cap * D / unit) * attn_dtype_size(dt), filled = (size_t)(S * D / unit) * attn_dtype_size(dt);
+            for (int64_t bh = 0; bh < B * Hkv; bh++) /* the filled positions of each head */
+                FUZZ_CHECK(memcmp((const char *)s0 + (size_t)bh * head, (const char *)s1 + (size_t)bh * head, filled) == 0,
+                           "the caches hold different keys in %s", problem);
+            /* magnitudes of what the rows sum (a dequantised value is at most the block's largest) */
+            const double mk = amp, ds = 4.0 * (double)(D + 8) * U * (double)D * mk * max_abs(q, B * H * L * D) / sqrt((double)D);
+            loose_nonfinite = true; /* specials: the flush of tiny weights may differ (see above) */
+            const tol t = {REL_TOL + 4.0 * ds, ABS_TOL * (1.0 + amp) + amp * (3.0 * ds + 4.0 * (double)(S + 8) * U)};
+            for (int i = 1; i < p->n; i++) {
+                compare_run(p, i, o[0], o[i], B * H * L * Dv, t, "kv cache out");
+                compare_run(p, i, lse[0], lse[i], B * H * L, (tol){REL_TOL + 4.0 * ds, ABS_TOL + 4.0 * ds}, "kv cache lse");
+            }
+            loose_nonfinite = false;
+        }
+        for (int i = 0; i < p->n; i++) free(o[i]), free(lse[i]);
+        free(q), free(kpm);
+    }
+    for (int i = 0; i < p->n; i++) attn_kv_cache_free(kc[i]);
+}
 
 /* ---- SDPA ---------------------------------------------------------------------------------- */
 
@@ -84,6 +169,12 @@ static void diff_sdpa(pair *p) {
     decode_extras(p, &d, &ex);
     kv_for_dtype(p, &d, k, ck, v, cv, &ex);
     const void *kin = ex.kh != NULL ? (const void *)ex.kh : k, *vin = ex.vh != NULL ? (const void *)ex.vh : v;
+    /* q and out in half precision now and then (read last: older inputs decode as they did); q then
+     * holds the values its half copy denotes */
+    if (fuzz_data_chance(fd, 1, 4)) d.q_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
+    if (fuzz_data_chance(fd, 1, 4)) d.out_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
+    uint16_t *qh = d.q_dtype != ATTN_DTYPE_F32 ? to_half(p, d.q_dtype, q, cq) : NULL;
+    const void *qin = qh != NULL ? (const void *)qh : q;
     /* Tolerances: scores up to smag (plus the masks' finite values and the ALiBi terms), error ds
      * in them (soft-capping adds the error of its tanh, relative to the cap). */
     double mmax = 0.0;
@@ -99,6 +190,9 @@ static void diff_sdpa(pair *p) {
     const double keep = d.dropout_p > 0.0 && d.dropout_p < 1.0 ? 1.0 / (1.0 - d.dropout_p) : 1.0;
     tol t_out = {REL_TOL, keep * max_abs(v, cv) * (ABS_TOL + 3.0 * ds)}, t_lse = {REL_TOL, ABS_TOL + ds};
     const tol t_w = {REL_TOL + 4.0 * ds, ABS_TOL};
+    if (d.out_dtype != ATTN_DTYPE_F32) /* both results rounded to the type: 2 u |ref| and its smallest subnormal */
+        t_out.rel += d.out_dtype == ATTN_DTYPE_BF16 ? 0x1p-7 : 0x1p-10,
+            t_out.abs += d.out_dtype == ATTN_DTYPE_BF16 ? 0x1p-133 : 0x1p-24;
     bool nonfinite = any_nonfinite(q, cq) || any_nonfinite(k, ck) || any_nonfinite(v, cv) ||
                      (ex.slopes != NULL && any_nonfinite(ex.slopes, H));
     if (d.mask != NULL && d.mask_dtype == ATTN_DTYPE_F32)
@@ -128,11 +222,12 @@ static void diff_sdpa(pair *p) {
     describe_extras(&d, extras, sizeof extras);
     snprintf(problem, sizeof problem,
              "sdpa B=%lld H=%lld Hkv=%lld L=%lld S=%lld D=%lld Dv=%lld scale=%g causal=%d mask=%s kpm=%s dropout=%g "
-             "weights=%d lse=%d%s isa=%s",
+             "weights=%d lse=%d%s q=%s out=%s isa=%s",
              (long long)B, (long long)H, (long long)Hkv, (long long)L, (long long)S, (long long)D, (long long)Dv,
              (double)d.scale, (int)d.causal, d.mask == NULL ? "none" : attn_dtype_name(d.mask_dtype),
              d.key_padding_mask == NULL ? "none" : attn_dtype_name(d.key_padding_mask_dtype), d.dropout_p,
-             (int)d.weights_mode, want_lse, extras, attn_isa_name(attn_ctx_isa(p->ctx[0])));
+             (int)d.weights_mode, want_lse, extras, attn_dtype_name(d.q_dtype), attn_dtype_name(d.out_dtype),
+             attn_isa_name(attn_ctx_isa(p->ctx[0])));
     const int64_t nl = B * H * L;
     const int64_t nw = d.weights_mode == ATTN_WEIGHTS_PER_HEAD  ? B * H * L * S
                        : d.weights_mode == ATTN_WEIGHTS_AVERAGE ? B * L * S
@@ -144,7 +239,13 @@ static void diff_sdpa(pair *p) {
         memset(out[c], 0xCD, (size_t)co * sizeof(float));
         if (want_lse) lse[c] = new_floats(nl), memset(lse[c], 0xCD, (size_t)nl * sizeof(float));
         if (nw > 0) w[c] = new_floats(nw), memset(w[c], 0xCD, (size_t)nw * sizeof(float));
-        st[c] = attn_sdpa_fwd(p->ctx[c], &d, q, kin, vin, out[c], lse[c], w[c]);
+        st[c] = attn_sdpa_fwd(p->ctx[c], &d, qin, kin, vin, out[c], lse[c], w[c]);
+        if (st[c] == ATTN_OK && d.out_dtype != ATTN_DTYPE_F32) { /* the half results as floats, in place */
+            uint16_t *h = fuzz_xmalloc((size_t)co * sizeof(uint16_t));
+            memcpy(h, out[c], (size_t)co * sizeof(uint16_t));
+            FUZZ_CHECK(attn_convert(ATTN_DTYPE_F32, out[c], d.out_dtype, h, co) == ATTN_OK, "attn_convert");
+            free(h);
+        }
     }
     compare_status(p, st, "attn_sdpa_fwd");
     for (int c = 1; c < p->n && st[0] == ATTN_OK; c++) {
@@ -154,7 +255,7 @@ static void diff_sdpa(pair *p) {
     }
     compare_generators(p);
     for (int c = 0; c < p->n; c++) free(out[c]), free(lse[c]), free(w[c]);
-    free(q), free(k), free(v), free(mask), free(kpm);
+    free(q), free(k), free(v), free(mask), free(kpm), free(qh);
     free_extras(&ex);
 }
 
@@ -373,7 +474,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 1:
     case 2:
     case 3:
-    case 4: diff_sdpa(&p); break;
+    case 4: /* 156, 188, 220, 252 (first bytes no corpus input had before): KV caches */
+        if (what % 8 == 4 && what >= 156 && (what - 156) % 32 == 0)
+            diff_kv_cache(&p);
+        else
+            diff_sdpa(&p);
+        break;
     case 5:
     case 6: diff_mha(&p); break;
     default: diff_book(&p); break;

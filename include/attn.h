@@ -94,19 +94,47 @@ typedef enum attn_dtype {
     ATTN_DTYPE_BOOL = 4, /* one byte, 0 = False */
     ATTN_DTYPE_U8 = 5,
     ATTN_DTYPE_I32 = 6,
-    ATTN_DTYPE_I64 = 7
+    ATTN_DTYPE_I64 = 7,
+    /* Block-quantised types, ggml's layouts, for k and v (KV caches, attn_sdpa_fwd) and attn_convert:
+     * a tensor of n values (n a multiple of 32) is n / 32 blocks laid end to end, each encoding 32
+     * consecutive values with one scale d (IEEE half, little-endian, the block's first 2 bytes).
+     * Q8_0: 34 bytes, then 32 int8 q[i]; value i = q[i] * d.
+     * Q4_0: 18 bytes, then 16 bytes qs; value i = ((qs[i] & 15) - 8) * d and value i + 16 =
+     *       ((qs[i] >> 4) - 8) * d for i < 16 (low nibbles hold the block's first half). */
+    ATTN_DTYPE_Q8_0 = 8,
+    ATTN_DTYPE_Q4_0 = 9
 } attn_dtype;
 
-/** @return the size in bytes of one element of `dtype`, or 0 for an unknown value. */
+/** @return the size in bytes of one element of `dtype`, or for a block type (Q8_0, Q4_0) of one
+ *  block of attn_dtype_block_size(dtype) values (34, 18); 0 for an unknown value. The bytes of n
+ *  values are n / attn_dtype_block_size(dtype) * attn_dtype_size(dtype). */
 ATTN_API size_t attn_dtype_size(attn_dtype dtype);
-/** @return a short name ("F32", "BOOL", ...) or "?" for an unknown value. */
+/** @return the values per block: 32 for Q8_0 and Q4_0, 1 for the other types, 0 for an unknown value. */
+ATTN_API int64_t attn_dtype_block_size(attn_dtype dtype);
+/** @return a short name ("F32", "BOOL", "Q8_0", ...) or "?" for an unknown value. */
 ATTN_API const char *attn_dtype_name(attn_dtype dtype);
 
 /**
  * Converts n elements between F32 and F16 or BF16 (either way; the same type is a copy). F32 to
  * half rounds to nearest even as torch's .half() / .bfloat16(), overflow gives inf and NaN stays
  * NaN; half to F32 is exact. dst and src may be the same buffer only for the same type.
- * @return ATTN_OK, or ATTN_ERR_INVALID_ARG for another pair of types, n < 0 or NULL buffers.
+ * F32 to Q8_0 or Q4_0 quantises n values (n a multiple of 32) block by block and writes the bytes
+ * ggml's reference quantisers (quantize_row_q8_0_ref, quantize_row_q4_0_ref) write for the same
+ * finite input: Q8_0 d = max|x| / 127, q = roundf(x * (1/d)); Q4_0 d = x_m / -8 with x_m the
+ * block's value of largest magnitude (the first one), nibble = min(15, (int)(x * (1/d) + 8.5f));
+ * d stored rounded to half (1/d taken before that rounding; d = 0, or 1/d overflowing on a block of
+ * denormals, gives q = 0, nibble 8, where ggml's behaviour is undefined). A block
+ * holding a NaN or an infinity, or whose scale rounds to infinity in half (max|x| >= about
+ * 127 * 65520 for Q8_0, 8 * 65520 for Q4_0), cannot be represented: it is stored with a NaN scale (0x7e00) and
+ * zero quants (Q4_0: nibbles 8), so all its 32 values read back as NaN. Q8_0 or Q4_0 to F32 gives
+ * q * d exactly. Error of a value x of a block whose largest magnitude is m, for finite
+ * representable blocks (tested, also on denormals, zero blocks and magnitudes near the limits):
+ *   Q8_0: |x' - x| <= c * m + a,  c = 1/254 + 2^-11 + 2^-20,  a = 2^-18
+ *   Q4_0: |x' - x| <= c * m + a,  c = 1/8 + 2^-10,            a = 2^-21
+ * (1/254 and 1/8 are the quantisation steps: Q4_0 has 16 levels, so the value opposite x_m may
+ * lose a whole step; the 2^-11 and 2^-10 terms cover the half rounding of d, a its subnormal range).
+ * @return ATTN_OK, or ATTN_ERR_INVALID_ARG for another pair of types, n < 0, NULL buffers or, for
+ *         a block type, n not a multiple of 32.
  */
 ATTN_API attn_status attn_convert(attn_dtype dst_dtype, void *dst, attn_dtype src_dtype, const void *src, int64_t n);
 
@@ -367,16 +395,45 @@ typedef struct attn_sdpa_desc {
      * (IEEE half and bfloat16 bit patterns, 2 bytes each; strides still count elements). Products
      * and sums are always computed in float32. Against the float32 k and v they were rounded from,
      * a row's output differs by at most (exp(2 delta) - 1 + u) * max|v| with
-     * delta = u * scale * sum_t |q_t| * max|k| and u = 2^-11 (F16) or 2^-8 (BF16) (tested). */
+     * delta = u * scale * sum_t |q_t| * max|k| and u = 2^-11 (F16) or 2^-8 (BF16) (tested).
+     * ATTN_DTYPE_Q8_0 or ATTN_DTYPE_Q4_0 (forward only: attn_sdpa_fwd, attn_sdpa_varlen_fwd and KV
+     * caches; the backward answers ATTN_ERR_UNSUPPORTED): k and v are blocks of 32 values along D
+     * (layouts in attn_dtype), read directly by the kernels (no dequantised copy). D and Dv must be
+     * multiples of 32 (else ATTN_ERR_BAD_SHAPE). Strides still count values: k_stride[3] and
+     * v_stride[3] must be 1 and the other strides multiples of 32 (dimensions of extent 1 excepted),
+     * so every row is whole blocks: value (b, h, s, t) lies in block o / 32 of the tensor, o =
+     * b*stride[0] + h*stride[1] + s*stride[2] + t, at byte (o / 32) * attn_dtype_size(kv_dtype);
+     * ATTN_ERR_INVALID_ARG otherwise. Products and sums are float32 on the dequantised values
+     * (q * d, exact). Against the float32 k and v they were quantised from, a row's output differs
+     * by at most (exp(2 delta) * (1 + c) - 1) * max|v| + exp(2 delta) * a, plus float32 rounding,
+     * with delta = scale * sum_t |q_t| * (c * max|k| + a), max over the row's kv head, and c, a the
+     * per-value bound of attn_convert (Q8_0: c = 1/254 + 2^-11 + 2^-20, a = 2^-18; Q4_0: c = 1/8 +
+     * 2^-10, a = 2^-21) (tested, with large logits and outliers). The query is not quantised. */
     attn_dtype kv_dtype;
     /* Element types of q and of out: ATTN_DTYPE_F32 (0, the default), ATTN_DTYPE_F16 or
      * ATTN_DTYPE_BF16; strides still count elements. attn_sdpa_bwd reads out and dout in out_dtype.
-     * Products and sums are computed in float32 (with bf16/f16 operands on instructions that take
-     * them), and the output is rounded to out_dtype once, to nearest even. lse, weights and dmask
-     * stay float32. */
+     * Half-precision q, k and v are converted exactly to float32 as the kernels load them; products
+     * and sums are float32, and each output element is rounded to out_dtype once, to nearest even.
+     * lse, weights and dmask stay float32. Every instruction set runs the float32 kernels on the
+     * converted values (no bf16 dot-product instructions are used yet).
+     * Error against the scalar reference (ATTN_ISA_REF: double sums on the same rounded inputs,
+     * then rounded to the output type), tested on every instruction set with random and adversarial
+     * inputs (large logits, rows of 8192 keys): for each element of out's row (b, h, i)
+     *   |out - out_ref| <= 2 u_o |out_ref| + t_o + (exp(2 delta) - 1 + 2^-16) max_j |v_j|
+     * with u = 2^-8 (BF16), 2^-11 (F16), 2^-24 (F32) the unit roundoff of the type, t its smallest
+     * subnormal (2^-133, 2^-24, 2^-149), max over the values of the row's kv head, and
+     *   delta = (D + 2) 2^-24 scale sum_t |q_t| max_j |k_j|_inf + 2^-22 (softcap + |largest ALiBi
+     *           term| + |largest float mask term|)
+     * (the float32 rounding of the scores, in the exponent). */
     attn_dtype q_dtype;
     attn_dtype out_dtype;
-    /* Element type of dq, dk and dv written by attn_sdpa_bwd: F32 (0, the default), F16 or BF16. */
+    /* Element type of dq, dk and dv written by attn_sdpa_bwd: F32 (0, the default), F16 or BF16.
+     * Each gradient element g satisfies |g - g_ref| <= 2 u_g |g_ref| + t_g + (4 u_o + 2^-14 +
+     * 4 delta) M, where M is the sum of the absolute values of the terms of g's sum (dq_i =
+     * scale sum_j dS_ij k_j, dk_j = scale sum_i dS_ij q_i, dv_j = sum_i P_ij dout_i), with
+     * |dS_ij| taken as P_ij (|dout_i . v_j| + sum_t |dout_it out_it|), delta the largest row's
+     * (tested). The 4 u_o term is FlashAttention's use of the stored, rounded out in
+     * D_i = dout_i . out_i. */
     attn_dtype grad_dtype;
 } attn_sdpa_desc;
 
@@ -477,9 +534,12 @@ ATTN_API attn_status attn_sdpa_varlen_bwd(attn_ctx *ctx, const attn_sdpa_desc *d
 
 /*
  * One layer's keys and values: (B, Hkv, capacity, D) and (B, Hkv, capacity, Dv), of which the
- * first `length` positions are filled, stored as F32, F16 or BF16. Append converts new keys and
- * values (float32) to that type; attend runs SDPA of a block of new queries against the filled
- * positions. A cache is not thread-safe: one caller at a time.
+ * first `length` positions are filled, stored as F32, F16 or BF16, or quantised as Q8_0 or Q4_0
+ * (blocks of 32 values along D, ggml's layouts: see attn_dtype; D and Dv must then be multiples of
+ * 32). Append converts new keys and values (float32) to that type (quantising each row's blocks as
+ * attn_convert does); attend runs SDPA of a block of new queries against the filled positions,
+ * reading the stored type directly (the error bound of quantised types: attn_sdpa_desc.kv_dtype).
+ * A cache is not thread-safe: one caller at a time.
  */
 typedef struct attn_kv_cache attn_kv_cache;
 
@@ -489,7 +549,8 @@ typedef struct attn_kv_cache_config {
     int64_t head_dim;    /* D >= 1 */
     int64_t head_dim_v;  /* Dv; 0 means D */
     int64_t capacity;    /* positions per sequence, >= 1 */
-    attn_dtype dtype;    /* ATTN_DTYPE_F32 (default), ATTN_DTYPE_F16 or ATTN_DTYPE_BF16 */
+    attn_dtype dtype;    /* ATTN_DTYPE_F32 (default), F16, BF16, Q8_0 or Q4_0 (head_dim and
+                            head_dim_v multiples of 32, else ATTN_ERR_BAD_SHAPE at create) */
 } attn_kv_cache_config;
 
 /** Zeroes `cfg` (dtype F32). */
@@ -517,7 +578,9 @@ ATTN_API attn_status attn_kv_cache_truncate(attn_ctx *ctx, attn_kv_cache *cache,
 ATTN_API void attn_kv_cache_reset(attn_kv_cache *cache);
 /**
  * Direct access to the storage: k (B, Hkv, capacity, D) and v (B, Hkv, capacity, Dv) of the
- * cache's dtype, with their element strides. Any output may be NULL.
+ * cache's dtype, with their element strides. Any output may be NULL. For Q8_0 and Q4_0 the strides
+ * count values, as attn_sdpa_desc's do (contiguous rows of D / 32 blocks): value offset o is in the
+ * block at byte (o / 32) * attn_dtype_size(dtype).
  */
 ATTN_API void attn_kv_cache_storage(attn_kv_cache *cache, void **k, int64_t k_stride[4], void **v,
                                     int64_t v_stride[4]);

@@ -1,12 +1,24 @@
 // half.c - attn_convert: float32 to and from IEEE half and bfloat16 (the element types a k/v
-// tensor or a KV cache may hold), with the exact conversions of half.h.
+// tensor or a KV cache may hold), with the exact conversions of half.h, and to and from the
+// block-quantised Q8_0 and Q4_0 (quant.c).
 #include "half.h"
 #include "internal.h"
+#include "quant.h"
 
 static bool half_type(attn_dtype t) { return t == ATTN_DTYPE_F16 || t == ATTN_DTYPE_BF16; }
 
 attn_status attn_convert(attn_dtype dst_dtype, void *dst, attn_dtype src_dtype, const void *src, int64_t n) {
     if (n < 0 || (n > 0 && (dst == NULL || src == NULL))) return ATTN_ERR_INVALID_ARG;
+    if (attn__is_block_dtype(dst_dtype) || attn__is_block_dtype(src_dtype)) {
+        const bool quantize = src_dtype == ATTN_DTYPE_F32 && attn__is_block_dtype(dst_dtype);
+        const bool dequantize = attn__is_block_dtype(src_dtype) && dst_dtype == ATTN_DTYPE_F32;
+        if ((!quantize && !dequantize) || n % ATTN_QBLOCK != 0) return ATTN_ERR_INVALID_ARG;
+        if (quantize)
+            attn__quantize(dst_dtype, src, dst, n);
+        else
+            attn__dequantize(src_dtype, src, dst, n);
+        return ATTN_OK;
+    }
     const bool to_half = src_dtype == ATTN_DTYPE_F32 && half_type(dst_dtype);
     const bool from_half = half_type(src_dtype) && dst_dtype == ATTN_DTYPE_F32;
     if (!to_half && !from_half && !(src_dtype == dst_dtype && (half_type(src_dtype) || src_dtype == ATTN_DTYPE_F32)))

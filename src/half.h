@@ -1,6 +1,8 @@
 // half.h - IEEE binary16 and bfloat16 conversions, scalar and exact: every half value converts to
 // the float it denotes, and floats convert with round-to-nearest-even (as PyTorch's .half() and
-// .bfloat16() do), NaN staying NaN.
+// .bfloat16() do), NaN staying NaN. Also the element reader of every type k and v may have,
+// the block-quantised Q8_0 and Q4_0 included (their layout: attn.h, attn_dtype; quantisation:
+// quant.c).
 #ifndef ATTN_HALF_H
 #define ATTN_HALF_H
 
@@ -52,11 +54,61 @@ static inline uint16_t attn__f32_to_bf16(float f) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-// Element `off` of a k or v tensor of dtype F32, F16 or BF16, as float.
+// The block types: ATTN_QBLOCK values per block, a half scale (little-endian) then the quants.
+#define ATTN_QBLOCK 32
+#define ATTN_Q8_0_BYTES 34 // d, int8 q[32]
+#define ATTN_Q4_0_BYTES 18 // d, qs[16]: value i in the low nibble of qs[i], value i + 16 in the high one
+
+// The scale of the block at b.
+static inline float attn__qblock_scale(const uint8_t *b) { return attn__f16_to_f32((uint16_t)(b[0] | b[1] << 8)); }
+
+// Value off of a Q8_0 tensor: q * d, exact in float.
+static inline float attn__q8_0_at(const void *p, int64_t off) {
+    const uint8_t *b = (const uint8_t *)p + off / ATTN_QBLOCK * ATTN_Q8_0_BYTES;
+    return (float)(int8_t)b[2 + off % ATTN_QBLOCK] * attn__qblock_scale(b);
+}
+
+// Value off of a Q4_0 tensor: (nibble - 8) * d, exact in float.
+static inline float attn__q4_0_at(const void *p, int64_t off) {
+    const uint8_t *b = (const uint8_t *)p + off / ATTN_QBLOCK * ATTN_Q4_0_BYTES;
+    const int i = (int)(off % ATTN_QBLOCK), byte = b[2 + i % 16];
+    return (float)((i < 16 ? byte & 15 : byte >> 4) - 8) * attn__qblock_scale(b);
+}
+
+// Element `off` of a tensor of dtype F32, F16 or BF16 (q, k, v, out, a gradient) or Q8_0, Q4_0 (k, v),
+// as float.
 static inline float attn__kv_at(const void *p, int dtype, int64_t off) {
     if (dtype == 2) return attn__f16_to_f32(((const uint16_t *)p)[off]);  // ATTN_DTYPE_F16
     if (dtype == 3) return attn__bf16_to_f32(((const uint16_t *)p)[off]); // ATTN_DTYPE_BF16
+    if (dtype == 8) return attn__q8_0_at(p, off);                          // ATTN_DTYPE_Q8_0
+    if (dtype == 9) return attn__q4_0_at(p, off);                          // ATTN_DTYPE_Q4_0
     return ((const float *)p)[off];
+}
+
+// Writes x as element `off` of a tensor of dtype F32, F16 or BF16 (rounded to nearest even).
+static inline void attn__elem_set(void *p, int dtype, int64_t off, float x) {
+    if (dtype == 2) ((uint16_t *)p)[off] = attn__f32_to_f16(x);       // ATTN_DTYPE_F16
+    else if (dtype == 3) ((uint16_t *)p)[off] = attn__f32_to_bf16(x); // ATTN_DTYPE_BF16
+    else ((float *)p)[off] = x;
+}
+
+// dst[i] = scale * element off + i * stride of p (a dtype of attn__kv_at), i < n: the type tested
+// once, float32 read directly.
+static inline void attn__gather(float *dst, const void *p, int dtype, int64_t off, int64_t stride, int64_t n,
+                                float scale) {
+    if (dtype == 0) // ATTN_DTYPE_F32
+        for (int64_t i = 0; i < n; i++) dst[i] = ((const float *)p)[off + i * stride] * scale;
+    else
+        for (int64_t i = 0; i < n; i++) dst[i] = attn__kv_at(p, dtype, off + i * stride) * scale;
+}
+
+// Element off + i * stride of p (dtype F32, F16 or BF16) = scale * src[i * src_stride], i < n.
+static inline void attn__scatter(void *p, int dtype, int64_t off, int64_t stride, const float *src, int64_t src_stride,
+                                 int64_t n, float scale) {
+    if (dtype == 0) // ATTN_DTYPE_F32
+        for (int64_t i = 0; i < n; i++) ((float *)p)[off + i * stride] = src[i * src_stride] * scale;
+    else
+        for (int64_t i = 0; i < n; i++) attn__elem_set(p, dtype, off + i * stride, src[i * src_stride] * scale);
 }
 
 #endif

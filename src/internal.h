@@ -84,10 +84,21 @@ void attn__pool_free(attn__pool *p);
 int attn__pool_threads(const attn__pool *p);
 // Runs tasks 0..n_tasks-1 on the workers and the caller; returns when all are done. p may be NULL.
 void attn__pool_run(attn__pool *p, int64_t n_tasks, attn__task_fn fn, void *arg);
+// The pool to run a loop of about `flops` floating-point operations on: NULL (the caller alone)
+// below ATTN_SERIAL_FLOPS, where waking a worker would cost more than it saves.
+attn__pool *attn__pool_for(attn__pool *p, double flops);
 
 // Whether dtype is one of the floating-point element types tensors may have (F32, F16, BF16).
 static inline bool attn__is_float_dtype(attn_dtype t) {
     return t == ATTN_DTYPE_F32 || t == ATTN_DTYPE_F16 || t == ATTN_DTYPE_BF16;
+}
+
+// Whether dtype is a block-quantised type (Q8_0, Q4_0: blocks of 32 values, see attn.h).
+static inline bool attn__is_block_dtype(attn_dtype t) { return t == ATTN_DTYPE_Q8_0 || t == ATTN_DTYPE_Q4_0; }
+// Bytes from the start of a k or v tensor of type dt to its element `off` (for a block type, off
+// is a multiple of the block size: the start of a block).
+static inline size_t attn__kv_bytes(attn_dtype dt, int64_t off) {
+    return (size_t)(off / attn_dtype_block_size(dt)) * attn_dtype_size(dt);
 }
 
 // ---- checked size arithmetic -------------------------------------------------------------
@@ -120,33 +131,36 @@ typedef struct attn__sdpa_shape {
     float scale;
 } attn__sdpa_shape;
 attn_status attn__sdpa_check(attn_ctx *ctx, const attn_sdpa_desc *d, attn__sdpa_shape *sh);
+// The layout rules of Q8_0 and Q4_0 k and v (attn.h, kv_dtype), for a checked shape (quant.c).
+attn_status attn__check_block_kv(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh);
 // The checks of the public SDPA entry points; *run receives the descriptor the kernels take (the
 // strides of length-1 dimensions zeroed).
 attn_status attn__sdpa_prepare(attn_ctx *ctx, const attn_sdpa_desc *desc, attn__sdpa_shape *sh, attn_sdpa_desc *run);
 // Scratch needed by attn__sdpa_run for a checked descriptor.
 size_t attn__sdpa_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d);
 // Runs the kernel chosen for ctx on a checked descriptor with `ws` (>= attn__sdpa_workspace bytes).
-void attn__sdpa_run(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const float *q,
-                    const void *k, const void *v, float *out, float *lse, float *weights, void *ws);
+// q, out (and in the backward out, dout, dq, dk, dv) are of the desc's q_dtype, out_dtype, grad_dtype.
+void attn__sdpa_run(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const void *q,
+                    const void *k, const void *v, void *out, float *lse, float *weights, void *ws);
 
 // The scalar reference kernel (src/ref/sdpa_ref.c): the specification every other kernel is
 // tested against. Workspace: attn__sdpa_ref_workspace bytes.
 size_t attn__sdpa_ref_workspace(const attn__sdpa_shape *sh);
-void attn__sdpa_fwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, attn_generator *gen, const float *q,
-                        const void *k, const void *v, float *out, float *lse, float *weights, void *ws);
+void attn__sdpa_fwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, attn_generator *gen, const void *q,
+                        const void *k, const void *v, void *out, float *lse, float *weights, void *ws);
 
 // The scalar reference backward (src/ref/sdpa_bwd_ref.c).
 size_t attn__sdpa_bwd_ref_workspace(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, bool want_dmask);
 void attn__sdpa_bwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const attn_generator *dropout_state,
-                        const float *q, const void *k, const void *v, const float *dout, float *dq, float *dk,
-                        float *dv, float *dmask, void *ws);
+                        const void *q, const void *k, const void *v, const void *dout, void *dq, void *dk, void *dv,
+                        float *dmask, void *ws);
 // Checks the gradient outputs of a checked descriptor (strides, dmask) and sizes the scratch.
 attn_status attn__sdpa_bwd_check(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, bool want_dmask);
 size_t attn__sdpa_bwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d,
                                 bool want_dmask);
 void attn__sdpa_bwd_run(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh,
-                        const attn_generator *dropout_state, const float *q, const void *k, const void *v,
-                        const float *out, const float *dout, const float *lse, float *dq, float *dk, float *dv,
+                        const attn_generator *dropout_state, const void *q, const void *k, const void *v,
+                        const void *out, const void *dout, const float *lse, void *dq, void *dk, void *dv,
                         float *dmask, void *ws);
 
 // ---- dense linear algebra -------------------------------------------------------------------

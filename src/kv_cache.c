@@ -1,10 +1,12 @@
 // kv_cache.c - a layer's key/value cache for decoding: storage (B, Hkv, capacity, D|Dv) of F32,
-// F16 or BF16, append with conversion, truncate/reset, and attend (SDPA of new queries against
-// the filled positions, through attn_sdpa_fwd: the fused kernels' decode path serves one query).
+// F16 or BF16, or of the block types Q8_0 and Q4_0 (each row quantised on append, blocks of 32
+// along D), append with conversion, truncate/reset, and attend (SDPA of new queries against the
+// filled positions, through attn_sdpa_fwd: the fused kernels' decode path serves one query).
 #include <string.h>
 
 #include "half.h"
 #include "internal.h"
+#include "quant.h"
 
 struct attn_kv_cache {
     attn_allocator alloc;
@@ -29,9 +31,15 @@ static attn_status check_config(attn_ctx *ctx, const attn_kv_cache_config *c, at
         if (sizes[i].value < 1)
             return attn__fail(ctx, ATTN_ERR_BAD_SHAPE, "kv_cache: %s = %lld must be >= 1", sizes[i].name,
                               (long long)sizes[i].value);
-    if (c->dtype != ATTN_DTYPE_F32 && c->dtype != ATTN_DTYPE_F16 && c->dtype != ATTN_DTYPE_BF16)
-        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "kv_cache: dtype must be F32, F16 or BF16, not %s",
+    if (!attn__is_float_dtype(c->dtype) && !attn__is_block_dtype(c->dtype))
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "kv_cache: dtype must be F32, F16, BF16, Q8_0 or Q4_0, not %s",
                           attn_dtype_name(c->dtype));
+    if (attn__is_block_dtype(c->dtype) && (c->head_dim % ATTN_QBLOCK != 0 || out->head_dim_v % ATTN_QBLOCK != 0))
+        return attn__fail(ctx, ATTN_ERR_BAD_SHAPE,
+                          "kv_cache: a %s cache needs head_dim and head_dim_v multiples of %d (blocks of %d values), "
+                          "not %lld and %lld",
+                          attn_dtype_name(c->dtype), ATTN_QBLOCK, ATTN_QBLOCK, (long long)c->head_dim,
+                          (long long)out->head_dim_v);
     return ATTN_OK;
 }
 
@@ -48,8 +56,9 @@ attn_status attn_kv_cache_create(attn_ctx *ctx, const attn_kv_cache_config *cfg,
     size_t kb, vb;
     ATTN_RETURN_IF_ERR(attn__numel(ctx, "kv_cache: keys", 4, kd, &nk));
     ATTN_RETURN_IF_ERR(attn__numel(ctx, "kv_cache: values", 4, vd, &nv));
-    ATTN_RETURN_IF_ERR(attn__bytes(ctx, "kv_cache: keys", nk, attn_dtype_size(c.dtype), &kb));
-    ATTN_RETURN_IF_ERR(attn__bytes(ctx, "kv_cache: values", nv, attn_dtype_size(c.dtype), &vb));
+    const int64_t blk = attn_dtype_block_size(c.dtype); // head_dim and head_dim_v are multiples of it
+    ATTN_RETURN_IF_ERR(attn__bytes(ctx, "kv_cache: keys", nk / blk, attn_dtype_size(c.dtype), &kb));
+    ATTN_RETURN_IF_ERR(attn__bytes(ctx, "kv_cache: values", nv / blk, attn_dtype_size(c.dtype), &vb));
     attn_kv_cache *kc;
     ATTN_RETURN_IF_ERR(attn__alloc(ctx, sizeof *kc, (void **)&kc));
     memset(kc, 0, sizeof *kc);
@@ -96,7 +105,7 @@ void attn_kv_cache_storage(attn_kv_cache *cache, void **k, int64_t k_stride[4], 
 }
 
 // Rows (B, Hkv, n) of width w from src (at stride s) into dst (B, Hkv, capacity, w) from position
-// `at`, converted to dt.
+// `at`, converted to dt (block types: quantised block by block).
 static void copy_rows(const attn_kv_cache_config *c, attn_dtype dt, int64_t at, int64_t n, int64_t w,
                       const float *src, const int64_t s[4], void *dst) {
     for (int64_t b = 0; b < c->batch; b++)
@@ -104,7 +113,13 @@ static void copy_rows(const attn_kv_cache_config *c, attn_dtype dt, int64_t at, 
             for (int64_t i = 0; i < n; i++) {
                 const float *r = src + attn__offset4(s, b, h, i, 0);
                 const int64_t o = ((b * c->n_kv_heads + h) * c->capacity + at + i) * w;
-                if (dt == ATTN_DTYPE_F32) {
+                if (attn__is_block_dtype(dt)) {
+                    for (int64_t e0 = 0; e0 < w; e0 += ATTN_QBLOCK) {
+                        float block[ATTN_QBLOCK]; // the strided row's block, contiguous
+                        for (int e = 0; e < ATTN_QBLOCK; e++) block[e] = r[(e0 + e) * s[3]];
+                        attn__quantize(dt, block, (char *)dst + attn__kv_bytes(dt, o + e0), ATTN_QBLOCK);
+                    }
+                } else if (dt == ATTN_DTYPE_F32) {
                     float *d = (float *)dst + o;
                     for (int64_t e = 0; e < w; e++) d[e] = r[e * s[3]];
                 } else {

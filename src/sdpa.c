@@ -83,9 +83,10 @@ attn_status attn__sdpa_check(attn_ctx *ctx, const attn_sdpa_desc *d, attn__sdpa_
     } types[] = {{"kv_dtype", d->kv_dtype}, {"q_dtype", d->q_dtype}, {"out_dtype", d->out_dtype},
                  {"grad_dtype", d->grad_dtype}};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
-        if (!attn__is_float_dtype(types[i].dtype))
-            return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa: %s must be F32, F16 or BF16, not %s", types[i].name,
-                              attn_dtype_name(types[i].dtype));
+        if (!attn__is_float_dtype(types[i].dtype) && !(i == 0 && attn__is_block_dtype(d->kv_dtype)))
+            return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa: %s must be F32, F16 or BF16%s, not %s", types[i].name,
+                              i == 0 ? " (or Q8_0, Q4_0)" : "", attn_dtype_name(types[i].dtype));
+    if (attn__is_block_dtype(d->kv_dtype)) ATTN_RETURN_IF_ERR(attn__check_block_kv(ctx, d, sh));
 
     const int64_t nq[4] = {sh->B, sh->H, sh->L, sh->D}, nk[4] = {sh->B, sh->Hkv, sh->S, sh->D};
     const int64_t nv[4] = {sh->B, sh->Hkv, sh->S, sh->Dv}, no[4] = {sh->B, sh->H, sh->L, sh->Dv};
@@ -130,12 +131,6 @@ attn_status attn_sdpa_desc_check(attn_ctx *ctx, const attn_sdpa_desc *desc) {
 // kernels step their pointers by it after the last row: a huge one would overflow the pointer.
 attn_status attn__sdpa_prepare(attn_ctx *ctx, const attn_sdpa_desc *desc, attn__sdpa_shape *sh, attn_sdpa_desc *run) {
     ATTN_RETURN_IF_ERR(attn__sdpa_check(ctx, desc, sh));
-    if (desc->q_dtype != ATTN_DTYPE_F32 || desc->out_dtype != ATTN_DTYPE_F32 || desc->grad_dtype != ATTN_DTYPE_F32)
-        return attn__fail(ctx, ATTN_ERR_UNSUPPORTED,
-                          "sdpa: the CPU kernels take q, out and the gradients in F32 only (q_dtype %s, out_dtype %s, "
-                          "grad_dtype %s)",
-                          attn_dtype_name(desc->q_dtype), attn_dtype_name(desc->out_dtype),
-                          attn_dtype_name(desc->grad_dtype));
     *run = *desc;
     const int64_t nq[4] = {sh->B, sh->H, sh->L, sh->D}, nk[4] = {sh->B, sh->Hkv, sh->S, sh->D};
     const int64_t nv[4] = {sh->B, sh->Hkv, sh->S, sh->Dv}, no[4] = {sh->B, sh->H, sh->L, sh->Dv};
@@ -161,8 +156,8 @@ size_t attn__sdpa_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, con
     return use_flash(ctx, d) ? attn__flash_fwd_workspace(ctx, sh, d) : attn__sdpa_ref_workspace(sh);
 }
 
-void attn__sdpa_run(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const float *q,
-                    const void *k, const void *v, float *out, float *lse, float *weights, void *ws) {
+void attn__sdpa_run(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const void *q,
+                    const void *k, const void *v, void *out, float *lse, float *weights, void *ws) {
     if (use_flash(ctx, d))
         attn__flash_fwd(ctx, d, sh, q, k, v, out, lse, ws);
     else
@@ -197,7 +192,7 @@ attn_status attn_sdpa_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const void 
     ATTN_RETURN_IF_ERR(attn__sdpa_prepare(ctx, desc, &sh, &run));
     void *ws;
     ATTN_RETURN_IF_ERR(attn__workspace(ctx, attn__sdpa_workspace(ctx, &sh, &run), &ws));
-    attn__sdpa_run(ctx, &run, &sh, (const float *)q, k, v, (float *)out, lse, weights, ws);
+    attn__sdpa_run(ctx, &run, &sh, q, k, v, out, lse, weights, ws);
     return ATTN_OK;
 }
 
@@ -216,6 +211,9 @@ attn_status attn__sdpa_bwd_check(attn_ctx *ctx, const attn_sdpa_desc *d, const a
                 return attn__fail(ctx, ATTN_ERR_INVALID_ARG,
                                   "sdpa_bwd: %s would be written at stride 0 on dimension %d (a broadcast input)",
                                   grads[g].name, i);
+    if (attn__is_block_dtype(d->kv_dtype))
+        return attn__fail(ctx, ATTN_ERR_UNSUPPORTED, "sdpa_bwd: k and v of type %s are for the forward only",
+                          attn_dtype_name(d->kv_dtype));
     if (want_dmask && (d->mask == NULL || d->mask_dtype != ATTN_DTYPE_F32))
         return attn__fail(ctx, ATTN_ERR_BAD_MASK, "sdpa_bwd: dmask needs an F32 attention mask");
     // the reference keeps double accumulators for every key and value element
@@ -234,8 +232,8 @@ size_t attn__sdpa_bwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh,
 }
 
 void attn__sdpa_bwd_run(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh,
-                        const attn_generator *dropout_state, const float *q, const void *k, const void *v,
-                        const float *out, const float *dout, const float *lse, float *dq, float *dk, float *dv,
+                        const attn_generator *dropout_state, const void *q, const void *k, const void *v,
+                        const void *out, const void *dout, const float *lse, void *dq, void *dk, void *dv,
                         float *dmask, void *ws) {
     if (ctx->kernels != NULL)
         attn__flash_bwd(ctx, d, sh, dropout_state, q, k, v, out, dout, lse, dq, dk, dv, dmask, ws);
@@ -282,7 +280,6 @@ attn_status attn_sdpa_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const void 
     ATTN_RETURN_IF_ERR(bwd_prepare(ctx, desc, dmask != NULL, &sh, &run, &bytes));
     void *ws;
     ATTN_RETURN_IF_ERR(attn__workspace(ctx, bytes, &ws));
-    attn__sdpa_bwd_run(ctx, &run, &sh, dropout_state, (const float *)q, k, v, (const float *)out, (const float *)dout,
-                       lse, (float *)dq, (float *)dk, (float *)dv, dmask, ws);
+    attn__sdpa_bwd_run(ctx, &run, &sh, dropout_state, q, k, v, out, dout, lse, dq, dk, dv, dmask, ws);
     return ATTN_OK;
 }

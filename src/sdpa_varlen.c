@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "half.h"
 #include "internal.h"
 
 // The offsets of a packed batch and what packed batches exclude (masks, weights).
@@ -75,8 +76,10 @@ static seq_view view_of(const attn_sdpa_desc *whole, const int64_t *cu_q, const 
     return s;
 }
 
-static const void *rows_at(const void *p, attn_dtype dt, int64_t row, int64_t row_stride) {
-    return (const char *)p + (size_t)(row * row_stride) * attn_dtype_size(dt);
+// Row `row` of a packed tensor of dtype dt (row stride in elements; rows of the block types start on
+// whole blocks); const dropped for outputs.
+static void *rows_at(const void *p, attn_dtype dt, int64_t row, int64_t row_stride) {
+    return (char *)(uintptr_t)p + attn__kv_bytes(dt, row * row_stride);
 }
 
 // Prepares sequence b's problem (false when it has no queries or no keys: nothing to run).
@@ -114,18 +117,16 @@ static attn_status take_workspace(attn_ctx *ctx, const attn_sdpa_desc *whole, in
     return ATTN_OK;
 }
 
-// Zeroes rows [r0, r0 + n) of every head of an (H, rows, w) view at strides s.
-static void zero_rows(float *x, const int64_t s[4], int64_t H, int64_t r0, int64_t n, int64_t w) {
+// Zeroes rows [r0, r0 + n) of every head of an (H, rows, w) view at strides s, of dtype dt.
+static void zero_rows(void *x, attn_dtype dt, const int64_t s[4], int64_t H, int64_t r0, int64_t n, int64_t w) {
     for (int64_t h = 0; h < H; h++)
         for (int64_t i = r0; i < r0 + n; i++)
-            for (int64_t e = 0; e < w; e++) x[h * s[1] + i * s[2] + e * s[3]] = 0.0f;
+            for (int64_t e = 0; e < w; e++) attn__elem_set(x, dt, h * s[1] + i * s[2] + e * s[3], 0.0f);
 }
 
 attn_status attn_sdpa_varlen_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const int64_t *cu_seqlens_q,
-                                 const int64_t *cu_seqlens_k, const void *q_, const void *k, const void *v, void *out_,
+                                 const int64_t *cu_seqlens_k, const void *q, const void *k, const void *v, void *out,
                                  float *lse) {
-    const float *q = q_; // F32 until attn__sdpa_prepare accepts other types
-    float *out = out_;
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
     attn__clear_error(ctx);
     if (desc == NULL || q == NULL || k == NULL || v == NULL || out == NULL)
@@ -145,14 +146,14 @@ attn_status attn_sdpa_varlen_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, cons
         ATTN_RETURN_IF_ERR(prepare_seq(ctx, &s, &sh, &run, &runs));
         if (s.L == 0) continue;
         if (!runs) { // queries without keys: zeros, lse -inf
-            zero_rows(out, whole.o_stride, H, s.q0, s.L, wsh.Dv);
+            zero_rows(out, whole.out_dtype, whole.o_stride, H, s.q0, s.L, wsh.Dv);
             for (int64_t h = 0; lse != NULL && h < H; h++)
                 for (int64_t i = 0; i < s.L; i++) lse[h * total_q + s.q0 + i] = -(float)INFINITY;
             continue;
         }
-        attn__sdpa_run(ctx, &run, &sh, q + s.q0 * whole.q_stride[2], rows_at(k, whole.kv_dtype, s.k0, whole.k_stride[2]),
-                       rows_at(v, whole.kv_dtype, s.k0, whole.v_stride[2]), out + s.q0 * whole.o_stride[2],
-                       lse != NULL ? lse_tmp : NULL, NULL, scratch);
+        attn__sdpa_run(ctx, &run, &sh, rows_at(q, whole.q_dtype, s.q0, whole.q_stride[2]),
+                       rows_at(k, whole.kv_dtype, s.k0, whole.k_stride[2]), rows_at(v, whole.kv_dtype, s.k0, whole.v_stride[2]),
+                       rows_at(out, whole.out_dtype, s.q0, whole.o_stride[2]), lse != NULL ? lse_tmp : NULL, NULL, scratch);
         for (int64_t h = 0; lse != NULL && h < H; h++)
             memcpy(lse + h * total_q + s.q0, lse_tmp + h * s.L, (size_t)s.L * sizeof(float));
     }
@@ -160,11 +161,9 @@ attn_status attn_sdpa_varlen_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, cons
 }
 
 attn_status attn_sdpa_varlen_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const int64_t *cu_seqlens_q,
-                                 const int64_t *cu_seqlens_k, const void *q_, const void *k, const void *v,
-                                 const void *out_, const void *dout_, const float *lse,
-                                 const attn_generator *dropout_state, void *dq_, void *dk_, void *dv_) {
-    const float *q = q_, *out = out_, *dout = dout_; // F32 until attn__sdpa_prepare accepts other types
-    float *dq = dq_, *dk = dk_, *dv = dv_;
+                                 const int64_t *cu_seqlens_k, const void *q, const void *k, const void *v,
+                                 const void *out, const void *dout, const float *lse,
+                                 const attn_generator *dropout_state, void *dq, void *dk, void *dv) {
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
     attn__clear_error(ctx);
     if (desc == NULL || q == NULL || k == NULL || v == NULL || out == NULL || dout == NULL || lse == NULL ||
@@ -191,17 +190,21 @@ attn_status attn_sdpa_varlen_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, cons
         bool runs;
         ATTN_RETURN_IF_ERR(prepare_seq(ctx, &s, &sh, &run, &runs));
         if (!runs) { // no queries: keys and values get no gradient; no keys: neither do the queries
-            zero_rows(dk, whole.k_stride, wsh.Hkv, s.k0, s.S, wsh.D);
-            zero_rows(dv, whole.v_stride, wsh.Hkv, s.k0, s.S, wsh.Dv);
-            zero_rows(dq, whole.q_stride, H, s.q0, s.L, wsh.D);
+            zero_rows(dk, whole.grad_dtype, whole.k_stride, wsh.Hkv, s.k0, s.S, wsh.D);
+            zero_rows(dv, whole.grad_dtype, whole.v_stride, wsh.Hkv, s.k0, s.S, wsh.Dv);
+            zero_rows(dq, whole.grad_dtype, whole.q_stride, H, s.q0, s.L, wsh.D);
             continue;
         }
         for (int64_t h = 0; h < H; h++) memcpy(lse_tmp + h * s.L, lse + h * total_q + s.q0, (size_t)s.L * sizeof(float));
-        attn__sdpa_bwd_run(ctx, &run, &sh, desc->dropout_p > 0.0 ? &gen : NULL, q + s.q0 * whole.q_stride[2],
+        const attn_dtype gt = whole.grad_dtype;
+        attn__sdpa_bwd_run(ctx, &run, &sh, desc->dropout_p > 0.0 ? &gen : NULL,
+                           rows_at(q, whole.q_dtype, s.q0, whole.q_stride[2]),
                            rows_at(k, whole.kv_dtype, s.k0, whole.k_stride[2]),
-                           rows_at(v, whole.kv_dtype, s.k0, whole.v_stride[2]), out + s.q0 * whole.o_stride[2],
-                           dout + s.q0 * whole.o_stride[2], lse_tmp, dq + s.q0 * whole.q_stride[2],
-                           dk + s.k0 * whole.k_stride[2], dv + s.k0 * whole.v_stride[2], NULL, scratch);
+                           rows_at(v, whole.kv_dtype, s.k0, whole.v_stride[2]),
+                           rows_at(out, whole.out_dtype, s.q0, whole.o_stride[2]),
+                           rows_at(dout, whole.out_dtype, s.q0, whole.o_stride[2]), lse_tmp,
+                           rows_at(dq, gt, s.q0, whole.q_stride[2]), rows_at(dk, gt, s.k0, whole.k_stride[2]),
+                           rows_at(dv, gt, s.k0, whole.v_stride[2]), NULL, scratch);
         if (draws) // past this sequence's draws, to the next one's
             for (int64_t n = H * s.L * s.S; n > 0; n--) (void)attn__dropout_keep(&gen, 0.5);
     }

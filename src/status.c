@@ -1,4 +1,5 @@
 // status.c - status strings, version queries and dtype helpers.
+#include "half.h"
 #include "internal.h"
 
 #define ATTN_STATUS_MAP(X)                                                         \
@@ -46,8 +47,15 @@ size_t attn_dtype_size(attn_dtype dtype) {
     case ATTN_DTYPE_U8: return 1;
     case ATTN_DTYPE_I32: return 4;
     case ATTN_DTYPE_I64: return 8;
+    case ATTN_DTYPE_Q8_0: return ATTN_Q8_0_BYTES;
+    case ATTN_DTYPE_Q4_0: return ATTN_Q4_0_BYTES;
     }
     return 0;
+}
+
+int64_t attn_dtype_block_size(attn_dtype dtype) {
+    if (dtype == ATTN_DTYPE_Q8_0 || dtype == ATTN_DTYPE_Q4_0) return ATTN_QBLOCK;
+    return attn_dtype_size(dtype) > 0 ? 1 : 0;
 }
 
 const char *attn_dtype_name(attn_dtype dtype) {
@@ -60,6 +68,8 @@ const char *attn_dtype_name(attn_dtype dtype) {
     case ATTN_DTYPE_U8: return "U8";
     case ATTN_DTYPE_I32: return "I32";
     case ATTN_DTYPE_I64: return "I64";
+    case ATTN_DTYPE_Q8_0: return "Q8_0";
+    case ATTN_DTYPE_Q4_0: return "Q4_0";
     }
     return "?";
 }

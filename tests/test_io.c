@@ -893,6 +893,8 @@ static void fill_pattern(attn_dtype dtype, void *data, int64_t n) {
         case ATTN_DTYPE_U8: ((uint8_t *)data)[i] = (uint8_t)(i * 37); break;
         case ATTN_DTYPE_I32: ((int32_t *)data)[i] = (int32_t)(uint32_t)((uint64_t)i * 2654435761u); break;
         case ATTN_DTYPE_I64: ((int64_t *)data)[i] = (i % 2 ? INT64_MIN : INT64_MAX) + (i % 2 ? i : -i); break;
+        case ATTN_DTYPE_Q8_0: // block types: not tensor-file dtypes
+        case ATTN_DTYPE_Q4_0: break;
         }
     }
 }

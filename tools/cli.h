@@ -15,6 +15,9 @@ int cli_error(const char *cmd, int code, const char *fmt, ...)
     ;
 // "auto", "ref", "generic", "avx2" or "avx512" as an attn_isa; false for another name.
 bool cli_parse_isa(const char *name, attn_isa *isa);
+// "f32", "f16" or "bf16" (false for anything else).
+bool cli_parse_float_dtype(const char *name, attn_dtype *dt); // f32, f16, bf16
+bool cli_parse_kv_dtype(const char *name, attn_dtype *dt);    // those and q8_0, q4_0
 // Shape as "(2, 3, 4)" into buf.
 const char *cli_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap);
 

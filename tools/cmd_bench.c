@@ -9,12 +9,13 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "../bench/peak_loops.h"
 #include "cli.h"
 
 static const char summary[] =
     "usage: attn bench [--op sdpa|mha|decode] [--batch B] [--heads H] [--kv-heads Hkv] [--len-q L] [--len-kv S]\n"
     "                  [--head-dim D] [--embed-dim E] [--causal] [--threads T] [--isa auto|ref|generic|avx2|avx512]\n"
-    "                  [--backward] [--repeat R] [--no-check] [--blas] [--json]\n"
+    "                  [--backward] [--dtype f32|f16|bf16] [--repeat R] [--no-check] [--blas] [--json]\n"
     "\n"
     "Times scaled dot-product attention (--op sdpa: q, k, v of shape (B, H, L, D), (B, Hkv, S, D)) or the\n"
     "nn.MultiheadAttention forward (--op mha: self-attention on (L, B, E) with E = --embed-dim, heads H,\n"
@@ -24,6 +25,9 @@ static const char summary[] =
     "projections, 8*B*L*E^2) and the peak resident set; --json ends the output with one JSON object.\n"
     "With --backward (sdpa) each run is a forward and a backward, counted as 3.5 times the forward's\n"
     "flops (the backward as 2.5 times).\n"
+    "--dtype (sdpa) gives q, k, v, out and the gradients that element type (attn_sdpa_desc's dtypes) and\n"
+    "measures, with the same threads, the peak of the instructions the kernels used for the products\n"
+    "(fp32 FMAs, 256- or 512-bit, on every instruction set today), printed with the row's % of it.\n"
     "Defaults: sdpa, B=1, H=12, L=S=1024, D=64, E=768, 1 thread, R=5.\n"
     "--op decode times one decoding step against a KV cache: see attn bench --op decode --help.";
 
@@ -54,15 +58,40 @@ static float *alloc_randn(attn_ctx *ctx, size_t n) {
 }
 
 typedef struct bench_opts {
-    const char *op, *isa;
+    const char *op, *isa, *dtype;
     int64_t B, H, Hkv, L, S, D, E, threads, repeat;
     bool causal, no_check, json, backward, blas;
 } bench_opts;
 
+// Element i of a buffer of type dt, as a double.
+static double elem(const void *p, attn_dtype dt, int64_t i) {
+    float f = 0;
+    attn_convert(ATTN_DTYPE_F32, &f, dt, (const char *)p + (size_t)i * attn_dtype_size(dt), 1);
+    return f;
+}
+
+// Rounds n floats to dt in place (the buffer keeps its float size).
+static void round_in_place(float *x, size_t n, attn_dtype dt) {
+    if (dt == ATTN_DTYPE_F32 || x == NULL) return;
+    uint16_t *h = malloc(n * 2 + 2);
+    if (h == NULL) return;
+    attn_convert(dt, h, ATTN_DTYPE_F32, x, (int64_t)n);
+    memcpy(x, h, n * 2);
+    free(h);
+}
+
+// The instructions the kernels of `isa` compute the attention's products with, for the peak.
+static bool row_peak_kind(attn_isa isa, peak_kind *kind) {
+    if (isa == ATTN_ISA_AVX512) *kind = PEAK_FMA512; // float32 products on every element type
+    else if (isa == ATTN_ISA_AVX2) *kind = PEAK_FMA256;
+    else return false; // the portable kernels and the reference: no instruction to measure
+    return true;
+}
+
 // Checks sampled rows of `out` (B, H, L, D contiguous) against the reference: up to 2 heads of batch
 // 0, 8 evenly spaced query rows, as a strided view with a float mask standing in for causality.
-static int check_sdpa(const bench_opts *o, const attn_sdpa_desc *d, const float *q, const float *k, const float *v,
-                      const float *out, double *max_err) {
+static int check_sdpa(const bench_opts *o, const attn_sdpa_desc *d, const void *q, const void *k, const void *v,
+                      const void *out, double *max_err) {
     attn_ctx_params p;
     attn_ctx_params_init(&p);
     p.isa = ATTN_ISA_REF;
@@ -95,8 +124,8 @@ static int check_sdpa(const bench_opts *o, const attn_sdpa_desc *d, const float 
     for (int64_t h = 0; h < heads && st == ATTN_OK; h++)
         for (int64_t r = 0; r < rows; r++)
             for (int64_t t = 0; t < o->D; t++) {
-                double want = got[(h * rows + r) * o->D + t];
-                double have = out[((h * o->L) + r * step) * o->D + t];
+                double want = elem(got, d->out_dtype, (h * rows + r) * o->D + t);
+                double have = elem(out, d->out_dtype, ((h * o->L) + r * step) * o->D + t);
                 double err = fabs(have - want) / (1e-3 + fabs(want));
                 if (!(err <= worst)) worst = err; // NaN counts as the worst
             }
@@ -109,7 +138,8 @@ static int check_sdpa(const bench_opts *o, const attn_sdpa_desc *d, const float 
     }
     attn_ctx_free(ref);
     *max_err = worst;
-    if (!(worst < 1e-4))
+    const double tol = d->out_dtype == ATTN_DTYPE_BF16 ? 2e-2 : d->out_dtype == ATTN_DTYPE_F16 ? 3e-3 : 1e-4;
+    if (!(worst < tol))
         return cli_error("bench", EXIT_FAILURE_RUN, "the kernels disagree with the reference: relative error %.3g", worst);
     return 0;
 }
@@ -130,6 +160,7 @@ int cmd_bench(int argc, char **argv) {
         {"--embed-dim", ARG_INT, &o.E, "E", "embedding dimension for mha (default 768)", false, false},
         {"--causal", ARG_FLAG, &o.causal, NULL, "causal mask", false, false},
         {"--backward", ARG_FLAG, &o.backward, NULL, "time forward + backward (sdpa)", false, false},
+        {"--dtype", ARG_STRING, &o.dtype, "T", "sdpa element type f32, f16 or bf16; reports % of peak", false, false},
         {"--threads", ARG_INT, &o.threads, "T", "threads (default 1)", false, false},
         {"--isa", ARG_STRING, &o.isa, "ISA", "kernels: auto, ref, generic, avx2 or avx512 (default auto)", false, false},
         {"--repeat", ARG_INT, &o.repeat, "R", "timed runs (default 5)", false, false},
@@ -152,6 +183,10 @@ int cmd_bench(int argc, char **argv) {
     if (mha && o.E % o.H != 0) return cli_error("bench", EXIT_USAGE, "--embed-dim must be a multiple of --heads");
     if (mha && o.backward) return cli_error("bench", EXIT_USAGE, "--backward times sdpa only");
     if (mha) o.S = o.L, o.Hkv = o.H, o.D = o.E / o.H;
+    attn_dtype dt = ATTN_DTYPE_F32;
+    if (o.dtype != NULL && !cli_parse_float_dtype(o.dtype, &dt))
+        return cli_error("bench", EXIT_USAGE, "--dtype must be f32, f16 or bf16, not '%s'", o.dtype);
+    if (mha && o.dtype != NULL) return cli_error("bench", EXIT_USAGE, "--dtype times sdpa only");
 
     attn_ctx_params p;
     attn_ctx_params_init(&p);
@@ -188,6 +223,8 @@ int cmd_bench(int argc, char **argv) {
         memcpy(d.o_stride, d.q_stride, sizeof d.q_stride);
         flops = 4.0 * (double)o.B * (double)o.H * (double)o.L * (double)o.S * (double)o.D * (o.causal ? 0.5 : 1.0);
         if (o.backward) flops *= 3.5;
+        d.q_dtype = d.kv_dtype = d.out_dtype = d.grad_dtype = dt;
+        round_in_place(q, nq, dt), round_in_place(k, nk, dt), round_in_place(v, nk, dt), round_in_place(dout, nq, dt);
     } else {
         attn_mha_config cfg;
         attn_mha_config_init(&cfg, o.E, o.H);
@@ -232,8 +269,13 @@ int cmd_bench(int argc, char **argv) {
     const double median = o.repeat % 2 ? times[o.repeat / 2] : 0.5 * (times[o.repeat / 2 - 1] + times[o.repeat / 2]);
     free(times);
     const double gflops = flops / median / 1e9, rss = peak_rss_mb();
+    peak_kind kind = PEAK_FMA256;
+    double peak = 0;
+    float sink = 0;
+    if (o.dtype != NULL && row_peak_kind(attn_ctx_isa(ctx), &kind))
+        peak = peak_measure(kind, (int)o.threads, 20000000L, 3, &sink);
     const double io_mb = mha ? 2.0 * (double)(o.L * o.B * o.E) * 4 / 1048576.0
-                             : (double)(2 * nq + 2 * nk) * 4 / 1048576.0; // inputs + output
+                             : (double)(2 * nq + 2 * nk) * (double)attn_dtype_size(dt) / 1048576.0; // q, k, v, out
     char shape[160];
     if (mha)
         snprintf(shape, sizeof shape, "mha B=%lld E=%lld H=%lld L=%lld", (long long)o.B, (long long)o.E, (long long)o.H,
@@ -244,15 +286,25 @@ int cmd_bench(int argc, char **argv) {
     printf("%s%s%s threads=%lld isa=%s: median %.3f ms, %.1f GFLOP/s, peak RSS %.1f MiB (inputs+outputs %.1f MiB)%s\n",
            shape, o.causal ? " causal" : "", o.backward ? " forward+backward" : "", (long long)o.threads, attn_isa_name(attn_ctx_isa(ctx)), median * 1e3, gflops,
            rss, io_mb, check_err >= 0 ? "; agrees with the reference" : "");
+    if (o.dtype != NULL) {
+        if (peak > 0)
+            printf("%s: %.0f%% of the %s peak (%.1f GFLOP/s measured now on %lld threads)\n", o.dtype,
+                   100.0 * gflops / peak, peak_name(kind), peak, (long long)o.threads);
+        else
+            printf("%s: no peak measured for the %s kernels\n", o.dtype, attn_isa_name(attn_ctx_isa(ctx)));
+    }
     if (o.json)
         printf("{\"op\": \"%s\", \"batch\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"len_q\": %lld, \"len_kv\": %lld, "
                "\"head_dim\": %lld, \"embed_dim\": %lld, \"causal\": %s, \"backward\": %s, \"threads\": %lld, \"isa\": \"%s\", "
                "\"repeat\": %lld, \"median_ms\": %.4f, \"gflops\": %.2f, \"peak_rss_mb\": %.1f, \"io_mb\": %.1f, "
-               "\"check_rel_err\": %.3g}\n",
+               "\"check_rel_err\": %.3g, \"dtype\": \"%s\", \"peak_instr\": %s%s%s, \"peak_gflops\": %.2f, "
+               "\"pct_peak\": %.2f}\n",
                mha ? "mha" : "sdpa", (long long)o.B, (long long)o.H, (long long)o.Hkv, (long long)o.L, (long long)o.S,
                (long long)o.D, (long long)o.E, o.causal ? "true" : "false", o.backward ? "true" : "false",
                (long long)o.threads,
-               attn_isa_name(attn_ctx_isa(ctx)), (long long)o.repeat, median * 1e3, gflops, rss, io_mb, check_err);
+               attn_isa_name(attn_ctx_isa(ctx)), (long long)o.repeat, median * 1e3, gflops, rss, io_mb, check_err,
+               attn_dtype_name(dt), peak > 0 ? "\"" : "", peak > 0 ? peak_name(kind) : "null", peak > 0 ? "\"" : "", peak,
+               peak > 0 ? 100.0 * gflops / peak : 0.0);
     rc = EXIT_OK;
 done:
     free(q), free(k), free(v), free(out), free(lse), free(dout), free(dq), free(dk), free(dv);

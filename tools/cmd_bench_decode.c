@@ -11,13 +11,16 @@
 
 static const char summary[] =
     "usage: attn bench --op decode [--batch B] [--heads H] [--kv-heads Hkv] [--len-kv S] [--head-dim D]\n"
-    "                  [--kv-dtype f32|f16|bf16] [--threads T] [--isa ISA] [--repeat R] [--no-check] [--json]\n"
+    "                  [--kv-dtype f32|f16|bf16|q8_0|q4_0] [--threads T] [--isa ISA] [--repeat R] [--no-check] [--json]\n"
     "\n"
     "Times attn_kv_cache_attend for one new query per head (B, H, 1, D) against a cache of S positions\n"
-    "(B, Hkv, S, D) of the given type, filled with standard normal keys and values. Before timing, the\n"
-    "result is compared with the scalar reference (--no-check skips it). Prints the median of R steps\n"
-    "after one warm-up and the effective bandwidth, B*Hkv*S*2*D*bytes(kv-dtype) / median; --json ends\n"
-    "the output with one JSON object (median_ms, gbps, ...).\n"
+    "(B, Hkv, S, D) of the given type, filled with standard normal keys and values (q8_0 and q4_0:\n"
+    "quantised in blocks of 32 along D, which must be a multiple of 32). Before timing, the result is\n"
+    "compared with the scalar reference on the same stored values (--no-check skips it). Prints the\n"
+    "median of R steps after one warm-up and the effective bandwidth, the bytes of K and V the kernels\n"
+    "read per step over the median: B*Hkv*S*2*D*bytes(kv-dtype), with 34/32 bytes per value for q8_0\n"
+    "and 18/32 for q4_0 (scales included); --json ends the output with one JSON object (median_ms,\n"
+    "gbps, ...).\n"
     "Defaults: B=1, H=32, Hkv=8, S=4096, D=128, f32, 1 thread, R=50.";
 
 static double now(void) {
@@ -84,7 +87,8 @@ int cmd_bench_decode(int argc, char **argv) {
         {"--kv-heads", ARG_INT, &Hkv, "Hkv", "key/value heads (default 8)", false, false},
         {"--len-kv", ARG_INT, &S, "S", "cached positions (default 4096)", false, false},
         {"--head-dim", ARG_INT, &D, "D", "head dimension (default 128)", false, false},
-        {"--kv-dtype", ARG_STRING, &dtype_name, "T", "cache type: f32, f16 or bf16 (default f32)", false, false},
+        {"--kv-dtype", ARG_STRING, &dtype_name, "T", "cache type: f32, f16, bf16, q8_0 or q4_0 (default f32)", false,
+         false},
         {"--threads", ARG_INT, &threads, "T", "threads (default 1)", false, false},
         {"--isa", ARG_STRING, &isa_name, "ISA", "kernels: auto, ref, generic, avx2 or avx512", false, false},
         {"--repeat", ARG_INT, &repeat, "R", "timed steps (default 50)", false, false},
@@ -94,10 +98,8 @@ int cmd_bench_decode(int argc, char **argv) {
     int rc = args_parse("bench", summary, argc, argv, specs, (int)(sizeof specs / sizeof specs[0]));
     if (rc != 0) return rc < 0 ? EXIT_OK : rc;
     attn_dtype dt;
-    if (strcmp(dtype_name, "f32") == 0) dt = ATTN_DTYPE_F32;
-    else if (strcmp(dtype_name, "f16") == 0) dt = ATTN_DTYPE_F16;
-    else if (strcmp(dtype_name, "bf16") == 0) dt = ATTN_DTYPE_BF16;
-    else return cli_error("bench", EXIT_USAGE, "--kv-dtype must be f32, f16 or bf16");
+    if (!cli_parse_kv_dtype(dtype_name, &dt))
+        return cli_error("bench", EXIT_USAGE, "--kv-dtype must be f32, f16, bf16, q8_0 or q4_0, not '%s'", dtype_name);
     attn_isa isa;
     if (!cli_parse_isa(isa_name, &isa)) return cli_error("bench", EXIT_USAGE, "--isa must be auto, ref, generic, avx2 or avx512");
     if (B < 1 || H < 1 || Hkv < 1 || S < 1 || D < 1 || repeat < 1 || threads < 1 || threads > 4096)
@@ -157,7 +159,8 @@ int cmd_bench_decode(int argc, char **argv) {
     }
     qsort(times, (size_t)repeat, sizeof(double), cmp_double);
     const double median = repeat % 2 ? times[repeat / 2] : 0.5 * (times[repeat / 2 - 1] + times[repeat / 2]);
-    const double bytes = (double)B * (double)Hkv * (double)S * 2.0 * (double)D * (double)attn_dtype_size(dt);
+    const double bytes = (double)B * (double)Hkv * (double)S * 2.0 * (double)D * (double)attn_dtype_size(dt) /
+                         (double)attn_dtype_block_size(dt);
     const double gbps = bytes / median / 1e9;
     printf("decode B=%lld H=%lld Hkv=%lld S=%lld D=%lld kv=%s threads=%lld isa=%s: median %.3f ms, %.1f GB/s of K and V "
            "(%.1f MiB per step)%s\n",

@@ -8,16 +8,23 @@
 #include <string.h>
 
 #include "cli.h"
+#include "heatmap.h"
 #include "print.h"
 
 static const char summary[] =
-    "usage: attn demo\n"
+    "usage: attn demo [--plot DIR [--plotter auto|matplotlib|gnuplot] [--python EXE]]\n"
     "\n"
     "Walks through attention step by step: self-attention without weights, with trainable weights\n"
     "(raw matrices, then nn.Linear), causal masking and dropout, the multi-head wrapper, the weight-\n"
     "split multi-head module, and nn.MultiheadAttention. Each tensor is printed in PyTorch's format\n"
     "under a caption; the seeded examples reproduce PyTorch's numbers. Everything is computed with the\n"
-    "reference kernels (ATTN_ISA_REF), whose sums are exact before the final rounding.";
+    "reference kernels (ATTN_ISA_REF), whose sums are exact before the final rounding.\n"
+    "\n"
+    "--plot DIR also writes the chapter's attention-weight matrices (simplified self-attention, the\n"
+    "trainable-weights modules, causal, causal with dropout, each head of the multi-head modules) to\n"
+    "DIR (created if missing) as CSV files labelled with the tokens, and draws them as PNG heatmaps with\n"
+    "matplotlib (through --python, default python3) or, without it, gnuplot. With neither it says so\n"
+    "and exits with status 1; the CSV files are written all the same.";
 
 // "Your journey starts with one step": one 3-d embedding per token.
 static const float inputs[6 * 3] = {0.43f, 0.15f, 0.89f, 0.55f, 0.87f, 0.66f, 0.57f, 0.85f, 0.64f,
@@ -26,7 +33,29 @@ static const float inputs[6 * 3] = {0.43f, 0.15f, 0.89f, 0.55f, 0.87f, 0.66f, 0.
 typedef struct demo {
     attn_ctx *ctx;
     int failed;
+    heatmap_set *plots; // --plot: the weights are recorded here; NULL otherwise
 } demo;
+
+// Token labels of the heatmaps: the sentence's words, or positions for other inputs.
+static const char *const words[6] = {"Your", "journey", "starts", "with", "one", "step"};
+static const char *const positions[8] = {"x1", "x2", "x3", "x4", "x5", "x6", "x7", "x8"};
+
+// With --plot: writes the (n, n) weights as DIR/NAME.csv for a heatmap (nothing otherwise).
+static void plot(demo *d, const char *name, const char *title, const float *w, int64_t n, const char *const *labels) {
+    if (d->plots != NULL && !d->failed && heatmap_add(d->plots, name, title, w, n, n, labels, labels) != EXIT_OK)
+        d->failed = 1;
+}
+
+// Each head of weights (heads, n, n) as NAME_head<h>.
+static void plot_heads(demo *d, const char *name, const char *title, const float *w, int heads, int64_t n,
+                       const char *const *labels) {
+    for (int h = 0; h < heads; h++) {
+        char nm[48], tt[200];
+        snprintf(nm, sizeof nm, "%s_head%d", name, h);
+        snprintf(tt, sizeof tt, "%s: head %d", title, h);
+        plot(d, nm, tt, w + (int64_t)h * n * n, n, labels);
+    }
+}
 
 static void section(const char *title) { printf("== %s ==\n\n", title); }
 
@@ -72,6 +101,7 @@ static void simple_attention(demo *d) {
     show("all attention scores: inputs @ inputs.T", scores, 2, 6LL, 6LL);
     show("all attention weights: torch.softmax(scores, dim=-1)", w_soft, 2, 6LL, 6LL);
     show("all context vectors: weights @ inputs", ctx_soft, 2, 6LL, 3LL);
+    plot(d, "01_self_attention", "3.3 Self-attention without weights: softmax(inputs @ inputs.T)", w_soft, 6, words);
 }
 
 // ---- 2. trainable weights: raw matrices ---------------------------------------------------------
@@ -105,6 +135,7 @@ static void trainable_weights(demo *d) {
     show("all attention scores: queries @ keys.T", s, 2, 6LL, 6LL);
     show("all attention weights", w, 2, 6LL, 6LL);
     show("all context vectors: SelfAttention_v1(3, 2) after torch.manual_seed(123)", c, 2, 6LL, 2LL);
+    plot(d, "02_self_attention_v1", "3.4 SelfAttention_v1(3, 2), torch.manual_seed(123)", w, 6, words);
     attn_book_free(v1);
 }
 
@@ -136,6 +167,7 @@ static void linear_causal_dropout(demo *d) {
         goto done;
     show("context vectors", c2, 2, 6LL, 2LL);
     show("SelfAttention_v1 given v2's weights transposed (exercise 3.1): the same context vectors", c1, 2, 6LL, 2LL);
+    plot(d, "03_self_attention_v2", "3.4.2 SelfAttention_v2(3, 2), torch.manual_seed(789)", w, 6, words);
 
     section("4. Hiding future words with causal attention (3.5), with SelfAttention_v2's weights");
     float tril[36], masked[36], renorm[36], ms[36];
@@ -158,6 +190,7 @@ static void linear_causal_dropout(demo *d) {
     show("attention weights: torch.softmax(masked / d_k**0.5, dim=-1), equal to the renormalised ones", cw, 2, 6LL,
          6LL);
     show("context vectors of causal attention", cc, 2, 6LL, 2LL);
+    plot(d, "04_causal", "3.5 Causal attention with SelfAttention_v2's weights", cw, 6, words);
 
     section("5. Dropout (3.5.2): torch.manual_seed(123); dropout = torch.nn.Dropout(0.5)");
     float ones[36], dropped[36], dropped_w[36];
@@ -169,6 +202,8 @@ static void linear_causal_dropout(demo *d) {
     show("dropout(torch.ones(6, 6)): about half the entries zeroed, the rest scaled by 1/(1-0.5)", dropped, 2, 6LL,
          6LL);
     show("torch.manual_seed(123); dropout(attention weights)", dropped_w, 2, 6LL, 6LL);
+    plot(d, "05_causal_dropout", "3.5.2 Causal attention weights after dropout(0.5), torch.manual_seed(123)", dropped_w,
+         6, words);
 done:
     attn_book_free(v2);
     attn_book_free(v1);
@@ -196,12 +231,14 @@ static void multi_head(demo *d) {
 
     section("7. Stacking causal heads (3.6.1): torch.manual_seed(123); MultiHeadAttentionWrapper(3, 2, 6, 0.0, "
             "num_heads=2)");
-    float c7[2 * 6 * 4];
+    float c7[2 * 6 * 4], w7[2 * 2 * 36];
     attn_generator_seed(attn_ctx_generator(d->ctx), 123);
     if (!ok(d, attn_book_mha_wrapper(d->ctx, 3, 2, 6, 0.0, 2, 0, &m), "MultiHeadAttentionWrapper") ||
-        !ok(d, attn_book_forward(d->ctx, m, batch, 2, 6, 0, c7, NULL), "MultiHeadAttentionWrapper"))
+        !ok(d, attn_book_forward(d->ctx, m, batch, 2, 6, 0, c7, w7), "MultiHeadAttentionWrapper"))
         goto done;
     show("context vectors: the two heads' outputs concatenated", c7, 3, 2LL, 6LL, 4LL);
+    plot_heads(d, "07_wrapper", "3.6.1 MultiHeadAttentionWrapper(3, 2, 6, 0.0, num_heads=2), torch.manual_seed(123)",
+               w7, 2, 6, words);
     attn_book_free(m);
     m = NULL;
 
@@ -221,12 +258,14 @@ static void multi_head(demo *d) {
 
     section("9. Multi-head attention with weight splits (3.6.2): torch.manual_seed(123); "
             "MultiHeadAttention(3, 2, 6, 0.0, num_heads=2)");
-    float c9[2 * 6 * 2];
+    float c9[2 * 6 * 2], w9[2 * 2 * 36];
     attn_generator_seed(attn_ctx_generator(d->ctx), 123);
     if (!ok(d, attn_book_mha(d->ctx, 3, 2, 6, 0.0, 2, 0, &m), "MultiHeadAttention") ||
-        !ok(d, attn_book_forward(d->ctx, m, batch, 2, 6, 0, c9, NULL), "MultiHeadAttention"))
+        !ok(d, attn_book_forward(d->ctx, m, batch, 2, 6, 0, c9, w9), "MultiHeadAttention"))
         goto done;
     show("context vectors", c9, 3, 2LL, 6LL, 2LL);
+    plot_heads(d, "09_multihead", "3.6.2 MultiHeadAttention(3, 2, 6, 0.0, num_heads=2), torch.manual_seed(123)", w9, 2,
+               6, words);
     attn_book_free(m);
     m = NULL;
 
@@ -244,6 +283,8 @@ static void multi_head(demo *d) {
     show("inputs = nn.Embedding(6, 3).weight.data; batches = torch.stack((inputs, inputs), dim=0)", emb, 2, 6LL, 3LL);
     show("attention weights of both heads, after the causal mask", w10, 4, 2LL, 2LL, 6LL, 6LL);
     show("context vectors", c10, 3, 2LL, 6LL, 2LL);
+    plot_heads(d, "10_multihead_embedded", "MultiHeadAttention on nn.Embedding(6, 3) inputs, torch.manual_seed(123)",
+               w10, 2, 6, positions);
 done:
     attn_book_free(m);
 }
@@ -284,6 +325,10 @@ static void torch_mha(demo *d) {
     show("attention weights, averaged over the heads", w_avg, 3, 1LL, 8LL, 8LL);
     show("from scratch: the weights of each head", w_heads, 4, 1LL, 2LL, 8LL, 8LL);
     show("from scratch: their mean over the heads, equal to PyTorch's averaged weights", mean, 3, 1LL, 8LL, 8LL);
+    plot_heads(d, "11_nn_multihead", "nn.MultiheadAttention(4, 2), causal, torch.manual_seed(1)", w_heads, 2, 8,
+               positions);
+    plot(d, "11_nn_multihead_average", "nn.MultiheadAttention(4, 2), causal, torch.manual_seed(1): the heads' average",
+         w_avg, 8, positions);
 done:
     attn_mha_free(m);
 }
@@ -326,9 +371,25 @@ static void raw_heads(demo *d) {
 }
 
 int cmd_demo(int argc, char **argv) {
-    int rc = args_parse("demo", summary, argc, argv, NULL, 0);
+    const char *plot_dir = NULL, *plotter_name = "auto", *python = "python3";
+    arg_spec specs[] = {
+        {"--plot", ARG_STRING, &plot_dir, "DIR", "also write the attention weights to DIR: CSV files and PNG heatmaps",
+         false, false},
+        {"--plotter", ARG_STRING, &plotter_name, "NAME", "auto (matplotlib, else gnuplot), matplotlib or gnuplot", false,
+         false},
+        {"--python", ARG_STRING, &python, "EXE", "the Python that runs matplotlib (default python3)", false, false},
+    };
+    const int n_specs = (int)(sizeof specs / sizeof specs[0]);
+    int rc = args_parse("demo", summary, argc, argv, specs, n_specs);
     if (rc != 0) return rc < 0 ? EXIT_OK : rc;
-    demo d = {NULL, 0};
+    heatmap_plotter plotter;
+    if (!heatmap_parse_plotter(plotter_name, &plotter))
+        return cli_error("demo", EXIT_USAGE, "--plotter must be auto, matplotlib or gnuplot, not '%s'", plotter_name);
+    if (plot_dir == NULL && (args_seen(specs, n_specs, "--plotter") || args_seen(specs, n_specs, "--python")))
+        return cli_error("demo", EXIT_USAGE, "--plotter and --python go with --plot DIR");
+    heatmap_set plots;
+    if (plot_dir != NULL && (rc = heatmap_open(&plots, "demo", plot_dir)) != EXIT_OK) return rc;
+    demo d = {NULL, 0, plot_dir != NULL ? &plots : NULL};
     attn_ctx_params p;
     attn_ctx_params_init(&p);
     p.isa = ATTN_ISA_REF; // the specification: exact sums, the numbers a reader checks by hand
@@ -340,5 +401,6 @@ int cmd_demo(int argc, char **argv) {
                                      raw_heads};
     for (size_t i = 0; i < sizeof steps / sizeof steps[0] && !d.failed; i++) steps[i](&d);
     attn_ctx_free(d.ctx);
-    return d.failed ? EXIT_FAILURE_RUN : EXIT_OK;
+    if (d.failed) return EXIT_FAILURE_RUN;
+    return d.plots != NULL ? heatmap_draw(d.plots, plotter, python) : EXIT_OK;
 }

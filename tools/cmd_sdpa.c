@@ -9,7 +9,8 @@ static const char summary[] =
     "usage: attn sdpa --q Q.npy --k K.npy --v V.npy --out O.npy [--scale X]\n"
     "                 [--causal | --causal-bottom-right] [--mask M.npy] [--key-padding-mask P.npy]\n"
     "                 [--dropout P --seed S] [--lse-out LSE.npy] [--weights-out W.npy [--average-weights]]\n"
-    "                 [--window LEFT,RIGHT] [--alibi SLOPES.npy] [--softcap C] [--kv-dtype f32|f16|bf16]\n"
+    "                 [--window LEFT,RIGHT] [--alibi SLOPES.npy] [--softcap C]\n"
+    "                 [--kv-dtype f32|f16|bf16|q8_0|q4_0] [--dtype f32|f16|bf16] [--isa ISA]\n"
     "                 [--grad-out DO.npy --grads-out G.safetensors]\n"
     "\n"
     "softmax(scale * q k^T + masks) v over float32 tensors q (B, H, L, D), k (B, Hkv, S, D) and\n"
@@ -23,7 +24,12 @@ static const char summary[] =
     "--causal-bottom-right, else 0; -1 = unbounded side). --alibi: float32 (H) slopes, adding\n"
     "-slope[h] * |i + off - j|. --softcap C: scores become C * tanh(scores / C) before ALiBi and masks.\n"
     "k and v may be float16 .npy files (then both); --kv-dtype f16 or bf16 rounds float32 k and v to\n"
-    "that type before the call (products and sums stay float32). Gradients are float32.\n"
+    "that type before the call (products and sums stay float32); q8_0 or q4_0 quantises them in blocks\n"
+    "of 32 along D and Dv (ggml's Q8_0 and Q4_0; D and Dv multiples of 32; forward only), which the\n"
+    "kernels read directly. Gradients are float32 unless --dtype says otherwise.\n"
+    "--dtype f16 or bf16 rounds q, k, v (and dL/d out) to that type and computes out and the gradients in\n"
+    "it (attn_sdpa_desc's q/kv/out/grad dtypes); they are written as float32 arrays holding those values.\n"
+    "--isa picks the kernels (auto, ref, generic, avx2, avx512; default auto).\n"
     "Outputs: out (B, H, L, Dv), log-sum-exp (B, H, L), weights (B, H, L, S) or averaged (B, L, S).\n"
     "With --grad-out DO.npy (dL/d out) the backward runs too and --grads-out receives \"q\", \"k\", \"v\" and,\n"
     "for a float32 mask, \"mask\" (its gradient, summed over the dimensions it broadcasts).";
@@ -70,21 +76,36 @@ static bool parse_window(const char *s, int64_t *left, int64_t *right) {
     return true;
 }
 
-// Replaces a float32 tensor's values by their rounding to `dt` (F16 or BF16), in its own buffer.
-static attn_status to_half(attn_tensor *t, attn_dtype dt) {
+// Replaces a float32 tensor's values by their conversion to `dt` (F16, BF16, or Q8_0 / Q4_0 with
+// its last dimension a multiple of 32), in its own buffer (never larger than the floats).
+static attn_status to_dtype(attn_tensor *t, attn_dtype dt) {
     const int64_t n = attn_tensor_numel(t);
-    uint16_t *h = malloc((size_t)n * 2 + 2);
+    const size_t bytes = (size_t)(n / attn_dtype_block_size(dt)) * attn_dtype_size(dt);
+    void *h = malloc(bytes + 2);
     if (h == NULL) return ATTN_ERR_OUT_OF_MEMORY;
     attn_status st = attn_convert(dt, h, ATTN_DTYPE_F32, t->data, n);
-    if (st == ATTN_OK) memcpy(t->data, h, (size_t)n * 2), t->dtype = dt;
+    if (st == ATTN_OK) memcpy(t->data, h, bytes), t->dtype = dt;
     free(h);
+    return st;
+}
+
+// Replaces the values of a buffer holding numel(t) elements of `dt` (room for as many floats) by
+// those values as float32.
+static attn_status to_float(attn_tensor *t, attn_dtype dt) {
+    if (dt == ATTN_DTYPE_F32) return ATTN_OK;
+    const int64_t n = attn_tensor_numel(t);
+    float *f = malloc((size_t)n * sizeof(float) + 4);
+    if (f == NULL) return ATTN_ERR_OUT_OF_MEMORY;
+    attn_status st = attn_convert(ATTN_DTYPE_F32, f, dt, t->data, n);
+    if (st == ATTN_OK) memcpy(t->data, f, (size_t)n * sizeof(float)), t->dtype = ATTN_DTYPE_F32;
+    free(f);
     return st;
 }
 
 int cmd_sdpa(int argc, char **argv) {
     const char *q_path = NULL, *k_path = NULL, *v_path = NULL, *mask_path = NULL, *kpm_path = NULL, *out_path = NULL;
     const char *lse_path = NULL, *w_path = NULL, *grad_path = NULL, *grads_path = NULL;
-    const char *window = NULL, *alibi_path = NULL, *kv_dtype = NULL;
+    const char *window = NULL, *alibi_path = NULL, *kv_dtype = NULL, *all_dtype = NULL, *isa_name = "auto";
     double scale = 0.0, dropout = 0.0, softcap = 0.0;
     int64_t seed = 0;
     bool causal = false, causal_br = false, average = false;
@@ -107,6 +128,8 @@ int cmd_sdpa(int argc, char **argv) {
         {"--alibi", ARG_STRING, &alibi_path, "SLOPES.npy", "ALiBi slopes, float32 (H)", false, false},
         {"--softcap", ARG_FLOAT, &softcap, "C", "logit soft-capping C * tanh(s / C)", false, false},
         {"--kv-dtype", ARG_STRING, &kv_dtype, "T", "f32, f16 or bf16: round k and v to T first", false, false},
+        {"--dtype", ARG_STRING, &all_dtype, "T", "f32, f16 or bf16: q, k, v, out and gradients in T", false, false},
+        {"--isa", ARG_STRING, &isa_name, "ISA", "kernels: auto, ref, generic, avx2 or avx512", false, false},
         {"--grad-out", ARG_STRING, &grad_path, "DO.npy", "dL/d out: run the backward too", false, false},
         {"--grads-out", ARG_STRING, &grads_path, "G.safetensors", "q, k, v (and mask) gradients", false, false},
     };
@@ -123,13 +146,18 @@ int cmd_sdpa(int argc, char **argv) {
     if (window != NULL && !parse_window(window, &win_left, &win_right))
         return cli_error("sdpa", EXIT_USAGE, "--window wants LEFT,RIGHT with integers >= -1, got '%s'", window);
     if (!(softcap >= 0.0) || softcap > 3.4e38) return cli_error("sdpa", EXIT_USAGE, "--softcap must be >= 0 and finite");
-    attn_dtype want_kv = ATTN_DTYPE_F32;
-    if (kv_dtype != NULL) {
-        if (strcmp(kv_dtype, "f16") == 0) want_kv = ATTN_DTYPE_F16;
-        else if (strcmp(kv_dtype, "bf16") == 0) want_kv = ATTN_DTYPE_BF16;
-        else if (strcmp(kv_dtype, "f32") != 0)
-            return cli_error("sdpa", EXIT_USAGE, "--kv-dtype must be f32, f16 or bf16, not '%s'", kv_dtype);
-    }
+    attn_dtype want_kv = ATTN_DTYPE_F32, want_all = ATTN_DTYPE_F32;
+    if (kv_dtype != NULL && !cli_parse_kv_dtype(kv_dtype, &want_kv))
+        return cli_error("sdpa", EXIT_USAGE, "--kv-dtype must be f32, f16, bf16, q8_0 or q4_0, not '%s'", kv_dtype);
+    if (all_dtype != NULL && !cli_parse_float_dtype(all_dtype, &want_all))
+        return cli_error("sdpa", EXIT_USAGE, "--dtype must be f32, f16 or bf16, not '%s'", all_dtype);
+    if (kv_dtype != NULL && all_dtype != NULL && want_kv != want_all)
+        return cli_error("sdpa", EXIT_USAGE, "--dtype and --kv-dtype disagree");
+    if (all_dtype != NULL) want_kv = want_all;
+    attn_ctx_params cp;
+    attn_ctx_params_init(&cp);
+    if (!cli_parse_isa(isa_name, &cp.isa))
+        return cli_error("sdpa", EXIT_USAGE, "--isa must be auto, ref, generic, avx2 or avx512, not '%s'", isa_name);
 
     attn_ctx *ctx = NULL;
     attn_tensor q = {0}, k = {0}, v = {0}, mask = {0}, kpm = {0}, dout = {0}, slopes = {0};
@@ -137,8 +165,9 @@ int cmd_sdpa(int argc, char **argv) {
     attn_tensor grads[4];
     int n_grads = 0;
     memset(grads, 0, sizeof grads);
-    attn_status st = attn_ctx_create(NULL, &ctx);
-    if (st != ATTN_OK) return cli_fail("sdpa", NULL, st, "creating a context");
+    attn_status st = attn_ctx_create(&cp, &ctx);
+    if (st != ATTN_OK) return cli_error("sdpa", EXIT_FAILURE_RUN, "cannot create a context for --isa %s: %s", isa_name,
+                                        attn_strerror(st));
     rc = EXIT_FAILURE_RUN;
     if (read_4d(ctx, "q", q_path, false, &q) != 0 || read_4d(ctx, "k", k_path, true, &k) != 0 ||
         read_4d(ctx, "v", v_path, true, &v) != 0)
@@ -154,8 +183,15 @@ int cmd_sdpa(int argc, char **argv) {
                       attn_dtype_name(k.dtype));
             goto done;
         }
-        if ((st = to_half(&k, want_kv)) != ATTN_OK || (st = to_half(&v, want_kv)) != ATTN_OK) {
-            cli_fail("sdpa", ctx, st, "converting k and v");
+        const int64_t blk = attn_dtype_block_size(want_kv);
+        if (k.shape[3] % blk != 0 || v.shape[3] % blk != 0) {
+            cli_error("sdpa", EXIT_FAILURE_RUN, "--kv-dtype %s needs D and Dv multiples of %lld, got %lld and %lld",
+                      kv_dtype, (long long)blk, (long long)k.shape[3], (long long)v.shape[3]);
+            goto done;
+        }
+        if ((st = to_dtype(&k, want_kv)) != ATTN_OK || (st = to_dtype(&v, want_kv)) != ATTN_OK ||
+            (want_all != ATTN_DTYPE_F32 && (st = to_dtype(&q, want_all)) != ATTN_OK)) {
+            cli_fail("sdpa", ctx, st, "converting q, k and v");
             goto done;
         }
     }
@@ -178,6 +214,7 @@ int cmd_sdpa(int argc, char **argv) {
     d.scale = (float)scale;
     d.causal = causal ? ATTN_CAUSAL_TOP_LEFT : causal_br ? ATTN_CAUSAL_BOTTOM_RIGHT : ATTN_CAUSAL_NONE;
     d.kv_dtype = k.dtype;
+    d.q_dtype = d.out_dtype = d.grad_dtype = want_all;
     d.softcap = (float)softcap;
     if (window != NULL) d.use_window = 1, d.window_left = win_left, d.window_right = win_right;
     if (alibi_path != NULL) {
@@ -254,6 +291,10 @@ int cmd_sdpa(int argc, char **argv) {
                       cli_shape_str(dout.ndim, dout.shape, got, sizeof got));
             goto done;
         }
+        if (want_all != ATTN_DTYPE_F32 && (st = to_dtype(&dout, want_all)) != ATTN_OK) {
+            cli_fail("sdpa", ctx, st, "converting --grad-out");
+            goto done;
+        }
         const attn_tensor *src[3] = {&q, &k, &v};
         const char *names[4] = {"q", "k", "v", "mask"};
         for (int i = 0; i < 3; i++) {
@@ -276,6 +317,7 @@ int cmd_sdpa(int argc, char **argv) {
             }
         st = attn_sdpa_bwd(ctx, &d, q.data, k.data, v.data, out, dout.data, lse, dropout > 0.0 ? &start : NULL,
                            grads[0].data, grads[1].data, grads[2].data, n_grads == 4 ? grads[3].data : NULL);
+        for (int i = 0; i < 3 && st == ATTN_OK; i++) st = to_float(&grads[i], want_all);
         if (st == ATTN_OK) st = attn_safetensors_write(ctx, grads_path, grads, n_grads);
         if (st != ATTN_OK) {
             cli_fail("sdpa", ctx, st, "backward");
@@ -283,7 +325,9 @@ int cmd_sdpa(int argc, char **argv) {
         }
     }
     const int64_t o_shape[4] = {B, H, L, Dv}, w_shape[4] = {B, H, L, S}, wa_shape[3] = {B, L, S};
-    st = attn_npy_write(ctx, out_path, ATTN_DTYPE_F32, 4, o_shape, out);
+    attn_tensor out_t = {.dtype = want_all, .ndim = 1, .shape = {(int64_t)n_out}, .data = out};
+    st = to_float(&out_t, want_all);
+    if (st == ATTN_OK) st = attn_npy_write(ctx, out_path, ATTN_DTYPE_F32, 4, o_shape, out);
     if (st == ATTN_OK && lse_path != NULL) st = attn_npy_write(ctx, lse_path, ATTN_DTYPE_F32, 3, o_shape, lse);
     if (st == ATTN_OK && w_path != NULL)
         st = attn_npy_write(ctx, w_path, ATTN_DTYPE_F32, average ? 3 : 4, average ? wa_shape : w_shape, weights);

@@ -55,6 +55,28 @@ bool cli_parse_isa(const char *name, attn_isa *isa) {
     return false;
 }
 
+// Names of the element types the CLI takes: the float types first, then the quantised k/v blocks.
+static const struct {
+    const char *name;
+    attn_dtype dt;
+} dtype_names[] = {{"f32", ATTN_DTYPE_F32}, {"f16", ATTN_DTYPE_F16}, {"bf16", ATTN_DTYPE_BF16},
+                   {"q8_0", ATTN_DTYPE_Q8_0}, {"q4_0", ATTN_DTYPE_Q4_0}};
+
+static bool parse_dtype(const char *name, size_t count, attn_dtype *dt) {
+    for (size_t i = 0; i < count; i++)
+        if (strcmp(name, dtype_names[i].name) == 0) {
+            *dt = dtype_names[i].dt;
+            return true;
+        }
+    return false;
+}
+
+bool cli_parse_float_dtype(const char *name, attn_dtype *dt) { return parse_dtype(name, 3, dt); }
+
+bool cli_parse_kv_dtype(const char *name, attn_dtype *dt) {
+    return parse_dtype(name, sizeof dtype_names / sizeof dtype_names[0], dt);
+}
+
 const char *cli_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap) {
     size_t len = 0;
     len += (size_t)snprintf(buf, cap, "(");

@@ -15,13 +15,17 @@ What is here:
   KVCache                 keys and values for decoding: append, attend, truncate, reset
   load_safetensors, save_safetensors, to_bfloat16, from_bfloat16
   AttnError               raised for every failure: .status, .name ("ATTN_ERR_BAD_SHAPE"), .message
-The library is found through $ATTN_LIBRARY, then ../../build of this package, then the system
-loader (see _lib.py).
+Submodules, imported on demand: attn.torch (PyTorch >= 2.4: custom ops, scaled_dot_product_attention,
+MultiheadAttention) and attn.hf (transformers: attn.hf.register()). `python -m attn` runs the attn
+tool (the walkthrough without arguments).
+The library is found through $ATTN_LIBRARY, then this package's folder (pip install .), then
+../../build of this package, then the system loader (see _lib.py).
 """
 import numpy as _np
 
 from . import _lib
 from ._lib import STATUS_NAMES, AttnError, has_symbol
+from ._arrays import as_array as _as_array
 from .context import Context, RngState, default_context
 from .files import load_safetensors, save_safetensors
 from .kv_cache import KVCache, has_kv_cache
@@ -60,12 +64,15 @@ def _convert(dst_code, dst_dtype, src_code, a):
 def to_bfloat16(x):
     """float32 values -> uint16 array of bfloat16 bits, rounded to nearest even like torch's
     .bfloat16() (for KVCache storage checks and sdpa(..., kv_dtype="bf16"))."""
-    return _convert(_lib.DTYPE_BF16, _np.uint16, _lib.DTYPE_F32, _np.asarray(x, dtype=_np.float32))
+    return _convert(_lib.DTYPE_BF16, _np.uint16, _lib.DTYPE_F32, _as_array(x, _np.float32, "x"))
 
 
 def from_bfloat16(bits):
     """uint16 array of bfloat16 bits -> float32 values (exact)."""
-    return _convert(_lib.DTYPE_F32, _np.float32, _lib.DTYPE_BF16, _np.asarray(bits, dtype=_np.uint16))
+    bits = _np.asarray(bits)
+    if bits.dtype != _np.uint16:
+        raise AttnError(_lib.ERR_INVALID_ARG, "bits: dtype %s where uint16 (bfloat16 bits) is needed" % bits.dtype)
+    return _convert(_lib.DTYPE_F32, _np.float32, _lib.DTYPE_BF16, bits)
 
 
 __all__ = ["AttnError", "STATUS_NAMES", "Context", "RngState", "default_context", "sdpa", "sdpa_backward",

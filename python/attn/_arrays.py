@@ -30,14 +30,33 @@ def elem_strides(a):
     return out
 
 
-def view(a, dtype, what):
-    """a as an array of dtype (converted only if needed) whose strides the library can take:
-    returns (array, element strides). A copy is made only for negative strides or strides that are
-    not whole elements."""
+_KINDS = {"f": "a floating-point type", "i": "an integer type", "u": "an integer type", "b": "bool"}
+
+
+def as_array(a, dtype, what):
+    """a as a numpy array of dtype, converted only where every value keeps its meaning: a float
+    type from any float type (float64 rounded to float32 as documented), an integer type from any
+    integer type (values checked by the library). Complex, object, string, bool or integer arrays
+    where floats are meant (and floats where integers are) raise AttnError (ATTN_ERR_INVALID_ARG)
+    naming the argument, before any work."""
+    want = np.dtype(dtype)
     try:
-        a = np.asarray(a, dtype=dtype)
+        src = a if isinstance(a, np.ndarray) else np.asarray(a)
     except (TypeError, ValueError) as exc:
-        fail(_lib.ERR_INVALID_ARG, "%s: cannot be read as %s (%s)" % (what, np.dtype(dtype).name, exc))
+        fail(_lib.ERR_INVALID_ARG, "%s: cannot be read as an array (%s)" % (what, exc))
+    ok = src.dtype == want or (want.kind == "f" and src.dtype.kind == "f") or \
+        (want.kind in "iu" and src.dtype.kind in "iu")
+    if not ok:
+        fail(_lib.ERR_INVALID_ARG, "%s: dtype %s where %s (%s) is needed" % (
+            what, src.dtype, _KINDS.get(want.kind, want.name), want.name))
+    return np.asarray(src, dtype=want)
+
+
+def view(a, dtype, what):
+    """a as an array of dtype (converted only if needed, see as_array) whose strides the library can
+    take: returns (array, element strides). A copy is made only for negative strides or strides
+    that are not whole elements."""
+    a = as_array(a, dtype, what)
     s = elem_strides(a)
     if s is None:
         a = np.ascontiguousarray(a)
@@ -46,10 +65,19 @@ def view(a, dtype, what):
 
 
 def contiguous(a, dtype, what):
-    try:
-        return np.ascontiguousarray(a, dtype=dtype)
-    except (TypeError, ValueError) as exc:
-        fail(_lib.ERR_INVALID_ARG, "%s: cannot be read as %s (%s)" % (what, np.dtype(dtype).name, exc))
+    """a as a C-contiguous array of dtype (see as_array)."""
+    return np.ascontiguousarray(as_array(a, dtype, what))
+
+
+def mask_array(mask, what):
+    """A mask as (contiguous-or-strided array, dtype code): bool (True = blocked) or a floating-point
+    type (added, as float32); any other dtype raises AttnError (ATTN_ERR_BAD_MASK)."""
+    m = np.asarray(mask)
+    if m.dtype == np.bool_:
+        return m, _lib.DTYPE_BOOL
+    if m.dtype.kind != "f":
+        fail(_lib.ERR_BAD_MASK, "%s must be bool (True = blocked) or floating point (added), not %s" % (what, m.dtype))
+    return as_array(m, F32, what), _lib.DTYPE_F32
 
 
 def ptr(a):
@@ -66,6 +94,32 @@ def check_shape(a, expected, what, names):
     if len(a.shape) != len(expected) or any(e is not None and e != s for e, s in zip(expected, a.shape)):
         want = ", ".join("%s=%d" % (n, e) if e is not None else n for n, e in zip(names, expected))
         fail(_lib.ERR_BAD_SHAPE, "%s has shape %s, expected (%s)" % (what, shape_str(a.shape), want))
+
+
+def check_qkv(q, k, v):
+    """q (B, H, L, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv), numpy arrays or torch tensors: the
+    extents the library cannot check. Returns (B, H, L, D, Hkv, S, Dv)."""
+    check_ndim(q, 4, "q", "(B, H, L, D)")
+    check_ndim(k, 4, "k", "(B, Hkv, S, D)")
+    check_ndim(v, 4, "v", "(B, Hkv, S, Dv)")
+    B, H, L, D = q.shape
+    check_shape(k, (B, None, None, D), "k", ("B", "Hkv", "S", "D"))
+    Hkv, S = k.shape[1], k.shape[2]
+    check_shape(v, (B, Hkv, S, None), "v", ("B", "Hkv", "S", "Dv"))
+    return B, H, L, D, Hkv, S, v.shape[3]
+
+
+def check_qkv_varlen(q, k, v):
+    """Packed q (total_q, H, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv). Returns
+    (total_q, H, D, total_k, Hkv, Dv)."""
+    check_ndim(q, 3, "q", "(total_q, H, D)")
+    check_ndim(k, 3, "k", "(total_k, Hkv, D)")
+    check_ndim(v, 3, "v", "(total_k, Hkv, Dv)")
+    Tq, H, D = q.shape
+    check_shape(k, (None, None, D), "k", ("total_k", "Hkv", "D"))
+    Tk, Hkv = k.shape[0], k.shape[1]
+    check_shape(v, (Tk, Hkv, None), "v", ("total_k", "Hkv", "Dv"))
+    return Tq, H, D, Tk, Hkv, v.shape[2]
 
 
 _KV_DTYPES = {"f32": _lib.DTYPE_F32, "float32": _lib.DTYPE_F32, "f16": _lib.DTYPE_F16, "float16": _lib.DTYPE_F16,
@@ -107,13 +161,8 @@ def mask_view(mask, shape, what):
     Returns (kept-alive array, pointer, dtype code, element strides), or Nones for no mask."""
     if mask is None:
         return None, None, _lib.DTYPE_F32, [0] * len(shape)
-    m = np.asarray(mask)
-    if m.dtype == np.bool_:
-        m, _ = view(m, np.bool_, what)
-        code = _lib.DTYPE_BOOL
-    else:
-        m, _ = view(m, F32, what)
-        code = _lib.DTYPE_F32
+    m, code = mask_array(mask, what)
+    m, _ = view(m, m.dtype, what)  # whole, non-negative element strides
     try:
         b = np.broadcast_to(m, shape)
     except ValueError:

@@ -2,8 +2,9 @@
 
 The library is looked up in this order:
   1. the path in the environment variable ATTN_LIBRARY;
-  2. build/ of the source tree this package sits in (python/attn/../../build), as `make` leaves it;
-  3. the system loader (an installed libattn.so.0 / libattn.so).
+  2. this package's own folder, where `pip install .` puts it (attn/libattn.so);
+  3. build/ of the source tree this package sits in (python/attn/../../build), as `make` leaves it;
+  4. the system loader (an installed libattn.so.0 / libattn.so).
 Functions are resolved on first use, so a library that lacks a symbol still loads; calling a
 binding whose symbol is missing raises AttnError with status ATTN_ERR_UNSUPPORTED, and
 has_symbol() says in advance.
@@ -40,8 +41,9 @@ ERR_BAD_MASK = 5
 ERR_UNSUPPORTED = 8
 
 
-class AttnError(Exception):
-    """A libattn call failed, or the binding rejected its arguments before calling.
+class AttnError(RuntimeError):
+    """A libattn call failed, or the binding rejected its arguments before calling. A RuntimeError,
+    as torch's own operators raise for the same mistakes.
 
     status: the attn_status value (int); name: its enum name ("ATTN_ERR_BAD_SHAPE");
     message: the context's attn_ctx_last_error() (or the binding's own message)."""
@@ -68,10 +70,11 @@ def _candidates():
         names = ["libattn.so", "libattn.so.0"]
     here = os.path.dirname(os.path.abspath(__file__))
     build = os.path.normpath(os.path.join(here, "..", "..", "build"))
-    for n in names:
-        p = os.path.join(build, n)
-        if os.path.exists(p):
-            yield p
+    for folder in (here, build):
+        for n in names:
+            p = os.path.join(folder, n)
+            if os.path.exists(p):
+                yield p
     for n in names:
         yield n
     found = ctypes.util.find_library("attn")
@@ -86,11 +89,27 @@ def _load():
             return ctypes.CDLL(path), path
         except OSError as exc:
             tried.append("%s (%s)" % (path, exc))
-    raise ImportError("libattn not found; build it with `make` or set ATTN_LIBRARY to its path. Tried: "
+    raise ImportError("libattn not found; install the package (pip install .), build it with `make`, or set "
+                      "ATTN_LIBRARY to its path. Tried: "
                       + "; ".join(tried))
 
 
 lib, path = _load()
+
+
+def tool_path():
+    """Path of the `attn` command-line tool that goes with this package, or None: $ATTN_TOOL, the
+    copy `pip install .` puts inside the package (attn/bin/attn), then build/attn of the source tree
+    this package sits in. PATH is not searched (the `attn` there may be this package's own script)."""
+    env = os.environ.get("ATTN_TOOL")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    exe = "attn.exe" if sys.platform == "win32" else "attn"
+    for p in (os.path.join(here, "bin", exe), os.path.normpath(os.path.join(here, "..", "..", "build", exe))):
+        if os.path.isfile(p) and os.access(p, os.X_OK):
+            return p
+    return None
 
 # ---- enums ---------------------------------------------------------------------------------------
 

@@ -9,7 +9,10 @@ from ._lib import AttnError, fn
 from .context import resolve
 from .sdpa import _options
 
-_DTYPE_NAMES = {_lib.DTYPE_F32: "f32", _lib.DTYPE_F16: "f16", _lib.DTYPE_BF16: "bf16"}
+# The block-quantised types (ATTN_DTYPE_Q8_0, ATTN_DTYPE_Q4_0: blocks of 32 values along the head
+# dimension, each with a float16 scale; ggml's layouts): a block's values and its bytes.
+_QUANT = {"q8_0": (8, 34), "q4_0": (9, 18)}
+_DTYPE_NAMES = {_lib.DTYPE_F32: "f32", _lib.DTYPE_F16: "f16", _lib.DTYPE_BF16: "bf16", 8: "q8_0", 9: "q4_0"}
 
 
 def has_kv_cache():
@@ -21,7 +24,9 @@ def has_kv_cache():
 class KVCache:
     """KVCache(batch, n_kv_heads, head_dim, capacity, dtype="f32", head_dim_v=None, ctx=None):
     keys (B, Hkv, capacity, D) and values (B, Hkv, capacity, Dv) stored as float32, float16 or
-    bfloat16, of which the first len(cache) positions are filled."""
+    bfloat16, or quantised on append as "q8_0" or "q4_0" (ggml's Q8_0 and Q4_0: blocks of 32 values
+    along D with a float16 scale each; D and Dv must be multiples of 32), of which the first
+    len(cache) positions are filled."""
 
     def __init__(self, batch, n_kv_heads, head_dim, capacity, dtype="f32", head_dim_v=None, *, ctx=None):
         self._ptr = None
@@ -30,7 +35,7 @@ class KVCache:
         fn("attn_kv_cache_config_init")(ctypes.byref(cfg))
         cfg.batch, cfg.n_kv_heads, cfg.head_dim, cfg.capacity = int(batch), int(n_kv_heads), int(head_dim), int(capacity)
         cfg.head_dim_v = 0 if head_dim_v is None else int(head_dim_v)
-        cfg.dtype = kv_dtype_code(dtype)
+        cfg.dtype = _QUANT[dtype][0] if dtype in _QUANT else kv_dtype_code(dtype)
         p = ctypes.c_void_p()
         self.ctx.check(fn("attn_kv_cache_create")(self.ctx.ptr, ctypes.byref(cfg), ctypes.byref(p)))
         self._ptr = p.value
@@ -78,6 +83,14 @@ class KVCache:
         fn("attn_kv_cache_storage")(self.ptr, ctypes.byref(kp), ks, ctypes.byref(vp), vs)
         p, s, d = (kp.value, ks, self.head_dim) if which == "k" else (vp.value, vs, self.head_dim_v)
         n = self.len()
+        if self.dtype in _QUANT:  # rows of whole blocks: each (b, h) holds n * d values from its start
+            code, block = _QUANT[self.dtype]
+            out = np.empty((self.batch, self.n_kv_heads, n, d), dtype=F32)
+            for b in range(self.batch):
+                for h in range(self.n_kv_heads):
+                    at = p + (b * s[0] + h * s[1]) // 32 * block
+                    self.ctx.check(fn("attn_convert")(_lib.DTYPE_F32, out[b, h].ctypes.data, code, at, n * d))
+            return out
         code = {"f32": _lib.DTYPE_F32, "f16": _lib.DTYPE_F16, "bf16": _lib.DTYPE_BF16}[self.dtype]
         size = 4 if code == _lib.DTYPE_F32 else 2
         full = (self.batch, self.n_kv_heads, self.capacity, d)

@@ -5,7 +5,7 @@ from collections import OrderedDict
 import numpy as np
 
 from . import _lib
-from ._arrays import F32, check_shape, contiguous, fail, shape_str
+from ._arrays import F32, as_array, check_shape, contiguous, fail, mask_array, shape_str
 from ._lib import AttnError, fn
 from .context import resolve
 from .files import TensorList
@@ -19,10 +19,8 @@ def _param_view(owner, data, shape):
 
 
 def _mask(m, what):
-    m = np.asarray(m)
-    if m.dtype == np.bool_:
-        return np.ascontiguousarray(m), _lib.DTYPE_BOOL
-    return contiguous(m, F32, what), _lib.DTYPE_F32
+    m, code = mask_array(m, what)
+    return np.ascontiguousarray(m), code
 
 
 class MHA:
@@ -130,7 +128,7 @@ class MHA:
             fail(_lib.ERR_NOT_FOUND if set(params) - set(state) else _lib.ERR_INVALID_ARG,
                  "state names %s differ from the module's %s" % (sorted(state), list(params)))
         for n, a in state.items():
-            a = np.asarray(a, dtype=F32)
+            a = as_array(a, F32, n)
             if a.shape != params[n].shape:
                 fail(_lib.ERR_BAD_SHAPE, "%s has shape %s, the module's %s" % (n, shape_str(a.shape),
                                                                                 shape_str(params[n].shape)))

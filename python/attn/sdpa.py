@@ -26,7 +26,8 @@ import ctypes
 import numpy as np
 
 from . import _lib
-from ._arrays import F32, check_ndim, check_shape, contiguous, elem_strides, fail, kv_views, mask_view, ptr, view
+from ._arrays import (F32, check_qkv, check_qkv_varlen, check_shape, contiguous, elem_strides, fail, kv_views,
+                      mask_view, ptr, view)
 from ._lib import AttnError, fn
 from .context import resolve
 
@@ -76,13 +77,7 @@ def _describe(q, k, v, causal, mask, key_padding_mask, scale, dropout_p, window,
     """Checks the arrays and fills an attn_sdpa_desc. Returns (desc, q, k, v, keep-alive list)."""
     q, qs = view(q, F32, "q")
     k, ks, v, vs, code = kv_views(k, v, kv_dtype)
-    check_ndim(q, 4, "q", "(B, H, L, D)")
-    check_ndim(k, 4, "k", "(B, Hkv, S, D)")
-    check_ndim(v, 4, "v", "(B, Hkv, S, Dv)")
-    B, H, L, D = q.shape
-    check_shape(k, (B, None, None, D), "k", ("B", "Hkv", "S", "D"))
-    Hkv, S = k.shape[1], k.shape[2]
-    check_shape(v, (B, Hkv, S, None), "v", ("B", "Hkv", "S", "Dv"))
+    B, H, L, D, Hkv, S, _ = check_qkv(q, k, v)
     desc = _lib.SdpaDesc()
     fn("attn_sdpa_desc_init")(ctypes.byref(desc))
     desc.batch, desc.n_heads, desc.n_kv_heads, desc.len_q, desc.len_kv = B, H, Hkv, L, S
@@ -192,13 +187,7 @@ def _describe_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                      window, alibi_slopes, softcap, kv_dtype):
     q, qs = view(q, F32, "q")
     k, ks, v, vs, code = kv_views(k, v, kv_dtype)
-    check_ndim(q, 3, "q", "(total_q, H, D)")
-    check_ndim(k, 3, "k", "(total_k, Hkv, D)")
-    check_ndim(v, 3, "v", "(total_k, Hkv, Dv)")
-    Tq, H, D = q.shape
-    check_shape(k, (None, None, D), "k", ("total_k", "Hkv", "D"))
-    Tk, Hkv = k.shape[0], k.shape[1]
-    check_shape(v, (Tk, Hkv, None), "v", ("total_k", "Hkv", "Dv"))
+    Tq, H, D, Tk, Hkv, _ = check_qkv_varlen(q, k, v)
     cq = contiguous(cu_seqlens_q, np.int64, "cu_seqlens_q").reshape(-1)
     ck = contiguous(cu_seqlens_k, np.int64, "cu_seqlens_k").reshape(-1)
     if cq.shape[0] < 2 or cq.shape != ck.shape:

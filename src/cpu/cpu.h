@@ -57,6 +57,14 @@ struct attn__kernels {
                     const float *alpha, int rows, float *o, int64_t ldo);
     // y[i] = x[i] converted exactly from ATTN_DTYPE_F16 or ATTN_DTYPE_BF16 to float, n values.
     void (*half_to_f32)(attn_dtype dt, const uint16_t *x, float *y, int64_t n);
+    // The block types Q8_0 and Q4_0 (attn.h; blocks of 32 values along the rows, ks_row and vs_row
+    // multiples of 32, D and Dv too): qk_rows_q and pv_rows_q compute what qk_rows and pv_rows do,
+    // dequantising in registers; dequant_rows writes n values (a multiple of 32) of x as floats.
+    void (*qk_rows_q)(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const float *q, int rows, float *s,
+                      int64_t s_r, int64_t s_j);
+    void (*pv_rows_q)(attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pt, int64_t ldp,
+                      const float *alpha, int rows, float *o, int64_t ldo);
+    void (*dequant_rows)(attn_dtype dt, const void *x, float *y, int64_t n);
 };
 
 // S^T = K Q^T: st (nj, br) = k (nj, D at row/feature strides) times qt (D, br).

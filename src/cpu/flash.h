@@ -27,9 +27,10 @@ void attn__pv_skipping_zeros(const float *v, int64_t vs_row, int64_t vs_d, int n
 // Scratch bytes for a checked problem on this context (its thread count and kernel table).
 size_t attn__flash_fwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d);
 // Runs the problem with ctx->kernels on ctx's threads. weights are not produced (the reference
-// kernel serves calls that ask for them).
-void attn__flash_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const float *q,
-                     const void *k, const void *v, float *out, float *lse, void *ws);
+// kernel serves calls that ask for them). q and out are of d->q_dtype and d->out_dtype: converted
+// to float as the query tiles are packed, and rounded once as the output is written.
+void attn__flash_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const void *q,
+                     const void *k, const void *v, void *out, float *lse, void *ws);
 
 // The forward for few queries per kv head (flash_decode.c): used by attn__flash_fwd when group * L
 // packed query rows fit one tile and there is no dropout.
@@ -58,17 +59,18 @@ bool attn__mask_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int br
 void attn__score_transform(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int brp,
                            int64_t h, int64_t i0, int nq, int64_t j0, int nj, float *st, float *th);
 
-// Rows [0, nj) of a half-precision key or value tile (row stride rs, element stride es) converted
-// to floats, (nj, n) contiguous.
-void attn__half_tile(const attn__kernels *kn, attn_dtype dt, const uint16_t *src, int64_t rs, int64_t es, int nj,
+// Rows [0, nj) of a half-precision or block-quantised (Q8_0, Q4_0: es = 1, rs a multiple of 32) key
+// or value tile (row stride rs, element stride es) converted to floats, (nj, n) contiguous.
+void attn__half_tile(const attn__kernels *kn, attn_dtype dt, const void *src, int64_t rs, int64_t es, int nj,
                      int64_t n, float *dst);
 
 // The fused backward (flash_bwd.c).
 size_t attn__flash_bwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d,
                                  bool want_dmask);
+// q of d->q_dtype, out and dout of d->out_dtype, dq, dk, dv of d->grad_dtype.
 void attn__flash_bwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh,
-                     const attn_generator *dropout_state, const float *q, const void *k, const void *v,
-                     const float *out, const float *dout, const float *lse, float *dq, float *dk, float *dv,
+                     const attn_generator *dropout_state, const void *q, const void *k, const void *v,
+                     const void *out, const void *dout, const float *lse, void *dq, void *dk, void *dv,
                      float *dmask, void *ws);
 
 #endif

@@ -23,7 +23,9 @@
 // weights, so data a pair cannot see is never read.
 // Soft-capping multiplies dS by 1 - tanh^2 of the capped score (the mask gradient is dS before
 // that factor); ALiBi and the window enter as in the forward, and key tiles outside the window are
-// skipped. Half-precision keys and values are converted to float copies once per call.
+// skipped. Half-precision keys and values are converted to float copies once per call; half-precision
+// q and dout are converted as they are packed (they always are then), out as rowdot reads it, and
+// the gradients are rounded to grad_dtype as they are written.
 #include <math.h>
 #include <string.h>
 
@@ -41,8 +43,10 @@ typedef struct bwd_job {
     const attn_sdpa_desc *d;    // k_stride and v_stride: of k and v as read here (the float copies)
     const attn__sdpa_shape *sh;
     const attn__kernels *kn;
-    const float *q, *k, *v, *dout;
-    float *dq, *dk, *dv, *dmask;
+    const void *q, *dout;       // of d->q_dtype and d->out_dtype
+    const float *k, *v;
+    void *dq, *dk, *dv;         // of d->grad_dtype
+    float *dmask;
     const int64_t *dk_stride, *dv_stride; // where dk and dv are written (the caller's k and v strides)
     int Dp, Dvp;                // head dims padded to 16
     int64_t n_qtiles, n_kvtiles;
@@ -185,9 +189,9 @@ static void kv_tile(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t hk, int64
             // dK_j += dS^T q_rows; dV_j += P_drop^T dout_rows (P_drop = P * dropout mask * scale)
             const int64_t row0 = (b * sh->H + h) * sh->L + i0; // row index into the packed copies
             const float *qr = J->q_pack != NULL ? J->q_rows + row0 * J->q_ld
-                                                : J->q + attn__offset4(d->q_stride, b, h, i0, 0);
+                                                : (const float *)J->q + attn__offset4(d->q_stride, b, h, i0, 0);
             const float *dr = J->do_pack != NULL ? J->do_rows + row0 * J->do_ld
-                                                 : J->dout + attn__offset4(d->o_stride, b, h, i0, 0);
+                                                 : (const float *)J->dout + attn__offset4(d->o_stride, b, h, i0, 0);
             if (qbad)
                 gemm_skip_zeros(t->dpt, BWD_BR, 1, nj, nq, qr, J->q_ld, J->Dp, t->acc1, J->Dp);
             else
@@ -215,10 +219,10 @@ static void kv_tile(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t hk, int64
         }
     const float scale = J->sh->scale;
     for (int j = 0; j < nj; j++) {
-        float *dkr = J->dk + attn__offset4(J->dk_stride, b, hk, j0 + j, 0);
-        float *dvr = J->dv + attn__offset4(J->dv_stride, b, hk, j0 + j, 0);
-        for (int64_t c = 0; c < sh->D; c++) dkr[c * J->dk_stride[3]] = t->acc1[(int64_t)j * J->Dp + c] * scale;
-        for (int64_t c = 0; c < sh->Dv; c++) dvr[c * J->dv_stride[3]] = t->acc2[(int64_t)j * J->Dvp + c];
+        const int64_t dkr = attn__offset4(J->dk_stride, b, hk, j0 + j, 0);
+        const int64_t dvr = attn__offset4(J->dv_stride, b, hk, j0 + j, 0);
+        attn__scatter(J->dk, d->grad_dtype, dkr, J->dk_stride[3], t->acc1 + (int64_t)j * J->Dp, 1, sh->D, scale);
+        attn__scatter(J->dv, d->grad_dtype, dvr, J->dv_stride[3], t->acc2 + (int64_t)j * J->Dvp, 1, sh->Dv, 1.0f);
     }
 }
 
@@ -245,9 +249,9 @@ static void one_pass_task(void *arg, int64_t bhk, int thread) {
     const float scale = sh->scale;
     for (int64_t g = 0; g < sh->group; g++)
         for (int64_t i = 0; i < sh->L; i++) {
-            float *dqr = J->dq + attn__offset4(d->q_stride, b, hk * sh->group + g, i, 0);
+            const int64_t dqr = attn__offset4(d->q_stride, b, hk * sh->group + g, i, 0);
             const float *acc = dq_acc + (g * sh->L + i) * J->Dp;
-            for (int64_t c = 0; c < sh->D; c++) dqr[c * d->q_stride[3]] = acc[c] * scale;
+            attn__scatter(J->dq, d->grad_dtype, dqr, d->q_stride[3], acc, 1, sh->D, scale);
         }
 }
 
@@ -280,8 +284,8 @@ static void pass2_tile(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int
     }
     const float scale = sh->scale;
     for (int i = 0; i < nq; i++) {
-        float *dqr = J->dq + attn__offset4(d->q_stride, b, h, i0 + i, 0);
-        for (int64_t c = 0; c < sh->D; c++) dqr[c * d->q_stride[3]] = t->acc1[(int64_t)i * J->Dp + c] * scale;
+        const int64_t dqr = attn__offset4(d->q_stride, b, h, i0 + i, 0);
+        attn__scatter(J->dq, d->grad_dtype, dqr, d->q_stride[3], t->acc1 + (int64_t)i * J->Dp, 1, sh->D, scale);
     }
 }
 
@@ -306,7 +310,8 @@ static void pass2_task(void *arg, int64_t task, int thread) {
 // rows; flags of key/value tiles holding NaN or inf, and the packed key rows.
 typedef struct prep_job {
     const bwd_job *J;
-    const float *out, *lse;
+    const void *out;            // of d->out_dtype
+    const float *lse;
     float *lse2, *rowdot;
     uint8_t *kv_bad;
 } prep_job;
@@ -324,12 +329,14 @@ static void prep_rows_task(void *arg, int64_t bh, int thread) {
         float *qt = J->qt_all + (bh * J->n_qtiles + it) * sh->D * BWD_BR;
         float *dot = J->dot_all + (bh * J->n_qtiles + it) * sh->Dv * BWD_BR;
         for (int64_t c = 0; c < sh->D; c++) {
-            const float *src = J->q + attn__offset4(d->q_stride, b, h, i0, c);
-            for (int64_t i = 0; i < BWD_BR; i++) qt[c * BWD_BR + i] = i < nq ? src[i * d->q_stride[2]] * J->qscale : 0.0f;
+            const int64_t src = attn__offset4(d->q_stride, b, h, i0, c);
+            attn__gather(qt + c * BWD_BR, J->q, d->q_dtype, src, d->q_stride[2], nq, J->qscale);
+            for (int64_t i = nq; i < BWD_BR; i++) qt[c * BWD_BR + i] = 0.0f;
         }
         for (int64_t c = 0; c < sh->Dv; c++) {
-            const float *src = J->dout + attn__offset4(d->o_stride, b, h, i0, c);
-            for (int64_t i = 0; i < BWD_BR; i++) dot[c * BWD_BR + i] = i < nq ? src[i * d->o_stride[2]] : 0.0f;
+            const int64_t src = attn__offset4(d->o_stride, b, h, i0, c);
+            attn__gather(dot + c * BWD_BR, J->dout, d->out_dtype, src, d->o_stride[2], nq, 1.0f);
+            for (int64_t i = nq; i < BWD_BR; i++) dot[c * BWD_BR + i] = 0.0f;
         }
         uint8_t bad = 0;
         for (int64_t e = 0; e < sh->D * BWD_BR; e++) bad |= !isfinite(qt[e]);
@@ -338,19 +345,22 @@ static void prep_rows_task(void *arg, int64_t bh, int thread) {
     }
     for (int64_t i = 0; J->q_pack != NULL && i < sh->L; i++) {
         float *r = J->q_pack + (bh * sh->L + i) * J->q_ld;
-        const float *src = J->q + attn__offset4(d->q_stride, b, h, i, 0);
-        for (int64_t c = 0; c < J->q_ld; c++) r[c] = c < sh->D ? src[c * d->q_stride[3]] : 0.0f;
+        const int64_t src = attn__offset4(d->q_stride, b, h, i, 0);
+        attn__gather(r, J->q, d->q_dtype, src, d->q_stride[3], sh->D, 1.0f);
+        for (int64_t c = sh->D; c < J->q_ld; c++) r[c] = 0.0f;
     }
     for (int64_t i = 0; J->do_pack != NULL && i < sh->L; i++) {
         float *r = J->do_pack + (bh * sh->L + i) * J->do_ld;
-        const float *src = J->dout + attn__offset4(d->o_stride, b, h, i, 0);
-        for (int64_t c = 0; c < J->do_ld; c++) r[c] = c < sh->Dv ? src[c * d->o_stride[3]] : 0.0f;
+        const int64_t src = attn__offset4(d->o_stride, b, h, i, 0);
+        attn__gather(r, J->dout, d->out_dtype, src, d->o_stride[3], sh->Dv, 1.0f);
+        for (int64_t c = sh->Dv; c < J->do_ld; c++) r[c] = 0.0f;
     }
     for (int64_t i = 0; i < sh->L; i++) {
-        const float *o = P->out + attn__offset4(d->o_stride, b, h, i, 0);
-        const float *g = P->J->dout + attn__offset4(d->o_stride, b, h, i, 0);
+        const int64_t o = attn__offset4(d->o_stride, b, h, i, 0);
         double acc = 0.0;
-        for (int64_t c = 0; c < sh->Dv; c++) acc += (double)o[c * d->o_stride[3]] * g[c * d->o_stride[3]];
+        for (int64_t c = 0; c < sh->Dv; c++)
+            acc += (double)attn__kv_at(P->out, d->out_dtype, o + c * d->o_stride[3]) *
+                   attn__kv_at(J->dout, d->out_dtype, o + c * d->o_stride[3]);
         P->rowdot[bh * sh->L + i] = (float)acc;
         P->lse2[bh * sh->L + i] = (float)((double)P->lse[bh * sh->L + i] * LOG2E);
     }
@@ -408,8 +418,10 @@ static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn
     bl->rowdot = attn__arena_take(&a, (size_t)rows * f);
     bl->qt_all = attn__arena_take(&a, (size_t)(sh->B * sh->H * n_qtiles * sh->D) * BWD_BR * f);
     bl->dot_all = attn__arena_take(&a, (size_t)(sh->B * sh->H * n_qtiles * sh->Dv) * BWD_BR * f);
-    bl->q_pack = rows_in_place(sh->D, d->q_stride) ? NULL : attn__arena_take(&a, (size_t)(rows * Dp) * f);
-    bl->do_pack = rows_in_place(sh->Dv, d->o_stride) ? NULL : attn__arena_take(&a, (size_t)(rows * Dvp) * f);
+    const bool q_in_place = d->q_dtype == ATTN_DTYPE_F32 && rows_in_place(sh->D, d->q_stride);
+    const bool do_in_place = d->out_dtype == ATTN_DTYPE_F32 && rows_in_place(sh->Dv, d->o_stride);
+    bl->q_pack = q_in_place ? NULL : attn__arena_take(&a, (size_t)(rows * Dp) * f);
+    bl->do_pack = do_in_place ? NULL : attn__arena_take(&a, (size_t)(rows * Dvp) * f);
     bl->k_pack = (half ? sh->D % 16 == 0 : rows_in_place(sh->D, d->k_stride))
                      ? NULL
                      : attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * sh->S * Dp) * f);
@@ -453,8 +465,8 @@ size_t attn__flash_bwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh
 }
 
 void attn__flash_bwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh,
-                     const attn_generator *dropout_state, const float *q, const void *k, const void *v,
-                     const float *out, const float *dout, const float *lse, float *dq, float *dk, float *dv,
+                     const attn_generator *dropout_state, const void *q, const void *k, const void *v,
+                     const void *out, const void *dout, const float *lse, void *dq, void *dk, void *dv,
                      float *dmask, void *ws) {
     bwd_layout bl;
     layout(ctx, sh, d, dmask != NULL, ws, &bl);

@@ -20,7 +20,8 @@
 // 4: no softmax work on padding) for the masks and the softmax, and O (rows, Dv) = alpha O + P V
 // reading value rows as vectors with the tile's weights broadcast (pv_rows), so a key or value
 // element costs about rows/16 vector FMAs instead of one; half-precision keys and values are
-// converted in registers as they are loaded.
+// converted in registers as they are loaded, and the block types Q8_0 and Q4_0 (blocks of 32 along
+// D) have row kernels of their own that dequantise in registers (qk_rows_q, pv_rows_q).
 #include <math.h>
 #include <string.h>
 
@@ -122,12 +123,12 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
 
     const bool masked = d->mask != NULL || d->key_padding_mask != NULL;
     const bool transform = d->softcap > 0.0f || d->alibi_slopes != NULL;
-    const bool half = d->kv_dtype != ATTN_DTYPE_F32;
-    const size_t esize = half ? 2 : 4;
+    const bool half = d->kv_dtype != ATTN_DTYPE_F32; // converted as read: F16, BF16, Q8_0 or Q4_0
+    const bool quant = attn__is_block_dtype(d->kv_dtype);
     const int64_t c_begin = J->keys.begin + chunk * DECODE_CHUNK;
     const int64_t c_end = c_begin + DECODE_CHUNK < J->keys.end ? c_begin + DECODE_CHUNK : J->keys.end;
-    const char *kbase = (const char *)J->k + (size_t)attn__offset4(d->k_stride, b, hk, 0, 0) * esize;
-    const char *vbase = (const char *)J->v + (size_t)attn__offset4(d->v_stride, b, hk, 0, 0) * esize;
+    const char *kbase = (const char *)J->k + attn__kv_bytes(d->kv_dtype, attn__offset4(d->k_stride, b, hk, 0, 0));
+    const char *vbase = (const char *)J->v + attn__kv_bytes(d->kv_dtype, attn__offset4(d->v_stride, b, hk, 0, 0));
     // narrow: q row by row (rows, D), O (rows, Dv)
     float *qr = NULL, *orow = NULL;
     if (J->narrow) {
@@ -140,12 +141,12 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
     }
     for (int64_t j0 = c_begin; j0 < c_end; j0 += FLASH_BC) {
         const int nj = (int)(c_end - j0 < FLASH_BC ? c_end - j0 : FLASH_BC);
-        const void *kraw = kbase + (size_t)(j0 * d->k_stride[2]) * esize; // of d->kv_dtype
-        const void *vraw = vbase + (size_t)(j0 * d->v_stride[2]) * esize;
+        const void *kraw = kbase + attn__kv_bytes(d->kv_dtype, j0 * d->k_stride[2]); // of d->kv_dtype
+        const void *vraw = vbase + attn__kv_bytes(d->kv_dtype, j0 * d->v_stride[2]);
         const float *kt = kraw, *vt = vraw; // as floats (converted tiles for half precision)
         int64_t ks_row = d->k_stride[2], ks_d = d->k_stride[3], vs_row = d->v_stride[2], vs_d = d->v_stride[3];
         if (J->narrow) { // S^T (nj, ld) = K Q^T, dot products along the key rows
-            J->kn->qk_rows(d->kv_dtype, kraw, ks_row, nj, D, qr, rows, t.st, 1, ld);
+            (quant ? J->kn->qk_rows_q : J->kn->qk_rows)(d->kv_dtype, kraw, ks_row, nj, D, qr, rows, t.st, 1, ld);
         } else {
             if (half) {
                 attn__half_tile(J->kn, d->kv_dtype, kraw, ks_row, ks_d, nj, D, t.kf);
@@ -183,7 +184,8 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
                     }
                 }
             } else {
-                J->kn->pv_rows(d->kv_dtype, vraw, d->v_stride[2], nj, Dv, t.st, ld, t.alpha, rows, orow, Dv);
+                (quant ? J->kn->pv_rows_q : J->kn->pv_rows)(d->kv_dtype, vraw, d->v_stride[2], nj, Dv, t.st, ld, t.alpha,
+                                                            rows, orow, Dv);
             }
         } else if (bad) {
             attn__pv_skipping_zeros(vt, vs_row, vs_d, nj, Dv, t.st, brp, t.alpha, t.ot);
@@ -285,6 +287,9 @@ void attn__decode_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_s
         .part = dl.part, .part_floats = dl.part_floats, .narrow = narrow_applies(sh, d), .scratch = dl.scratch,
         .per_thread = dl.per_thread, .narrow_off = dl.narrow_off,
     };
-    attn__pool_run(ctx->pool, sh->B * sh->Hkv * J.keys.n_chunks, decode_task, &J);
-    attn__pool_run(ctx->pool, sh->B * sh->Hkv, merge_task, &J);
+    // q k^T and p v: 2 (D + Dv) flops per query row and key
+    attn__pool *pool = attn__pool_for(ctx->pool, 2.0 * (double)(sh->B * sh->H * sh->L) * (double)sh->S *
+                                                     (double)(sh->D + sh->Dv));
+    attn__pool_run(pool, sh->B * sh->Hkv * J.keys.n_chunks, decode_task, &J);
+    attn__pool_run(pool, sh->B * sh->Hkv, merge_task, &J);
 }

@@ -28,9 +28,10 @@ typedef struct flash_job {
     const attn_sdpa_desc *d;
     const attn__sdpa_shape *sh;
     const attn__kernels *kn;
-    const float *q;
+    const void *q;              // of d->q_dtype
     const void *k, *v;          // of d->kv_dtype
-    float *out, *lse;
+    void *out;                  // of d->out_dtype
+    float *lse;
     int br, brp;                // queries per item, and padded to ATTN_TILE_BR_ALIGN
     int64_t n_qtiles, n_kvtiles;
     float qscale;               // scale * log2(e), folded into the packed queries
@@ -60,14 +61,16 @@ size_t attn__fwd_tiles_layout(const attn__sdpa_shape *sh, const attn_sdpa_desc *
     return a.used;
 }
 
-// Rows [j0, j0+nj) of a half-precision k or v head (row stride rs, element stride es) as floats
-// (nj, n) contiguous.
-void attn__half_tile(const attn__kernels *kn, attn_dtype dt, const uint16_t *src, int64_t rs, int64_t es, int nj,
+// Rows [j0, j0+nj) of a half-precision or block-quantised k or v head (row stride rs, element
+// stride es; block types: es = 1, rs a multiple of the block) as floats (nj, n) contiguous.
+void attn__half_tile(const attn__kernels *kn, attn_dtype dt, const void *src, int64_t rs, int64_t es, int nj,
                      int64_t n, float *dst) {
     for (int j = 0; j < nj; j++) {
-        const uint16_t *r = src + (int64_t)j * rs;
+        const void *r = (const char *)src + attn__kv_bytes(dt, (int64_t)j * rs);
         float *o = dst + (int64_t)j * n;
-        if (es == 1)
+        if (attn__is_block_dtype(dt))
+            kn->dequant_rows(dt, r, o, n);
+        else if (es == 1)
             kn->half_to_f32(dt, r, o, n);
         else
             for (int64_t c = 0; c < n; c++) o[c] = attn__kv_at(r, dt, c * es);
@@ -116,11 +119,11 @@ static void flash_task(void *arg, int64_t task, int thread) {
     attn__fwd_tiles t;
     attn__fwd_tiles_layout(sh, d, brp, &t, J->scratch + (size_t)thread * J->per_thread);
 
-    // qt (D, brp) = q[b, h, i0:i0+nq, :]^T * scale * log2(e), zero padding columns
+    // qt (D, brp) = q[b, h, i0:i0+nq, :]^T * scale * log2(e) as floats, zero padding columns
     for (int dd = 0; dd < D; dd++) {
         float *row = t.qt + (int64_t)dd * brp;
-        const float *src = J->q + attn__offset4(d->q_stride, b, h, i0, dd);
-        for (int i = 0; i < nq; i++) row[i] = src[(int64_t)i * d->q_stride[2]] * J->qscale;
+        const int64_t src = attn__offset4(d->q_stride, b, h, i0, dd);
+        attn__gather(row, J->q, d->q_dtype, src, d->q_stride[2], nq, J->qscale);
         for (int i = nq; i < brp; i++) row[i] = 0.0f;
     }
     for (int i = 0; i < brp; i++) t.m[i] = -INFINITY, t.l[i] = 0.0f;
@@ -129,20 +132,19 @@ static void flash_task(void *arg, int64_t task, int thread) {
     const bool masked = d->mask != NULL || d->key_padding_mask != NULL;
     const bool transform = d->softcap > 0.0f || d->alibi_slopes != NULL;
     const bool half = d->kv_dtype != ATTN_DTYPE_F32;
-    const size_t esize = half ? 2 : 4;
     const int64_t j_end = attn__keys_visible_until(d, sh, i0 + nq - 1);
     const int64_t j_begin = attn__keys_visible_from(d, sh, i0) / FLASH_BC * FLASH_BC; // whole tiles
-    const char *kbase = (const char *)J->k + (size_t)attn__offset4(d->k_stride, b, hk, 0, 0) * esize;
-    const char *vbase = (const char *)J->v + (size_t)attn__offset4(d->v_stride, b, hk, 0, 0) * esize;
+    const char *kbase = (const char *)J->k + attn__kv_bytes(d->kv_dtype, attn__offset4(d->k_stride, b, hk, 0, 0));
+    const char *vbase = (const char *)J->v + attn__kv_bytes(d->kv_dtype, attn__offset4(d->v_stride, b, hk, 0, 0));
     for (int64_t j0 = j_begin; j0 < j_end; j0 += FLASH_BC) {
         const int nj = (int)(j_end - j0 < FLASH_BC ? j_end - j0 : FLASH_BC);
         // the key and value tiles as floats: in place, or converted from half precision
-        const float *kt = (const float *)(kbase + (size_t)(j0 * d->k_stride[2]) * esize);
-        const float *vt = (const float *)(vbase + (size_t)(j0 * d->v_stride[2]) * esize);
+        const float *kt = (const float *)(kbase + attn__kv_bytes(d->kv_dtype, j0 * d->k_stride[2]));
+        const float *vt = (const float *)(vbase + attn__kv_bytes(d->kv_dtype, j0 * d->v_stride[2]));
         int64_t ks_row = d->k_stride[2], ks_d = d->k_stride[3], vs_row = d->v_stride[2], vs_d = d->v_stride[3];
         if (half) {
-            attn__half_tile(J->kn, d->kv_dtype, (const uint16_t *)kt, ks_row, ks_d, nj, D, t.kf);
-            attn__half_tile(J->kn, d->kv_dtype, (const uint16_t *)vt, vs_row, vs_d, nj, Dv, t.vf);
+            attn__half_tile(J->kn, d->kv_dtype, kt, ks_row, ks_d, nj, D, t.kf);
+            attn__half_tile(J->kn, d->kv_dtype, vt, vs_row, vs_d, nj, Dv, t.vf);
             kt = t.kf, vt = t.vf, ks_row = D, ks_d = 1, vs_row = Dv, vs_d = 1;
         }
         attn__qk(J->kn, kt, ks_row, ks_d, nj, D, t.qt, brp, t.st);
@@ -171,8 +173,8 @@ static void flash_task(void *arg, int64_t task, int thread) {
     for (int i = 0; i < nq; i++) {
         const float li = t.l[i];
         const float inv = li > 0.0f ? J->keep_scale / li : (li == 0.0f ? 0.0f : li);
-        float *o = J->out + attn__offset4(d->o_stride, b, h, i0 + i, 0);
-        for (int dd = 0; dd < Dv; dd++) o[(int64_t)dd * d->o_stride[3]] = t.ot[(int64_t)dd * brp + i] * inv;
+        const int64_t o = attn__offset4(d->o_stride, b, h, i0 + i, 0);
+        attn__scatter(J->out, d->out_dtype, o, d->o_stride[3], t.ot + i, brp, Dv, inv);
         if (J->lse != NULL)
             J->lse[bh * sh->L + i0 + i] =
                 li > 0.0f ? (float)(((double)t.m[i] + log2((double)li)) * LN2) : (li == 0.0f ? -INFINITY : li);
@@ -188,17 +190,34 @@ typedef struct vscan_job {
     uint8_t *v_bad;
 } vscan_job;
 
+// Whether a contiguous row of n float32 values holds an infinity or a NaN (all exponent bits set),
+// in integer operations the compiler vectorises.
+static bool f32_row_nonfinite(const float *row, int64_t n) {
+    uint32_t all = 0;
+    for (int64_t t = 0; t < n; t++) {
+        uint32_t u;
+        memcpy(&u, &row[t], sizeof u);
+        all |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+    }
+    return all != 0;
+}
+
 static void vscan_task(void *arg, int64_t task, int thread) {
     (void)thread;
     const vscan_job *J = arg;
     const attn_sdpa_desc *d = J->d;
-    const int64_t b = task / J->sh->Hkv, hk = task % J->sh->Hkv;
+    const int64_t b = task / J->sh->Hkv, hk = task % J->sh->Hkv, Dv = J->sh->Dv;
+    const bool dense_f32 = d->kv_dtype == ATTN_DTYPE_F32 && (d->v_stride[3] == 1 || Dv == 1);
     for (int64_t tile = 0; tile < J->n_kvtiles; tile++) {
         uint8_t bad = 0;
         const int64_t j_end = (tile + 1) * FLASH_BC < J->sh->S ? (tile + 1) * FLASH_BC : J->sh->S;
         for (int64_t j = tile * FLASH_BC; j < j_end && !bad; j++) {
             const int64_t row = attn__offset4(d->v_stride, b, hk, j, 0);
-            for (int64_t t = 0; t < J->sh->Dv; t++) bad |= !isfinite(attn__kv_at(J->v, d->kv_dtype, row + t * d->v_stride[3]));
+            if (dense_f32) {
+                bad = f32_row_nonfinite((const float *)J->v + row, Dv);
+                continue;
+            }
+            for (int64_t t = 0; t < Dv; t++) bad |= !isfinite(attn__kv_at(J->v, d->kv_dtype, row + t * d->v_stride[3]));
         }
         J->v_bad[task * J->n_kvtiles + tile] = bad;
     }
@@ -224,16 +243,67 @@ static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn
     return a.used;
 }
 
+// The decode path reads a float32 q and writes a float32 out: half-precision ones are staged through
+// contiguous float copies, (B, H, L, D) and (B, H, L, Dv), ahead of its own workspace. *dd receives
+// the descriptor the decode path runs.
+typedef struct decode_staging {
+    float *q, *out;
+    void *ws;
+} decode_staging;
+
+static size_t decode_staging_layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d,
+                                    char *base, decode_staging *st, attn_sdpa_desc *dd) {
+    attn__arena a = {.base = base};
+    *dd = *d;
+    st->q = st->out = NULL;
+    if (d->q_dtype != ATTN_DTYPE_F32 || d->out_dtype != ATTN_DTYPE_F32) {
+        st->q = attn__arena_take(&a, (size_t)(sh->B * sh->H * sh->L * sh->D) * sizeof(float));
+        st->out = attn__arena_take(&a, (size_t)(sh->B * sh->H * sh->L * sh->Dv) * sizeof(float));
+        attn_layout_strides(ATTN_LAYOUT_BHLD, sh->B, sh->H, sh->L, sh->D, dd->q_stride);
+        attn_layout_strides(ATTN_LAYOUT_BHLD, sh->B, sh->H, sh->L, sh->Dv, dd->o_stride);
+        dd->q_dtype = dd->out_dtype = ATTN_DTYPE_F32;
+    }
+    st->ws = attn__arena_take(&a, attn__decode_workspace(ctx, sh, dd));
+    return a.used;
+}
+
+// Copies the (B, H, L, n) view `src` at strides s of dtype dt into or out of a contiguous float array.
+static void stage_view(const attn__sdpa_shape *sh, int64_t n, const int64_t s[4], int dt, void *view, float *flat,
+                       bool into_flat) {
+    int64_t e = 0;
+    for (int64_t b = 0; b < sh->B; b++)
+        for (int64_t h = 0; h < sh->H; h++)
+            for (int64_t i = 0; i < sh->L; i++)
+                for (int64_t c = 0; c < n; c++, e++) {
+                    const int64_t o = attn__offset4(s, b, h, i, c);
+                    if (into_flat) flat[e] = attn__kv_at(view, dt, o);
+                    else attn__elem_set(view, dt, o, flat[e]);
+                }
+}
+
 size_t attn__flash_fwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d) {
-    if (attn__decode_applies(sh, d)) return attn__decode_workspace(ctx, sh, d);
+    if (attn__decode_applies(sh, d)) {
+        decode_staging st;
+        attn_sdpa_desc dd;
+        return decode_staging_layout(ctx, sh, d, NULL, &st, &dd);
+    }
     flash_layout fl;
     return layout(ctx, sh, d, NULL, &fl);
 }
 
-void attn__flash_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const float *q,
-                     const void *k, const void *v, float *out, float *lse, void *ws) {
+void attn__flash_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const void *q,
+                     const void *k, const void *v, void *out, float *lse, void *ws) {
     if (attn__decode_applies(sh, d)) {
-        attn__decode_fwd(ctx, d, sh, q, k, v, out, lse, ws);
+        decode_staging st;
+        attn_sdpa_desc dd;
+        decode_staging_layout(ctx, sh, d, ws, &st, &dd);
+        if (st.q == NULL) {
+            attn__decode_fwd(ctx, d, sh, q, k, v, out, lse, st.ws);
+            return;
+        }
+        stage_view(sh, sh->D, d->q_stride, d->q_dtype, (void *)(uintptr_t)q, st.q, true);
+        attn__decode_fwd(ctx, &dd, sh, st.q, k, v, st.out, lse, st.ws);
+        stage_view(sh, sh->Dv, d->o_stride, d->out_dtype, out, st.out, false);
         return;
     }
     flash_layout fl;
@@ -249,8 +319,11 @@ void attn__flash_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_sh
     };
     J.brp = (J.br + ATTN_TILE_BR_ALIGN - 1) / ATTN_TILE_BR_ALIGN * ATTN_TILE_BR_ALIGN;
     J.n_qtiles = (sh->L + J.br - 1) / J.br;
+    // q k^T and p v: 2 (D + Dv) flops per query row and key
+    attn__pool *pool = attn__pool_for(ctx->pool, 2.0 * (double)(sh->B * sh->H * sh->L) * (double)sh->S *
+                                                     (double)(sh->D + sh->Dv));
     vscan_job vj = {d, sh, v, J.n_kvtiles, fl.v_bad};
-    attn__pool_run(ctx->pool, sh->B * sh->Hkv, vscan_task, &vj);
+    attn__pool_run(pool, sh->B * sh->Hkv, vscan_task, &vj);
     if (d->dropout_p > 0.0) { // the reference's draws, in (b, h, i, j) order, kept as bits
         const int64_t n = sh->B * sh->H * sh->L * sh->S;
         const bool all = d->dropout_p >= 1.0;
@@ -262,5 +335,5 @@ void attn__flash_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_sh
         J.keep = fl.keep;
         J.keep_scale = all ? 0.0f : 1.0f / (float)(1.0 - d->dropout_p);
     }
-    attn__pool_run(ctx->pool, sh->B * sh->H * J.n_qtiles, flash_task, &J);
+    attn__pool_run(pool, sh->B * sh->H * J.n_qtiles, flash_task, &J);
 }

@@ -50,16 +50,19 @@ bool attn__tile_crosses_bounds(const attn_sdpa_desc *d, const attn__sdpa_shape *
 bool attn__bounds_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int brp, int64_t i0, int nq, int64_t j0,
                        int nj, float *st) {
     bool any_visible = false;
+    // Key jj is seen by the queries i with lo(i) <= jj <= hi(i). lo and hi never decrease with i, so
+    // hi(i) >= jj holds on a suffix [first, nq) and lo(i) <= jj on a prefix [0, end); both ends only
+    // move up as jj grows, so they are carried from key to key.
+    int64_t first = 0, end = 0;
     for (int j = 0; j < nj; j++) {
         const int64_t jj = j0 + j;
         float *s = st + (int64_t)j * brp;
-        // queries i with lo(i) <= jj <= hi(i): the bounds are increasing in i, so they form a range
-        int64_t first = 0, last = nq - 1;
         while (first < nq && hi_of(d, sh, i0 + first) < jj) first++;
-        while (last >= first && lo_of(d, sh, i0 + last) > jj) last--;
-        for (int64_t i = 0; i < first && i < nq; i++) s[i] = -INFINITY;
-        for (int64_t i = last + 1; i < nq; i++) s[i] = -INFINITY;
-        any_visible = any_visible || first <= last;
+        while (end < nq && lo_of(d, sh, i0 + end) <= jj) end++;
+        const int64_t last = end > first ? end : first; // visible: [first, last)
+        for (int64_t i = 0; i < first; i++) s[i] = -INFINITY;
+        for (int64_t i = last; i < nq; i++) s[i] = -INFINITY;
+        any_visible = any_visible || first < end;
     }
     return any_visible;
 }

@@ -45,12 +45,16 @@ static void gemm_task(void *arg, int64_t task, int thread) {
     const int64_t o0 = ob * GEMM_OUT, no = J->out - o0 < GEMM_OUT ? J->out - o0 : GEMM_OUT;
     float *xt, *st;
     thread_scratch(J->in, &xt, &st, J->scratch + (size_t)thread * J->per_thread);
-    // xt (in, 64) = x[r0:r0+nr, :]^T, zero columns past nr
-    for (int64_t i = 0; i < J->in; i++) {
-        float *row = xt + i * GEMM_ROWS;
-        const float *src = J->x + r0 * J->ldx + i;
-        for (int64_t r = 0; r < nr; r++) row[r] = src[r * J->ldx];
-        for (int64_t r = nr; r < GEMM_ROWS; r++) row[r] = 0.0f;
+    // xt (in, 64) = x[r0:r0+nr, :]^T, zero columns past nr; in tiles of 16 inputs, so each row of x
+    // is read a cache line at a time and the tile of xt written stays in L1
+    for (int64_t i0 = 0; i0 < J->in; i0 += 16) {
+        const int64_t ni = J->in - i0 < 16 ? J->in - i0 : 16;
+        for (int64_t r = 0; r < nr; r++) {
+            const float *src = J->x + (r0 + r) * J->ldx + i0;
+            for (int64_t i = 0; i < ni; i++) xt[(i0 + i) * GEMM_ROWS + r] = src[i];
+        }
+        for (int64_t i = 0; i < ni; i++)
+            for (int64_t r = nr; r < GEMM_ROWS; r++) xt[(i0 + i) * GEMM_ROWS + r] = 0.0f;
     }
     for (int64_t s0 = 0; s0 < no; s0 += GEMM_OUT_SUB) {
         const int nj = (int)(no - s0 < GEMM_OUT_SUB ? no - s0 : GEMM_OUT_SUB);

@@ -459,9 +459,9 @@ attn_status attn_safetensors_write(attn_ctx *ctx, const char *path, const attn_t
             return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "attn_safetensors_write: name '%s' is not valid UTF-8", nm);
         if (strcmp(t->name, "__metadata__") == 0)
             return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "attn_safetensors_write: '__metadata__' is a reserved name");
-        if (attn_dtype_size(t->dtype) == 0)
-            return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "attn_safetensors_write: tensor '%s' has unknown dtype %d", nm,
-                              (int)t->dtype);
+        if (attn_dtype_block_size(t->dtype) != 1) // unknown, or a block type (Q8_0, Q4_0)
+            return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "attn_safetensors_write: tensor '%s' has dtype %d (%s), not one of "
+                              "the eight element types", nm, (int)t->dtype, attn_dtype_name(t->dtype));
         if (t->ndim < 0 || t->ndim > ATTN_MAX_DIMS)
             return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "attn_safetensors_write: tensor '%s' has ndim %d", nm,
                               t->ndim);

@@ -28,8 +28,8 @@ static inline bool attn__ref_bounds_hide(const attn_sdpa_desc *d, int64_t i, int
 // The score s[b,h,i,j] in double: -inf when the bounds or any mask term hide the key (the key's
 // data and the other terms are then not read), else cap(scale * q.k) + ALiBi + the mask terms.
 // *dcap receives d s / d (scale * q.k): 1, or 1 - tanh^2 with soft-capping.
-// q_row: (D) at q_stride[3]
-static inline double attn__ref_score(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const float *q_row,
+// q: (B, H, L, D) at q_stride, of d->q_dtype; the row read is q[b, h, i, :]
+static inline double attn__ref_score(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const void *q,
                                      const void *k, int64_t b, int64_t h, int64_t i, int64_t j, double *dcap) {
     *dcap = 1.0;
     if (attn__ref_bounds_hide(d, i, j, sh->L, sh->S)) return -INFINITY;
@@ -46,11 +46,13 @@ static inline double attn__ref_score(const attn_sdpa_desc *d, const attn__sdpa_s
         if (t == -INFINITY) return -INFINITY;
         bias += t;
     }
-    // k_row: (D) at k_stride[3], of d->kv_dtype
+    // k_row: (D) at k_stride[3], of d->kv_dtype; q_row: (D) at q_stride[3], of d->q_dtype
     const int64_t k_row = attn__offset4(d->k_stride, b, h / sh->group, j, 0);
+    const int64_t q_row = attn__offset4(d->q_stride, b, h, i, 0);
     double dot = 0.0;
     for (int64_t t = 0; t < sh->D; t++)
-        dot += (double)q_row[t * d->q_stride[3]] * (double)attn__kv_at(k, d->kv_dtype, k_row + t * d->k_stride[3]);
+        dot += (double)attn__kv_at(q, d->q_dtype, q_row + t * d->q_stride[3]) *
+               (double)attn__kv_at(k, d->kv_dtype, k_row + t * d->k_stride[3]);
     double s = (double)sh->scale * dot;
     if (d->softcap > 0.0f) {
         const double c = (double)d->softcap, th = tanh(s / c);

@@ -1,6 +1,7 @@
 // sdpa_bwd_ref.c - the scalar reference of the attention backward: the specification of
 // attn_sdpa_bwd. One query row at a time, weights recomputed in double precision, gradients
-// accumulated in double in the workspace and rounded once at the end.
+// accumulated in double in the workspace and rounded once at the end (to float, then to grad_dtype).
+// q, k, v, dout are read as the values their element types hold.
 //
 // For a row (b, h, i) with weights p (after masks, before dropout), kept keys z_j (dropout) and
 // c = 1/(1-p_drop):
@@ -49,8 +50,8 @@ size_t attn__sdpa_bwd_ref_workspace(const attn_sdpa_desc *d, const attn__sdpa_sh
 }
 
 void attn__sdpa_bwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const attn_generator *dropout_state,
-                        const float *q, const void *k, const void *v, const float *dout, float *dq, float *dk,
-                        float *dv, float *dmask, void *ws) {
+                        const void *q, const void *k, const void *v, const void *dout, void *dq, void *dk, void *dv,
+                        float *dmask, void *ws) {
     const int64_t B = sh->B, H = sh->H, L = sh->L, S = sh->S, D = sh->D, Dv = sh->Dv;
     bwd_bufs w;
     layout(d, sh, dmask != NULL, ws, &w);
@@ -69,13 +70,14 @@ void attn__sdpa_bwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, con
             const int64_t hk = h / sh->group;
             double *dk_head = w.dk + (b * sh->Hkv + hk) * S * D, *dv_head = w.dv + (b * sh->Hkv + hk) * S * Dv;
             for (int64_t i = 0; i < L; i++) {
-                const float *q_row = q + attn__offset4(d->q_stride, b, h, i, 0);
-                const float *do_row = dout + attn__offset4(d->o_stride, b, h, i, 0);
+                // q_row: (D) at q_stride[3] of q_dtype; do_row: (Dv) at o_stride[3] of out_dtype
+                const int64_t q_row = attn__offset4(d->q_stride, b, h, i, 0);
+                const int64_t do_row = attn__offset4(d->o_stride, b, h, i, 0);
                 // the forward's weights of this row (w.s holds the scores, -inf where hidden)
                 double max = -INFINITY;
                 bool has_nan = false;
                 for (int64_t j = 0; j < S; j++) {
-                    w.s[j] = attn__ref_score(d, sh, q_row, k, b, h, i, j, &w.dc[j]);
+                    w.s[j] = attn__ref_score(d, sh, q, k, b, h, i, j, &w.dc[j]);
                     if (w.s[j] == -INFINITY) continue;
                     if (isnan(w.s[j])) has_nan = true;
                     else if (w.s[j] > max) max = w.s[j];
@@ -100,10 +102,12 @@ void attn__sdpa_bwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, con
                     const int64_t v_row = attn__offset4(d->v_stride, b, hk, j, 0);
                     double dot = 0.0;
                     for (int64_t t = 0; t < Dv; t++)
-                        dot += (double)do_row[t * d->o_stride[3]] * attn__kv_at(v, d->kv_dtype, v_row + t * d->v_stride[3]);
+                        dot += (double)attn__kv_at(dout, d->out_dtype, do_row + t * d->o_stride[3]) *
+                               attn__kv_at(v, d->kv_dtype, v_row + t * d->v_stride[3]);
                     w.dp[j] = c * dot;
                     pdp += p * w.dp[j];
-                    for (int64_t t = 0; t < Dv; t++) dv_head[j * Dv + t] += c * p * (double)do_row[t * d->o_stride[3]];
+                    for (int64_t t = 0; t < Dv; t++)
+                        dv_head[j * Dv + t] += c * p * (double)attn__kv_at(dout, d->out_dtype, do_row + t * d->o_stride[3]);
                 }
                 for (int64_t t = 0; t < D; t++) w.dq[t] = 0.0;
                 for (int64_t j = 0; j < S; j++) {
@@ -114,21 +118,21 @@ void attn__sdpa_bwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, con
                     const int64_t k_row = attn__offset4(d->k_stride, b, hk, j, 0);
                     for (int64_t t = 0; t < D; t++) {
                         w.dq[t] += dsq * (double)attn__kv_at(k, d->kv_dtype, k_row + t * d->k_stride[3]);
-                        dk_head[j * D + t] += dsq * (double)q_row[t * d->q_stride[3]];
+                        dk_head[j * D + t] += dsq * (double)attn__kv_at(q, d->q_dtype, q_row + t * d->q_stride[3]);
                     }
                 }
-                float *dq_row = dq + attn__offset4(d->q_stride, b, h, i, 0);
-                for (int64_t t = 0; t < D; t++) dq_row[t * d->q_stride[3]] = (float)w.dq[t];
+                const int64_t dq_row = attn__offset4(d->q_stride, b, h, i, 0);
+                for (int64_t t = 0; t < D; t++) attn__elem_set(dq, d->grad_dtype, dq_row + t * d->q_stride[3], (float)w.dq[t]);
             }
         }
     for (int64_t b = 0; b < B; b++)
         for (int64_t hk = 0; hk < sh->Hkv; hk++)
             for (int64_t j = 0; j < S; j++) {
-                float *dk_row = dk + attn__offset4(d->k_stride, b, hk, j, 0);
-                float *dv_row = dv + attn__offset4(d->v_stride, b, hk, j, 0);
+                const int64_t dk_row = attn__offset4(d->k_stride, b, hk, j, 0);
+                const int64_t dv_row = attn__offset4(d->v_stride, b, hk, j, 0);
                 const double *ak = w.dk + ((b * sh->Hkv + hk) * S + j) * D, *av = w.dv + ((b * sh->Hkv + hk) * S + j) * Dv;
-                for (int64_t t = 0; t < D; t++) dk_row[t * d->k_stride[3]] = (float)ak[t];
-                for (int64_t t = 0; t < Dv; t++) dv_row[t * d->v_stride[3]] = (float)av[t];
+                for (int64_t t = 0; t < D; t++) attn__elem_set(dk, d->grad_dtype, dk_row + t * d->k_stride[3], (float)ak[t]);
+                for (int64_t t = 0; t < Dv; t++) attn__elem_set(dv, d->grad_dtype, dv_row + t * d->v_stride[3], (float)av[t]);
             }
     if (dmask != NULL) {
         const size_t span = mask_span(d, sh);

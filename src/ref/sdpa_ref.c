@@ -1,7 +1,8 @@
 // sdpa_ref.c - the scalar reference of scaled dot-product attention: the specification.
 //
 // Plain loops over (b, h, i), one query row at a time, with the whole score row materialised in
-// double precision. No SIMD, no threads, no tiling. Every faster kernel is tested against this
+// double precision. q, k, v are read as the values their element types hold (float16 and bfloat16
+// converted exactly); out is rounded to its type at the end (through float). No SIMD, no threads, no tiling. Every faster kernel is tested against this
 // function; it is tested against PyTorch. It does no validation: attn__sdpa_check has run.
 //
 // Per row (see attn.h): s_j = scale * q.k_j + mask terms, p = softmax(s) (a fully masked row gives
@@ -20,8 +21,8 @@ size_t attn__sdpa_ref_workspace(const attn__sdpa_shape *sh) {
     return a.used;
 }
 
-void attn__sdpa_fwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, attn_generator *gen, const float *q,
-                        const void *k, const void *v, float *out, float *lse, float *weights, void *ws) {
+void attn__sdpa_fwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, attn_generator *gen, const void *q,
+                        const void *k, const void *v, void *out, float *lse, float *weights, void *ws) {
     const int64_t B = sh->B, H = sh->H, L = sh->L, S = sh->S, Dv = sh->Dv;
     attn__arena arena = {.base = ws};
     double *s = attn__arena_take(&arena, (size_t)S * sizeof(double)); // s: (S) scores of the row
@@ -35,15 +36,13 @@ void attn__sdpa_fwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, att
         for (int64_t h = 0; h < H; h++) {
             const int64_t hk = h / sh->group;
             for (int64_t i = 0; i < L; i++) {
-                // q_row: (D) at q_stride[3]
-                const float *q_row = q + attn__offset4(d->q_stride, b, h, i, 0);
                 double max = -INFINITY;
                 bool has_nan = false;
                 for (int64_t j = 0; j < S; j++) {
                     // Masks first (attn__ref_score): NaN or inf in a key that a row cannot see
                     // does not reach that row.
                     double dcap;
-                    const double sj = attn__ref_score(d, sh, q_row, k, b, h, i, j, &dcap);
+                    const double sj = attn__ref_score(d, sh, q, k, b, h, i, j, &dcap);
                     s[j] = sj;
                     if (isnan(sj))
                         has_nan = true;
@@ -81,15 +80,15 @@ void attn__sdpa_fwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, att
                     if (h == H - 1)
                         for (int64_t j = 0; j < S; j++) w[j] /= (float)H;
                 }
-                // out_row: (Dv) at o_stride[3]
-                float *out_row = out + attn__offset4(d->o_stride, b, h, i, 0);
+                // out_row: (Dv) at o_stride[3], of d->out_dtype
+                const int64_t out_row = attn__offset4(d->o_stride, b, h, i, 0);
                 for (int64_t t = 0; t < Dv; t++) {
                     double acc = 0.0;
                     for (int64_t j = 0; j < S; j++) {
                         if (p[j] == 0.0f) continue; // keys with no weight (masked, dropped) are not read
                         acc += (double)p[j] * (double)attn__kv_at(v, d->kv_dtype, attn__offset4(d->v_stride, b, hk, j, t));
                     }
-                    out_row[t * d->o_stride[3]] = (float)acc;
+                    attn__elem_set(out, d->out_dtype, out_row + t * d->o_stride[3], (float)acc);
                 }
             }
         }

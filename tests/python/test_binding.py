@@ -16,6 +16,7 @@ Covered:
     cross attention, kdim/vdim, bias_k/bias_v, batch_first, unbatched, masks, weights), and
     against a numpy reference without torch; parameters as views, state_dict, safetensors round trip;
   - KVCache: token-by-token decoding against full causal attention (F32/F16/BF16 storage, GQA),
+    Q8_0/Q4_0 storage within the quantisation's bound,
     truncate/reset, capacity errors, MHA.forward_cached against the causal forward;
   - sdpa_varlen and its backward against a loop over the sequences;
   - errors: AttnError with the status name and the library's message.
@@ -29,6 +30,7 @@ import os
 import sys
 import tempfile
 import unittest
+import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
@@ -408,6 +410,57 @@ class TestSdpa(unittest.TestCase):
                 self.assertIn(text, cm.exception.message)
                 self.assertTrue(str(cm.exception).startswith(name + ": "))
 
+    def test_arrays_the_library_cannot_represent(self):
+        """Complex, object, string, bool and integer arrays where floats are meant (and floats
+        where integers are) raise before any work, naming the argument; nothing is cast."""
+        q = randn(self.rng, 1, 2, 3, 4)
+        tq = q[0].transpose(1, 0, 2).copy()  # (L, H, D) for the packed calls
+        seqs = np.array([0, 3], np.int64)
+        mha = attn.MHA(4, 2)
+        x = randn(self.rng, 3, 1, 4)
+        cases = [
+            (lambda: attn.sdpa(q.astype(np.complex64), q, q), "ATTN_ERR_INVALID_ARG", "q: dtype complex64"),
+            (lambda: attn.sdpa(q, q.astype(np.complex128), q), "ATTN_ERR_INVALID_ARG", "k: dtype complex128"),
+            (lambda: attn.sdpa(q, q, q.astype(object)), "ATTN_ERR_INVALID_ARG", "v: dtype object"),
+            (lambda: attn.sdpa(np.full(q.shape, "1.0"), q, q), "ATTN_ERR_INVALID_ARG", "q: dtype <U3"),
+            (lambda: attn.sdpa(q.astype(np.int64), q, q), "ATTN_ERR_INVALID_ARG", "q: dtype int64"),
+            (lambda: attn.sdpa(q > 0, q, q), "ATTN_ERR_INVALID_ARG", "q: dtype bool"),
+            (lambda: attn.sdpa(q, q, q, mask=np.zeros((3, 3), np.int64)), "ATTN_ERR_BAD_MASK", "mask must be bool"),
+            (lambda: attn.sdpa(q, q, q, mask=np.zeros((3, 3), np.complex64)), "ATTN_ERR_BAD_MASK", "complex64"),
+            (lambda: attn.sdpa(q, q, q, key_padding_mask=np.zeros((1, 3), np.uint8)), "ATTN_ERR_BAD_MASK",
+             "key_padding_mask must be bool"),
+            (lambda: attn.sdpa(q, q, q, alibi_slopes=np.ones(2, np.complex64)), "ATTN_ERR_INVALID_ARG",
+             "alibi_slopes: dtype complex64"),
+            (lambda: attn.sdpa_backward(q, q, q, q, q.astype(np.complex64), np.zeros((1, 2, 3), np.float32)),
+             "ATTN_ERR_INVALID_ARG", "dout: dtype complex64"),
+            (lambda: attn.sdpa_varlen(tq, tq, tq, seqs.astype(np.float64), seqs), "ATTN_ERR_INVALID_ARG",
+             "cu_seqlens_q: dtype float64"),
+            (lambda: mha(x.astype(np.complex64)), "ATTN_ERR_INVALID_ARG", "query: dtype complex64"),
+            (lambda: mha(x, attn_mask=np.zeros((3, 3), np.int64)), "ATTN_ERR_BAD_MASK", "attn_mask must be bool"),
+            (lambda: mha(x, key_padding_mask=np.zeros((1, 3), np.int32)), "ATTN_ERR_BAD_MASK", "key_padding_mask"),
+            (lambda: mha.load_state_dict({k: v.astype(np.complex64) for k, v in mha.state_dict().items()}),
+             "ATTN_ERR_INVALID_ARG", "dtype complex64"),
+            (lambda: attn.KVCache(1, 2, 4, capacity=8).append(q.astype(np.complex64), q), "ATTN_ERR_INVALID_ARG",
+             "k: dtype complex64"),
+            (lambda: attn.to_bfloat16(np.ones(2, np.complex64)), "ATTN_ERR_INVALID_ARG", "x: dtype complex64"),
+            (lambda: attn.from_bfloat16(np.ones(2, np.int64)), "ATTN_ERR_INVALID_ARG", "bits: dtype int64"),
+        ]
+        if not attn.has_varlen():
+            cases = [c for c in cases if "cu_seqlens" not in c[2]]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a cast that drops the imaginary part warns
+            for call, name, text in cases:
+                with self.subTest(text):
+                    with self.assertRaises(attn.AttnError) as cm:
+                        call()
+                    self.assertEqual(cm.exception.name, name, str(cm.exception))
+                    self.assertIn(text, cm.exception.message)
+                    self.assertNotIn("\n", str(cm.exception))
+        self.assertTrue(issubclass(attn.AttnError, RuntimeError))
+        # what stays accepted: any float type (float64 rounded to float32, as documented)
+        got = attn.sdpa(q.astype(np.float64), q.astype(np.float16), q.astype(np.float16))
+        self.assertEqual(got.dtype, np.float32)
+
 
 # ---- the autograd wrapper -------------------------------------------------------------------------
 
@@ -715,9 +768,30 @@ class TestKVCache(unittest.TestCase):
                     outs.append(cache.attend(q[:, :, t:t + 1]))
                 self.assertEqual(len(cache), T)
                 close(self, np.concatenate(outs, axis=2), full, rtol=1e-5, atol=1e-5, what=dtype)
-                rk = {"f32": k, "f16": k.astype(np.float16).astype(np.float32), "bf16": attn.from_bfloat16(ks)}[dtype]
+                rk = {"f32": lambda: k, "f16": lambda: k.astype(np.float16).astype(np.float32),
+                      "bf16": lambda: attn.from_bfloat16(ks)}[dtype]()
                 np.testing.assert_array_equal(cache.keys(), rk)
                 self.assertEqual(cache.values().shape, (B, Hkv, T, Dv))
+
+    def test_quantised_cache(self):
+        # q8_0 / q4_0: quantised on append (blocks of 32 along D), read back within the bound of
+        # attn.h, and attend equals attention on the values the cache holds
+        B, H, Hkv, D, Dv, T = 1, 4, 2, 64, 32, 40
+        q, k, v = randn(self.rng, B, H, 2, D), randn(self.rng, B, Hkv, T, D), randn(self.rng, B, Hkv, T, Dv)
+        for dtype, c, a in (("q8_0", 1 / 254 + 2 ** -11 + 2 ** -20, 2 ** -18), ("q4_0", 1 / 8 + 2 ** -10, 2 ** -21)):
+            with self.subTest(dtype):
+                cache = attn.KVCache(B, Hkv, D, capacity=T, dtype=dtype, head_dim_v=Dv)
+                self.assertEqual(cache.dtype, dtype)
+                cache.append(k, v)
+                for got, x in ((cache.keys(), k), (cache.values(), v)):
+                    m = np.abs(x.reshape(-1, 32)).max(axis=1, keepdims=True)
+                    err = np.abs(got.reshape(-1, 32) - x.reshape(-1, 32))
+                    self.assertTrue(np.all(err <= c * m + a), dtype)
+                    self.assertTrue(np.any(err > 0), dtype)
+                want = attn.sdpa(q, cache.keys(), cache.values(), causal="bottom_right")
+                close(self, cache.attend(q), want, rtol=1e-5, atol=1e-5, what=dtype)
+        with self.assertRaises(attn.AttnError):
+            attn.KVCache(1, 1, 48, 8, dtype="q8_0")  # head_dim not a multiple of 32
 
     def test_attend_options(self):
         B, H, Hkv, D, T = 1, 2, 1, 8, 9

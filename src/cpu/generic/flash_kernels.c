@@ -6,6 +6,7 @@
 
 #include "cpu/cpu.h"
 #include "half.h"
+#include "quant.h"
 
 // 2^x as 2^n * p(x - n), n = round(x), p a degree-6 polynomial fitted to 2^f on [-0.5, 0.5] for the
 // smallest relative error. For x in [-126, 128] the relative error is below 1.2e-7 (measured: 7.7e-8
@@ -146,4 +147,7 @@ const attn__kernels attn__kernels_generic = {
     .qk_rows = qk_rows_generic,
     .pv_rows = pv_rows_generic,
     .half_to_f32 = half_to_f32_generic,
+    .qk_rows_q = qk_rows_generic, // attn__kv_at reads every type
+    .pv_rows_q = pv_rows_generic,
+    .dequant_rows = attn__dequantize,
 };

@@ -9,6 +9,7 @@
 
 #include "cpu/cpu.h"
 #include "cpu/x86/decode_prefetch.h"
+#include "cpu/x86/quant_kernels.h"
 #include "half.h"
 
 // 2^x, same polynomial as attn__exp2f (cpu/generic/flash_kernels.c), fused: within 1 ulp on
@@ -486,4 +487,7 @@ const attn__kernels attn__kernels_avx2 = {
     .qk_rows = qk_rows_avx2,
     .pv_rows = pv_rows_avx2,
     .half_to_f32 = half_to_f32_avx2,
+    .qk_rows_q = attn__qk_rows_q_avx2,
+    .pv_rows_q = attn__pv_rows_q_avx2,
+    .dequant_rows = attn__dequant_rows_avx2,
 };

@@ -9,6 +9,7 @@
 
 #include "cpu/cpu.h"
 #include "cpu/x86/decode_prefetch.h"
+#include "cpu/x86/quant_kernels.h"
 #include "half.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -423,4 +424,7 @@ const attn__kernels attn__kernels_avx512 = {
     .qk_rows = qk_rows_avx512,
     .pv_rows = pv_rows_avx512,
     .half_to_f32 = half_to_f32_avx512,
+    .qk_rows_q = attn__qk_rows_q_avx2,
+    .pv_rows_q = attn__pv_rows_q_avx2,
+    .dequant_rows = attn__dequant_rows_avx2,
 };

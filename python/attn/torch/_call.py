@@ -1,0 +1,395 @@
+"""_call.py - the library's SDPA calls on torch tensors: descriptor, element types, dropout seeds.
+
+What the custom ops of _ops.py run. The tensors go to the library as they are (data pointer and
+element strides: transposed views and stride-0 broadcasts are not copied). Element types:
+  - k and v: float32, float16 and bfloat16 as they are (attn_sdpa_desc.kv_dtype); float64 (or k and
+    v of different types) are computed in float32.
+  - q and out: float32 as they are. float16 and bfloat16 go to the library as they are when it
+    accepts them (asked once per type with a one-query call, see native(); a call it still refuses
+    runs again in float32, see typed()); until then they are converted to float32 and the result
+    rounded back to the input's type. float64 is computed in float32 and returned as float64.
+  - the gradients: dq in q's type, dk and dv in k's and v's (computed in float32 unless the library
+    takes the type natively).
+CUDA tensors go to _cuda.py (libattn_cuda). Every check the library cannot make itself (the
+tensors' extents) is made here, so the ops are safe to call directly through torch.ops.attn.
+"""
+import contextlib
+import ctypes
+import threading
+
+import torch
+
+from .. import _lib
+from .._arrays import check_qkv, check_qkv_varlen, fail, shape_str
+from .._lib import AttnError, fn
+from ..context import Context
+from ..sdpa import _options
+from . import _cuda
+
+CODES = {torch.float32: _lib.DTYPE_F32, torch.float16: _lib.DTYPE_F16, torch.bfloat16: _lib.DTYPE_BF16}
+FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+CAUSAL_NAMES = {0: None, 1: "top_left", 2: "bottom_right"}
+WEIGHT_MODES = (0, 1, 2)  # none, per head (B, H, L, S), averaged over the heads (B, L, S)
+
+_local = threading.local()
+
+
+def context():
+    """This thread's attn Context for the torch ops, with torch.get_num_threads() threads (made
+    again when that number changes; results are identical for every count)."""
+    n = max(1, torch.get_num_threads())
+    ctx = getattr(_local, "ctx", None)
+    if ctx is None or ctx.threads != n:
+        ctx = _local.ctx = Context(threads=n)
+    return ctx
+
+
+def strides(t):
+    """Element strides, 0 for dimensions of size 1 (never stepped)."""
+    return [0 if n == 1 else s for n, s in zip(t.shape, t.stride())]
+
+
+# ---- checks -----------------------------------------------------------------------------------
+
+def check_tensors(tensors):
+    """q, k, v: strided torch tensors of a floating type (their extents: check_qkv)."""
+    for t, what in zip(tensors, ("q", "k", "v")):
+        check_tensor(t, what)
+
+
+def check_tensor(t, what):
+    if not isinstance(t, torch.Tensor):
+        fail(_lib.ERR_INVALID_ARG, "%s must be a torch.Tensor, not %s" % (what, type(t).__name__))
+    if t.layout != torch.strided:
+        fail(_lib.ERR_UNSUPPORTED, "%s: %s tensors are not supported (strided ones are)" % (what, t.layout))
+    if t.dtype not in FLOATS:
+        fail(_lib.ERR_UNSUPPORTED, "%s: dtype %s is not float32, float16, bfloat16 or float64" % (what, t.dtype))
+
+
+def check_broadcast(m, full, what):
+    """m: a mask whose every dimension is 1 or the full extent."""
+    if m.dim() != len(full) or any(a not in (1, b) for a, b in zip(m.shape, full)):
+        fail(_lib.ERR_BAD_MASK, "%s of shape %s does not broadcast to %s dimension by dimension"
+             % (what, shape_str(m.shape), shape_str(full)))
+    if m.dtype not in (torch.bool, torch.float32):
+        fail(_lib.ERR_BAD_MASK, "%s must be bool (True = blocked) or float32 (added), not %s" % (what, m.dtype))
+
+
+def check_devices(tensors):
+    devices = {t.device for t in tensors if t is not None}
+    if len(devices) > 1:
+        fail(_lib.ERR_INVALID_ARG, "tensors on different devices: %s" % sorted(str(d) for d in devices))
+    dev = devices.pop()
+    if dev.type not in ("cpu", "cuda"):
+        fail(_lib.ERR_UNSUPPORTED, "tensors on %s: attn runs on the CPU (and on CUDA with libattn_cuda)" % dev)
+    return dev
+
+
+# ---- element types --------------------------------------------------------------------------
+
+_native = {}
+
+
+def native(ctx, q_dtype, kv_dtype, backward):
+    """Whether the library takes q and out (and, for the backward, the gradients) of q_dtype with k
+    and v of kv_dtype as they are: asked once per combination with a one-query, one-key call, which
+    the library answers ATTN_ERR_UNSUPPORTED until it computes in that type."""
+    if q_dtype == torch.float32:
+        return True
+    key = (ctx.isa, q_dtype, kv_dtype, backward)
+    if key not in _native:
+        D = 16
+        t = torch.zeros((1, 1, 1, D), dtype=q_dtype)
+        kv = torch.zeros((1, 1, 1, D), dtype=kv_dtype)
+        lse = torch.zeros((1, 1, 1), dtype=torch.float32)
+        desc = _lib.SdpaDesc()
+        fn("attn_sdpa_desc_init")(ctypes.byref(desc))
+        desc.batch = desc.n_heads = desc.n_kv_heads = desc.len_q = desc.len_kv = 1
+        desc.head_dim = desc.head_dim_v = D
+        for name in ("q_stride", "k_stride", "v_stride", "o_stride"):
+            getattr(desc, name)[:] = [D, D, D, 1]
+        desc.q_dtype = desc.out_dtype = desc.grad_dtype = CODES[q_dtype]
+        desc.kv_dtype = CODES[kv_dtype]
+        if backward:
+            g = [torch.zeros_like(t), torch.zeros_like(kv), torch.zeros_like(kv)]
+            status = fn("attn_sdpa_bwd")(ctx.ptr, ctypes.byref(desc), t.data_ptr(), kv.data_ptr(), kv.data_ptr(),
+                                         t.data_ptr(), t.data_ptr(), lse.data_ptr(), None,
+                                         g[0].data_ptr(), g[1].data_ptr(), g[2].data_ptr(), None)
+        else:
+            out = torch.zeros_like(t)
+            status = fn("attn_sdpa_fwd")(ctx.ptr, ctypes.byref(desc), t.data_ptr(), kv.data_ptr(), kv.data_ptr(),
+                                         out.data_ptr(), lse.data_ptr(), None)
+        _native[key] = status == _lib.OK
+    return _native[key]
+
+
+def plan(ctx, q, k, v, backward):
+    """The tensors as the library will read them and the type it computes q/out (and the
+    gradients) in: (q, k, v, dtype). Conversions are made here and in typed()'s fallback."""
+    if k.dtype != v.dtype or k.dtype not in CODES:
+        k, v = k.float(), v.float()
+    if q.dtype in (torch.float16, torch.bfloat16) and (not backward or k.dtype == q.dtype) \
+            and native(ctx, q.dtype, k.dtype, backward):
+        return q, k, v, q.dtype
+    return q.float(), k, v, torch.float32
+
+
+def typed(ctx, q, k, v, backward, call):
+    """call(q, k, v, dtype) on what plan() gives; if the library then answers
+    ATTN_ERR_UNSUPPORTED for a half type it took in native()'s probe (a shape its kernels for that
+    type do not cover), once more in float32."""
+    qc, kc, vc, dt = plan(ctx, q, k, v, backward)
+    try:
+        return call(qc, kc, vc, dt)
+    except AttnError as exc:
+        if dt == torch.float32 or exc.status != _lib.ERR_UNSUPPORTED:
+            raise
+    return call(qc.float(), kc, vc, torch.float32)
+
+
+# ---- the descriptor ---------------------------------------------------------------------------
+
+def _layout(desc, q, k, v, out, varlen):
+    """Extents and strides: (B, H, L, D) tensors, or varlen (total, H, D) ones read as
+    (0, head, token, dim)."""
+    def st(t):
+        s = strides(t)
+        return [0, s[1], s[0], s[2]] if varlen else s
+    desc.q_stride[:], desc.k_stride[:], desc.v_stride[:], desc.o_stride[:] = st(q), st(k), st(v), st(out)
+    desc.q_dtype, desc.kv_dtype, desc.out_dtype = CODES[q.dtype], CODES[k.dtype], CODES[out.dtype]
+
+
+def describe(q, k, v, out, mask, key_padding_mask, causal, scale, dropout_p, window_left, window_right, alibi_slopes,
+             softcap, varlen=False):
+    """An attn_sdpa_desc for (B, H, L, D) tensors (or varlen ones: extents set by the caller).
+    mask: None or (B|1, H|1, L|1, S|1), bool (True = blocked) or float32 (added);
+    key_padding_mask: None or (B|1, S|1) likewise. Returns (desc, keep-alive list)."""
+    desc = _lib.SdpaDesc()
+    fn("attn_sdpa_desc_init")(ctypes.byref(desc))
+    if not varlen:
+        B, H, L, D = q.shape
+        desc.batch, desc.n_heads, desc.n_kv_heads, desc.len_q, desc.len_kv = B, H, k.shape[1], L, k.shape[2]
+        desc.head_dim, desc.head_dim_v = D, v.shape[3]
+    _layout(desc, q, k, v, out, varlen)
+    keep = []
+    for m, field in ((mask, "mask"), (key_padding_mask, "key_padding_mask")):
+        if m is not None:
+            setattr(desc, field, m.data_ptr())
+            setattr(desc, field + "_dtype", _lib.DTYPE_BOOL if m.dtype == torch.bool else _lib.DTYPE_F32)
+            getattr(desc, field + "_stride")[:] = strides(m)
+    if causal not in CAUSAL_NAMES:
+        fail(_lib.ERR_INVALID_ARG, "causal must be 0 (none), 1 (top-left) or 2 (bottom-right), not %r" % (causal,))
+    window = None if window_left == -1 and window_right == -1 else (window_left, window_right)
+    slopes = None if alibi_slopes is None else alibi_slopes.detach().to("cpu", torch.float32)
+    _options(desc, desc.n_heads if not varlen else q.shape[1], CAUSAL_NAMES[causal], scale or None, dropout_p,
+             window, slopes, softcap, keep)
+    return desc, keep
+
+
+# ---- dropout -----------------------------------------------------------------------------------
+
+def generator(seed):
+    """An attn_generator seeded with `seed` (a 0-d int64 tensor), as torch.manual_seed(seed)."""
+    g = _lib.Generator()
+    fn("attn_generator_seed")(ctypes.byref(g), int(seed) & 0xFFFFFFFFFFFFFFFF)
+    return g
+
+
+@contextlib.contextmanager
+def seeded(ctx, seed, dropout_p):
+    """The context's generator set from `seed` for one forward call with dropout, then restored."""
+    if dropout_p <= 0:
+        yield
+        return
+    if seed is None:
+        fail(_lib.ERR_INVALID_ARG, "dropout_p > 0 needs a seed")
+    saved = ctx.rng_state()
+    fn("attn_ctx_generator")(ctx.ptr)[0] = generator(seed)
+    try:
+        yield
+    finally:
+        ctx.set_rng_state(saved)
+
+
+def dropout_state(seed, dropout_p):
+    """The generator state the forward's dropout started from (byref keeps it alive), or None."""
+    if dropout_p <= 0:
+        return None
+    if seed is None:
+        fail(_lib.ERR_INVALID_ARG, "dropout_p > 0 needs a seed")
+    return ctypes.byref(generator(seed))
+
+
+# ---- (B, H, L, D) attention ---------------------------------------------------------------------
+
+def _check_4d(q, k, v, mask, key_padding_mask):
+    check_tensors((q, k, v))
+    B, H, L, _, Hkv, S, _ = check_qkv(q, k, v)
+    if Hkv == 0 or H % Hkv:
+        fail(_lib.ERR_BAD_SHAPE, "q has %d heads, not a multiple of k's %d" % (H, Hkv))
+    if mask is not None:
+        check_broadcast(mask, (B, H, L, S), "mask")
+    if key_padding_mask is not None:
+        check_broadcast(key_padding_mask, (B, S), "key_padding_mask")
+    return check_devices([q, k, v, mask, key_padding_mask])
+
+
+def sdpa_forward(q, k, v, mask, key_padding_mask, causal, scale, dropout_p, seed, window_left, window_right,
+                 alibi_slopes, softcap, weights_mode):
+    """attn_sdpa_fwd. Returns (out (B, H, L, Dv) of q's dtype, lse (B, H, L) float32, weights
+    float32: (0,) for mode 0, (B, H, L, S) for 1, (B, L, S) for 2)."""
+    dev = _check_4d(q, k, v, mask, key_padding_mask)
+    if weights_mode not in WEIGHT_MODES:
+        fail(_lib.ERR_INVALID_ARG, "weights_mode must be 0, 1 or 2, not %r" % (weights_mode,))
+    B, H, L, _ = q.shape
+    S, Dv = k.shape[2], v.shape[3]
+    wshape = [(0,), (B, H, L, S), (B, L, S)][weights_mode]
+    if dev.type == "cuda":
+        return _cuda.sdpa_forward(q, k, v)
+    if 0 in (B, H, L, S):  # the library takes no empty extent: torch's answers
+        out = q.new_zeros((B, H, L, Dv))
+        return out, q.new_full((B, H, L), float("-inf"), dtype=torch.float32), q.new_zeros(wshape, dtype=torch.float32)
+    ctx = context()
+
+    def call(qc, kc, vc, odt):
+        out = torch.empty((B, H, L, Dv), dtype=odt)
+        lse = torch.empty((B, H, L), dtype=torch.float32)
+        weights = torch.empty(wshape, dtype=torch.float32)
+        desc, keep = describe(qc, kc, vc, out, mask, key_padding_mask, causal, scale, dropout_p, window_left,
+                              window_right, alibi_slopes, softcap)
+        desc.weights_mode = weights_mode
+        with seeded(ctx, seed, dropout_p):
+            ctx.check(fn("attn_sdpa_fwd")(ctx.ptr, ctypes.byref(desc), qc.data_ptr(), kc.data_ptr(), vc.data_ptr(),
+                                          out.data_ptr(), lse.data_ptr(), weights.data_ptr() if weights_mode else None))
+        return out.to(q.dtype), lse, weights
+
+    return typed(ctx, q, k, v, False, call)
+
+
+def _grad_buffers(qc, kc, vc, gdt):
+    """The inputs laid out densely (the library writes each gradient at its input's strides) and
+    the gradient buffers."""
+    qc, kc, vc = qc.contiguous(), kc.contiguous(), vc.contiguous()
+    return qc, kc, vc, [torch.empty(t.shape, dtype=gdt) for t in (qc, kc, vc)]
+
+
+def _check_out(out, dout, lse, out_shape, lse_shape):
+    for t, what in ((out, "out"), (dout, "dout")):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(out_shape):
+            fail(_lib.ERR_BAD_SHAPE, "%s must have shape %s, got %s" % (
+                what, shape_str(out_shape), shape_str(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__))
+    if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != tuple(lse_shape) or lse.dtype != torch.float32:
+        fail(_lib.ERR_BAD_SHAPE, "lse must be float32 of shape %s" % shape_str(lse_shape))
+
+
+def sdpa_backward(dout, q, k, v, out, lse, mask, key_padding_mask, causal, scale, dropout_p, seed, window_left,
+                  window_right, alibi_slopes, softcap, want_dmask):
+    """attn_sdpa_bwd. Returns (dq, dk, dv, dmask): gradients in q's, k's and v's dtypes; dmask
+    float32 in the mask's shape when want_dmask (a float32 mask), else an empty tensor."""
+    dev = _check_4d(q, k, v, mask, key_padding_mask)
+    B, H, L, _ = q.shape
+    S, Dv = k.shape[2], v.shape[3]
+    _check_out(out, dout, lse, (B, H, L, Dv), (B, H, L))
+    if want_dmask and (mask is None or mask.dtype != torch.float32):
+        fail(_lib.ERR_BAD_MASK, "the mask's gradient needs a float32 mask")
+    if dev.type == "cuda":
+        return _cuda.sdpa_backward(q, k, v)
+    dmask = torch.zeros(mask.shape if want_dmask else (0,), dtype=torch.float32)
+    if 0 in (B, H, L, S):
+        return q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape), dmask
+    ctx = context()
+    mask_c = mask.contiguous() if want_dmask else mask  # dmask is written at the mask's strides
+
+    def call(qc, kc, vc, cdt):
+        qc, kc, vc, (dq, dk, dv) = _grad_buffers(qc, kc, vc, cdt)
+        out_c, dout_c, lse_c = out.to(cdt).contiguous(), dout.to(cdt).contiguous(), lse.contiguous()
+        desc, keep = describe(qc, kc, vc, out_c, mask_c, key_padding_mask, causal, scale, dropout_p, window_left,
+                              window_right, alibi_slopes, softcap)
+        desc.grad_dtype = CODES[cdt]
+        state = dropout_state(seed, dropout_p)
+        dmask.zero_()
+        ctx.check(fn("attn_sdpa_bwd")(ctx.ptr, ctypes.byref(desc), qc.data_ptr(), kc.data_ptr(), vc.data_ptr(),
+                                      out_c.data_ptr(), dout_c.data_ptr(), lse_c.data_ptr(), state, dq.data_ptr(),
+                                      dk.data_ptr(), dv.data_ptr(), dmask.data_ptr() if want_dmask else None))
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dmask
+
+    return typed(ctx, q, k, v, True, call)
+
+
+# ---- packed variable-length batches -----------------------------------------------------------
+
+def _describe_varlen(q, k, v, out, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, window_left, window_right,
+                     alibi_slopes, softcap):
+    desc, keep = describe(q, k, v, out, None, None, causal, scale, dropout_p, window_left, window_right, alibi_slopes,
+                          softcap, varlen=True)
+    lens_q, lens_k = cu_q[1:] - cu_q[:-1], cu_k[1:] - cu_k[:-1]
+    desc.batch, desc.n_heads, desc.n_kv_heads = cu_q.shape[0] - 1, q.shape[1], k.shape[1]
+    desc.len_q = int(max_q) if max_q else max(1, int(lens_q.max()))
+    desc.len_kv = int(max_k) if max_k else max(1, int(lens_k.max()))
+    desc.head_dim, desc.head_dim_v = q.shape[2], v.shape[2]
+    return desc, keep
+
+
+def _check_varlen(q, k, v, cu_q, cu_k):
+    check_tensors((q, k, v))
+    Tq, _, _, Tk, _, _ = check_qkv_varlen(q, k, v)
+    offsets = []
+    for c, what in ((cu_q, "cu_seqlens_q"), (cu_k, "cu_seqlens_k")):
+        if not isinstance(c, torch.Tensor) or c.dim() != 1 or c.dtype not in (torch.int32, torch.int64):
+            fail(_lib.ERR_INVALID_ARG, "%s must be a 1-d int32 or int64 tensor" % what)
+        offsets.append(c.to("cpu", torch.int64).contiguous())
+    cq, ck = offsets
+    if cq.shape[0] < 2 or cq.shape != ck.shape:
+        fail(_lib.ERR_BAD_SHAPE, "cu_seqlens_q and cu_seqlens_k must both hold batch + 1 >= 2 offsets, got %d and %d"
+             % (cq.shape[0], ck.shape[0]))
+    if int(cq[-1]) != Tq or int(ck[-1]) != Tk:
+        fail(_lib.ERR_BAD_SHAPE, "cu_seqlens_q ends at %d and cu_seqlens_k at %d, but q has %d tokens and k %d"
+             % (int(cq[-1]), int(ck[-1]), Tq, Tk))
+    dev = check_devices([q, k, v])
+    return dev, cq, ck
+
+
+def varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, seed, window_left, window_right,
+                   alibi_slopes, softcap):
+    """attn_sdpa_varlen_fwd: out (total_q, H, Dv) of q's dtype, lse (H, total_q) float32."""
+    dev, cq, ck = _check_varlen(q, k, v, cu_q, cu_k)
+    if dev.type == "cuda":
+        return _cuda.sdpa_forward(q, k, v)
+    ctx = context()
+
+    def call(qc, kc, vc, odt):
+        out = torch.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=odt)
+        lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+        desc, keep = _describe_varlen(qc, kc, vc, out, cq, ck, max_q, max_k, causal, scale, dropout_p, window_left,
+                                      window_right, alibi_slopes, softcap)
+        with seeded(ctx, seed, dropout_p):
+            ctx.check(fn("attn_sdpa_varlen_fwd")(ctx.ptr, ctypes.byref(desc), cq.data_ptr(), ck.data_ptr(),
+                                                 qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), out.data_ptr(),
+                                                 lse.data_ptr()))
+        return out.to(q.dtype), lse
+
+    return typed(ctx, q, k, v, False, call)
+
+
+def varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, seed, window_left,
+                    window_right, alibi_slopes, softcap):
+    """attn_sdpa_varlen_bwd: (dq, dk, dv) in q's, k's and v's dtypes."""
+    dev, cq, ck = _check_varlen(q, k, v, cu_q, cu_k)
+    _check_out(out, dout, lse, (q.shape[0], q.shape[1], v.shape[2]), (q.shape[1], q.shape[0]))
+    if dev.type == "cuda":
+        return _cuda.sdpa_backward(q, k, v)
+    ctx = context()
+
+    def call(qc, kc, vc, cdt):
+        qc, kc, vc, (dq, dk, dv) = _grad_buffers(qc, kc, vc, cdt)
+        out_c, dout_c, lse_c = out.to(cdt).contiguous(), dout.to(cdt).contiguous(), lse.contiguous()
+        desc, keep = _describe_varlen(qc, kc, vc, out_c, cq, ck, max_q, max_k, causal, scale, dropout_p, window_left,
+                                      window_right, alibi_slopes, softcap)
+        desc.grad_dtype = CODES[cdt]
+        state = dropout_state(seed, dropout_p)
+        ctx.check(fn("attn_sdpa_varlen_bwd")(ctx.ptr, ctypes.byref(desc), cq.data_ptr(), ck.data_ptr(), qc.data_ptr(),
+                                             kc.data_ptr(), vc.data_ptr(), out_c.data_ptr(), dout_c.data_ptr(),
+                                             lse_c.data_ptr(), state, dq.data_ptr(), dk.data_ptr(), dv.data_ptr()))
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+    return typed(ctx, q, k, v, True, call)

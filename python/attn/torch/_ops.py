@@ -1,0 +1,146 @@
+"""_ops.py - attn's SDPA as torch.library custom ops: attn::sdpa_fwd / attn::sdpa_bwd and
+attn::sdpa_varlen_fwd / attn::sdpa_varlen_bwd.
+
+Each op has a fake-tensor implementation (shapes and dtypes only), so torch.compile and
+torch.export trace them as single nodes without graph breaks, and each forward has an autograd
+formula that calls its backward op (attn's fused backward, recomputing from the log-sum-exp).
+The ops take attn's own conventions (what the public functions of functional.py translate to):
+  q (B, H, L, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv), any strides;
+  mask None or (B|1, H|1, L|1, S|1): bool with True = blocked, or float32 added to the scores;
+  key_padding_mask None or (B|1, S|1), the same types;
+  causal 0 (none), 1 (top-left), 2 (bottom-right); scale 0 for 1/sqrt(D);
+  dropout_p with seed, a 0-d int64 tensor from which attn's generator draws the mask (the
+  backward regenerates it from the same seed); window_left/right -1 for unbounded (both -1: no
+  window); alibi_slopes None or (H,) float; softcap 0 for none;
+  weights_mode 0 (none), 1 (per head, (B, H, L, S)) or 2 (averaged, (B, L, S)), after dropout.
+Outputs: out (B, H, L, Dv) in q's dtype, lse (B, H, L) float32 and the weights; lse and the
+weights carry no gradient (as torch's fused kernels' logsumexp). Gradients: q, k, v, and a
+float32 mask when it requires grad; a key padding mask or ALiBi slopes that require grad are
+refused rather than given a silent zero.
+"""
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .. import _lib
+from .._lib import AttnError
+from . import _call
+
+
+# ---- (B, H, L, D) --------------------------------------------------------------------------------
+
+@torch.library.custom_op("attn::sdpa_fwd", mutates_args=())
+def sdpa_fwd(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], key_padding_mask: Optional[Tensor],
+             causal: int, scale: float, dropout_p: float, seed: Optional[Tensor], window_left: int,
+             window_right: int, alibi_slopes: Optional[Tensor], softcap: float,
+             weights_mode: int) -> Tuple[Tensor, Tensor, Tensor]:
+    return _call.sdpa_forward(q, k, v, mask, key_padding_mask, causal, scale, dropout_p, seed, window_left,
+                              window_right, alibi_slopes, softcap, weights_mode)
+
+
+@sdpa_fwd.register_fake
+def _(q, k, v, mask, key_padding_mask, causal, scale, dropout_p, seed, window_left, window_right, alibi_slopes,
+      softcap, weights_mode):
+    B, H, L, _ = q.shape
+    S, Dv = k.shape[2], v.shape[3]
+    wshape = [(0,), (B, H, L, S), (B, L, S)][weights_mode]
+    return (q.new_empty((B, H, L, Dv)), q.new_empty((B, H, L), dtype=torch.float32),
+            q.new_empty(wshape, dtype=torch.float32))
+
+
+@torch.library.custom_op("attn::sdpa_bwd", mutates_args=())
+def sdpa_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, mask: Optional[Tensor],
+             key_padding_mask: Optional[Tensor], causal: int, scale: float, dropout_p: float, seed: Optional[Tensor],
+             window_left: int, window_right: int, alibi_slopes: Optional[Tensor], softcap: float,
+             want_dmask: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    return _call.sdpa_backward(dout, q, k, v, out, lse, mask, key_padding_mask, causal, scale, dropout_p, seed,
+                               window_left, window_right, alibi_slopes, softcap, want_dmask)
+
+
+@sdpa_bwd.register_fake
+def _(dout, q, k, v, out, lse, mask, key_padding_mask, causal, scale, dropout_p, seed, window_left, window_right,
+      alibi_slopes, softcap, want_dmask):
+    dmask = q.new_empty(mask.shape if want_dmask else (0,), dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dmask
+
+
+def _refuse_grads(ctx, indices_names):
+    for i, name in indices_names:
+        if ctx.needs_input_grad[i]:
+            raise AttnError(_lib.ERR_UNSUPPORTED, "attn computes no gradient for %s; detach it (or, for a key "
+                            "padding mask, pass it in the attention mask)" % name)
+
+
+def _sdpa_setup(ctx, inputs, output):
+    q, k, v, mask, kpm, causal, scale, dropout_p, seed, wl, wr, slopes, softcap, _ = inputs
+    out, lse, weights = output
+    ctx.save_for_backward(q, k, v, out, lse, mask, kpm, seed, slopes)
+    ctx.opts = (causal, scale, dropout_p, wl, wr, softcap)
+    ctx.mark_non_differentiable(lse, weights)
+
+
+def _sdpa_backward(ctx, dout, _dlse, _dweights):
+    _refuse_grads(ctx, ((4, "the key padding mask"), (11, "the ALiBi slopes")))
+    q, k, v, out, lse, mask, kpm, seed, slopes = ctx.saved_tensors
+    causal, scale, dropout_p, wl, wr, softcap = ctx.opts
+    want_dmask = bool(ctx.needs_input_grad[3])
+    dq, dk, dv, dmask = torch.ops.attn.sdpa_bwd(dout, q, k, v, out, lse, mask, kpm, causal, scale, dropout_p, seed,
+                                                wl, wr, slopes, softcap, want_dmask)
+    return dq, dk, dv, dmask if want_dmask else None, None, None, None, None, None, None, None, None, None, None
+
+
+sdpa_fwd.register_autograd(_sdpa_backward, setup_context=_sdpa_setup)
+
+
+# ---- packed variable-length batches ---------------------------------------------------------------
+
+@torch.library.custom_op("attn::sdpa_varlen_fwd", mutates_args=())
+def sdpa_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                    max_seqlen_q: int, max_seqlen_k: int, causal: int, scale: float, dropout_p: float,
+                    seed: Optional[Tensor], window_left: int, window_right: int, alibi_slopes: Optional[Tensor],
+                    softcap: float) -> Tuple[Tensor, Tensor]:
+    return _call.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                                dropout_p, seed, window_left, window_right, alibi_slopes, softcap)
+
+
+@sdpa_varlen_fwd.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, dropout_p, seed, window_left,
+      window_right, alibi_slopes, softcap):
+    Tq, H, _ = q.shape
+    return q.new_empty((Tq, H, v.shape[2])), q.new_empty((H, Tq), dtype=torch.float32)
+
+
+@torch.library.custom_op("attn::sdpa_varlen_bwd", mutates_args=())
+def sdpa_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
+                    cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: int, scale: float,
+                    dropout_p: float, seed: Optional[Tensor], window_left: int, window_right: int,
+                    alibi_slopes: Optional[Tensor], softcap: float) -> Tuple[Tensor, Tensor, Tensor]:
+    return _call.varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                 causal, scale, dropout_p, seed, window_left, window_right, alibi_slopes, softcap)
+
+
+@sdpa_varlen_bwd.register_fake
+def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, dropout_p, seed,
+      window_left, window_right, alibi_slopes, softcap):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _varlen_setup(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, seed, wl, wr, slopes, softcap = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seed, slopes)
+    ctx.opts = (max_q, max_k, causal, scale, dropout_p, wl, wr, softcap)
+    ctx.mark_non_differentiable(lse)
+
+
+def _varlen_backward(ctx, dout, _dlse):
+    _refuse_grads(ctx, ((13, "the ALiBi slopes"),))
+    q, k, v, out, lse, cu_q, cu_k, seed, slopes = ctx.saved_tensors
+    max_q, max_k, causal, scale, dropout_p, wl, wr, softcap = ctx.opts
+    dq, dk, dv = torch.ops.attn.sdpa_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale,
+                                                dropout_p, seed, wl, wr, slopes, softcap)
+    return (dq, dk, dv) + (None,) * 12
+
+
+sdpa_varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup)

@@ -1,0 +1,165 @@
+// quant_kernels_avx2.c - the decode row kernels of cpu.h (qk_rows_q, pv_rows_q, dequant_rows) for
+// Q8_0 and Q4_0 keys and values, with AVX2, FMA3 and F16C (compiled with those flags for this file
+// only). The AVX2 and AVX-512 tables both use them.
+//
+// Blocks are dequantised in registers as they are loaded: a block's scale d is converted once, 8
+// quants at a time are widened to int32 and converted to float (Q4_0: the low nibbles of the
+// block's 16 bytes are its values 0..15, the high ones 16..31), then multiplied by d, so that the
+// products and sums are those of the float kernels on the dequantised values (exact: q * d needs
+// at most 19 bits). The loops are those of the half-precision kernels (flash_kernels_avx2.c):
+// qk_rows four query rows against three keys per pass (12 accumulators, each key vector loaded
+// once for the four rows), pv_rows four rows and 16 columns (half a block) per pass over the tile.
+//
+// Prefetch (see decode_prefetch.h): qk_rows requests each key row's lines DECODE_PF_BYTES ahead as
+// it reads the row; each pv_rows pass requests the half-block it reads, FLASH_BC rows on.
+#include <immintrin.h>
+
+#include "cpu/cpu.h"
+#include "cpu/x86/decode_prefetch.h"
+#include "cpu/x86/quant_kernels.h"
+#include "half.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE int block_bytes(attn_dtype dt) { return dt == ATTN_DTYPE_Q8_0 ? ATTN_Q8_0_BYTES : ATTN_Q4_0_BYTES; }
+
+// The block holding element `off` (a multiple of 32) of a dt tensor.
+INLINE const uint8_t *block_at(const void *p, attn_dtype dt, int64_t off) {
+    return (const uint8_t *)p + off / ATTN_QBLOCK * block_bytes(dt);
+}
+
+INLINE __m256 scale_of(const uint8_t *b) {
+    uint16_t h;
+    __builtin_memcpy(&h, b, 2);
+    return _mm256_set1_ps(_cvtsh_ss(h));
+}
+
+// Values 8c .. 8c + 7 (c < 4) of the block at b, its scale d broadcast in `d`, as floats.
+INLINE __m256 load8(attn_dtype dt, const uint8_t *b, __m256 d, int c) {
+    if (dt == ATTN_DTYPE_Q8_0) {
+        const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * c)));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
+    }
+    __m256i n = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * (c % 2))));
+    n = c < 2 ? _mm256_and_si256(n, _mm256_set1_epi32(15)) : _mm256_srli_epi32(n, 4);
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(n, _mm256_set1_epi32(8))), d);
+}
+
+// Requests the lines of the `bytes` bytes from p, DECODE_PF_BYTES on, into L2.
+INLINE void prefetch_row(const uint8_t *p, int bytes) {
+    for (int x = 0; x < bytes; x += 64) _mm_prefetch((const char *)p + x + DECODE_PF_BYTES, _MM_HINT_T1);
+}
+
+// The four sums of 8 lanes each of a0..a3.
+INLINE __m128 sum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    const __m256 s01 = _mm256_hadd_ps(a0, a1), s23 = _mm256_hadd_ps(a2, a3);
+    const __m256 s0123 = _mm256_hadd_ps(s01, s23);
+    return _mm_add_ps(_mm256_castps256_ps128(s0123), _mm256_extractf128_ps(s0123, 1));
+}
+
+// Four query rows against three keys per pass; a tile's last keys (nj not a multiple of 3) repeat
+// its last key. Every key's sum runs along d in the same order whatever its place in the group.
+INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const float *q, int rows,
+                         float *s, int64_t s_r, int64_t s_j) {
+    const int row_bytes = D / ATTN_QBLOCK * block_bytes(dt);
+    for (int r0 = 0; r0 < rows; r0 += 4) {
+        const int nr = rows - r0 < 4 ? rows - r0 : 4;
+        const float *q0 = q + (int64_t)r0 * D, *q1 = q0 + (nr > 1 ? D : 0), *q2 = q0 + (nr > 2 ? 2 * D : 0),
+                    *q3 = q0 + (nr > 3 ? 3 * D : 0);
+        for (int j = 0; j < nj; j += 3) {
+            const uint8_t *ka = block_at(k, dt, (int64_t)j * ks_row);
+            const uint8_t *kb = block_at(k, dt, (int64_t)(j + 1 < nj ? j + 1 : nj - 1) * ks_row);
+            const uint8_t *kc = block_at(k, dt, (int64_t)(j + 2 < nj ? j + 2 : nj - 1) * ks_row);
+            if (r0 == 0) prefetch_row(ka, row_bytes), prefetch_row(kb, row_bytes), prefetch_row(kc, row_bytes);
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            __m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+            for (int d0 = 0; d0 < D; d0 += ATTN_QBLOCK) {
+                const int64_t boff = d0 / ATTN_QBLOCK * block_bytes(dt);
+                const __m256 da = scale_of(ka + boff), db = scale_of(kb + boff), dc = scale_of(kc + boff);
+                for (int c = 0; c < 4; c++) {
+                    const int d = d0 + 8 * c;
+                    const __m256 xa = load8(dt, ka + boff, da, c), xb = load8(dt, kb + boff, db, c),
+                                 xc = load8(dt, kc + boff, dc, c);
+                    __m256 x = _mm256_loadu_ps(q0 + d);
+                    a0 = _mm256_fmadd_ps(xa, x, a0), b0 = _mm256_fmadd_ps(xb, x, b0), c0 = _mm256_fmadd_ps(xc, x, c0);
+                    x = _mm256_loadu_ps(q1 + d);
+                    a1 = _mm256_fmadd_ps(xa, x, a1), b1 = _mm256_fmadd_ps(xb, x, b1), c1 = _mm256_fmadd_ps(xc, x, c1);
+                    x = _mm256_loadu_ps(q2 + d);
+                    a2 = _mm256_fmadd_ps(xa, x, a2), b2 = _mm256_fmadd_ps(xb, x, b2), c2 = _mm256_fmadd_ps(xc, x, c2);
+                    x = _mm256_loadu_ps(q3 + d);
+                    a3 = _mm256_fmadd_ps(xa, x, a3), b3 = _mm256_fmadd_ps(xb, x, b3), c3 = _mm256_fmadd_ps(xc, x, c3);
+                }
+            }
+            float out[12];
+            _mm_storeu_ps(out, sum4(a0, a1, a2, a3));
+            _mm_storeu_ps(out + 4, sum4(b0, b1, b2, b3));
+            _mm_storeu_ps(out + 8, sum4(c0, c1, c2, c3));
+            const int nk = nj - j < 3 ? nj - j : 3;
+            float *sj = s + (int64_t)r0 * s_r + (int64_t)j * s_j;
+            for (int c = 0; c < nk; c++)
+                for (int r = 0; r < nr; r++) sj[c * s_j + r * s_r] = out[4 * c + r];
+        }
+    }
+}
+
+void attn__qk_rows_q_avx2(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const float *q, int rows,
+                          float *s, int64_t s_r, int64_t s_j) {
+    if (dt == ATTN_DTYPE_Q8_0) qk_rows_impl(ATTN_DTYPE_Q8_0, k, ks_row, nj, D, q, rows, s, s_r, s_j);
+    else qk_rows_impl(ATTN_DTYPE_Q4_0, k, ks_row, nj, D, q, rows, s, s_r, s_j);
+}
+
+// Columns [e, e + 16) (half h = e / 16 % 2 of block e / 32) of four rows: per key, the half-block as
+// two vectors and the rows' four weights (pp[0..3], pp advancing by ldp) broadcast. The sums are
+// left in c (row r: c[2r], c[2r + 1]).
+INLINE void pv_cols(const attn_dtype dt, const void *v, int64_t vs_row, int nj, int e, const float *pp, int64_t ldp,
+                    bool prefetch, __m256 c[8]) {
+    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
+    const int h = e / 16 % 2;
+    const int64_t pf = FLASH_BC * vs_row; // the same columns, a tile on
+    for (int j = 0; j < nj; j++, pp += ldp) {
+        const int64_t at = (int64_t)j * vs_row + e - 16 * h; // the block's first element
+        const uint8_t *b = block_at(v, dt, at);
+        if (prefetch) _mm_prefetch((const char *)block_at(v, dt, at + pf) + 2 + 16 * h, _MM_HINT_T1);
+        const __m256 d = scale_of(b);
+        const __m256 v0 = load8(dt, b, d, 2 * h), v1 = load8(dt, b, d, 2 * h + 1);
+        const __m256 w0 = _mm256_broadcast_ss(pp), w1 = _mm256_broadcast_ss(pp + 1), w2 = _mm256_broadcast_ss(pp + 2),
+                     w3 = _mm256_broadcast_ss(pp + 3);
+        c0 = _mm256_fmadd_ps(w0, v0, c0), c1 = _mm256_fmadd_ps(w0, v1, c1);
+        c2 = _mm256_fmadd_ps(w1, v0, c2), c3 = _mm256_fmadd_ps(w1, v1, c3);
+        c4 = _mm256_fmadd_ps(w2, v0, c4), c5 = _mm256_fmadd_ps(w2, v1, c5);
+        c6 = _mm256_fmadd_ps(w3, v0, c6), c7 = _mm256_fmadd_ps(w3, v1, c7);
+    }
+    c[0] = c0, c[1] = c1, c[2] = c2, c[3] = c3, c[4] = c4, c[5] = c5, c[6] = c6, c[7] = c7;
+}
+
+// Four rows and 16 columns at a time; the sums are added to the rows of o scaled by alpha.
+INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pt,
+                         int64_t ldp, const float *alpha, int rows, float *o, int64_t ldo) {
+    for (int r0 = 0; r0 < rows; r0 += 4) {
+        const int nr = rows - r0 < 4 ? rows - r0 : 4;
+        for (int e = 0; e < Dv; e += 16) {
+            __m256 c[8];
+            pv_cols(dt, v, vs_row, nj, e, pt + r0, ldp, r0 == 0, c);
+            for (int r = 0; r < nr; r++) {
+                float *orow = o + (int64_t)(r0 + r) * ldo + e;
+                const __m256 a = _mm256_set1_ps(alpha[r0 + r]);
+                _mm256_storeu_ps(orow, _mm256_fmadd_ps(a, _mm256_loadu_ps(orow), c[2 * r]));
+                _mm256_storeu_ps(orow + 8, _mm256_fmadd_ps(a, _mm256_loadu_ps(orow + 8), c[2 * r + 1]));
+            }
+        }
+    }
+}
+
+void attn__pv_rows_q_avx2(attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pt, int64_t ldp,
+                          const float *alpha, int rows, float *o, int64_t ldo) {
+    if (dt == ATTN_DTYPE_Q8_0) pv_rows_impl(ATTN_DTYPE_Q8_0, v, vs_row, nj, Dv, pt, ldp, alpha, rows, o, ldo);
+    else pv_rows_impl(ATTN_DTYPE_Q4_0, v, vs_row, nj, Dv, pt, ldp, alpha, rows, o, ldo);
+}
+
+void attn__dequant_rows_avx2(attn_dtype dt, const void *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i += ATTN_QBLOCK) {
+        const uint8_t *b = block_at(x, dt, i);
+        const __m256 d = scale_of(b);
+        for (int c = 0; c < 4; c++) _mm256_storeu_ps(y + i + 8 * c, load8(dt, b, d, c));
+    }
+}

@@ -1,0 +1,571 @@
+"""Tests of attn.torch (PyTorch >= 2.4): the custom ops, the SDPA functions and MultiheadAttention.
+
+Covered:
+  - scaled_dot_product_attention against torch.nn.functional.scaled_dot_product_attention, forward
+    and backward (q, k, v and a float mask's gradient): 2-d to 5-d inputs, broadcast batch
+    dimensions, L != S, Ev != E, is_causal, bool and float masks of every broadcast shape, scales
+    (0 included), enable_gqa, fully masked rows, float32/float16/bfloat16/float64;
+  - attn's options (bottom-right causal, windows, ALiBi as masks torch can take; soft-capping,
+    lse) against torch where a mask expresses them, and against the library's scalar reference
+    (Context(isa="ref") through the numpy binding);
+  - torch.autograd.gradcheck in float32 (attn computes in float32, float64 inputs included);
+  - dropout: repeatable under torch.manual_seed, the backward replaying the forward's mask;
+  - sdpa_varlen against a loop over the sequences, forward and backward;
+  - torch.library.opcheck of the four ops (schema, fake tensors, autograd registration, AOT);
+    torch.compile(fullgraph=True) of modules using them (aot_eager, and inductor when a C++
+    compiler is present), against eager;
+  - MultiheadAttention against nn.MultiheadAttention: state_dict both ways, outputs and weights
+    for every option, parameter gradients, batch_first, unbatched input;
+  - errors: AttnError with the status name; CUDA tensors without libattn_cuda.
+
+Run with an interpreter that has torch >= 2.4 (CTest python_torch_ops, when ATTN_TORCH2_PYTHON is
+set): `PYTHONPATH=python ATTN_LIBRARY=build/libattn.so build-venv/bin/python tests/python/test_torch_ops.py`.
+Exits 77 (skipped) without torch >= 2.4.
+"""
+import math
+import os
+import shutil
+import sys
+import unittest
+import warnings
+
+try:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+except ImportError as exc:  # pragma: no cover
+    print("SKIP: attn.torch's tests need torch >= 2.4 and numpy (%s)" % exc, file=sys.stderr)
+    sys.exit(77)
+if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 4):  # pragma: no cover
+    print("SKIP: attn.torch needs torch >= 2.4, this is %s" % torch.__version__, file=sys.stderr)
+    sys.exit(77)
+
+import attn  # noqa: E402
+import attn.torch as at  # noqa: E402
+from attn.torch import _call, _cuda  # noqa: E402
+
+torch.set_num_threads(1)
+HAVE_CXX = any(shutil.which(c) for c in ("c++", "g++", "clang++"))
+
+
+def rnd(*shape, dtype=torch.float32, grad=False):
+    t = torch.randn(*shape, dtype=torch.float32).to(dtype)
+    return t.requires_grad_(grad)
+
+
+def gradcheck(f, inputs):
+    """torch.autograd.gradcheck in float32 (attn computes in float32: finite differences in float64
+    would only measure float32 rounding), with tolerances to match and its warning about that
+    silenced."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Input #\d+ requires gradient and is not a double precision")
+        return torch.autograd.gradcheck(f, inputs, eps=1e-3, atol=5e-3, rtol=5e-3, nondet_tol=0.0, fast_mode=False)
+
+
+def grads(out, inputs, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    dout = torch.randn(out.shape, generator=g).to(out.dtype)
+    return torch.autograd.grad(out, inputs, dout, allow_unused=True)
+
+
+class Close:
+    def close(self, got, want, atol=2e-5, rtol=1e-4, what=""):
+        self.assertEqual(tuple(got.shape), tuple(want.shape), what)
+        torch.testing.assert_close(got.detach().double(), want.detach().double(), atol=atol, rtol=rtol,
+                                   equal_nan=True, msg=lambda m: "%s: %s" % (what, m))
+
+
+# ---- scaled_dot_product_attention against torch's ----------------------------------------------
+
+def torch_cases():
+    """(name, q shape, k shape, v shape, kwargs builder) for the comparison with torch."""
+    yield "plain", (2, 3, 5, 8), (2, 3, 7, 8), (2, 3, 7, 6), lambda: {}
+    yield "2d", (5, 8), (7, 8), (7, 8), lambda: {}
+    yield "3d_broadcast_5d", (2, 1, 3, 4, 8), (3, 6, 8), (1, 3, 6, 5), lambda: {}
+    yield "causal_L_lt_S", (2, 3, 5, 8), (2, 3, 7, 8), (2, 3, 7, 8), lambda: {"is_causal": True}
+    yield "causal_L_gt_S", (1, 2, 9, 8), (1, 2, 4, 8), (1, 2, 4, 8), lambda: {"is_causal": True}
+    yield "bool_mask_LS", (2, 3, 5, 8), (2, 3, 7, 8), (2, 3, 7, 8), lambda: {"attn_mask": torch.rand(5, 7) > 0.3}
+    yield "bool_padding_B11S", (2, 3, 5, 8), (2, 3, 7, 8), (2, 3, 7, 8), \
+        lambda: {"attn_mask": torch.tensor([[True] * 7, [True] * 4 + [False] * 3]).view(2, 1, 1, 7)}
+    yield "float_mask_grad", (2, 3, 5, 8), (2, 3, 7, 8), (2, 3, 7, 4), \
+        lambda: {"attn_mask": rnd(3, 1, 7, grad=True)}
+    yield "float_mask_full", (2, 3, 5, 8), (2, 3, 7, 8), (2, 3, 7, 8), \
+        lambda: {"attn_mask": rnd(2, 3, 5, 7, grad=True)}
+    yield "float_mask_mixed_batch", (2, 2, 3, 4, 8), (2, 2, 3, 6, 8), (2, 2, 3, 6, 8), \
+        lambda: {"attn_mask": rnd(2, 1, 3, 1, 6, grad=True)}
+    yield "scale", (2, 3, 5, 8), (2, 3, 7, 8), (2, 3, 7, 8), lambda: {"scale": 0.7}
+    yield "scale_zero", (1, 2, 3, 8), (1, 2, 4, 8), (1, 2, 4, 8), lambda: {"scale": 0.0}
+    yield "gqa", (2, 6, 5, 8), (2, 2, 7, 8), (2, 2, 7, 8), lambda: {"enable_gqa": True}
+    yield "gqa_mask", (2, 4, 5, 8), (2, 1, 7, 8), (2, 1, 7, 8), \
+        lambda: {"enable_gqa": True, "attn_mask": torch.rand(2, 4, 5, 7) > 0.5}
+    yield "kv_heads_broadcast", (2, 4, 5, 8), (2, 1, 7, 8), (2, 1, 7, 8), lambda: {}
+
+
+class TestScaledDotProductAttention(unittest.TestCase, Close):
+    def run_case(self, name, qs, ks, vs, kwargs, dtype=torch.float32, atol=2e-5, rtol=1e-4):
+        torch.manual_seed(hash(name) % 1000)
+        q, k, v = rnd(*qs, dtype=dtype, grad=True), rnd(*ks, dtype=dtype, grad=True), rnd(*vs, dtype=dtype, grad=True)
+        kw = kwargs()
+        if "attn_mask" in kw and kw["attn_mask"].dtype.is_floating_point:
+            kw["attn_mask"] = kw["attn_mask"].detach().to(dtype).requires_grad_(True)
+        got = at.scaled_dot_product_attention(q, k, v, **kw)
+        want = F.scaled_dot_product_attention(q, k, v, **kw)
+        self.assertEqual(got.dtype, dtype)
+        self.close(got, want, atol, rtol, name + " out")
+        inputs = [q, k, v] + [m for m in kw.values() if isinstance(m, torch.Tensor) and m.requires_grad]
+        for i, (a, b) in enumerate(zip(grads(got, inputs), grads(want, inputs))):
+            self.close(a, b, atol * 4, rtol * 4, "%s grad %d" % (name, i))
+
+    def test_matches_torch(self):
+        for name, qs, ks, vs, kw in torch_cases():
+            with self.subTest(name):
+                self.run_case(name, qs, ks, vs, kw)
+
+    def test_dtypes(self):
+        # float64 is computed in float32; half types as torch computes them, to their precision
+        tolerances = ((torch.float64, 1e-5, 1e-5), (torch.bfloat16, 3e-2, 3e-2), (torch.float16, 4e-3, 4e-3))
+        for dtype, atol, rtol in tolerances:
+            for name, qs, ks, vs, kw in torch_cases():
+                if name in ("gqa", "causal_L_gt_S", "float_mask_grad", "bool_padding_B11S"):
+                    with self.subTest(name, dtype=dtype):
+                        self.run_case(name, qs, ks, vs, kw, dtype, atol, rtol)
+
+    def test_dtype_plan(self):
+        # what runs natively follows what the library answers (native()); the rest is float32
+        ctx = _call.context()
+        for dt in (torch.float16, torch.bfloat16):
+            q = rnd(1, 1, 2, 4, dtype=dt)
+            qc, kc, vc, odt = _call.plan(ctx, q, q, q, backward=False)
+            self.assertEqual(odt, dt if at.native(ctx, dt, dt, False) else torch.float32)
+            self.assertEqual(qc.dtype, odt)
+            self.assertEqual(kc.dtype, dt)  # half keys and values are always read as they are
+        q64 = rnd(1, 1, 2, 4, dtype=torch.float64)
+        self.assertEqual([t.dtype for t in _call.plan(ctx, q64, q64, q64, False)[:3]], [torch.float32] * 3)
+
+    def test_half_types_fall_back_to_float32(self):
+        """Where the library refuses a half type it was taken to accept (ATTN_ERR_UNSUPPORTED for a
+        shape its kernels do not cover), the call runs again in float32: forced here by marking
+        bfloat16 native, whether or not this library computes in it."""
+        ctx = _call.context()
+        saved = dict(_call._native)
+        try:
+            for backward in (False, True):
+                _call._native[(ctx.isa, torch.bfloat16, torch.bfloat16, backward)] = True
+            seen = []
+
+            def refuse_half(qc, kc, vc, dt):
+                seen.append(dt)
+                if dt != torch.float32:
+                    raise attn.AttnError(8, "no kernel for this shape")
+                return qc.dtype
+
+            h = rnd(1, 1, 2, 4, dtype=torch.bfloat16)
+            self.assertEqual(_call.typed(ctx, h, h, h, False, refuse_half), torch.float32)
+            self.assertEqual(seen, [torch.bfloat16, torch.float32])
+            self.run_case("forced_native_bf16", (2, 4, 5, 8), (2, 2, 7, 8), (2, 2, 7, 8), lambda: {"enable_gqa": True},
+                          torch.bfloat16, 3e-2, 3e-2)
+        finally:
+            _call._native.clear()
+            _call._native.update(saved)
+
+    def test_fully_masked_rows(self):
+        q, k, v = rnd(1, 2, 3, 4, grad=True), rnd(1, 2, 5, 4, grad=True), rnd(1, 2, 5, 4, grad=True)
+        mask = torch.ones(3, 5, dtype=torch.bool)
+        mask[1] = False
+        out, lse = at.sdpa(q, k, v, mask, return_lse=True)
+        self.assertTrue(torch.equal(out[:, :, 1], torch.zeros(1, 2, 4)))
+        self.assertTrue(torch.isneginf(lse[:, :, 1]).all())
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # torch 2.x: zeros as well
+        self.close(out, want)
+        dq, dk, dv = grads(out, [q, k, v])
+        self.assertTrue(torch.isfinite(dq).all() and torch.isfinite(dk).all() and torch.isfinite(dv).all())
+        self.assertTrue(torch.equal(dq[:, :, 1], torch.zeros(1, 2, 4)))
+
+    def test_mixed_precision_kv(self):
+        # float32 queries on bfloat16 keys and values: the values the library reads are exact in float32
+        q = rnd(2, 4, 5, 16, grad=True)
+        k, v = rnd(2, 2, 9, 16, dtype=torch.bfloat16, grad=True), rnd(2, 2, 9, 16, dtype=torch.bfloat16, grad=True)
+        got = at.sdpa(q, k, v, causal="bottom_right", enable_gqa=True)
+        want = F.scaled_dot_product_attention(q, k.float(), v.float(), attn_mask=torch.ones(5, 9).tril(4).bool(),
+                                              enable_gqa=True)
+        self.close(got, want)
+        dq, dk, dv = grads(got, [q, k, v])
+        self.assertEqual((dq.dtype, dk.dtype, dv.dtype), (torch.float32, torch.bfloat16, torch.bfloat16))
+
+    def test_strided_inputs_not_copied_give_same_bits(self):
+        qkv = rnd(2, 5, 3, 4, 8)  # (B, L, 3, H, D) as a packed projection
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+        self.assertFalse(q.is_contiguous())
+        self.assertTrue(torch.equal(at.scaled_dot_product_attention(q, k, v),
+                                    at.scaled_dot_product_attention(q.contiguous(), k.contiguous(), v.contiguous())))
+
+    def test_thread_counts_same_bits(self):
+        q, k, v = rnd(2, 4, 40, 16), rnd(2, 4, 50, 16), rnd(2, 4, 50, 16)
+        try:
+            torch.set_num_threads(1)
+            one = at.sdpa(q, k, v, causal=True)
+            torch.set_num_threads(2)
+            two = at.sdpa(q, k, v, causal=True)
+        finally:
+            torch.set_num_threads(1)
+        self.assertTrue(torch.equal(one, two))
+
+    def test_errors(self):
+        q = rnd(1, 2, 3, 4)
+        cases = [
+            (lambda: at.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(3, 3, dtype=torch.bool),
+                                                     is_causal=True), "ATTN_ERR_INVALID_ARG"),
+            (lambda: at.scaled_dot_product_attention(q, q.double(), q.double()), "ATTN_ERR_INVALID_ARG"),
+            (lambda: at.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(3, 3, dtype=torch.int64)),
+             "ATTN_ERR_BAD_MASK"),
+            (lambda: at.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, 3, dtype=torch.bool)),
+             "ATTN_ERR_BAD_MASK"),
+            (lambda: at.scaled_dot_product_attention(q[0, 0, 0], q[0, 0, 0], q[0, 0, 0]), "ATTN_ERR_BAD_SHAPE"),
+            (lambda: at.scaled_dot_product_attention(rnd(1, 3, 3, 4), q, q, enable_gqa=True), "ATTN_ERR_BAD_SHAPE"),
+            (lambda: at.scaled_dot_product_attention(rnd(1, 3, 3, 4), q, q), "ATTN_ERR_BAD_SHAPE"),
+            (lambda: at.scaled_dot_product_attention(q, rnd(1, 2, 3, 5), q), "ATTN_ERR_BAD_SHAPE"),
+            (lambda: at.scaled_dot_product_attention(q.int(), q, q), "ATTN_ERR_UNSUPPORTED"),
+            (lambda: at.scaled_dot_product_attention(q, q, q, dropout_p=1.0), "ATTN_ERR_INVALID_ARG"),
+            (lambda: at.sdpa(q, q, q, causal="left"), "ATTN_ERR_INVALID_ARG"),
+            (lambda: at.sdpa(q, q, q, alibi_slopes=torch.ones(3)), "ATTN_ERR_BAD_SHAPE"),
+            # the ops check what they are given, called directly too
+            (lambda: torch.ops.attn.sdpa_fwd(q, q[:, :1], q, None, None, 0, 0.0, 0.0, None, -1, -1, None, 0.0, 0),
+             None),
+            (lambda: torch.ops.attn.sdpa_fwd(q, q, q, torch.ones(1, 1, 2, 3, dtype=torch.bool), None, 0, 0.0, 0.0,
+                                             None, -1, -1, None, 0.0, 0), "ATTN_ERR_BAD_MASK"),
+            (lambda: torch.ops.attn.sdpa_fwd(q, q, q, None, None, 5, 0.0, 0.0, None, -1, -1, None, 0.0, 0),
+             "ATTN_ERR_INVALID_ARG"),
+            (lambda: torch.ops.attn.sdpa_fwd(q, q, q, None, None, 0, 0.0, 0.5, None, -1, -1, None, 0.0, 0),
+             "ATTN_ERR_INVALID_ARG"),
+            (lambda: torch.ops.attn.sdpa_bwd(q, q, q, q, q, torch.zeros(1, 2, 2), None, None, 0, 0.0, 0.0, None,
+                                             -1, -1, None, 0.0, False), "ATTN_ERR_BAD_SHAPE"),
+        ]
+        for i, (call, name) in enumerate(cases):
+            with self.subTest(i=i):
+                with self.assertRaises(attn.AttnError) as cm:
+                    call()
+                if name:
+                    self.assertEqual(cm.exception.name, name, cm.exception)
+                self.assertTrue(cm.exception.message)
+        # the same mistakes raise what torch's own function raises: RuntimeError (AttnError is one),
+        # TypeError for what is not a tensor; each before any work and on one line
+        c64 = q.to(torch.complex64)
+        same = [
+            (lambda f: f(c64, c64, c64), RuntimeError),
+            (lambda f: f(q.int(), q.int(), q.int()), RuntimeError),
+            (lambda f: f(q, q.double(), q), RuntimeError),
+            (lambda f: f(q.half(), q, q), RuntimeError),
+            (lambda f: f(q, q, q, attn_mask=torch.ones(3, 3, dtype=torch.int64)), RuntimeError),
+            (lambda f: f(q, q, q, attn_mask=torch.ones(5, 3, dtype=torch.bool)), RuntimeError),
+            (lambda f: f(q, q, q, dropout_p=2.0), RuntimeError),
+            (lambda f: f(q.to("meta"), q, q), RuntimeError),
+            (lambda f: f([[1.0]], q, q), TypeError),
+        ]
+        for i, (call, kind) in enumerate(same):
+            with self.subTest(same_as_torch=i):
+                with self.assertRaises(kind):
+                    call(torch.nn.functional.scaled_dot_product_attention)
+                with self.assertRaises(kind) as cm:
+                    call(at.scaled_dot_product_attention)
+                self.assertNotIn("\n", str(cm.exception))
+        # a gradient attn does not compute is refused, not returned as zero
+        slopes = torch.ones(2, requires_grad=True)
+        out = at.sdpa(rnd(1, 2, 3, 4, grad=True), q, q, alibi_slopes=slopes)
+        with self.assertRaises(attn.AttnError) as cm:
+            out.sum().backward()
+        self.assertIn("ALiBi", str(cm.exception))
+
+    def test_cuda_without_libattn_cuda(self):
+        if _cuda.library() is not None:
+            self.skipTest("libattn_cuda is installed")
+        with self.assertRaises(attn.AttnError) as cm:
+            _cuda.sdpa_forward(rnd(1, 1, 1, 4), None, None)
+        self.assertEqual(cm.exception.name, "ATTN_ERR_UNSUPPORTED")
+        self.assertIn("libattn_cuda", cm.exception.message)
+
+
+# ---- attn's options ------------------------------------------------------------------------------
+
+def ref_call(q, k, v, **opts):
+    """The library's scalar reference kernels through the numpy binding: (out, lse)."""
+    with attn.Context(isa="ref") as ctx:
+        return attn.sdpa(q.detach().float().numpy(), k.detach().float().numpy(), v.detach().float().numpy(),
+                         return_lse=True, ctx=ctx, **opts)
+
+
+def band(L, S, causal, window):
+    """The bool mask (True = attend) of a causal alignment and a window, as torch's SDPA takes it."""
+    off = S - L if causal == "bottom_right" else 0
+    i, j = torch.arange(L)[:, None] + off, torch.arange(S)[None, :]
+    ok = torch.ones(L, S, dtype=torch.bool)
+    if causal:
+        ok &= j <= i
+    if window is not None:
+        left, right = window
+        if left is not None and left >= 0:
+            ok &= j >= i - left
+        if right is not None and right >= 0:
+            ok &= j <= i + right
+    return ok, i - j
+
+
+class TestOptions(unittest.TestCase, Close):
+    def test_against_torch_masks(self):
+        B, H, Hkv, L, S, D = 2, 4, 2, 6, 9, 8
+        slopes = 2.0 ** -torch.arange(1, H + 1, dtype=torch.float32)
+        for causal in (None, "top_left", "bottom_right"):
+            for window in (None, (2, 1), (3, None), (None, 0)):
+                for alibi in (False, True):
+                    with self.subTest(causal=causal, window=window, alibi=alibi):
+                        q, k, v = rnd(B, H, L, D, grad=True), rnd(B, Hkv, S, D, grad=True), rnd(B, Hkv, S, D, grad=True)
+                        ok, dist = band(L, S, causal, window)
+                        bias = torch.zeros(H, L, S).masked_fill(~ok, float("-inf"))
+                        if alibi:
+                            bias = bias - slopes[:, None, None] * dist.abs()
+                        got, lse = at.sdpa(q, k, v, causal=causal, window=window, enable_gqa=True,
+                                           alibi_slopes=slopes if alibi else None, return_lse=True)
+                        want = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
+                        self.close(got, want)
+                        s = (q @ k.repeat_interleave(2, 1).transpose(-1, -2)) / math.sqrt(D) + bias
+                        self.close(lse, torch.logsumexp(s, -1))
+                        for a, b in zip(grads(got, [q, k, v]), grads(want, [q, k, v])):
+                            self.close(a, b, 1e-4, 1e-4)
+
+    def test_softcap_against_reference(self):
+        q, k, v = rnd(2, 4, 5, 8, grad=True), rnd(2, 2, 7, 8, grad=True), rnd(2, 2, 7, 6, grad=True)
+        mask = torch.rand(5, 7) > 0.2
+        got, lse = at.sdpa(q, k, v, mask, softcap=1.5, scale=2.0, causal="bottom_right", enable_gqa=True,
+                           return_lse=True)
+        out_ref, lse_ref = ref_call(q, k, v, softcap=1.5, scale=2.0, causal="bottom_right",
+                                    mask=~mask.numpy())
+        self.close(got, torch.from_numpy(out_ref), 1e-5, 1e-5)
+        self.close(lse, torch.from_numpy(lse_ref), 1e-5, 1e-5)
+        # and the torch composition Gemma 2's eager attention uses
+        s = 1.5 * torch.tanh(2.0 * (q @ k.repeat_interleave(2, 1).transpose(-1, -2)) / 1.5)
+        ok, _ = band(5, 7, "bottom_right", None)
+        want = torch.softmax(s.masked_fill(~(mask & ok), float("-inf")), -1) @ v.repeat_interleave(2, 1)
+        self.close(got, want)
+        for a, b in zip(grads(got, [q, k, v]), grads(want, [q, k, v])):
+            self.close(a, b, 1e-4, 1e-4)
+
+    def test_gradcheck(self):
+        torch.manual_seed(3)
+        q, k, v = rnd(1, 2, 3, 4, grad=True), rnd(1, 1, 5, 4, grad=True), rnd(1, 1, 5, 3, grad=True)
+        mask = rnd(2, 3, 5, grad=True)
+        slopes = torch.tensor([0.5, 0.25])
+        checks = {
+            "plain": lambda q, k, v: at.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+            "causal": lambda q, k, v: at.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+            "float_mask": lambda q, k, v, m: at.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
+            "options": lambda q, k, v: at.sdpa(q, k, v, causal="bottom_right", window=(2, 0), softcap=2.0,
+                                               alibi_slopes=slopes, enable_gqa=True, scale=0.8),
+        }
+        for name, f in checks.items():
+            with self.subTest(name):
+                inputs = (q, k, v, mask) if name == "float_mask" else (q, k, v)
+                self.assertTrue(gradcheck(f, inputs))
+
+    def test_dropout(self):
+        q, k, v = rnd(2, 2, 6, 8, grad=True), rnd(2, 2, 6, 8, grad=True), rnd(2, 2, 6, 8, grad=True)
+
+        def f(q, k, v):
+            torch.manual_seed(7)  # the seed of attn's draw comes from torch's generator
+            return at.scaled_dot_product_attention(q, k, v, dropout_p=0.4)
+
+        a, b = f(q, k, v), f(q, k, v)
+        self.assertTrue(torch.equal(a, b))
+        self.assertFalse(torch.allclose(a, at.scaled_dot_product_attention(q, k, v)))
+        torch.manual_seed(8)
+        self.assertFalse(torch.equal(a, at.scaled_dot_product_attention(q, k, v, dropout_p=0.4)))
+        # the backward regenerates the forward's mask: finite differences of the seeded function agree
+        self.assertTrue(gradcheck(f, (q, k, v)))
+
+    def test_varlen_against_loop(self):
+        H, Hkv, D, Dv = 4, 2, 8, 6
+        lens_q, lens_k = [3, 1, 5], [4, 2, 5]
+        cq = torch.tensor([0] + list(np.cumsum(lens_q)), dtype=torch.int32)
+        ck = torch.tensor([0] + list(np.cumsum(lens_k)), dtype=torch.int64)
+        q, k, v = rnd(sum(lens_q), H, D, grad=True), rnd(sum(lens_k), Hkv, D, grad=True), rnd(sum(lens_k), Hkv, Dv,
+                                                                                              grad=True)
+        for causal in (None, "bottom_right"):
+            with self.subTest(causal=causal):
+                out, lse = at.sdpa_varlen(q, k, v, cq, ck, causal=causal, softcap=3.0, return_lse=True)
+                parts, lses = [], []
+                for b in range(3):
+                    sq, sk = slice(int(cq[b]), int(cq[b + 1])), slice(int(ck[b]), int(ck[b + 1]))
+                    o, l = at.sdpa(q[sq].transpose(0, 1), k[sk].transpose(0, 1), v[sk].transpose(0, 1), causal=causal,
+                                   softcap=3.0, enable_gqa=True, return_lse=True)
+                    parts.append(o.transpose(0, 1))
+                    lses.append(l)
+                want = torch.cat(parts)
+                self.close(out, want, 1e-6, 1e-6)
+                self.close(lse, torch.cat(lses, 1), 1e-6, 1e-6)
+                for a, b in zip(grads(out, [q, k, v]), grads(want, [q, k, v])):
+                    self.close(a, b, 1e-5, 1e-5)
+
+
+# ---- the ops under torch.library's checks and torch.compile ---------------------------------------
+
+class TestOpsAndCompile(unittest.TestCase, Close):
+    def test_opcheck(self):
+        q, k, v = rnd(2, 4, 5, 8, grad=True), rnd(2, 2, 7, 8, grad=True), rnd(2, 2, 7, 6, grad=True)
+        mask = rnd(2, 1, 5, 7, grad=True)
+        kpm = torch.rand(2, 7) > 0.7
+        slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625])
+        calls = [
+            (torch.ops.attn.sdpa_fwd.default, (q, k, v, mask, kpm, 2, 0.0, 0.0, None, 3, 0, slopes, 2.0, 1)),
+            (torch.ops.attn.sdpa_fwd.default, (q, k, v, None, None, 1, 0.5, 0.0, None, -1, -1, None, 0.0, 0)),
+        ]
+        out, lse, _ = torch.ops.attn.sdpa_fwd(q, k, v, mask, None, 0, 0.0, 0.0, None, -1, -1, None, 0.0, 0)
+        calls.append((torch.ops.attn.sdpa_bwd.default, (torch.randn_like(out), q, k, v, out, lse, mask, None, 0, 0.0,
+                                                        0.0, None, -1, -1, None, 0.0, True)))
+        cq, ck = torch.tensor([0, 2, 5]), torch.tensor([0, 3, 7])
+        vq, vk, vv = rnd(5, 4, 8, grad=True), rnd(7, 2, 8, grad=True), rnd(7, 2, 8, grad=True)
+        calls.append((torch.ops.attn.sdpa_varlen_fwd.default, (vq, vk, vv, cq, ck, 3, 4, 1, 0.0, 0.0, None, -1, -1,
+                                                               None, 0.0)))
+        vo, vl = torch.ops.attn.sdpa_varlen_fwd(vq, vk, vv, cq, ck, 3, 4, 1, 0.0, 0.0, None, -1, -1, None, 0.0)
+        calls.append((torch.ops.attn.sdpa_varlen_bwd.default, (torch.randn_like(vo), vq, vk, vv, vo, vl, cq, ck, 3, 4,
+                                                               1, 0.0, 0.0, None, -1, -1, None, 0.0)))
+        for op, args in calls:
+            if "bwd" in str(op):  # no double backward: the backward ops are checked without gradients
+                args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+            with self.subTest(str(op)):
+                result = torch.library.opcheck(op, args)
+                self.assertTrue(all(r == "SUCCESS" for r in result.values()), result)
+
+    def compiled_matches_eager(self, backend):
+        torch.manual_seed(0)
+
+        class Block(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.mha = at.MultiheadAttention(16, 4, batch_first=True)
+                self.proj = torch.nn.Linear(16, 48)
+
+            def forward(self, x, mask):
+                h, _ = self.mha(x, x, x, need_weights=False)
+                q, k, v = self.proj(h).view(x.shape[0], x.shape[1], 3, 4, 4).unbind(2)
+                q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+                a = at.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                b = at.sdpa(q, k[:, :2], v[:, :2], causal="bottom_right", window=(3, 0), softcap=5.0, enable_gqa=True)
+                return (a + b).transpose(1, 2).reshape(x.shape)
+
+        block = Block()
+        x = rnd(2, 6, 16, grad=True)
+        mask = torch.rand(6, 6) > 0.2
+        eager = block(x, mask)
+        ge = grads(eager, [x] + list(block.parameters()))
+        compiled = torch.compile(block, fullgraph=True, backend=backend)
+        got = compiled(x, mask)
+        gc = grads(got, [x] + list(block.parameters()))
+        self.close(got, eager, 1e-5, 1e-5, backend)
+        for i, (a, b) in enumerate(zip(gc, ge)):
+            self.close(a, b, 1e-5, 1e-4, "%s grad %d" % (backend, i))
+
+    def test_compile_aot_eager(self):
+        self.compiled_matches_eager("aot_eager")
+
+    @unittest.skipUnless(HAVE_CXX, "inductor needs a C++ compiler")
+    def test_compile_inductor(self):
+        self.compiled_matches_eager("inductor")
+
+
+# ---- MultiheadAttention ---------------------------------------------------------------------------
+
+MHA_CASES = [
+    ("self", dict(embed_dim=16, num_heads=4), "self", {}),
+    ("batch_first_no_weights", dict(embed_dim=16, num_heads=4, batch_first=True), "self", {"need_weights": False}),
+    ("cross_kdim_vdim_bias_kv_zero_attn", dict(embed_dim=16, num_heads=2, kdim=5, vdim=7, bias=False,
+                                               add_bias_kv=True, add_zero_attn=True), "cross",
+     {"average_attn_weights": False}),
+    ("bool_masks", dict(embed_dim=16, num_heads=4), "self",
+     {"attn_mask": "causal_bool", "key_padding_mask": "pad_bool"}),
+    ("float_masks_3d", dict(embed_dim=16, num_heads=4), "cross",
+     {"attn_mask": "float3d", "key_padding_mask": "pad_float"}),
+    ("is_causal_hint", dict(embed_dim=16, num_heads=4, batch_first=True), "self",
+     {"attn_mask": "causal_bool", "is_causal": True, "need_weights": False}),
+    ("unbatched", dict(embed_dim=16, num_heads=4), "unbatched", {"key_padding_mask": "pad_unbatched"}),
+]
+
+
+def mha_inputs(cfg, kind, extra, L=5, S=6, N=3):
+    E, bf = cfg["embed_dim"], cfg.get("batch_first", False)
+    if kind == "unbatched":
+        x = rnd(L, E)
+        return (x, x, x), _mha_masks(extra, L, L, N, cfg["num_heads"], True)
+    shape = (lambda n, d: (N, n, d)) if bf else (lambda n, d: (n, N, d))
+    if kind == "self":
+        x = rnd(*shape(L, E))
+        return (x, x, x), _mha_masks(extra, L, L, N, cfg["num_heads"], False)
+    return (rnd(*shape(L, E)), rnd(*shape(S, cfg.get("kdim") or E)), rnd(*shape(S, cfg.get("vdim") or E))), \
+        _mha_masks(extra, L, S, N, cfg["num_heads"], False)
+
+
+def _mha_masks(extra, L, S, N, H, unbatched):
+    make = {
+        "causal_bool": lambda: torch.ones(L, S, dtype=torch.bool).triu(1),
+        "pad_bool": lambda: torch.tensor([[False] * (S - i) + [True] * i for i in range(N)]),
+        "float3d": lambda: rnd(N * H, L, S),
+        "pad_float": lambda: rnd(N, S),
+        "pad_unbatched": lambda: torch.tensor([False] * (S - 1) + [True]),
+    }
+    return {k: make[v]() if isinstance(v, str) else v for k, v in extra.items()}
+
+
+class TestMultiheadAttention(unittest.TestCase, Close):
+    def test_state_dict_both_ways(self):
+        torch.manual_seed(4)
+        ours = at.MultiheadAttention(16, 4, kdim=5, vdim=7, add_bias_kv=True)
+        torch.manual_seed(4)
+        theirs = torch.nn.MultiheadAttention(16, 4, kdim=5, vdim=7, add_bias_kv=True)
+        self.assertIsInstance(ours, torch.nn.MultiheadAttention)
+        self.assertEqual(list(ours.state_dict()), list(theirs.state_dict()))
+        for a, b in zip(ours.state_dict().values(), theirs.state_dict().values()):
+            self.assertTrue(torch.equal(a, b))  # torch's initialisation, the same draws
+        fresh = at.MultiheadAttention(16, 4, kdim=5, vdim=7, add_bias_kv=True)
+        fresh.load_state_dict(theirs.state_dict())
+        back = torch.nn.MultiheadAttention(16, 4, kdim=5, vdim=7, add_bias_kv=True)
+        back.load_state_dict(fresh.state_dict())
+        for a, b in zip(back.state_dict().values(), theirs.state_dict().values()):
+            self.assertTrue(torch.equal(a, b))
+
+    def test_outputs_and_gradients_match_torch(self):
+        for name, cfg, kind, extra in MHA_CASES:
+            with self.subTest(name):
+                torch.manual_seed(11)
+                ours = at.MultiheadAttention(**cfg)
+                theirs = torch.nn.MultiheadAttention(**cfg)
+                theirs.load_state_dict(ours.state_dict())
+                (q, k, v), kw = mha_inputs(cfg, kind, extra)
+                if kind == "self":
+                    k = v = q
+                for mode in ("eval", "train"):  # dropout 0: train mode runs the same numbers
+                    ours.train(mode == "train")
+                    theirs.train(mode == "train")
+                    o1, w1 = ours(q, k, v, **kw)
+                    o2, w2 = theirs(q, k, v, **kw)
+                    self.close(o1, o2, 1e-5, 1e-5, name + " out")
+                    self.assertEqual(w1 is None, w2 is None)
+                    if w1 is not None:
+                        self.close(w1, w2, 1e-6, 1e-5, name + " weights")
+                    params = list(ours.parameters())
+                    for a, b in zip(grads(o1, params), grads(o2, list(theirs.parameters()))):
+                        self.close(a, b, 1e-4, 1e-4, name + " parameter gradient")
+
+    def test_dropout_in_training(self):
+        m = at.MultiheadAttention(16, 4, dropout=0.5, batch_first=True)
+        x = rnd(2, 5, 16)
+        torch.manual_seed(1)
+        a, _ = m(x, x, x)
+        torch.manual_seed(1)
+        b, _ = m(x, x, x)
+        self.assertTrue(torch.equal(a, b))
+        m.eval()
+        c, _ = m(x, x, x)
+        self.assertFalse(torch.allclose(a, c))
+
+
+if __name__ == "__main__":
+    print("attn from %s, library %s, torch %s" % (os.path.dirname(attn.__file__), attn.library_path,
+                                                   torch.__version__), file=sys.stderr)
+    unittest.main()
