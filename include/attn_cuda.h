@@ -88,7 +88,8 @@ typedef struct attn_cuda_device_props {
 /** Fills `params` with the defaults (device 0, default stream, AUTO). */
 ATTN_CUDA_API void attn_cuda_ctx_params_init(attn_cuda_ctx_params *params);
 /**
- * Whether `device` can run this library, with the reason when it cannot (msg may be NULL).
+ * Whether `device` can run this library, with the reason when it cannot in msg, one line (msg may be
+ * NULL). Makes `device` current on the calling thread when it exists (cudaSetDevice).
  * @return ATTN_OK; ATTN_ERR_DEVICE when there is no CUDA driver or device, when the ordinal is out of
  *         range, or when the device's compute capability is below 8.0 or has no machine code here.
  */

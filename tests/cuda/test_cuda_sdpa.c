@@ -89,7 +89,8 @@ static void run_case(attn_cuda_ctx *ctx, attn_dtype t, int allow_options, int pa
     int64_t cu_q[5] = {0}, cu_k[5] = {0};
     if (packed) {
         for (int64_t b = 0; b < d.batch; b++) cu_q[b + 1] = cu_q[b] + pick((int)d.len_q + 1), cu_k[b + 1] = cu_k[b] + pick((int)d.len_kv + 1);
-        if (cu_q[d.batch] == 0) cu_q[d.batch] = 1, d.len_q = d.len_q < 1 ? 1 : d.len_q;
+        if (cu_q[d.batch] == 0) cu_q[d.batch] = 1; // at least one query and one key in all
+        if (cu_k[d.batch] == 0) cu_k[d.batch] = 1;
     }
     const int64_t B = packed ? 1 : d.batch, L = packed ? cu_q[d.batch] : d.len_q, S = packed ? cu_k[d.batch] : d.len_kv;
     const int64_t H = d.n_heads, D = d.head_dim;
