@@ -19,6 +19,8 @@
  *    device with cudaMemcpyAsync from pageable memory, which stages them at once).
  *    Contexts allocate their own workspace stream-ordered (cudaMallocAsync / cudaFreeAsync) when
  *    the caller gives none; compute calls allocate only when that workspace must grow.
+ *  - A tensor the device cannot read (pageable host memory, unless the system lets GPUs read it) is
+ *    refused with ATTN_ERR_INVALID_ARG (cudaPointerGetAttributes on each pointer), not left to fault.
  *  - Every argument is checked on the host before anything is launched: a bad argument returns a
  *    status with a one-line message (attn_cuda_ctx_last_error) and enqueues nothing. A CUDA failure
  *    returns ATTN_ERR_DEVICE with the CUDA error in the message. The library never aborts.

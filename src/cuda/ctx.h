@@ -16,6 +16,7 @@ struct attn_cuda_ctx {
     void *ws;                   // device workspace: owned (stream-ordered allocation) or the caller's
     size_t ws_size;
     bool ws_external;
+    bool pageable_ok;           // the device reads pageable host memory (HMM / ATS systems)
 };
 
 // A failed CUDA call as ATTN_ERR_DEVICE with "<what>: <CUDA error name>: <description>".

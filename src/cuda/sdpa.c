@@ -6,9 +6,29 @@
 #include "ctx.h"
 #include "launch.h"
 
-static attn_status check_tensors(attn__cuda_err *e, const void *q, const void *k, const void *v, const void *out) {
+// Whether the device can read `p` (NULL: nothing to check). A host pointer the device cannot reach
+// would fault inside the kernel and leave the CUDA context unusable; it is refused here instead.
+static attn_status check_device_ptr(attn_cuda_ctx *ctx, const void *p, const char *what) {
+    if (p == NULL || ctx->pageable_ok) return ATTN_OK;
+    struct cudaPointerAttributes a;
+    const cudaError_t err = cudaPointerGetAttributes(&a, p);
+    if (err != cudaSuccess) return attn__cuda_device_fail(&ctx->err, err, "cuda sdpa: cudaPointerGetAttributes");
+    if (a.type == cudaMemoryTypeUnregistered || (a.type == cudaMemoryTypeHost && a.devicePointer != p))
+        return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda sdpa: %s is host memory the GPU cannot read", what);
+    return ATTN_OK;
+}
+
+static attn_status check_tensors(attn_cuda_ctx *ctx, const attn_sdpa_desc *d, const void *q, const void *k,
+                                 const void *v, const void *out, const float *lse) {
     if (q == NULL || k == NULL || v == NULL || out == NULL)
-        return attn__cuda_fail(e, ATTN_ERR_INVALID_ARG, "cuda sdpa: q, k, v and out must not be NULL");
+        return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda sdpa: q, k, v and out must not be NULL");
+    if (d == NULL) return ATTN_OK; // the planner reports it
+    const struct {
+        const void *p;
+        const char *name;
+    } t[] = {{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse"}, {d->mask, "mask"},
+             {d->key_padding_mask, "key_padding_mask"}, {d->alibi_slopes, "alibi_slopes"}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) ATTN__CU_TRY(check_device_ptr(ctx, t[i].p, t[i].name));
     return ATTN_OK;
 }
 
@@ -52,7 +72,7 @@ attn_status attn_cuda_sdpa_fwd_workspace_size(attn_cuda_ctx *ctx, const attn_sdp
 attn_status attn_cuda_sdpa_fwd(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc, const void *q, const void *k,
                                const void *v, void *out, float *lse) {
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
-    ATTN__CU_TRY(check_tensors(&ctx->err, q, k, v, out));
+    ATTN__CU_TRY(check_tensors(ctx, desc, q, k, v, out, lse));
     attn__cuda_sdpa_plan plan;
     ATTN__CU_TRY(plan_call(ctx, desc, NULL, q, k, v, out, &plan));
     return run(ctx, &plan, NULL, q, k, v, out, lse);
@@ -74,7 +94,7 @@ attn_status attn_cuda_sdpa_varlen_fwd(attn_cuda_ctx *ctx, const attn_sdpa_desc *
                                       const int64_t *cu_seqlens_k, const void *q, const void *k, const void *v,
                                       void *out, float *lse) {
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
-    ATTN__CU_TRY(check_tensors(&ctx->err, q, k, v, out));
+    ATTN__CU_TRY(check_tensors(ctx, desc, q, k, v, out, lse));
     const attn__cuda_seqs seqs = {cu_seqlens_q, cu_seqlens_k};
     attn__cuda_sdpa_plan plan;
     ATTN__CU_TRY(plan_call(ctx, desc, &seqs, q, k, v, out, &plan));

@@ -256,6 +256,13 @@ static void test_bad_arguments(void) {
     ASSERT_STATUS(attn_cuda_sdpa_fwd(ctx, &bad, a, a, a, out, NULL), ATTN_ERR_UNSUPPORTED);
     ASSERT_STATUS(attn_cuda_sdpa_fwd(ctx, &d, a, NULL, a, out, NULL), ATTN_ERR_INVALID_ARG);
     ASSERT_STATUS(attn_cuda_sdpa_fwd(NULL, &d, a, a, a, out, NULL), ATTN_ERR_INVALID_ARG);
+    int pageable = 0;
+    cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, 0);
+    if (!pageable) { // a host array the GPU cannot read is refused before the launch
+        static unsigned char host_q[2 * 8 * 64 * 2];
+        ASSERT_STATUS(attn_cuda_sdpa_fwd(ctx, &d, host_q, a, a, out, NULL), ATTN_ERR_INVALID_ARG);
+        ASSERT_TRUE(strstr(attn_cuda_ctx_last_error(ctx), "host memory") != NULL);
+    }
     void *ws = dev_alloc(64);
     const int64_t cu[2] = {0, 8};
     ASSERT_OK(attn_cuda_ctx_set_workspace(ctx, ws, 1)); // too small for the offsets
