@@ -124,6 +124,19 @@ static void gb_add(grad_bound *g, int64_t e, double err, double mag) {
  *    magnitudes of the terms; where the bound is not finite (non-finite inputs or weights the
  *    float exponent cannot pin down) the values are not compared.
  */
+/* Float16/bfloat16 q, out and gradients (attn.h's bound of grad_dtype): each side rounds its result
+ * to the type once (2 u of |ref| and the type's smallest subnormal), and the kernels take
+ * D_i = dout_i . out_i from the stored, rounded out, which the reference computes from its own
+ * weights: 4 u_o sum_t |dout_it out_it| more in D_i (out_round = 4 u_o), and where out is
+ * subnormal in its type its rounding is absolute, up to half the smallest subnormal s_o
+ * (out_round_abs = s_o); all 0 for float32. */
+static double grad_round_rel, grad_round_abs, out_round, out_round_abs;
+
+/* dq and dk are sums the kernels form before the scale multiplies them (attn.h): where the
+ * unscaled magnitude (mag / |scale|, grad_unscale = 1 / |scale|) leaves the float range they may be
+ * infinite, and are not compared. 0: no such limit (dv, dmask). */
+static double grad_unscale;
+
 static void compare_grad(const float *a, const float *r, const grad_bound *g, bool whole_extent, const char *what) {
     int64_t last = -1; /* the view's last element */
     for (int64_t e = 0; e < g->n; e++)
@@ -146,11 +159,25 @@ static void compare_grad(const float *a, const float *r, const grad_bound *g, bo
             continue;
         }
         const double tol_abs = ABS_TOL * g->mag[e] + 2.0 * g->err[e];
-        if (!isfinite(tol_abs)) continue;
-        FUZZ_CHECK(fuzz_close(a[e], r[e], REL_TOL, tol_abs + UNDERFLOW_TOL),
+        if (!isfinite(tol_abs) || g->mag[e] * grad_unscale > (double)FLT_MAX / 16.0) continue;
+        FUZZ_CHECK(fuzz_close(a[e], r[e], REL_TOL + grad_round_rel, tol_abs + UNDERFLOW_TOL + grad_round_abs),
                    "%s[%lld]: kernels %.9g, reference %.9g (tolerance %g + %g |ref|, magnitude %g) in %s", what,
                    (long long)e, (double)a[e], (double)r[e], tol_abs, REL_TOL, g->mag[e], problem);
     }
+}
+
+/* A buffer the library wrote in half type t (first n 16-bit elements) as floats in place: the
+ * reached elements' values, the unreached ones the float sentinel if their half sentinel is intact
+ * (else a value compare_grad reports as written padding). */
+static void widen(float *x, int64_t n, attn_dtype t, const uint8_t *reached) {
+    uint16_t *h = fuzz_xmalloc((size_t)(n > 0 ? n : 1) * sizeof(uint16_t));
+    memcpy(h, x, (size_t)n * sizeof(uint16_t));
+    for (int64_t e = 0; e < n; e++) {
+        if (reached == NULL || reached[e]) x[e] = (float)half_value(t, h[e]);
+        else if (h[e] == (SENTINEL << 8 | SENTINEL)) memset(&x[e], SENTINEL, sizeof x[e]);
+        else x[e] = 0.5f; /* not the sentinel: written padding */
+    }
+    free(h);
 }
 
 static void check_finite_grad(const float *x, const grad_bound *g, int c, const char *what) {
@@ -321,7 +348,7 @@ static bool sdpa_bwd_bounds(const sdpa_problem *P, const float *noise, const flo
                     const double o = (double)out[off4(d->o_stride, b, h, i, t)];
                     const double g = fabs((double)dout[off4(d->o_stride, b, h, i, t)]);
                     rowdot_mag += g * fabs(o);
-                    double oerr = U * fabs(o);
+                    double oerr = U * fabs(o) + out_round_abs; /* a subnormal out's rounding is absolute */
                     if (own_forward) { /* the forward's weights are off by its own exponent error */
                         for (int64_t j = 0; j < S; j++) {
                             if (!term[j]) continue;
@@ -335,7 +362,7 @@ static bool sdpa_bwd_bounds(const sdpa_problem *P, const float *noise, const flo
                     }
                     rowdot_err += g * oerr;
                 }
-                rowdot_err += 2.0 * U * rowdot_mag;
+                rowdot_err += (2.0 * U + out_round) * rowdot_mag;
                 overflow = overflow || rowdot_mag > FLOAT_BIG;
                 for (int64_t j = 0; j < S; j++)
                     overflow = overflow || (term[j] && (sm[j] + bm[j] > FLOAT_BIG || dpm[j] > FLOAT_BIG));
@@ -422,7 +449,7 @@ static void bwd_sdpa(pair *p) {
     if (!isfinite(d.scale)) d.scale = 0.0f; /* attn.h: any finite value */
     d.causal = (attn_causal)fuzz_data_pick(fd, 3);
     if (fuzz_data_chance(fd, 1, 4)) d.dropout_p = fuzz_data_chance(fd, 1, 16) ? 1.0 : fuzz_data_unit(fd) * 0.95;
-    const bool own_forward = fuzz_data_chance(fd, 1, 3);
+    const bool own_forward_drawn = fuzz_data_chance(fd, 1, 3);
     const attn_weights_mode bwd_weights_mode = (attn_weights_mode)fuzz_data_pick(fd, 3); /* ignored by the bwd */
 
     const float amp = pick_amp(p), gamp = pick_amp(p);
@@ -462,14 +489,28 @@ static void bwd_sdpa(pair *p) {
     decode_extras(p, &d, &ex);
     kv_for_dtype(p, &d, k, ck, v, cv, &ex);
     const void *kin = ex.kh != NULL ? (const void *)ex.kh : k, *vin = ex.vh != NULL ? (const void *)ex.vh : v;
+    /* q, out, dout and the gradients in float16 or bfloat16 now and then (drawn last: older inputs
+     * decode as they did); q and dout then hold the values their half copies denote, and both
+     * backwards take the reference's forward (its out rounded once, the same for both). */
+    attn_dtype gt = ATTN_DTYPE_F32;
+    if (fuzz_data_chance(fd, 1, 4)) gt = fuzz_data_bool(fd) ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
+    uint16_t *qh = gt != ATTN_DTYPE_F32 ? to_half(p, gt, q, cq) : NULL;
+    uint16_t *douth = gt != ATTN_DTYPE_F32 ? to_half(p, gt, dout, co) : NULL;
+    d.q_dtype = d.out_dtype = d.grad_dtype = gt;
+    const void *qin = qh != NULL ? (const void *)qh : q, *doutin = douth != NULL ? (const void *)douth : dout;
+    const bool own_forward = own_forward_drawn && gt == ATTN_DTYPE_F32;
+    grad_round_rel = gt == ATTN_DTYPE_BF16 ? 0x1p-7 : gt == ATTN_DTYPE_F16 ? 0x1p-10 : 0.0;
+    grad_round_abs = gt == ATTN_DTYPE_BF16 ? 0x1p-133 : gt == ATTN_DTYPE_F16 ? 0x1p-24 : 0.0;
+    out_round = gt == ATTN_DTYPE_BF16 ? 0x1p-6 : gt == ATTN_DTYPE_F16 ? 0x1p-9 : 0.0;
+    out_round_abs = grad_round_abs;
     char extras[160];
     describe_extras(&d, extras, sizeof extras);
     snprintf(problem, sizeof problem,
-             "sdpa_bwd B=%lld H=%lld Hkv=%lld L=%lld S=%lld D=%lld Dv=%lld scale=%g causal=%d mask=%s%s kpm=%s "
+             "sdpa_bwd q/out/grad=%s B=%lld H=%lld Hkv=%lld L=%lld S=%lld D=%lld Dv=%lld scale=%g causal=%d mask=%s%s kpm=%s "
              "mask_stride={%lld,%lld,%lld,%lld}%s dropout=%g own_forward=%d%s non-finite q/k/v/dout=%d/%d/%d/%d isa=%s "
              "threads=%d/%d/%d",
-             (long long)B, (long long)H, (long long)Hkv, (long long)L, (long long)S, (long long)D, (long long)Dv,
-             (double)d.scale, (int)d.causal, d.mask == NULL ? "none" : attn_dtype_name(d.mask_dtype),
+             attn_dtype_name(gt), (long long)B, (long long)H, (long long)Hkv, (long long)L, (long long)S, (long long)D,
+             (long long)Dv, (double)d.scale, (int)d.causal, d.mask == NULL ? "none" : attn_dtype_name(d.mask_dtype),
              want_dmask ? "+dmask" : "", d.key_padding_mask == NULL ? "none" : attn_dtype_name(d.key_padding_mask_dtype),
              (long long)d.mask_stride[0], (long long)d.mask_stride[1], (long long)d.mask_stride[2],
              (long long)d.mask_stride[3], overlapping ? " (cells share elements)" : "", d.dropout_p, own_forward, extras, any_nonfinite(q, cq), any_nonfinite(k, ck),
@@ -484,7 +525,7 @@ static void bwd_sdpa(pair *p) {
     for (int c = 0; c < p->n; c++) {
         g0[c] = *attn_ctx_generator(p->ctx[c]);
         out[c] = sentinel_floats(co), lse[c] = sentinel_floats(nl);
-        st[c] = attn_sdpa_fwd(p->ctx[c], &d, q, kin, vin, out[c], lse[c], NULL);
+        st[c] = attn_sdpa_fwd(p->ctx[c], &d, qin, kin, vin, out[c], lse[c], NULL);
     }
     compare_status(p, st, "attn_sdpa_fwd");
     FUZZ_CHECK(st[0] == ATTN_OK, "attn_sdpa_fwd: %s in %s", attn_ctx_last_error(p->ctx[0]), problem);
@@ -514,8 +555,8 @@ static void bwd_sdpa(pair *p) {
         dq[c] = sentinel_floats(cq), dk[c] = sentinel_floats(ck), dv[c] = sentinel_floats(cv);
         if (want_dmask) dm[c] = sentinel_floats(cm);
         const attn_generator before = *attn_ctx_generator(p->ctx[c]), state = g0[c];
-        st[c] = attn_sdpa_bwd(p->ctx[c], &db, q, kin, vin, out[src], dout, lse[src], d.dropout_p > 0.0 ? &g0[c] : NULL,
-                              dq[c], dk[c], dv[c], dm[c]);
+        st[c] = attn_sdpa_bwd(p->ctx[c], &db, qin, kin, vin, out[src], doutin, lse[src],
+                              d.dropout_p > 0.0 ? &g0[c] : NULL, dq[c], dk[c], dv[c], dm[c]);
         FUZZ_CHECK(memcmp(&before, attn_ctx_generator(p->ctx[c]), sizeof before) == 0,
                    "attn_sdpa_bwd drew from the context's generator (context %d)", c);
         FUZZ_CHECK(memcmp(&state, &g0[c], sizeof state) == 0, "attn_sdpa_bwd changed the dropout state");
@@ -534,13 +575,20 @@ static void bwd_sdpa(pair *p) {
         const int64_t nm[4] = {B, H, L, S};
         gb_reach(&gb.dm, nm, d.mask_stride);
     }
+    if (gt != ATTN_DTYPE_F32)
+        for (int c = 0; c < p->n; c++) {
+            widen(out[c], co, gt, NULL);
+            widen(dq[c], cq, gt, gb.dq.reached), widen(dk[c], ck, gt, gb.dk.reached), widen(dv[c], cv, gt, gb.dv.reached);
+        }
     const bool overflow = sdpa_bwd_bounds(&P, noise, out[1], dout, own_forward, cm, &gb);
     /* attn.h leaves rows open where scale * log2(e) * q leaves the float range (forward NaN). */
     const double qmax = max_abs(q, cq);
     const bool float_range = fabs(P.scale) * (qmax > 1.0 ? qmax : 1.0) > (double)FLT_MAX / 4.0;
     if (!float_range && !overflow) {
+        grad_unscale = 1.0 / fabs(P.scale);
         compare_grad(dq[0], dq[1], &gb.dq, false, "dq");
         compare_grad(dk[0], dk[1], &gb.dk, false, "dk");
+        grad_unscale = 0.0;
         compare_grad(dv[0], dv[1], &gb.dv, false, "dv");
         if (want_dmask) compare_grad(dm[0], dm[1], &gb.dm, true, "dmask");
     }
@@ -574,8 +622,9 @@ static void bwd_sdpa(pair *p) {
     }
     gb_free(&gb.dq), gb_free(&gb.dk), gb_free(&gb.dv), gb_free(&gb.dm);
     for (int c = 0; c < p->n; c++) free(out[c]), free(lse[c]), free(dq[c]), free(dk[c]), free(dv[c]), free(dm[c]);
-    free(q), free(k), free(v), free(dout), free(mask), free(kpm), free(noise);
+    free(q), free(k), free(v), free(dout), free(mask), free(kpm), free(noise), free(qh), free(douth);
     free_extras(&ex);
+    grad_round_rel = grad_round_abs = out_round = out_round_abs = 0.0;
 }
 
 /* ---- nn.MultiheadAttention ------------------------------------------------------------------- */

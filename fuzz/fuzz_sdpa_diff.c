@@ -26,8 +26,45 @@
  * whole blocks of 32 for the last two), filled by the same appends of values with specials
  * (NaN and infinities make their quantised blocks NaN), and attends with bottom-right causal
  * masking, optionally a key padding mask and a window: the caches must hold the same bytes, and
- * the results agree as SDPA's do (both sides compute on the same stored values).
+ * the results agree as SDPA's do (both sides compute on the same stored values), raw blocks (see
+ * raw_blocks) included.
  */
+/*
+ * Now and then (from the pair's generator, so the input decodes as before) a few stored Q8_0/Q4_0
+ * blocks of the filled positions are overwritten, in every context's cache alike, with raw bytes:
+ * scales zero, subnormal, the largest half, infinite or NaN, and quants random or all zero. Returns
+ * the largest magnitude a stored value now has (0 when nothing was written); NaN when a block is
+ * not finite.
+ */
+static double raw_blocks(pair *p, attn_kv_cache *const kc[3], attn_dtype dt, int64_t rows, int64_t cap,
+                         int64_t D, int64_t Dv, int64_t S) {
+    if (fuzz_rng_below(&p->rng, 4) != 0) return 0.0;
+    static const uint16_t scales[] = {0x0000, 0x8000, 0x0001, 0x03ff, 0x0400, 0x7bff, 0xfbff, 0x7c00, 0xfc00, 0x7e00, 0x3c00};
+    const size_t bsize = attn_dtype_size(dt);
+    double mag = 0.0;
+    const int n = 1 + (int)fuzz_rng_below(&p->rng, 3);
+    for (int r = 0; r < n; r++) {
+        const bool in_v = fuzz_rng_below(&p->rng, 2) != 0;
+        const int64_t width = in_v ? Dv : D, per_row = width / 32;
+        const int64_t row = (int64_t)fuzz_rng_below(&p->rng, (uint64_t)rows), pos = (int64_t)fuzz_rng_below(&p->rng, (uint64_t)S);
+        const int64_t blk = (row * cap + pos) * per_row + (int64_t)fuzz_rng_below(&p->rng, (uint64_t)per_row);
+        uint8_t bytes[34];
+        const uint16_t sc = fuzz_rng_below(&p->rng, 4) == 0 ? (uint16_t)fuzz_rng_below(&p->rng, 0x10000)
+                                                             : scales[fuzz_rng_below(&p->rng, sizeof scales / sizeof scales[0])];
+        bytes[0] = (uint8_t)(sc & 0xff), bytes[1] = (uint8_t)(sc >> 8);
+        const bool zeros = fuzz_rng_below(&p->rng, 3) == 0;
+        for (size_t i = 2; i < bsize; i++) bytes[i] = zeros ? 0 : (uint8_t)fuzz_rng_below(&p->rng, 256);
+        for (int c = 0; c < p->n; c++) {
+            void *k, *v;
+            attn_kv_cache_storage(kc[c], &k, NULL, &v, NULL);
+            memcpy((uint8_t *)(in_v ? v : k) + (size_t)blk * bsize, bytes, bsize);
+        }
+        const double f = fabs(half_value(ATTN_DTYPE_F16, sc)) * (dt == ATTN_DTYPE_Q8_0 ? 128.0 : 8.0);
+        mag = isnan(f) || isnan(mag) ? NAN : fmax(mag, f);
+    }
+    return mag;
+}
+
 static void diff_kv_cache(pair *p) {
     fuzz_data *fd = p->fd;
     static const attn_dtype types[5] = {ATTN_DTYPE_F32, ATTN_DTYPE_F16, ATTN_DTYPE_BF16, ATTN_DTYPE_Q8_0,
@@ -73,6 +110,7 @@ static void diff_kv_cache(pair *p) {
         if (fuzz_data_chance(fd, 1, 4)) d.use_window = 1, d.window_left = fuzz_data_i64_range(fd, 0, S), d.window_right = -1;
         float *q = new_floats(B * H * L * D), *o[3], *lse[3];
         fill(p, q, B * H * L * D, amp);
+        const double raw = unit > 1 ? raw_blocks(p, kc, dt, B * Hkv, cap, D, Dv, S) : 0.0;
         attn_status st[3];
         for (int i = 0; i < p->n; i++) {
             o[i] = new_floats(B * H * L * Dv), lse[i] = new_floats(B * H * L);
@@ -88,9 +126,9 @@ static void diff_kv_cache(pair *p) {
                 FUZZ_CHECK(memcmp((const char *)s0 + (size_t)bh * head, (const char *)s1 + (size_t)bh * head, filled) == 0,
                            "the caches hold different keys in %s", problem);
             /* magnitudes of what the rows sum (a dequantised value is at most the block's largest) */
-            const double mk = amp, ds = 4.0 * (double)(D + 8) * U * (double)D * mk * max_abs(q, B * H * L * D) / sqrt((double)D);
+            const double mk = isnan(raw) ? amp : fmax(amp, raw), ds = 4.0 * (double)(D + 8) * U * (double)D * mk * max_abs(q, B * H * L * D) / sqrt((double)D);
             loose_nonfinite = true; /* specials: the flush of tiny weights may differ (see above) */
-            const tol t = {REL_TOL + 4.0 * ds, ABS_TOL * (1.0 + amp) + amp * (3.0 * ds + 4.0 * (double)(S + 8) * U)};
+            const tol t = {REL_TOL + 4.0 * ds, ABS_TOL * (1.0 + mk) + mk * (3.0 * ds + 4.0 * (double)(S + 8) * U)};
             for (int i = 1; i < p->n; i++) {
                 compare_run(p, i, o[0], o[i], B * H * L * Dv, t, "kv cache out");
                 compare_run(p, i, lse[0], lse[i], B * H * L, (tol){REL_TOL + 4.0 * ds, ABS_TOL + 4.0 * ds}, "kv cache lse");

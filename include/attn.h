@@ -497,7 +497,10 @@ ATTN_API attn_status attn_sdpa_bwd_workspace_size(const attn_ctx *ctx, const att
  * A hidden (query, key) pair (score -inf) contributes nothing to any gradient, whatever that row's
  * q, dout or dout . v hold (NaN, inf, overflow), so fully masked rows contribute nothing and get
  * dq = 0; a row with a NaN score gives NaN to the keys it sees only (PyTorch's math path spreads
- * it to every key). Results are identical for every thread count.
+ * it to every key). dq and dk are sums formed before the scale multiplies them: where
+ * sum_j |dS_ij| |k_j| (or sum_i |dS_ij| |q_i|) leaves the float range while the scaled gradient
+ * would fit (a tiny |scale| with huge q or k), they may be infinite. Results are identical for
+ * every thread count.
  * @return as attn_sdpa_fwd; ATTN_ERR_BAD_MASK for dmask without an F32 mask.
  */
 ATTN_API attn_status attn_sdpa_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const void *q, const void *k,
