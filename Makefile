@@ -56,7 +56,7 @@ SAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
 .PHONY: test-asan test-tsan test-valgrind
 test-asan:
 	@cmake -S . -B build-asan -DCMAKE_C_COMPILER=$(SAN_CC) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-	    -DATTN_SANITIZE="address;undefined" $(CMAKE_FLAGS) > /dev/null
+	    -DATTN_SANITIZE="address;undefined" -DATTN_CUDA=OFF $(CMAKE_FLAGS) > /dev/null
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && $(SAN_ENV) ctest --output-on-failure -j $(JOBS)
 
@@ -64,13 +64,13 @@ test-asan:
 # and their spin-waits would be reported as races.
 test-tsan:
 	@cmake -S . -B build-tsan -DCMAKE_C_COMPILER=$(SAN_CC) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-	    -DATTN_SANITIZE=thread -DATTN_BLAS=OFF $(CMAKE_FLAGS) > /dev/null
+	    -DATTN_SANITIZE=thread -DATTN_BLAS=OFF -DATTN_CUDA=OFF $(CMAKE_FLAGS) > /dev/null
 	cmake --build build-tsan -j $(JOBS)
 	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -L threads
 
 # A fast subset of the tests under valgrind's memcheck.
 test-valgrind:
-	@cmake -S . -B build-valgrind -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_VALGRIND=ON $(CMAKE_FLAGS) > /dev/null
+	@cmake -S . -B build-valgrind -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_VALGRIND=ON -DATTN_CUDA=OFF $(CMAKE_FLAGS) > /dev/null
 	cmake --build build-valgrind -j $(JOBS)
 	cd build-valgrind && ctest --output-on-failure -j $(JOBS) -L valgrind
 
@@ -103,3 +103,22 @@ test-torch2:
 	$(MAKE) test CMAKE_FLAGS="$(CMAKE_FLAGS) -DATTN_TORCH2_PYTHON=$$(sh tests/torch2_venv.sh $(VENV))"
 test-pip:
 	sh tests/pip_install_test.sh $$(sh tests/torch2_venv.sh $(VENV))
+
+# ---- NVIDIA GPUs (libattn_cuda; docs/cuda.md) -----------------------------------------------------
+# The sanitizer builds above leave libattn_cuda out (-DATTN_CUDA=OFF): nvcc takes no -fsanitize, and
+# compute-sanitizer checks the device code instead (test-cuda-sanitize).
+# `make test-cuda`: build, run the CUDA tests (a GPU must be visible: ATTN_CUDA_REQUIRE_GPU turns a
+# skip into a failure),
+# time the forward on the target shapes and print a short table last.
+.PHONY: test-cuda test-cuda-sanitize
+test-cuda: all
+	cd $(BUILD) && ATTN_CUDA_REQUIRE_GPU=1 ctest --output-on-failure -L cuda --no-tests=error
+	sh bench/cuda_table.sh ./$(BUILD)/attn
+
+# compute-sanitizer's memcheck and racecheck on a small set of the CUDA tests.
+SANITIZER ?= compute-sanitizer
+test-cuda-sanitize: all
+	$(SANITIZER) --tool memcheck --error-exitcode 99 ./$(BUILD)/tests/cuda/test_cuda_sdpa test_bad_arguments
+	$(SANITIZER) --tool memcheck --error-exitcode 99 ./$(BUILD)/tests/cuda/test_cuda_sdpa test_options_auto
+	$(SANITIZER) --tool memcheck --error-exitcode 99 ./$(BUILD)/tests/cuda/test_cuda_sdpa test_varlen_auto
+	$(SANITIZER) --tool racecheck --error-exitcode 99 ./$(BUILD)/tests/cuda/test_cuda_sdpa test_plain_auto

@@ -75,7 +75,8 @@ typedef enum attn_status {
     ATTN_ERR_NOT_FOUND = 9,       /* a named parameter or tensor is missing                    */
     ATTN_ERR_IO = 10,             /* a file could not be opened, read, written or renamed      */
     ATTN_ERR_BAD_FILE = 11,       /* a file is truncated or malformed, or its header lies      */
-    ATTN_ERR_CAPACITY = 12        /* a KV cache would grow past its capacity                   */
+    ATTN_ERR_CAPACITY = 12,       /* a KV cache would grow past its capacity                   */
+    ATTN_ERR_DEVICE = 13          /* a GPU is absent, or its driver or a launch failed (libattn_cuda) */
 } attn_status;
 
 /** @return a static, human-readable description of a status code (never NULL). */
@@ -449,6 +450,16 @@ typedef struct attn_sdpa_desc {
 ATTN_API void attn_sdpa_desc_init(attn_sdpa_desc *desc);
 
 /**
+ * Checks `desc` as every SDPA entry point does before it reads a tensor: sizes, GQA, scale, causal
+ * mode, dropout range, weights mode, window, soft cap, element types (F32, F16 or BF16), strides
+ * (offsets that overflow, an out stride of 0) and the masks' types and strides. It does not check
+ * what one backend supports (the CPU kernels take F32 q and out; attn_cuda.h lists the GPU's). Other
+ * backends (libattn_cuda) validate through it, so every backend rejects a descriptor the same way.
+ * @return ATTN_OK, or the status and message (attn_ctx_last_error) attn_sdpa_fwd would give.
+ */
+ATTN_API attn_status attn_sdpa_desc_check(attn_ctx *ctx, const attn_sdpa_desc *desc);
+
+/**
  * Scratch bytes attn_sdpa_fwd needs for `desc` (for attn_ctx_set_workspace / attn_ctx_reserve).
  */
 ATTN_API attn_status attn_sdpa_fwd_workspace_size(const attn_ctx *ctx, const attn_sdpa_desc *desc,
@@ -520,6 +531,10 @@ ATTN_API attn_status attn_sdpa_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, co
 ATTN_API attn_status attn_sdpa_varlen_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const int64_t *cu_seqlens_q,
                                           const int64_t *cu_seqlens_k, const void *q, const void *k, const void *v,
                                           void *out, float *lse);
+/** The checks of attn_sdpa_varlen_fwd on `desc` and the host offsets cu_seqlens_q/k (see
+ *  attn_sdpa_desc_check), without reading a tensor. */
+ATTN_API attn_status attn_sdpa_varlen_desc_check(attn_ctx *ctx, const attn_sdpa_desc *desc,
+                                                 const int64_t *cu_seqlens_q, const int64_t *cu_seqlens_k);
 ATTN_API attn_status attn_sdpa_varlen_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const int64_t *cu_seqlens_q,
                                           const int64_t *cu_seqlens_k, const void *q, const void *k, const void *v,
                                           const void *out, const void *dout, const float *lse,

@@ -118,6 +118,14 @@ attn_status attn__sdpa_check(attn_ctx *ctx, const attn_sdpa_desc *d, attn__sdpa_
     return ATTN_OK;
 }
 
+attn_status attn_sdpa_desc_check(attn_ctx *ctx, const attn_sdpa_desc *desc) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    attn__clear_error(ctx);
+    if (desc == NULL) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa: desc is NULL");
+    attn__sdpa_shape sh;
+    return attn__sdpa_check(ctx, desc, &sh);
+}
+
 // The descriptor the kernels run: the caller's, with the strides of length-1 dimensions set to 0.
 // Such a stride is never needed to reach an element, and any value is accepted there, but the
 // kernels step their pointers by it after the last row: a huge one would overflow the pointer.

@@ -8,10 +8,9 @@
 #include "half.h"
 #include "internal.h"
 
-// The whole packed tensors as one (1, H, total_q, D) / (1, Hkv, total_k, D) problem: checks the
-// strides of everything the sequences will read and write. Sequence b's view follows.
-static attn_status check_packed(attn_ctx *ctx, const char *fn, const attn_sdpa_desc *desc, const int64_t *cu_q,
-                                const int64_t *cu_k, attn_sdpa_desc *whole, attn__sdpa_shape *sh) {
+// The offsets of a packed batch and what packed batches exclude (masks, weights).
+static attn_status check_offsets(attn_ctx *ctx, const char *fn, const attn_sdpa_desc *desc, const int64_t *cu_q,
+                                 const int64_t *cu_k) {
     const int64_t B = desc->batch;
     if (B < 1) return attn__fail(ctx, ATTN_ERR_BAD_SHAPE, "%s: batch (sequences) = %lld must be >= 1", fn, (long long)B);
     if (cu_q == NULL || cu_k == NULL) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "%s: cu_seqlens must not be NULL", fn);
@@ -32,11 +31,35 @@ static attn_status check_packed(attn_ctx *ctx, const char *fn, const attn_sdpa_d
     }
     if (cu_q[B] < 1 || cu_k[B] < 1)
         return attn__fail(ctx, ATTN_ERR_BAD_SHAPE, "%s: the batch holds no queries or no keys", fn);
-    *whole = *desc;
-    whole->batch = 1, whole->len_q = cu_q[B], whole->len_kv = cu_k[B];
-    whole->q_stride[0] = whole->k_stride[0] = whole->v_stride[0] = whole->o_stride[0] = 0;
+    return ATTN_OK;
+}
+
+// The whole packed tensors as one (1, H, total_q, D) / (1, Hkv, total_k, D) problem, whose strides
+// reach everything the sequences will read and write. Sequence b's view follows.
+static attn_sdpa_desc whole_of(const attn_sdpa_desc *desc, const int64_t *cu_q, const int64_t *cu_k) {
+    attn_sdpa_desc whole = *desc;
+    whole.batch = 1, whole.len_q = cu_q[desc->batch], whole.len_kv = cu_k[desc->batch];
+    whole.q_stride[0] = whole.k_stride[0] = whole.v_stride[0] = whole.o_stride[0] = 0;
+    return whole;
+}
+
+static attn_status check_packed(attn_ctx *ctx, const char *fn, const attn_sdpa_desc *desc, const int64_t *cu_q,
+                                const int64_t *cu_k, attn_sdpa_desc *whole, attn__sdpa_shape *sh) {
+    ATTN_RETURN_IF_ERR(check_offsets(ctx, fn, desc, cu_q, cu_k));
+    *whole = whole_of(desc, cu_q, cu_k);
     attn_sdpa_desc run;
     return attn__sdpa_prepare(ctx, whole, sh, &run);
+}
+
+attn_status attn_sdpa_varlen_desc_check(attn_ctx *ctx, const attn_sdpa_desc *desc, const int64_t *cu_seqlens_q,
+                                        const int64_t *cu_seqlens_k) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    attn__clear_error(ctx);
+    if (desc == NULL) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa_varlen: desc is NULL");
+    ATTN_RETURN_IF_ERR(check_offsets(ctx, "sdpa_varlen", desc, cu_seqlens_q, cu_seqlens_k));
+    const attn_sdpa_desc whole = whole_of(desc, cu_seqlens_q, cu_seqlens_k);
+    attn__sdpa_shape sh;
+    return attn__sdpa_check(ctx, &whole, &sh);
 }
 
 // Sequence b of a packed problem as its own descriptor (batch 1); q, k, v, out move to its rows.

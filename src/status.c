@@ -15,7 +15,8 @@
     X(ATTN_ERR_NOT_FOUND, "not found")                                             \
     X(ATTN_ERR_IO, "input/output error")                                           \
     X(ATTN_ERR_BAD_FILE, "malformed file")                                         \
-    X(ATTN_ERR_CAPACITY, "KV cache capacity exceeded")
+    X(ATTN_ERR_CAPACITY, "KV cache capacity exceeded")                              \
+    X(ATTN_ERR_DEVICE, "GPU device error")
 
 const char *attn_strerror(attn_status status) {
     switch (status) {

@@ -39,7 +39,7 @@ static attn_ctx *counted_ctx(counting *c) {
 
 static void test_status_strings(void) {
     const char *seen[16] = {0};
-    for (int s = ATTN_OK; s <= ATTN_ERR_CAPACITY; s++) {
+    for (int s = ATTN_OK; s <= ATTN_ERR_DEVICE; s++) {
         const char *msg = attn_strerror((attn_status)s);
         ASSERT_TRUE(msg != NULL && strlen(msg) > 3);
         for (int t = 0; t < s; t++) ASSERT_TRUE(strcmp(seen[t], msg) != 0);
@@ -50,6 +50,7 @@ static void test_status_strings(void) {
     ASSERT_EQ_INT(ATTN_ERR_INVALID_ARG, 1);
     ASSERT_EQ_INT(ATTN_ERR_BAD_FILE, 11);
     ASSERT_EQ_INT(ATTN_ERR_CAPACITY, 12);
+    ASSERT_EQ_INT(ATTN_ERR_DEVICE, 13);
 }
 
 static void test_version_and_dtypes(void) {
@@ -142,6 +143,39 @@ static void test_out_of_memory(void) {
     ASSERT_EQ_INT(c.allocs, c.frees);
 }
 
+// attn_sdpa_desc_check and attn_sdpa_varlen_desc_check: the checks of the entry points, shared by
+// other backends; they accept element types the CPU kernels do not run (q and out in BF16).
+static void test_sdpa_desc_checks(void) {
+    attn_ctx *ctx;
+    ASSERT_OK(attn_ctx_create(NULL, &ctx));
+    attn_sdpa_desc d;
+    attn_sdpa_desc_init(&d);
+    d.batch = 2, d.n_heads = 4, d.n_kv_heads = 2, d.len_q = 3, d.len_kv = 5, d.head_dim = 8;
+    attn_layout_strides(ATTN_LAYOUT_BHLD, 2, 4, 3, 8, d.q_stride);
+    attn_layout_strides(ATTN_LAYOUT_BHLD, 2, 2, 5, 8, d.k_stride);
+    memcpy(d.v_stride, d.k_stride, sizeof d.k_stride);
+    memcpy(d.o_stride, d.q_stride, sizeof d.q_stride);
+    ASSERT_OK(attn_sdpa_desc_check(ctx, &d));
+    d.q_dtype = d.kv_dtype = d.out_dtype = ATTN_DTYPE_BF16;
+    ASSERT_OK(attn_sdpa_desc_check(ctx, &d));
+    d.n_kv_heads = 3;
+    ASSERT_STATUS(attn_sdpa_desc_check(ctx, &d), ATTN_ERR_BAD_SHAPE);
+    ASSERT_TRUE(strstr(attn_ctx_last_error(ctx), "n_kv_heads") != NULL);
+    d.n_kv_heads = 2, d.out_dtype = ATTN_DTYPE_I32;
+    ASSERT_STATUS(attn_sdpa_desc_check(ctx, &d), ATTN_ERR_INVALID_ARG);
+    d.out_dtype = ATTN_DTYPE_BF16, d.o_stride[2] = 0;
+    ASSERT_STATUS(attn_sdpa_desc_check(ctx, &d), ATTN_ERR_INVALID_ARG);
+    ASSERT_STATUS(attn_sdpa_desc_check(ctx, NULL), ATTN_ERR_INVALID_ARG);
+    ASSERT_STATUS(attn_sdpa_desc_check(NULL, &d), ATTN_ERR_INVALID_ARG);
+    // packed: two sequences of 3 + 1 queries and 5 + 2 keys
+    d.o_stride[2] = 8;
+    const int64_t cu_q[3] = {0, 3, 4}, cu_k[3] = {0, 5, 7}, bad_k[3] = {0, 6, 7};
+    ASSERT_OK(attn_sdpa_varlen_desc_check(ctx, &d, cu_q, cu_k));
+    ASSERT_STATUS(attn_sdpa_varlen_desc_check(ctx, &d, cu_q, bad_k), ATTN_ERR_BAD_SHAPE);
+    ASSERT_STATUS(attn_sdpa_varlen_desc_check(ctx, &d, NULL, cu_k), ATTN_ERR_INVALID_ARG);
+    attn_ctx_free(ctx);
+}
+
 static void test_linear(void) {
     attn_ctx *ctx;
     ASSERT_OK(attn_ctx_create(NULL, &ctx));
@@ -168,6 +202,7 @@ int main(int argc, char **argv) {
         HARNESS_CASE(test_status_strings),       HARNESS_CASE(test_version_and_dtypes),
         HARNESS_CASE(test_context_params),       HARNESS_CASE(test_allocator_hook_sees_everything),
         HARNESS_CASE(test_out_of_memory),        HARNESS_CASE(test_linear),
+        HARNESS_CASE(test_sdpa_desc_checks),
     };
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
 }

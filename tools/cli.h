@@ -26,5 +26,6 @@ int cmd_mha(int argc, char **argv);
 int cmd_sdpa(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_bench_decode(int argc, char **argv); // attn bench --op decode
+int cmd_bench_cuda(int argc, char **argv);   // attn bench --device cuda
 
 #endif

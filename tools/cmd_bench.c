@@ -58,7 +58,7 @@ static float *alloc_randn(attn_ctx *ctx, size_t n) {
 }
 
 typedef struct bench_opts {
-    const char *op, *isa, *dtype;
+    const char *op, *isa, *dtype, *device;
     int64_t B, H, Hkv, L, S, D, E, threads, repeat;
     bool causal, no_check, json, backward, blas;
 } bench_opts;
@@ -145,6 +145,8 @@ static int check_sdpa(const bench_opts *o, const attn_sdpa_desc *d, const void *
 }
 
 int cmd_bench(int argc, char **argv) {
+    for (int i = 1; i + 1 < argc; i++) // the GPU has options of its own
+        if (strcmp(argv[i], "--device") == 0 && strcmp(argv[i + 1], "cpu") != 0) return cmd_bench_cuda(argc, argv);
     for (int i = 1; i + 1 < argc; i++) // decoding has options of its own
         if (strcmp(argv[i], "--op") == 0 && strcmp(argv[i + 1], "decode") == 0) return cmd_bench_decode(argc, argv);
     bench_opts o = {.op = "sdpa", .isa = "auto", .B = 1, .H = 12, .Hkv = 0, .L = 1024, .S = 0, .D = 64, .E = 768,
@@ -167,6 +169,7 @@ int cmd_bench(int argc, char **argv) {
         {"--no-check", ARG_FLAG, &o.no_check, NULL, "skip the check against the reference", false, false},
         {"--blas", ARG_FLAG, &o.blas, NULL, "projections through CBLAS (use_blas = 1; its own threads)", false, false},
         {"--json", ARG_FLAG, &o.json, NULL, "end with a JSON object on one line", false, false},
+        {"--device", ARG_STRING, &o.device, "cpu|cuda", "cpu (default) or cuda: attn bench --device cuda --help", false, false},
     };
     int rc = args_parse("bench", summary, argc, argv, specs, (int)(sizeof specs / sizeof specs[0]));
     if (rc != 0) return rc < 0 ? EXIT_OK : rc;

@@ -1,0 +1,21 @@
+#!/bin/sh
+# cuda_table.sh ATTN: attn bench --device cuda on the target shapes (bf16, B*L = 16384, H*D = 2048,
+# D in {64, 128}, L in {1024, 4096, 16384}, causal and not), then one short table of TFLOP/s.
+# Used by make test-cuda; bench/run_bench_cuda.py sets the same shapes beside PyTorch.
+set -eu
+attn=$1
+tmp=$(mktemp)
+trap 'rm -f "$tmp"' EXIT
+for D in 64 128; do
+    for L in 1024 4096 16384; do
+        for causal in "" --causal; do
+            "$attn" bench --device cuda --dtype bf16 --batch $((16384 / L)) --heads $((2048 / D)) --len-q "$L" \
+                --head-dim "$D" $causal --json | tail -n 1 >> "$tmp"
+        done
+    done
+done
+echo
+echo "attn bench --device cuda, bf16 (median TFLOP/s)"
+printf '%-6s %-6s %-7s %-8s %10s %10s\n' D L causal kernel ms TFLOP/s
+sed 's/[{}",]//g' "$tmp" | awk '{ for (i = 1; i < NF; i++) v[$i] = $(i + 1);
+    printf "%-6s %-6s %-7s %-8s %10.3f %10.1f\n", v["D:"], v["L:"], v["causal:"], v["kernel:"], v["median_ms:"], v["tflops:"] }'

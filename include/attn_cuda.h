@@ -1,0 +1,169 @@
+/*
+ * attn_cuda.h - attention on NVIDIA GPUs: the public interface of libattn_cuda.
+ *
+ * libattn_cuda is a library of its own beside libattn (which it uses for descriptors, checks and
+ * the CPU modules), so libattn keeps needing nothing but libc, libm and pthreads. It runs:
+ *  - scaled dot-product attention forward with the semantics of attn_sdpa_desc (attn.h): strides,
+ *    GQA, scale, causal top-left and bottom-right, local windows, ALiBi, soft cap, bool or float
+ *    attention mask, key padding mask, log-sum-exp out; q, k, v and out in BF16 or F16 (float32
+ *    accumulation) or F32; packed variable-length batches.
+ * (Decoding over a device KV cache and nn.MultiheadAttention are not in this library yet:
+ * docs/cuda.md.)
+ *
+ * Conventions (beside those of attn.h):
+ *  - Tensors are device pointers (cudaMalloc'd or otherwise device-accessible); host arrays are
+ *    named so (cu_seqlens, per-sequence counts). Strides count elements, as in attn.h.
+ *  - Work runs on the context's stream, in order. No call synchronises the device or the stream
+ *    behind the caller's back: compute calls return when the work is enqueued. Host arrays passed
+ *    to a call (cu_seqlens, counts) may be reused as soon as it returns (they are copied to the
+ *    device with cudaMemcpyAsync from pageable memory, which stages them at once).
+ *    Contexts allocate their own workspace stream-ordered (cudaMallocAsync / cudaFreeAsync) when
+ *    the caller gives none; compute calls allocate only when that workspace must grow.
+ *  - A tensor the device cannot read (pageable host memory, unless the system lets GPUs read it) is
+ *    refused with ATTN_ERR_INVALID_ARG (cudaPointerGetAttributes on each pointer), not left to fault.
+ *  - Every argument is checked on the host before anything is launched: a bad argument returns a
+ *    status with a one-line message (attn_cuda_ctx_last_error) and enqueues nothing. A CUDA failure
+ *    returns ATTN_ERR_DEVICE with the CUDA error in the message. The library never aborts.
+ *  - Without a usable GPU (no driver, no device, compute capability below 8.0) attn_cuda_ctx_create
+ *    returns ATTN_ERR_DEVICE; attn_cuda_probe says why.
+ *  - Asynchronous errors of earlier work (a kernel that faulted) surface at a later call or at the
+ *    caller's own synchronisation, as everywhere in CUDA.
+ *  - One context must not be used by two threads at once; a cache or module is used on one stream.
+ *  - Dropout and the attention-weights output are CPU-only: the GPU calls reject dropout_p > 0 and
+ *    weights_mode != NONE with ATTN_ERR_UNSUPPORTED.
+ *  - A key that the masks hide never contributes its score. Unlike on the CPU, NaN or inf stored in
+ *    the *value* row of a hidden key inside a processed tile can reach the row through the tensor-core
+ *    product (0 * inf); the simple kernel (ATTN_CUDA_KERNELS_SIMPLE) skips such keys as the CPU does.
+ */
+#ifndef ATTN_CUDA_H
+#define ATTN_CUDA_H
+
+#include "attn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32) && defined(ATTN_CUDA_SHARED_BUILD)
+#define ATTN_CUDA_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define ATTN_CUDA_API __attribute__((visibility("default")))
+#else
+#define ATTN_CUDA_API
+#endif
+
+/* The CUDA stream type without the CUDA headers: attn_cuda_stream is cudaStream_t. */
+struct CUstream_st;
+typedef struct CUstream_st *attn_cuda_stream;
+
+/* ------------------------------------------------------------------------------------------ */
+/* Devices and contexts                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/** Which kernels a context runs. AUTO picks the fastest that applies to the device and the call. */
+typedef enum attn_cuda_kernels {
+    ATTN_CUDA_KERNELS_AUTO = 0,
+    ATTN_CUDA_KERNELS_SIMPLE = 1, /* the simple kernel for every call: float32 arithmetic, one warp per
+                                     query row, any head dim, every option (the fallback and the check) */
+    ATTN_CUDA_KERNELS_SM80 = 2    /* the mma.sync (sm_80) kernels even on Hopper; the simple kernel where
+                                     they do not apply */
+} attn_cuda_kernels;
+
+typedef struct attn_cuda_ctx_params {
+    int device;                /* CUDA device ordinal (default 0) */
+    attn_cuda_stream stream;   /* stream the work is enqueued on; NULL = the default stream */
+    attn_cuda_kernels kernels; /* kernel selection (default AUTO) */
+} attn_cuda_ctx_params;
+
+typedef struct attn_cuda_ctx attn_cuda_ctx;
+
+/** What the context's device is. */
+typedef struct attn_cuda_device_props {
+    char name[256];
+    int cc_major, cc_minor;    /* compute capability */
+    int sm_count;
+    size_t global_mem;         /* bytes */
+    int driver_version, runtime_version; /* as cudaDriverGetVersion / cudaRuntimeGetVersion */
+    char arch_built[64];       /* the architectures this library carries machine code for, e.g. "80-real;90a-real" */
+} attn_cuda_device_props;
+
+/** Fills `params` with the defaults (device 0, default stream, AUTO). */
+ATTN_CUDA_API void attn_cuda_ctx_params_init(attn_cuda_ctx_params *params);
+/**
+ * Whether `device` can run this library, with the reason when it cannot in msg, one line (msg may be
+ * NULL). Makes `device` current on the calling thread when it exists (cudaSetDevice).
+ * @return ATTN_OK; ATTN_ERR_DEVICE when there is no CUDA driver or device, when the ordinal is out of
+ *         range, or when the device's compute capability is below 8.0 or has no machine code here.
+ */
+ATTN_CUDA_API attn_status attn_cuda_probe(int device, char *msg, size_t msg_size);
+/**
+ * Creates a context on params->device (NULL params: the defaults). Makes that device current on
+ * the calling thread (cudaSetDevice).
+ * @return ATTN_OK and *ctx; ATTN_ERR_DEVICE (see attn_cuda_probe for the reason), ATTN_ERR_INVALID_ARG,
+ *         ATTN_ERR_OUT_OF_MEMORY; *ctx = NULL on failure.
+ */
+ATTN_CUDA_API attn_status attn_cuda_ctx_create(const attn_cuda_ctx_params *params, attn_cuda_ctx **ctx);
+/** Frees a context and the workspace it owns (after the context's stream has finished with it:
+ *  stream-ordered). NULL is allowed. */
+ATTN_CUDA_API void attn_cuda_ctx_free(attn_cuda_ctx *ctx);
+/** @return the message of the last failure on this context ("" if none). */
+ATTN_CUDA_API const char *attn_cuda_ctx_last_error(const attn_cuda_ctx *ctx);
+/** Enqueues later work on `stream`. The caller orders the old stream's work before the new one's
+ *  (the context's workspace is reused across calls). */
+ATTN_CUDA_API attn_status attn_cuda_ctx_set_stream(attn_cuda_ctx *ctx, attn_cuda_stream stream);
+ATTN_CUDA_API attn_cuda_stream attn_cuda_ctx_stream(const attn_cuda_ctx *ctx);
+/** Describes the context's device. */
+ATTN_CUDA_API attn_status attn_cuda_ctx_device(const attn_cuda_ctx *ctx, attn_cuda_device_props *props);
+/**
+ * Gives the context a caller-owned device workspace (any alignment: the context uses it from its
+ * first 256-byte boundary; the sizes the *_workspace_size calls report include that). From then on
+ * a call needing more fails with ATTN_ERR_WORKSPACE. NULL, 0 goes back to context-owned workspace.
+ */
+ATTN_CUDA_API attn_status attn_cuda_ctx_set_workspace(attn_cuda_ctx *ctx, void *buffer, size_t size);
+/** Grows the context-owned workspace to `size` bytes now (stream-ordered). */
+ATTN_CUDA_API attn_status attn_cuda_ctx_reserve(attn_cuda_ctx *ctx, size_t size);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Scaled dot-product attention forward                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * The GPU runs attn_sdpa_desc as attn.h defines it (the descriptor is checked by
+ * attn_sdpa_desc_check, as on the CPU), with these limits (ATTN_ERR_UNSUPPORTED otherwise):
+ * dropout_p = 0, weights_mode = NONE; head_dim and head_dim_v <= 1024. The mask, key padding mask
+ * and alibi_slopes pointers are device pointers. Kernels:
+ *  - "flash": tensor cores (mma.sync, sm_80 and later) for q, k, v and out all BF16 or all F16,
+ *    head_dim = head_dim_v in {32, 64, 96, 128, 256}, unit stride along D and 16-byte aligned
+ *    pointers and row strides (multiples of 8 elements);
+ *  - "simple": everything else (F32, mixed types, other head dims, unaligned views).
+ * Results agree with the CPU reference to the tolerances docs/cuda.md gives per type.
+ */
+
+/** Device workspace bytes attn_cuda_sdpa_fwd needs for `desc` (0 for plain batches; varlen calls need room for the device copy of the offsets). */
+ATTN_CUDA_API attn_status attn_cuda_sdpa_fwd_workspace_size(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc,
+                                                            size_t *bytes);
+/**
+ * SDPA forward on device tensors, enqueued on the context's stream.
+ * @param q, k, v, out  as attn_sdpa_fwd, device pointers of desc->q_dtype, kv_dtype, out_dtype
+ * @param lse           (B, H, L) contiguous float32 device array, or NULL
+ */
+ATTN_CUDA_API attn_status attn_cuda_sdpa_fwd(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc, const void *q,
+                                             const void *k, const void *v, void *out, float *lse);
+/** Variable-length packed batches, as attn_sdpa_varlen_fwd (cu_seqlens are HOST arrays of B + 1
+ *  offsets; lse is (H, total_q)). */
+ATTN_CUDA_API attn_status attn_cuda_sdpa_varlen_fwd_workspace_size(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc,
+                                                                   const int64_t *cu_seqlens_q,
+                                                                   const int64_t *cu_seqlens_k, size_t *bytes);
+ATTN_CUDA_API attn_status attn_cuda_sdpa_varlen_fwd(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc,
+                                                    const int64_t *cu_seqlens_q, const int64_t *cu_seqlens_k,
+                                                    const void *q, const void *k, const void *v, void *out,
+                                                    float *lse);
+/** The kernel the context would run for `desc`: "flash" or "simple" (*name static). */
+ATTN_CUDA_API attn_status attn_cuda_sdpa_kernel_name(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc,
+                                                     const char **name);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ATTN_CUDA_H */

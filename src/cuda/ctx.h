@@ -1,0 +1,29 @@
+// ctx.h - the context of libattn_cuda (attn_cuda.h): device, stream, workspace and last error.
+#ifndef ATTN_CUDA_CTX_H
+#define ATTN_CUDA_CTX_H
+
+#include <cuda_runtime_api.h>
+#include <stdbool.h>
+
+#include "plan.h"
+
+struct attn_cuda_ctx {
+    attn__cuda_err err;         // last error; err.host is a libattn context for the shared checks
+    int device;
+    cudaStream_t stream;
+    attn_cuda_kernels kernels;
+    attn__cuda_device dev;      // what the planner needs of the device
+    void *ws;                   // device workspace: owned (stream-ordered allocation) or the caller's
+    size_t ws_size;
+    bool ws_external;
+    bool pageable_ok;           // the device reads pageable host memory (HMM / ATS systems)
+};
+
+// A failed CUDA call as ATTN_ERR_DEVICE with "<what>: <CUDA error name>: <description>".
+attn_status attn__cuda_device_fail(attn__cuda_err *e, int cuda_error, const char *what);
+
+// A workspace of at least `bytes` (0: none) starting on an ATTN__CU_WS_ALIGN boundary: the
+// caller's (ATTN_ERR_WORKSPACE when too small) or the context's own, grown stream-ordered.
+attn_status attn__cuda_workspace(attn_cuda_ctx *ctx, size_t bytes, unsigned char **base);
+
+#endif

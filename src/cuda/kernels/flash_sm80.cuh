@@ -1,0 +1,227 @@
+// flash_sm80.cuh - the tensor-core SDPA forward (FlashAttention-2's algorithm on mma.sync, sm_80+):
+// one block per 128 query rows of one (b, h), 8 warps of 16 rows each; keys and values stream
+// through shared memory in tiles of Bc rows (cp.async, two stages: the next tile loads while this
+// one is computed); per tile each warp computes S = Q K^T on tensor cores, applies the score rule
+// where the tile needs it (bounds, masks, ALiBi, soft cap: common.cuh), updates its rows' running
+// max and sum in registers (online softmax, exp2 domain) and accumulates O += P V on tensor cores.
+// The output goes through shared memory to 16-byte stores; lse is written per row.
+//
+// Preconditions (checked by plan.c): q, k, v, out of type T (bf16 or f16), head_dim = head_dim_v =
+// D, unit stride along D, 16-byte aligned rows; any batch/head/row strides, GQA, packed batches.
+//
+// Shared memory: rows padded by 8 elements (16 bytes), so the 8 row addresses of an ldmatrix fall
+// in 8 different bank groups (no conflicts) for every D here.
+#ifndef ATTN_CUDA_FLASH_SM80_CUH
+#define ATTN_CUDA_FLASH_SM80_CUH
+
+#include <cuda_runtime.h>
+
+#include "common.cuh"
+#include "flash_traits.cuh"
+#include "mma.cuh"
+
+namespace attn_cuda {
+
+template <typename T, int D>
+__global__ void __launch_bounds__(FlashTraits<D>::kThreads, 1) flash_fwd_kernel(const P p) {
+    using Tr = FlashTraits<D>;
+    constexpr int Br = Tr::kBr, Bc = Tr::kBc, ST = Tr::kStages, NTH = Tr::kThreads;
+    constexpr int LD = D + 8;       // shared row pitch (elements)
+    constexpr int CPR = D / 8;      // 16-byte chunks per row
+    constexpr int NT = Bc / 8;      // n-tiles of S per warp (8 keys each)
+    constexpr int KD = D / 16;      // k-steps of Q K^T
+    constexpr int NO = D / 8;       // n-tiles of O (8 dims each)
+    constexpr int KB = Bc / 16;     // k-steps of P V
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T *sQ = reinterpret_cast<T *>(smem_raw);   // (Br, LD)
+    T *sK = sQ + Br * LD;                      // (ST, Bc, LD)
+    T *sV = sK + ST * Bc * LD;                 // (ST, Bc, LD)
+
+    // Block -> (query tile, b, h); the last query tiles (most keys under causal masking) first.
+    const int64_t bh_count = p.B * p.H;
+    const int64_t m_blocks = (p.L + Br - 1) / Br;
+    const int64_t bid = blockIdx.x;
+    const int64_t mt = m_blocks - 1 - bid / bh_count, bh = bid % bh_count;
+    const int64_t b = bh / p.H, h = bh % p.H, hk = h / p.group;
+    const Seq s = seq_of(p, b);
+    const int64_t i0 = mt * Br;
+    if (i0 >= s.L) return; // whole block
+    const int64_t i_last = min(i0 + Br, s.L) - 1;
+    // Keys any row of the tile may see, and keys every row sees (bounds only; masks apply per element).
+    const int64_t k_lo = first_key(p, s, i0), k_hi = end_key(p, s, i_last);
+    const int64_t full_lo = first_key(p, s, i_last), full_hi = end_key(p, s, i0);
+    const int64_t n_begin = k_lo < k_hi ? k_lo / Bc : 0, n_end = k_lo < k_hi ? (k_hi + Bc - 1) / Bc : 0;
+    const int n_tiles = (int)(n_end - n_begin);
+    const bool elementwise = has_elementwise(p);
+    const float scale_log2 = p.scale * kLog2e;
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
+    const T *gq = static_cast<const T *>(p.q), *gk = static_cast<const T *>(p.k), *gv = static_cast<const T *>(p.v);
+
+    // ---- loads (every thread takes 16-byte chunks in turn) ----
+    for (int ch = tid; ch < Br * CPR; ch += NTH) {
+        const int r = ch / CPR, col = (ch % CPR) * 8;
+        const int64_t i = i0 + r;
+        const bool ok = i < s.L;
+        cp_async16(sQ + r * LD + col, gq + (ok ? q_row(p, s, b, h, i) : 0) + col, ok);
+    }
+    auto load_kv = [&](int64_t tile, int stage) {
+        T *dk = sK + stage * Bc * LD, *dv = sV + stage * Bc * LD;
+        const int64_t n0 = tile * Bc;
+        for (int ch = tid; ch < Bc * CPR; ch += NTH) {
+            const int r = ch / CPR, col = (ch % CPR) * 8;
+            const int64_t j = n0 + r;
+            const bool ok = j < s.S; // rows past the sequence are zero-filled, never read
+            cp_async16(dk + r * LD + col, gk + (ok ? kv_row(p, p.k_stride, s, b, hk, j) : 0) + col, ok);
+            cp_async16(dv + r * LD + col, gv + (ok ? kv_row(p, p.v_stride, s, b, hk, j) : 0) + col, ok);
+        }
+    };
+#pragma unroll
+    for (int st = 0; st < ST - 1; st++) {
+        if (st < n_tiles) load_kv(n_begin + st, st);
+        cp_async_commit(); // group st (group 0 also holds Q)
+    }
+
+    float oacc[NO][4];
+#pragma unroll
+    for (int no = 0; no < NO; no++) oacc[no][0] = oacc[no][1] = oacc[no][2] = oacc[no][3] = 0.0f;
+    float row_m[2] = {-CUDART_INF_F, -CUDART_INF_F}, row_l[2] = {0.0f, 0.0f}; // rows g and g + 8
+    uint32_t qf[Tr::kQInRegs ? KD : 1][4];
+
+    for (int t = 0; t < n_tiles; t++) {
+        const int pre = t + ST - 1;
+        if (pre < n_tiles) load_kv(n_begin + pre, pre % ST);
+        cp_async_commit();
+        cp_async_wait<ST - 1>(); // tile t (and Q) have landed for this thread ...
+        __syncthreads();         // ... and for every thread
+        const T *k_s = sK + (t % ST) * Bc * LD, *v_s = sV + (t % ST) * Bc * LD;
+        const T *q_s = sQ + warp * 16 * LD;
+        if (Tr::kQInRegs && t == 0) {
+#pragma unroll
+            for (int kk = 0; kk < (Tr::kQInRegs ? KD : 1); kk++)
+                ldmatrix_x4(qf[kk], q_s + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + kk * 16 + (lane >> 4) * 8);
+        }
+
+        // S = Q K^T for this warp's 16 rows and the tile's Bc keys
+        float sacc[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) sacc[nt][0] = sacc[nt][1] = sacc[nt][2] = sacc[nt][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++) {
+            uint32_t a[4];
+            if (Tr::kQInRegs) {
+                a[0] = qf[Tr::kQInRegs ? kk : 0][0], a[1] = qf[Tr::kQInRegs ? kk : 0][1];
+                a[2] = qf[Tr::kQInRegs ? kk : 0][2], a[3] = qf[Tr::kQInRegs ? kk : 0][3];
+            } else {
+                ldmatrix_x4(a, q_s + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + kk * 16 + (lane >> 4) * 8);
+            }
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t bb[4];
+                ldmatrix_x4(bb, k_s + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
+                mma16816<T>(sacc[2 * np], a, bb[0], bb[1]);
+                mma16816<T>(sacc[2 * np + 1], a, bb[2], bb[3]);
+            }
+        }
+
+        // Scores in the log2 domain: scale only, or the whole rule where the tile needs it.
+        const int64_t n0 = (n_begin + t) * Bc;
+        const bool need = elementwise || n0 < full_lo || n0 + Bc > full_hi;
+        if (!need) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) sacc[nt][e] *= scale_log2;
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int64_t i = i0 + warp * 16 + g + (e >> 1) * 8, j = n0 + nt * 8 + 2 * c + (e & 1);
+                    sacc[nt][e] = i < s.L && j < s.S ? score(p, s, sacc[nt][e], b, h, i, j) * kLog2e : -CUDART_INF_F;
+                }
+        }
+
+        // Online softmax: rows g (elements 0, 1) and g + 8 (elements 2, 3); a row's 4 threads agree.
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = -CUDART_INF_F;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(sacc[nt][2 * r], sacc[nt][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(row_m[r], mx);
+            const float m_use = m_new == -CUDART_INF_F ? 0.0f : m_new; // no key seen yet: weights 0, not NaN
+            const float alpha = exp2f(row_m[r] - m_use);
+            row_m[r] = m_new;
+            float sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                sacc[nt][2 * r] = exp2f(sacc[nt][2 * r] - m_use);
+                sacc[nt][2 * r + 1] = exp2f(sacc[nt][2 * r + 1] - m_use);
+                sum += sacc[nt][2 * r] + sacc[nt][2 * r + 1];
+            }
+            row_l[r] = row_l[r] * alpha + sum;
+#pragma unroll
+            for (int no = 0; no < NO; no++) oacc[no][2 * r] *= alpha, oacc[no][2 * r + 1] *= alpha;
+        }
+
+        // O += P V: the S accumulators of two n-tiles are one A fragment (rounded to T).
+#pragma unroll
+        for (int kb = 0; kb < KB; kb++) {
+            const uint32_t a[4] = {pack2<T>(sacc[2 * kb][0], sacc[2 * kb][1]), pack2<T>(sacc[2 * kb][2], sacc[2 * kb][3]),
+                                   pack2<T>(sacc[2 * kb + 1][0], sacc[2 * kb + 1][1]),
+                                   pack2<T>(sacc[2 * kb + 1][2], sacc[2 * kb + 1][3])};
+#pragma unroll
+            for (int dp = 0; dp < D / 16; dp++) {
+                uint32_t bb[4];
+                ldmatrix_x4_trans(bb, v_s + (kb * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 + (lane >> 4) * 8);
+                mma16816<T>(oacc[2 * dp], a, bb[0], bb[1]);
+                mma16816<T>(oacc[2 * dp + 1], a, bb[2], bb[3]);
+            }
+        }
+        __syncthreads(); // the stage read here is the one the next iteration's prefetch overwrites
+    }
+    cp_async_wait<0>(); // nothing in flight (Q when there were no tiles, empty groups)
+    __syncthreads();
+
+    // Normalise; lse; O through this warp's own Q rows in shared memory to 16-byte stores.
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float l = row_l[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        inv[r] = l > 0.0f ? 1.0f / l : (l == 0.0f ? 0.0f : l); // NaN stays NaN
+        const int64_t i = i0 + warp * 16 + g + r * 8;
+        if (p.lse != nullptr && c == 0 && i < s.L) p.lse[lse_index(p, s, b, h, i)] = lse_of(row_m[r], l);
+    }
+    T *so = sQ + warp * 16 * LD;
+#pragma unroll
+    for (int no = 0; no < NO; no++)
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            *reinterpret_cast<uint32_t *>(so + (g + r * 8) * LD + no * 8 + 2 * c) =
+                pack2<T>(oacc[no][2 * r] * inv[r], oacc[no][2 * r + 1] * inv[r]);
+    __syncwarp();
+    T *gout = static_cast<T *>(p.out);
+    for (int ch = lane; ch < 16 * CPR; ch += 32) {
+        const int r = ch / CPR, col = (ch % CPR) * 8;
+        const int64_t i = i0 + warp * 16 + r;
+        if (i < s.L)
+            *reinterpret_cast<uint4 *>(gout + o_row(p, s, b, h, i) + col) = *reinterpret_cast<const uint4 *>(so + r * LD + col);
+    }
+}
+
+template <typename T, int D> int flash_launch(const P &p, int64_t row_blocks, cudaStream_t stream) {
+    using Tr = FlashTraits<D>;
+    const size_t smem = (size_t)(Tr::kBr + 2 * Tr::kStages * Tr::kBc) * (size_t)(D + 8) * sizeof(T);
+    cudaError_t err = cudaFuncSetAttribute(flash_fwd_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err != cudaSuccess) return err;
+    flash_fwd_kernel<T, D><<<dim3((unsigned)(row_blocks * p.B * p.H)), Tr::kThreads, smem, stream>>>(p);
+    return cudaGetLastError();
+}
+
+} // namespace attn_cuda
+
+#endif

@@ -1,0 +1,32 @@
+// launch.h - the kernels' launchers, defined in the .cu files and called by the host code (C).
+// Each enqueues on `stream` and returns the cudaError_t of the launch (0 = cudaSuccess); none
+// synchronises. Preconditions are the planner's (plan.c): the launchers trust their parameters.
+#ifndef ATTN_CUDA_LAUNCH_H
+#define ATTN_CUDA_LAUNCH_H
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#include "sdpa_params.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// kernels/simple.cu: row_blocks = ceil(L / 4) query tiles per (b, h).
+int attn__cuda_launch_simple(const attn__cuda_sdpa_params *p, int64_t row_blocks, cudaStream_t stream);
+
+// kernels/flash_dispatch.cu: the tensor-core forward (kernels/flash_sm80.cuh) for q_dtype BF16 or
+// F16 and head dim 32, 64, 96, 128 or 256, one instance per (type, dim) generated from
+// kernels/flash_inst.cu.in. Other combinations return cudaErrorInvalidValue.
+int attn__cuda_launch_flash(const attn__cuda_sdpa_params *p, int64_t row_blocks, cudaStream_t stream);
+
+// kernels/simple.cu: whether this build carries code the current device can run (a kernel's
+// attributes are queried, which loads its module): 0 (cudaSuccess) or the CUDA error.
+int attn__cuda_kernels_loadable(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

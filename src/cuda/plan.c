@@ -1,0 +1,167 @@
+// plan.c - host-side checks and planning of libattn_cuda's calls (see plan.h). No CUDA here: the
+// same code runs in the library and, against described devices, in tests/cuda/test_cuda_plan.c.
+#include "plan.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+attn_status attn__cuda_fail(attn__cuda_err *e, attn_status st, const char *fmt, ...) {
+    if (e != NULL) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+        va_end(ap);
+    }
+    return st;
+}
+
+// A failure of libattn's shared checks: its message becomes ours.
+static attn_status shared_fail(attn__cuda_err *e, attn_status st) {
+    if (st != ATTN_OK) attn__cuda_fail(e, st, "%s", attn_ctx_last_error(e->host));
+    return st;
+}
+
+const char *attn__cuda_kernel_name(attn__cuda_kernel k) {
+    switch (k) {
+    case ATTN__CU_KERNEL_SIMPLE: return "simple";
+    case ATTN__CU_KERNEL_FLASH: return "flash";
+    }
+    return "?";
+}
+
+size_t attn__cuda_ws_take(size_t *used, size_t bytes) {
+    const size_t at = (*used + ATTN__CU_WS_ALIGN - 1) & ~(size_t)(ATTN__CU_WS_ALIGN - 1);
+    *used = at + bytes;
+    return at;
+}
+
+// ---- kernel resources (must agree with the kernels' own layouts) -------------------------------
+
+// Simple kernel: 4 warps, each with a float q row (D) and accumulator (Dv) in shared memory.
+size_t attn__cuda_simple_smem(const attn__cuda_sdpa_params *p) { return (size_t)(4 * (p->D + p->Dv)) * sizeof(float); }
+
+// Flash kernel: Q (Br rows) and STAGES tiles of K and V (Bc rows), rows padded by 8 elements. The
+// tile shapes are those of kernels/flash_traits.cuh (one table, copied here for the host).
+typedef struct flash_shape {
+    int d, br, bc, stages;
+} flash_shape;
+static const flash_shape flash_shapes[] = {{32, 128, 128, 2}, {64, 128, 128, 2}, {96, 128, 64, 2}, {128, 128, 64, 2},
+                                           {256, 128, 32, 2}};
+
+static const flash_shape *flash_shape_of(int64_t d) {
+    for (size_t i = 0; i < sizeof flash_shapes / sizeof flash_shapes[0]; i++)
+        if (flash_shapes[i].d == d) return &flash_shapes[i];
+    return NULL;
+}
+
+size_t attn__cuda_flash_smem(int head_dim) {
+    const flash_shape *f = flash_shape_of(head_dim);
+    if (f == NULL) return 0;
+    return (size_t)(f->br + 2 * f->stages * f->bc) * (size_t)(f->d + 8) * 2;
+}
+
+// ---- SDPA ------------------------------------------------------------------------------------
+
+static bool float_dtype(int32_t t) { return t == ATTN_DTYPE_F32 || t == ATTN_DTYPE_F16 || t == ATTN_DTYPE_BF16; }
+static bool fast_dtype(int32_t t) { return t == ATTN_DTYPE_BF16 || t == ATTN_DTYPE_F16; }
+static bool fast_dim(int64_t d) { return flash_shape_of(d) != NULL; }
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+// A view read or written 16 bytes at a time: unit stride along D, other strides multiples of 8
+// elements (2-byte types), base pointer 16-byte aligned (NULL: not known yet, not checked).
+static bool vec_view(const int64_t s[4], const void *ptr) {
+    return s[3] == 1 && s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0 && (ptr == NULL || aligned16(ptr));
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The shared descriptor checks for the call's form.
+static attn_status check_desc(attn__cuda_err *e, const attn_sdpa_desc *d, const attn__cuda_seqs *s) {
+    if (s != NULL) return shared_fail(e, attn_sdpa_varlen_desc_check(e->host, d, s->cu_q, s->cu_k));
+    return shared_fail(e, attn_sdpa_desc_check(e->host, d));
+}
+
+static attn_status gpu_limits(attn__cuda_err *e, const attn_sdpa_desc *d, int64_t D, int64_t Dv) {
+    if (d->dropout_p != 0.0)
+        return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda sdpa: dropout is not available on the GPU (dropout_p %g)",
+                               d->dropout_p);
+    if (d->weights_mode != ATTN_WEIGHTS_NONE)
+        return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda sdpa: the attention weights output is not available on the GPU");
+    if (!float_dtype(d->q_dtype) || !float_dtype(d->kv_dtype) || !float_dtype(d->out_dtype))
+        return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda sdpa: q, k, v and out must be F32, F16 or BF16 on the GPU (k, v: %s)",
+                               attn_dtype_name(d->kv_dtype));
+    if (D > ATTN__CU_MAX_HEAD_DIM || Dv > ATTN__CU_MAX_HEAD_DIM)
+        return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda sdpa: head_dim %lld / head_dim_v %lld above %d", (long long)D,
+                               (long long)Dv, ATTN__CU_MAX_HEAD_DIM);
+    return ATTN_OK;
+}
+
+attn_status attn__cuda_plan_sdpa(attn__cuda_err *e, const attn__cuda_device *dev, attn_cuda_kernels kernels,
+                                 const attn_sdpa_desc *d, const attn__cuda_seqs *seqs, const void *q,
+                                 const void *k, const void *v, const void *out, attn__cuda_sdpa_plan *plan) {
+    memset(plan, 0, sizeof *plan);
+    if (d == NULL) return attn__cuda_fail(e, ATTN_ERR_INVALID_ARG, "cuda sdpa: desc is NULL");
+    ATTN__CU_TRY(check_desc(e, d, seqs));
+    attn__cuda_sdpa_params *p = &plan->p;
+    const bool packed = seqs != NULL;
+    p->B = d->batch, p->H = d->n_heads, p->Hkv = d->n_kv_heads == 0 ? d->n_heads : d->n_kv_heads;
+    p->group = p->H / p->Hkv, p->L = d->len_q, p->S = d->len_kv, p->D = d->head_dim;
+    p->Dv = d->head_dim_v == 0 ? d->head_dim : d->head_dim_v;
+    ATTN__CU_TRY(gpu_limits(e, d, p->D, p->Dv));
+    memcpy(p->q_stride, d->q_stride, sizeof p->q_stride);
+    memcpy(p->k_stride, d->k_stride, sizeof p->k_stride);
+    memcpy(p->v_stride, d->v_stride, sizeof p->v_stride);
+    memcpy(p->o_stride, d->o_stride, sizeof p->o_stride);
+    memcpy(p->mask_stride, d->mask_stride, sizeof p->mask_stride);
+    memcpy(p->kpm_stride, d->key_padding_mask_stride, sizeof p->kpm_stride);
+    // Strides of length-1 dimensions never reach an element: 0, so they do not defeat alignment.
+    const int64_t nq[4] = {p->B, p->H, p->L, p->D}, nk[4] = {p->B, p->Hkv, p->S, p->D};
+    const int64_t nv[4] = {p->B, p->Hkv, p->S, p->Dv}, no[4] = {p->B, p->H, p->L, p->Dv};
+    for (int i = 0; i < 4; i++) {
+        if (nq[i] == 1) p->q_stride[i] = 0;
+        if (no[i] == 1) p->o_stride[i] = 0;
+        if (nk[i] == 1) p->k_stride[i] = 0;
+        if (nv[i] == 1) p->v_stride[i] = 0;
+    }
+    if (packed) p->q_stride[0] = p->o_stride[0] = p->k_stride[0] = p->v_stride[0] = 0;
+    p->q_dtype = d->q_dtype, p->kv_dtype = d->kv_dtype, p->out_dtype = d->out_dtype;
+    p->mask = d->mask, p->mask_dtype = d->mask_dtype;
+    p->kpm = d->key_padding_mask, p->kpm_dtype = d->key_padding_mask_dtype;
+    p->alibi = d->alibi_slopes;
+    p->scale = d->scale != 0.0f ? d->scale : (float)(1.0 / sqrt((double)p->D));
+    p->softcap = d->softcap;
+    p->causal = (int32_t)d->causal, p->use_window = d->use_window != 0;
+    p->window_left = d->window_left, p->window_right = d->window_right;
+    plan->total_q = packed ? seqs->cu_q[p->B] : p->B * p->L;
+    if (packed) {
+        p->lse_stride[0] = 0, p->lse_stride[1] = plan->total_q, p->lse_stride[2] = 1;
+    } else {
+        p->lse_stride[0] = p->H * p->L, p->lse_stride[1] = p->L, p->lse_stride[2] = 1;
+    }
+
+    // ---- the kernel ----
+    const bool same = p->q_dtype == p->kv_dtype && p->kv_dtype == p->out_dtype && fast_dtype(p->q_dtype);
+    const bool kv_vec = vec_view(p->k_stride, k) && vec_view(p->v_stride, v);
+    const bool dims = p->D == p->Dv && fast_dim(p->D);
+    const bool fast_ok = kernels != ATTN_CUDA_KERNELS_SIMPLE && dev->cc_major >= 8 && same && dims && kv_vec;
+    attn__cuda_kernel kern = ATTN__CU_KERNEL_SIMPLE;
+    if (kern == ATTN__CU_KERNEL_SIMPLE && fast_ok && vec_view(p->q_stride, q) && vec_view(p->o_stride, out) &&
+        attn__cuda_flash_smem((int)p->D) <= dev->smem_optin)
+        kern = ATTN__CU_KERNEL_FLASH;
+    if (kern == ATTN__CU_KERNEL_SIMPLE && attn__cuda_simple_smem(p) > dev->smem_optin)
+        return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda sdpa: head dims %lld/%lld need more shared memory than the device has",
+                               (long long)p->D, (long long)p->Dv);
+    plan->kernel = kern;
+    const int64_t tile = kern == ATTN__CU_KERNEL_FLASH ? flash_shape_of(p->D)->br : 4;
+    plan->row_blocks = ceil_div(p->L, tile);
+    if (plan->row_blocks > INT32_MAX / (p->B * p->H))
+        return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda sdpa: %lld x %lld x %lld blocks exceed the grid's limit",
+                               (long long)p->B, (long long)p->H, (long long)plan->row_blocks);
+    // ---- the workspace: the device copy of the offsets ----
+    size_t used = 0;
+    if (packed) plan->ws_cu = attn__cuda_ws_take(&used, (size_t)(2 * (p->B + 1)) * sizeof(int64_t));
+    plan->ws_bytes = used > 0 ? used + ATTN__CU_WS_ALIGN - 1 : 0;
+    return ATTN_OK;
+}

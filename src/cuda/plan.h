@@ -1,0 +1,81 @@
+// plan.h - the host side of every libattn_cuda call that can be decided without a GPU: argument
+// checks (sharing libattn's descriptor checks), kernel choice, launch geometry and workspace
+// layout. Plain C with no CUDA header, so tests/cuda/test_cuda_plan.c runs it on any machine with a
+// described (fake) device. The entry points (sdpa.c) plan first, then launch.
+#ifndef ATTN_CUDA_PLAN_H
+#define ATTN_CUDA_PLAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "attn_cuda.h"
+#include "sdpa_params.h"
+
+#define ATTN__CU_TRY(expr)                      \
+    do {                                        \
+        const attn_status attn__cu_st_ = (expr); \
+        if (attn__cu_st_ != ATTN_OK) return attn__cu_st_; \
+    } while (0)
+
+#define ATTN__CU_ERR_SIZE 256
+#define ATTN__CU_WS_ALIGN 256 // every workspace piece starts on this boundary
+#define ATTN__CU_MAX_HEAD_DIM 1024
+
+// Where messages go: a buffer, and libattn's context whose descriptor checks we share.
+typedef struct attn__cuda_err {
+    char msg[ATTN__CU_ERR_SIZE];
+    attn_ctx *host; // checks of attn_sdpa_desc_check write their message here; copied into msg
+} attn__cuda_err;
+
+attn_status attn__cuda_fail(attn__cuda_err *e, attn_status st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+// What the planner needs to know of the device.
+typedef struct attn__cuda_device {
+    int cc_major, cc_minor;
+    int sm_count;
+    size_t smem_optin; // largest dynamic shared memory per block
+} attn__cuda_device;
+
+typedef enum attn__cuda_kernel {
+    ATTN__CU_KERNEL_SIMPLE = 0,
+    ATTN__CU_KERNEL_FLASH = 1
+} attn__cuda_kernel;
+
+const char *attn__cuda_kernel_name(attn__cuda_kernel k);
+
+// The sizes of each sequence of a call, on the host (what the device arrays will hold).
+typedef struct attn__cuda_seqs {
+    const int64_t *cu_q, *cu_k; // host (B + 1) or NULL (both given for a packed batch)
+} attn__cuda_seqs;
+
+// A planned SDPA call: the parameters with every pointer but the tensors' set at launch, the
+// kernel, its launch geometry and the workspace layout.
+typedef struct attn__cuda_sdpa_plan {
+    attn__cuda_sdpa_params p;
+    attn__cuda_kernel kernel;
+    int64_t row_blocks;      // query tiles per (b, h)
+    int64_t total_q;         // rows of q (packed) or B*L
+    size_t ws_cu;            // offset inside the workspace of the device copy of cu_q, cu_k
+    size_t ws_bytes;         // total (0 when nothing is needed), alignment slack included
+} attn__cuda_sdpa_plan;
+
+// Checks a descriptor for the GPU (attn_sdpa_desc_check or attn_sdpa_varlen_desc_check, then the
+// GPU's own limits) and plans the call. seqs gives per-sequence sizes (NULL: a plain batch).
+// Pointers are checked for alignment when given (NULL pointers are checked by the entry points).
+attn_status attn__cuda_plan_sdpa(attn__cuda_err *e, const attn__cuda_device *dev, attn_cuda_kernels kernels,
+                                 const attn_sdpa_desc *d, const attn__cuda_seqs *seqs,
+                                 const void *q, const void *k, const void *v, const void *out,
+                                 attn__cuda_sdpa_plan *plan);
+
+// Dynamic shared memory of the kernels (bytes), from the plan.
+size_t attn__cuda_simple_smem(const attn__cuda_sdpa_params *p);
+size_t attn__cuda_flash_smem(int head_dim);
+
+// Workspace pieces: offsets advance by aligned sizes (arena over device memory, or sizing only).
+size_t attn__cuda_ws_take(size_t *used, size_t bytes);
+
+#endif

@@ -1,0 +1,111 @@
+// sdpa.c - the SDPA entry points of libattn_cuda: plan on the host (plan.c: every check, the kernel,
+// the workspace), then fill in the tensors' pointers and enqueue on the context's stream. A bad
+// argument returns before anything is enqueued; nothing here synchronises.
+#include <string.h>
+
+#include "ctx.h"
+#include "launch.h"
+
+// Whether the device can read `p` (NULL: nothing to check). A host pointer the device cannot reach
+// would fault inside the kernel and leave the CUDA context unusable; it is refused here instead.
+static attn_status check_device_ptr(attn_cuda_ctx *ctx, const void *p, const char *what) {
+    if (p == NULL || ctx->pageable_ok) return ATTN_OK;
+    struct cudaPointerAttributes a;
+    const cudaError_t err = cudaPointerGetAttributes(&a, p);
+    if (err != cudaSuccess) return attn__cuda_device_fail(&ctx->err, err, "cuda sdpa: cudaPointerGetAttributes");
+    if (a.type == cudaMemoryTypeUnregistered || (a.type == cudaMemoryTypeHost && a.devicePointer != p))
+        return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda sdpa: %s is host memory the GPU cannot read", what);
+    return ATTN_OK;
+}
+
+static attn_status check_tensors(attn_cuda_ctx *ctx, const attn_sdpa_desc *d, const void *q, const void *k,
+                                 const void *v, const void *out, const float *lse) {
+    if (q == NULL || k == NULL || v == NULL || out == NULL)
+        return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda sdpa: q, k, v and out must not be NULL");
+    if (d == NULL) return ATTN_OK; // the planner reports it
+    const struct {
+        const void *p;
+        const char *name;
+    } t[] = {{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse"}, {d->mask, "mask"},
+             {d->key_padding_mask, "key_padding_mask"}, {d->alibi_slopes, "alibi_slopes"}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) ATTN__CU_TRY(check_device_ptr(ctx, t[i].p, t[i].name));
+    return ATTN_OK;
+}
+
+// Plans a call (seqs NULL: a plain batch).
+static attn_status plan_call(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc, const attn__cuda_seqs *seqs,
+                             const void *q, const void *k, const void *v, const void *out, attn__cuda_sdpa_plan *plan) {
+    return attn__cuda_plan_sdpa(&ctx->err, &ctx->dev, ctx->kernels, desc, seqs, q, k, v, out, plan);
+}
+
+// Enqueues a planned call: the offsets' copy into the workspace (packed batches), then the kernel.
+static attn_status run(attn_cuda_ctx *ctx, attn__cuda_sdpa_plan *plan, const attn__cuda_seqs *seqs, const void *q,
+                       const void *k, const void *v, void *out, float *lse) {
+    unsigned char *ws = NULL;
+    ATTN__CU_TRY(attn__cuda_workspace(ctx, plan->ws_bytes, &ws));
+    attn__cuda_sdpa_params *p = &plan->p;
+    p->q = q, p->k = k, p->v = v, p->out = out, p->lse = lse;
+    if (seqs != NULL) {
+        int64_t *cu = (int64_t *)(ws + plan->ws_cu);
+        const size_t n = (size_t)(p->B + 1) * sizeof(int64_t);
+        // From pageable host memory: staged before the call returns, so the caller may reuse them.
+        cudaError_t err = cudaMemcpyAsync(cu, seqs->cu_q, n, cudaMemcpyHostToDevice, ctx->stream);
+        if (err == cudaSuccess) err = cudaMemcpyAsync(cu + p->B + 1, seqs->cu_k, n, cudaMemcpyHostToDevice, ctx->stream);
+        if (err != cudaSuccess) return attn__cuda_device_fail(&ctx->err, err, "cuda sdpa: copying cu_seqlens");
+        p->cu_q = cu, p->cu_k = cu + p->B + 1;
+    }
+    const int err = plan->kernel == ATTN__CU_KERNEL_FLASH ? attn__cuda_launch_flash(p, plan->row_blocks, ctx->stream)
+                                                          : attn__cuda_launch_simple(p, plan->row_blocks, ctx->stream);
+    if (err != cudaSuccess) return attn__cuda_device_fail(&ctx->err, err, "cuda sdpa: launch");
+    return ATTN_OK;
+}
+
+attn_status attn_cuda_sdpa_fwd_workspace_size(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc, size_t *bytes) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    if (bytes == NULL) return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda sdpa: bytes is NULL");
+    attn__cuda_sdpa_plan plan;
+    ATTN__CU_TRY(plan_call(ctx, desc, NULL, NULL, NULL, NULL, NULL, &plan));
+    *bytes = plan.ws_bytes;
+    return ATTN_OK;
+}
+
+attn_status attn_cuda_sdpa_fwd(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc, const void *q, const void *k,
+                               const void *v, void *out, float *lse) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    ATTN__CU_TRY(check_tensors(ctx, desc, q, k, v, out, lse));
+    attn__cuda_sdpa_plan plan;
+    ATTN__CU_TRY(plan_call(ctx, desc, NULL, q, k, v, out, &plan));
+    return run(ctx, &plan, NULL, q, k, v, out, lse);
+}
+
+attn_status attn_cuda_sdpa_varlen_fwd_workspace_size(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc,
+                                                     const int64_t *cu_seqlens_q, const int64_t *cu_seqlens_k,
+                                                     size_t *bytes) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    if (bytes == NULL) return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda sdpa_varlen: bytes is NULL");
+    const attn__cuda_seqs seqs = {cu_seqlens_q, cu_seqlens_k};
+    attn__cuda_sdpa_plan plan;
+    ATTN__CU_TRY(plan_call(ctx, desc, &seqs, NULL, NULL, NULL, NULL, &plan));
+    *bytes = plan.ws_bytes;
+    return ATTN_OK;
+}
+
+attn_status attn_cuda_sdpa_varlen_fwd(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc, const int64_t *cu_seqlens_q,
+                                      const int64_t *cu_seqlens_k, const void *q, const void *k, const void *v,
+                                      void *out, float *lse) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    ATTN__CU_TRY(check_tensors(ctx, desc, q, k, v, out, lse));
+    const attn__cuda_seqs seqs = {cu_seqlens_q, cu_seqlens_k};
+    attn__cuda_sdpa_plan plan;
+    ATTN__CU_TRY(plan_call(ctx, desc, &seqs, q, k, v, out, &plan));
+    return run(ctx, &plan, &seqs, q, k, v, out, lse);
+}
+
+attn_status attn_cuda_sdpa_kernel_name(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc, const char **name) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    if (name == NULL) return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda sdpa: name is NULL");
+    attn__cuda_sdpa_plan plan;
+    ATTN__CU_TRY(plan_call(ctx, desc, NULL, NULL, NULL, NULL, NULL, &plan));
+    *name = attn__cuda_kernel_name(plan.kernel);
+    return ATTN_OK;
+}

@@ -1,0 +1,35 @@
+// sdpa_params.h - the one parameter block every attention kernel of libattn_cuda takes, filled
+// and checked on the host (plan.c) and passed by value to the kernels. Plain C, shared by the host
+// code and the .cu files. Shapes and strides are in elements, 64-bit; pointers are device pointers.
+#ifndef ATTN_CUDA_SDPA_PARAMS_H
+#define ATTN_CUDA_SDPA_PARAMS_H
+
+#include <stdint.h>
+
+// Element types as attn_dtype's values (F32 0, F16 2, BF16 3, BOOL 4).
+enum { ATTN__CU_F32 = 0, ATTN__CU_F16 = 2, ATTN__CU_BF16 = 3, ATTN__CU_BOOL = 4 };
+
+typedef struct attn__cuda_sdpa_params {
+    // q: (B, H, L, D) at q_stride; k: (B, Hkv, S, D) at k_stride; v: (B, Hkv, S, Dv) at v_stride;
+    // out: (B, H, L, Dv) at o_stride. With cu_q and cu_k the batch strides are 0.
+    const void *q, *k, *v;
+    void *out;
+    float *lse;              // element (b, h, i) at b*lse_stride[0] + h*lse_stride[1] + (row0 + i)*lse_stride[2]
+    const void *mask;        // (B, H, L, S) at mask_stride: BOOL (True hides) or F32 (added)
+    const void *kpm;         // key padding mask (B, S) at kpm_stride: BOOL or F32
+    const float *alibi;      // (H) slopes or NULL
+    int64_t B, H, Hkv, group, L, S, D, Dv;
+    int64_t q_stride[4], k_stride[4], v_stride[4], o_stride[4], mask_stride[4], kpm_stride[2];
+    int64_t lse_stride[3];
+    int32_t q_dtype, kv_dtype, out_dtype, mask_dtype, kpm_dtype;
+    float scale;             // resolved (never 0)
+    float softcap;           // 0: none
+    int32_t causal;          // attn_causal
+    int32_t use_window;
+    int64_t window_left, window_right;
+    // Packed batches (device arrays of B + 1 offsets; NULL for a plain batch): query i of sequence
+    // b is row cu_q[b] + i, key j row cu_k[b] + j; L_b = cu_q[b+1] - cu_q[b], S_b likewise.
+    const int64_t *cu_q, *cu_k;
+} attn__cuda_sdpa_params;
+
+#endif

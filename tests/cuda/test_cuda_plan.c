@@ -1,0 +1,225 @@
+// test_cuda_plan.c - the host side of libattn_cuda without a GPU: the planner (src/cuda/plan.c)
+// against described devices. Every descriptor the CPU rejects is rejected with the CPU's status and
+// message; the GPU's own limits; the kernel each call gets (tensor cores only for aligned BF16/F16
+// views of the head dims they are built for); launch geometry, resolved parameters and workspace.
+#include "attn.h"
+#include "harness.h"
+#include "plan.h"
+
+// An H100 (sm_90, 132 SMs, 227 KiB of shared memory per block) and an A100 (sm_80, 163 KiB).
+static const attn__cuda_device h100 = {9, 0, 132, 232448};
+static const attn__cuda_device a100 = {8, 0, 108, 166912};
+
+static attn_ctx *cpu_ctx(void) {
+    attn_ctx *ctx = NULL;
+    if (attn_ctx_create(NULL, &ctx) != ATTN_OK) FAIL("attn_ctx_create");
+    return ctx;
+}
+
+// A contiguous (B, H, L, D) descriptor of one element type.
+static attn_sdpa_desc desc_of(int64_t B, int64_t H, int64_t Hkv, int64_t L, int64_t S, int64_t D, attn_dtype t) {
+    attn_sdpa_desc d;
+    attn_sdpa_desc_init(&d);
+    d.batch = B, d.n_heads = H, d.n_kv_heads = Hkv, d.len_q = L, d.len_kv = S, d.head_dim = D;
+    const int64_t q[4] = {H * L * D, L * D, D, 1}, k[4] = {Hkv * S * D, S * D, D, 1};
+    memcpy(d.q_stride, q, sizeof q), memcpy(d.o_stride, q, sizeof q);
+    memcpy(d.k_stride, k, sizeof k), memcpy(d.v_stride, k, sizeof k);
+    d.q_dtype = d.kv_dtype = d.out_dtype = t;
+    return d;
+}
+
+static attn_status plan(attn__cuda_err *e, const attn__cuda_device *dev, attn_cuda_kernels kern, const attn_sdpa_desc *d,
+                        const attn__cuda_seqs *s, attn__cuda_sdpa_plan *out) {
+    return attn__cuda_plan_sdpa(e, dev, kern, d, s, NULL, NULL, NULL, NULL, out);
+}
+
+static const char *kernel_of(const attn_sdpa_desc *d, attn_cuda_kernels kern) {
+    attn__cuda_err e = {{0}, cpu_ctx()};
+    attn__cuda_sdpa_plan p;
+    const attn_status st = plan(&e, &h100, kern, d, NULL, &p);
+    attn_ctx_free(e.host);
+    if (st != ATTN_OK) FAIL("plan: %s", e.msg);
+    return attn__cuda_kernel_name(p.kernel);
+}
+
+// Every bad descriptor gets the CPU's status and message, through the same shared check.
+static void test_rejects_as_cpu(void) {
+    attn__cuda_err e = {{0}, cpu_ctx()};
+    attn_ctx *cpu = cpu_ctx();
+    for (int c = 0; c < 12; c++) {
+        attn_sdpa_desc d = desc_of(2, 4, 2, 16, 16, 64, ATTN_DTYPE_BF16);
+        switch (c) {
+        case 0: d.batch = 0; break;
+        case 1: d.n_kv_heads = 3; break;
+        case 2: d.head_dim = -1; break;
+        case 3: d.causal = (attn_causal)7; break;
+        case 4: d.scale = NAN; break;
+        case 5: d.o_stride[2] = 0; break;
+        case 6: d.softcap = -1.0f; break;
+        case 7: d.use_window = 1, d.window_left = -2; break;
+        case 8: d.q_dtype = (attn_dtype)99; break;
+        case 9: d.mask = &d, d.mask_dtype = ATTN_DTYPE_F16; break;
+        case 10: d.dropout_p = 1.5; break;
+        case 11: d.q_stride[0] = d.q_stride[1] = INT64_MAX / 2; break;
+        }
+        attn__cuda_sdpa_plan p;
+        const attn_status want = attn_sdpa_desc_check(cpu, &d);
+        if (want == ATTN_OK) FAIL("case %d: the CPU accepts the descriptor", c);
+        ASSERT_STATUS(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, &p), want);
+        if (strcmp(e.msg, attn_ctx_last_error(cpu)) != 0) FAIL("case %d: '%s' != '%s'", c, e.msg, attn_ctx_last_error(cpu));
+    }
+    ASSERT_STATUS(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, NULL, NULL, &(attn__cuda_sdpa_plan){0}), ATTN_ERR_INVALID_ARG);
+    attn_ctx_free(cpu);
+    attn_ctx_free(e.host);
+}
+
+// What the CPU takes and the GPU does not: dropout, weights, quantised k/v, huge head dims.
+static void test_gpu_limits(void) {
+    attn__cuda_err e = {{0}, cpu_ctx()};
+    attn__cuda_sdpa_plan p;
+    attn_sdpa_desc d = desc_of(1, 2, 2, 8, 8, 64, ATTN_DTYPE_F32);
+    d.dropout_p = 0.1;
+    ASSERT_STATUS(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, &p), ATTN_ERR_UNSUPPORTED);
+    ASSERT_TRUE(strstr(e.msg, "dropout") != NULL);
+    d = desc_of(1, 2, 2, 8, 8, 64, ATTN_DTYPE_F32);
+    d.weights_mode = ATTN_WEIGHTS_PER_HEAD;
+    ASSERT_STATUS(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, &p), ATTN_ERR_UNSUPPORTED);
+    d = desc_of(1, 2, 2, 8, 8, 64, ATTN_DTYPE_F32);
+    d.kv_dtype = ATTN_DTYPE_Q8_0;
+    ASSERT_STATUS(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, &p), ATTN_ERR_UNSUPPORTED);
+    ASSERT_TRUE(strstr(e.msg, "Q8_0") != NULL || strstr(e.msg, "q8_0") != NULL);
+    d = desc_of(1, 2, 2, 8, 8, 2048, ATTN_DTYPE_F32);
+    ASSERT_STATUS(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, &p), ATTN_ERR_UNSUPPORTED);
+    d = desc_of(1, 2, 2, 8, 8, 1024, ATTN_DTYPE_F32); // 4 warps x (1024 + 1024) floats: 32 KiB, fits
+    ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, &p));
+    attn__cuda_device small = h100;
+    small.smem_optin = 16384; // a device with less shared memory than the simple kernel needs
+    ASSERT_STATUS(plan(&e, &small, ATTN_CUDA_KERNELS_AUTO, &d, NULL, &p), ATTN_ERR_UNSUPPORTED);
+    attn_ctx_free(e.host);
+}
+
+// Tensor cores for aligned BF16/F16 views of the built head dims, the simple kernel otherwise.
+static void test_kernel_choice(void) {
+    const int64_t dims[] = {32, 64, 96, 128, 256};
+    for (int i = 0; i < 5; i++) {
+        attn_sdpa_desc d = desc_of(2, 8, 2, 200, 300, dims[i], ATTN_DTYPE_BF16);
+        ASSERT_TRUE(strcmp(kernel_of(&d, ATTN_CUDA_KERNELS_AUTO), "flash") == 0);
+        d.q_dtype = d.kv_dtype = d.out_dtype = ATTN_DTYPE_F16;
+        ASSERT_TRUE(strcmp(kernel_of(&d, ATTN_CUDA_KERNELS_SM80), "flash") == 0);
+        ASSERT_TRUE(strcmp(kernel_of(&d, ATTN_CUDA_KERNELS_SIMPLE), "simple") == 0);
+    }
+    attn_sdpa_desc d = desc_of(2, 8, 2, 200, 300, 128, ATTN_DTYPE_F32);
+    ASSERT_TRUE(strcmp(kernel_of(&d, ATTN_CUDA_KERNELS_AUTO), "simple") == 0);
+    d = desc_of(2, 8, 2, 200, 300, 80, ATTN_DTYPE_BF16); // no instance for D = 80
+    ASSERT_TRUE(strcmp(kernel_of(&d, ATTN_CUDA_KERNELS_AUTO), "simple") == 0);
+    d = desc_of(2, 8, 2, 200, 300, 64, ATTN_DTYPE_BF16);
+    d.kv_dtype = ATTN_DTYPE_F16; // mixed types
+    ASSERT_TRUE(strcmp(kernel_of(&d, ATTN_CUDA_KERNELS_AUTO), "simple") == 0);
+    d = desc_of(2, 8, 2, 200, 300, 64, ATTN_DTYPE_BF16);
+    d.head_dim_v = 32, d.v_stride[0] = 2 * 300 * 32, d.v_stride[1] = 300 * 32, d.v_stride[2] = 32;
+    d.o_stride[0] = 8 * 200 * 32, d.o_stride[1] = 200 * 32, d.o_stride[2] = 32;
+    ASSERT_TRUE(strcmp(kernel_of(&d, ATTN_CUDA_KERNELS_AUTO), "simple") == 0); // Dv != D
+    d = desc_of(2, 8, 2, 200, 300, 64, ATTN_DTYPE_BF16);
+    d.q_stride[2] = 68, d.q_stride[1] = 200 * 68, d.q_stride[0] = 8 * 200 * 68; // rows not 16-byte aligned
+    ASSERT_TRUE(strcmp(kernel_of(&d, ATTN_CUDA_KERNELS_AUTO), "simple") == 0);
+    d = desc_of(2, 8, 2, 200, 300, 64, ATTN_DTYPE_BF16);
+    d.k_stride[3] = 2, d.k_stride[2] = 128, d.k_stride[1] = 300 * 128, d.k_stride[0] = 2 * 300 * 128; // D not unit stride
+    ASSERT_TRUE(strcmp(kernel_of(&d, ATTN_CUDA_KERNELS_AUTO), "simple") == 0);
+    // (B, L, H, D) storage (torch's usual layout) is aligned: tensor cores.
+    d = desc_of(2, 8, 2, 200, 300, 64, ATTN_DTYPE_BF16);
+    const int64_t q[4] = {200 * 8 * 64, 64, 8 * 64, 1}, k[4] = {300 * 2 * 64, 64, 2 * 64, 1};
+    memcpy(d.q_stride, q, sizeof q), memcpy(d.o_stride, q, sizeof q), memcpy(d.k_stride, k, sizeof k), memcpy(d.v_stride, k, sizeof k);
+    ASSERT_TRUE(strcmp(kernel_of(&d, ATTN_CUDA_KERNELS_AUTO), "flash") == 0);
+    // Every option keeps the tensor cores (the score rule runs on the tiles that need it).
+    d.causal = ATTN_CAUSAL_BOTTOM_RIGHT, d.softcap = 30.0f, d.use_window = 1, d.window_left = 16, d.window_right = 0;
+    ASSERT_TRUE(strcmp(kernel_of(&d, ATTN_CUDA_KERNELS_AUTO), "flash") == 0);
+}
+
+// A misaligned base pointer moves the call to the simple kernel.
+static void test_pointer_alignment(void) {
+    attn__cuda_err e = {{0}, cpu_ctx()};
+    attn__cuda_sdpa_plan p;
+    attn_sdpa_desc d = desc_of(1, 2, 2, 64, 64, 64, ATTN_DTYPE_F16);
+    const void *good = (const void *)(uintptr_t)0x10000, *odd = (const void *)(uintptr_t)0x10002;
+    ASSERT_OK(attn__cuda_plan_sdpa(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, good, good, good, good, &p));
+    ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_FLASH);
+    ASSERT_OK(attn__cuda_plan_sdpa(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, good, odd, good, good, &p));
+    ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_SIMPLE);
+    ASSERT_OK(attn__cuda_plan_sdpa(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, good, good, good, odd, &p));
+    ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_SIMPLE);
+    attn_ctx_free(e.host);
+}
+
+// Resolved parameters: scale, strides of extent-1 dimensions, GQA group, grid, lse strides.
+static void test_parameters(void) {
+    attn__cuda_err e = {{0}, cpu_ctx()};
+    attn__cuda_sdpa_plan p;
+    attn_sdpa_desc d = desc_of(3, 8, 2, 300, 500, 128, ATTN_DTYPE_BF16);
+    ASSERT_OK(plan(&e, &a100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, &p));
+    ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_FLASH);
+    ASSERT_TRUE(fabsf(p.p.scale - 1.0f / sqrtf(128.0f)) < 1e-7f);
+    ASSERT_EQ_INT(p.p.group, 4);
+    ASSERT_EQ_INT(p.row_blocks, 3); // ceil(300 / 128)
+    ASSERT_EQ_INT(p.p.lse_stride[0], 8 * 300);
+    ASSERT_EQ_INT(p.p.lse_stride[1], 300);
+    ASSERT_EQ_INT(p.ws_bytes, 0);
+    ASSERT_TRUE(attn__cuda_flash_smem(256) <= a100.smem_optin); // every instance fits an A100
+    ASSERT_TRUE(attn__cuda_flash_smem(80) == 0);
+    d = desc_of(1, 1, 1, 5, 7, 16, ATTN_DTYPE_F32);
+    d.scale = 0.25f;
+    ASSERT_OK(plan(&e, &a100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, &p));
+    ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_SIMPLE);
+    ASSERT_TRUE(p.p.scale == 0.25f);
+    ASSERT_EQ_INT(p.row_blocks, 2); // ceil(5 / 4)
+    ASSERT_EQ_INT(p.p.q_stride[0], 0);
+    ASSERT_EQ_INT(p.p.q_stride[1], 0);
+    ASSERT_EQ_INT(p.p.q_stride[2], 16);
+    attn_ctx_free(e.host);
+}
+
+// Packed batches: the CPU's offset checks, lse (H, total_q), the workspace for the offsets.
+static void test_varlen(void) {
+    attn__cuda_err e = {{0}, cpu_ctx()};
+    attn_ctx *cpu = cpu_ctx();
+    attn__cuda_sdpa_plan p;
+    attn_sdpa_desc d = desc_of(1, 4, 2, 40, 50, 64, ATTN_DTYPE_BF16);
+    d.batch = 3;
+    const int64_t q[4] = {0, 64, 4 * 64, 1}, k[4] = {0, 64, 2 * 64, 1};
+    memcpy(d.q_stride, q, sizeof q), memcpy(d.o_stride, q, sizeof q), memcpy(d.k_stride, k, sizeof k), memcpy(d.v_stride, k, sizeof k);
+    const int64_t cq[4] = {0, 10, 50, 77}, ck[4] = {0, 20, 70, 90};
+    attn__cuda_seqs s = {cq, ck};
+    ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, &s, &p));
+    ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_FLASH);
+    ASSERT_EQ_INT(p.total_q, 77);
+    ASSERT_EQ_INT(p.p.lse_stride[1], 77);
+    ASSERT_EQ_INT(p.p.q_stride[0], 0);
+    ASSERT_TRUE(p.ws_bytes >= 8 * sizeof(int64_t));
+    // offsets the CPU refuses: decreasing, past len_q, not from 0, NULL
+    const int64_t bad[3][4] = {{0, 30, 20, 77}, {0, 10, 55, 77}, {1, 10, 50, 77}};
+    for (int c = 0; c < 3; c++) {
+        s.cu_q = bad[c];
+        const attn_status want = attn_sdpa_varlen_desc_check(cpu, &d, bad[c], ck);
+        if (want == ATTN_OK) FAIL("case %d: the CPU accepts the offsets", c);
+        ASSERT_STATUS(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, &s, &p), want);
+        ASSERT_TRUE(strcmp(e.msg, attn_ctx_last_error(cpu)) == 0);
+    }
+    s.cu_q = NULL;
+    ASSERT_STATUS(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, &s, &p), ATTN_ERR_INVALID_ARG);
+    attn_ctx_free(cpu);
+    attn_ctx_free(e.host);
+}
+
+static void test_workspace_offsets(void) {
+    size_t used = 0;
+    ASSERT_EQ_INT(attn__cuda_ws_take(&used, 10), 0);
+    ASSERT_EQ_INT(attn__cuda_ws_take(&used, 1), ATTN__CU_WS_ALIGN);
+    ASSERT_EQ_INT(used, ATTN__CU_WS_ALIGN + 1);
+}
+
+int main(int argc, char **argv) {
+    static const harness_case cases[] = {HARNESS_CASE(test_rejects_as_cpu), HARNESS_CASE(test_gpu_limits),
+                                         HARNESS_CASE(test_kernel_choice),  HARNESS_CASE(test_pointer_alignment),
+                                         HARNESS_CASE(test_parameters),     HARNESS_CASE(test_varlen),
+                                         HARNESS_CASE(test_workspace_offsets)};
+    return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
+}

@@ -1,0 +1,291 @@
+// test_cuda_sdpa.c - libattn_cuda's SDPA forward on the GPU against the library's scalar reference
+// (attn_sdpa_fwd on an ATTN_ISA_REF context, float32 copies of the same rounded inputs), through
+// the public API: random shapes, layouts, GQA, every option of attn_sdpa_desc, BF16/F16/F32, both
+// kernels, packed batches; fresh random data for every case (seed printed), outputs poisoned (NaN)
+// before each run; bad arguments get a status and launch nothing. Without a usable GPU, context
+// creation must answer ATTN_ERR_DEVICE with a message, and the GPU cases report themselves skipped
+// (exit 77), or fail when ATTN_CUDA_REQUIRE_GPU is set (make test-cuda).
+//
+// Tolerances (|gpu - ref| <= tol * max|v| per output row, lse absolute), with u the unit roundoff
+// of the element type (BF16 2^-8, F16 2^-11): tensor cores round the weights P to the element type
+// before P V (relative error u per weight) and the output once (u): 4u for BF16/F16 outputs, 1e-5
+// for F32; lse 1e-3 (BF16/F16 inputs are exact in float32, sums differ in order only), 1e-5 (F32).
+#include <cuda_runtime_api.h>
+#include <time.h>
+
+#include "attn_cuda.h"
+#include "harness.h"
+
+static uint64_t rng_state;
+static uint32_t next32(void) {
+    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (uint32_t)(rng_state >> 33);
+}
+static float urand(void) { return (float)(next32() >> 8) * (1.0f / 16777216.0f); }
+static int pick(int n) { return (int)(next32() % (uint32_t)n); }
+
+static attn_cuda_ctx *gpu_ctx(attn_cuda_kernels kernels) {
+    char why[256];
+    if (attn_cuda_probe(0, why, sizeof why) != ATTN_OK) {
+        if (getenv("ATTN_CUDA_REQUIRE_GPU") != NULL) FAIL("no usable GPU: %s", why); // make test-cuda
+        SKIP("no usable GPU: %s", why);
+    }
+    attn_cuda_ctx_params p;
+    attn_cuda_ctx_params_init(&p);
+    p.kernels = kernels;
+    attn_cuda_ctx *ctx = NULL;
+    ASSERT_OK(attn_cuda_ctx_create(&p, &ctx));
+    return ctx;
+}
+
+static void *dev_alloc(size_t bytes) {
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes > 0 ? bytes : 1) != cudaSuccess) FAIL("cudaMalloc(%zu)", bytes);
+    return p;
+}
+static void to_dev(void *d, const void *h, size_t n) {
+    if (cudaMemcpy(d, h, n, cudaMemcpyHostToDevice) != cudaSuccess) FAIL("cudaMemcpy to the device");
+}
+static void from_dev(void *h, const void *d, size_t n) {
+    if (cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost) != cudaSuccess) FAIL("cudaMemcpy from the device");
+}
+
+// Host floats rounded to `t` in place (so the reference sees exactly what the GPU reads), and
+// their bytes in `t` on the device.
+static void *upload(float *x, int64_t n, attn_dtype t) {
+    const size_t esz = attn_dtype_size(t);
+    void *tmp = malloc((size_t)n * esz + 1);
+    if (tmp == NULL) FAIL("out of memory");
+    ASSERT_OK(attn_convert(t, tmp, ATTN_DTYPE_F32, x, n));
+    ASSERT_OK(attn_convert(ATTN_DTYPE_F32, x, t, tmp, n));
+    void *d = dev_alloc((size_t)n * esz);
+    to_dev(d, tmp, (size_t)n * esz);
+    free(tmp);
+    return d;
+}
+
+static double unit(attn_dtype t) { return t == ATTN_DTYPE_BF16 ? 0x1p-8 : t == ATTN_DTYPE_F16 ? 0x1p-11 : 0x1p-24; }
+
+// One random case: shapes, layout (BHLD or BLHD storage), options; run on the GPU and the reference.
+typedef struct sdpa_case {
+    attn_sdpa_desc d;
+    int packed; // varlen
+    int64_t cu_q[5], cu_k[5];
+} sdpa_case;
+
+static void fill_strides(int64_t s[4], int64_t B, int64_t H, int64_t L, int64_t D, int blhd) {
+    (void)B;
+    if (blhd) s[0] = L * H * D, s[1] = D, s[2] = H * D, s[3] = 1;
+    else s[0] = H * L * D, s[1] = L * D, s[2] = D, s[3] = 1;
+}
+
+static void run_case(attn_cuda_ctx *ctx, attn_dtype t, int allow_options, int packed) {
+    static const int64_t dims[] = {32, 64, 96, 128, 256, 40};
+    const uint64_t seed = rng_state;
+    attn_sdpa_desc d;
+    attn_sdpa_desc_init(&d);
+    const int64_t Hkv = 1 + pick(3), group = 1 + pick(3);
+    d.batch = 1 + pick(3), d.n_heads = Hkv * group, d.n_kv_heads = Hkv;
+    d.len_q = 1 + pick(300), d.len_kv = 1 + pick(400);
+    d.head_dim = dims[pick(t == ATTN_DTYPE_F32 ? 6 : 5)];
+    d.q_dtype = d.kv_dtype = d.out_dtype = t;
+    int64_t cu_q[5] = {0}, cu_k[5] = {0};
+    if (packed) {
+        for (int64_t b = 0; b < d.batch; b++) cu_q[b + 1] = cu_q[b] + pick((int)d.len_q + 1), cu_k[b + 1] = cu_k[b] + pick((int)d.len_kv + 1);
+        if (cu_q[d.batch] == 0) cu_q[d.batch] = 1; // at least one query and one key in all
+        if (cu_k[d.batch] == 0) cu_k[d.batch] = 1;
+    }
+    const int64_t B = packed ? 1 : d.batch, L = packed ? cu_q[d.batch] : d.len_q, S = packed ? cu_k[d.batch] : d.len_kv;
+    const int64_t H = d.n_heads, D = d.head_dim;
+    const int blhd = packed ? 1 : pick(2);
+    fill_strides(d.q_stride, B, H, L, D, blhd), fill_strides(d.o_stride, B, H, L, D, blhd);
+    fill_strides(d.k_stride, B, Hkv, S, D, blhd), fill_strides(d.v_stride, B, Hkv, S, D, blhd);
+    if (packed) d.q_stride[0] = d.o_stride[0] = d.k_stride[0] = d.v_stride[0] = 0;
+    const int64_t nq = B * H * L * D, nk = B * Hkv * S * D;
+    float *mask = NULL, *slopes = NULL;
+    unsigned char *bmask = NULL;
+    void *dmask = NULL, *dslopes = NULL;
+    if (allow_options) {
+        d.causal = (attn_causal)pick(3);
+        if (pick(3) == 0) d.use_window = 1, d.window_left = pick(3) == 0 ? -1 : pick(64), d.window_right = pick(3) == 0 ? -1 : pick(16);
+        if (pick(3) == 0) d.softcap = 5.0f + 20.0f * urand();
+        if (pick(3) == 0) d.scale = 0.05f + urand() * 0.2f;
+        if (pick(3) == 0) {
+            slopes = malloc((size_t)H * sizeof(float));
+            for (int64_t h = 0; h < H; h++) slopes[h] = 0.01f + 0.1f * urand();
+            dslopes = dev_alloc((size_t)H * sizeof(float));
+            to_dev(dslopes, slopes, (size_t)H * sizeof(float));
+            d.alibi_slopes = slopes; // the reference's; the GPU's pointer is set before its call
+        }
+        if (!packed && pick(2) == 0) { // an (L, S) mask broadcast over B and H, bool or float
+            const int64_t n = L * S;
+            d.mask_stride[0] = d.mask_stride[1] = 0, d.mask_stride[2] = S, d.mask_stride[3] = 1;
+            if (pick(2) == 0) {
+                bmask = malloc((size_t)n);
+                for (int64_t i = 0; i < n; i++) bmask[i] = pick(4) == 0;
+                d.mask = bmask, d.mask_dtype = ATTN_DTYPE_BOOL;
+                dmask = dev_alloc((size_t)n), to_dev(dmask, bmask, (size_t)n);
+            } else {
+                mask = malloc((size_t)n * sizeof(float));
+                for (int64_t i = 0; i < n; i++) mask[i] = pick(8) == 0 ? -INFINITY : urand() - 0.5f;
+                d.mask = mask, d.mask_dtype = ATTN_DTYPE_F32;
+                dmask = dev_alloc((size_t)n * sizeof(float)), to_dev(dmask, mask, (size_t)n * sizeof(float));
+            }
+        }
+    }
+    float *q = malloc((size_t)nq * sizeof(float)), *k = malloc((size_t)nk * sizeof(float)), *v = malloc((size_t)nk * sizeof(float));
+    float *ref = malloc((size_t)nq * sizeof(float)), *got = malloc((size_t)nq * sizeof(float));
+    const int64_t nl = H * (packed ? L : B * L);
+    float *ref_lse = malloc((size_t)nl * sizeof(float)), *got_lse = malloc((size_t)nl * sizeof(float));
+    if (!q || !k || !v || !ref || !got || !ref_lse || !got_lse) FAIL("out of memory");
+    for (int64_t i = 0; i < nq; i++) q[i] = 2.0f * urand() - 1.0f;
+    for (int64_t i = 0; i < nk; i++) k[i] = 2.0f * urand() - 1.0f, v[i] = 2.0f * urand() - 1.0f;
+    void *dq = upload(q, nq, t), *dk = upload(k, nk, t), *dv = upload(v, nk, t);
+    const size_t esz = attn_dtype_size(t);
+    void *dout = dev_alloc((size_t)nq * esz);
+    float *dlse = dev_alloc((size_t)nl * sizeof(float));
+    cudaMemset(dout, 0xff, (size_t)nq * esz); // NaN in every type until written
+    cudaMemset(dlse, 0xff, (size_t)nl * sizeof(float));
+
+    // the reference: float32 copies of the rounded inputs on the scalar path
+    attn_ctx_params hp;
+    attn_ctx_params_init(&hp);
+    hp.isa = ATTN_ISA_REF;
+    attn_ctx *host = NULL;
+    ASSERT_OK(attn_ctx_create(&hp, &host));
+    attn_sdpa_desc rd = d;
+    rd.q_dtype = rd.kv_dtype = rd.out_dtype = ATTN_DTYPE_F32;
+    if (packed) ASSERT_OK(attn_sdpa_varlen_fwd(host, &rd, cu_q, cu_k, q, k, v, ref, ref_lse));
+    else ASSERT_OK(attn_sdpa_fwd(host, &rd, q, k, v, ref, ref_lse, NULL));
+    attn_ctx_free(host);
+
+    attn_sdpa_desc gd = d;
+    gd.mask = dmask, gd.alibi_slopes = dslopes;
+    const char *kname = "?";
+    if (!packed) ASSERT_OK(attn_cuda_sdpa_kernel_name(ctx, &gd, &kname));
+    attn_status st = packed ? attn_cuda_sdpa_varlen_fwd(ctx, &gd, cu_q, cu_k, dq, dk, dv, dout, dlse)
+                            : attn_cuda_sdpa_fwd(ctx, &gd, dq, dk, dv, dout, dlse);
+    if (st != ATTN_OK) FAIL("seed %llu: %s", (unsigned long long)seed, attn_cuda_ctx_last_error(ctx));
+    if (cudaStreamSynchronize((cudaStream_t)attn_cuda_ctx_stream(ctx)) != cudaSuccess) FAIL("kernel failed (seed %llu)", (unsigned long long)seed);
+    void *raw = malloc((size_t)nq * esz);
+    from_dev(raw, dout, (size_t)nq * esz);
+    ASSERT_OK(attn_convert(ATTN_DTYPE_F32, got, t, raw, nq));
+    from_dev(got_lse, dlse, (size_t)nl * sizeof(float));
+    free(raw);
+
+    double vmax = 0;
+    for (int64_t i = 0; i < nk; i++) vmax = fmax(vmax, fabs(v[i]));
+    const double tol = (t == ATTN_DTYPE_F32 ? 1e-5 : 4 * unit(t)) * (vmax > 0 ? vmax : 1);
+    const double lse_tol = t == ATTN_DTYPE_F32 ? 1e-5 : 1e-3;
+    for (int64_t i = 0; i < nq; i++) {
+        const double e = fabs((double)got[i] - ref[i]);
+        if (!(e <= tol) && !(isnan(got[i]) && isnan(ref[i])))
+            FAIL("%s %s seed %llu: out[%lld] = %g, reference %g (tol %g)", kname, attn_dtype_name(t), (unsigned long long)seed,
+                 (long long)i, got[i], ref[i], tol);
+    }
+    for (int64_t i = 0; i < nl; i++) {
+        if (ref_lse[i] == -INFINITY ? got_lse[i] != -INFINITY : !(fabs((double)got_lse[i] - ref_lse[i]) <= lse_tol * fmax(1, fabs(ref_lse[i]))))
+            FAIL("%s seed %llu: lse[%lld] = %g, reference %g", kname, (unsigned long long)seed, (long long)i, got_lse[i], ref_lse[i]);
+    }
+    cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout), cudaFree(dlse), cudaFree(dmask), cudaFree(dslopes);
+    free(q), free(k), free(v), free(ref), free(got), free(ref_lse), free(got_lse), free(mask), free(bmask), free(slopes);
+}
+
+static void seed_rng(void) {
+    const char *s = getenv("ATTN_TEST_SEED");
+    rng_state = s != NULL ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
+    fprintf(stderr, "    seed %llu (ATTN_TEST_SEED to repeat)\n", (unsigned long long)rng_state);
+}
+
+static void cases_of(attn_cuda_kernels kernels, int options, int packed) {
+    attn_cuda_ctx *ctx = gpu_ctx(kernels);
+    seed_rng();
+    const attn_dtype types[] = {ATTN_DTYPE_BF16, ATTN_DTYPE_F16, ATTN_DTYPE_F32};
+    for (int r = 0; r < 24; r++) run_case(ctx, types[r % 3], options, packed);
+    attn_cuda_ctx_free(ctx);
+}
+
+static void test_plain_auto(void) { cases_of(ATTN_CUDA_KERNELS_AUTO, 0, 0); }
+static void test_options_auto(void) { cases_of(ATTN_CUDA_KERNELS_AUTO, 1, 0); }
+static void test_options_simple(void) { cases_of(ATTN_CUDA_KERNELS_SIMPLE, 1, 0); }
+static void test_varlen_auto(void) { cases_of(ATTN_CUDA_KERNELS_AUTO, 1, 1); }
+
+// Without a GPU: ATTN_ERR_DEVICE, no context, a message naming the cause. With one: a context.
+static void test_context_without_gpu(void) {
+    char why[256] = "unchanged";
+    const attn_status probe = attn_cuda_probe(0, why, sizeof why);
+    attn_cuda_ctx *ctx = (attn_cuda_ctx *)&why; // must be overwritten
+    const attn_status st = attn_cuda_ctx_create(NULL, &ctx);
+    ASSERT_STATUS(st, probe);
+    if (st == ATTN_OK) {
+        ASSERT_TRUE(ctx != NULL);
+        attn_cuda_device_props props;
+        ASSERT_OK(attn_cuda_ctx_device(ctx, &props));
+        fprintf(stderr, "    %s, compute capability %d.%d, code for %s\n", props.name, props.cc_major, props.cc_minor,
+                props.arch_built);
+        attn_cuda_ctx_free(ctx);
+        return;
+    }
+    ASSERT_STATUS(st, ATTN_ERR_DEVICE);
+    ASSERT_TRUE(ctx == NULL);
+    ASSERT_TRUE(why[0] != '\0' && strcmp(why, "unchanged") != 0 && strchr(why, '\n') == NULL);
+    fprintf(stderr, "    no GPU: %s\n", why);
+    attn_cuda_ctx_params p;
+    attn_cuda_ctx_params_init(&p);
+    p.device = -1;
+    ASSERT_STATUS(attn_cuda_ctx_create(&p, &ctx), ATTN_ERR_INVALID_ARG);
+    ASSERT_STATUS(attn_cuda_ctx_create(NULL, NULL), ATTN_ERR_INVALID_ARG);
+    attn_cuda_ctx_free(NULL);
+    ASSERT_TRUE(strcmp(attn_cuda_ctx_last_error(NULL), "") == 0);
+}
+
+// Bad arguments: a status, a message, and nothing launched (the poisoned output stays as it was).
+static void test_bad_arguments(void) {
+    attn_cuda_ctx *ctx = gpu_ctx(ATTN_CUDA_KERNELS_AUTO);
+    attn_sdpa_desc d;
+    attn_sdpa_desc_init(&d);
+    d.batch = 1, d.n_heads = 2, d.len_q = 8, d.len_kv = 8, d.head_dim = 64;
+    const int64_t s[4] = {2 * 8 * 64, 8 * 64, 64, 1};
+    memcpy(d.q_stride, s, sizeof s), memcpy(d.k_stride, s, sizeof s), memcpy(d.v_stride, s, sizeof s), memcpy(d.o_stride, s, sizeof s);
+    d.q_dtype = d.kv_dtype = d.out_dtype = ATTN_DTYPE_BF16;
+    const size_t n = 2 * 8 * 64 * 2;
+    void *a = dev_alloc(n), *out = dev_alloc(n);
+    cudaMemset(a, 0, n), cudaMemset(out, 0xab, n);
+    attn_sdpa_desc bad = d;
+    bad.n_kv_heads = 3;
+    ASSERT_STATUS(attn_cuda_sdpa_fwd(ctx, &bad, a, a, a, out, NULL), ATTN_ERR_BAD_SHAPE);
+    ASSERT_TRUE(strlen(attn_cuda_ctx_last_error(ctx)) > 0);
+    bad = d, bad.dropout_p = 0.5;
+    ASSERT_STATUS(attn_cuda_sdpa_fwd(ctx, &bad, a, a, a, out, NULL), ATTN_ERR_UNSUPPORTED);
+    ASSERT_STATUS(attn_cuda_sdpa_fwd(ctx, &d, a, NULL, a, out, NULL), ATTN_ERR_INVALID_ARG);
+    ASSERT_STATUS(attn_cuda_sdpa_fwd(NULL, &d, a, a, a, out, NULL), ATTN_ERR_INVALID_ARG);
+    int pageable = 0;
+    cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, 0);
+    if (!pageable) { // a host array the GPU cannot read is refused before the launch
+        static unsigned char host_q[2 * 8 * 64 * 2];
+        ASSERT_STATUS(attn_cuda_sdpa_fwd(ctx, &d, host_q, a, a, out, NULL), ATTN_ERR_INVALID_ARG);
+        ASSERT_TRUE(strstr(attn_cuda_ctx_last_error(ctx), "host memory") != NULL);
+    }
+    void *ws = dev_alloc(64);
+    const int64_t cu[2] = {0, 8};
+    ASSERT_OK(attn_cuda_ctx_set_workspace(ctx, ws, 1)); // too small for the offsets
+    attn_sdpa_desc vd = d;
+    vd.q_stride[0] = vd.k_stride[0] = vd.v_stride[0] = vd.o_stride[0] = 0;
+    ASSERT_STATUS(attn_cuda_sdpa_varlen_fwd(ctx, &vd, cu, cu, a, a, a, out, NULL), ATTN_ERR_WORKSPACE);
+    ASSERT_OK(cudaDeviceSynchronize() == cudaSuccess ? ATTN_OK : ATTN_ERR_DEVICE);
+    unsigned char *h = malloc(n);
+    from_dev(h, out, n);
+    for (size_t i = 0; i < n; i++)
+        if (h[i] != 0xab) FAIL("byte %zu of out was written by a rejected call", i);
+    free(h);
+    ASSERT_OK(attn_cuda_ctx_set_workspace(ctx, NULL, 0));
+    cudaFree(a), cudaFree(out), cudaFree(ws);
+    attn_cuda_ctx_free(ctx);
+}
+
+int main(int argc, char **argv) {
+    static const harness_case cases[] = {HARNESS_CASE(test_context_without_gpu), HARNESS_CASE(test_bad_arguments),
+                                         HARNESS_CASE(test_plain_auto),          HARNESS_CASE(test_options_auto),
+                                         HARNESS_CASE(test_options_simple),      HARNESS_CASE(test_varlen_auto)};
+    return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
+}

@@ -1,0 +1,169 @@
+// cmd_bench_cuda.c - attn bench --device cuda: times libattn_cuda's SDPA forward with CUDA events
+// (median of --repeat runs after --warmup, rotating over --sets input sets so no run finds the
+// previous one's inputs in L2). In a build without libattn_cuda the options are still parsed and
+// the command answers that the GPU path is not built.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+#ifdef ATTN_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "attn_cuda.h"
+#endif
+
+static const char *summary =
+    "usage: attn bench --device cuda [--op sdpa|decode|mha] [--dtype bf16|f16|f32] [--batch B] [--heads H]\n"
+    "                  [--kv-heads Hkv] [--len-q L] [--len-kv S] [--head-dim D] [--causal] [--page-size P]\n"
+    "                  [--repeat R] [--warmup W] [--sets N] [--json]\n"
+    "Times libattn_cuda on GPU 0 with CUDA events: the median of R runs after W warm-up runs, the inputs\n"
+    "rotating over N sets. --op sdpa (q (B, H, L, D), k and v (B, Hkv, S, D), contiguous) reports ms and\n"
+    "TFLOP/s (4 B H D times the visible (query, key) pairs). --op decode and --op mha (with --page-size for\n"
+    "paged caches) are not in libattn_cuda yet. See docs/cuda.md and bench/run_bench_cuda.py.";
+
+typedef struct cuda_bench_opts {
+    const char *device, *op, *dtype;
+    int64_t B, H, Hkv, L, S, D, page_size, repeat, warmup, sets;
+    bool causal, json;
+} cuda_bench_opts;
+
+#ifdef ATTN_HAVE_CUDA
+static int cmp_float(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+// Visible (query, key) pairs: L*S, or under top-left causal masking sum_i min(i + 1, S).
+static double pairs(const cuda_bench_opts *o) {
+    if (!o->causal) return (double)o->L * (double)o->S;
+    double n = 0;
+    for (int64_t i = 0; i < o->L; i++) n += (double)(i + 1 < o->S ? i + 1 : o->S);
+    return n;
+}
+
+static int run_sdpa(const cuda_bench_opts *o, attn_dtype dt) {
+    char why[256];
+    if (attn_cuda_probe(0, why, sizeof why) != ATTN_OK) return cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: %s", why);
+    attn_cuda_ctx *ctx = NULL;
+    attn_status st = attn_cuda_ctx_create(NULL, &ctx);
+    if (st != ATTN_OK) return cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: %s", attn_strerror(st));
+    attn_sdpa_desc d;
+    attn_sdpa_desc_init(&d);
+    d.batch = o->B, d.n_heads = o->H, d.n_kv_heads = o->Hkv, d.len_q = o->L, d.len_kv = o->S, d.head_dim = o->D;
+    const int64_t qs[4] = {o->H * o->L * o->D, o->L * o->D, o->D, 1}, ks[4] = {o->Hkv * o->S * o->D, o->S * o->D, o->D, 1};
+    memcpy(d.q_stride, qs, sizeof qs), memcpy(d.o_stride, qs, sizeof qs), memcpy(d.k_stride, ks, sizeof ks), memcpy(d.v_stride, ks, sizeof ks);
+    d.q_dtype = d.kv_dtype = d.out_dtype = dt;
+    d.causal = o->causal ? ATTN_CAUSAL_TOP_LEFT : ATTN_CAUSAL_NONE;
+    const char *kernel = "?";
+    int rc = EXIT_OK;
+    const size_t esz = attn_dtype_size(dt);
+    const size_t nq = (size_t)(o->B * o->H * o->L * o->D), nk = (size_t)(o->B * o->Hkv * o->S * o->D);
+    const size_t set_bytes = (2 * nq + 2 * nk) * esz;
+    unsigned char *mem = NULL;
+    float *host = malloc((nq > nk ? nq : nk) * sizeof(float));
+    void *conv = malloc((nq > nk ? nq : nk) * esz);
+    float *ms = malloc((size_t)o->repeat * sizeof(float));
+    cudaEvent_t ev[2] = {NULL, NULL};
+    if ((st = attn_cuda_sdpa_kernel_name(ctx, &d, &kernel)) != ATTN_OK) {
+        rc = cli_error("bench", EXIT_USAGE, "--device cuda: %s", attn_cuda_ctx_last_error(ctx));
+        goto done;
+    }
+    if (host == NULL || conv == NULL || ms == NULL || cudaMalloc((void **)&mem, set_bytes * (size_t)o->sets) != cudaSuccess ||
+        cudaEventCreate(&ev[0]) != cudaSuccess || cudaEventCreate(&ev[1]) != cudaSuccess) {
+        rc = cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: %zu bytes of inputs cannot be had", set_bytes * (size_t)o->sets);
+        goto done;
+    }
+    uint64_t s = 88172645463325252ULL; // inputs uniform in [-1, 1), the same in every set
+    const size_t nmax = nq > nk ? nq : nk;
+    for (size_t i = 0; i < nmax; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        host[i] = (float)(s >> 40) * (2.0f / 16777216.0f) - 1.0f;
+    }
+    attn_convert(dt, conv, ATTN_DTYPE_F32, host, (int64_t)nmax);
+    for (int64_t k = 0; k < o->sets; k++) {
+        unsigned char *base = mem + (size_t)k * set_bytes;
+        cudaMemcpy(base, conv, nq * esz, cudaMemcpyHostToDevice);
+        cudaMemcpy(base + nq * esz, conv, nk * esz, cudaMemcpyHostToDevice);
+        cudaMemcpy(base + (nq + nk) * esz, conv, nk * esz, cudaMemcpyHostToDevice);
+    }
+    for (int64_t r = -o->warmup; r < o->repeat; r++) {
+        unsigned char *base = mem + (size_t)((r + o->warmup) % o->sets) * set_bytes;
+        void *q = base, *k = base + nq * esz, *v = base + (nq + nk) * esz, *out = base + (nq + 2 * nk) * esz;
+        cudaEventRecord(ev[0], NULL);
+        st = attn_cuda_sdpa_fwd(ctx, &d, q, k, v, out, NULL);
+        cudaEventRecord(ev[1], NULL);
+        if (st != ATTN_OK || cudaEventSynchronize(ev[1]) != cudaSuccess) {
+            rc = cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: %s", st != ATTN_OK ? attn_cuda_ctx_last_error(ctx) : "a run failed");
+            goto done;
+        }
+        if (r >= 0) cudaEventElapsedTime(&ms[r], ev[0], ev[1]);
+    }
+    qsort(ms, (size_t)o->repeat, sizeof *ms, cmp_float);
+    const double med = ms[o->repeat / 2], tflops = 4.0 * (double)(o->B * o->H * o->D) * pairs(o) / (med * 1e-3) / 1e12;
+    attn_cuda_device_props props;
+    attn_cuda_ctx_device(ctx, &props);
+    printf("cuda sdpa %s B=%lld H=%lld Hkv=%lld L=%lld S=%lld D=%lld%s on %s: kernel %s, median %.4f ms (min %.4f) of %lld, "
+           "%.1f TFLOP/s\n",
+           o->dtype, (long long)o->B, (long long)o->H, (long long)o->Hkv, (long long)o->L, (long long)o->S, (long long)o->D,
+           o->causal ? " causal" : "", props.name, kernel, med, ms[0], (long long)o->repeat, tflops);
+    if (o->json)
+        printf("{\"device\": \"%s\", \"op\": \"sdpa\", \"dtype\": \"%s\", \"kernel\": \"%s\", \"B\": %lld, \"H\": %lld, \"Hkv\": %lld, "
+               "\"L\": %lld, \"S\": %lld, \"D\": %lld, \"causal\": %s, \"median_ms\": %.6f, \"min_ms\": %.6f, \"tflops\": %.3f}\n",
+               props.name, o->dtype, kernel, (long long)o->B, (long long)o->H, (long long)o->Hkv, (long long)o->L,
+               (long long)o->S, (long long)o->D, o->causal ? "true" : "false", med, ms[0], tflops);
+done:
+    if (ev[0] != NULL) cudaEventDestroy(ev[0]);
+    if (ev[1] != NULL) cudaEventDestroy(ev[1]);
+    cudaFree(mem);
+    free(host), free(conv), free(ms);
+    attn_cuda_ctx_free(ctx);
+    return rc;
+}
+#endif
+
+int cmd_bench_cuda(int argc, char **argv) {
+    cuda_bench_opts o = {.device = "cuda", .op = "sdpa", .dtype = "bf16", .B = 1, .H = 16, .Hkv = 0, .L = 4096, .S = 0,
+                         .D = 128, .repeat = 20, .warmup = 5, .sets = 4};
+    arg_spec specs[] = {
+        {"--device", ARG_STRING, &o.device, "cuda", "the GPU path (this summary)", false, false},
+        {"--op", ARG_STRING, &o.op, "sdpa|decode|mha", "what to time (default sdpa)", false, false},
+        {"--dtype", ARG_STRING, &o.dtype, "T", "bf16, f16 or f32 (default bf16)", false, false},
+        {"--batch", ARG_INT, &o.B, "B", "batch size (default 1)", false, false},
+        {"--heads", ARG_INT, &o.H, "H", "query heads (default 16)", false, false},
+        {"--kv-heads", ARG_INT, &o.Hkv, "Hkv", "key/value heads (default H)", false, false},
+        {"--len-q", ARG_INT, &o.L, "L", "query length (default 4096)", false, false},
+        {"--len-kv", ARG_INT, &o.S, "S", "key length (default L)", false, false},
+        {"--head-dim", ARG_INT, &o.D, "D", "head dimension (default 128)", false, false},
+        {"--causal", ARG_FLAG, &o.causal, NULL, "causal mask (top-left)", false, false},
+        {"--page-size", ARG_INT, &o.page_size, "P", "decode: tokens per page of a paged cache (0: contiguous)", false, false},
+        {"--repeat", ARG_INT, &o.repeat, "R", "timed runs (default 20)", false, false},
+        {"--warmup", ARG_INT, &o.warmup, "W", "untimed runs first (default 5)", false, false},
+        {"--sets", ARG_INT, &o.sets, "N", "input sets the runs rotate over (default 4)", false, false},
+        {"--json", ARG_FLAG, &o.json, NULL, "end with a JSON object on one line", false, false},
+    };
+    int rc = args_parse("bench", summary, argc, argv, specs, (int)(sizeof specs / sizeof specs[0]));
+    if (rc != 0) return rc < 0 ? EXIT_OK : rc;
+    if (strcmp(o.device, "cuda") != 0) return cli_error("bench", EXIT_USAGE, "--device must be cpu or cuda");
+    const bool sdpa = strcmp(o.op, "sdpa") == 0;
+    if (!sdpa && strcmp(o.op, "decode") != 0 && strcmp(o.op, "mha") != 0)
+        return cli_error("bench", EXIT_USAGE, "--op must be sdpa, decode or mha");
+    attn_dtype dt;
+    if (!cli_parse_float_dtype(o.dtype, &dt)) return cli_error("bench", EXIT_USAGE, "--dtype must be bf16, f16 or f32, not '%s'", o.dtype);
+    if (o.Hkv == 0) o.Hkv = o.H;
+    if (o.S == 0) o.S = o.L;
+    if (o.B < 1 || o.H < 1 || o.Hkv < 1 || o.L < 1 || o.S < 1 || o.D < 1 || o.repeat < 1 || o.warmup < 0 || o.sets < 1 ||
+        o.page_size < 0)
+        return cli_error("bench", EXIT_USAGE, "sizes, --repeat and --sets must be >= 1, --warmup and --page-size >= 0");
+    if (o.H % o.Hkv != 0) return cli_error("bench", EXIT_USAGE, "--heads must be a multiple of --kv-heads");
+    if (o.page_size > 0 && strcmp(o.op, "decode") != 0) return cli_error("bench", EXIT_USAGE, "--page-size applies to --op decode");
+    if (!sdpa)
+        return cli_error("bench", EXIT_FAILURE_RUN, "--device cuda --op %s: not in libattn_cuda yet (docs/cuda.md)", o.op);
+#ifdef ATTN_HAVE_CUDA
+    return run_sdpa(&o, dt);
+#else
+    return cli_error("bench", EXIT_FAILURE_RUN,
+                     "--device cuda: this attn was built without libattn_cuda (no CUDA compiler when it was configured)");
+#endif
+}
