@@ -68,6 +68,16 @@ test-tsan:
 	cmake --build build-tsan -j $(JOBS)
 	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -L threads
 
+# Python threads calling the binding (tests/python/test_threads.py) under ThreadSanitizer: libattn
+# built with gcc in build-tsan-py, the interpreter started with gcc's libtsan preloaded (clang 14's
+# shared runtime crashes when preloaded). A forbidden shared context is reported first, as a control.
+.PHONY: test-tsan-python
+test-tsan-python:
+	@cmake -S . -B build-tsan-py -DCMAKE_C_COMPILER=gcc -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	    -DATTN_SANITIZE=thread -DATTN_BLAS=OFF $(CMAKE_FLAGS) > /dev/null
+	cmake --build build-tsan-py -j $(JOBS) --target attn
+	sh tests/python/tsan_python.sh build-tsan-py
+
 # A fast subset of the tests under valgrind's memcheck.
 test-valgrind:
 	@cmake -S . -B build-valgrind -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_VALGRIND=ON -DATTN_CUDA=OFF $(CMAKE_FLAGS) > /dev/null
@@ -90,6 +100,14 @@ fuzz:
 	    $(CMAKE_FLAGS) > /dev/null
 	cmake --build build-fuzz -j $(JOBS) --target fuzz_npy fuzz_safetensors fuzz_api fuzz_sdpa_diff fuzz_bwd_diff
 	sh fuzz/run.sh build-fuzz $(FUZZ_SECONDS) npy safetensors api sdpa_diff bwd_diff
+
+# `make fuzz-python FUZZ_SECONDS=N ATHERIS_PYTHON=...`: the Python binding's fuzzer
+# (fuzz/python/fuzz_binding.py, atheris from PyPI) for N seconds, merging new coverage into
+# fuzz/python/corpus/ (which `make test` replays without atheris).
+ATHERIS_PYTHON ?= python3
+.PHONY: fuzz-python
+fuzz-python: all
+	sh fuzz/python/run.sh $(BUILD)/libattn.so $(FUZZ_SECONDS) $(ATHERIS_PYTHON)
 
 # ---- PyTorch 2.x, transformers and the pip package (python/README.md) ----------------------------
 # `make venv`: build-venv/ with torch 2.x and transformers from PyPI (tests/torch2_venv.sh);

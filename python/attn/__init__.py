@@ -24,8 +24,8 @@ The library is found through $ATTN_LIBRARY, then this package's folder (pip inst
 import numpy as _np
 
 from . import _lib
-from ._lib import STATUS_NAMES, AttnError, has_symbol
-from ._arrays import as_array as _as_array
+from ._arrays import choice as _choice, contiguous as _contiguous
+from ._lib import STATUS_NAMES, AttnError, AttnTypeError, has_symbol
 from .context import Context, RngState, default_context
 from .files import load_safetensors, save_safetensors
 from .kv_cache import KVCache, has_kv_cache
@@ -43,9 +43,7 @@ def version_number():
 
 def isa_supported(isa):
     """Whether this build and CPU can run `isa` ("auto", "ref", "generic", "avx2", "avx512")."""
-    if isa not in _lib.ISA:
-        raise AttnError(_lib.ERR_INVALID_ARG, "unknown isa %r" % (isa,))
-    return bool(_lib.fn("attn_isa_supported")(_lib.ISA[isa]))
+    return bool(_lib.fn("attn_isa_supported")(_choice(isa, _lib.ISA, "isa")))
 
 
 def has_blas():
@@ -64,18 +62,15 @@ def _convert(dst_code, dst_dtype, src_code, a):
 def to_bfloat16(x):
     """float32 values -> uint16 array of bfloat16 bits, rounded to nearest even like torch's
     .bfloat16() (for KVCache storage checks and sdpa(..., kv_dtype="bf16"))."""
-    return _convert(_lib.DTYPE_BF16, _np.uint16, _lib.DTYPE_F32, _as_array(x, _np.float32, "x"))
+    return _convert(_lib.DTYPE_BF16, _np.uint16, _lib.DTYPE_F32, _contiguous(x, _np.float32, "x"))
 
 
 def from_bfloat16(bits):
     """uint16 array of bfloat16 bits -> float32 values (exact)."""
-    bits = _np.asarray(bits)
-    if bits.dtype != _np.uint16:
-        raise AttnError(_lib.ERR_INVALID_ARG, "bits: dtype %s where uint16 (bfloat16 bits) is needed" % bits.dtype)
-    return _convert(_lib.DTYPE_F32, _np.float32, _lib.DTYPE_BF16, bits)
+    return _convert(_lib.DTYPE_F32, _np.float32, _lib.DTYPE_BF16, _contiguous(bits, _np.uint16, "bits"))
 
 
-__all__ = ["AttnError", "STATUS_NAMES", "Context", "RngState", "default_context", "sdpa", "sdpa_backward",
+__all__ = ["AttnError", "AttnTypeError", "STATUS_NAMES", "Context", "RngState", "default_context", "sdpa", "sdpa_backward",
            "sdpa_varlen", "sdpa_varlen_backward", "has_varlen", "MHA", "KVCache", "has_kv_cache",
            "load_safetensors", "save_safetensors", "to_bfloat16", "from_bfloat16", "isa_supported", "has_blas",
            "has_symbol", "version_number", "library_path", "__version__"]

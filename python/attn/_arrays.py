@@ -1,8 +1,16 @@
-"""_arrays.py - numpy arrays as (pointer, element strides) for the C calls, and argument checks."""
+"""_arrays.py - numpy arrays as (pointer, element strides) for the C calls, and argument checks.
+
+Every argument of the package passes through the checks here before any work: arrays through
+view()/contiguous()/mask_view() (their element kind must mean what the library reads: floats for
+data, bool or float for masks, integers for offsets, uint16 for bfloat16 bits; never complex,
+object or string), Python values through real(), integer(), flag() and choice()."""
+import numbers
+import operator
+
 import numpy as np
 
 from . import _lib
-from ._lib import AttnError
+from ._lib import AttnError, AttnTypeError
 
 F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
@@ -11,6 +19,69 @@ BF16_BITS = np.dtype(np.uint16)  # numpy has no bfloat16: bfloat16 tensors trave
 
 def fail(status, message):
     raise AttnError(status, message)
+
+
+def fail_type(message):
+    raise AttnTypeError(_lib.ERR_INVALID_ARG, message)
+
+
+# ---- Python values ------------------------------------------------------------------------------
+
+def real(x, what):
+    """x as a float: a real number (int, float, numpy or torch scalar), not a bool, string or complex."""
+    if not isinstance(x, (bool, np.bool_, str, bytes, numbers.Complex)) or isinstance(x, numbers.Real):
+        if not isinstance(x, (bool, np.bool_)):
+            try:
+                return float(x)
+            except (TypeError, ValueError):
+                pass
+    fail_type("%s must be a real number, not %s" % (what, type(x).__name__))
+
+
+def integer(x, what):
+    """x as an int: an integer (int, numpy integer), not a bool, float or string."""
+    if isinstance(x, (bool, np.bool_)):
+        fail_type("%s must be an integer, not bool" % what)
+    try:
+        return operator.index(x)
+    except TypeError:
+        fail_type("%s must be an integer, not %s" % (what, type(x).__name__))
+
+
+def flag(x, what):
+    """x as a bool: True/False (or 0/1, numpy bools)."""
+    if isinstance(x, (bool, np.bool_)) or (isinstance(x, numbers.Integral) and x in (0, 1)):
+        return bool(x)
+    fail_type("%s must be True or False, not %r" % (what, x))
+
+
+def choice(x, table, what):
+    """table[x] for x None, a bool or a string among table's keys; else AttnError naming them."""
+    if (x is None or isinstance(x, (bool, str))) and x in table:
+        return table[x]
+    fail(_lib.ERR_INVALID_ARG, "%s must be one of %s, not %r" % (what, ", ".join(repr(k) for k in table), x))
+
+
+# ---- arrays ----------------------------------------------------------------------------------------
+
+_KINDS = {"f": "floating-point (float16, float32, float64)", "b": "bool", "i": "integer", "u": "integer"}
+
+
+def checked(a, dtype, what):
+    """a as a numpy array whose element type the library reads as `dtype` without losing meaning:
+    floats for a float dtype, bools for bool, integers for an integer dtype, exactly uint16 for
+    bfloat16 bits. Complex, object, string and other kinds raise AttnTypeError naming `what`."""
+    try:
+        arr = np.asarray(a)
+    except Exception as exc:  # ragged lists and the like
+        fail_type("%s: cannot be read as an array (%s)" % (what, exc))
+    want = np.dtype(dtype)
+    kind = arr.dtype.kind
+    ok = arr.dtype == want if want == BF16_BITS else kind == want.kind or (want.kind in "iu" and kind in "iu")
+    if not ok:
+        expected = "uint16 (bfloat16 bits)" if want == BF16_BITS else _KINDS[want.kind]
+        fail_type("%s: %s arrays are not accepted, expected %s" % (what, arr.dtype, expected))
+    return arr
 
 
 def shape_str(shape):
@@ -30,33 +101,11 @@ def elem_strides(a):
     return out
 
 
-_KINDS = {"f": "a floating-point type", "i": "an integer type", "u": "an integer type", "b": "bool"}
-
-
-def as_array(a, dtype, what):
-    """a as a numpy array of dtype, converted only where every value keeps its meaning: a float
-    type from any float type (float64 rounded to float32 as documented), an integer type from any
-    integer type (values checked by the library). Complex, object, string, bool or integer arrays
-    where floats are meant (and floats where integers are) raise AttnError (ATTN_ERR_INVALID_ARG)
-    naming the argument, before any work."""
-    want = np.dtype(dtype)
-    try:
-        src = a if isinstance(a, np.ndarray) else np.asarray(a)
-    except (TypeError, ValueError) as exc:
-        fail(_lib.ERR_INVALID_ARG, "%s: cannot be read as an array (%s)" % (what, exc))
-    ok = src.dtype == want or (want.kind == "f" and src.dtype.kind == "f") or \
-        (want.kind in "iu" and src.dtype.kind in "iu")
-    if not ok:
-        fail(_lib.ERR_INVALID_ARG, "%s: dtype %s where %s (%s) is needed" % (
-            what, src.dtype, _KINDS.get(want.kind, want.name), want.name))
-    return np.asarray(src, dtype=want)
-
-
 def view(a, dtype, what):
-    """a as an array of dtype (converted only if needed, see as_array) whose strides the library can
-    take: returns (array, element strides). A copy is made only for negative strides or strides
-    that are not whole elements."""
-    a = as_array(a, dtype, what)
+    """a as an array of dtype (converted only if needed) whose strides the library can take:
+    returns (array, element strides). A copy is made only for negative strides or strides that are
+    not whole elements."""
+    a = checked(a, dtype, what).astype(dtype, copy=False)
     s = elem_strides(a)
     if s is None:
         a = np.ascontiguousarray(a)
@@ -65,19 +114,7 @@ def view(a, dtype, what):
 
 
 def contiguous(a, dtype, what):
-    """a as a C-contiguous array of dtype (see as_array)."""
-    return np.ascontiguousarray(as_array(a, dtype, what))
-
-
-def mask_array(mask, what):
-    """A mask as (contiguous-or-strided array, dtype code): bool (True = blocked) or a floating-point
-    type (added, as float32); any other dtype raises AttnError (ATTN_ERR_BAD_MASK)."""
-    m = np.asarray(mask)
-    if m.dtype == np.bool_:
-        return m, _lib.DTYPE_BOOL
-    if m.dtype.kind != "f":
-        fail(_lib.ERR_BAD_MASK, "%s must be bool (True = blocked) or floating point (added), not %s" % (what, m.dtype))
-    return as_array(m, F32, what), _lib.DTYPE_F32
+    return np.ascontiguousarray(checked(a, dtype, what), dtype=dtype)
 
 
 def ptr(a):
@@ -126,25 +163,26 @@ _KV_DTYPES = {"f32": _lib.DTYPE_F32, "float32": _lib.DTYPE_F32, "f16": _lib.DTYP
               "bf16": _lib.DTYPE_BF16, "bfloat16": _lib.DTYPE_BF16}
 
 
-def kv_dtype_code(name):
-    if name not in _KV_DTYPES:
-        fail(_lib.ERR_INVALID_ARG, "dtype must be 'f32', 'f16' or 'bf16', not %r" % (name,))
-    return _KV_DTYPES[name]
+def kv_dtype_code(name, what="dtype"):
+    return choice(name, _KV_DTYPES, what)
 
 
 def kv_views(k, v, kv_dtype):
     """k and v as arrays of one storage type: float32, float16, or bfloat16 bits (uint16, with
     kv_dtype="bf16"). Returns (k, k_strides, v, v_strides, dtype code)."""
-    k, v = np.asarray(k), np.asarray(v)
+    if kv_dtype is None and any(getattr(a, "dtype", None) == BF16_BITS for a in (k, v)):
+        fail(_lib.ERR_INVALID_ARG, "uint16 k/v need kv_dtype='bf16' (bfloat16 bits)")
+    k = checked(k, BF16_BITS if kv_dtype in ("bf16", "bfloat16") else F32, "k")
+    v = checked(v, BF16_BITS if kv_dtype in ("bf16", "bfloat16") else F32, "v")
+    if k.dtype != v.dtype:
+        fail_type("k and v must have the same dtype, got %s and %s" % (k.dtype, v.dtype))
     if kv_dtype is None:
         if k.dtype == F16 and v.dtype == F16:
             code = _lib.DTYPE_F16
-        elif k.dtype == BF16_BITS or v.dtype == BF16_BITS:
-            fail(_lib.ERR_INVALID_ARG, "uint16 k/v need kv_dtype='bf16' (bfloat16 bits)")
         else:
             code = _lib.DTYPE_F32
     else:
-        code = kv_dtype_code(kv_dtype)
+        code = kv_dtype_code(kv_dtype, "kv_dtype")
     np_dtype = {_lib.DTYPE_F32: F32, _lib.DTYPE_F16: F16, _lib.DTYPE_BF16: BF16_BITS}[code]
     if code == _lib.DTYPE_BF16 and (k.dtype != BF16_BITS or v.dtype != BF16_BITS):
         fail(_lib.ERR_INVALID_ARG, "kv_dtype='bf16' takes k and v as uint16 arrays of bfloat16 bits "
@@ -161,11 +199,26 @@ def mask_view(mask, shape, what):
     Returns (kept-alive array, pointer, dtype code, element strides), or Nones for no mask."""
     if mask is None:
         return None, None, _lib.DTYPE_F32, [0] * len(shape)
-    m, code = mask_array(mask, what)
-    m, _ = view(m, m.dtype, what)  # whole, non-negative element strides
+    code = mask_code(mask, what)
+    m, _ = view(mask, np.bool_ if code == _lib.DTYPE_BOOL else F32, what)
     try:
         b = np.broadcast_to(m, shape)
     except ValueError:
         fail(_lib.ERR_BAD_MASK, "%s of shape %s does not broadcast to %s" % (what, shape_str(m.shape), shape_str(shape)))
     s = [0 if n == 1 else st // b.itemsize for n, st in zip(b.shape, b.strides)]
     return m, b.ctypes.data, code, s
+
+
+def mask_code(mask, what):
+    """DTYPE_BOOL for a bool mask, DTYPE_F32 for a float one (read as float32); integer, complex
+    and other masks have no defined meaning and raise AttnTypeError."""
+    try:
+        m = np.asarray(mask)
+    except Exception as exc:
+        fail_type("%s: cannot be read as an array (%s)" % (what, exc))
+    if m.dtype == np.bool_:
+        return _lib.DTYPE_BOOL
+    if m.dtype.kind != "f":
+        fail_type("%s: %s masks are not accepted, expected bool (True = blocked) or floating-point (added)"
+                  % (what, m.dtype))
+    return _lib.DTYPE_F32

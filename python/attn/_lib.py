@@ -30,7 +30,6 @@ STATUS_NAMES = {
     10: "ATTN_ERR_IO",
     11: "ATTN_ERR_BAD_FILE",
     12: "ATTN_ERR_CAPACITY",
-    13: "ATTN_ERR_DEVICE",
 }
 _STATUS_BY_NAME = {v: k for k, v in STATUS_NAMES.items()}
 
@@ -42,8 +41,9 @@ ERR_UNSUPPORTED = 8
 
 
 class AttnError(RuntimeError):
-    """A libattn call failed, or the binding rejected its arguments before calling. A RuntimeError,
-    as torch's own operators raise for the same mistakes.
+    """A libattn call failed, or the binding rejected its arguments before calling (a RuntimeError,
+    as torch's own operators raise for the same mistakes; AttnTypeError for an argument of the
+    wrong type).
 
     status: the attn_status value (int); name: its enum name ("ATTN_ERR_BAD_SHAPE");
     message: the context's attn_ctx_last_error() (or the binding's own message)."""
@@ -53,6 +53,11 @@ class AttnError(RuntimeError):
         self.name = STATUS_NAMES.get(self.status, "ATTN_ERR_%d" % self.status)
         self.message = message
         super().__init__("%s: %s" % (self.name, message) if message else self.name)
+
+
+class AttnTypeError(AttnError, TypeError):
+    """An argument of a type the library cannot take (a complex, integer or object array where
+    floats are meant, a string where a number is): ATTN_ERR_INVALID_ARG, and a TypeError."""
 
 
 # ---- finding and loading the library -----------------------------------------------------------

@@ -7,6 +7,7 @@ import ctypes
 import threading
 
 from . import _lib
+from ._arrays import choice, fail_type, flag, integer
 from ._lib import AttnError, check, fn
 
 _ISA_NAMES = {v: k for k, v in _lib.ISA.items()}
@@ -37,14 +38,15 @@ class Context:
 
     def __init__(self, threads=1, isa="auto", seed=0, use_blas=False):
         self._ptr = None
-        if isa not in _lib.ISA:
-            raise AttnError(_lib.ERR_INVALID_ARG, "isa must be one of %s, not %r" % (sorted(_lib.ISA), isa))
         params = _lib.CtxParams()
         fn("attn_ctx_params_init")(ctypes.byref(params))
-        params.n_threads = int(threads)
-        params.isa = _lib.ISA[isa]
-        params.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
-        params.use_blas = 1 if use_blas else 0
+        threads = integer(threads, "threads")
+        if not 0 <= threads <= 4096:
+            raise AttnError(_lib.ERR_INVALID_ARG, "threads = %d is out of range [0, 4096]" % threads)
+        params.n_threads = threads
+        params.isa = choice(isa, _lib.ISA, "isa")
+        params.seed = integer(seed, "seed") & 0xFFFFFFFFFFFFFFFF
+        params.use_blas = 1 if flag(use_blas, "use_blas") else 0
         ptr = ctypes.c_void_p()
         status = fn("attn_ctx_create")(ctypes.byref(params), ctypes.byref(ptr))
         if status != _lib.OK:
@@ -75,18 +77,20 @@ class Context:
 
     def manual_seed(self, seed):
         """Seeds the context's generator as torch.manual_seed(seed) seeds torch's."""
-        fn("attn_generator_seed")(fn("attn_ctx_generator")(self.ptr), int(seed) & 0xFFFFFFFFFFFFFFFF)
+        fn("attn_generator_seed")(fn("attn_ctx_generator")(self.ptr), integer(seed, "seed") & 0xFFFFFFFFFFFFFFFF)
 
     def rng_state(self):
         """A copy of the generator's state."""
         return RngState(fn("attn_ctx_generator")(self.ptr)[0])
 
     def set_rng_state(self, state):
+        if not isinstance(state, RngState):
+            fail_type("state must be an attn.RngState (ctx.rng_state()), not %s" % type(state).__name__)
         fn("attn_ctx_generator")(self.ptr)[0] = state._gen
 
     def reserve(self, nbytes):
         """Grows the context's scratch memory to at least nbytes now."""
-        self.check(fn("attn_ctx_reserve")(self.ptr, int(nbytes)))
+        self.check(fn("attn_ctx_reserve")(self.ptr, integer(nbytes, "nbytes")))
 
     def close(self):
         if self._ptr is not None:
@@ -122,5 +126,10 @@ def default_context():
     return ctx
 
 
-def resolve(ctx):
-    return default_context() if ctx is None else ctx
+def resolve(ctx, default=None):
+    """ctx, checked to be a Context; for None, `default` (or this thread's default context)."""
+    if ctx is None:
+        return default if default is not None else default_context()
+    if not isinstance(ctx, Context):
+        fail_type("ctx must be an attn.Context or None, not %s" % type(ctx).__name__)
+    return ctx

@@ -4,7 +4,8 @@ import ctypes
 import numpy as np
 
 from . import _lib
-from ._arrays import F32, check_ndim, check_shape, elem_strides, fail, kv_dtype_code, mask_view, ptr, view
+from ._arrays import (F32, check_ndim, check_shape, choice, elem_strides, flag, integer, mask_view,
+                      ptr, view)
 from ._lib import AttnError, fn
 from .context import resolve
 from .sdpa import _options
@@ -12,6 +13,8 @@ from .sdpa import _options
 # The block-quantised types (ATTN_DTYPE_Q8_0, ATTN_DTYPE_Q4_0: blocks of 32 values along the head
 # dimension, each with a float16 scale; ggml's layouts): a block's values and its bytes.
 _QUANT = {"q8_0": (8, 34), "q4_0": (9, 18)}
+_CACHE_DTYPES = {"f32": _lib.DTYPE_F32, "float32": _lib.DTYPE_F32, "f16": _lib.DTYPE_F16, "float16": _lib.DTYPE_F16,
+                 "bf16": _lib.DTYPE_BF16, "bfloat16": _lib.DTYPE_BF16, "q8_0": 8, "q4_0": 9}
 _DTYPE_NAMES = {_lib.DTYPE_F32: "f32", _lib.DTYPE_F16: "f16", _lib.DTYPE_BF16: "bf16", 8: "q8_0", 9: "q4_0"}
 
 
@@ -33,9 +36,10 @@ class KVCache:
         self.ctx = resolve(ctx)
         cfg = _lib.KVCacheConfig()
         fn("attn_kv_cache_config_init")(ctypes.byref(cfg))
-        cfg.batch, cfg.n_kv_heads, cfg.head_dim, cfg.capacity = int(batch), int(n_kv_heads), int(head_dim), int(capacity)
-        cfg.head_dim_v = 0 if head_dim_v is None else int(head_dim_v)
-        cfg.dtype = _QUANT[dtype][0] if dtype in _QUANT else kv_dtype_code(dtype)
+        cfg.batch, cfg.n_kv_heads = integer(batch, "batch"), integer(n_kv_heads, "n_kv_heads")
+        cfg.head_dim, cfg.capacity = integer(head_dim, "head_dim"), integer(capacity, "capacity")
+        cfg.head_dim_v = 0 if head_dim_v is None else integer(head_dim_v, "head_dim_v")
+        cfg.dtype = choice(dtype, _CACHE_DTYPES, "dtype")
         p = ctypes.c_void_p()
         self.ctx.check(fn("attn_kv_cache_create")(self.ctx.ptr, ctypes.byref(cfg), ctypes.byref(p)))
         self._ptr = p.value
@@ -59,7 +63,7 @@ class KVCache:
         """Appends n positions: k (B, Hkv, n, D) and v (B, Hkv, n, Dv), any float arrays (stored
         converted to the cache's dtype). AttnError ATTN_ERR_CAPACITY (nothing written) when they
         do not fit."""
-        ctx = self.ctx if ctx is None else ctx
+        ctx = resolve(ctx, self.ctx)
         k, ks = view(k, F32, "k")
         v, vs = view(v, F32, "v")
         check_ndim(k, 4, "k", "(B, Hkv, n, D)")
@@ -70,8 +74,8 @@ class KVCache:
 
     def truncate(self, length, *, ctx=None):
         """Forgets the positions from `length` on (0 <= length <= len(cache))."""
-        ctx = self.ctx if ctx is None else ctx
-        ctx.check(fn("attn_kv_cache_truncate")(ctx.ptr, self.ptr, int(length)))
+        ctx = resolve(ctx, self.ctx)
+        ctx.check(fn("attn_kv_cache_truncate")(ctx.ptr, self.ptr, integer(length, "length")))
 
     def reset(self):
         """Empties the cache (its memory is kept)."""
@@ -118,9 +122,9 @@ class KVCache:
         H a multiple of n_kv_heads. causal: "bottom_right" (query i of the L newest tokens sees
         positions < len - L + i + 1) or None. mask broadcasts to (B, H, L, len), key_padding_mask
         to (B, len). Returns out (B, H, L, Dv), and lse (B, H, L) with return_lse."""
-        ctx = self.ctx if ctx is None else ctx
-        if causal not in ("bottom_right", None):
-            fail(_lib.ERR_INVALID_ARG, "causal must be 'bottom_right' or None for a KV cache, not %r" % (causal,))
+        ctx = resolve(ctx, self.ctx)
+        choice(causal, {"bottom_right": 2, None: 0}, "causal (for a KV cache)")
+        return_lse = flag(return_lse, "return_lse")
         q, qs = view(q, F32, "q")
         check_ndim(q, 4, "q", "(B, H, L, D)")
         check_shape(q, (self.batch, None, None, self.head_dim), "q", ("B", "H", "L", "D"))

@@ -5,7 +5,7 @@ from collections import OrderedDict
 import numpy as np
 
 from . import _lib
-from ._arrays import F32, as_array, check_shape, contiguous, fail, mask_array, shape_str
+from ._arrays import F32, check_shape, contiguous, fail, flag, integer, mask_code, real, shape_str
 from ._lib import AttnError, fn
 from .context import resolve
 from .files import TensorList
@@ -19,8 +19,9 @@ def _param_view(owner, data, shape):
 
 
 def _mask(m, what):
-    m, code = mask_array(m, what)
-    return np.ascontiguousarray(m), code
+    if mask_code(m, what) == _lib.DTYPE_BOOL:
+        return contiguous(m, np.bool_, what), _lib.DTYPE_BOOL
+    return contiguous(m, F32, what), _lib.DTYPE_F32
 
 
 class MHA:
@@ -37,11 +38,12 @@ class MHA:
                  kdim=None, vdim=None, batch_first=False, *, ctx=None):
         ctx = resolve(ctx)
         cfg = _lib.MhaConfig()
-        fn("attn_mha_config_init")(ctypes.byref(cfg), int(embed_dim), int(num_heads))
-        cfg.kdim = 0 if kdim is None else int(kdim)
-        cfg.vdim = 0 if vdim is None else int(vdim)
-        cfg.bias, cfg.add_bias_kv, cfg.add_zero_attn = int(bool(bias)), int(bool(add_bias_kv)), int(bool(add_zero_attn))
-        cfg.batch_first, cfg.dropout = int(bool(batch_first)), float(dropout)
+        fn("attn_mha_config_init")(ctypes.byref(cfg), integer(embed_dim, "embed_dim"), integer(num_heads, "num_heads"))
+        cfg.kdim = 0 if kdim is None else integer(kdim, "kdim")
+        cfg.vdim = 0 if vdim is None else integer(vdim, "vdim")
+        cfg.bias, cfg.add_bias_kv = flag(bias, "bias"), flag(add_bias_kv, "add_bias_kv")
+        cfg.add_zero_attn, cfg.batch_first = flag(add_zero_attn, "add_zero_attn"), flag(batch_first, "batch_first")
+        cfg.dropout = real(dropout, "dropout")
         p = ctypes.c_void_p()
         ctx.check(fn("attn_mha_create")(ctx.ptr, ctypes.byref(cfg), ctypes.byref(p)))
         self._init(ctx, p.value)
@@ -73,10 +75,10 @@ class MHA:
     @classmethod
     def _from_list(cls, ctx, lst, num_heads, batch_first, add_zero_attn, dropout):
         extra = _lib.MhaConfig()
-        extra.batch_first, extra.add_zero_attn, extra.dropout = int(bool(batch_first)), int(bool(add_zero_attn)), \
-            float(dropout)
+        extra.batch_first, extra.add_zero_attn = flag(batch_first, "batch_first"), flag(add_zero_attn, "add_zero_attn")
+        extra.dropout = real(dropout, "dropout")
         p = ctypes.c_void_p()
-        ctx.check(fn("attn_mha_create_from_state")(ctx.ptr, ctypes.byref(lst), int(num_heads), ctypes.byref(extra),
+        ctx.check(fn("attn_mha_create_from_state")(ctx.ptr, ctypes.byref(lst), integer(num_heads, "num_heads"), ctypes.byref(extra),
                                                    ctypes.byref(p)))
         self = cls.__new__(cls)
         self._init(ctx, p.value)
@@ -128,7 +130,7 @@ class MHA:
             fail(_lib.ERR_NOT_FOUND if set(params) - set(state) else _lib.ERR_INVALID_ARG,
                  "state names %s differ from the module's %s" % (sorted(state), list(params)))
         for n, a in state.items():
-            a = as_array(a, F32, n)
+            a = contiguous(a, F32, n)
             if a.shape != params[n].shape:
                 fail(_lib.ERR_BAD_SHAPE, "%s has shape %s, the module's %s" % (n, shape_str(a.shape),
                                                                                 shape_str(params[n].shape)))
@@ -152,7 +154,7 @@ class MHA:
         ignore) or float; causal: triu(ones(L, S), 1) as the mask (exclusive with attn_mask).
         weights: (N, L, S') averaged over heads, or (N, H, L, S') per head, N dropped unbatched,
         with S' = S + add_bias_kv + add_zero_attn. training applies the module's dropout."""
-        ctx = self.ctx if ctx is None else ctx
+        ctx = resolve(ctx, self.ctx)
         c = self.config
         E, H, kdim, vdim, bf = c["embed_dim"], c["num_heads"], c["kdim"], c["vdim"], c["batch_first"]
         q = contiguous(query, F32, "query")
@@ -215,10 +217,10 @@ class MHA:
                     shape_str(m.shape), "(S=%d)" % S if unbatched else "(N=%d, S=%d)" % (N, S)))
             keep.append(m)
             args.key_padding_mask, args.key_padding_mask_dtype = m.ctypes.data, dt
-        args.causal = int(bool(causal))
-        args.need_weights = int(bool(need_weights))
-        args.average_attn_weights = int(bool(average_attn_weights))
-        args.training = int(bool(training))
+        args.causal = flag(causal, "causal")
+        args.need_weights = flag(need_weights, "need_weights")
+        args.average_attn_weights = flag(average_attn_weights, "average_attn_weights")
+        args.training = flag(training, "training")
         out = np.empty(q.shape, dtype=F32)
         weights = None
         if need_weights:
@@ -235,7 +237,7 @@ class MHA:
         """Self-attention of new tokens x with a KVCache (attn_mha_forward_cached): x (len, N, E),
         or (N, len, E) with batch_first; appends their keys and values to `cache` and attends with
         bottom-right causal masking over everything cached. Returns out, x's shape."""
-        ctx = self.ctx if ctx is None else ctx
+        ctx = resolve(ctx, self.ctx)
         from .kv_cache import KVCache
         if not isinstance(cache, KVCache):
             fail(_lib.ERR_INVALID_ARG, "cache must be an attn.KVCache, not %s" % type(cache).__name__)

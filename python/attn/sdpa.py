@@ -26,38 +26,34 @@ import ctypes
 import numpy as np
 
 from . import _lib
-from ._arrays import (F32, check_qkv, check_qkv_varlen, check_shape, contiguous, elem_strides, fail, kv_views,
-                      mask_view, ptr, view)
+from ._arrays import (F32, check_qkv, check_qkv_varlen, check_shape, choice, contiguous, elem_strides, fail,
+                      fail_type, flag, integer, kv_views, mask_code, mask_view, ptr, real, view)
 from ._lib import AttnError, fn
-from .context import resolve
+from .context import RngState, resolve
 
 
 def _options(desc, H, causal, scale, dropout_p, window, alibi_slopes, softcap, keep):
-    try:
-        known = causal in _lib.CAUSAL and not (isinstance(causal, (int, float)) and not isinstance(causal, bool))
-    except TypeError:
-        known = False
-    if not known:
-        fail(_lib.ERR_INVALID_ARG, "causal must be None, 'top_left' or 'bottom_right', not %r" % (causal,))
-    desc.causal = _lib.CAUSAL[causal]
-    desc.scale = 0.0 if scale is None else float(scale)
-    desc.dropout_p = float(dropout_p)
+    desc.causal = choice(causal, _lib.CAUSAL, "causal")
+    desc.scale = 0.0 if scale is None else real(scale, "scale")
+    desc.dropout_p = real(dropout_p, "dropout_p")
     if window is not None:
         try:
             left, right = window
         except (TypeError, ValueError):
             fail(_lib.ERR_INVALID_ARG, "window must be None or (left, right), not %r" % (window,))
         desc.use_window = 1
-        desc.window_left = -1 if left is None else int(left)
-        desc.window_right = -1 if right is None else int(right)
+        desc.window_left = -1 if left is None else integer(left, "window[0]")
+        desc.window_right = -1 if right is None else integer(right, "window[1]")
     if alibi_slopes is not None:
-        slopes = contiguous(alibi_slopes, F32, "alibi_slopes").reshape(-1)
-        if slopes.shape[0] != H:
-            fail(_lib.ERR_BAD_SHAPE, "alibi_slopes has %d values, expected one per query head (H=%d)"
-                 % (slopes.shape[0], H))
+        slopes = contiguous(alibi_slopes, F32, "alibi_slopes")
+        if slopes.ndim != 1 or slopes.shape[0] != H:
+            fail(_lib.ERR_BAD_SHAPE, "alibi_slopes has shape %s, expected one value per query head (H=%d,)"
+                 % (slopes.shape, H))
+        if not np.isfinite(slopes).all():
+            fail(_lib.ERR_INVALID_ARG, "alibi_slopes must be finite")
         keep.append(slopes)
         desc.alibi_slopes = slopes.ctypes.data
-    desc.softcap = float(softcap)
+    desc.softcap = real(softcap, "softcap")
 
 
 def _masks(desc, B, H, L, S, mask, key_padding_mask, keep):
@@ -99,15 +95,15 @@ def sdpa(q, k, v, *, causal=None, mask=None, key_padding_mask=None, scale=None, 
     (out, lse, weights) of those asked for, in that order. With dropout, keep ctx.rng_state()
     from before the call to run sdpa_backward."""
     ctx = resolve(ctx)
+    return_lse = flag(return_lse, "return_lse")
+    weights_mode = choice(return_weights, _lib.WEIGHTS, "return_weights")
     desc, q, k, v, keep = _describe(q, k, v, causal, mask, key_padding_mask, scale, dropout_p, window,
                                     alibi_slopes, softcap, kv_dtype)
     B, H, L, S, Dv = desc.batch, desc.n_heads, desc.len_q, desc.len_kv, desc.head_dim_v
     out = np.empty((B, H, L, Dv), dtype=F32)
     desc.o_stride[:] = elem_strides(out)
     lse = np.empty((B, H, L), dtype=F32) if return_lse else None
-    if return_weights not in _lib.WEIGHTS or return_weights is True:
-        fail(_lib.ERR_INVALID_ARG, "return_weights must be None, 'per_head' or 'average', not %r" % (return_weights,))
-    desc.weights_mode = _lib.WEIGHTS[return_weights]
+    desc.weights_mode = weights_mode
     weights = None
     if desc.weights_mode == 1:
         weights = np.empty((B, H, L, S), dtype=F32)
@@ -131,6 +127,8 @@ def _grad_layout(a, what):
 
 
 def _dropout_state(desc, dropout_state):
+    if dropout_state is not None and not isinstance(dropout_state, RngState):
+        fail_type("dropout_state must be an attn.RngState (ctx.rng_state()), not %s" % type(dropout_state).__name__)
     if desc.dropout_p > 0 and dropout_state is None:
         fail(_lib.ERR_INVALID_ARG, "dropout_p > 0 needs dropout_state: ctx.rng_state() taken before the forward")
     return dropout_state._pointer() if dropout_state is not None else None
@@ -147,6 +145,7 @@ def sdpa_backward(q, k, v, out, dout, lse, *, causal=None, mask=None, key_paddin
     grouped-query attention the sum over the heads sharing a kv head); with return_dmask also the
     gradient of a float mask, in the mask's own shape (broadcast dimensions summed)."""
     ctx = resolve(ctx)
+    return_dmask = flag(return_dmask, "return_dmask")
     desc, q, k, v, keep = _describe(q, k, v, causal, mask, key_padding_mask, scale, dropout_p, window,
                                     alibi_slopes, softcap, kv_dtype)
     B, H, L, Dv = desc.batch, desc.n_heads, desc.len_q, desc.head_dim_v
@@ -166,7 +165,7 @@ def sdpa_backward(q, k, v, out, dout, lse, *, causal=None, mask=None, key_paddin
     check_shape(lse, (B, H, L), "lse", ("B", "H", "L"))
     dmask = None
     if return_dmask:
-        if mask is None or np.asarray(mask).dtype == np.bool_:
+        if mask is None or mask_code(mask, "mask") == _lib.DTYPE_BOOL:
             fail(_lib.ERR_BAD_MASK, "return_dmask needs a float mask")
         dmask = np.zeros(np.shape(mask), dtype=F32)
         _, dmp, _, dms = mask_view(dmask, (B, H, L, desc.len_kv), "dmask")
@@ -188,11 +187,11 @@ def _describe_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     q, qs = view(q, F32, "q")
     k, ks, v, vs, code = kv_views(k, v, kv_dtype)
     Tq, H, D, Tk, Hkv, _ = check_qkv_varlen(q, k, v)
-    cq = contiguous(cu_seqlens_q, np.int64, "cu_seqlens_q").reshape(-1)
-    ck = contiguous(cu_seqlens_k, np.int64, "cu_seqlens_k").reshape(-1)
-    if cq.shape[0] < 2 or cq.shape != ck.shape:
+    cq = contiguous(cu_seqlens_q, np.int64, "cu_seqlens_q")
+    ck = contiguous(cu_seqlens_k, np.int64, "cu_seqlens_k")
+    if cq.ndim != 1 or ck.ndim != 1 or cq.shape[0] < 2 or cq.shape != ck.shape:
         fail(_lib.ERR_BAD_SHAPE, "cu_seqlens_q and cu_seqlens_k must both hold batch + 1 >= 2 offsets, got %d and %d"
-             % (cq.shape[0], ck.shape[0]))
+             % (cq.size, ck.size))
     # the library checks that the offsets increase from 0; their last values must match the arrays
     if cq[-1] != Tq or ck[-1] != Tk:
         fail(_lib.ERR_BAD_SHAPE, "cu_seqlens_q ends at %d and cu_seqlens_k at %d, but q has %d tokens and k %d"
@@ -201,8 +200,8 @@ def _describe_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     fn("attn_sdpa_desc_init")(ctypes.byref(desc))
     lens_q, lens_k = np.diff(cq), np.diff(ck)
     desc.batch, desc.n_heads, desc.n_kv_heads = cq.shape[0] - 1, H, Hkv
-    desc.len_q = int(max_seqlen_q) if max_seqlen_q is not None else max(1, int(lens_q.max()))
-    desc.len_kv = int(max_seqlen_k) if max_seqlen_k is not None else max(1, int(lens_k.max()))
+    desc.len_q = integer(max_seqlen_q, "max_seqlen_q") if max_seqlen_q is not None else max(1, int(lens_q.max()))
+    desc.len_kv = integer(max_seqlen_k, "max_seqlen_k") if max_seqlen_k is not None else max(1, int(lens_k.max()))
     desc.head_dim, desc.head_dim_v = D, v.shape[2]
     # (token, head, dim) arrays read as (0, head, token, dim)
     desc.q_stride[:] = [0, qs[1], qs[0], qs[2]]

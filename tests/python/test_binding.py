@@ -30,7 +30,6 @@ import os
 import sys
 import tempfile
 import unittest
-import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
@@ -314,8 +313,9 @@ class TestSdpa(unittest.TestCase):
         self.assertEqual((dk.dtype, dk.shape), (np.float32, k.shape))
         with self.assertRaises(attn.AttnError):
             attn.sdpa(q, kb, vb)  # uint16 without kv_dtype="bf16"
-        # mixed float16 / float32: both read as float32
-        np.testing.assert_array_equal(attn.sdpa(q, k16, v), attn.sdpa(q, k16.astype(np.float32), v))
+        # mixed float16 / float32 k and v: refused (torch's ops refuse them too)
+        with self.assertRaises(TypeError):
+            attn.sdpa(q, k16, v)
 
     def test_strides(self):
         B, L, H, D = 2, 6, 4, 8
@@ -409,57 +409,6 @@ class TestSdpa(unittest.TestCase):
                 self.assertEqual(cm.exception.name, name, str(cm.exception))
                 self.assertIn(text, cm.exception.message)
                 self.assertTrue(str(cm.exception).startswith(name + ": "))
-
-    def test_arrays_the_library_cannot_represent(self):
-        """Complex, object, string, bool and integer arrays where floats are meant (and floats
-        where integers are) raise before any work, naming the argument; nothing is cast."""
-        q = randn(self.rng, 1, 2, 3, 4)
-        tq = q[0].transpose(1, 0, 2).copy()  # (L, H, D) for the packed calls
-        seqs = np.array([0, 3], np.int64)
-        mha = attn.MHA(4, 2)
-        x = randn(self.rng, 3, 1, 4)
-        cases = [
-            (lambda: attn.sdpa(q.astype(np.complex64), q, q), "ATTN_ERR_INVALID_ARG", "q: dtype complex64"),
-            (lambda: attn.sdpa(q, q.astype(np.complex128), q), "ATTN_ERR_INVALID_ARG", "k: dtype complex128"),
-            (lambda: attn.sdpa(q, q, q.astype(object)), "ATTN_ERR_INVALID_ARG", "v: dtype object"),
-            (lambda: attn.sdpa(np.full(q.shape, "1.0"), q, q), "ATTN_ERR_INVALID_ARG", "q: dtype <U3"),
-            (lambda: attn.sdpa(q.astype(np.int64), q, q), "ATTN_ERR_INVALID_ARG", "q: dtype int64"),
-            (lambda: attn.sdpa(q > 0, q, q), "ATTN_ERR_INVALID_ARG", "q: dtype bool"),
-            (lambda: attn.sdpa(q, q, q, mask=np.zeros((3, 3), np.int64)), "ATTN_ERR_BAD_MASK", "mask must be bool"),
-            (lambda: attn.sdpa(q, q, q, mask=np.zeros((3, 3), np.complex64)), "ATTN_ERR_BAD_MASK", "complex64"),
-            (lambda: attn.sdpa(q, q, q, key_padding_mask=np.zeros((1, 3), np.uint8)), "ATTN_ERR_BAD_MASK",
-             "key_padding_mask must be bool"),
-            (lambda: attn.sdpa(q, q, q, alibi_slopes=np.ones(2, np.complex64)), "ATTN_ERR_INVALID_ARG",
-             "alibi_slopes: dtype complex64"),
-            (lambda: attn.sdpa_backward(q, q, q, q, q.astype(np.complex64), np.zeros((1, 2, 3), np.float32)),
-             "ATTN_ERR_INVALID_ARG", "dout: dtype complex64"),
-            (lambda: attn.sdpa_varlen(tq, tq, tq, seqs.astype(np.float64), seqs), "ATTN_ERR_INVALID_ARG",
-             "cu_seqlens_q: dtype float64"),
-            (lambda: mha(x.astype(np.complex64)), "ATTN_ERR_INVALID_ARG", "query: dtype complex64"),
-            (lambda: mha(x, attn_mask=np.zeros((3, 3), np.int64)), "ATTN_ERR_BAD_MASK", "attn_mask must be bool"),
-            (lambda: mha(x, key_padding_mask=np.zeros((1, 3), np.int32)), "ATTN_ERR_BAD_MASK", "key_padding_mask"),
-            (lambda: mha.load_state_dict({k: v.astype(np.complex64) for k, v in mha.state_dict().items()}),
-             "ATTN_ERR_INVALID_ARG", "dtype complex64"),
-            (lambda: attn.KVCache(1, 2, 4, capacity=8).append(q.astype(np.complex64), q), "ATTN_ERR_INVALID_ARG",
-             "k: dtype complex64"),
-            (lambda: attn.to_bfloat16(np.ones(2, np.complex64)), "ATTN_ERR_INVALID_ARG", "x: dtype complex64"),
-            (lambda: attn.from_bfloat16(np.ones(2, np.int64)), "ATTN_ERR_INVALID_ARG", "bits: dtype int64"),
-        ]
-        if not attn.has_varlen():
-            cases = [c for c in cases if "cu_seqlens" not in c[2]]
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # a cast that drops the imaginary part warns
-            for call, name, text in cases:
-                with self.subTest(text):
-                    with self.assertRaises(attn.AttnError) as cm:
-                        call()
-                    self.assertEqual(cm.exception.name, name, str(cm.exception))
-                    self.assertIn(text, cm.exception.message)
-                    self.assertNotIn("\n", str(cm.exception))
-        self.assertTrue(issubclass(attn.AttnError, RuntimeError))
-        # what stays accepted: any float type (float64 rounded to float32, as documented)
-        got = attn.sdpa(q.astype(np.float64), q.astype(np.float16), q.astype(np.float16))
-        self.assertEqual(got.dtype, np.float32)
 
 
 # ---- the autograd wrapper -------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import threading
 import torch
 
 from .. import _lib
-from .._arrays import check_qkv, check_qkv_varlen, fail, shape_str
+from .._arrays import check_qkv, check_qkv_varlen, fail, fail_type, shape_str
 from .._lib import AttnError, fn
 from ..context import Context
 from ..sdpa import _options
@@ -59,7 +59,7 @@ def check_tensors(tensors):
 
 def check_tensor(t, what):
     if not isinstance(t, torch.Tensor):
-        fail(_lib.ERR_INVALID_ARG, "%s must be a torch.Tensor, not %s" % (what, type(t).__name__))
+        fail_type("%s must be a torch.Tensor, not %s" % (what, type(t).__name__))
     if t.layout != torch.strided:
         fail(_lib.ERR_UNSUPPORTED, "%s: %s tensors are not supported (strided ones are)" % (what, t.layout))
     if t.dtype not in FLOATS:

@@ -16,7 +16,7 @@ import math
 import torch
 
 from .. import _lib
-from .._arrays import fail as _fail
+from .._arrays import fail as _fail, fail_type as _fail_type, real as _real
 from .._arrays import shape_str
 from . import _ops  # noqa: F401  (registers torch.ops.attn.*)
 from ._call import FLOATS
@@ -28,8 +28,8 @@ def _shape(t):
 
 def _check_inputs(query, key, value, same_dtype):
     for t, what in ((query, "query"), (key, "key"), (value, "value")):
-        if not isinstance(t, torch.Tensor):  # as torch's own functions
-            raise TypeError("%s must be a torch.Tensor, not %s" % (what, type(t).__name__))
+        if not isinstance(t, torch.Tensor):
+            _fail_type("%s must be a torch.Tensor, not %s" % (what, type(t).__name__))
         if t.dim() < 2:
             _fail(_lib.ERR_BAD_SHAPE, "%s must have at least 2 dimensions (..., L, E), got shape %s"
                   % (what, _shape(t)))
@@ -93,7 +93,7 @@ def _mask4(mask, bshape, L, S, what):
     """A mask broadcasting to bshape + (L, S) as (B|1, H|1, L|1, S|1) with torch's polarity
     turned into attn's (bool: True = blocked; float: float32, added)."""
     if not isinstance(mask, torch.Tensor):
-        _fail(_lib.ERR_BAD_MASK, "%s must be a torch.Tensor, not %s" % (what, type(mask).__name__))
+        _fail_type("%s must be a torch.Tensor, not %s" % (what, type(mask).__name__))
     if mask.dtype == torch.bool:
         mask = mask.logical_not()
     elif mask.dtype.is_floating_point:
@@ -150,7 +150,10 @@ def attention(q, k, v, mask=None, key_padding_mask=None, causal=0, scale=None, d
               alibi_slopes=None, softcap=None, weights_mode=0):
     """The op on (B, H, L, D), (B, Hkv, S, D), (B, Hkv, S, Dv) tensors with masks already in attn's
     form (see _ops.py). Returns (out, lse, weights). scale None: 1/sqrt(D); 0 is a scale of zero."""
-    if scale is not None and float(scale) == 0.0:
+    scale = None if scale is None else _real(scale, "scale")
+    dropout_p = _real(dropout_p, "dropout_p")
+    softcap = None if softcap is None else _real(softcap, "softcap")
+    if scale is not None and scale == 0.0:
         q, scale = q * 0.0, 1.0  # the library reads a zero scale as "the default"
     wl, wr = _window(window)
     return torch.ops.attn.sdpa_fwd(q, k, v, mask, key_padding_mask, causal, 0.0 if scale is None else float(scale),
@@ -217,7 +220,10 @@ def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seql
     for t, what in ((q, "q"), (k, "k"), (v, "v")):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             _fail(_lib.ERR_BAD_SHAPE, "%s must be a 3-d tensor (total, heads, dim)" % what)
-    if scale is not None and float(scale) == 0.0:
+    scale = None if scale is None else _real(scale, "scale")
+    dropout_p = _real(dropout_p, "dropout_p")
+    softcap = None if softcap is None else _real(softcap, "softcap")
+    if scale is not None and scale == 0.0:
         q, scale = q * 0.0, 1.0
     wl, wr = _window(window)
     out, lse = torch.ops.attn.sdpa_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q or 0),
