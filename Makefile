@@ -74,7 +74,7 @@ test-tsan:
 .PHONY: test-tsan-python
 test-tsan-python:
 	@cmake -S . -B build-tsan-py -DCMAKE_C_COMPILER=gcc -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-	    -DATTN_SANITIZE=thread -DATTN_BLAS=OFF $(CMAKE_FLAGS) > /dev/null
+	    -DATTN_SANITIZE=thread -DATTN_BLAS=OFF -DATTN_CUDA=OFF $(CMAKE_FLAGS) > /dev/null
 	cmake --build build-tsan-py -j $(JOBS) --target attn
 	sh tests/python/tsan_python.sh build-tsan-py
 
