@@ -32,15 +32,17 @@
  */
 /*
  * Now and then (from the pair's generator, so the input decodes as before) a few stored Q8_0/Q4_0
- * blocks of the filled positions are overwritten, in every context's cache alike, with raw bytes:
- * scales zero, subnormal, the largest half, infinite or NaN, and quants random or all zero. Returns
+ * blocks of the filled positions are overwritten, in every context's cache alike, with raw bytes
+ * drawn by raw_blocks (the raw-type mode's blocks: zero, subnormal, largest, infinite or NaN
+ * scales, zero or extreme quants). Returns
  * the largest magnitude a stored value now has (0 when nothing was written); NaN when a block is
  * not finite.
  */
+static uint8_t *raw_blocks(pair *p, attn_dtype dt, int64_t n, int special_rate);
+
 static double overwrite_blocks(pair *p, attn_kv_cache *const kc[3], attn_dtype dt, int64_t rows, int64_t cap,
                          int64_t D, int64_t Dv, int64_t S) {
     if (fuzz_rng_below(&p->rng, 4) != 0) return 0.0;
-    static const uint16_t scales[] = {0x0000, 0x8000, 0x0001, 0x03ff, 0x0400, 0x7bff, 0xfbff, 0x7c00, 0xfc00, 0x7e00, 0x3c00};
     const size_t bsize = attn_dtype_size(dt);
     double mag = 0.0;
     const int n = 1 + (int)fuzz_rng_below(&p->rng, 3);
@@ -49,17 +51,14 @@ static double overwrite_blocks(pair *p, attn_kv_cache *const kc[3], attn_dtype d
         const int64_t width = in_v ? Dv : D, per_row = width / 32;
         const int64_t row = (int64_t)fuzz_rng_below(&p->rng, (uint64_t)rows), pos = (int64_t)fuzz_rng_below(&p->rng, (uint64_t)S);
         const int64_t blk = (row * cap + pos) * per_row + (int64_t)fuzz_rng_below(&p->rng, (uint64_t)per_row);
-        uint8_t bytes[34];
-        const uint16_t sc = fuzz_rng_below(&p->rng, 4) == 0 ? (uint16_t)fuzz_rng_below(&p->rng, 0x10000)
-                                                             : scales[fuzz_rng_below(&p->rng, sizeof scales / sizeof scales[0])];
-        bytes[0] = (uint8_t)(sc & 0xff), bytes[1] = (uint8_t)(sc >> 8);
-        const bool zeros = fuzz_rng_below(&p->rng, 3) == 0;
-        for (size_t i = 2; i < bsize; i++) bytes[i] = zeros ? 0 : (uint8_t)fuzz_rng_below(&p->rng, 256);
+        uint8_t *bytes = raw_blocks(p, dt, 32, 48); /* one block, special three times in four */
+        const uint16_t sc = (uint16_t)(bytes[0] | bytes[1] << 8);
         for (int c = 0; c < p->n; c++) {
             void *k, *v;
             attn_kv_cache_storage(kc[c], &k, NULL, &v, NULL);
             memcpy((uint8_t *)(in_v ? v : k) + (size_t)blk * bsize, bytes, bsize);
         }
+        free(bytes);
         const double f = fabs(half_value(ATTN_DTYPE_F16, sc)) * (dt == ATTN_DTYPE_Q8_0 ? 128.0 : 8.0);
         mag = isnan(f) || isnan(mag) ? NAN : fmax(mag, f);
     }
