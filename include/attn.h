@@ -341,6 +341,12 @@ typedef enum attn_weights_mode {
     ATTN_WEIGHTS_AVERAGE = 2   /* weights out is (B, L, S): sum over heads / H */
 } attn_weights_mode;
 
+/** Source of the dropout mask (attn_sdpa_desc.dropout_rng). */
+typedef enum attn_dropout_rng {
+    ATTN_DROPOUT_RNG_CONTEXT = 0, /* the context's generator: torch's CPU F.dropout, bit for bit (CPU only) */
+    ATTN_DROPOUT_RNG_PHILOX = 1   /* counter-based Philox4x32-10 from dropout_seed and dropout_offset */
+} attn_dropout_rng;
+
 /** Memory layouts with a ready stride helper (attn_layout_strides). */
 typedef enum attn_layout {
     ATTN_LAYOUT_BHLD = 0, /* (B, H, L, D) contiguous */
@@ -377,8 +383,9 @@ typedef struct attn_sdpa_desc {
     const void *key_padding_mask; /* NULL: none */
     attn_dtype key_padding_mask_dtype; /* BOOL (True = ignore that key) or F32 (added) */
     int64_t key_padding_mask_stride[2];
-    /* Dropout on the attention weights with probability dropout_p in [0, 1), drawn from the
-     * context's generator exactly like F.dropout on the (B*H, L, S) weights in row-major order. */
+    /* Dropout on the attention weights with probability dropout_p in [0, 1], drawn by default from
+     * the context's generator exactly like F.dropout on the (B*H, L, S) weights in row-major order
+     * (dropout_rng below gives the other source). */
     double dropout_p;
     attn_weights_mode weights_mode; /* which weights the `weights` argument receives */
     /* Local (sliding-window) attention, as FlashAttention's window_size: with use_window set, query
@@ -444,6 +451,24 @@ typedef struct attn_sdpa_desc {
      * t_o (its smallest subnormal) per element: the same sum again with |dS_ij| taken as
      * 2 t_o P_ij sum_t |dout_it| (found by fuzz_bwd_diff). */
     attn_dtype grad_dtype;
+    /* Where the dropout mask comes from (with dropout_p > 0):
+     *  ATTN_DROPOUT_RNG_CONTEXT (0, the default): the context's generator, F.dropout's draws bit for
+     *    bit as dropout_p says above; the backward regenerates them from the forward's starting
+     *    state (its dropout_state argument). CPU only: the mask is a sequential stream, so the
+     *    kernels keep it as (B, H, L, S) bits in their scratch.
+     *  ATTN_DROPOUT_RNG_PHILOX: counter-based, as GPU libraries draw dropout: element (b, h, i, j)
+     *    (b the sequence of a packed batch, i and j the query and key inside it) takes word j % 4 of
+     *    Philox4x32-10 with counter {j / 4, i, b * H + h, dropout_offset} and key {low, high 32 bits
+     *    of dropout_seed}, and is kept when that word is below floor((1 - dropout_p) * 2^32); kept
+     *    weights are multiplied by float(1 / float(1 - dropout_p)), as F.dropout does. The mask is
+     *    a function of its coordinates: the same on every thread count, instruction set and device
+     *    (CPU and libattn_cuda), the context's generator is not used, and the kernels store nothing
+     *    of size L x S (O(N) memory with dropout). The backward takes the same desc (dropout_state
+     *    is ignored). Calls that need independent masks (layers, steps) use different seeds or
+     *    offsets. Needs L < 2^32, S < 2^34 and B * H < 2^32 (ATTN_ERR_BAD_SHAPE otherwise). */
+    attn_dropout_rng dropout_rng;
+    uint32_t dropout_offset;
+    uint64_t dropout_seed;
 } attn_sdpa_desc;
 
 /** Zeroes `desc`: no masks, no dropout, default scale, n_kv_heads = H, head_dim_v = D. */

@@ -129,6 +129,7 @@ typedef struct attn__sdpa_shape {
     int64_t B, H, Hkv, L, S, D, Dv;
     int64_t group; // H / Hkv
     float scale;
+    int64_t seq0;  // index of the run's first sequence (a packed batch runs sequence b alone, seq0 = b)
 } attn__sdpa_shape;
 attn_status attn__sdpa_check(attn_ctx *ctx, const attn_sdpa_desc *d, attn__sdpa_shape *sh);
 // The layout rules of Q8_0 and Q4_0 k and v (attn.h, kv_dtype), for a checked shape (quant.c).

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cpu/flash.h"
+#include "dropout.h"
 #include "internal.h"
 
 void attn_sdpa_desc_init(attn_sdpa_desc *desc) {
@@ -50,6 +51,7 @@ attn_status attn__sdpa_check(attn_ctx *ctx, const attn_sdpa_desc *d, attn__sdpa_
     sh->B = d->batch, sh->H = d->n_heads, sh->L = d->len_q, sh->S = d->len_kv, sh->D = d->head_dim;
     sh->Hkv = d->n_kv_heads == 0 ? d->n_heads : d->n_kv_heads;
     sh->Dv = d->head_dim_v == 0 ? d->head_dim : d->head_dim_v;
+    sh->seq0 = 0;
     const struct {
         const char *name;
         int64_t value;
@@ -69,6 +71,13 @@ attn_status attn__sdpa_check(attn_ctx *ctx, const attn_sdpa_desc *d, attn__sdpa_
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa: unknown causal mode %d", (int)d->causal);
     if (!(d->dropout_p >= 0.0 && d->dropout_p <= 1.0))
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa: dropout_p = %g must be in [0, 1]", d->dropout_p);
+    if (d->dropout_rng != ATTN_DROPOUT_RNG_CONTEXT && d->dropout_rng != ATTN_DROPOUT_RNG_PHILOX)
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa: unknown dropout_rng %d", (int)d->dropout_rng);
+    if (d->dropout_rng == ATTN_DROPOUT_RNG_PHILOX && d->dropout_p > 0.0 &&
+        (sh->L > ((int64_t)1 << 32) || sh->S > ((int64_t)1 << 34) || sh->B * sh->H > ((int64_t)1 << 32)))
+        return attn__fail(ctx, ATTN_ERR_BAD_SHAPE,
+                          "sdpa: Philox dropout counts queries, keys and batch * heads in 32 bits (len_q <= 2^32, "
+                          "len_kv <= 2^34, batch * n_heads <= 2^32)");
     if (d->weights_mode != ATTN_WEIGHTS_NONE && d->weights_mode != ATTN_WEIGHTS_PER_HEAD &&
         d->weights_mode != ATTN_WEIGHTS_AVERAGE)
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa: unknown weights_mode %d", (int)d->weights_mode);
@@ -272,7 +281,7 @@ attn_status attn_sdpa_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const void 
     if (q == NULL || k == NULL || v == NULL || out == NULL || dout == NULL || lse == NULL || dq == NULL ||
         dk == NULL || dv == NULL)
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa_bwd: q, k, v, out, dout, lse, dq, dk and dv must not be NULL");
-    if (desc->dropout_p > 0.0 && dropout_state == NULL)
+    if (attn__dropout_needs_state(desc) && dropout_state == NULL)
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa_bwd: dropout needs the generator state of the forward");
     attn__sdpa_shape sh;
     size_t bytes;

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "dropout.h"
 #include "half.h"
 #include "internal.h"
 
@@ -66,11 +67,12 @@ attn_status attn_sdpa_varlen_desc_check(attn_ctx *ctx, const attn_sdpa_desc *des
 typedef struct seq_view {
     attn_sdpa_desc d;
     int64_t L, S, q0, k0; // queries, keys, first query row, first key row
+    int64_t b;            // the sequence
 } seq_view;
 
 static seq_view view_of(const attn_sdpa_desc *whole, const int64_t *cu_q, const int64_t *cu_k, int64_t b) {
     seq_view s;
-    s.q0 = cu_q[b], s.k0 = cu_k[b], s.L = cu_q[b + 1] - s.q0, s.S = cu_k[b + 1] - s.k0;
+    s.q0 = cu_q[b], s.k0 = cu_k[b], s.L = cu_q[b + 1] - s.q0, s.S = cu_k[b + 1] - s.k0, s.b = b;
     s.d = *whole;
     s.d.len_q = s.L, s.d.len_kv = s.S;
     return s;
@@ -85,7 +87,10 @@ static void *rows_at(const void *p, attn_dtype dt, int64_t row, int64_t row_stri
 // Prepares sequence b's problem (false when it has no queries or no keys: nothing to run).
 static attn_status prepare_seq(attn_ctx *ctx, const seq_view *s, attn__sdpa_shape *sh, attn_sdpa_desc *run, bool *runs) {
     *runs = s->L > 0 && s->S > 0;
-    return *runs ? attn__sdpa_prepare(ctx, &s->d, sh, run) : ATTN_OK;
+    if (!*runs) return ATTN_OK;
+    ATTN_RETURN_IF_ERR(attn__sdpa_prepare(ctx, &s->d, sh, run));
+    sh->seq0 = s->b; // Philox dropout counts the packed batch's sequences
+    return ATTN_OK;
 }
 
 // Scratch: the (H, longest L) log-sum-exp of one sequence, then the kernels' workspace for the
@@ -170,7 +175,7 @@ attn_status attn_sdpa_varlen_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, cons
         dq == NULL || dk == NULL || dv == NULL)
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG,
                           "sdpa_varlen_bwd: desc, q, k, v, out, dout, lse, dq, dk and dv must not be NULL");
-    if (desc->dropout_p > 0.0 && dropout_state == NULL)
+    if (attn__dropout_needs_state(desc) && dropout_state == NULL)
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa_varlen_bwd: dropout needs the generator state of the forward");
     attn_sdpa_desc whole;
     attn__sdpa_shape wsh;
@@ -182,7 +187,8 @@ attn_status attn_sdpa_varlen_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, cons
     ATTN_RETURN_IF_ERR(take_workspace(ctx, &whole, B, cu_seqlens_q, cu_seqlens_k, true, &lse_tmp, &scratch));
     attn_generator gen;
     if (dropout_state != NULL) gen = *dropout_state;
-    const bool draws = desc->dropout_p > 0.0 && desc->dropout_p < 1.0; // as the forward's kernels draw
+    // as the forward's kernels draw from the context's generator (Philox draws from no stream)
+    const bool draws = attn__dropout_needs_state(desc) && desc->dropout_p < 1.0;
     for (int64_t b = 0; b < B; b++) {
         const seq_view s = view_of(&whole, cu_seqlens_q, cu_seqlens_k, b);
         attn__sdpa_shape sh;
@@ -197,7 +203,7 @@ attn_status attn_sdpa_varlen_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, cons
         }
         for (int64_t h = 0; h < H; h++) memcpy(lse_tmp + h * s.L, lse + h * total_q + s.q0, (size_t)s.L * sizeof(float));
         const attn_dtype gt = whole.grad_dtype;
-        attn__sdpa_bwd_run(ctx, &run, &sh, desc->dropout_p > 0.0 ? &gen : NULL,
+        attn__sdpa_bwd_run(ctx, &run, &sh, attn__dropout_needs_state(desc) ? &gen : NULL,
                            rows_at(q, whole.q_dtype, s.q0, whole.q_stride[2]),
                            rows_at(k, whole.kv_dtype, s.k0, whole.k_stride[2]),
                            rows_at(v, whole.kv_dtype, s.k0, whole.v_stride[2]),

@@ -1,6 +1,7 @@
 // test_grad.c - the attention backward against finite differences: a double-precision forward
 // written in this file (every option: bool/float masks broadcast or per head, key padding, both
-// causal alignments, GQA, Dk != Dv, custom scale, dropout with the forward's mask), central
+// causal alignments, GQA, Dk != Dv, custom scale, dropout with the forward's mask from the context's
+// generator or from Philox), central
 // differences of the loss sum(G * out), and attn_sdpa_bwd on every ISA (the reference and the fused
 // kernels). Also: the fused backward against the reference on a size grid, identical bits for 1, 2
 // and 3 threads, fully masked rows, masked NaN, NaN and inf in rows against the reference, mask
@@ -12,6 +13,7 @@
 
 #include "attn.h"
 #include "harness.h"
+#include "philox.h"
 
 typedef struct prob {
     int64_t B, H, Hkv, L, S, D, Dv;
@@ -25,8 +27,9 @@ typedef struct prob {
     int alibi;       // ALiBi slopes 2^-(h+1)
     float softcap;   // 0 none
     attn_dtype kvdt; // k and v as F32 (0), F16 or BF16
+    int philox;      // dropout from Philox (ATTN_DROPOUT_RNG_PHILOX) instead of the context's generator
 } prob;
-#define NO_EXT 0, 0, 0, 0, 0.0f, ATTN_DTYPE_F32 // no window, ALiBi, soft-capping; float k and v
+#define NO_EXT 0, 0, 0, 0, 0.0f, ATTN_DTYPE_F32, 0 // no window, ALiBi, soft-capping; float k and v; torch's dropout
 
 typedef struct tensors {
     double *q, *k, *v, *fmask; // double copies (the finite-difference variables)
@@ -91,7 +94,13 @@ static tensors make(const prob *p, uint32_t seed) {
     for (int64_t h = 0; h < p->H; h++) t.slopes[h] = ldexpf(1.0f, -(int)(h + 1));
     attn_generator gen;
     attn_generator_seed(&gen, dropout_seed);
-    if (p->dropout > 0) attn_rand_bernoulli(&gen, t.keep, t.nm, 1.0 - p->dropout); // the forward's draws
+    if (p->dropout > 0 && !p->philox) attn_rand_bernoulli(&gen, t.keep, t.nm, 1.0 - p->dropout); // the forward's draws
+    if (p->dropout > 0 && p->philox) // the words attn.h names, element by element
+        for (int64_t e = 0; e < t.nm; e++) {
+            const int64_t j = e % p->S, i = e / p->S % p->L, bh = e / (p->S * p->L);
+            t.keep[e] = (float)attn__philox_dropout_kept(dropout_seed, 5u, attn__philox_keep_threshold(p->dropout), bh,
+                                                         i, j);
+        }
     attn_sdpa_desc *d = &t.d;
     attn_sdpa_desc_init(d);
     d->batch = p->B, d->n_heads = p->H, d->n_kv_heads = p->Hkv, d->len_q = p->L, d->len_kv = p->S;
@@ -101,6 +110,7 @@ static tensors make(const prob *p, uint32_t seed) {
     attn_layout_strides(ATTN_LAYOUT_BHLD, p->B, p->Hkv, p->S, p->Dv, d->v_stride);
     attn_layout_strides(ATTN_LAYOUT_BHLD, p->B, p->H, p->L, p->Dv, d->o_stride);
     d->kv_dtype = p->kvdt, d->softcap = p->softcap;
+    if (p->philox) d->dropout_rng = ATTN_DROPOUT_RNG_PHILOX, d->dropout_seed = dropout_seed, d->dropout_offset = 5u;
     if (p->alibi) d->alibi_slopes = t.slopes;
     if (p->window) d->use_window = 1, d->window_left = p->wl, d->window_right = p->wr;
     if (p->mask) {
@@ -212,8 +222,10 @@ static void run_both(attn_ctx *ctx, const prob *p, const tensors *t, float *dq, 
     attn_generator_seed(g, dropout_seed);
     attn_generator start = *g;
     ASSERT_OK(attn_sdpa_fwd(ctx, &t->d, t->qf, t->kp, t->vp, out, lse, NULL));
-    attn_status st = attn_sdpa_bwd(ctx, &t->d, t->qf, t->kp, t->vp, out, t->g, lse, p->dropout > 0 ? &start : NULL, dq,
-                                   dk, dv, dmask);
+    // Philox dropout needs no generator state (and its forward leaves the context's generator alone)
+    if (p->philox && memcmp(g, &start, sizeof start) != 0) FAIL("Philox dropout moved the context's generator");
+    attn_status st = attn_sdpa_bwd(ctx, &t->d, t->qf, t->kp, t->vp, out, t->g, lse,
+                                   p->dropout > 0 && !p->philox ? &start : NULL, dq, dk, dv, dmask);
     if (st != ATTN_OK) FAIL("sdpa_bwd: %s", attn_ctx_last_error(ctx));
     free(out), free(lse);
 }
@@ -267,13 +279,15 @@ static void test_finite_differences_every_option(void) {
         {2, 3, 1, 4, 5, 3, 3, ATTN_CAUSAL_NONE, 4, 1, 0.0f, 0.0, NO_EXT},              // float (H, L, S) over B, MQA
         {2, 2, 2, 4, 6, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.5, NO_EXT},              // dropout
         {1, 2, 1, 5, 5, 4, 2, ATTN_CAUSAL_TOP_LEFT, 2, 1, 0.5f, 0.3, NO_EXT},  // everything at once
-        {1, 2, 2, 6, 7, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 1, 2, 1, 0, 0.0f, 0},       // local window
-        {1, 2, 2, 5, 7, 3, 3, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0.0f, 0.0, 1, 1, -1, 0, 0.0f, 0}, // window + causal
-        {1, 2, 1, 5, 6, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 0, 0, 0, 1, 0.0f, 0},       // ALiBi, GQA
-        {1, 2, 2, 4, 5, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 3.0f, 0.0, 0, 0, 0, 0, 1.0f, 0},       // soft-capping
-        {1, 2, 2, 4, 5, 3, 3, ATTN_CAUSAL_NONE, 2, 0, 0.0f, 0.0, 0, 0, 0, 1, 2.0f, 0},       // cap + ALiBi + mask
-        {1, 2, 2, 4, 5, 3, 3, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 0.0f, ATTN_DTYPE_F16},
-        {1, 2, 1, 4, 5, 3, 2, ATTN_CAUSAL_NONE, 0, 1, 0.0f, 0.0, 1, 1, 1, 1, 1.5f, ATTN_DTYPE_BF16}, // all new ones
+        {1, 2, 2, 6, 7, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 1, 2, 1, 0, 0.0f, 0, 0},       // local window
+        {1, 2, 2, 5, 7, 3, 3, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0.0f, 0.0, 1, 1, -1, 0, 0.0f, 0, 0}, // window + causal
+        {1, 2, 1, 5, 6, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 0, 0, 0, 1, 0.0f, 0, 0},       // ALiBi, GQA
+        {1, 2, 2, 4, 5, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 3.0f, 0.0, 0, 0, 0, 0, 1.0f, 0, 0},       // soft-capping
+        {1, 2, 2, 4, 5, 3, 3, ATTN_CAUSAL_NONE, 2, 0, 0.0f, 0.0, 0, 0, 0, 1, 2.0f, 0, 0},       // cap + ALiBi + mask
+        {1, 2, 2, 4, 5, 3, 3, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 0.0f, ATTN_DTYPE_F16, 0},
+        {1, 2, 1, 4, 5, 3, 2, ATTN_CAUSAL_NONE, 0, 1, 0.0f, 0.0, 1, 1, 1, 1, 1.5f, ATTN_DTYPE_BF16, 0}, // all new ones
+        {2, 2, 2, 4, 6, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.5, 0, 0, 0, 0, 0.0f, 0, 1},          // Philox dropout
+        {1, 2, 1, 5, 7, 4, 2, ATTN_CAUSAL_TOP_LEFT, 2, 1, 0.5f, 0.3, 1, 3, 1, 1, 1.0f, 0, 1},    // ... with the rest
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) check_against_fd(&cases[c], 11u * (uint32_t)c + 3u);
 }
@@ -289,10 +303,12 @@ static void test_fused_against_reference(void) {
         {1, 2, 2, 200, 64, 7, 65, ATTN_CAUSAL_TOP_LEFT, 4, 0, 0.0f, 0.0, NO_EXT},
         {2, 4, 2, 90, 75, 16, 16, ATTN_CAUSAL_NONE, 1, 2, 0.0f, 0.3, NO_EXT}, // one pass with dropout and masks
         {3, 2, 2, 64, 200, 32, 48, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 1, 0.7f, 0.0, NO_EXT},
-        {2, 4, 2, 100, 300, 32, 32, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 1, 70, 10, 1, 0.0f, 0},  // window: tiles skipped
-        {1, 2, 2, 130, 130, 24, 24, ATTN_CAUSAL_TOP_LEFT, 2, 0, 0.0f, 0.0, 1, 40, -1, 0, 2.0f, 0}, // cap, dmask
-        {2, 2, 1, 70, 150, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 1, 0.0f, 0.1, 0, 0, 0, 1, 0.0f, ATTN_DTYPE_F16},
-        {3, 4, 2, 65, 129, 40, 24, ATTN_CAUSAL_NONE, 1, 0, 0.0f, 0.0, 1, 3, 3, 0, 4.0f, ATTN_DTYPE_BF16}, // one pass
+        {2, 4, 2, 100, 300, 32, 32, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 1, 70, 10, 1, 0.0f, 0, 0},  // window: tiles skipped
+        {1, 2, 2, 130, 130, 24, 24, ATTN_CAUSAL_TOP_LEFT, 2, 0, 0.0f, 0.0, 1, 40, -1, 0, 2.0f, 0, 0}, // cap, dmask
+        {2, 2, 1, 70, 150, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 1, 0.0f, 0.1, 0, 0, 0, 1, 0.0f, ATTN_DTYPE_F16, 0},
+        {3, 4, 2, 65, 129, 40, 24, ATTN_CAUSAL_NONE, 1, 0, 0.0f, 0.0, 1, 3, 3, 0, 4.0f, ATTN_DTYPE_BF16, 0}, // one pass
+        {2, 4, 2, 90, 75, 16, 16, ATTN_CAUSAL_NONE, 1, 2, 0.0f, 0.3, 0, 0, 0, 0, 0.0f, 0, 1},      // Philox, one pass
+        {1, 2, 2, 130, 131, 24, 40, ATTN_CAUSAL_TOP_LEFT, 2, 0, 0.0f, 0.2, 0, 0, 0, 1, 0.0f, ATTN_DTYPE_F16, 1}, // dmask
     };
     // Without a mask gradient, 1 thread takes the one-pass schedule and 3 threads the two passes
     // whenever B * Hkv < 6: the bit comparison below covers both schedules.

@@ -156,7 +156,8 @@ class SdpaDesc(ctypes.Structure):
                 ("dropout_p", ctypes.c_double), ("weights_mode", ctypes.c_int),
                 ("use_window", ctypes.c_int), ("window_left", ctypes.c_int64), ("window_right", ctypes.c_int64),
                 ("alibi_slopes", ctypes.c_void_p), ("softcap", ctypes.c_float), ("kv_dtype", ctypes.c_int),
-                ("q_dtype", ctypes.c_int), ("out_dtype", ctypes.c_int), ("grad_dtype", ctypes.c_int)]
+                ("q_dtype", ctypes.c_int), ("out_dtype", ctypes.c_int), ("grad_dtype", ctypes.c_int),
+                ("dropout_rng", ctypes.c_int), ("dropout_offset", ctypes.c_uint32), ("dropout_seed", ctypes.c_uint64)]
 
 
 class KVCacheConfig(ctypes.Structure):

@@ -31,6 +31,7 @@
 
 #include "cpu/cpu.h"
 #include "cpu/flash.h"
+#include "dropout.h"
 #include "half.h"
 
 #define LOG2E 1.4426950408889634
@@ -52,8 +53,7 @@ typedef struct bwd_job {
     int64_t n_qtiles, n_kvtiles;
     float qscale;               // scale * log2(e)
     const float *lse2, *rowdot; // (B, H, L)
-    const uint8_t *keep;        // dropout bits (B, H, L, S), or NULL
-    float keep_scale;
+    attn__dropout drop;         // the forward's dropout mask (drop.on false without dropout)
     const uint8_t *kv_bad;      // (B, Hkv, n_kvtiles): key or value tile holds NaN or inf
     uint8_t *q_bad;             // (B, H, n_qtiles): q or dout rows of the query tile hold NaN or inf
     bool dmask_b, dmask_h, dmask_i; // pass 2 iterates over b / h / query tiles inside one item
@@ -126,15 +126,8 @@ static bool tile_pair(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int6
     J->kn->bwd_p(t->st, nj, BWD_BR, t->lse2);
     // dP^T = V dout^T
     J->kn->gemm(vt, d->v_stride[2], d->v_stride[3], nj, (int)sh->Dv, t->dot, BWD_BR, BWD_BR, t->dpt, BWD_BR, false);
-    if (J->keep != NULL) { // the forward's dropout: dP of dropped weights is 0, kept ones scaled
-        const int64_t bh = b * sh->H + h;
-        for (int j = 0; j < nj; j++)
-            for (int i = 0; i < nq; i++) {
-                const int64_t bit = (bh * sh->L + i0 + i) * sh->S + j0 + j;
-                float *x = t->dpt + (int64_t)j * BWD_BR + i;
-                *x = ((J->keep[bit >> 3] >> (bit & 7)) & 1) ? *x * J->keep_scale : 0.0f;
-            }
-    }
+    if (J->drop.on) // the forward's dropout: dP of dropped weights is 0, kept ones scaled
+        attn__dropout_tile(&J->drop, b, h, i0, nq, j0, nj, t->dpt, BWD_BR, J->drop.keep_scale);
     J->kn->bwd_ds(t->st, t->dpt, nj, BWD_BR, t->rowdot); // 0 where P is 0, whatever dP holds
     return true;
 }
@@ -203,15 +196,7 @@ static void kv_tile(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t hk, int64
                 else
                     J->kn->gemm(t->dpt, 1, BWD_BR, nq, nj, kr, J->k_ld, J->Dp, dqi, J->Dp, true);
             }
-            if (J->keep != NULL) {
-                const int64_t bh = b * sh->H + h;
-                for (int j = 0; j < nj; j++)
-                    for (int i = 0; i < nq; i++) {
-                        const int64_t bit = (bh * sh->L + i0 + i) * sh->S + j0 + j;
-                        float *x = t->st + (int64_t)j * BWD_BR + i;
-                        *x = ((J->keep[bit >> 3] >> (bit & 7)) & 1) ? *x * J->keep_scale : 0.0f;
-                    }
-            }
+            if (J->drop.on) attn__dropout_tile(&J->drop, b, h, i0, nq, j0, nj, t->st, BWD_BR, J->drop.keep_scale);
             if (qbad)
                 gemm_skip_zeros(t->st, BWD_BR, 1, nj, nq, dr, J->do_ld, J->Dvp, t->acc2, J->Dvp);
             else
@@ -429,7 +414,7 @@ static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn
     bl->q_bad = attn__arena_take(&a, (size_t)(sh->B * sh->H * n_qtiles));
     bl->k_f32 = half ? attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * sh->S * sh->D) * f) : NULL;
     bl->v_f32 = half ? attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * sh->S * sh->Dv) * f) : NULL;
-    bl->keep = d->dropout_p > 0.0 ? attn__arena_take(&a, (size_t)((rows * sh->S + 7) / 8)) : NULL;
+    bl->keep = attn__arena_take(&a, attn__dropout_bits_bytes(d, sh));
     bl->per_thread = (tiles_layout((int)Dp, (int)Dvp, NULL, NULL) + ATTN_ALIGN - 1) & ~(size_t)(ATTN_ALIGN - 1);
     bl->dq_acc_off = bl->per_thread;
     if (use_one_pass(ctx, sh, want_dmask)) bl->per_thread += (size_t)(sh->group * sh->L * Dp) * f;
@@ -487,7 +472,7 @@ void attn__flash_bwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_sh
         .Dp = pad16(sh->D), .Dvp = pad16(sh->Dv),
         .n_qtiles = (sh->L + BWD_BR - 1) / BWD_BR, .n_kvtiles = (sh->S + BWD_BC - 1) / BWD_BC,
         .qscale = (float)((double)sh->scale * LOG2E),
-        .lse2 = bl.lse2, .rowdot = bl.rowdot, .keep = NULL, .keep_scale = 1.0f, .kv_bad = bl.kv_bad, .q_bad = bl.q_bad,
+        .lse2 = bl.lse2, .rowdot = bl.rowdot, .kv_bad = bl.kv_bad, .q_bad = bl.q_bad,
         .qt_all = bl.qt_all, .dot_all = bl.dot_all, .q_pack = bl.q_pack, .do_pack = bl.do_pack, .k_pack = bl.k_pack,
         .scratch = bl.scratch, .per_thread = bl.per_thread, .dq_acc_off = bl.dq_acc_off,
     };
@@ -498,17 +483,10 @@ void attn__flash_bwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_sh
     prep_job P = {&J, out, lse, bl.lse2, bl.rowdot, bl.kv_bad};
     attn__pool_run(ctx->pool, sh->B * sh->H, prep_rows_task, &P);
     attn__pool_run(ctx->pool, sh->B * sh->Hkv * J.n_kvtiles, prep_tiles_task, &P);
-    if (d->dropout_p > 0.0) { // the forward's draws, regenerated from its starting state
-        attn_generator gen = *dropout_state;
-        const int64_t n = sh->B * sh->H * sh->L * sh->S;
-        const bool all = d->dropout_p >= 1.0;
-        const double keep_prob = 1.0 - d->dropout_p;
-        memset(bl.keep, 0, (size_t)((n + 7) / 8));
-        if (!all)
-            for (int64_t e = 0; e < n; e++)
-                if (attn__dropout_keep(&gen, keep_prob)) bl.keep[e >> 3] |= (uint8_t)(1u << (e & 7));
-        J.keep = bl.keep;
-        J.keep_scale = all ? 0.0f : 1.0f / (float)(1.0 - d->dropout_p);
+    if (d->dropout_p > 0.0) { // the forward's mask: its draws regenerated from its starting state, or Philox
+        attn_generator gen;
+        if (attn__dropout_needs_state(d)) gen = *dropout_state;
+        attn__dropout_init(&J.drop, d, sh, &gen, bl.keep);
     }
     if (use_one_pass(ctx, sh, dmask != NULL)) {
         attn__pool_run(ctx->pool, sh->B * sh->Hkv, one_pass_task, &J);

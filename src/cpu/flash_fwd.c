@@ -19,6 +19,7 @@
 
 #include "cpu/cpu.h"
 #include "cpu/flash.h"
+#include "dropout.h"
 #include "half.h"
 
 #define LOG2E 1.4426950408889634
@@ -36,8 +37,7 @@ typedef struct flash_job {
     int64_t n_qtiles, n_kvtiles;
     float qscale;               // scale * log2(e), folded into the packed queries
     const uint8_t *v_bad;       // (B, Hkv, n_kvtiles): 1 when the value tile holds NaN or inf
-    const uint8_t *keep;        // dropout: (B, H, L, S) bits, 1 = kept; NULL without dropout
-    float keep_scale;           // float(1/float(1-p)), or 1
+    attn__dropout drop;         // the dropout mask (drop.on false without dropout)
     char *scratch;              // per thread: per_thread bytes
     size_t per_thread;
 } flash_job;
@@ -155,15 +155,8 @@ static void flash_task(void *arg, int64_t task, int thread) {
             if (!attn__bounds_tile(d, sh, brp, i0, nq, j0, nj, t.st)) continue;
         }
         J->kn->softmax(t.st, nj, brp, t.m, t.l, t.alpha);
-        if (J->keep != NULL) { // dropout: weights of dropped keys become 0 (after the row sums)
-            for (int j = 0; j < nj; j++) {
-                float *s = t.st + (int64_t)j * brp;
-                for (int i = 0; i < nq; i++) {
-                    const int64_t bit = ((bh * sh->L + i0 + i) * sh->S) + j0 + j;
-                    if (!((J->keep[bit >> 3] >> (bit & 7)) & 1)) s[i] = 0.0f;
-                }
-            }
-        }
+        if (J->drop.on) // dropout: weights of dropped keys become 0 (after the row sums)
+            attn__dropout_tile(&J->drop, b, h, i0, nq, j0, nj, t.st, brp, 1.0f);
         if (J->v_bad[(b * sh->Hkv + hk) * J->n_kvtiles + j0 / FLASH_BC])
             attn__pv_skipping_zeros(vt, vs_row, vs_d, nj, Dv, t.st, brp, t.alpha, t.ot);
         else
@@ -172,7 +165,8 @@ static void flash_task(void *arg, int64_t task, int thread) {
     // out = O / l (0 for a fully masked row), times the dropout scale; lse in natural log
     for (int i = 0; i < nq; i++) {
         const float li = t.l[i];
-        const float inv = li > 0.0f ? J->keep_scale / li : (li == 0.0f ? 0.0f : li);
+        const float keep_scale = J->drop.on ? J->drop.keep_scale : 1.0f;
+        const float inv = li > 0.0f ? keep_scale / li : (li == 0.0f ? 0.0f : li);
         const int64_t o = attn__offset4(d->o_stride, b, h, i0 + i, 0);
         attn__scatter(J->out, d->out_dtype, o, d->o_stride[3], t.ot + i, brp, Dv, inv);
         if (J->lse != NULL)
@@ -236,7 +230,7 @@ static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn
     const int64_t n_kvtiles = (sh->S + FLASH_BC - 1) / FLASH_BC;
     attn__arena a = {.base = base};
     fl->v_bad = attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * n_kvtiles));
-    fl->keep = d->dropout_p > 0.0 ? attn__arena_take(&a, (size_t)((sh->B * sh->H * sh->L * sh->S + 7) / 8)) : NULL;
+    fl->keep = attn__arena_take(&a, attn__dropout_bits_bytes(d, sh));
     fl->per_thread = (attn__fwd_tiles_layout(sh, d, (br + ATTN_TILE_BR_ALIGN - 1) / ATTN_TILE_BR_ALIGN * ATTN_TILE_BR_ALIGN, NULL,
                                      NULL) + ATTN_ALIGN - 1) & ~(size_t)(ATTN_ALIGN - 1);
     fl->scratch = attn__arena_take(&a, fl->per_thread * (size_t)threads);
@@ -314,7 +308,7 @@ void attn__flash_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_sh
         .br = choose_br(sh, threads),
         .n_kvtiles = (sh->S + FLASH_BC - 1) / FLASH_BC,
         .qscale = (float)((double)sh->scale * LOG2E),
-        .v_bad = fl.v_bad, .keep = NULL, .keep_scale = 1.0f,
+        .v_bad = fl.v_bad,
         .scratch = fl.scratch, .per_thread = fl.per_thread,
     };
     J.brp = (J.br + ATTN_TILE_BR_ALIGN - 1) / ATTN_TILE_BR_ALIGN * ATTN_TILE_BR_ALIGN;
@@ -324,16 +318,7 @@ void attn__flash_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_sh
                                                      (double)(sh->D + sh->Dv));
     vscan_job vj = {d, sh, v, J.n_kvtiles, fl.v_bad};
     attn__pool_run(pool, sh->B * sh->Hkv, vscan_task, &vj);
-    if (d->dropout_p > 0.0) { // the reference's draws, in (b, h, i, j) order, kept as bits
-        const int64_t n = sh->B * sh->H * sh->L * sh->S;
-        const bool all = d->dropout_p >= 1.0;
-        const double keep_prob = 1.0 - d->dropout_p;
-        memset(fl.keep, 0, (size_t)((n + 7) / 8));
-        if (!all)
-            for (int64_t e = 0; e < n; e++)
-                if (attn__dropout_keep(&ctx->gen, keep_prob)) fl.keep[e >> 3] |= (uint8_t)(1u << (e & 7));
-        J.keep = fl.keep;
-        J.keep_scale = all ? 0.0f : 1.0f / (float)(1.0 - d->dropout_p);
-    }
+    // the dropout mask: the reference's draws in (b, h, i, j) order kept as bits, or Philox
+    attn__dropout_init(&J.drop, d, sh, &ctx->gen, fl.keep);
     attn__pool_run(pool, sh->B * sh->H * J.n_qtiles, flash_task, &J);
 }

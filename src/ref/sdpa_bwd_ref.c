@@ -14,6 +14,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "dropout.h"
 #include "internal.h"
 #include "ref/ref_scores.h"
 
@@ -60,8 +61,8 @@ void attn__sdpa_bwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, con
     if (w.dmask != NULL) memset(w.dmask, 0, mask_span(d, sh) * sizeof(double));
     attn_generator gen;
     const bool dropout = d->dropout_p > 0.0, drop_all = d->dropout_p >= 1.0;
-    if (dropout) gen = *dropout_state;
-    const double keep_prob = 1.0 - d->dropout_p;
+    if (attn__dropout_needs_state(d)) gen = *dropout_state;
+    const uint64_t threshold = attn__philox_keep_threshold(d->dropout_p);
     const double keep_scale = drop_all ? 0.0 : (double)(1.0f / (float)(1.0 - d->dropout_p));
     const double scale = (double)sh->scale;
 
@@ -89,7 +90,7 @@ void attn__sdpa_bwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, con
                 // p_j into w.s; dp_j into w.dp; the draws of the row in key order
                 double pdp = 0.0;
                 for (int64_t j = 0; j < S; j++) {
-                    const bool keep = !dropout || (!drop_all && attn__dropout_keep(&gen, keep_prob));
+                    const bool keep = !dropout || attn__dropout_draw(d, sh, &gen, threshold, b, h, i, j);
                     double p;
                     if (w.s[j] == -INFINITY) p = 0.0; // hidden: no weight, even in a row holding NaN
                     else if (has_nan) p = NAN;

@@ -7,10 +7,11 @@
 //
 // Per row (see attn.h): s_j = scale * q.k_j + mask terms, p = softmax(s) (a fully masked row gives
 // p = 0 and lse = -inf), dropout draws two 32-bit numbers per element in (b, h, i, j) order exactly
-// like F.dropout on the (B*H, L, S) weights, out = p' V.
+// like F.dropout on the (B*H, L, S) weights (or the element's Philox word), out = p' V.
 #include <math.h>
 #include <string.h>
 
+#include "dropout.h"
 #include "internal.h"
 #include "ref/ref_scores.h"
 
@@ -29,8 +30,8 @@ void attn__sdpa_fwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, att
     float *p = attn__arena_take(&arena, (size_t)S * sizeof(float));   // p: (S) weights of the row
     const bool dropout = d->dropout_p > 0.0;
     const bool drop_all = d->dropout_p >= 1.0;
-    const double keep_prob = 1.0 - d->dropout_p;
     const float keep_scale = drop_all ? 0.0f : 1.0f / (float)(1.0 - d->dropout_p);
+    const uint64_t threshold = attn__philox_keep_threshold(d->dropout_p);
 
     for (int64_t b = 0; b < B; b++) {
         for (int64_t h = 0; h < H; h++) {
@@ -68,7 +69,7 @@ void attn__sdpa_fwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, att
                 if (lse != NULL) lse[(b * H + h) * L + i] = (float)row_lse;
                 if (dropout) { // F.dropout: bernoulli(1-p) per element, kept values * fl(1/fl(1-p))
                     for (int64_t j = 0; j < S; j++) {
-                        bool keep = !drop_all && attn__dropout_keep(gen, keep_prob);
+                        const bool keep = attn__dropout_draw(d, sh, gen, threshold, b, h, i, j);
                         p[j] *= keep ? keep_scale : 0.0f; // F.dropout multiplies: a NaN stays NaN
                     }
                 }

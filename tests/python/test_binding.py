@@ -193,7 +193,7 @@ class TestAbi(unittest.TestCase):
         _lib.fn("attn_mha_args_init")(ctypes.byref(a))
         self.assertEqual((a.need_weights, a.average_attn_weights, a.training, a.causal), (1, 1, 0, 0))
         self.assertEqual(ctypes.sizeof(_lib.Generator), 2520)
-        self.assertEqual(ctypes.sizeof(_lib.SdpaDesc), 336)  # sizeof(attn_sdpa_desc) on x86-64
+        self.assertEqual(ctypes.sizeof(_lib.SdpaDesc), 352)  # sizeof(attn_sdpa_desc) on x86-64
 
     def test_version_and_queries(self):
         self.assertRegex(attn.__version__, r"^\d+\.\d+\.\d+$")
