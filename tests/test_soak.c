@@ -50,13 +50,16 @@ static uint32_t lcg(uint32_t *s) { return *s = *s * 1664525u + 1013904223u; }
 static float urand(uint32_t *s) { return (float)(lcg(s) >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f; }
 
 // Resident memory in bytes (Linux /proc/self/statm), -1 where it cannot be read.
+// Resident anonymous memory: statm's resident pages minus its shared (file-backed) ones, so code
+// pages faulted in lazily (a branch first taken late, or the page cache under other load) do not
+// count as growth.
 static long resident_bytes(void) {
     FILE *f = fopen("/proc/self/statm", "r");
     if (f == NULL) return -1;
-    long size = 0, resident = -1;
-    if (fscanf(f, "%ld %ld", &size, &resident) != 2) resident = -1;
+    long size = 0, resident = -1, shared = 0;
+    if (fscanf(f, "%ld %ld %ld", &size, &resident, &shared) != 3) resident = -1;
     fclose(f);
-    return resident < 0 ? -1 : resident * sysconf(_SC_PAGESIZE);
+    return resident < 0 ? -1 : (resident - shared) * sysconf(_SC_PAGESIZE);
 }
 
 static long steps_wanted(void) {
