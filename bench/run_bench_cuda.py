@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""attn's CUDA SDPA forward beside PyTorch's SDPA backends, in one process, on one GPU.
+"""attn's CUDA SDPA forward (and backward) beside PyTorch's SDPA backends, in one process, on one GPU.
 
-    python3 bench/run_bench_cuda.py [--build build] [--quick] [--rounds 20] [--json out.json]
+    python3 bench/run_bench_cuda.py [--build build] [--quick] [--backward] [--rounds 20] [--json out.json]
 
 For each shape of the targets (B*L = 16384 tokens, H*D = 2048, D in {64, 128}, L in {1024, 4096,
 16384}, causal and not; bf16) it times attn_cuda_sdpa_fwd (libattn_cuda through ctypes, on torch's
@@ -9,8 +9,11 @@ current stream) and torch.nn.functional.scaled_dot_product_attention under each 
 CUDNN_ATTENTION and EFFICIENT_ATTENTION: CUDA events around each call, the median of --rounds runs
 after warm-up, inputs rotating over 4 sets. The header gives the device, driver, torch, the
 measured bf16 GEMM rate (torch.matmul, 8192^3) and the device-to-device copy bandwidth. attn's output
-is compared with FLASH_ATTENTION's once per shape. Needs torch with CUDA and a GPU; without one it
-says so and exits 2.
+is compared with FLASH_ATTENTION's once per shape. With --backward each shape also gets a row of
+forward + backward per run (attn_cuda_sdpa_fwd with lse, then attn_cuda_sdpa_bwd; torch's SDPA
+forward, then autograd's backward from the same dout) counted as 3.5 times the forward's flops, and
+attn's dq compared with FLASH_ATTENTION's. Needs torch with CUDA and a GPU; without one it says so
+and exits 2.
 """
 import argparse
 import ctypes
@@ -68,16 +71,62 @@ def load_attn_cuda(build):
     lib.attn_cuda_ctx_last_error.restype = ctypes.c_char_p
     lib.attn_cuda_ctx_last_error.argtypes = [ctypes.c_void_p]
     lib.attn_cuda_sdpa_fwd.argtypes = [ctypes.c_void_p, ctypes.POINTER(_lib.SdpaDesc)] + [ctypes.c_void_p] * 5
+    lib.attn_cuda_sdpa_bwd.argtypes = [ctypes.c_void_p, ctypes.POINTER(_lib.SdpaDesc)] + [ctypes.c_void_p] * 10
     lib.attn_cuda_sdpa_kernel_name.argtypes = [ctypes.c_void_p, ctypes.POINTER(_lib.SdpaDesc),
                                                ctypes.POINTER(ctypes.c_char_p)]
     lib.attn_sdpa_desc_init = _lib.lib.attn_sdpa_desc_init
     return lib, _lib.SdpaDesc
 
 
+def backward_row(torch, F, lib, ctx, d, sets, causal, flops, backends, rounds):
+    """Forward + backward per run: attn's (lse kept for the backward) and each torch backend's."""
+    q0 = sets[0][0]
+    B, H, L, D = q0.shape
+    out = [torch.empty_like(q0) for _ in sets]
+    lse = [torch.empty(B, H, L, device="cuda", dtype=torch.float32) for _ in sets]
+    grads = [[torch.empty_like(q0) for _ in range(3)] for _ in sets]
+    dout = torch.randn_like(q0)
+    d.grad_dtype = 3  # ATTN_DTYPE_BF16
+
+    def run_attn(i):
+        q, k, v = sets[i % 4]
+        o, l, (dq, dk, dv) = out[i % 4], lse[i % 4], grads[i % 4]
+        st = lib.attn_cuda_sdpa_fwd(ctx, ctypes.byref(d), q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                                    l.data_ptr())
+        if st == 0:
+            st = lib.attn_cuda_sdpa_bwd(ctx, ctypes.byref(d), q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                                        dout.data_ptr(), l.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), None)
+        if st != 0:
+            raise RuntimeError(lib.attn_cuda_ctx_last_error(ctx).decode())
+
+    leaves = [[t.detach().clone().requires_grad_(True) for t in st] for st in sets]
+
+    def run_torch(i):
+        q, k, v = leaves[i % 4]
+        q.grad = k.grad = v.grad = None
+        F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(dout)
+
+    res = {"attn": 3.5 * flops / (time_cuda(torch, run_attn, rounds) * 1e-3) / 1e12}
+    for bname, be in backends:
+        try:
+            with torch.nn.attention.sdpa_kernel([be]):
+                res[bname] = 3.5 * flops / (time_cuda(torch, run_torch, rounds) * 1e-3) / 1e12
+        except RuntimeError as exc:
+            res[bname] = None
+            res[bname + "_error"] = str(exc).splitlines()[0]
+    with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.FLASH_ATTENTION]):
+        run_torch(0)
+    run_attn(0)
+    torch.cuda.synchronize()
+    res["dq_max_abs_diff_vs_flash"] = float((grads[0][0].float() - leaves[0][0].grad.float()).abs().max())
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
     ap.add_argument("--quick", action="store_true", help="L in {1024, 4096} only")
+    ap.add_argument("--backward", action="store_true", help="also forward + backward rows")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
@@ -143,12 +192,24 @@ def main():
         run_attn(0)
         torch.cuda.synchronize()
         res["max_abs_diff_vs_flash"] = float((outs[0].float() - want.float()).abs().max())
+        if args.backward:
+            res["bwd"] = backward_row(torch, F, lib, ctx, d, sets, causal, flops, backends, args.rounds)
         rows.append(res)
         fmt = lambda x: "%9.1f" % x if x is not None else "%9s" % "-"
         ratio = "%.2f" % (res["attn"] / res["flash"]) if res.get("flash") else "-"
         print("%-34s %s %s %s %s  %s" % ("B=%d H=%d L=%d D=%d%s" % (B, H, L, D, " causal" if causal else ""),
                                         fmt(res["attn"]), fmt(res["flash"]), fmt(res["cudnn"]), fmt(res["efficient"]),
                                         ratio))
+    if args.backward:
+        print("\n%-34s %9s %9s %9s %9s  %s" % ("fwd+bwd (bf16, TFLOP/s as 3.5x fwd)", "attn", "flash", "cudnn",
+                                                "efficient", "attn/flash"))
+        for res in rows:
+            b = res["bwd"]
+            fmt = lambda x: "%9.1f" % x if x is not None else "%9s" % "-"
+            ratio = "%.2f" % (b["attn"] / b["flash"]) if b.get("flash") else "-"
+            print("%-34s %s %s %s %s  %s" % ("B=%d H=%d L=%d D=%d%s" % (res["B"], res["H"], res["L"], res["D"],
+                                                                         " causal" if res["causal"] else ""),
+                                            fmt(b["attn"]), fmt(b["flash"]), fmt(b["cudnn"]), fmt(b["efficient"]), ratio))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(header=head, rows=rows), f, indent=1)

@@ -5,8 +5,9 @@
  * the CPU modules), so libattn keeps needing nothing but libc, libm and pthreads. It runs:
  *  - scaled dot-product attention forward with the semantics of attn_sdpa_desc (attn.h): strides,
  *    GQA, scale, causal top-left and bottom-right, local windows, ALiBi, soft cap, bool or float
- *    attention mask, key padding mask, log-sum-exp out; q, k, v and out in BF16 or F16 (float32
- *    accumulation) or F32; packed variable-length batches.
+ *    attention mask, key padding mask, log-sum-exp out, Philox dropout; q, k, v and out in BF16 or
+ *    F16 (float32 accumulation) or F32; packed variable-length batches;
+ *  - its backward (dq, dk, dv from the forward's out and lse), for the same options.
  * (Decoding over a device KV cache and nn.MultiheadAttention are not in this library yet:
  * docs/cuda.md.)
  *
@@ -29,8 +30,11 @@
  *  - Asynchronous errors of earlier work (a kernel that faulted) surface at a later call or at the
  *    caller's own synchronisation, as everywhere in CUDA.
  *  - One context must not be used by two threads at once; a cache or module is used on one stream.
- *  - Dropout and the attention-weights output are CPU-only: the GPU calls reject dropout_p > 0 and
- *    weights_mode != NONE with ATTN_ERR_UNSUPPORTED.
+ *  - Dropout on the GPU is counter-based: dropout_rng = ATTN_DROPOUT_RNG_PHILOX with dropout_seed and
+ *    dropout_offset (attn.h), the same mask the CPU draws for that descriptor, so a GPU result can
+ *    be checked against the CPU's. The context generator's dropout (ATTN_DROPOUT_RNG_CONTEXT, torch's
+ *    CPU F.dropout bit for bit) is the CPU's alone: the GPU calls reject it, and weights_mode != NONE,
+ *    with ATTN_ERR_UNSUPPORTED.
  *  - A key that the masks hide never contributes its score. Unlike on the CPU, NaN or inf stored in
  *    the *value* row of a hidden key inside a processed tile can reach the row through the tensor-core
  *    product (0 * inf); the simple kernel (ATTN_CUDA_KERNELS_SIMPLE) skips such keys as the CPU does.
@@ -130,7 +134,7 @@ ATTN_CUDA_API attn_status attn_cuda_ctx_reserve(attn_cuda_ctx *ctx, size_t size)
 /*
  * The GPU runs attn_sdpa_desc as attn.h defines it (the descriptor is checked by
  * attn_sdpa_desc_check, as on the CPU), with these limits (ATTN_ERR_UNSUPPORTED otherwise):
- * dropout_p = 0, weights_mode = NONE; head_dim and head_dim_v <= 1024. The mask, key padding mask
+ * dropout only from ATTN_DROPOUT_RNG_PHILOX, weights_mode = NONE; head_dim and head_dim_v <= 1024. The mask, key padding mask
  * and alibi_slopes pointers are device pointers. Kernels:
  *  - "flash": tensor cores (mma.sync, sm_80 and later) for q, k, v and out all BF16 or all F16,
  *    head_dim = head_dim_v in {32, 64, 96, 128, 256}, unit stride along D and 16-byte aligned
@@ -158,6 +162,43 @@ ATTN_CUDA_API attn_status attn_cuda_sdpa_varlen_fwd(attn_cuda_ctx *ctx, const at
                                                     const int64_t *cu_seqlens_q, const int64_t *cu_seqlens_k,
                                                     const void *q, const void *k, const void *v, void *out,
                                                     float *lse);
+/* ------------------------------------------------------------------------------------------ */
+/* Scaled dot-product attention backward                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * The gradients of attn_sdpa_bwd (attn.h) on device tensors: the weights are recomputed from q, k
+ * and the forward's lse (nothing of size L x S is stored); Philox dropout regenerates the forward's
+ * mask from the same descriptor. Every option and type of the forward; dq, dk, dv of
+ * desc->grad_dtype at q_stride, k_stride, v_stride (no stride 0 on a dimension longer than 1; with
+ * GQA dk and dv hold the sum over the query heads of each kv head). The kernels here are the simple
+ * ones (float32 arithmetic, one warp per query row for dq and per key row for dk and dv): every sum
+ * has one order and no atomics, so results are the same bits on every run. The float mask's gradient
+ * is not available on the GPU yet: dmask must be NULL (ATTN_ERR_UNSUPPORTED otherwise).
+ * Workspace: one float per query row (dout . out), plus the offsets of packed batches.
+ */
+ATTN_CUDA_API attn_status attn_cuda_sdpa_bwd_workspace_size(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc,
+                                                            size_t *bytes);
+/**
+ * SDPA backward on device tensors, enqueued on the context's stream.
+ * @param q, k, v, out, lse  the forward's inputs, output and log-sum-exp ((B, H, L) float32)
+ * @param dout      (B, H, L, Dv) at o_stride, of desc->out_dtype
+ * @param dq, dk, dv  written, of desc->grad_dtype
+ * @param dmask     must be NULL
+ */
+ATTN_CUDA_API attn_status attn_cuda_sdpa_bwd(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc, const void *q,
+                                             const void *k, const void *v, const void *out, const void *dout,
+                                             const float *lse, void *dq, void *dk, void *dv, float *dmask);
+/** Packed batches, as attn_sdpa_varlen_bwd (cu_seqlens are HOST arrays; lse is (H, total_q)). */
+ATTN_CUDA_API attn_status attn_cuda_sdpa_varlen_bwd_workspace_size(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc,
+                                                                   const int64_t *cu_seqlens_q,
+                                                                   const int64_t *cu_seqlens_k, size_t *bytes);
+ATTN_CUDA_API attn_status attn_cuda_sdpa_varlen_bwd(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc,
+                                                    const int64_t *cu_seqlens_q, const int64_t *cu_seqlens_k,
+                                                    const void *q, const void *k, const void *v, const void *out,
+                                                    const void *dout, const float *lse, void *dq, void *dk,
+                                                    void *dv);
+
 /** The kernel the context would run for `desc`: "flash" or "simple" (*name static). */
 ATTN_CUDA_API attn_status attn_cuda_sdpa_kernel_name(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc,
                                                      const char **name);

@@ -1,4 +1,5 @@
-// cmd_bench_cuda.c - attn bench --device cuda: times libattn_cuda's SDPA forward with CUDA events
+// cmd_bench_cuda.c - attn bench --device cuda: times libattn_cuda's SDPA forward (or forward and
+// backward, --backward) with CUDA events
 // (median of --repeat runs after --warmup, rotating over --sets input sets so no run finds the
 // previous one's inputs in L2). In a build without libattn_cuda the options are still parsed and
 // the command answers that the GPU path is not built.
@@ -16,17 +17,20 @@
 
 static const char *summary =
     "usage: attn bench --device cuda [--op sdpa|decode|mha] [--dtype bf16|f16|f32] [--batch B] [--heads H]\n"
-    "                  [--kv-heads Hkv] [--len-q L] [--len-kv S] [--head-dim D] [--causal] [--page-size P]\n"
-    "                  [--repeat R] [--warmup W] [--sets N] [--json]\n"
+    "                  [--kv-heads Hkv] [--len-q L] [--len-kv S] [--head-dim D] [--causal] [--backward]\n"
+    "                  [--dropout P] [--page-size P] [--repeat R] [--warmup W] [--sets N] [--json]\n"
     "Times libattn_cuda on GPU 0 with CUDA events: the median of R runs after W warm-up runs, the inputs\n"
     "rotating over N sets. --op sdpa (q (B, H, L, D), k and v (B, Hkv, S, D), contiguous) reports ms and\n"
-    "TFLOP/s (4 B H D times the visible (query, key) pairs). --op decode and --op mha (with --page-size for\n"
-    "paged caches) are not in libattn_cuda yet. See docs/cuda.md and bench/run_bench_cuda.py.";
+    "TFLOP/s (4 B H D times the visible (query, key) pairs); with --backward each run is the forward and\n"
+    "the backward, counted as 3.5 times the forward's flops. --dropout P draws Philox dropout (seed 1).\n"
+    "--op decode and --op mha (with --page-size for paged caches) are not in libattn_cuda yet. See\n"
+    "docs/cuda.md and bench/run_bench_cuda.py.";
 
 typedef struct cuda_bench_opts {
     const char *device, *op, *dtype;
     int64_t B, H, Hkv, L, S, D, page_size, repeat, warmup, sets;
-    bool causal, json;
+    double dropout;
+    bool causal, json, backward;
 } cuda_bench_opts;
 
 #ifdef ATTN_HAVE_CUDA
@@ -56,11 +60,16 @@ static int run_sdpa(const cuda_bench_opts *o, attn_dtype dt) {
     memcpy(d.q_stride, qs, sizeof qs), memcpy(d.o_stride, qs, sizeof qs), memcpy(d.k_stride, ks, sizeof ks), memcpy(d.v_stride, ks, sizeof ks);
     d.q_dtype = d.kv_dtype = d.out_dtype = dt;
     d.causal = o->causal ? ATTN_CAUSAL_TOP_LEFT : ATTN_CAUSAL_NONE;
+    d.grad_dtype = dt;
+    if (o->dropout > 0) d.dropout_p = o->dropout, d.dropout_rng = ATTN_DROPOUT_RNG_PHILOX, d.dropout_seed = 1;
     const char *kernel = "?";
     int rc = EXIT_OK;
     const size_t esz = attn_dtype_size(dt);
     const size_t nq = (size_t)(o->B * o->H * o->L * o->D), nk = (size_t)(o->B * o->Hkv * o->S * o->D);
-    const size_t set_bytes = (2 * nq + 2 * nk) * esz;
+    // a set: q, k, v, out, and for the backward dout, dq, dk, dv; then lse (float32, 256-byte aligned)
+    const size_t tensors = (o->backward ? 4 * nq + 4 * nk : 2 * nq + 2 * nk) * esz;
+    const size_t lse_at = (tensors + 255) & ~(size_t)255, nl = (size_t)(o->B * o->H * o->L);
+    const size_t set_bytes = (lse_at + nl * sizeof(float) + 255) & ~(size_t)255;
     unsigned char *mem = NULL;
     float *host = malloc((nq > nk ? nq : nk) * sizeof(float));
     void *conv = malloc((nq > nk ? nq : nk) * esz);
@@ -87,12 +96,17 @@ static int run_sdpa(const cuda_bench_opts *o, attn_dtype dt) {
         cudaMemcpy(base, conv, nq * esz, cudaMemcpyHostToDevice);
         cudaMemcpy(base + nq * esz, conv, nk * esz, cudaMemcpyHostToDevice);
         cudaMemcpy(base + (nq + nk) * esz, conv, nk * esz, cudaMemcpyHostToDevice);
+        if (o->backward) cudaMemcpy(base + (2 * nq + 2 * nk) * esz, conv, nq * esz, cudaMemcpyHostToDevice); // dout
     }
     for (int64_t r = -o->warmup; r < o->repeat; r++) {
         unsigned char *base = mem + (size_t)((r + o->warmup) % o->sets) * set_bytes;
         void *q = base, *k = base + nq * esz, *v = base + (nq + nk) * esz, *out = base + (nq + 2 * nk) * esz;
+        unsigned char *g = base + (2 * nq + 2 * nk) * esz; // dout, dq, dk, dv
+        float *lse = (float *)(base + lse_at);
         cudaEventRecord(ev[0], NULL);
-        st = attn_cuda_sdpa_fwd(ctx, &d, q, k, v, out, NULL);
+        st = attn_cuda_sdpa_fwd(ctx, &d, q, k, v, out, o->backward ? lse : NULL);
+        if (st == ATTN_OK && o->backward)
+            st = attn_cuda_sdpa_bwd(ctx, &d, q, k, v, out, g, lse, g + nq * esz, g + 2 * nq * esz, g + (2 * nq + nk) * esz, NULL);
         cudaEventRecord(ev[1], NULL);
         if (st != ATTN_OK || cudaEventSynchronize(ev[1]) != cudaSuccess) {
             rc = cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: %s", st != ATTN_OK ? attn_cuda_ctx_last_error(ctx) : "a run failed");
@@ -101,17 +115,19 @@ static int run_sdpa(const cuda_bench_opts *o, attn_dtype dt) {
         if (r >= 0) cudaEventElapsedTime(&ms[r], ev[0], ev[1]);
     }
     qsort(ms, (size_t)o->repeat, sizeof *ms, cmp_float);
-    const double med = ms[o->repeat / 2], tflops = 4.0 * (double)(o->B * o->H * o->D) * pairs(o) / (med * 1e-3) / 1e12;
+    const double flops = (o->backward ? 3.5 : 1.0) * 4.0 * (double)(o->B * o->H * o->D) * pairs(o);
+    const double med = ms[o->repeat / 2], tflops = flops / (med * 1e-3) / 1e12;
     attn_cuda_device_props props;
     attn_cuda_ctx_device(ctx, &props);
-    printf("cuda sdpa %s B=%lld H=%lld Hkv=%lld L=%lld S=%lld D=%lld%s on %s: kernel %s, median %.4f ms (min %.4f) of %lld, "
+    printf("cuda sdpa%s %s B=%lld H=%lld Hkv=%lld L=%lld S=%lld D=%lld%s on %s: kernel %s, median %.4f ms (min %.4f) of %lld, "
            "%.1f TFLOP/s\n",
-           o->dtype, (long long)o->B, (long long)o->H, (long long)o->Hkv, (long long)o->L, (long long)o->S, (long long)o->D,
+           o->backward ? " fwd+bwd" : "", o->dtype, (long long)o->B, (long long)o->H, (long long)o->Hkv, (long long)o->L, (long long)o->S, (long long)o->D,
            o->causal ? " causal" : "", props.name, kernel, med, ms[0], (long long)o->repeat, tflops);
     if (o->json)
-        printf("{\"device\": \"%s\", \"op\": \"sdpa\", \"dtype\": \"%s\", \"kernel\": \"%s\", \"B\": %lld, \"H\": %lld, \"Hkv\": %lld, "
+        printf("{\"device\": \"%s\", \"op\": \"sdpa\", \"backward\": %s, \"dropout\": %g, \"dtype\": \"%s\", \"kernel\": \"%s\", "
+               "\"B\": %lld, \"H\": %lld, \"Hkv\": %lld, "
                "\"L\": %lld, \"S\": %lld, \"D\": %lld, \"causal\": %s, \"median_ms\": %.6f, \"min_ms\": %.6f, \"tflops\": %.3f}\n",
-               props.name, o->dtype, kernel, (long long)o->B, (long long)o->H, (long long)o->Hkv, (long long)o->L,
+               props.name, o->backward ? "true" : "false", o->dropout, o->dtype, kernel, (long long)o->B, (long long)o->H, (long long)o->Hkv, (long long)o->L,
                (long long)o->S, (long long)o->D, o->causal ? "true" : "false", med, ms[0], tflops);
 done:
     if (ev[0] != NULL) cudaEventDestroy(ev[0]);
@@ -137,6 +153,8 @@ int cmd_bench_cuda(int argc, char **argv) {
         {"--len-kv", ARG_INT, &o.S, "S", "key length (default L)", false, false},
         {"--head-dim", ARG_INT, &o.D, "D", "head dimension (default 128)", false, false},
         {"--causal", ARG_FLAG, &o.causal, NULL, "causal mask (top-left)", false, false},
+        {"--backward", ARG_FLAG, &o.backward, NULL, "time the forward and the backward (sdpa)", false, false},
+        {"--dropout", ARG_FLOAT, &o.dropout, "P", "Philox dropout probability in [0, 1) (default 0)", false, false},
         {"--page-size", ARG_INT, &o.page_size, "P", "decode: tokens per page of a paged cache (0: contiguous)", false, false},
         {"--repeat", ARG_INT, &o.repeat, "R", "timed runs (default 20)", false, false},
         {"--warmup", ARG_INT, &o.warmup, "W", "untimed runs first (default 5)", false, false},
@@ -157,6 +175,8 @@ int cmd_bench_cuda(int argc, char **argv) {
         o.page_size < 0)
         return cli_error("bench", EXIT_USAGE, "sizes, --repeat and --sets must be >= 1, --warmup and --page-size >= 0");
     if (o.H % o.Hkv != 0) return cli_error("bench", EXIT_USAGE, "--heads must be a multiple of --kv-heads");
+    if (!(o.dropout >= 0.0 && o.dropout < 1.0)) return cli_error("bench", EXIT_USAGE, "--dropout must be in [0, 1)");
+    if (o.backward && !sdpa) return cli_error("bench", EXIT_USAGE, "--backward applies to --op sdpa");
     if (o.page_size > 0 && strcmp(o.op, "decode") != 0) return cli_error("bench", EXIT_USAGE, "--page-size applies to --op decode");
     if (!sdpa)
         return cli_error("bench", EXIT_FAILURE_RUN, "--device cuda --op %s: not in libattn_cuda yet (docs/cuda.md)", o.op);

@@ -21,6 +21,10 @@ int attn__cuda_launch_simple(const attn__cuda_sdpa_params *p, int64_t row_blocks
 // kernels/flash_inst.cu.in. Other combinations return cudaErrorInvalidValue.
 int attn__cuda_launch_flash(const attn__cuda_sdpa_params *p, int64_t row_blocks, cudaStream_t stream);
 
+// kernels/simple_bwd.cu: the simple backward (rowdot, dq, dk and dv kernels in turn) for a plan
+// whose dout, rowdot (workspace), dq, dk, dv and lse (the forward's) are set.
+int attn__cuda_launch_simple_bwd(const attn__cuda_sdpa_params *p, cudaStream_t stream);
+
 // kernels/simple.cu: whether this build carries code the current device can run (a kernel's
 // attributes are queried, which loads its module): 0 (cudaSuccess) or the CUDA error.
 int attn__cuda_kernels_loadable(void);

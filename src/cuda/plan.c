@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../philox.h"
+
 attn_status attn__cuda_fail(attn__cuda_err *e, attn_status st, const char *fmt, ...) {
     if (e != NULL) {
         va_list ap;
@@ -41,6 +43,14 @@ size_t attn__cuda_ws_take(size_t *used, size_t bytes) {
 
 // Simple kernel: 4 warps, each with a float q row (D) and accumulator (Dv) in shared memory.
 size_t attn__cuda_simple_smem(const attn__cuda_sdpa_params *p) { return (size_t)(4 * (p->D + p->Dv)) * sizeof(float); }
+
+// Simple backward (kernels/simple_bwd.cu): per warp q, dout and dq (the dq kernel), or k, v, dk and
+// dv (the dk/dv kernel), as floats; 4 warps.
+size_t attn__cuda_simple_bwd_smem(const attn__cuda_sdpa_params *p) {
+    const size_t dq = (size_t)(4 * (2 * p->D + p->Dv)) * sizeof(float);
+    const size_t dkdv = (size_t)(4 * 2 * (p->D + p->Dv)) * sizeof(float);
+    return dq > dkdv ? dq : dkdv;
+}
 
 // Flash kernel: Q (Br rows) and STAGES tiles of K and V (Bc rows), rows padded by 8 elements. The
 // tile shapes are those of kernels/flash_traits.cuh (one table, copied here for the host).
@@ -84,8 +94,10 @@ static attn_status check_desc(attn__cuda_err *e, const attn_sdpa_desc *d, const 
 }
 
 static attn_status gpu_limits(attn__cuda_err *e, const attn_sdpa_desc *d, int64_t D, int64_t Dv) {
-    if (d->dropout_p != 0.0)
-        return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda sdpa: dropout is not available on the GPU (dropout_p %g)",
+    if (d->dropout_p != 0.0 && d->dropout_rng != ATTN_DROPOUT_RNG_PHILOX)
+        return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED,
+                               "cuda sdpa: dropout from the context's generator is CPU-only (dropout_p %g); the GPU "
+                               "draws dropout_rng = ATTN_DROPOUT_RNG_PHILOX",
                                d->dropout_p);
     if (d->weights_mode != ATTN_WEIGHTS_NONE)
         return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda sdpa: the attention weights output is not available on the GPU");
@@ -134,6 +146,11 @@ attn_status attn__cuda_plan_sdpa(attn__cuda_err *e, const attn__cuda_device *dev
     p->softcap = d->softcap;
     p->causal = (int32_t)d->causal, p->use_window = d->use_window != 0;
     p->window_left = d->window_left, p->window_right = d->window_right;
+    if (d->dropout_p > 0.0) {
+        p->dropout = 1, p->drop_seed = d->dropout_seed, p->drop_offset = d->dropout_offset;
+        p->drop_threshold = attn__philox_keep_threshold(d->dropout_p);
+        p->keep_scale = d->dropout_p >= 1.0 ? 0.0f : 1.0f / (float)(1.0 - d->dropout_p);
+    }
     plan->total_q = packed ? seqs->cu_q[p->B] : p->B * p->L;
     if (packed) {
         p->lse_stride[0] = 0, p->lse_stride[1] = plan->total_q, p->lse_stride[2] = 1;
@@ -163,5 +180,41 @@ attn_status attn__cuda_plan_sdpa(attn__cuda_err *e, const attn__cuda_device *dev
     size_t used = 0;
     if (packed) plan->ws_cu = attn__cuda_ws_take(&used, (size_t)(2 * (p->B + 1)) * sizeof(int64_t));
     plan->ws_bytes = used > 0 ? used + ATTN__CU_WS_ALIGN - 1 : 0;
+    return ATTN_OK;
+}
+
+attn_status attn__cuda_plan_sdpa_bwd(attn__cuda_err *e, const attn__cuda_device *dev, attn_cuda_kernels kernels,
+                                     const attn_sdpa_desc *d, const attn__cuda_seqs *seqs, bool dmask_wanted,
+                                     attn__cuda_sdpa_plan *plan) {
+    ATTN__CU_TRY(attn__cuda_plan_sdpa(e, dev, kernels, d, seqs, NULL, NULL, NULL, NULL, plan));
+    attn__cuda_sdpa_params *p = &plan->p;
+    if (dmask_wanted)
+        return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda sdpa_bwd: the attention mask's gradient is CPU-only for now");
+    // dq, dk and dv are written at q_stride, k_stride, v_stride: no two elements may share a place
+    const int64_t nq[4] = {p->B, p->H, p->L, p->D}, nk[4] = {p->B, p->Hkv, p->S, p->D};
+    const int64_t nv[4] = {p->B, p->Hkv, p->S, p->Dv};
+    const bool packed = seqs != NULL;
+    for (int i = 0; i < 4; i++) {
+        if (packed && i == 0) continue; // a packed batch is one sequence of rows
+        if ((nq[i] > 1 && d->q_stride[i] == 0) || (nk[i] > 1 && d->k_stride[i] == 0) || (nv[i] > 1 && d->v_stride[i] == 0))
+            return attn__cuda_fail(e, ATTN_ERR_INVALID_ARG,
+                                   "cuda sdpa_bwd: q, k and v strides must not be 0 on dimension %d: the gradients are "
+                                   "written through them",
+                                   i);
+    }
+    p->grad_dtype = d->grad_dtype;
+    plan->kernel = ATTN__CU_KERNEL_SIMPLE;
+    if (attn__cuda_simple_bwd_smem(p) > dev->smem_optin)
+        return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED,
+                               "cuda sdpa_bwd: head dims %lld/%lld need more shared memory than the device has",
+                               (long long)p->D, (long long)p->Dv);
+    const int64_t kv_blocks = ceil_div(p->S, 4);
+    if (kv_blocks > INT32_MAX / (p->B * p->Hkv) || ceil_div(p->L, 4) > INT32_MAX / (p->B * p->H))
+        return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda sdpa_bwd: the grid exceeds its limit");
+    plan->row_blocks = ceil_div(p->L, 4);
+    size_t used = 0;
+    if (packed) plan->ws_cu = attn__cuda_ws_take(&used, (size_t)(2 * (p->B + 1)) * sizeof(int64_t));
+    plan->ws_rowdot = attn__cuda_ws_take(&used, (size_t)(p->H * plan->total_q) * sizeof(float));
+    plan->ws_bytes = used + ATTN__CU_WS_ALIGN - 1;
     return ATTN_OK;
 }

@@ -60,6 +60,7 @@ typedef struct attn__cuda_sdpa_plan {
     int64_t row_blocks;      // query tiles per (b, h)
     int64_t total_q;         // rows of q (packed) or B*L
     size_t ws_cu;            // offset inside the workspace of the device copy of cu_q, cu_k
+    size_t ws_rowdot;        // backward: offset of rowdot (H * total_q floats)
     size_t ws_bytes;         // total (0 when nothing is needed), alignment slack included
 } attn__cuda_sdpa_plan;
 
@@ -71,9 +72,17 @@ attn_status attn__cuda_plan_sdpa(attn__cuda_err *e, const attn__cuda_device *dev
                                  const void *q, const void *k, const void *v, const void *out,
                                  attn__cuda_sdpa_plan *plan);
 
+// A planned SDPA backward: the forward's plan of the same call (its checks, parameters and
+// workspace), with the gradients' type checked, the simple backward kernels, and room for the
+// rowdot array (lse's layout) in the workspace at ws_rowdot. dmask_wanted: ATTN_ERR_UNSUPPORTED.
+attn_status attn__cuda_plan_sdpa_bwd(attn__cuda_err *e, const attn__cuda_device *dev, attn_cuda_kernels kernels,
+                                     const attn_sdpa_desc *d, const attn__cuda_seqs *seqs, bool dmask_wanted,
+                                     attn__cuda_sdpa_plan *plan);
+
 // Dynamic shared memory of the kernels (bytes), from the plan.
 size_t attn__cuda_simple_smem(const attn__cuda_sdpa_params *p);
 size_t attn__cuda_flash_smem(int head_dim);
+size_t attn__cuda_simple_bwd_smem(const attn__cuda_sdpa_params *p);
 
 // Workspace pieces: offsets advance by aligned sizes (arena over device memory, or sizing only).
 size_t attn__cuda_ws_take(size_t *used, size_t bytes);

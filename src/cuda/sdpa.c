@@ -1,6 +1,7 @@
 // sdpa.c - the SDPA entry points of libattn_cuda: plan on the host (plan.c: every check, the kernel,
 // the workspace), then fill in the tensors' pointers and enqueue on the context's stream. A bad
 // argument returns before anything is enqueued; nothing here synchronises.
+#include <stdint.h>
 #include <string.h>
 
 #include "ctx.h"
@@ -38,13 +39,13 @@ static attn_status plan_call(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc, con
     return attn__cuda_plan_sdpa(&ctx->err, &ctx->dev, ctx->kernels, desc, seqs, q, k, v, out, plan);
 }
 
-// Enqueues a planned call: the offsets' copy into the workspace (packed batches), then the kernel.
-static attn_status run(attn_cuda_ctx *ctx, attn__cuda_sdpa_plan *plan, const attn__cuda_seqs *seqs, const void *q,
-                       const void *k, const void *v, void *out, float *lse) {
+// Takes the workspace of a planned call and enqueues the offsets' copy into it (packed batches).
+static attn_status stage(attn_cuda_ctx *ctx, attn__cuda_sdpa_plan *plan, const attn__cuda_seqs *seqs,
+                         unsigned char **ws_out) {
     unsigned char *ws = NULL;
     ATTN__CU_TRY(attn__cuda_workspace(ctx, plan->ws_bytes, &ws));
+    *ws_out = ws;
     attn__cuda_sdpa_params *p = &plan->p;
-    p->q = q, p->k = k, p->v = v, p->out = out, p->lse = lse;
     if (seqs != NULL) {
         int64_t *cu = (int64_t *)(ws + plan->ws_cu);
         const size_t n = (size_t)(p->B + 1) * sizeof(int64_t);
@@ -54,6 +55,16 @@ static attn_status run(attn_cuda_ctx *ctx, attn__cuda_sdpa_plan *plan, const att
         if (err != cudaSuccess) return attn__cuda_device_fail(&ctx->err, err, "cuda sdpa: copying cu_seqlens");
         p->cu_q = cu, p->cu_k = cu + p->B + 1;
     }
+    return ATTN_OK;
+}
+
+// Enqueues a planned forward: the offsets' copy (packed batches), then the kernel.
+static attn_status run(attn_cuda_ctx *ctx, attn__cuda_sdpa_plan *plan, const attn__cuda_seqs *seqs, const void *q,
+                       const void *k, const void *v, void *out, float *lse) {
+    attn__cuda_sdpa_params *p = &plan->p;
+    p->q = q, p->k = k, p->v = v, p->out = out, p->lse = lse;
+    unsigned char *ws;
+    ATTN__CU_TRY(stage(ctx, plan, seqs, &ws));
     const int err = plan->kernel == ATTN__CU_KERNEL_FLASH ? attn__cuda_launch_flash(p, plan->row_blocks, ctx->stream)
                                                           : attn__cuda_launch_simple(p, plan->row_blocks, ctx->stream);
     if (err != cudaSuccess) return attn__cuda_device_fail(&ctx->err, err, "cuda sdpa: launch");
@@ -108,4 +119,78 @@ attn_status attn_cuda_sdpa_kernel_name(attn_cuda_ctx *ctx, const attn_sdpa_desc 
     ATTN__CU_TRY(plan_call(ctx, desc, NULL, NULL, NULL, NULL, NULL, &plan));
     *name = attn__cuda_kernel_name(plan.kernel);
     return ATTN_OK;
+}
+
+// ---- backward ------------------------------------------------------------------------------------
+
+static attn_status check_bwd_tensors(attn_cuda_ctx *ctx, const attn_sdpa_desc *d, const void *q, const void *k,
+                                     const void *v, const void *out, const void *dout, const float *lse,
+                                     const void *dq, const void *dk, const void *dv) {
+    if (dout == NULL || lse == NULL || dq == NULL || dk == NULL || dv == NULL)
+        return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG,
+                               "cuda sdpa_bwd: q, k, v, out, dout, lse, dq, dk and dv must not be NULL");
+    ATTN__CU_TRY(check_tensors(ctx, d, q, k, v, out, lse));
+    const struct {
+        const void *p;
+        const char *name;
+    } t[] = {{dout, "dout"}, {dq, "dq"}, {dk, "dk"}, {dv, "dv"}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) ATTN__CU_TRY(check_device_ptr(ctx, t[i].p, t[i].name));
+    return ATTN_OK;
+}
+
+static attn_status run_bwd(attn_cuda_ctx *ctx, attn__cuda_sdpa_plan *plan, const attn__cuda_seqs *seqs, const void *q,
+                           const void *k, const void *v, const void *out, const void *dout, const float *lse, void *dq,
+                           void *dk, void *dv) {
+    attn__cuda_sdpa_params *p = &plan->p;
+    p->q = q, p->k = k, p->v = v, p->out = (void *)(uintptr_t)out, p->lse = (float *)(uintptr_t)lse;
+    p->dout = dout, p->dq = dq, p->dk = dk, p->dv = dv;
+    unsigned char *ws;
+    ATTN__CU_TRY(stage(ctx, plan, seqs, &ws));
+    p->rowdot = (float *)(ws + plan->ws_rowdot);
+    const int err = attn__cuda_launch_simple_bwd(p, ctx->stream);
+    if (err != cudaSuccess) return attn__cuda_device_fail(&ctx->err, err, "cuda sdpa_bwd: launch");
+    return ATTN_OK;
+}
+
+attn_status attn_cuda_sdpa_bwd_workspace_size(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc, size_t *bytes) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    if (bytes == NULL) return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda sdpa_bwd: bytes is NULL");
+    attn__cuda_sdpa_plan plan;
+    ATTN__CU_TRY(attn__cuda_plan_sdpa_bwd(&ctx->err, &ctx->dev, ctx->kernels, desc, NULL, false, &plan));
+    *bytes = plan.ws_bytes;
+    return ATTN_OK;
+}
+
+attn_status attn_cuda_sdpa_bwd(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc, const void *q, const void *k,
+                               const void *v, const void *out, const void *dout, const float *lse, void *dq, void *dk,
+                               void *dv, float *dmask) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    ATTN__CU_TRY(check_bwd_tensors(ctx, desc, q, k, v, out, dout, lse, dq, dk, dv));
+    attn__cuda_sdpa_plan plan;
+    ATTN__CU_TRY(attn__cuda_plan_sdpa_bwd(&ctx->err, &ctx->dev, ctx->kernels, desc, NULL, dmask != NULL, &plan));
+    return run_bwd(ctx, &plan, NULL, q, k, v, out, dout, lse, dq, dk, dv);
+}
+
+attn_status attn_cuda_sdpa_varlen_bwd_workspace_size(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc,
+                                                     const int64_t *cu_seqlens_q, const int64_t *cu_seqlens_k,
+                                                     size_t *bytes) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    if (bytes == NULL) return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda sdpa_varlen_bwd: bytes is NULL");
+    const attn__cuda_seqs seqs = {cu_seqlens_q, cu_seqlens_k};
+    attn__cuda_sdpa_plan plan;
+    ATTN__CU_TRY(attn__cuda_plan_sdpa_bwd(&ctx->err, &ctx->dev, ctx->kernels, desc, &seqs, false, &plan));
+    *bytes = plan.ws_bytes;
+    return ATTN_OK;
+}
+
+attn_status attn_cuda_sdpa_varlen_bwd(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc, const int64_t *cu_seqlens_q,
+                                      const int64_t *cu_seqlens_k, const void *q, const void *k, const void *v,
+                                      const void *out, const void *dout, const float *lse, void *dq, void *dk,
+                                      void *dv) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    ATTN__CU_TRY(check_bwd_tensors(ctx, desc, q, k, v, out, dout, lse, dq, dk, dv));
+    const attn__cuda_seqs seqs = {cu_seqlens_q, cu_seqlens_k};
+    attn__cuda_sdpa_plan plan;
+    ATTN__CU_TRY(attn__cuda_plan_sdpa_bwd(&ctx->err, &ctx->dev, ctx->kernels, desc, &seqs, false, &plan));
+    return run_bwd(ctx, &plan, &seqs, q, k, v, out, dout, lse, dq, dk, dv);
 }

@@ -30,6 +30,20 @@ typedef struct attn__cuda_sdpa_params {
     // Packed batches (device arrays of B + 1 offsets; NULL for a plain batch): query i of sequence
     // b is row cu_q[b] + i, key j row cu_k[b] + j; L_b = cu_q[b+1] - cu_q[b], S_b likewise.
     const int64_t *cu_q, *cu_k;
+    // Dropout (ATTN_DROPOUT_RNG_PHILOX, src/philox.h) when `dropout` is set: the weight of (b, h, i, j)
+    // is kept when its Philox word is below drop_threshold (b the sequence of a packed batch), and
+    // kept weights are multiplied by keep_scale.
+    int32_t dropout;
+    uint32_t drop_offset;
+    uint64_t drop_seed, drop_threshold;
+    float keep_scale;
+    // Backward (attn_cuda_sdpa_bwd): lse above is the forward's (read); dout in out's layout and
+    // out_dtype; rowdot = dout . out per row, float32 in lse's layout (workspace); dq, dk, dv of
+    // grad_dtype at q_stride, k_stride, v_stride.
+    const void *dout;
+    float *rowdot;
+    void *dq, *dk, *dv;
+    int32_t grad_dtype;
 } attn__cuda_sdpa_params;
 
 #endif

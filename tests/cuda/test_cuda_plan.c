@@ -1,7 +1,8 @@
 // test_cuda_plan.c - the host side of libattn_cuda without a GPU: the planner (src/cuda/plan.c)
 // against described devices. Every descriptor the CPU rejects is rejected with the CPU's status and
 // message; the GPU's own limits; the kernel each call gets (tensor cores only for aligned BF16/F16
-// views of the head dims they are built for); launch geometry, resolved parameters and workspace.
+// views of the head dims they are built for); launch geometry, resolved parameters and workspace;
+// Philox dropout's parameters; the backward's plan.
 #include "attn.h"
 #include "harness.h"
 #include "plan.h"
@@ -78,10 +79,6 @@ static void test_gpu_limits(void) {
     attn__cuda_err e = {{0}, cpu_ctx()};
     attn__cuda_sdpa_plan p;
     attn_sdpa_desc d = desc_of(1, 2, 2, 8, 8, 64, ATTN_DTYPE_F32);
-    d.dropout_p = 0.1;
-    ASSERT_STATUS(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, &p), ATTN_ERR_UNSUPPORTED);
-    ASSERT_TRUE(strstr(e.msg, "dropout") != NULL);
-    d = desc_of(1, 2, 2, 8, 8, 64, ATTN_DTYPE_F32);
     d.weights_mode = ATTN_WEIGHTS_PER_HEAD;
     ASSERT_STATUS(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, &p), ATTN_ERR_UNSUPPORTED);
     d = desc_of(1, 2, 2, 8, 8, 64, ATTN_DTYPE_F32);
@@ -209,6 +206,69 @@ static void test_varlen(void) {
     attn_ctx_free(e.host);
 }
 
+// Dropout: the context generator's is refused (CPU-only, the message names the GPU's source), the
+// Philox one resolved into the parameters the kernels read (threshold, keep scale, seed, offset).
+static void test_dropout(void) {
+    attn__cuda_err e = {{0}, cpu_ctx()};
+    attn__cuda_sdpa_plan p;
+    attn_sdpa_desc d = desc_of(1, 2, 2, 8, 8, 64, ATTN_DTYPE_BF16);
+    d.dropout_p = 0.25;
+    ASSERT_STATUS(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, &p), ATTN_ERR_UNSUPPORTED);
+    ASSERT_TRUE(strstr(e.msg, "ATTN_DROPOUT_RNG_PHILOX") != NULL);
+    d.dropout_rng = ATTN_DROPOUT_RNG_PHILOX, d.dropout_seed = 0x1234567890ull, d.dropout_offset = 77;
+    ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, &p));
+    ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_FLASH); // the tensor-core kernel drops weights too
+    ASSERT_EQ_INT(p.p.dropout, 1);
+    ASSERT_EQ_U64(p.p.drop_threshold, (uint64_t)3 << 30);
+    ASSERT_TRUE(p.p.keep_scale == 1.0f / 0.75f);
+    ASSERT_EQ_U64(p.p.drop_seed, 0x1234567890ull);
+    ASSERT_EQ_INT(p.p.drop_offset, 77);
+    d.dropout_p = 0.0; // no dropout: nothing to draw, whatever the source
+    ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, &p));
+    ASSERT_EQ_INT(p.p.dropout, 0);
+    attn_ctx_free(e.host);
+}
+
+// The backward's plan: the forward's checks, the simple kernels, room for rowdot (one float per query
+// row, after the offsets of a packed batch), the mask gradient refused, gradient views checked.
+static void test_backward(void) {
+    attn__cuda_err e = {{0}, cpu_ctx()};
+    attn__cuda_sdpa_plan p;
+    attn_sdpa_desc d = desc_of(2, 8, 2, 300, 500, 128, ATTN_DTYPE_BF16);
+    ASSERT_OK(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, false, &p));
+    ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_SIMPLE);
+    ASSERT_EQ_INT(p.row_blocks, 75);
+    ASSERT_TRUE(p.ws_rowdot + 2 * 8 * 300 * sizeof(float) <= p.ws_bytes - (ATTN__CU_WS_ALIGN - 1));
+    ASSERT_EQ_INT(p.p.grad_dtype, ATTN_DTYPE_F32);
+    d.grad_dtype = ATTN_DTYPE_BF16;
+    ASSERT_OK(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, false, &p));
+    ASSERT_EQ_INT(p.p.grad_dtype, ATTN_DTYPE_BF16);
+    ASSERT_STATUS(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, true, &p), ATTN_ERR_UNSUPPORTED);
+    ASSERT_TRUE(strstr(e.msg, "mask") != NULL);
+    attn_sdpa_desc bad = d;
+    bad.k_stride[2] = 0; // one key row broadcast: fine for the forward, not for dk
+    ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &bad, NULL, &p));
+    ASSERT_STATUS(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &bad, NULL, false, &p), ATTN_ERR_INVALID_ARG);
+    bad = d, bad.grad_dtype = ATTN_DTYPE_Q8_0; // the shared check refuses it first, as the CPU does
+    ASSERT_STATUS(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &bad, NULL, false, &p), ATTN_ERR_INVALID_ARG);
+    bad = d, bad.head_dim = 1024; // 4 warps x 2 x (1024 + 1024) floats: 64 KiB
+    bad.head_dim_v = 1024;
+    attn__cuda_device small = h100;
+    small.smem_optin = 48 * 1024;
+    ASSERT_STATUS(attn__cuda_plan_sdpa_bwd(&e, &small, ATTN_CUDA_KERNELS_AUTO, &bad, NULL, false, &p), ATTN_ERR_UNSUPPORTED);
+    // packed: offsets first, then rowdot for H * total_q rows
+    d = desc_of(1, 4, 2, 40, 50, 64, ATTN_DTYPE_F16);
+    d.batch = 3;
+    const int64_t q[4] = {0, 64, 4 * 64, 1}, k[4] = {0, 64, 2 * 64, 1};
+    memcpy(d.q_stride, q, sizeof q), memcpy(d.o_stride, q, sizeof q), memcpy(d.k_stride, k, sizeof k), memcpy(d.v_stride, k, sizeof k);
+    const int64_t cq[4] = {0, 10, 50, 77}, ck[4] = {0, 20, 70, 90};
+    attn__cuda_seqs s = {cq, ck};
+    ASSERT_OK(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, &s, false, &p));
+    ASSERT_TRUE(p.ws_rowdot >= 8 * sizeof(int64_t));
+    ASSERT_TRUE(p.ws_rowdot + 4 * 77 * sizeof(float) <= p.ws_bytes - (ATTN__CU_WS_ALIGN - 1));
+    attn_ctx_free(e.host);
+}
+
 static void test_workspace_offsets(void) {
     size_t used = 0;
     ASSERT_EQ_INT(attn__cuda_ws_take(&used, 10), 0);
@@ -220,6 +280,7 @@ int main(int argc, char **argv) {
     static const harness_case cases[] = {HARNESS_CASE(test_rejects_as_cpu), HARNESS_CASE(test_gpu_limits),
                                          HARNESS_CASE(test_kernel_choice),  HARNESS_CASE(test_pointer_alignment),
                                          HARNESS_CASE(test_parameters),     HARNESS_CASE(test_varlen),
-                                         HARNESS_CASE(test_workspace_offsets)};
+                                         HARNESS_CASE(test_workspace_offsets), HARNESS_CASE(test_dropout),
+                                         HARNESS_CASE(test_backward)};
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
 }

@@ -1,7 +1,9 @@
 // test_cuda_sdpa.c - libattn_cuda's SDPA forward on the GPU against the library's scalar reference
 // (attn_sdpa_fwd on an ATTN_ISA_REF context, float32 copies of the same rounded inputs), through
-// the public API: random shapes, layouts, GQA, every option of attn_sdpa_desc, BF16/F16/F32, both
-// kernels, packed batches; fresh random data for every case (seed printed), outputs poisoned (NaN)
+// the public API: random shapes, layouts, GQA, every option of attn_sdpa_desc (Philox dropout: the
+// reference draws the same mask), BF16/F16/F32, both kernels, packed batches; the backward against the
+// reference's and bit-identical on a second run; fresh random data for every case (seed printed),
+// outputs poisoned (NaN)
 // before each run; bad arguments get a status and launch nothing. Without a usable GPU, context
 // creation must answer ATTN_ERR_DEVICE with a message, and the GPU cases report themselves skipped
 // (exit 77), or fail when ATTN_CUDA_REQUIRE_GPU is set (make test-cuda).
@@ -79,7 +81,12 @@ static void fill_strides(int64_t s[4], int64_t B, int64_t H, int64_t L, int64_t 
     else s[0] = H * L * D, s[1] = L * D, s[2] = D, s[3] = 1;
 }
 
-static void run_case(attn_cuda_ctx *ctx, attn_dtype t, int allow_options, int packed) {
+static void check_backward(attn_cuda_ctx *ctx, attn_ctx *host, const attn_sdpa_desc *rd, const attn_sdpa_desc *gd,
+                           const int64_t *cu_q, const int64_t *cu_k, const float *q, const float *k, const float *v,
+                           const float *ref, const float *ref_lse, const void *dq, const void *dk, const void *dv,
+                           attn_dtype t, int64_t nq, int64_t nk, int64_t nl, uint64_t seed);
+
+static void run_case(attn_cuda_ctx *ctx, attn_dtype t, int allow_options, int packed, int backward) {
     static const int64_t dims[] = {32, 64, 96, 128, 256, 40};
     const uint64_t seed = rng_state;
     attn_sdpa_desc d;
@@ -110,6 +117,9 @@ static void run_case(attn_cuda_ctx *ctx, attn_dtype t, int allow_options, int pa
         if (pick(3) == 0) d.use_window = 1, d.window_left = pick(3) == 0 ? -1 : pick(64), d.window_right = pick(3) == 0 ? -1 : pick(16);
         if (pick(3) == 0) d.softcap = 5.0f + 20.0f * urand();
         if (pick(3) == 0) d.scale = 0.05f + urand() * 0.2f;
+        if (pick(3) == 0) // the CPU reference draws the same Philox mask
+            d.dropout_p = 0.1 + 0.4 * urand(), d.dropout_rng = ATTN_DROPOUT_RNG_PHILOX, d.dropout_seed = next32(),
+            d.dropout_offset = next32();
         if (pick(3) == 0) {
             slopes = malloc((size_t)H * sizeof(float));
             for (int64_t h = 0; h < H; h++) slopes[h] = 0.01f + 0.1f * urand();
@@ -157,7 +167,6 @@ static void run_case(attn_cuda_ctx *ctx, attn_dtype t, int allow_options, int pa
     rd.q_dtype = rd.kv_dtype = rd.out_dtype = ATTN_DTYPE_F32;
     if (packed) ASSERT_OK(attn_sdpa_varlen_fwd(host, &rd, cu_q, cu_k, q, k, v, ref, ref_lse));
     else ASSERT_OK(attn_sdpa_fwd(host, &rd, q, k, v, ref, ref_lse, NULL));
-    attn_ctx_free(host);
 
     attn_sdpa_desc gd = d;
     gd.mask = dmask, gd.alibi_slopes = dslopes;
@@ -187,8 +196,58 @@ static void run_case(attn_cuda_ctx *ctx, attn_dtype t, int allow_options, int pa
         if (ref_lse[i] == -INFINITY ? got_lse[i] != -INFINITY : !(fabs((double)got_lse[i] - ref_lse[i]) <= lse_tol * fmax(1, fabs(ref_lse[i]))))
             FAIL("%s seed %llu: lse[%lld] = %g, reference %g", kname, (unsigned long long)seed, (long long)i, got_lse[i], ref_lse[i]);
     }
+    if (backward) check_backward(ctx, host, &rd, &gd, packed ? cu_q : NULL, cu_k, q, k, v, ref, ref_lse, dq, dk, dv, t, nq, nk, nl, seed);
+    attn_ctx_free(host);
     cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout), cudaFree(dlse), cudaFree(dmask), cudaFree(dslopes);
     free(q), free(k), free(v), free(ref), free(got), free(ref_lse), free(got_lse), free(mask), free(bmask), free(slopes);
+}
+
+// The backward of a case against the reference's (attn_sdpa_bwd / attn_sdpa_varlen_bwd on the
+// scalar path), both from the reference's out rounded to the element type and its lse, with the same
+// dout: float32 gradients within 1e-4 of the largest reference gradient (the two differ in the order
+// of float sums and in exp's rounding); then a second GPU run must give the same bits.
+static void check_backward(attn_cuda_ctx *ctx, attn_ctx *host, const attn_sdpa_desc *rd, const attn_sdpa_desc *gd,
+                           const int64_t *cu_q, const int64_t *cu_k, const float *q, const float *k, const float *v,
+                           const float *ref, const float *ref_lse, const void *dq, const void *dk, const void *dv,
+                           attn_dtype t, int64_t nq, int64_t nk, int64_t nl, uint64_t seed) {
+    float *o = malloc((size_t)nq * sizeof(float)), *go = malloc((size_t)nq * sizeof(float));
+    float *r[3], *g[3], *g2[3];
+    const int64_t n[3] = {nq, nk, nk};
+    for (int i = 0; i < 3; i++)
+        r[i] = malloc((size_t)n[i] * sizeof(float)), g[i] = malloc((size_t)n[i] * sizeof(float)),
+        g2[i] = malloc((size_t)n[i] * sizeof(float));
+    memcpy(o, ref, (size_t)nq * sizeof(float));
+    for (int64_t i = 0; i < nq; i++) go[i] = 2.0f * urand() - 1.0f;
+    void *d_out = upload(o, nq, t), *d_go = upload(go, nq, t); // o and go now hold the rounded values
+    float *d_lse = dev_alloc((size_t)nl * sizeof(float));
+    to_dev(d_lse, ref_lse, (size_t)nl * sizeof(float));
+    void *dg[3];
+    for (int i = 0; i < 3; i++) dg[i] = dev_alloc((size_t)n[i] * sizeof(float));
+    if (cu_q != NULL) ASSERT_OK(attn_sdpa_varlen_bwd(host, rd, cu_q, cu_k, q, k, v, o, go, ref_lse, NULL, r[0], r[1], r[2]));
+    else ASSERT_OK(attn_sdpa_bwd(host, rd, q, k, v, o, go, ref_lse, NULL, r[0], r[1], r[2], NULL));
+    for (int run = 0; run < 2; run++) {
+        for (int i = 0; i < 3; i++) cudaMemset(dg[i], 0xff, (size_t)n[i] * sizeof(float));
+        const attn_status st = cu_q != NULL ? attn_cuda_sdpa_varlen_bwd(ctx, gd, cu_q, cu_k, dq, dk, dv, d_out, d_go, d_lse, dg[0], dg[1], dg[2])
+                                            : attn_cuda_sdpa_bwd(ctx, gd, dq, dk, dv, d_out, d_go, d_lse, dg[0], dg[1], dg[2], NULL);
+        if (st != ATTN_OK) FAIL("seed %llu: backward: %s", (unsigned long long)seed, attn_cuda_ctx_last_error(ctx));
+        if (cudaStreamSynchronize((cudaStream_t)attn_cuda_ctx_stream(ctx)) != cudaSuccess)
+            FAIL("backward kernel failed (seed %llu)", (unsigned long long)seed);
+        for (int i = 0; i < 3; i++) from_dev(run == 0 ? g[i] : g2[i], dg[i], (size_t)n[i] * sizeof(float));
+    }
+    static const char *names[3] = {"dq", "dk", "dv"};
+    for (int i = 0; i < 3; i++) {
+        double mx = 0;
+        for (int64_t e = 0; e < n[i]; e++) mx = fmax(mx, fabs(r[i][e]));
+        const double tol = 1e-4 * (mx > 0 ? mx : 1) + 1e-6;
+        for (int64_t e = 0; e < n[i]; e++)
+            if (!(fabs((double)g[i][e] - r[i][e]) <= tol))
+                FAIL("%s seed %llu: %s[%lld] = %g, reference %g (tol %g)", attn_dtype_name(t), (unsigned long long)seed,
+                     names[i], (long long)e, g[i][e], r[i][e], tol);
+        if (memcmp(g[i], g2[i], (size_t)n[i] * sizeof(float)) != 0)
+            FAIL("seed %llu: %s differs between two runs", (unsigned long long)seed, names[i]);
+    }
+    for (int i = 0; i < 3; i++) free(r[i]), free(g[i]), free(g2[i]), cudaFree(dg[i]);
+    free(o), free(go), cudaFree(d_out), cudaFree(d_go), cudaFree(d_lse);
 }
 
 static void seed_rng(void) {
@@ -197,18 +256,20 @@ static void seed_rng(void) {
     fprintf(stderr, "    seed %llu (ATTN_TEST_SEED to repeat)\n", (unsigned long long)rng_state);
 }
 
-static void cases_of(attn_cuda_kernels kernels, int options, int packed) {
+static void cases_of(attn_cuda_kernels kernels, int options, int packed, int backward) {
     attn_cuda_ctx *ctx = gpu_ctx(kernels);
     seed_rng();
     const attn_dtype types[] = {ATTN_DTYPE_BF16, ATTN_DTYPE_F16, ATTN_DTYPE_F32};
-    for (int r = 0; r < 24; r++) run_case(ctx, types[r % 3], options, packed);
+    for (int r = 0; r < 24; r++) run_case(ctx, types[r % 3], options, packed, backward);
     attn_cuda_ctx_free(ctx);
 }
 
-static void test_plain_auto(void) { cases_of(ATTN_CUDA_KERNELS_AUTO, 0, 0); }
-static void test_options_auto(void) { cases_of(ATTN_CUDA_KERNELS_AUTO, 1, 0); }
-static void test_options_simple(void) { cases_of(ATTN_CUDA_KERNELS_SIMPLE, 1, 0); }
-static void test_varlen_auto(void) { cases_of(ATTN_CUDA_KERNELS_AUTO, 1, 1); }
+static void test_plain_auto(void) { cases_of(ATTN_CUDA_KERNELS_AUTO, 0, 0, 0); }
+static void test_options_auto(void) { cases_of(ATTN_CUDA_KERNELS_AUTO, 1, 0, 0); }
+static void test_options_simple(void) { cases_of(ATTN_CUDA_KERNELS_SIMPLE, 1, 0, 0); }
+static void test_varlen_auto(void) { cases_of(ATTN_CUDA_KERNELS_AUTO, 1, 1, 0); }
+static void test_backward(void) { cases_of(ATTN_CUDA_KERNELS_AUTO, 1, 0, 1); }
+static void test_backward_varlen(void) { cases_of(ATTN_CUDA_KERNELS_AUTO, 1, 1, 1); }
 
 // Without a GPU: ATTN_ERR_DEVICE, no context, a message naming the cause. With one: a context.
 static void test_context_without_gpu(void) {
@@ -255,8 +316,14 @@ static void test_bad_arguments(void) {
     bad.n_kv_heads = 3;
     ASSERT_STATUS(attn_cuda_sdpa_fwd(ctx, &bad, a, a, a, out, NULL), ATTN_ERR_BAD_SHAPE);
     ASSERT_TRUE(strlen(attn_cuda_ctx_last_error(ctx)) > 0);
-    bad = d, bad.dropout_p = 0.5;
+    bad = d, bad.dropout_p = 0.5; // the context generator's dropout: CPU-only
     ASSERT_STATUS(attn_cuda_sdpa_fwd(ctx, &bad, a, a, a, out, NULL), ATTN_ERR_UNSUPPORTED);
+    ASSERT_TRUE(strstr(attn_cuda_ctx_last_error(ctx), "PHILOX") != NULL);
+    float *lse = dev_alloc(2 * 8 * sizeof(float)), dm;
+    ASSERT_STATUS(attn_cuda_sdpa_bwd(ctx, &d, a, a, a, out, a, lse, out, out, out, &dm), ATTN_ERR_UNSUPPORTED);
+    ASSERT_STATUS(attn_cuda_sdpa_bwd(ctx, &d, a, a, a, out, NULL, lse, out, out, out, NULL), ATTN_ERR_INVALID_ARG);
+    bad = d, bad.q_stride[2] = 0; // a gradient row would overwrite another
+    ASSERT_STATUS(attn_cuda_sdpa_bwd(ctx, &bad, a, a, a, out, a, lse, out, out, out, NULL), ATTN_ERR_INVALID_ARG);
     ASSERT_STATUS(attn_cuda_sdpa_fwd(ctx, &d, a, NULL, a, out, NULL), ATTN_ERR_INVALID_ARG);
     ASSERT_STATUS(attn_cuda_sdpa_fwd(NULL, &d, a, a, a, out, NULL), ATTN_ERR_INVALID_ARG);
     int pageable = 0;
@@ -279,13 +346,14 @@ static void test_bad_arguments(void) {
         if (h[i] != 0xab) FAIL("byte %zu of out was written by a rejected call", i);
     free(h);
     ASSERT_OK(attn_cuda_ctx_set_workspace(ctx, NULL, 0));
-    cudaFree(a), cudaFree(out), cudaFree(ws);
+    cudaFree(a), cudaFree(out), cudaFree(ws), cudaFree(lse);
     attn_cuda_ctx_free(ctx);
 }
 
 int main(int argc, char **argv) {
     static const harness_case cases[] = {HARNESS_CASE(test_context_without_gpu), HARNESS_CASE(test_bad_arguments),
                                          HARNESS_CASE(test_plain_auto),          HARNESS_CASE(test_options_auto),
-                                         HARNESS_CASE(test_options_simple),      HARNESS_CASE(test_varlen_auto)};
+                                         HARNESS_CASE(test_options_simple),      HARNESS_CASE(test_varlen_auto),
+                                         HARNESS_CASE(test_backward),            HARNESS_CASE(test_backward_varlen)};
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
 }

@@ -1,6 +1,7 @@
 // common.cuh - device helpers every attention kernel shares: element loads and stores of the three
 // float types, the per-sequence view of a batch (plain, packed, KV cache, paged), and the score
-// rule of attn.h (bounds, masks, scale, soft cap, ALiBi), so each kernel applies the same rule.
+// rule of attn.h (bounds, masks, scale, soft cap, ALiBi) and the dropout mask, so each kernel applies
+// the same rule.
 // Plain and packed (varlen) batches.
 #ifndef ATTN_CUDA_COMMON_CUH
 #define ATTN_CUDA_COMMON_CUH
@@ -10,6 +11,7 @@
 #include <math_constants.h>
 #include <stdint.h>
 
+#include "../../philox.h"
 #include "../sdpa_params.h"
 
 namespace attn_cuda {
@@ -135,6 +137,12 @@ __device__ __forceinline__ float score(const P &p, const Seq &s, float dot, int6
         x -= p.alibi[h] * (float)(dist < 0 ? -dist : dist);
     }
     return x + bias;
+}
+
+// ---- dropout (Philox, src/philox.h) -------------------------------------------------------------
+// Whether the weight of (b, h, i, j) is kept (p.dropout set; b the sequence).
+__device__ __forceinline__ bool dropout_kept(const P &p, int64_t b, int64_t h, int64_t i, int64_t j) {
+    return attn__philox_dropout_kept(p.drop_seed, p.drop_offset, p.drop_threshold, b * p.H + h, i, j) != 0;
 }
 
 // Natural-log log-sum-exp of a row from its running max (log2 domain) and sum of 2^(x - max).

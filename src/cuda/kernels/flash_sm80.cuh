@@ -3,7 +3,8 @@
 // through shared memory in tiles of Bc rows (cp.async, two stages: the next tile loads while this
 // one is computed); per tile each warp computes S = Q K^T on tensor cores, applies the score rule
 // where the tile needs it (bounds, masks, ALiBi, soft cap: common.cuh), updates its rows' running
-// max and sum in registers (online softmax, exp2 domain) and accumulates O += P V on tensor cores.
+// max and sum in registers (online softmax, exp2 domain), drops weights by the Philox mask when
+// dropout is on, and accumulates O += P V on tensor cores.
 // The output goes through shared memory to 16-byte stores; lse is written per row.
 //
 // Preconditions (checked by plan.c): q, k, v, out of type T (bf16 or f16), head_dim = head_dim_v =
@@ -166,6 +167,22 @@ __global__ void __launch_bounds__(FlashTraits<D>::kThreads, 1) flash_fwd_kernel(
             for (int no = 0; no < NO; no++) oacc[no][2 * r] *= alpha, oacc[no][2 * r + 1] *= alpha;
         }
 
+        // Dropout after the row sums: a dropped weight adds nothing to O (keep_scale at the end). The
+        // keys 2c, 2c + 1 of an n-tile share one Philox call (the words of an aligned group of four).
+        if (p.dropout) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const int64_t i = i0 + warp * 16 + g + r * 8, j = n0 + nt * 8 + 2 * c;
+                    const attn__philox4 w = attn__philox_dropout_words(p.drop_seed, p.drop_offset, b * p.H + h, i, j);
+                    // j % 4 is 2 * (c & 1): words 0, 1 or 2, 3 of the group
+                    const uint32_t w0 = (c & 1) ? w.v[2] : w.v[0], w1 = (c & 1) ? w.v[3] : w.v[1];
+                    if ((uint64_t)w0 >= p.drop_threshold) sacc[nt][2 * r] = 0.0f;
+                    if ((uint64_t)w1 >= p.drop_threshold) sacc[nt][2 * r + 1] = 0.0f;
+                }
+        }
+
         // O += P V: the S accumulators of two n-tiles are one A fragment (rounded to T).
 #pragma unroll
         for (int kb = 0; kb < KB; kb++) {
@@ -192,7 +209,7 @@ __global__ void __launch_bounds__(FlashTraits<D>::kThreads, 1) flash_fwd_kernel(
         float l = row_l[r];
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
-        inv[r] = l > 0.0f ? 1.0f / l : (l == 0.0f ? 0.0f : l); // NaN stays NaN
+        inv[r] = l > 0.0f ? (p.dropout ? p.keep_scale : 1.0f) / l : (l == 0.0f ? 0.0f : l); // NaN stays NaN
         const int64_t i = i0 + warp * 16 + g + r * 8;
         if (p.lse != nullptr && c == 0 && i < s.L) p.lse[lse_index(p, s, b, h, i)] = lse_of(row_m[r], l);
     }

@@ -1,5 +1,5 @@
 // simple.cu - the simple attention kernel: float32 arithmetic, one warp per query row, any head dim,
-// every option of attn_sdpa_desc, every element type, packed batches, KV caches, paged keys. It is
+// every option of attn_sdpa_desc (Philox dropout included), every element type, packed batches. It is
 // the GPU's fallback for what the tensor-core kernels do not take, and the first thing to trust on
 // a new device: it follows the reference (src/ref/sdpa_ref.c) step by step, with the online softmax
 // of one row in place of the materialised score row.
@@ -66,9 +66,11 @@ __global__ void __launch_bounds__(32 * kSimpleWarps) simple_kernel(const P p) {
         const float alpha = expf(m - m_new);  // 0 when m was -inf
         const float pj = expf(mine - m_new);  // 0 for hidden keys
         l = l * alpha + warp_sum(pj);
+        // dropout after the row sum: a dropped key adds nothing to the output (keep_scale at the end)
+        const float pv = p.dropout && j0 + lane < hi && !dropout_kept(p, b, h, i, j0 + lane) ? 0.0f : pj;
         for (int64_t e = lane; e < p.Dv; e += 32) acc[e] *= alpha;
         for (int jj = 0; jj < 32 && j0 + jj < hi; jj++) {
-            const float w = __shfl_sync(0xffffffffu, pj, jj);
+            const float w = __shfl_sync(0xffffffffu, pv, jj);
             if (w == 0.0f) continue; // keys of weight 0 are not read (same for the whole warp)
             const int64_t vo = kv_row(p, p.v_stride, s, b, hk, j0 + jj);
             for (int64_t e = lane; e < p.Dv; e += 32) acc[e] += w * load_as_float(p.v, p.kv_dtype, vo + e * p.v_stride[3]);
@@ -76,7 +78,7 @@ __global__ void __launch_bounds__(32 * kSimpleWarps) simple_kernel(const P p) {
         m = m_new;
     }
     // A NaN score poisons its row (the reference's rule); a fully masked row gives zeros, lse -inf.
-    const float inv = nan_seen ? CUDART_NAN_F : (l > 0.0f ? 1.0f / l : 0.0f);
+    const float inv = nan_seen ? CUDART_NAN_F : (l > 0.0f ? (p.dropout ? p.keep_scale : 1.0f) / l : 0.0f);
     const int64_t oo = o_row(p, s, b, h, i);
     for (int64_t e = lane; e < p.Dv; e += 32) store_from_float(p.out, p.out_dtype, oo + e * p.o_stride[3], acc[e] * inv);
     if (p.lse != nullptr && lane == 0)
