@@ -122,6 +122,7 @@ DTYPE_F32, DTYPE_F64, DTYPE_F16, DTYPE_BF16, DTYPE_BOOL, DTYPE_U8, DTYPE_I32, DT
 ISA = {"auto": 0, "ref": 1, "generic": 2, "avx2": 3, "avx512": 4}
 CAUSAL = {None: 0, False: 0, "none": 0, "top_left": 1, True: 1, "bottom_right": 2}
 WEIGHTS = {None: 0, False: 0, "per_head": 1, "average": 2}
+DROPOUT_RNG_PHILOX = 1  # attn_dropout_rng
 
 # ---- structs (field for field as in attn.h) ---------------------------------------------------
 

@@ -27,6 +27,28 @@ class RngState:
         return ctypes.byref(self._gen)
 
 
+class Philox:
+    """Counter-based dropout for sdpa and its backward (attn_sdpa_desc.dropout_rng =
+    ATTN_DROPOUT_RNG_PHILOX): element (b, h, i, j) is kept when word j % 4 of Philox4x32-10 with
+    counter (j // 4, i, b * H + h, offset) and key seed is below floor((1 - p) * 2**32). The mask is
+    a function of seed, offset and the element's place: the same on every thread count, kernel set
+    and on the GPU, the context's generator is not used, and the backward needs no dropout_state.
+    Calls that need independent masks use different seeds or offsets."""
+
+    __slots__ = ("seed", "offset")
+
+    def __init__(self, seed, offset=0):
+        self.seed = integer(seed, "Philox seed")
+        self.offset = integer(offset, "Philox offset")
+        if not 0 <= self.seed < 1 << 64:
+            raise AttnError(_lib.ERR_INVALID_ARG, "Philox seed must be in [0, 2**64), not %d" % self.seed)
+        if not 0 <= self.offset < 1 << 32:
+            raise AttnError(_lib.ERR_INVALID_ARG, "Philox offset must be in [0, 2**32), not %d" % self.offset)
+
+    def __repr__(self):
+        return "Philox(seed=%d, offset=%d)" % (self.seed, self.offset)
+
+
 class Context:
     """An attn_ctx. Context(threads=1, isa="auto", seed=0, use_blas=False).
 

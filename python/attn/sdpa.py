@@ -13,6 +13,9 @@ Options (keyword-only, shared by forward and backward):
   key_padding_mask  bool (True = ignore the key) or float (added), broadcasting to (B, S)
   scale           None for 1/sqrt(D) (0 also means the default)
   dropout_p       dropout on the weights, drawn from the context's generator like F.dropout
+  dropout_rng     None (the context's generator: torch's CPU dropout bit for bit, the backward then
+                  needs dropout_state) or attn.Philox(seed, offset): a counter-based mask, the same
+                  on every thread count and on the GPU, that the backward regenerates by itself
   window          None or (left, right): query i sees keys i+off-left .. i+off+right; None or -1
                   leaves a side unbounded
   alibi_slopes    None or H floats
@@ -29,7 +32,7 @@ from . import _lib
 from ._arrays import (F32, check_qkv, check_qkv_varlen, check_shape, choice, contiguous, elem_strides, fail,
                       fail_type, flag, integer, kv_views, mask_code, mask_view, ptr, real, view)
 from ._lib import AttnError, fn
-from .context import RngState, resolve
+from .context import Philox, RngState, resolve
 
 
 def _options(desc, H, causal, scale, dropout_p, window, alibi_slopes, softcap, keep):
@@ -54,6 +57,16 @@ def _options(desc, H, causal, scale, dropout_p, window, alibi_slopes, softcap, k
         keep.append(slopes)
         desc.alibi_slopes = slopes.ctypes.data
     desc.softcap = real(softcap, "softcap")
+
+
+def _rng(desc, dropout_rng):
+    """The dropout's source into the descriptor: None (the context's generator) or a Philox."""
+    if dropout_rng is None:
+        return
+    if not isinstance(dropout_rng, Philox):
+        fail_type("dropout_rng must be None or attn.Philox(seed, offset), not %s" % type(dropout_rng).__name__)
+    desc.dropout_rng = _lib.DROPOUT_RNG_PHILOX
+    desc.dropout_seed, desc.dropout_offset = dropout_rng.seed, dropout_rng.offset
 
 
 def _masks(desc, B, H, L, S, mask, key_padding_mask, keep):
@@ -87,18 +100,20 @@ def _describe(q, k, v, causal, mask, key_padding_mask, scale, dropout_p, window,
 
 
 def sdpa(q, k, v, *, causal=None, mask=None, key_padding_mask=None, scale=None, dropout_p=0.0, window=None,
-         alibi_slopes=None, softcap=0.0, kv_dtype=None, return_lse=False, return_weights=None, ctx=None):
+         alibi_slopes=None, softcap=0.0, kv_dtype=None, return_lse=False, return_weights=None, dropout_rng=None,
+         ctx=None):
     """Scaled dot-product attention forward (attn_sdpa_fwd).
 
     return_weights: None, "per_head" ((B, H, L, S) weights after dropout) or "average" ((B, L, S)).
     Returns out (B, H, L, Dv) float32; with return_lse and/or return_weights a tuple
     (out, lse, weights) of those asked for, in that order. With dropout, keep ctx.rng_state()
-    from before the call to run sdpa_backward."""
+    from before the call to run sdpa_backward (not needed with dropout_rng=attn.Philox(...))."""
     ctx = resolve(ctx)
     return_lse = flag(return_lse, "return_lse")
     weights_mode = choice(return_weights, _lib.WEIGHTS, "return_weights")
     desc, q, k, v, keep = _describe(q, k, v, causal, mask, key_padding_mask, scale, dropout_p, window,
                                     alibi_slopes, softcap, kv_dtype)
+    _rng(desc, dropout_rng)
     B, H, L, S, Dv = desc.batch, desc.n_heads, desc.len_q, desc.len_kv, desc.head_dim_v
     out = np.empty((B, H, L, Dv), dtype=F32)
     desc.o_stride[:] = elem_strides(out)
@@ -129,18 +144,19 @@ def _grad_layout(a, what):
 def _dropout_state(desc, dropout_state):
     if dropout_state is not None and not isinstance(dropout_state, RngState):
         fail_type("dropout_state must be an attn.RngState (ctx.rng_state()), not %s" % type(dropout_state).__name__)
-    if desc.dropout_p > 0 and dropout_state is None:
+    if desc.dropout_p > 0 and desc.dropout_rng != _lib.DROPOUT_RNG_PHILOX and dropout_state is None:
         fail(_lib.ERR_INVALID_ARG, "dropout_p > 0 needs dropout_state: ctx.rng_state() taken before the forward")
     return dropout_state._pointer() if dropout_state is not None else None
 
 
 def sdpa_backward(q, k, v, out, dout, lse, *, causal=None, mask=None, key_padding_mask=None, scale=None,
                   dropout_p=0.0, window=None, alibi_slopes=None, softcap=0.0, kv_dtype=None, dropout_state=None,
-                  return_dmask=False, ctx=None):
+                  return_dmask=False, dropout_rng=None, ctx=None):
     """Gradients of a loss given dout = dL/dout (attn_sdpa_bwd), with the forward's options.
 
     out and lse are the forward's (sdpa(..., return_lse=True)). dropout_state: with dropout_p > 0,
-    the ctx.rng_state() taken before the forward (the context's own generator is not touched).
+    the ctx.rng_state() taken before the forward (the context's own generator is not touched);
+    with dropout_rng=attn.Philox(...), the forward's Philox and no state.
     Returns (dq, dk, dv) as float32 (dk, dv with k and v's shapes whatever their dtype; with
     grouped-query attention the sum over the heads sharing a kv head); with return_dmask also the
     gradient of a float mask, in the mask's own shape (broadcast dimensions summed)."""
@@ -148,6 +164,7 @@ def sdpa_backward(q, k, v, out, dout, lse, *, causal=None, mask=None, key_paddin
     return_dmask = flag(return_dmask, "return_dmask")
     desc, q, k, v, keep = _describe(q, k, v, causal, mask, key_padding_mask, scale, dropout_p, window,
                                     alibi_slopes, softcap, kv_dtype)
+    _rng(desc, dropout_rng)
     B, H, L, Dv = desc.batch, desc.n_heads, desc.len_q, desc.head_dim_v
     q, qs, dq = _grad_layout(q, "q")
     k, ks, dk = _grad_layout(k, "k")
@@ -220,7 +237,7 @@ def has_varlen():
 
 def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, causal=None,
                 scale=None, dropout_p=0.0, window=None, alibi_slopes=None, softcap=0.0, kv_dtype=None,
-                return_lse=False, ctx=None):
+                return_lse=False, dropout_rng=None, ctx=None):
     """Attention over sequences packed end to end (FlashAttention's varlen interface,
     attn_sdpa_varlen_fwd): q (total_q, H, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv); sequence b
     has queries cu_seqlens_q[b]:cu_seqlens_q[b+1] and keys cu_seqlens_k[b]:cu_seqlens_k[b+1]. Each
@@ -229,6 +246,7 @@ def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_s
     ctx = resolve(ctx)
     desc, q, k, v, cq, ck, keep = _describe_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                    causal, scale, dropout_p, window, alibi_slopes, softcap, kv_dtype)
+    _rng(desc, dropout_rng)
     Tq, H, Dv = q.shape[0], desc.n_heads, desc.head_dim_v
     out = np.empty((Tq, H, Dv), dtype=F32)
     os_ = elem_strides(out)
@@ -241,12 +259,13 @@ def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_s
 
 def sdpa_varlen_backward(q, k, v, cu_seqlens_q, cu_seqlens_k, out, dout, lse, *, max_seqlen_q=None,
                          max_seqlen_k=None, causal=None, scale=None, dropout_p=0.0, window=None, alibi_slopes=None,
-                         softcap=0.0, kv_dtype=None, dropout_state=None, ctx=None):
+                         softcap=0.0, kv_dtype=None, dropout_state=None, dropout_rng=None, ctx=None):
     """Gradients of sdpa_varlen (attn_sdpa_varlen_bwd): out (total_q, H, Dv) and lse (H, total_q)
     from the forward, dout like out. Returns (dq, dk, dv) float32 with q, k, v's shapes."""
     ctx = resolve(ctx)
     desc, q, k, v, cq, ck, keep = _describe_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                    causal, scale, dropout_p, window, alibi_slopes, softcap, kv_dtype)
+    _rng(desc, dropout_rng)
     Tq, H, Dv = q.shape[0], desc.n_heads, desc.head_dim_v
     q, qs, dq = _grad_layout(q, "q")
     k, ks, dk = _grad_layout(k, "k")

@@ -8,6 +8,8 @@ Covered:
     log-sum-exp, fully masked rows (zeros, -inf); strided inputs without copies, negative strides
     and strides that are not whole elements; every kernel set; thread counts (same bits);
   - sdpa_backward against a numpy float64 backward (dq, dk, dv, a float mask's gradient);
+  - Philox dropout (attn.Philox): the mask through the weights, out and dv from it, no state needed,
+    the context's generator untouched, the same result on 1 and 3 threads;
   - with torch: a torch.autograd.Function (forward attn.sdpa, backward attn.sdpa_backward) checked
     against autograd of the reference in float64 (dropout included: the context and torch seeded
     alike draw the same mask) and by torch.autograd.gradcheck;
@@ -384,6 +386,43 @@ class TestSdpa(unittest.TestCase):
         with self.assertRaises(attn.AttnError) as cm:
             attn.sdpa_backward(q, q, q, out, out, lse, dropout_p=0.2)
         self.assertIn("dropout_state", cm.exception.message)
+
+    def test_philox_dropout(self):
+        # The weights output shows the mask; the forward is p' v with it, the backward regenerates it
+        # (no dropout_state), the context's generator is untouched, and the mask is the same on every
+        # thread count and for the same (seed, offset) only.
+        B, H, Hkv, L, S, D, p = 2, 4, 2, 7, 9, 8, 0.3
+        q, k, v = randn(self.rng, B, H, L, D), randn(self.rng, B, Hkv, S, D), randn(self.rng, B, Hkv, S, D)
+        rng = attn.Philox(seed=2 ** 40 + 3, offset=11)
+        with attn.Context(threads=1) as c1, attn.Context(threads=3) as c3:
+            before = c1.rng_state()
+            out, lse, w = attn.sdpa(q, k, v, causal="top_left", dropout_p=p, dropout_rng=rng, return_lse=True,
+                                    return_weights="per_head", ctx=c1)
+            self.assertEqual(bytes(before._gen), bytes(c1.rng_state()._gen))
+            out3 = attn.sdpa(q, k, v, causal="top_left", dropout_p=p, dropout_rng=rng, ctx=c3)
+            np.testing.assert_array_equal(out3, attn.sdpa(q, k, v, causal="top_left", dropout_p=p, dropout_rng=rng, ctx=c1))
+            close(self, out3, out, atol=1e-6, what="fused kernels against the weights' path")
+            other = attn.sdpa(q, k, v, causal="top_left", dropout_p=p, dropout_rng=attn.Philox(2 ** 40 + 3, 12),
+                              return_weights="per_head", ctx=c1)[1]
+            self.assertFalse(np.array_equal(other != 0, w != 0))
+            ro, _, rp = ref_sdpa(q, k, v, causal="top_left")
+            keep = (w != 0) & (rp > 0)
+            self.assertTrue(0.5 < keep.sum() / (rp > 0).sum() < 0.9)
+            scale = float(np.float32(1) / np.float32(1 - p))
+            pd = np.where(keep, rp * scale, 0.0)
+            close(self, w, pd, atol=1e-6, what="weights")
+            close(self, out, pd @ rep(v, H), atol=1e-5, what="out")
+            dout = randn(self.rng, *out.shape)
+            dq, dk, dv = attn.sdpa_backward(q, k, v, out, dout, lse, causal="top_left", dropout_p=p, dropout_rng=rng,
+                                            ctx=c3)
+            rdv = (pd.transpose(0, 1, 3, 2) @ np.asarray(dout, np.float64)).reshape(B, Hkv, H // Hkv, S, D).sum(2)
+            close(self, dv, rdv, atol=1e-5, what="dv")
+        with self.assertRaises(attn.AttnError):
+            attn.Philox(-1)
+        with self.assertRaises(attn.AttnError):
+            attn.Philox(1, 2 ** 32)
+        with self.assertRaises(TypeError):
+            attn.sdpa(q, k, v, dropout_p=p, dropout_rng=123)
 
     def test_errors(self):
         q, k, v = randn(self.rng, 2, 4, 3, 8), randn(self.rng, 2, 2, 5, 8), randn(self.rng, 2, 2, 5, 8)
