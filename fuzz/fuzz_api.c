@@ -19,7 +19,7 @@
  *    refused or the workspace given is too small). With finite, moderate inputs the outputs must
  *    hold what attn.h promises: no NaN, fully masked rows exactly zero with log-sum-exp -inf,
  *    other rows' weights summing to 1.
- *  - UNSURE: the header does not settle it (a negative stride, dropout exactly 1, an output that
+ *  - UNSURE: the header does not settle it (a negative stride, an MHA dropout of exactly 1, an output that
  *    overlaps itself, a U8 mask). The call is made only with exactly sized buffers and any status
  *    is accepted.
  * Calls whose buffers would exceed a few MB (or whose work would be long) are judged but not
@@ -384,6 +384,11 @@ static void fuzz_sdpa(env *e) {
     const bool want_w =
         fuzz_data_chance(fd, 1, 32) ? d.weights_mode == ATTN_WEIGHTS_NONE : d.weights_mode != ATTN_WEIGHTS_NONE;
     const bool null_desc = fuzz_data_chance(fd, 1, 64), null_bytes = fuzz_data_chance(fd, 1, 64);
+    /* the dropout's source (drawn last): the context's generator, Philox, or now and then no such value */
+    if (fuzz_data_chance(fd, 1, 4)) {
+        d.dropout_rng = fuzz_data_chance(fd, 1, 8) ? (attn_dropout_rng)fuzz_data_int_range(fd, -3, 8) : ATTN_DROPOUT_RNG_PHILOX;
+        d.dropout_seed = fuzz_data_u64(fd), d.dropout_offset = fuzz_data_u32(fd);
+    }
     attn_ctx *ctx = env_ctx(e);
 
     /* ---- the descriptor, judged from attn.h ---- */
@@ -400,10 +405,9 @@ static void fuzz_sdpa(env *e) {
     if (d.weights_mode != ATTN_WEIGHTS_NONE && d.weights_mode != ATTN_WEIGHTS_PER_HEAD &&
         d.weights_mode != ATTN_WEIGHTS_AVERAGE)
         bad(&jd, "unknown weights_mode");
-    if (!(d.dropout_p >= 0.0 && d.dropout_p <= 1.0))
-        bad(&jd, "dropout_p outside [0, 1]");
-    else if (d.dropout_p == 1.0)
-        doubt(&jd, "dropout_p = 1 (the header says [0, 1))");
+    if (!(d.dropout_p >= 0.0 && d.dropout_p <= 1.0)) bad(&jd, "dropout_p outside [0, 1]");
+    if (d.dropout_rng != ATTN_DROPOUT_RNG_CONTEXT && d.dropout_rng != ATTN_DROPOUT_RNG_PHILOX)
+        bad(&jd, "unknown dropout_rng");
     const bool mask_dt_ok = d.mask_dtype == ATTN_DTYPE_BOOL || d.mask_dtype == ATTN_DTYPE_F32;
     const bool kpm_dt_ok = d.key_padding_mask_dtype == ATTN_DTYPE_BOOL || d.key_padding_mask_dtype == ATTN_DTYPE_F32;
     if (use_mask && !mask_dt_ok) bad(&jd, "mask dtype is not BOOL or F32");

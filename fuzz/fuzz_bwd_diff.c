@@ -409,6 +409,29 @@ static bool sdpa_bwd_bounds(const sdpa_problem *P, const float *noise, const flo
     return overflow;
 }
 
+/* The Philox mask of d's (B, H, L, S) cells as noise (0, or float(1 / float(1 - p)) where kept), read
+ * through the weights output of a forward on zero q, k and v with no masks (every weight 1/S before
+ * the dropout): the public API's view of the mask attn.h defines. */
+static void philox_noise(pair *p, const attn_sdpa_desc *d, int64_t B, int64_t H, int64_t L, int64_t S, float *noise) {
+    attn_sdpa_desc z;
+    attn_sdpa_desc_init(&z);
+    z.batch = B, z.n_heads = H, z.len_q = L, z.len_kv = S, z.head_dim = 1;
+    attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, L, 1, z.q_stride);
+    attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, S, 1, z.k_stride);
+    attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, S, 1, z.v_stride);
+    attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, L, 1, z.o_stride);
+    z.dropout_p = d->dropout_p, z.dropout_rng = d->dropout_rng, z.dropout_seed = d->dropout_seed;
+    z.dropout_offset = d->dropout_offset, z.weights_mode = ATTN_WEIGHTS_PER_HEAD;
+    float *zq = calloc((size_t)(B * H * L), sizeof(float)), *zk = calloc((size_t)(B * H * S), sizeof(float));
+    float *zo = new_floats(B * H * L);
+    FUZZ_CHECK(zq != NULL && zk != NULL, "out of memory");
+    FUZZ_CHECK(attn_sdpa_fwd(p->ctx[0], &z, zq, zk, zk, zo, NULL, noise) == ATTN_OK, "the Philox mask: %s",
+               attn_ctx_last_error(p->ctx[0]));
+    const float keep = d->dropout_p < 1.0 ? 1.0f / (float)(1.0 - d->dropout_p) : 0.0f;
+    for (int64_t e = 0; e < B * H * L * S; e++) noise[e] = noise[e] != 0.0f ? keep : 0.0f;
+    free(zq), free(zk), free(zo);
+}
+
 static void bwd_sdpa(pair *p) {
     fuzz_data *fd = p->fd;
     const int shape_mode = (int)fuzz_data_pick(fd, 8);
@@ -499,6 +522,9 @@ static void bwd_sdpa(pair *p) {
     d.q_dtype = d.out_dtype = d.grad_dtype = gt;
     const void *qin = qh != NULL ? (const void *)qh : q, *doutin = douth != NULL ? (const void *)douth : dout;
     const bool own_forward = own_forward_drawn && gt == ATTN_DTYPE_F32;
+    /* Philox dropout now and then (drawn after the types): the mask from the descriptor alone */
+    const bool philox = d.dropout_p > 0.0 && fuzz_data_chance(fd, 1, 3);
+    if (philox) d.dropout_rng = ATTN_DROPOUT_RNG_PHILOX, d.dropout_seed = fuzz_data_u64(fd), d.dropout_offset = fuzz_data_u32(fd);
     grad_round_rel = gt == ATTN_DTYPE_BF16 ? 0x1p-7 : gt == ATTN_DTYPE_F16 ? 0x1p-10 : 0.0;
     grad_round_abs = gt == ATTN_DTYPE_BF16 ? 0x1p-133 : gt == ATTN_DTYPE_F16 ? 0x1p-24 : 0.0;
     out_round = gt == ATTN_DTYPE_BF16 ? 0x1p-6 : gt == ATTN_DTYPE_F16 ? 0x1p-9 : 0.0;
@@ -507,13 +533,13 @@ static void bwd_sdpa(pair *p) {
     describe_extras(&d, extras, sizeof extras);
     snprintf(problem, sizeof problem,
              "sdpa_bwd q/out/grad=%s B=%lld H=%lld Hkv=%lld L=%lld S=%lld D=%lld Dv=%lld scale=%g causal=%d mask=%s%s kpm=%s "
-             "mask_stride={%lld,%lld,%lld,%lld}%s dropout=%g own_forward=%d%s non-finite q/k/v/dout=%d/%d/%d/%d isa=%s "
+             "mask_stride={%lld,%lld,%lld,%lld}%s dropout=%g%s own_forward=%d%s non-finite q/k/v/dout=%d/%d/%d/%d isa=%s "
              "threads=%d/%d/%d",
              attn_dtype_name(gt), (long long)B, (long long)H, (long long)Hkv, (long long)L, (long long)S, (long long)D,
              (long long)Dv, (double)d.scale, (int)d.causal, d.mask == NULL ? "none" : attn_dtype_name(d.mask_dtype),
              want_dmask ? "+dmask" : "", d.key_padding_mask == NULL ? "none" : attn_dtype_name(d.key_padding_mask_dtype),
              (long long)d.mask_stride[0], (long long)d.mask_stride[1], (long long)d.mask_stride[2],
-             (long long)d.mask_stride[3], overlapping ? " (cells share elements)" : "", d.dropout_p, own_forward, extras, any_nonfinite(q, cq), any_nonfinite(k, ck),
+             (long long)d.mask_stride[3], overlapping ? " (cells share elements)" : "", d.dropout_p, philox ? " (Philox)" : "", own_forward, extras, any_nonfinite(q, cq), any_nonfinite(k, ck),
              any_nonfinite(v, cv), any_nonfinite(dout, co), attn_isa_name(attn_ctx_isa(p->ctx[0])), p->threads[0],
              p->threads[1], p->n == 3 ? p->threads[2] : 0);
 
@@ -533,7 +559,13 @@ static void bwd_sdpa(pair *p) {
     /* The forward's dropout is F.dropout on the (B*H, L, S) weights: the same draws as
      * attn_rand_dropout on as many elements, whose noise (0 or 1/(1-p)) the bounds use. */
     float *noise = NULL;
-    if (d.dropout_p > 0.0) {
+    if (philox) {
+        noise = new_floats(ncell);
+        philox_noise(p, &d, B, H, L, S, noise);
+        for (int c = 0; c < p->n; c++)
+            FUZZ_CHECK(memcmp(&g0[c], attn_ctx_generator(p->ctx[c]), sizeof g0[c]) == 0,
+                       "the Philox forward moved the context's generator in %s", problem);
+    } else if (d.dropout_p > 0.0) {
         float *ones = new_floats(ncell);
         noise = new_floats(ncell);
         for (int64_t e = 0; e < ncell; e++) ones[e] = 1.0f;
@@ -556,7 +588,7 @@ static void bwd_sdpa(pair *p) {
         if (want_dmask) dm[c] = sentinel_floats(cm);
         const attn_generator before = *attn_ctx_generator(p->ctx[c]), state = g0[c];
         st[c] = attn_sdpa_bwd(p->ctx[c], &db, qin, kin, vin, out[src], doutin, lse[src],
-                              d.dropout_p > 0.0 ? &g0[c] : NULL, dq[c], dk[c], dv[c], dm[c]);
+                              d.dropout_p > 0.0 && !philox ? &g0[c] : NULL, dq[c], dk[c], dv[c], dm[c]);
         FUZZ_CHECK(memcmp(&before, attn_ctx_generator(p->ctx[c]), sizeof before) == 0,
                    "attn_sdpa_bwd drew from the context's generator (context %d)", c);
         FUZZ_CHECK(memcmp(&state, &g0[c], sizeof state) == 0, "attn_sdpa_bwd changed the dropout state");

@@ -213,6 +213,9 @@ static void diff_sdpa(pair *p) {
     if (fuzz_data_chance(fd, 1, 4)) d.out_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
     uint16_t *qh = d.q_dtype != ATTN_DTYPE_F32 ? to_half(p, d.q_dtype, q, cq) : NULL;
     const void *qin = qh != NULL ? (const void *)qh : q;
+    /* Philox dropout now and then (drawn after the types): the same mask on every context */
+    if (d.dropout_p > 0.0 && fuzz_data_chance(fd, 1, 3))
+        d.dropout_rng = ATTN_DROPOUT_RNG_PHILOX, d.dropout_seed = fuzz_data_u64(fd), d.dropout_offset = fuzz_data_u32(fd);
     /* Tolerances: scores up to smag (plus the masks' finite values and the ALiBi terms), error ds
      * in them (soft-capping adds the error of its tanh, relative to the cap). */
     double mmax = 0.0;
@@ -259,11 +262,12 @@ static void diff_sdpa(pair *p) {
     char extras[160];
     describe_extras(&d, extras, sizeof extras);
     snprintf(problem, sizeof problem,
-             "sdpa B=%lld H=%lld Hkv=%lld L=%lld S=%lld D=%lld Dv=%lld scale=%g causal=%d mask=%s kpm=%s dropout=%g "
+             "sdpa B=%lld H=%lld Hkv=%lld L=%lld S=%lld D=%lld Dv=%lld scale=%g causal=%d mask=%s kpm=%s dropout=%g%s "
              "weights=%d lse=%d%s q=%s out=%s isa=%s",
              (long long)B, (long long)H, (long long)Hkv, (long long)L, (long long)S, (long long)D, (long long)Dv,
              (double)d.scale, (int)d.causal, d.mask == NULL ? "none" : attn_dtype_name(d.mask_dtype),
              d.key_padding_mask == NULL ? "none" : attn_dtype_name(d.key_padding_mask_dtype), d.dropout_p,
+             d.dropout_rng == ATTN_DROPOUT_RNG_PHILOX ? " (Philox)" : "",
              (int)d.weights_mode, want_lse, extras, attn_dtype_name(d.q_dtype), attn_dtype_name(d.out_dtype),
              attn_isa_name(attn_ctx_isa(p->ctx[0])));
     const int64_t nl = B * H * L;
