@@ -74,7 +74,7 @@ attn_status attn__sdpa_check(attn_ctx *ctx, const attn_sdpa_desc *d, attn__sdpa_
     if (d->dropout_rng != ATTN_DROPOUT_RNG_CONTEXT && d->dropout_rng != ATTN_DROPOUT_RNG_PHILOX)
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "sdpa: unknown dropout_rng %d", (int)d->dropout_rng);
     if (d->dropout_rng == ATTN_DROPOUT_RNG_PHILOX && d->dropout_p > 0.0 &&
-        (sh->L > ((int64_t)1 << 32) || sh->S > ((int64_t)1 << 34) || sh->B * sh->H > ((int64_t)1 << 32)))
+        (sh->L > ((int64_t)1 << 32) || sh->S > ((int64_t)1 << 34) || sh->B > ((int64_t)1 << 32) / sh->H))
         return attn__fail(ctx, ATTN_ERR_BAD_SHAPE,
                           "sdpa: Philox dropout counts queries, keys and batch * heads in 32 bits (len_q <= 2^32, "
                           "len_kv <= 2^34, batch * n_heads <= 2^32)");
@@ -124,6 +124,11 @@ attn_status attn__sdpa_check(attn_ctx *ctx, const attn_sdpa_desc *d, attn__sdpa_
     size_t bytes;
     ATTN_RETURN_IF_ERR(attn__bytes(ctx, "sdpa: weights", n, sizeof(float), &bytes));
     ATTN_RETURN_IF_ERR(attn__bytes(ctx, "sdpa: scores", sh->S, 2 * sizeof(double), &bytes));
+    // the kernels' tiles hold up to 256 rows of q and of out (D + Dv floats each)
+    int64_t dims_sum;
+    if (!attn__add_i64(sh->D, sh->Dv, &dims_sum))
+        return attn__fail(ctx, ATTN_ERR_OVERFLOW, "sdpa: head_dim + head_dim_v overflows");
+    ATTN_RETURN_IF_ERR(attn__bytes(ctx, "sdpa: tiles", dims_sum, 256 * sizeof(float), &bytes));
     return ATTN_OK;
 }
 
