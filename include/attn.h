@@ -655,6 +655,54 @@ ATTN_API attn_status attn_linear(attn_ctx *ctx, const float *x, int64_t rows, in
 
 typedef struct attn_mha attn_mha;
 
+/*
+ * Float16 and bfloat16 modules (attn_mha_config.dtype = ATTN_DTYPE_F16 or ATTN_DTYPE_BF16), as
+ * torch's nn.MultiheadAttention(...).to(torch.float16 / torch.bfloat16) on the CPU:
+ *  - The parameters are stored in the type (2 bytes each; attn_mha_param_typed_at gives them as
+ *    uint16_t bit patterns). attn_mha_create draws them in float32 and rounds them to nearest even;
+ *    attn_mha_create_from_state takes tensors of the type, or float32 ones it rounds.
+ *  - query, key, value, out, weights, dout and dquery, dkey, dvalue are tensors of the type (uint16_t
+ *    bit patterns). Masks stay BOOL or F32 (torch wants a float mask in the query's type; an F32 mask
+ *    holding those values gives the same result).
+ *  - Computation: the projections x W^T + b are float32 sums of the exact values, then q, k and v are
+ *    rounded to the type (torch's bfloat16 linear); bias_k and bias_v are values of the type; q is
+ *    then divided by sqrt(head_dim) in float32; the attention is the float32 SDPA on those values
+ *    (exactly what attn_sdpa_fwd computes with q_dtype and kv_dtype of the type); its output (the
+ *    heads concatenated) is rounded to the type, as torch's is, before out_proj; out_proj's float32
+ *    sum is rounded once into out. The weights are computed in float32 and rounded once.
+ *    Where torch 2.x differs: with need_weights it rounds the scores and the softmax to the type too
+ *    (its fused path does not); it scales q after rounding it in the type (q * (1/sqrt(head_dim)),
+ *    the same for head dims that are powers of 4); and its products are its own. Measured against
+ *    torch 2.x on random modules (parity_mha_lowp): outputs and weights within 2 units of the type
+ *    (2^-8 bf16, 2^-11 f16) of the largest element.
+ *  - Each call converts the parameters and inputs to float32 into the context's scratch memory
+ *    (4 bytes per parameter and input element, plus the float32 results before rounding: for
+ *    E = 768, 9.4 MB of parameters) and runs the float32 pipeline; the module keeps no float32
+ *    copy, so its own memory is half the float32 module's, and parameters written through
+ *    attn_mha_param_typed_at are used by the next call.
+ *  - Training: attn_mha_backward treats each rounding as the identity (as autograd does) and keeps
+ *    its sums and intermediate gradients in float32. dquery, dkey and dvalue are rounded once to the
+ *    type; the parameters' gradients are float32 (dparams stays float *): a mixed-precision trainer
+ *    keeps float32 master weights and optimiser state and wants the gradient, a sum over every token,
+ *    without a rounding to 8 bits; attn_convert rounds it when the type's gradient is wanted (torch's
+ *    .grad of a bfloat16 parameter is that rounding of a float32 sum).
+ *  - The KV cache of attn_mha_forward_cached may be of the module's type, F32, Q8_0 or Q4_0.
+ * Error bound against the float32 module holding the same (rounded) parameters, on the same
+ * (rounded) inputs (tested on every instruction set with every option and with large logits, in
+ * test_mha_lowp): with u the type's unit roundoff (2^-11 F16, 2^-8 BF16), t its smallest subnormal,
+ * q, k, v the float32 module's projections (q before its division by sqrt(hd), k and v including
+ * the bias_k and zero keys), for each output element (row i, feature e)
+ *   |out' - out| <= u |out| + (1 + u) (sum_h sum_{t in head h} |Wo[e,t]| (eps_h + 2 E 2^-24 V_h)
+ *                   + 2 E 2^-24 |bo[e]|) + t
+ *   eps_h = (exp(2 delta_h) - 1 + 2 u + 2^-15) V_h,  V_h = max_j |v_j|_inf over head h's keys,
+ *   delta_h = (2 u + u^2 + 2 (hd + 2) 2^-24) sum_t |q_it| max_j |k_j|_inf / sqrt(hd) over head h,
+ * and each attention weight w' (averaged or per head) within u |w| + (1 + u)(exp(2 max_h delta_h) -
+ * 1 + 2^-15) + t of w. (The 2^-24 terms are the float32 sums of both modules; delta_h is the
+ * change of the scores from rounding q and k, in the exponent; 2 u covers the rounding of v and of
+ * the heads' output.) The gradients are checked against the float32 module's within 8 u of each
+ * tensor's largest element (2.8 u seen); this is a tested tolerance, not a proven bound.
+ */
+
 typedef struct attn_mha_config {
     int64_t embed_dim;  /* E */
     int64_t num_heads;  /* H; E % H must be 0 */
