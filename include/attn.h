@@ -663,7 +663,7 @@ ATTN_API attn_status attn_linear(attn_ctx *ctx, const float *x, int64_t rows, in
 /* ------------------------------------------------------------------------------------------ */
 
 /*
- * Parameters, by state_dict name (all float32, row-major):
+ * Parameters, by state_dict name (all of the module's dtype, float32 unless set; row-major):
  *   in_proj_weight (3E, E)    when kdim == vdim == E; rows [0,E) W_q, [E,2E) W_k, [2E,3E) W_v
  *   q_proj_weight (E, E), k_proj_weight (E, kdim), v_proj_weight (E, vdim)   otherwise
  *   in_proj_bias (3E)         when bias
@@ -680,6 +680,54 @@ ATTN_API attn_status attn_linear(attn_ctx *ctx, const float *x, int64_t rows, in
 
 typedef struct attn_mha attn_mha;
 
+/*
+ * Float16 and bfloat16 modules (attn_mha_config.dtype = ATTN_DTYPE_F16 or ATTN_DTYPE_BF16), as
+ * torch's nn.MultiheadAttention(...).to(torch.float16 / torch.bfloat16) on the CPU:
+ *  - The parameters are stored in the type (2 bytes each; attn_mha_param_typed_at gives them as
+ *    uint16_t bit patterns). attn_mha_create draws them in float32 and rounds them to nearest even;
+ *    attn_mha_create_from_state takes tensors of the type, or float32 ones it rounds.
+ *  - query, key, value, out, weights, dout and dquery, dkey, dvalue are tensors of the type (uint16_t
+ *    bit patterns). Masks stay BOOL or F32 (torch wants a float mask in the query's type; an F32 mask
+ *    holding those values gives the same result).
+ *  - Computation: the projections x W^T + b are float32 sums of the exact values, then q, k and v are
+ *    rounded to the type (torch's bfloat16 linear); bias_k and bias_v are values of the type; q is
+ *    then divided by sqrt(head_dim) in float32; the attention is the float32 SDPA on those values
+ *    (exactly what attn_sdpa_fwd computes with q_dtype and kv_dtype of the type); its output (the
+ *    heads concatenated) is rounded to the type, as torch's is, before out_proj; out_proj's float32
+ *    sum is rounded once into out. The weights are computed in float32 and rounded once.
+ *    Where torch 2.x differs: with need_weights it rounds the scores and the softmax to the type too
+ *    (its fused path does not); it scales q after rounding it in the type (q * (1/sqrt(head_dim)),
+ *    the same for head dims that are powers of 4); and its products are its own. Measured against
+ *    torch 2.x on random modules (parity_mha_lowp): outputs and weights within 2 units of the type
+ *    (2^-8 bf16, 2^-11 f16) of the largest element.
+ *  - Each call converts the parameters and inputs to float32 into the context's scratch memory
+ *    (4 bytes per parameter and input element, plus the float32 results before rounding: for
+ *    E = 768, 9.4 MB of parameters) and runs the float32 pipeline; the module keeps no float32
+ *    copy, so its own memory is half the float32 module's, and parameters written through
+ *    attn_mha_param_typed_at are used by the next call.
+ *  - Training: attn_mha_backward treats each rounding as the identity (as autograd does) and keeps
+ *    its sums and intermediate gradients in float32. dquery, dkey and dvalue are rounded once to the
+ *    type; the parameters' gradients are float32 (dparams stays float *): a mixed-precision trainer
+ *    keeps float32 master weights and optimiser state and wants the gradient, a sum over every token,
+ *    without a rounding to 8 bits; attn_convert rounds it when the type's gradient is wanted (torch's
+ *    .grad of a bfloat16 parameter is that rounding of a float32 sum).
+ *  - The KV cache of attn_mha_forward_cached may be of the module's type, F32, Q8_0 or Q4_0.
+ * Error bound against the float32 module holding the same (rounded) parameters, on the same
+ * (rounded) inputs (tested on every instruction set with every option and with large logits, in
+ * test_mha_lowp): with u the type's unit roundoff (2^-11 F16, 2^-8 BF16), t its smallest subnormal,
+ * q, k, v the float32 module's projections (q before its division by sqrt(hd), k and v including
+ * the bias_k and zero keys), for each output element (row i, feature e)
+ *   |out' - out| <= u |out| + (1 + u) (sum_h sum_{t in head h} |Wo[e,t]| (eps_h + 2 E 2^-24 V_h)
+ *                   + 2 E 2^-24 |bo[e]|) + t
+ *   eps_h = (exp(2 delta_h) - 1 + 2 u + 2^-15) V_h,  V_h = max_j |v_j|_inf over head h's keys,
+ *   delta_h = (2 u + u^2 + 2 (hd + 2) 2^-24) sum_t |q_it| max_j |k_j|_inf / sqrt(hd) over head h,
+ * and each attention weight w' (averaged or per head) within u |w| + (1 + u)(exp(2 max_h delta_h) -
+ * 1 + 2^-15) + t of w. (The 2^-24 terms are the float32 sums of both modules; delta_h is the
+ * change of the scores from rounding q and k, in the exponent; 2 u covers the rounding of v and of
+ * the heads' output.) The gradients are checked against the float32 module's within 8 u of each
+ * tensor's largest element (2.8 u seen); this is a tested tolerance, not a proven bound.
+ */
+
 typedef struct attn_mha_config {
     int64_t embed_dim;  /* E */
     int64_t num_heads;  /* H; E % H must be 0 */
@@ -690,6 +738,9 @@ typedef struct attn_mha_config {
     int add_zero_attn;  /* append a zero key/value (default 0) */
     int batch_first;    /* batched inputs are (N, L, E) instead of (L, N, E) (default 0) */
     double dropout;     /* dropout on the attention weights in training mode, [0, 1) */
+    attn_dtype dtype;   /* ATTN_DTYPE_F32 (0, the default), ATTN_DTYPE_F16 or ATTN_DTYPE_BF16: the type
+                           of the parameters, the inputs and the outputs (see "Float16 and bfloat16
+                           modules" below); any other value is ATTN_ERR_INVALID_ARG */
 } attn_mha_config;
 
 /** Fills `cfg` with nn.MultiheadAttention(embed_dim, num_heads)'s defaults. */
@@ -698,7 +749,8 @@ ATTN_API void attn_mha_config_init(attn_mha_config *cfg, int64_t embed_dim, int6
 /**
  * Creates a module and initialises its parameters exactly like nn.MultiheadAttention's
  * constructor, drawing from the context's generator (so seeding the context with s first gives
- * torch.manual_seed(s)'s weights).
+ * torch.manual_seed(s)'s weights). With cfg->dtype F16 or BF16 the values are drawn in float32 and
+ * rounded to nearest even, as module.to(torch.bfloat16) / .half() does.
  */
 ATTN_API attn_status attn_mha_create(attn_ctx *ctx, const attn_mha_config *cfg, attn_mha **mha);
 /** Frees a module; NULL is allowed. */
@@ -710,18 +762,29 @@ ATTN_API int attn_mha_param_count(const attn_mha *mha);
 /**
  * Describes parameter `index` (0 .. count-1, state_dict order): name, ndim, shape, data.
  * Any output pointer may be NULL. `data` points into the module and may be written.
+ * @return ATTN_ERR_INVALID_ARG for a bad index, or when `data` is asked of a module whose dtype is
+ *         not F32 (its parameters are not floats: use attn_mha_param_typed_at).
  */
 ATTN_API attn_status attn_mha_param_at(attn_mha *mha, int index, const char **name, int *ndim, int64_t shape[3],
                                        float **data);
-/** Looks a parameter up by its state_dict name. @return ATTN_ERR_NOT_FOUND if absent. */
+/** Looks a parameter up by its state_dict name. @return ATTN_ERR_NOT_FOUND if absent;
+ *  ATTN_ERR_INVALID_ARG when `data` is asked of a module whose dtype is not F32. */
 ATTN_API attn_status attn_mha_param(attn_mha *mha, const char *name, int *ndim, int64_t shape[3], float **data);
+/** attn_mha_param_at for a module of any dtype: *dtype receives the parameters' type (the module's:
+ *  F32, F16 or BF16) and *data their elements (float, or uint16_t bit patterns of the half types). */
+ATTN_API attn_status attn_mha_param_typed_at(attn_mha *mha, int index, const char **name, int *ndim,
+                                             int64_t shape[3], attn_dtype *dtype, void **data);
+/** attn_mha_param for a module of any dtype (see attn_mha_param_typed_at). */
+ATTN_API attn_status attn_mha_param_typed(attn_mha *mha, const char *name, int *ndim, int64_t shape[3],
+                                          attn_dtype *dtype, void **data);
 
 typedef struct attn_mha_args {
     /* Inputs. Batched: query (L, N, E), key (S, N, kdim), value (S, N, vdim), or (N, L, E) etc.
      * with batch_first. Unbatched (`unbatched` = 1): query (L, E), key (S, kdim), value (S, vdim).
      * key NULL means key = query; value NULL means value = key. Equal pointers mean the same
-     * tensor, as `query is key` in PyTorch (one packed projection). */
-    const float *query, *key, *value;
+     * tensor, as `query is key` in PyTorch (one packed projection). Elements of the module's dtype
+     * (float, or uint16_t bit patterns for F16 / BF16 modules). */
+    const void *query, *key, *value;
     int64_t batch;   /* N (ignored when unbatched) */
     int64_t len_q;   /* L */
     int64_t len_kv;  /* S (ignored when key is NULL: S = L) */
@@ -748,37 +811,40 @@ ATTN_API int64_t attn_mha_weights_len_kv(const attn_mha *mha, int64_t len_kv);
 
 /**
  * nn.MultiheadAttention forward.
- * @param out      (L, N, E), (N, L, E) with batch_first, or (L, E) unbatched; contiguous
+ * @param out      (L, N, E), (N, L, E) with batch_first, or (L, E) unbatched; contiguous; of the
+ *                 module's dtype
  * @param weights  when args->need_weights: (N, L, S') averaged or (N, H, L, S') per head;
- *                 unbatched drops N. NULL otherwise.
+ *                 unbatched drops N; of the module's dtype. NULL otherwise.
  */
-ATTN_API attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, const attn_mha_args *args, float *out,
-                                      float *weights);
+ATTN_API attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, const attn_mha_args *args, void *out,
+                                      void *weights);
 
 /*
  * Training. attn_mha_forward_train runs the forward like attn_mha_forward and keeps what the
  * backward needs (the projections, the attention's output and log-sum-exp, and the generator's
  * state before the dropout) in a caller buffer of attn_mha_saved_size bytes, aligned to 16 bytes
  * (as malloc's are; it may be copied or moved between the calls). attn_mha_backward then takes dout = dL/dout (out's shape) and writes the gradients:
- *   dquery, dkey, dvalue  the inputs' shapes (NULL to skip). A tensor passed as several of query,
+ *   dquery, dkey, dvalue  the inputs' shapes and the module's dtype (NULL to skip). A tensor passed as several of query,
  *                         key and value (self-attention) receives the sum of its uses in the
  *                         first of them: dkey (dvalue) must then be NULL.
  *   dparams               NULL, or attn_mha_param_count pointers in state_dict order, each NULL
  *                         or a buffer of that parameter's shape (in_proj_weight's gradient holds
- *                         the three projections' blocks).
+ *                         the three projections' blocks). Always float32, whatever the
+ *                         module's dtype (see "Float16 and bfloat16 modules" below).
+ * dout has out's shape and the module's dtype.
  * Every gradient is overwritten, not accumulated. The args, the inputs and the parameters must be
  * the forward's, unchanged. Results are identical for every thread count.
  */
 /** Bytes attn_mha_forward_train saves for these args. */
 ATTN_API attn_status attn_mha_saved_size(attn_ctx *ctx, attn_mha *mha, const attn_mha_args *args, size_t *bytes);
 /** The forward of attn_mha_forward, also filling `saved` (ATTN_ERR_WORKSPACE if it is too small). */
-ATTN_API attn_status attn_mha_forward_train(attn_ctx *ctx, attn_mha *mha, const attn_mha_args *args, float *out,
-                                            float *weights, void *saved, size_t saved_size);
+ATTN_API attn_status attn_mha_forward_train(attn_ctx *ctx, attn_mha *mha, const attn_mha_args *args, void *out,
+                                            void *weights, void *saved, size_t saved_size);
 /** Gradients of the loss given dout; see above. ATTN_ERR_INVALID_ARG if `saved` is not from this
  *  module's training forward with these args. */
 ATTN_API attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, const attn_mha_args *args, const void *saved,
-                                       size_t saved_size, const float *dout, float *dquery, float *dkey,
-                                       float *dvalue, float *const *dparams);
+                                       size_t saved_size, const void *dout, void *dquery, void *dkey,
+                                       void *dvalue, float *const *dparams);
 
 /**
  * Self-attention of `len` new tokens x with a KV cache, for decoding: projects x, appends its keys
@@ -788,9 +854,12 @@ ATTN_API attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, const attn_
  * n_kv_heads = num_heads, head_dim = E / num_heads; the module must have kdim = vdim = E and no
  * bias_k/bias_v or zero attention. Equal, to float rounding, to attn_mha_forward with causal
  * masking over the whole sequence so far, at the rows of the new tokens (tested to 1e-5).
+ * x and out are of the module's dtype. An F16 / BF16 module appends its rounded keys and values:
+ * its cache may be of its own dtype (exact), F32, Q8_0 or Q4_0; the other half type would round
+ * them again (ATTN_ERR_INVALID_ARG).
  */
-ATTN_API attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache *cache, const float *x,
-                                             int64_t batch, int64_t len, float *out);
+ATTN_API attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache *cache, const void *x,
+                                             int64_t batch, int64_t len, void *out);
 
 /* ------------------------------------------------------------------------------------------ */
 /* The book's attention modules (ch. 3), built on the general code above                      */
@@ -966,7 +1035,10 @@ ATTN_API attn_status attn_safetensors_write(attn_ctx *ctx, const char *path, con
  * q_proj_weight -> separate kdim/vdim, which may also equal embed_dim); embed_dim from
  * out_proj.weight. add_zero_attn,
  * batch_first and dropout come from `cfg_extra` (its other fields are ignored), which may be NULL.
- * Every tensor must be F32 with the right shape; unknown names are an error.
+ * Every tensor must have the right shape and one type, F32, F16 or BF16 (else ATTN_ERR_UNSUPPORTED);
+ * unknown names are an error. The module's dtype is the tensors' type, or cfg_extra->dtype when that
+ * is F16 or BF16: F32 tensors are then rounded to it (module.to(dtype)); half tensors of the other
+ * half type are ATTN_ERR_INVALID_ARG.
  */
 ATTN_API attn_status attn_mha_create_from_state(attn_ctx *ctx, const attn_tensor_list *state, int64_t num_heads,
                                                 const attn_mha_config *cfg_extra, attn_mha **mha);

@@ -165,7 +165,8 @@ int attn_book_param_count(const attn_book *m) { return m != NULL ? m->params.cou
 
 attn_status attn_book_param_at(attn_book *m, int index, const char **name, int *ndim, int64_t shape[2], float **data) {
     if (m == NULL || index < 0 || index >= m->params.count) return ATTN_ERR_INVALID_ARG;
-    attn__param_describe(&m->params.items[index], name, ndim, shape, 2, data);
+    attn__param_describe(&m->params.items[index], name, ndim, shape, 2, NULL);
+    if (data != NULL) *data = m->params.items[index].data; // the book's modules are float32
     return ATTN_OK;
 }
 
@@ -173,7 +174,8 @@ attn_status attn_book_param(attn_book *m, const char *name, int *ndim, int64_t s
     if (m == NULL || name == NULL) return ATTN_ERR_INVALID_ARG;
     const attn__param *p = attn__params_find(&m->params, name);
     if (p == NULL) return ATTN_ERR_NOT_FOUND;
-    attn__param_describe(p, NULL, ndim, shape, 2, data);
+    attn__param_describe(p, NULL, ndim, shape, 2, NULL);
+    if (data != NULL) *data = p->data;
     return ATTN_OK;
 }
 

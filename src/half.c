@@ -1,6 +1,7 @@
 // half.c - attn_convert: float32 to and from IEEE half and bfloat16 (the element types a k/v
 // tensor or a KV cache may hold), with the exact conversions of half.h, and to and from the
 // block-quantised Q8_0 and Q4_0 (quant.c).
+#include "cpu/cpu.h"
 #include "half.h"
 #include "internal.h"
 #include "quant.h"
@@ -34,4 +35,20 @@ attn_status attn_convert(attn_dtype dst_dtype, void *dst, attn_dtype src_dtype, 
         for (int64_t i = 0; i < n; i++) o[i] = dst_dtype == ATTN_DTYPE_F16 ? attn__f32_to_f16(x[i]) : attn__f32_to_bf16(x[i]);
     }
     return ATTN_OK;
+}
+
+void attn__to_f32(const attn_ctx *ctx, attn_dtype dt, const void *src, float *dst, int64_t n) {
+    if (dt == ATTN_DTYPE_F32)
+        memmove(dst, src, (size_t)n * sizeof(float));
+    else if (ctx->kernels != NULL)
+        ctx->kernels->half_to_f32(dt, src, dst, n);
+    else
+        for (int64_t i = 0; i < n; i++) dst[i] = attn__kv_at(src, dt, i);
+}
+
+void attn__from_f32(attn_dtype dt, const float *src, void *dst, int64_t n) {
+    if (dt == ATTN_DTYPE_F32)
+        memmove(dst, src, (size_t)n * sizeof(float));
+    else
+        for (int64_t i = 0; i < n; i++) attn__elem_set(dst, dt, i, src[i]);
 }

@@ -54,6 +54,15 @@ static inline uint16_t attn__f32_to_bf16(float f) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+// x[i] = x[i] rounded to nearest even in dtype F16 (2) or BF16 (3) and back (exact), i < n: the
+// float32 value a tensor of that type would hold. Other dtypes leave x as it is.
+static inline void attn__round_to(int dtype, float *x, int64_t n) {
+    if (dtype == 2)
+        for (int64_t i = 0; i < n; i++) x[i] = attn__f16_to_f32(attn__f32_to_f16(x[i]));
+    else if (dtype == 3)
+        for (int64_t i = 0; i < n; i++) x[i] = attn__bf16_to_f32(attn__f32_to_bf16(x[i]));
+}
+
 // The block types: ATTN_QBLOCK values per block, a half scale (little-endian) then the quants.
 #define ATTN_QBLOCK 32
 #define ATTN_Q8_0_BYTES 34 // d, int8 q[32]

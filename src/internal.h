@@ -101,6 +101,13 @@ static inline size_t attn__kv_bytes(attn_dtype dt, int64_t off) {
     return (size_t)(off / attn_dtype_block_size(dt)) * attn_dtype_size(dt);
 }
 
+// ---- element types -------------------------------------------------------------------------------
+// dst[i] = src[i] of dtype dt (F32, F16 or BF16) as float, exactly, i < n (the context's vector
+// conversion when it has kernels).
+void attn__to_f32(const attn_ctx *ctx, attn_dtype dt, const void *src, float *dst, int64_t n);
+// dst[i] (of dtype dt: F32, F16 or BF16) = src[i] rounded to nearest even, i < n.
+void attn__from_f32(attn_dtype dt, const float *src, void *dst, int64_t n);
+
 // ---- checked size arithmetic -------------------------------------------------------------
 // Return false on overflow (or a negative operand), true otherwise.
 bool attn__mul_i64(int64_t a, int64_t b, int64_t *out);
@@ -197,31 +204,36 @@ static inline bool attn__dropout_keep(attn_generator *gen, double keep_prob) {
 }
 
 // ---- module parameters (shared by attn_mha and attn_book) --------------------------------------
-// A module's parameters: a small table of named float tensors sharing one allocation.
+// A module's parameters: a small table of named tensors of one element type (F32, or F16 / BF16
+// for a low-precision nn.MultiheadAttention) sharing one allocation, laid end to end in table order.
 #define ATTN_PARAM_NAME_MAX 48
 typedef struct attn__param {
     char name[ATTN_PARAM_NAME_MAX];
     int ndim;
     int64_t shape[3];
     int64_t numel;
-    float *data;
+    int64_t offset; // elements from the start of the storage
+    void *data;     // numel elements of the table's dtype
 } attn__param;
 
 typedef struct attn__params {
     attn__param *items;
     int count, capacity;
-    float *storage;
+    attn_dtype dtype; // of every parameter: F32 (0, the default), F16 or BF16
+    int64_t numel;    // all parameters together (set by attn__params_alloc)
+    void *storage;
 } attn__params;
 
 // Appends a parameter (data assigned by attn__params_alloc). Returns an error for overflow.
 attn_status attn__params_add(attn_ctx *ctx, attn__params *p, const char *name, int ndim, const int64_t *shape);
-// Allocates zeroed storage for every parameter added so far and points each `data` into it.
+// Allocates zeroed storage of p->dtype for every parameter added so far and points each `data`
+// (and `offset`) into it.
 attn_status attn__params_alloc(attn_ctx *ctx, attn__params *p);
 void attn__params_free(const attn_allocator *a, attn__params *p);
 // Looks a parameter up by name (NULL if absent).
 attn__param *attn__params_find(const attn__params *p, const char *name);
 // Fills the optional outputs of the public *_param_at / *_param functions.
 void attn__param_describe(const attn__param *prm, const char **name, int *ndim, int64_t *shape, int shape_len,
-                          float **data);
+                          void **data);
 
 #endif // ATTN_INTERNAL_H

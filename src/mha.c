@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "half.h"
 #include "mha_core.h"
 #include "mha_internal.h"
 
@@ -33,6 +34,9 @@ static attn_status check_config(attn_ctx *ctx, const attn_mha_config *in, attn_m
         return attn__fail(ctx, ATTN_ERR_BAD_SHAPE, "mha: kdim and vdim must be >= 1 (or 0 for embed_dim)");
     if (!(in->dropout >= 0.0 && in->dropout <= 1.0))
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha: dropout = %g must be in [0, 1]", in->dropout);
+    if (!attn__is_float_dtype(in->dtype))
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha: dtype must be F32, F16 or BF16, not %s",
+                          attn_dtype_name(in->dtype));
     out->kdim = in->kdim == 0 ? in->embed_dim : in->kdim;
     out->vdim = in->vdim == 0 ? in->embed_dim : in->vdim;
     out->bias = in->bias != 0;
@@ -59,6 +63,7 @@ attn_status attn__mha_alloc(attn_ctx *ctx, const attn_mha_config *cfg_in, bool s
     m->cfg = cfg;
     const int64_t E = cfg.embed_dim;
     m->packed = cfg.kdim == E && cfg.vdim == E && !separate_qkv;
+    m->params.dtype = cfg.dtype;
     int64_t E3;
     attn_status st = attn__mul_i64(3, E, &E3) ? ATTN_OK : attn__fail(ctx, ATTN_ERR_OVERFLOW, "mha: 3*embed_dim overflows");
     // state_dict order
@@ -87,27 +92,97 @@ typedef struct mha_views {
     const float *wq, *wk, *wv, *bq, *bk, *bv, *bias_k, *bias_v, *wo, *bo;
 } mha_views;
 
-static mha_views views_of(const attn_mha *m) {
+// The float32 parameters a call computes with: the module's storage for an F32 module, else its
+// parameters converted into the call's workspace (stage_params).
+static const float *param_f32(const attn__params *p, const float *all, const char *name) {
+    const attn__param *prm = attn__params_find(p, name);
+    return prm != NULL ? all + prm->offset : NULL;
+}
+
+// The views of `all`: every parameter, as float32, in table order (m->params.numel values). With
+// all NULL, markers only: each present parameter points at the module's storage (a call is planned
+// before its float32 copy exists; planning needs to know which parameters there are).
+static mha_views views_of(const attn_mha *m, const float *all) {
     const int64_t E = m->cfg.embed_dim;
     mha_views v = {0};
     const attn__params *p = &m->params;
+    if (all == NULL) {
+        const float *mk = m->params.storage;
+        const bool b = attn__params_find(p, "in_proj_bias") != NULL, kv = attn__params_find(p, "bias_k") != NULL;
+        v.wq = v.wk = v.wv = v.wo = mk;
+        v.bq = v.bk = v.bv = v.bo = b ? mk : NULL;
+        v.bias_k = v.bias_v = kv ? mk : NULL;
+        return v;
+    }
     if (m->packed) {
-        const float *w = attn__params_find(p, "in_proj_weight")->data; // (3E, E): W_q; W_k; W_v
+        const float *w = param_f32(p, all, "in_proj_weight"); // (3E, E): W_q; W_k; W_v
         v.wq = w, v.wk = w + E * E, v.wv = w + 2 * E * E;
     } else {
-        v.wq = attn__params_find(p, "q_proj_weight")->data;
-        v.wk = attn__params_find(p, "k_proj_weight")->data;
-        v.wv = attn__params_find(p, "v_proj_weight")->data;
+        v.wq = param_f32(p, all, "q_proj_weight");
+        v.wk = param_f32(p, all, "k_proj_weight");
+        v.wv = param_f32(p, all, "v_proj_weight");
     }
-    const attn__param *b = attn__params_find(p, "in_proj_bias");
-    if (b != NULL) v.bq = b->data, v.bk = b->data + E, v.bv = b->data + 2 * E;
-    const attn__param *bk = attn__params_find(p, "bias_k"), *bv = attn__params_find(p, "bias_v");
-    v.bias_k = bk != NULL ? bk->data : NULL;
-    v.bias_v = bv != NULL ? bv->data : NULL;
-    v.wo = attn__params_find(p, "out_proj.weight")->data;
-    const attn__param *bo = attn__params_find(p, "out_proj.bias");
-    v.bo = bo != NULL ? bo->data : NULL;
+    const float *b = param_f32(p, all, "in_proj_bias");
+    if (b != NULL) v.bq = b, v.bk = b + E, v.bv = b + 2 * E;
+    v.bias_k = param_f32(p, all, "bias_k");
+    v.bias_v = param_f32(p, all, "bias_v");
+    v.wo = param_f32(p, all, "out_proj.weight");
+    v.bo = param_f32(p, all, "out_proj.bias");
     return v;
+}
+
+// ---- F16 / BF16 modules: float32 at the edges ---------------------------------------------------
+// A module of F16 or BF16 computes with the pipeline of the float32 module: each call converts its
+// parameters and inputs (exactly) to float32 in the call's workspace, the pipeline rounds the
+// projections and the heads' output to the type (mha_core.c), and the results are rounded to the
+// type once as they are written to the caller's buffers. The module keeps no float32 copy.
+
+// The float32 copies of a call, carved from its workspace (NULL where not needed).
+typedef struct stage_bufs {
+    float *params;                // every parameter, table order
+    float *query, *key, *value;   // the inputs, sharing a copy where the caller's pointers are equal
+    float *out, *weights;         // the forward's results before rounding (out: dout in the backward)
+    float *dquery, *dkey, *dvalue; // the backward's input gradients before rounding
+} stage_bufs;
+
+typedef struct stage_sizes {
+    int64_t query, key, value, out, weights; // elements; 0 = not staged
+    bool key_is_query, value_is_query, value_is_key;
+    bool backward;
+    const void *dquery, *dkey, *dvalue;      // the caller's gradient buffers (backward)
+} stage_sizes;
+
+static void stage_layout(const attn_mha *m, const stage_sizes *z, attn__arena *a, stage_bufs *b) {
+    memset(b, 0, sizeof *b);
+    if (m->cfg.dtype == ATTN_DTYPE_F32) return;
+    const size_t f = sizeof(float);
+    b->params = attn__arena_take(a, (size_t)m->params.numel * f);
+    b->query = attn__arena_take(a, (size_t)z->query * f);
+    b->key = z->key_is_query ? b->query : attn__arena_take(a, (size_t)z->key * f);
+    b->value = z->value_is_query ? b->query : z->value_is_key ? b->key : attn__arena_take(a, (size_t)z->value * f);
+    b->out = attn__arena_take(a, (size_t)z->out * f);
+    b->weights = z->weights > 0 ? attn__arena_take(a, (size_t)z->weights * f) : NULL;
+    if (z->backward) {
+        b->dquery = z->dquery != NULL ? attn__arena_take(a, (size_t)z->query * f) : NULL;
+        b->dkey = z->dkey != NULL ? attn__arena_take(a, (size_t)z->key * f) : NULL;
+        b->dvalue = z->dvalue != NULL ? attn__arena_take(a, (size_t)z->value * f) : NULL;
+    }
+}
+
+attn_status attn__mha_convert(attn_ctx *ctx, attn_mha *src, attn_dtype dtype, attn_mha **out) {
+    *out = NULL;
+    attn_mha_config c = src->cfg;
+    c.dtype = dtype;
+    attn_mha *m;
+    attn_status st = attn__mha_alloc(ctx, &c, !src->packed, &m);
+    if (st == ATTN_OK) st = attn_convert(dtype, m->params.storage, src->params.dtype, src->params.storage, src->params.numel);
+    attn_mha_free(src);
+    if (st != ATTN_OK) {
+        attn_mha_free(m);
+        return attn__fail(ctx, st, "mha: converting the parameters to %s failed", attn_dtype_name(dtype));
+    }
+    *out = m;
+    return ATTN_OK;
 }
 
 attn_status attn_mha_create(attn_ctx *ctx, const attn_mha_config *cfg, attn_mha **out) {
@@ -115,8 +190,12 @@ attn_status attn_mha_create(attn_ctx *ctx, const attn_mha_config *cfg, attn_mha 
     attn__clear_error(ctx);
     if (cfg == NULL || out == NULL) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha_create: NULL argument");
     *out = NULL;
+    // F16 / BF16: drawn in float32, then rounded to nearest even (module.to(torch.bfloat16))
+    attn_mha_config c32 = *cfg;
+    c32.dtype = ATTN_DTYPE_F32;
     attn_mha *m;
-    ATTN_RETURN_IF_ERR(attn__mha_alloc(ctx, cfg, false, &m));
+    ATTN_RETURN_IF_ERR(attn__is_float_dtype(cfg->dtype) ? attn__mha_alloc(ctx, &c32, false, &m)
+                                                         : attn__mha_alloc(ctx, cfg, false, &m)); // reports the dtype
     // nn.MultiheadAttention.__init__: out_proj = Linear(E, E, bias) is built (and drawn) first, then
     // _reset_parameters: xavier_uniform_ on the input projections, zero biases, xavier_normal_ on
     // bias_k and bias_v.
@@ -144,6 +223,7 @@ attn_status attn_mha_create(attn_ctx *ctx, const attn_mha_config *cfg, attn_mha 
         attn_mha_free(m);
         return attn__fail(ctx, st, "mha_create: parameter initialisation failed");
     }
+    if (cfg->dtype != ATTN_DTYPE_F32) return attn__mha_convert(ctx, m, cfg->dtype, out);
     *out = m;
     return ATTN_OK;
 }
@@ -152,17 +232,38 @@ const attn_mha_config *attn_mha_get_config(const attn_mha *m) { return m != NULL
 
 int attn_mha_param_count(const attn_mha *m) { return m != NULL ? m->params.count : 0; }
 
-attn_status attn_mha_param_at(attn_mha *m, int index, const char **name, int *ndim, int64_t shape[3], float **data) {
+attn_status attn_mha_param_typed_at(attn_mha *m, int index, const char **name, int *ndim, int64_t shape[3],
+                                    attn_dtype *dtype, void **data) {
     if (m == NULL || index < 0 || index >= m->params.count) return ATTN_ERR_INVALID_ARG;
     attn__param_describe(&m->params.items[index], name, ndim, shape, 3, data);
+    if (dtype != NULL) *dtype = m->params.dtype;
     return ATTN_OK;
 }
 
-attn_status attn_mha_param(attn_mha *m, const char *name, int *ndim, int64_t shape[3], float **data) {
+attn_status attn_mha_param_typed(attn_mha *m, const char *name, int *ndim, int64_t shape[3], attn_dtype *dtype,
+                                 void **data) {
     if (m == NULL || name == NULL) return ATTN_ERR_INVALID_ARG;
     const attn__param *p = attn__params_find(&m->params, name);
     if (p == NULL) return ATTN_ERR_NOT_FOUND;
     attn__param_describe(p, NULL, ndim, shape, 3, data);
+    if (dtype != NULL) *dtype = m->params.dtype;
+    return ATTN_OK;
+}
+
+// The float accessors: `data` only for float32 modules (the typed ones serve every module).
+attn_status attn_mha_param_at(attn_mha *m, int index, const char **name, int *ndim, int64_t shape[3], float **data) {
+    if (m != NULL && data != NULL && m->params.dtype != ATTN_DTYPE_F32) return ATTN_ERR_INVALID_ARG;
+    void *d;
+    ATTN_RETURN_IF_ERR(attn_mha_param_typed_at(m, index, name, ndim, shape, NULL, &d));
+    if (data != NULL) *data = d;
+    return ATTN_OK;
+}
+
+attn_status attn_mha_param(attn_mha *m, const char *name, int *ndim, int64_t shape[3], float **data) {
+    if (m != NULL && data != NULL && m->params.dtype != ATTN_DTYPE_F32) return ATTN_ERR_INVALID_ARG;
+    void *d;
+    ATTN_RETURN_IF_ERR(attn_mha_param_typed(m, name, ndim, shape, NULL, &d));
+    if (data != NULL) *data = d;
     return ATTN_OK;
 }
 
@@ -178,10 +279,15 @@ static attn_status check_mask(attn_ctx *ctx, const char *what, attn_dtype dt) {
     return ATTN_OK;
 }
 
+static void set_weights(attn__mha_spec *spec, const mha_views *v) {
+    spec->wq = v->wq, spec->wk = v->wk, spec->wv = v->wv, spec->bq = v->bq, spec->bk = v->bk, spec->bv = v->bv;
+    spec->bias_k = v->bias_k, spec->bias_v = v->bias_v, spec->wo = v->wo, spec->bo = v->bo;
+}
+
 // Validates args against the module and fills the core's spec and io.
 // for_backward: `out` stands for dout (only its layout matters) and the weights are not produced.
-static attn_status mha_prepare(attn_ctx *ctx, const attn_mha *m, const attn_mha_args *a, float *out, float *weights,
-                               bool for_backward, attn__mha_spec *spec, attn__mha_io *io) {
+static attn_status mha_prepare(attn_ctx *ctx, const attn_mha *m, const attn_mha_args *a, const void *out,
+                               const void *weights, bool for_backward, attn__mha_spec *spec, attn__mha_io *io) {
     const attn_mha_config *c = &m->cfg;
     const int64_t E = c->embed_dim, H = c->num_heads;
     if (a->query == NULL || out == NULL) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha: query and out must not be NULL");
@@ -189,8 +295,8 @@ static attn_status mha_prepare(attn_ctx *ctx, const attn_mha *m, const attn_mha_
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha: need_weights is set but weights is NULL");
     if (!for_backward && !a->need_weights && weights != NULL)
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha: weights given but need_weights is not set");
-    const float *key = a->key != NULL ? a->key : a->query;
-    const float *value = a->value != NULL ? a->value : key;
+    const void *key = a->key != NULL ? a->key : a->query;
+    const void *value = a->value != NULL ? a->value : key;
     const int64_t N = a->unbatched ? 1 : a->batch, L = a->len_q;
     const int64_t S = a->key != NULL ? a->len_kv : a->len_q;
     if (N < 1 || L < 1 || S < 1)
@@ -217,15 +323,18 @@ static attn_status mha_prepare(attn_ctx *ctx, const attn_mha *m, const attn_mha_
     }
     if (a->key_padding_mask != NULL) ATTN_RETURN_IF_ERR(check_mask(ctx, "key_padding_mask", a->key_padding_mask_dtype));
 
-    const mha_views v = views_of(m);
+    // float32 modules compute on their own storage; the others are planned with markers until the
+    // call's float32 copy exists (set_weights again in mha_begin)
+    const mha_views v = views_of(m, c->dtype == ATTN_DTYPE_F32 ? (const float *)m->params.storage : NULL);
     memset(spec, 0, sizeof *spec);
     spec->E = E, spec->H = H, spec->dq = E, spec->dk = c->kdim, spec->dv = c->vdim;
-    spec->wq = v.wq, spec->wk = v.wk, spec->wv = v.wv, spec->bq = v.bq, spec->bk = v.bk, spec->bv = v.bv;
-    spec->bias_k = v.bias_k, spec->bias_v = v.bias_v, spec->add_zero_attn = c->add_zero_attn;
-    spec->wo = v.wo, spec->bo = v.bo, spec->prescale_q = true, spec->dropout = c->dropout;
+    set_weights(spec, &v);
+    spec->add_zero_attn = c->add_zero_attn;
+    spec->prescale_q = true, spec->dropout = c->dropout, spec->dtype = c->dtype;
 
     memset(io, 0, sizeof *io);
-    io->query = a->query, io->key = key, io->value = value, io->out = out;
+    // the caller's tensors; for an F16 / BF16 module mha_begin points these at float32 copies
+    io->query = a->query, io->key = key, io->value = value, io->out = (float *)(uintptr_t)out;
     io->N = N, io->L = L, io->S = S;
     // Row stride r and batch stride b of each tensor: (L,N,E) -> (N*E, E); (N,L,E) -> (E, L*E).
     const bool bf = a->unbatched || c->batch_first;
@@ -245,31 +354,83 @@ static attn_status mha_prepare(attn_ctx *ctx, const attn_mha *m, const attn_mha_
     }
     io->causal = a->causal != 0;
     io->training = a->training != 0;
-    io->weights = weights;
+    io->weights = (float *)(uintptr_t)weights;
     io->weights_mode = !a->need_weights || for_backward ? ATTN_WEIGHTS_NONE
                        : a->average_attn_weights ? ATTN_WEIGHTS_AVERAGE
                                                  : ATTN_WEIGHTS_PER_HEAD;
     return ATTN_OK;
 }
 
-// Validates and plans a call (forward, training forward or backward).
-static attn_status mha_setup(attn_ctx *ctx, attn_mha *m, const attn_mha_args *args, float *out, float *weights,
-                             bool for_backward, attn__mha_spec *spec, attn__mha_io *io, attn__mha_plan *plan) {
-    if (m == NULL || args == NULL) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha: NULL module or args");
-    ATTN_RETURN_IF_ERR(mha_prepare(ctx, m, args, out, weights, for_backward, spec, io));
-    return attn__mha_core_plan(ctx, spec, io, plan);
-}
-
-attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *m, const attn_mha_args *args, float *out, float *weights) {
-    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
-    attn__clear_error(ctx);
+// A planned call: the pipeline's problem and, for an F16 / BF16 module, what it stages.
+typedef struct mha_call {
     attn__mha_spec spec;
     attn__mha_io io;
     attn__mha_plan plan;
-    ATTN_RETURN_IF_ERR(mha_setup(ctx, m, args, out, weights, false, &spec, &io, &plan));
+    stage_sizes z;
+} mha_call;
+
+// Validates and plans a call (forward, training forward or backward). out, weights: the caller's
+// (dout and NULL for the backward, whose input gradients dq, dk, dv are given here to be staged).
+static attn_status mha_setup(attn_ctx *ctx, attn_mha *m, const attn_mha_args *args, const void *out,
+                             const void *weights, bool for_backward, const void *dq, const void *dk, const void *dv,
+                             mha_call *c) {
+    if (m == NULL || args == NULL) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha: NULL module or args");
+    ATTN_RETURN_IF_ERR(mha_prepare(ctx, m, args, out, weights, for_backward, &c->spec, &c->io));
+    ATTN_RETURN_IF_ERR(attn__mha_core_plan(ctx, &c->spec, &c->io, &c->plan));
+    const attn__mha_io *io = &c->io;
+    const int64_t E = m->cfg.embed_dim, N = io->N, L = io->L, S = io->S, S2 = c->plan.S2;
+    stage_sizes *z = &c->z;
+    memset(z, 0, sizeof *z);
+    z->query = N * L * E, z->key = N * S * m->cfg.kdim, z->value = N * S * m->cfg.vdim, z->out = N * L * E;
+    z->weights = io->weights_mode == ATTN_WEIGHTS_PER_HEAD ? N * m->cfg.num_heads * L * S2
+                 : io->weights_mode == ATTN_WEIGHTS_AVERAGE ? N * L * S2
+                                                            : 0;
+    z->key_is_query = io->key == io->query;
+    z->value_is_query = io->value == io->query;
+    z->value_is_key = io->value == io->key;
+    z->backward = for_backward, z->dquery = dq, z->dkey = dk, z->dvalue = dv;
+    return ATTN_OK;
+}
+
+// Takes the call's workspace: core_size bytes for the pipeline (*core_ws) and, for an F16 / BF16
+// module, the float32 copies, filled (parameters and inputs converted; for the backward, dout in
+// place of out), with the spec and io pointed at them.
+static attn_status mha_begin(attn_ctx *ctx, const attn_mha *m, mha_call *c, size_t core_size, void **core_ws,
+                             stage_bufs *b) {
+    attn__arena a = {0};
+    attn__arena_take(&a, core_size);
+    stage_layout(m, &c->z, &a, b);
     void *ws;
-    ATTN_RETURN_IF_ERR(attn__workspace(ctx, plan.ws_size, &ws));
-    attn__mha_core_run(ctx, &spec, &io, &plan, ws, NULL);
+    ATTN_RETURN_IF_ERR(attn__workspace(ctx, a.used, &ws));
+    a = (attn__arena){.base = ws};
+    *core_ws = attn__arena_take(&a, core_size);
+    stage_layout(m, &c->z, &a, b);
+    const attn_dtype dt = m->cfg.dtype;
+    if (dt == ATTN_DTYPE_F32) return ATTN_OK;
+    const stage_sizes *z = &c->z;
+    attn__mha_io *io = &c->io;
+    attn__to_f32(ctx, dt, m->params.storage, b->params, m->params.numel);
+    const mha_views v = views_of(m, b->params);
+    set_weights(&c->spec, &v);
+    attn__to_f32(ctx, dt, io->query, b->query, z->query);
+    if (b->key != b->query) attn__to_f32(ctx, dt, io->key, b->key, z->key);
+    if (b->value != b->query && b->value != b->key) attn__to_f32(ctx, dt, io->value, b->value, z->value);
+    if (z->backward) attn__to_f32(ctx, dt, io->out, b->out, z->out); // dout
+    io->query = b->query, io->key = b->key, io->value = b->value, io->out = b->out, io->weights = b->weights;
+    return ATTN_OK;
+}
+
+attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *m, const attn_mha_args *args, void *out, void *weights) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    attn__clear_error(ctx);
+    mha_call c;
+    ATTN_RETURN_IF_ERR(mha_setup(ctx, m, args, out, weights, false, NULL, NULL, NULL, &c));
+    void *ws;
+    stage_bufs b;
+    ATTN_RETURN_IF_ERR(mha_begin(ctx, m, &c, c.plan.ws_size, &ws, &b));
+    attn__mha_core_run(ctx, &c.spec, &c.io, &c.plan, ws, NULL);
+    if (b.out != NULL) attn__from_f32(m->cfg.dtype, b.out, out, c.z.out); // F16 / BF16: rounded once
+    if (b.weights != NULL) attn__from_f32(m->cfg.dtype, b.weights, weights, c.z.weights);
     return ATTN_OK;
 }
 
@@ -277,60 +438,61 @@ attn_status attn_mha_saved_size(attn_ctx *ctx, attn_mha *m, const attn_mha_args 
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
     attn__clear_error(ctx);
     if (bytes == NULL) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha_saved_size: bytes is NULL");
-    attn__mha_spec spec;
-    attn__mha_io io;
-    attn__mha_plan plan;
+    mha_call c;
     float dummy;
-    ATTN_RETURN_IF_ERR(mha_setup(ctx, m, args, &dummy, NULL, true, &spec, &io, &plan));
-    *bytes = plan.saved_size;
+    ATTN_RETURN_IF_ERR(mha_setup(ctx, m, args, &dummy, NULL, true, NULL, NULL, NULL, &c));
+    *bytes = c.plan.saved_size;
     return ATTN_OK;
 }
 
-attn_status attn_mha_forward_train(attn_ctx *ctx, attn_mha *m, const attn_mha_args *args, float *out, float *weights,
+attn_status attn_mha_forward_train(attn_ctx *ctx, attn_mha *m, const attn_mha_args *args, void *out, void *weights,
                                    void *saved, size_t saved_size) {
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
     attn__clear_error(ctx);
-    attn__mha_spec spec;
-    attn__mha_io io;
-    attn__mha_plan plan;
-    ATTN_RETURN_IF_ERR(mha_setup(ctx, m, args, out, weights, false, &spec, &io, &plan));
+    mha_call c;
+    ATTN_RETURN_IF_ERR(mha_setup(ctx, m, args, out, weights, false, NULL, NULL, NULL, &c));
     if (saved != NULL && (uintptr_t)saved % ATTN_SAVED_ALIGN != 0)
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha_forward_train: saved must be %d-byte aligned (as malloc's are)",
                           ATTN_SAVED_ALIGN);
-    if (saved == NULL || saved_size < plan.saved_size)
-        return attn__fail(ctx, ATTN_ERR_WORKSPACE, "mha_forward_train: saved needs %zu bytes, got %zu", plan.saved_size,
-                          saved == NULL ? (size_t)0 : saved_size);
+    if (saved == NULL || saved_size < c.plan.saved_size)
+        return attn__fail(ctx, ATTN_ERR_WORKSPACE, "mha_forward_train: saved needs %zu bytes, got %zu",
+                          c.plan.saved_size, saved == NULL ? (size_t)0 : saved_size);
     void *ws;
-    ATTN_RETURN_IF_ERR(attn__workspace(ctx, plan.ws_size, &ws));
-    attn__mha_core_run(ctx, &spec, &io, &plan, ws, saved);
+    stage_bufs b;
+    ATTN_RETURN_IF_ERR(mha_begin(ctx, m, &c, c.plan.ws_size, &ws, &b));
+    attn__mha_core_run(ctx, &c.spec, &c.io, &c.plan, ws, saved);
+    if (b.out != NULL) attn__from_f32(m->cfg.dtype, b.out, out, c.z.out);
+    if (b.weights != NULL) attn__from_f32(m->cfg.dtype, b.weights, weights, c.z.weights);
     return ATTN_OK;
 }
 
 attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *m, const attn_mha_args *args, const void *saved,
-                              size_t saved_size, const float *dout, float *dquery, float *dkey, float *dvalue,
+                              size_t saved_size, const void *dout, void *dquery, void *dkey, void *dvalue,
                               float *const *dparams) {
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
     attn__clear_error(ctx);
     if (dout == NULL) return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha_backward: dout is NULL");
-    attn__mha_spec spec;
-    attn__mha_io io;
-    attn__mha_plan plan;
-    ATTN_RETURN_IF_ERR(mha_setup(ctx, m, args, (float *)(uintptr_t)dout, NULL, true, &spec, &io, &plan));
+    mha_call c;
+    ATTN_RETURN_IF_ERR(mha_setup(ctx, m, args, dout, NULL, true, dquery, dkey, dvalue, &c));
     if (saved != NULL && (uintptr_t)saved % ATTN_SAVED_ALIGN != 0)
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha_backward: saved must be %d-byte aligned (as malloc's are)",
                           ATTN_SAVED_ALIGN);
-    if (saved == NULL || saved_size < plan.saved_size || !attn__mha_saved_matches(&spec, &io, &plan, saved))
+    if (saved == NULL || saved_size < c.plan.saved_size || !attn__mha_saved_matches(&c.spec, &c.io, &c.plan, saved))
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG,
                           "mha_backward: saved does not hold the activations of a training forward with these args");
     const bool key_is_query = args->key == NULL || args->key == args->query;
-    const bool value_is_other = args->value == NULL || args->value == io.key || args->value == args->query;
+    const bool value_is_other = args->value == NULL || args->value == c.io.key || args->value == args->query;
     if (key_is_query && dkey != NULL)
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG, "mha_backward: key is the query tensor: its gradient is in dquery");
     if (value_is_other && dvalue != NULL)
         return attn__fail(ctx, ATTN_ERR_INVALID_ARG,
                           "mha_backward: value is the query or key tensor: its gradient is summed there");
+    void *ws;
+    stage_bufs b;
+    ATTN_RETURN_IF_ERR(mha_begin(ctx, m, &c, c.plan.bwd_ws_size, &ws, &b));
+    const bool staged = m->cfg.dtype != ATTN_DTYPE_F32;
     attn__mha_grads g = {0};
-    g.dquery = dquery, g.dkey = dkey, g.dvalue = dvalue;
+    g.dquery = staged ? b.dquery : dquery, g.dkey = staged ? b.dkey : dkey, g.dvalue = staged ? b.dvalue : dvalue;
     const int64_t E = m->cfg.embed_dim;
     for (int i = 0; dparams != NULL && i < m->params.count; i++) {
         float *dp = dparams[i];
@@ -346,16 +508,17 @@ attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *m, const attn_mha_args *a
         else if (strcmp(name, "out_proj.weight") == 0) g.dwo = dp;
         else if (strcmp(name, "out_proj.bias") == 0) g.dbo = dp;
     }
-    void *ws;
-    ATTN_RETURN_IF_ERR(attn__workspace(ctx, plan.bwd_ws_size, &ws));
-    attn__mha_core_backward(ctx, &spec, &io, &plan, saved, dout, &g, ws);
+    attn__mha_core_backward(ctx, &c.spec, &c.io, &c.plan, saved, c.io.out, &g, ws);
+    if (b.dquery != NULL) attn__from_f32(m->cfg.dtype, b.dquery, dquery, c.z.query);
+    if (b.dkey != NULL) attn__from_f32(m->cfg.dtype, b.dkey, dkey, c.z.key);
+    if (b.dvalue != NULL) attn__from_f32(m->cfg.dtype, b.dvalue, dvalue, c.z.value);
     return ATTN_OK;
 }
 
 // ---- decoding with a KV cache ---------------------------------------------------------------
 
-attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *m, attn_kv_cache *cache, const float *x, int64_t batch,
-                                    int64_t len, float *out) {
+attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *m, attn_kv_cache *cache, const void *x, int64_t batch,
+                                    int64_t len, void *out) {
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
     attn__clear_error(ctx);
     if (m == NULL || cache == NULL || x == NULL || out == NULL)
@@ -375,6 +538,12 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *m, attn_kv_cache *c
                           "(%lld, %lld, %lld/%lld)",
                           (long long)kc->batch, (long long)kc->n_kv_heads, (long long)kc->head_dim,
                           (long long)kc->head_dim_v, (long long)N, (long long)H, (long long)Dh, (long long)Dh);
+    const attn_dtype dt = c->dtype;
+    if (dt != ATTN_DTYPE_F32 && attn__is_float_dtype(kc->dtype) && kc->dtype != ATTN_DTYPE_F32 && kc->dtype != dt)
+        return attn__fail(ctx, ATTN_ERR_INVALID_ARG,
+                          "mha_cached: a %s cache would round the %s module's keys and values again: use a cache of %s "
+                          "(or F32, Q8_0, Q4_0)",
+                          attn_dtype_name(kc->dtype), attn_dtype_name(dt), attn_dtype_name(dt));
     const int64_t length = attn_kv_cache_length(cache);
     if (len > kc->capacity - length)
         return attn__fail(ctx, ATTN_ERR_CAPACITY, "mha_cached: %lld tokens do not fit: %lld of the capacity %lld are used",
@@ -402,23 +571,38 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *m, attn_kv_cache *c
     ATTN_RETURN_IF_ERR(attn__sdpa_prepare(ctx, &d, &sh, &run));
 
     const size_t lin_ws = attn__linear_workspace(ctx, E), sdpa_ws = attn__sdpa_workspace(ctx, &sh, &run);
+    // x and out of an F16 / BF16 module are staged as float32, x as the forward's query
+    const stage_sizes z = {.query = rows * E, .out = rows * E};
     attn__arena a = {0};
     attn__arena_take(&a, (size_t)(rows * W3) * sizeof(float));
     attn__arena_take(&a, (size_t)(rows * E) * sizeof(float));
     attn__arena_take(&a, lin_ws > sdpa_ws ? lin_ws : sdpa_ws);
+    stage_bufs b;
+    stage_layout(m, &z, &a, &b);
     void *ws;
     ATTN_RETURN_IF_ERR(attn__workspace(ctx, a.used, &ws));
     a = (attn__arena){.base = ws};
     float *qkv = attn__arena_take(&a, (size_t)(rows * W3) * sizeof(float));
     float *att = attn__arena_take(&a, (size_t)(rows * E) * sizeof(float));
     void *scratch = attn__arena_take(&a, lin_ws > sdpa_ws ? lin_ws : sdpa_ws);
+    stage_layout(m, &z, &a, &b);
+    const float *xf = x;
+    float *of = out;
+    if (dt != ATTN_DTYPE_F32) {
+        attn__to_f32(ctx, dt, m->params.storage, b.params, m->params.numel);
+        attn__to_f32(ctx, dt, x, b.query, z.query);
+        xf = b.query, of = b.out;
+    }
 
-    const mha_views v = views_of(m);
-    attn__linear(ctx, x, rows, E, E, v.wq, false, v.bq, E, qkv, W3, scratch);
-    attn__linear(ctx, x, rows, E, E, v.wk, false, v.bk, E, qkv + E, W3, scratch);
-    attn__linear(ctx, x, rows, E, E, v.wv, false, v.bv, E, qkv + 2 * E, W3, scratch);
+    const mha_views v = views_of(m, dt == ATTN_DTYPE_F32 ? (const float *)m->params.storage : b.params);
+    attn__linear(ctx, xf, rows, E, E, v.wq, false, v.bq, E, qkv, W3, scratch);
+    attn__linear(ctx, xf, rows, E, E, v.wk, false, v.bk, E, qkv + E, W3, scratch);
+    attn__linear(ctx, xf, rows, E, E, v.wv, false, v.bv, E, qkv + 2 * E, W3, scratch);
+    attn__round_to(dt, qkv, rows * W3); // the projections are tensors of the module's type
     ATTN_RETURN_IF_ERR(attn_kv_cache_append(ctx, cache, len, qkv + E, qkv_s, qkv + 2 * E, qkv_s)); // fits: checked
     attn__sdpa_run(ctx, &run, &sh, qkv, kstore, vstore, att, NULL, NULL, scratch);
-    attn__linear(ctx, att, rows, E, E, v.wo, false, v.bo, E, out, E, scratch);
+    attn__round_to(dt, att, rows * E);
+    attn__linear(ctx, att, rows, E, E, v.wo, false, v.bo, E, of, E, scratch);
+    if (dt != ATTN_DTYPE_F32) attn__from_f32(dt, b.out, out, z.out);
     return ATTN_OK;
 }

@@ -12,9 +12,15 @@
 // attention backward (dropout regenerated from the saved generator state), bias_k/bias_v (the
 // gradients of the appended key rows), and the input projections (dW = sum dP^T X, dX = dP W); a
 // tensor used as several of query/key/value gets the sum of those paths.
+//
+// A spec of dtype F16 or BF16 rounds the projections q, k, v (before q's scaling) and the heads'
+// output to the type, as torch's bfloat16 / float16 modules hold them; the buffers stay float32, so
+// SDPA and the products read the type's values exactly as they would read the type. The backward
+// keeps its gradients in float32 (the rounding is the identity there, as in autograd).
 #include <math.h>
 #include <string.h>
 
+#include "half.h"
 #include "mha_core.h"
 
 // Layout of the workspace and of the saved activations; with NULL bases it only measures.
@@ -30,7 +36,7 @@ typedef struct core_bufs {
 
 typedef struct saved_header {
     uint64_t magic;
-    int64_t N, L, S2, E, H;
+    int64_t N, L, S2, E, H, dtype;
 } saved_header;
 
 static void core_layout(const attn__mha_spec *spec, const attn__mha_io *io, const attn__mha_plan *plan,
@@ -166,6 +172,9 @@ attn_status attn__mha_core_plan(attn_ctx *ctx, const attn__mha_spec *spec, const
     // Placeholders so the check sees non-NULL masks where they will exist.
     d->mask = (io->attn_mask != NULL || plan->causal_mask) ? (const void *)plan : NULL;
     d->key_padding_mask = io->key_padding_mask != NULL ? (const void *)plan : NULL;
+    if (spec->dtype != ATTN_DTYPE_F32 && spec->wo == NULL) // the heads' output is rounded in cb
+        return attn__fail(ctx, ATTN_ERR_UNSUPPORTED, "mha: a %s pipeline needs an output projection",
+                          attn_dtype_name(spec->dtype));
     ATTN_RETURN_IF_ERR(attn__sdpa_check(ctx, d, &plan->sh));
     d->mask = NULL;
     d->key_padding_mask = NULL;
@@ -257,6 +266,10 @@ void attn__mha_core_run(attn_ctx *ctx, const attn__mha_spec *spec, const attn__m
             memset(b.kb + (n * S2 + s) * E, 0, (size_t)E * sizeof(float));
             memset(b.vb + (n * S2 + s) * E, 0, (size_t)E * sizeof(float));
         }
+        // the projections of a low-precision module are tensors of its type (bias_k, bias_v are)
+        attn__round_to(spec->dtype, b.qb + n * L * E, L * E);
+        attn__round_to(spec->dtype, b.kb + n * S2 * E, S * E);
+        attn__round_to(spec->dtype, b.vb + n * S2 * E, S * E);
     }
     // 3. nn.MultiheadAttention scales q before the product: a float32 division by float(sqrt(hd))
     if (spec->prescale_q) {
@@ -268,7 +281,7 @@ void attn__mha_core_run(attn_ctx *ctx, const attn__mha_spec *spec, const attn__m
     set_masks(spec, io, plan, b.mask, b.kpm, &d);
     // 5. attention over all heads at once (into cb when it feeds out_proj or the backward)
     if (b.gen != NULL) {
-        saved_header hdr = {SAVED_MAGIC, N, L, S2, E, spec->H};
+        saved_header hdr = {SAVED_MAGIC, N, L, S2, E, spec->H, spec->dtype};
         memcpy(saved, &hdr, sizeof hdr);
         *b.gen = ctx->gen; // the dropout mask is regenerated from this state in the backward
     }
@@ -279,6 +292,7 @@ void attn__mha_core_run(attn_ctx *ctx, const attn__mha_spec *spec, const attn__m
     } else {
         attn__sdpa_run(ctx, &d, &plan->sh, b.qb, b.kb, b.vb, io->out, NULL, io->weights, b.sdpa_ws);
     }
+    if (b.cb != NULL) attn__round_to(spec->dtype, b.cb, N * L * E); // the heads' output, of the type
     // 6. output projection of the concatenated heads, or the heads themselves
     for (int64_t n = 0; n < N && b.cb != NULL; n++) {
         if (spec->wo != NULL) {
@@ -296,7 +310,7 @@ bool attn__mha_saved_matches(const attn__mha_spec *spec, const attn__mha_io *io,
     saved_header hdr;
     memcpy(&hdr, saved, sizeof hdr);
     return hdr.magic == SAVED_MAGIC && hdr.N == io->N && hdr.L == io->L && hdr.S2 == plan->S2 && hdr.E == spec->E &&
-           hdr.H == spec->H;
+           hdr.H == spec->H && hdr.dtype == spec->dtype;
 }
 
 // Gradient of one input projection: P = X W^T + b (or X W + b), given dP for every sequence.

@@ -21,6 +21,8 @@ typedef struct attn__mha_spec {
     bool prescale_q;        // q /= sqrt(head_dim) before the product (nn.MultiheadAttention);
                             // otherwise the scores are scaled (the book's modules)
     double dropout;         // on the weights when io->training
+    attn_dtype dtype;       // F32 (0), or F16 / BF16: the projected q, k, v and the heads' output are
+                            // rounded to it (the buffers stay float32, holding the type's values)
 } attn__mha_spec;
 
 typedef struct attn__mha_io {

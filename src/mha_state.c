@@ -9,10 +9,10 @@ static const char *const known_names[] = {"in_proj_weight", "q_proj_weight", "k_
                                           "in_proj_bias",   "bias_k",        "bias_v",        "out_proj.weight",
                                           "out_proj.bias"};
 
-static attn_status expect_shape(attn_ctx *ctx, const attn_tensor *t, int ndim, const int64_t *shape) {
-    if (t->dtype != ATTN_DTYPE_F32)
-        return attn__fail(ctx, ATTN_ERR_UNSUPPORTED, "state: %s has dtype %s, expected F32", t->name,
-                          attn_dtype_name(t->dtype));
+static attn_status expect_shape(attn_ctx *ctx, const attn_tensor *t, attn_dtype dtype, int ndim, const int64_t *shape) {
+    if (t->dtype != dtype)
+        return attn__fail(ctx, ATTN_ERR_UNSUPPORTED, "state: %s has dtype %s, expected %s (as out_proj.weight)", t->name,
+                          attn_dtype_name(t->dtype), attn_dtype_name(dtype));
     bool ok = t->ndim == ndim;
     for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
     if (!ok) {
@@ -46,12 +46,24 @@ attn_status attn_mha_create_from_state(attn_ctx *ctx, const attn_tensor_list *st
     if (wo == NULL) return attn__fail(ctx, ATTN_ERR_NOT_FOUND, "state: out_proj.weight is missing");
     if (wo->ndim != 2 || wo->shape[0] < 1 || wo->shape[0] != wo->shape[1])
         return attn__fail(ctx, ATTN_ERR_BAD_SHAPE, "state: out_proj.weight must be square (E, E)");
+    // Every tensor has out_proj.weight's type; the module's is cfg_extra->dtype when it is F16 or
+    // BF16 (float32 tensors are then rounded to it), else the tensors'.
+    const attn_dtype src_dt = wo->dtype;
+    if (!attn__is_float_dtype(src_dt))
+        return attn__fail(ctx, ATTN_ERR_UNSUPPORTED, "state: out_proj.weight has dtype %s; F32, F16 or BF16 expected",
+                          attn_dtype_name(src_dt));
     attn_mha_config cfg;
     attn_mha_config_init(&cfg, wo->shape[0], num_heads);
+    cfg.dtype = src_dt;
     if (extra != NULL) {
         cfg.add_zero_attn = extra->add_zero_attn;
         cfg.batch_first = extra->batch_first;
         cfg.dropout = extra->dropout;
+        if (extra->dtype != ATTN_DTYPE_F32 && !(extra->dtype == src_dt || (src_dt == ATTN_DTYPE_F32 && attn__is_float_dtype(extra->dtype))))
+            return attn__fail(ctx, ATTN_ERR_INVALID_ARG,
+                              "state: %s tensors cannot make a %s module (only F32 ones are rounded to F16 or BF16)",
+                              attn_dtype_name(src_dt), attn_dtype_name(extra->dtype));
+        if (extra->dtype != ATTN_DTYPE_F32) cfg.dtype = extra->dtype;
     }
     const attn_tensor *qw = attn_tensor_list_find(state, "q_proj_weight");
     const attn_tensor *kw = attn_tensor_list_find(state, "k_proj_weight");
@@ -90,8 +102,8 @@ attn_status attn_mha_create_from_state(attn_ctx *ctx, const attn_tensor_list *st
             st = attn__fail(ctx, ATTN_ERR_NOT_FOUND, "state: %s is missing", p->name);
             break;
         }
-        st = expect_shape(ctx, t, p->ndim, p->shape);
-        if (st == ATTN_OK) memcpy(p->data, t->data, (size_t)p->numel * sizeof(float));
+        st = expect_shape(ctx, t, src_dt, p->ndim, p->shape);
+        if (st == ATTN_OK) st = attn_convert(cfg.dtype, p->data, src_dt, t->data, p->numel);
     }
     if (st != ATTN_OK) {
         attn_mha_free(m);

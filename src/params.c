@@ -31,13 +31,16 @@ attn_status attn__params_alloc(attn_ctx *ctx, attn__params *p) {
         if (!attn__add_i64(total, p->items[i].numel, &total))
             return attn__fail(ctx, ATTN_ERR_OVERFLOW, "the parameters' total size overflows");
     size_t bytes;
-    ATTN_RETURN_IF_ERR(attn__bytes(ctx, "parameters", total, sizeof(float), &bytes));
-    ATTN_RETURN_IF_ERR(attn__alloc(ctx, bytes, (void **)&p->storage));
+    const size_t elem = attn_dtype_size(p->dtype);
+    ATTN_RETURN_IF_ERR(attn__bytes(ctx, "parameters", total, elem, &bytes));
+    ATTN_RETURN_IF_ERR(attn__alloc(ctx, bytes, &p->storage));
     memset(p->storage, 0, bytes);
-    float *cur = p->storage;
+    p->numel = total;
+    int64_t off = 0;
     for (int i = 0; i < p->count; i++) {
-        p->items[i].data = cur;
-        cur += p->items[i].numel;
+        p->items[i].offset = off;
+        p->items[i].data = (char *)p->storage + (size_t)off * elem;
+        off += p->items[i].numel;
     }
     return ATTN_OK;
 }
@@ -56,7 +59,7 @@ attn__param *attn__params_find(const attn__params *p, const char *name) {
 }
 
 void attn__param_describe(const attn__param *prm, const char **name, int *ndim, int64_t *shape, int shape_len,
-                          float **data) {
+                          void **data) {
     if (name != NULL) *name = prm->name;
     if (ndim != NULL) *ndim = prm->ndim;
     if (shape != NULL)

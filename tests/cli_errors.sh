@@ -40,6 +40,9 @@ expect 2 "mha --causal with --attn-mask" -- $mha --query $d/q.npy --causal --att
 expect 2 "mha --dropout without --seed" -- $mha --query $d/q.npy --dropout 0.1 --out $tmp/o.npy
 expect 2 "mha --dropout out of range" -- $mha --query $d/q.npy --dropout 1.5 --seed 1 --out $tmp/o.npy
 expect 2 "mha --per-head-weights without --weights-out" -- $mha --query $d/q.npy --per-head-weights --out $tmp/o.npy
+expect 2 "mha --dtype not a float type" -- $mha --query $d/q.npy --dtype q8_0 --out $tmp/o.npy
+expect 2 "mha --isa unknown" -- $mha --query $d/q.npy --isa sse9 --out $tmp/o.npy
+expect 0 "mha --dtype bf16" -- $mha --query $d/q.npy --dtype bf16 --out $tmp/o_bf16.npy
 expect 1 "mha missing state file" -- $attn mha --state $tmp/none.safetensors --heads 2 --query $d/q.npy --out $tmp/o.npy
 expect 1 "mha state with a wrong shape" -- $attn mha --state $d/state_bad_shape.safetensors --heads 2 --query $d/q.npy --out $tmp/o.npy
 expect 1 "mha heads do not divide embed_dim" -- $attn mha --state $d/state.safetensors --heads 3 --query $d/q.npy --out $tmp/o.npy

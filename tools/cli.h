@@ -18,6 +18,12 @@ bool cli_parse_isa(const char *name, attn_isa *isa);
 // "f32", "f16" or "bf16" (false for anything else).
 bool cli_parse_float_dtype(const char *name, attn_dtype *dt); // f32, f16, bf16
 bool cli_parse_kv_dtype(const char *name, attn_dtype *dt);    // those and q8_0, q4_0
+// Replaces a float32 tensor's values by their conversion to `dt` (F16, BF16, or Q8_0 / Q4_0 with
+// its last dimension a multiple of 32), in its own buffer (never larger than the floats).
+attn_status cli_to_dtype(attn_tensor *t, attn_dtype dt);
+// Replaces the values of a buffer holding numel(t) elements of `dt` (room for as many floats) by
+// those values as float32.
+attn_status cli_to_float(attn_tensor *t, attn_dtype dt);
 // Shape as "(2, 3, 4)" into buf.
 const char *cli_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap);
 

@@ -28,6 +28,8 @@ static const char summary[] =
     "--dtype (sdpa) gives q, k, v, out and the gradients that element type (attn_sdpa_desc's dtypes) and\n"
     "measures, with the same threads, the peak of the instructions the kernels used for the products\n"
     "(fp32 FMAs, 256- or 512-bit, on every instruction set today), printed with the row's % of it.\n"
+    "With --op mha, --dtype f16 or bf16 runs the module in that type (attn_mha_config.dtype: parameters,\n"
+    "input and output of the type, float32 sums), with the same peak measurement.\n"
     "Defaults: sdpa, B=1, H=12, L=S=1024, D=64, E=768, 1 thread, R=5.\n"
     "--op decode times one decoding step against a KV cache: see attn bench --op decode --help.";
 
@@ -162,7 +164,8 @@ int cmd_bench(int argc, char **argv) {
         {"--embed-dim", ARG_INT, &o.E, "E", "embedding dimension for mha (default 768)", false, false},
         {"--causal", ARG_FLAG, &o.causal, NULL, "causal mask", false, false},
         {"--backward", ARG_FLAG, &o.backward, NULL, "time forward + backward (sdpa)", false, false},
-        {"--dtype", ARG_STRING, &o.dtype, "T", "sdpa element type f32, f16 or bf16; reports % of peak", false, false},
+        {"--dtype", ARG_STRING, &o.dtype, "T", "element type f32, f16 or bf16 (sdpa; the module with mha); reports % of peak",
+         false, false},
         {"--threads", ARG_INT, &o.threads, "T", "threads (default 1)", false, false},
         {"--isa", ARG_STRING, &o.isa, "ISA", "kernels: auto, ref, generic, avx2 or avx512 (default auto)", false, false},
         {"--repeat", ARG_INT, &o.repeat, "R", "timed runs (default 5)", false, false},
@@ -189,7 +192,6 @@ int cmd_bench(int argc, char **argv) {
     attn_dtype dt = ATTN_DTYPE_F32;
     if (o.dtype != NULL && !cli_parse_float_dtype(o.dtype, &dt))
         return cli_error("bench", EXIT_USAGE, "--dtype must be f32, f16 or bf16, not '%s'", o.dtype);
-    if (mha && o.dtype != NULL) return cli_error("bench", EXIT_USAGE, "--dtype times sdpa only");
 
     attn_ctx_params p;
     attn_ctx_params_init(&p);
@@ -231,14 +233,19 @@ int cmd_bench(int argc, char **argv) {
     } else {
         attn_mha_config cfg;
         attn_mha_config_init(&cfg, o.E, o.H);
+        cfg.dtype = dt;
         st = attn_mha_create(ctx, &cfg, &m);
-        q = alloc_randn(ctx, (size_t)(o.L * o.B * o.E)), out = malloc((size_t)(o.L * o.B * o.E) * sizeof(float));
-        if (st != ATTN_OK || q == NULL || out == NULL) {
+        const size_t nx = (size_t)(o.L * o.B * o.E);
+        q = alloc_randn(ctx, nx), out = malloc(nx * sizeof(float));
+        k = dt != ATTN_DTYPE_F32 ? malloc(nx * attn_dtype_size(dt)) : NULL; // the query of the module's type
+        if (st != ATTN_OK || q == NULL || out == NULL || (dt != ATTN_DTYPE_F32 && k == NULL)) {
             cli_error("bench", EXIT_FAILURE_RUN, "cannot set up the module: %s", attn_ctx_last_error(ctx));
             goto done;
         }
+        if (k != NULL) attn_convert(dt, k, ATTN_DTYPE_F32, q, (int64_t)nx);
         attn_mha_args_init(&a);
-        a.query = q, a.batch = o.B, a.len_q = o.L, a.causal = o.causal, a.need_weights = 0;
+        a.query = k != NULL ? (const void *)k : (const void *)q;
+        a.batch = o.B, a.len_q = o.L, a.causal = o.causal, a.need_weights = 0;
         flops = 8.0 * (double)o.B * (double)o.L * (double)o.E * (double)o.E +
                 4.0 * (double)o.B * (double)o.L * (double)o.L * (double)o.E * (o.causal ? 0.5 : 1.0);
     }
@@ -277,12 +284,12 @@ int cmd_bench(int argc, char **argv) {
     float sink = 0;
     if (o.dtype != NULL && row_peak_kind(attn_ctx_isa(ctx), &kind))
         peak = peak_measure(kind, (int)o.threads, 20000000L, 3, &sink);
-    const double io_mb = mha ? 2.0 * (double)(o.L * o.B * o.E) * 4 / 1048576.0
+    const double io_mb = mha ? 2.0 * (double)(o.L * o.B * o.E) * (double)attn_dtype_size(dt) / 1048576.0
                              : (double)(2 * nq + 2 * nk) * (double)attn_dtype_size(dt) / 1048576.0; // q, k, v, out
     char shape[160];
     if (mha)
-        snprintf(shape, sizeof shape, "mha B=%lld E=%lld H=%lld L=%lld", (long long)o.B, (long long)o.E, (long long)o.H,
-                 (long long)o.L);
+        snprintf(shape, sizeof shape, "mha %s B=%lld E=%lld H=%lld L=%lld", attn_dtype_name(dt), (long long)o.B,
+                 (long long)o.E, (long long)o.H, (long long)o.L);
     else
         snprintf(shape, sizeof shape, "sdpa B=%lld H=%lld Hkv=%lld L=%lld S=%lld D=%lld", (long long)o.B,
                  (long long)o.H, (long long)o.Hkv, (long long)o.L, (long long)o.S, (long long)o.D);

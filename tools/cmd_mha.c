@@ -11,6 +11,7 @@ static const char summary[] =
     "                [--batch-first] [--causal | --attn-mask M.npy] [--key-padding-mask P.npy]\n"
     "                [--add-zero-attn] [--per-head-weights] [--dropout P --seed S]\n"
     "                --out O.npy [--weights-out W.npy] [--grad-out DY.npy --grads-out G.safetensors]\n"
+    "                [--dtype f32|f16|bf16] [--isa ISA]\n"
     "\n"
     "Runs torch.nn.MultiheadAttention's forward. The module's options follow from the tensors in the\n"
     "state file (in_proj_bias -> bias, bias_k/bias_v -> add_bias_kv, q/k/v_proj_weight -> kdim/vdim);\n"
@@ -23,7 +24,14 @@ static const char summary[] =
     "With --grad-out DY.npy (dL/d attn_output, the output's shape) the backward runs too and\n"
     "--grads-out receives every gradient: the parameters under their state_dict names, \"query\", and\n"
     "\"key\" / \"value\" when they were given as separate files (otherwise their gradients are summed\n"
-    "into the tensor they are).";
+    "into the tensor they are).\n"
+    "--dtype f16 or bf16 runs the module in that type (attn_mha_config.dtype): float32 state tensors are\n"
+    "rounded to it (F16 / BF16 ones of that type are taken as they are; without --dtype the module has\n"
+    "the state's type), float32 inputs and DY are rounded to it (float16 .npy inputs are read as they\n"
+    "are), the projections and the heads' output are rounded as torch's bfloat16 / float16 modules do,\n"
+    "and the output, the weights and the inputs' gradients, computed in that type, are written as\n"
+    "float32 arrays holding its values; the parameters' gradients are float32.\n"
+    "--isa picks the kernels (auto, ref, generic, avx2, avx512; default auto).";
 
 typedef struct mha_files {
     attn_tensor query, key, value, mask, kpm;
@@ -46,6 +54,26 @@ static int expect_dims(const char *what, const attn_tensor *t, int ndim, const i
     return 0;
 }
 
+// Rounds a float32 input to the module's type dt in place, or accepts one already of that type.
+static int input_dtype(const char *what, attn_tensor *t, attn_dtype dt) {
+    if (t->dtype == dt) return 0;
+    if (t->dtype != ATTN_DTYPE_F32)
+        return cli_error("mha", EXIT_FAILURE_RUN, "%s must be float32%s%s, not %s", what, dt != ATTN_DTYPE_F32 ? " or " : "",
+                         dt != ATTN_DTYPE_F32 ? attn_dtype_name(dt) : "", attn_dtype_name(t->dtype));
+    attn_status st = cli_to_dtype(t, dt);
+    return st != ATTN_OK ? cli_fail("mha", NULL, st, what) : 0;
+}
+
+// Writes n elements of type dt at data (room for n floats) as a float32 .npy.
+static attn_status write_as_f32(attn_ctx *ctx, const char *path, attn_dtype dt, int ndim, const int64_t *shape,
+                                void *data) {
+    attn_tensor t = {0};
+    t.dtype = dt, t.ndim = ndim, t.data = data;
+    memcpy(t.shape, shape, (size_t)ndim * sizeof shape[0]);
+    attn_status st = cli_to_float(&t, dt);
+    return st != ATTN_OK ? st : attn_npy_write(ctx, path, ATTN_DTYPE_F32, ndim, shape, data);
+}
+
 static int mask_dtype_ok(const char *what, const attn_tensor *t) {
     if (t->dtype != ATTN_DTYPE_BOOL && t->dtype != ATTN_DTYPE_F32 && t->dtype != ATTN_DTYPE_U8)
         return cli_error("mha", EXIT_FAILURE_RUN, "%s must be bool or float32, not %s", what, attn_dtype_name(t->dtype));
@@ -55,11 +83,13 @@ static int mask_dtype_ok(const char *what, const attn_tensor *t) {
 int cmd_mha(int argc, char **argv) {
     const char *state_path = NULL, *query_path = NULL, *key_path = NULL, *value_path = NULL, *mask_path = NULL;
     const char *kpm_path = NULL, *out_path = NULL, *weights_path = NULL, *grad_path = NULL, *grads_path = NULL;
+    const char *dtype_name = NULL, *isa_name = "auto";
     int64_t heads = 0, seed = 0;
     double dropout = 0.0;
     bool batch_first = false, causal = false, zero_attn = false, per_head = false;
     arg_spec specs[] = {
-        {"--state", ARG_STRING, &state_path, "S.safetensors", "the module's state_dict (F32 tensors)", true, false},
+        {"--state", ARG_STRING, &state_path, "S.safetensors", "the module's state_dict (F32, F16 or BF16 tensors)", true,
+         false},
         {"--heads", ARG_INT, &heads, "H", "num_heads", true, false},
         {"--query", ARG_STRING, &query_path, "Q.npy", "query (L, N, E), (N, L, E) or (L, E)", true, false},
         {"--key", ARG_STRING, &key_path, "K.npy", "key (S, N, kdim); default: the query", false, false},
@@ -77,6 +107,9 @@ int cmd_mha(int argc, char **argv) {
         {"--weights-out", ARG_STRING, &weights_path, "W.npy", "attention weights (need_weights=True)", false, false},
         {"--grad-out", ARG_STRING, &grad_path, "DY.npy", "dL/d attn_output: run the backward too", false, false},
         {"--grads-out", ARG_STRING, &grads_path, "G.safetensors", "every gradient (with --grad-out)", false, false},
+        {"--dtype", ARG_STRING, &dtype_name, "T", "f32, f16 or bf16: the module's type (default: the state's)", false,
+         false},
+        {"--isa", ARG_STRING, &isa_name, "ISA", "kernels: auto, ref, generic, avx2 or avx512", false, false},
     };
     int rc = args_parse("mha", summary, argc, argv, specs, (int)(sizeof specs / sizeof specs[0]));
     if (rc != 0) return rc < 0 ? EXIT_OK : rc;
@@ -88,6 +121,13 @@ int cmd_mha(int argc, char **argv) {
     if (per_head && weights_path == NULL) return cli_error("mha", EXIT_USAGE, "--per-head-weights needs --weights-out");
     if ((grad_path == NULL) != (grads_path == NULL))
         return cli_error("mha", EXIT_USAGE, "--grad-out and --grads-out go together");
+    attn_dtype want_dt = ATTN_DTYPE_F32;
+    if (dtype_name != NULL && !cli_parse_float_dtype(dtype_name, &want_dt))
+        return cli_error("mha", EXIT_USAGE, "--dtype must be f32, f16 or bf16, not '%s'", dtype_name);
+    attn_ctx_params cp;
+    attn_ctx_params_init(&cp);
+    if (!cli_parse_isa(isa_name, &cp.isa))
+        return cli_error("mha", EXIT_USAGE, "--isa must be auto, ref, generic, avx2 or avx512, not '%s'", isa_name);
 
     attn_ctx *ctx = NULL;
     attn_mha *m = NULL;
@@ -99,7 +139,7 @@ int cmd_mha(int argc, char **argv) {
     attn_tensor grads[12];
     int n_grads = 0;
     memset(grads, 0, sizeof grads);
-    attn_status st = attn_ctx_create(NULL, &ctx);
+    attn_status st = attn_ctx_create(&cp, &ctx);
     if (st != ATTN_OK) return cli_fail("mha", NULL, st, "creating a context");
 
     rc = EXIT_FAILURE_RUN;
@@ -113,6 +153,7 @@ int cmd_mha(int argc, char **argv) {
     extra.add_zero_attn = zero_attn;
     extra.batch_first = batch_first;
     extra.dropout = dropout;
+    extra.dtype = want_dt;
     st = attn_mha_create_from_state(ctx, &f.state, heads, &extra, &m);
     if (st != ATTN_OK) {
         cli_fail("mha", ctx, st, state_path);
@@ -120,13 +161,16 @@ int cmd_mha(int argc, char **argv) {
     }
     const attn_mha_config *cfg = attn_mha_get_config(m);
     const int64_t E = cfg->embed_dim, H = cfg->num_heads;
+    if (dtype_name != NULL && cfg->dtype != want_dt) { // f32 asked of a half state
+        cli_error("mha", EXIT_FAILURE_RUN, "--dtype %s: the state's tensors are %s", dtype_name,
+                  attn_dtype_name(cfg->dtype));
+        goto done;
+    }
+    const attn_dtype dt = cfg->dtype;
 
     // query: (L, N, E), (N, L, E) or (L, E)
     if (read_npy("query", ctx, query_path, &f.query) != 0) goto done;
-    if (f.query.dtype != ATTN_DTYPE_F32) {
-        cli_error("mha", EXIT_FAILURE_RUN, "query must be float32, not %s", attn_dtype_name(f.query.dtype));
-        goto done;
-    }
+    if (input_dtype("query", &f.query, dt) != 0) goto done;
     if (f.query.ndim != 2 && f.query.ndim != 3) {
         cli_error("mha", EXIT_FAILURE_RUN, "query must be 2-D (L, E) or 3-D, not %d-D", f.query.ndim);
         goto done;
@@ -156,10 +200,9 @@ int cmd_mha(int argc, char **argv) {
     const char *kv_name[2] = {"key", "value"};
     const int64_t kv_dim[2] = {cfg->kdim, cfg->vdim};
     for (int i = 0; i < 2; i++) {
-        if (kv[i]->dtype != ATTN_DTYPE_F32) {
-            cli_error("mha", EXIT_FAILURE_RUN, "%s must be float32, not %s", kv_name[i], attn_dtype_name(kv[i]->dtype));
+        if (kv[i] != &f.query && (i == 0 || kv[1] != kv[0]) &&
+            input_dtype(kv_name[i], (attn_tensor *)(uintptr_t)kv[i], dt) != 0)
             goto done;
-        }
         int64_t want[3];
         if (unbatched) {
             want[0] = S, want[1] = kv_dim[i];
@@ -227,18 +270,14 @@ int cmd_mha(int argc, char **argv) {
     if (grad_path != NULL) {
         if (read_npy("--grad-out", ctx, grad_path, &dy) != 0 || expect_dims("--grad-out", &dy, f.query.ndim, f.query.shape))
             goto done;
-        if (dy.dtype != ATTN_DTYPE_F32) {
-            cli_error("mha", EXIT_FAILURE_RUN, "--grad-out must be float32, not %s", attn_dtype_name(dy.dtype));
-            goto done;
-        }
+        if (input_dtype("--grad-out", &dy, dt) != 0) goto done;
         // one gradient per parameter, then query (and key/value when given as their own files)
         const int np = attn_mha_param_count(m);
         float *dparams[8] = {0};
         for (int i = 0; i < np; i++) {
-            float *data;
             const char *name;
             int64_t shape[3];
-            attn_mha_param_at(m, i, &name, &grads[n_grads].ndim, shape, &data);
+            attn_mha_param_typed_at(m, i, &name, &grads[n_grads].ndim, shape, NULL, NULL);
             grads[n_grads].name = (char *)(uintptr_t)name;
             grads[n_grads].dtype = ATTN_DTYPE_F32;
             memcpy(grads[n_grads].shape, shape, sizeof shape);
@@ -247,7 +286,8 @@ int cmd_mha(int argc, char **argv) {
         }
         const attn_tensor *inputs[3] = {&f.query, key_path != NULL ? &f.key : NULL, value_path != NULL ? &f.value : NULL};
         const char *input_names[3] = {"query", "key", "value"};
-        float *dx[3] = {NULL, NULL, NULL};
+        void *dx[3] = {NULL, NULL, NULL};
+        const int first_dx = n_grads;
         for (int i = 0; i < 3; i++) {
             if (inputs[i] == NULL) continue;
             grads[n_grads] = *inputs[i];
@@ -265,13 +305,14 @@ int cmd_mha(int argc, char **argv) {
             cli_fail("mha", ctx, st, "backward");
             goto done;
         }
-        st = attn_safetensors_write(ctx, grads_path, grads, n_grads);
+        for (int i = first_dx; i < n_grads && st == ATTN_OK; i++) st = cli_to_float(&grads[i], dt);
+        if (st == ATTN_OK) st = attn_safetensors_write(ctx, grads_path, grads, n_grads);
         if (st != ATTN_OK) {
             cli_fail("mha", ctx, st, "--grads-out");
             goto done;
         }
     }
-    st = attn_npy_write(ctx, out_path, ATTN_DTYPE_F32, f.query.ndim, f.query.shape, out);
+    st = write_as_f32(ctx, out_path, dt, f.query.ndim, f.query.shape, out);
     if (st != ATTN_OK) {
         cli_fail("mha", ctx, st, "--out");
         goto done;
@@ -284,7 +325,7 @@ int cmd_mha(int argc, char **argv) {
         if (per_head) shape[nd++] = H;
         shape[nd++] = L;
         shape[nd++] = S2;
-        st = attn_npy_write(ctx, weights_path, ATTN_DTYPE_F32, nd, shape, weights);
+        st = write_as_f32(ctx, weights_path, dt, nd, shape, weights);
         if (st != ATTN_OK) {
             cli_fail("mha", ctx, st, "--weights-out");
             goto done;

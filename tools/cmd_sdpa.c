@@ -76,32 +76,6 @@ static bool parse_window(const char *s, int64_t *left, int64_t *right) {
     return true;
 }
 
-// Replaces a float32 tensor's values by their conversion to `dt` (F16, BF16, or Q8_0 / Q4_0 with
-// its last dimension a multiple of 32), in its own buffer (never larger than the floats).
-static attn_status to_dtype(attn_tensor *t, attn_dtype dt) {
-    const int64_t n = attn_tensor_numel(t);
-    const size_t bytes = (size_t)(n / attn_dtype_block_size(dt)) * attn_dtype_size(dt);
-    void *h = malloc(bytes + 2);
-    if (h == NULL) return ATTN_ERR_OUT_OF_MEMORY;
-    attn_status st = attn_convert(dt, h, ATTN_DTYPE_F32, t->data, n);
-    if (st == ATTN_OK) memcpy(t->data, h, bytes), t->dtype = dt;
-    free(h);
-    return st;
-}
-
-// Replaces the values of a buffer holding numel(t) elements of `dt` (room for as many floats) by
-// those values as float32.
-static attn_status to_float(attn_tensor *t, attn_dtype dt) {
-    if (dt == ATTN_DTYPE_F32) return ATTN_OK;
-    const int64_t n = attn_tensor_numel(t);
-    float *f = malloc((size_t)n * sizeof(float) + 4);
-    if (f == NULL) return ATTN_ERR_OUT_OF_MEMORY;
-    attn_status st = attn_convert(ATTN_DTYPE_F32, f, dt, t->data, n);
-    if (st == ATTN_OK) memcpy(t->data, f, (size_t)n * sizeof(float)), t->dtype = ATTN_DTYPE_F32;
-    free(f);
-    return st;
-}
-
 int cmd_sdpa(int argc, char **argv) {
     const char *q_path = NULL, *k_path = NULL, *v_path = NULL, *mask_path = NULL, *kpm_path = NULL, *out_path = NULL;
     const char *lse_path = NULL, *w_path = NULL, *grad_path = NULL, *grads_path = NULL;
@@ -189,8 +163,8 @@ int cmd_sdpa(int argc, char **argv) {
                       kv_dtype, (long long)blk, (long long)k.shape[3], (long long)v.shape[3]);
             goto done;
         }
-        if ((st = to_dtype(&k, want_kv)) != ATTN_OK || (st = to_dtype(&v, want_kv)) != ATTN_OK ||
-            (want_all != ATTN_DTYPE_F32 && (st = to_dtype(&q, want_all)) != ATTN_OK)) {
+        if ((st = cli_to_dtype(&k, want_kv)) != ATTN_OK || (st = cli_to_dtype(&v, want_kv)) != ATTN_OK ||
+            (want_all != ATTN_DTYPE_F32 && (st = cli_to_dtype(&q, want_all)) != ATTN_OK)) {
             cli_fail("sdpa", ctx, st, "converting q, k and v");
             goto done;
         }
@@ -291,7 +265,7 @@ int cmd_sdpa(int argc, char **argv) {
                       cli_shape_str(dout.ndim, dout.shape, got, sizeof got));
             goto done;
         }
-        if (want_all != ATTN_DTYPE_F32 && (st = to_dtype(&dout, want_all)) != ATTN_OK) {
+        if (want_all != ATTN_DTYPE_F32 && (st = cli_to_dtype(&dout, want_all)) != ATTN_OK) {
             cli_fail("sdpa", ctx, st, "converting --grad-out");
             goto done;
         }
@@ -317,7 +291,7 @@ int cmd_sdpa(int argc, char **argv) {
             }
         st = attn_sdpa_bwd(ctx, &d, q.data, k.data, v.data, out, dout.data, lse, dropout > 0.0 ? &start : NULL,
                            grads[0].data, grads[1].data, grads[2].data, n_grads == 4 ? grads[3].data : NULL);
-        for (int i = 0; i < 3 && st == ATTN_OK; i++) st = to_float(&grads[i], want_all);
+        for (int i = 0; i < 3 && st == ATTN_OK; i++) st = cli_to_float(&grads[i], want_all);
         if (st == ATTN_OK) st = attn_safetensors_write(ctx, grads_path, grads, n_grads);
         if (st != ATTN_OK) {
             cli_fail("sdpa", ctx, st, "backward");
@@ -326,7 +300,7 @@ int cmd_sdpa(int argc, char **argv) {
     }
     const int64_t o_shape[4] = {B, H, L, Dv}, w_shape[4] = {B, H, L, S}, wa_shape[3] = {B, L, S};
     attn_tensor out_t = {.dtype = want_all, .ndim = 1, .shape = {(int64_t)n_out}, .data = out};
-    st = to_float(&out_t, want_all);
+    st = cli_to_float(&out_t, want_all);
     if (st == ATTN_OK) st = attn_npy_write(ctx, out_path, ATTN_DTYPE_F32, 4, o_shape, out);
     if (st == ATTN_OK && lse_path != NULL) st = attn_npy_write(ctx, lse_path, ATTN_DTYPE_F32, 3, o_shape, lse);
     if (st == ATTN_OK && w_path != NULL)

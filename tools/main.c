@@ -1,6 +1,7 @@
 // main.c - the attn command: dispatches to a subcommand.
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -84,6 +85,28 @@ const char *cli_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap)
         len += (size_t)snprintf(buf + len, cap - len, "%s%lld", i ? ", " : "", (long long)shape[i]);
     if (len < cap) snprintf(buf + len, cap - len, ")");
     return buf;
+}
+
+attn_status cli_to_dtype(attn_tensor *t, attn_dtype dt) {
+    const int64_t n = attn_tensor_numel(t);
+    const size_t bytes = (size_t)(n / attn_dtype_block_size(dt)) * attn_dtype_size(dt);
+    void *h = malloc(bytes + 2);
+    if (h == NULL) return ATTN_ERR_OUT_OF_MEMORY;
+    attn_status st = attn_convert(dt, h, ATTN_DTYPE_F32, t->data, n);
+    if (st == ATTN_OK) memcpy(t->data, h, bytes), t->dtype = dt;
+    free(h);
+    return st;
+}
+
+attn_status cli_to_float(attn_tensor *t, attn_dtype dt) {
+    if (dt == ATTN_DTYPE_F32) return ATTN_OK;
+    const int64_t n = attn_tensor_numel(t);
+    float *f = malloc((size_t)n * sizeof(float) + 4);
+    if (f == NULL) return ATTN_ERR_OUT_OF_MEMORY;
+    attn_status st = attn_convert(ATTN_DTYPE_F32, f, dt, t->data, n);
+    if (st == ATTN_OK) memcpy(t->data, f, (size_t)n * sizeof(float)), t->dtype = ATTN_DTYPE_F32;
+    free(f);
+    return st;
 }
 
 int main(int argc, char **argv) {

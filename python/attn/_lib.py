@@ -169,7 +169,8 @@ class KVCacheConfig(ctypes.Structure):
 class MhaConfig(ctypes.Structure):
     _fields_ = [("embed_dim", ctypes.c_int64), ("num_heads", ctypes.c_int64), ("kdim", ctypes.c_int64),
                 ("vdim", ctypes.c_int64), ("bias", ctypes.c_int), ("add_bias_kv", ctypes.c_int),
-                ("add_zero_attn", ctypes.c_int), ("batch_first", ctypes.c_int), ("dropout", ctypes.c_double)]
+                ("add_zero_attn", ctypes.c_int), ("batch_first", ctypes.c_int), ("dropout", ctypes.c_double),
+                ("dtype", ctypes.c_int)]
 
 
 class MhaArgs(ctypes.Structure):
@@ -237,6 +238,8 @@ _PROTOTYPES = {
     "attn_mha_get_config": (P(MhaConfig), [vp]),
     "attn_mha_param_count": (ctypes.c_int, [vp]),
     "attn_mha_param_at": (st, [vp, ctypes.c_int, P(ctypes.c_char_p), P(ctypes.c_int), c_int64_p, P(c_float_p)]),
+    "attn_mha_param_typed_at": (st, [vp, ctypes.c_int, P(ctypes.c_char_p), P(ctypes.c_int), c_int64_p, P(ctypes.c_int),
+                                     P(vp)]),
     "attn_mha_args_init": (None, [P(MhaArgs)]),
     "attn_mha_weights_len_kv": (i64, [vp, i64]),
     "attn_mha_forward": (st, [vp, vp, P(MhaArgs), vp, vp]),

@@ -5,17 +5,22 @@ from collections import OrderedDict
 import numpy as np
 
 from . import _lib
-from ._arrays import F32, check_shape, contiguous, fail, flag, integer, mask_code, real, shape_str
+from ._arrays import (BF16_BITS, F16, F32, check_shape, contiguous, fail, flag, integer, kv_dtype_code, mask_code, real,
+                      shape_str)
 from ._lib import AttnError, fn
 from .context import resolve
 from .files import TensorList
 
 
-def _param_view(owner, data, shape):
+# The numpy type of a module's parameters, inputs and outputs, by its dtype code (bfloat16 as its bits).
+_NP_TYPES = {_lib.DTYPE_F32: F32, _lib.DTYPE_F16: F16, _lib.DTYPE_BF16: BF16_BITS}
+
+
+def _param_view(owner, data, shape, dtype=F32):
     n = int(np.prod(shape, dtype=np.int64))
-    buf = (ctypes.c_float * n).from_address(ctypes.cast(data, ctypes.c_void_p).value)
+    buf = (ctypes.c_char * (n * dtype.itemsize)).from_address(ctypes.cast(data, ctypes.c_void_p).value)
     buf._owner = owner  # the view keeps the module alive
-    return np.frombuffer(buf, dtype=F32).reshape(shape)
+    return np.frombuffer(buf, dtype=dtype).reshape(shape)
 
 
 def _mask(m, what):
@@ -28,14 +33,16 @@ class MHA:
     """nn.MultiheadAttention in libattn.
 
     MHA(embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
-        kdim=None, vdim=None, batch_first=False, ctx=None)
+        kdim=None, vdim=None, batch_first=False, dtype="f32", ctx=None)
     initialises the parameters exactly like torch's constructor from the context's generator
-    (after ctx.manual_seed(s), torch.manual_seed(s)'s weights). MHA.from_safetensors and
+    (after ctx.manual_seed(s), torch.manual_seed(s)'s weights). dtype "f16" or "bf16" makes a
+    float16 / bfloat16 module (attn_mha_config.dtype; torch's .to(dtype)): its parameters, inputs
+    and outputs are float16 arrays, or uint16 arrays of bfloat16 bits (attn.to_bfloat16). MHA.from_safetensors and
     MHA.from_state_dict load a state_dict instead. The module keeps its context and uses it
     unless a call passes another."""
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
-                 kdim=None, vdim=None, batch_first=False, *, ctx=None):
+                 kdim=None, vdim=None, batch_first=False, dtype="f32", *, ctx=None):
         ctx = resolve(ctx)
         cfg = _lib.MhaConfig()
         fn("attn_mha_config_init")(ctypes.byref(cfg), integer(embed_dim, "embed_dim"), integer(num_heads, "num_heads"))
@@ -44,6 +51,7 @@ class MHA:
         cfg.bias, cfg.add_bias_kv = flag(bias, "bias"), flag(add_bias_kv, "add_bias_kv")
         cfg.add_zero_attn, cfg.batch_first = flag(add_zero_attn, "add_zero_attn"), flag(batch_first, "batch_first")
         cfg.dropout = real(dropout, "dropout")
+        cfg.dtype = kv_dtype_code(dtype, "dtype")
         p = ctypes.c_void_p()
         ctx.check(fn("attn_mha_create")(ctx.ptr, ctypes.byref(cfg), ctypes.byref(p)))
         self._init(ctx, p.value)
@@ -52,31 +60,37 @@ class MHA:
         self._ptr, self.ctx = ptr, ctx
 
     @classmethod
-    def from_state_dict(cls, state, num_heads, batch_first=False, add_zero_attn=False, dropout=0.0, *, ctx=None):
+    def from_state_dict(cls, state, num_heads, batch_first=False, add_zero_attn=False, dropout=0.0, dtype=None, *,
+                        ctx=None):
         """A module holding `state` ({name: array}, e.g. {k: v.numpy() for k, v in
         torch_mha.state_dict().items()}); bias, add_bias_kv and kdim/vdim follow from the names
-        present (attn_mha_create_from_state). The arrays are copied."""
+        present (attn_mha_create_from_state). The arrays are copied: all float16 ones make a
+        float16 module, others are read as float32; dtype "f16" or "bf16" rounds them to that type."""
         ctx = resolve(ctx)
-        tl = TensorList(OrderedDict((k, contiguous(v, F32, k)) for k, v in state.items()))
-        return cls._from_list(ctx, tl.list, num_heads, batch_first, add_zero_attn, dropout)
+        half = len(state) > 0 and all(np.asarray(v).dtype == F16 for v in state.values())
+        tl = TensorList(OrderedDict((k, contiguous(v, F16 if half else F32, k)) for k, v in state.items()))
+        return cls._from_list(ctx, tl.list, num_heads, batch_first, add_zero_attn, dropout, dtype)
 
     @classmethod
-    def from_safetensors(cls, path, num_heads, batch_first=False, add_zero_attn=False, dropout=0.0, *, ctx=None):
+    def from_safetensors(cls, path, num_heads, batch_first=False, add_zero_attn=False, dropout=0.0, dtype=None, *,
+                         ctx=None):
         """A module from a .safetensors file holding an nn.MultiheadAttention state_dict
-        (attn_safetensors_read + attn_mha_create_from_state)."""
+        (attn_safetensors_read + attn_mha_create_from_state): of the tensors' type (F32, F16 or
+        BF16), or float32 tensors rounded to dtype "f16" / "bf16"."""
         ctx = resolve(ctx)
         lst = _lib.TensorList()
         ctx.check(fn("attn_safetensors_read")(ctx.ptr, str(path).encode(), ctypes.byref(lst)))
         try:
-            return cls._from_list(ctx, lst, num_heads, batch_first, add_zero_attn, dropout)
+            return cls._from_list(ctx, lst, num_heads, batch_first, add_zero_attn, dropout, dtype)
         finally:
             fn("attn_tensor_list_release")(ctx.ptr, ctypes.byref(lst))
 
     @classmethod
-    def _from_list(cls, ctx, lst, num_heads, batch_first, add_zero_attn, dropout):
+    def _from_list(cls, ctx, lst, num_heads, batch_first, add_zero_attn, dropout, dtype):
         extra = _lib.MhaConfig()
         extra.batch_first, extra.add_zero_attn = flag(batch_first, "batch_first"), flag(add_zero_attn, "add_zero_attn")
         extra.dropout = real(dropout, "dropout")
+        extra.dtype = _lib.DTYPE_F32 if dtype is None else kv_dtype_code(dtype, "dtype")
         p = ctypes.c_void_p()
         ctx.check(fn("attn_mha_create_from_state")(ctx.ptr, ctypes.byref(lst), integer(num_heads, "num_heads"), ctypes.byref(extra),
                                                    ctypes.byref(p)))
@@ -98,11 +112,15 @@ class MHA:
         c = fn("attn_mha_get_config")(self.ptr)[0]
         return dict(embed_dim=c.embed_dim, num_heads=c.num_heads, kdim=c.kdim, vdim=c.vdim, bias=bool(c.bias),
                     add_bias_kv=bool(c.add_bias_kv), add_zero_attn=bool(c.add_zero_attn),
-                    batch_first=bool(c.batch_first), dropout=c.dropout)
+                    batch_first=bool(c.batch_first), dropout=c.dropout,
+                    dtype={_lib.DTYPE_F32: "f32", _lib.DTYPE_F16: "f16", _lib.DTYPE_BF16: "bf16"}[c.dtype])
 
     embed_dim = property(lambda self: self.config["embed_dim"])
     num_heads = property(lambda self: self.config["num_heads"])
     batch_first = property(lambda self: self.config["batch_first"])
+    dtype = property(lambda self: self.config["dtype"])
+    # the numpy type of the parameters, inputs and outputs (uint16 bits for bfloat16)
+    _np = property(lambda self: _NP_TYPES[kv_dtype_code(self.dtype)])
 
     def named_parameters(self):
         """[(name, array)] in state_dict order; the arrays are views of the module's memory
@@ -110,10 +128,10 @@ class MHA:
         out = []
         for i in range(fn("attn_mha_param_count")(self.ptr)):
             name, ndim = ctypes.c_char_p(), ctypes.c_int()
-            shape, data = (ctypes.c_int64 * 3)(), _lib.c_float_p()
-            self.ctx.check(fn("attn_mha_param_at")(self.ptr, i, ctypes.byref(name), ctypes.byref(ndim), shape,
-                                                   ctypes.byref(data)))
-            out.append((name.value.decode(), _param_view(self, data, tuple(shape[:ndim.value]))))
+            shape, dt, data = (ctypes.c_int64 * 3)(), ctypes.c_int(), ctypes.c_void_p()
+            self.ctx.check(fn("attn_mha_param_typed_at")(self.ptr, i, ctypes.byref(name), ctypes.byref(ndim), shape,
+                                                         ctypes.byref(dt), ctypes.byref(data)))
+            out.append((name.value.decode(), _param_view(self, data, tuple(shape[:ndim.value]), _NP_TYPES[dt.value])))
         return out
 
     def parameters(self):
@@ -130,7 +148,7 @@ class MHA:
             fail(_lib.ERR_NOT_FOUND if set(params) - set(state) else _lib.ERR_INVALID_ARG,
                  "state names %s differ from the module's %s" % (sorted(state), list(params)))
         for n, a in state.items():
-            a = contiguous(a, F32, n)
+            a = contiguous(a, self._np, n)
             if a.shape != params[n].shape:
                 fail(_lib.ERR_BAD_SHAPE, "%s has shape %s, the module's %s" % (n, shape_str(a.shape),
                                                                                 shape_str(params[n].shape)))
@@ -157,7 +175,8 @@ class MHA:
         ctx = resolve(ctx, self.ctx)
         c = self.config
         E, H, kdim, vdim, bf = c["embed_dim"], c["num_heads"], c["kdim"], c["vdim"], c["batch_first"]
-        q = contiguous(query, F32, "query")
+        npt = self._np  # float32, float16, or uint16 bfloat16 bits: inputs and outputs of the module's type
+        q = contiguous(query, npt, "query")
         if q.ndim not in (2, 3):
             fail(_lib.ERR_BAD_SHAPE, "query must be (L, N, E), (N, L, E) with batch_first, or (L, E) unbatched; "
                  "got shape %s" % shape_str(q.shape))
@@ -183,14 +202,14 @@ class MHA:
             if kdim != E:
                 fail(_lib.ERR_BAD_SHAPE, "key = query needs kdim == embed_dim (%d != %d)" % (kdim, E))
         else:
-            k = q if key is query else contiguous(key, F32, "key")
+            k = q if key is query else contiguous(key, npt, "key")
             S = tokens(k, kdim, "key")
         if value is None:
             v = None
             if vdim != kdim:
                 fail(_lib.ERR_BAD_SHAPE, "value = key needs vdim == kdim (%d != %d)" % (vdim, kdim))
         else:
-            v = q if value is query else k if (value is key and k is not None) else contiguous(value, F32, "value")
+            v = q if value is query else k if (value is key and k is not None) else contiguous(value, npt, "value")
             if tokens(v, vdim, "value") != S:
                 fail(_lib.ERR_BAD_SHAPE, "value has %d positions, key %d" % (tokens(v, vdim, "value"), S))
         args = _lib.MhaArgs()
@@ -221,12 +240,12 @@ class MHA:
         args.need_weights = flag(need_weights, "need_weights")
         args.average_attn_weights = flag(average_attn_weights, "average_attn_weights")
         args.training = flag(training, "training")
-        out = np.empty(q.shape, dtype=F32)
+        out = np.empty(q.shape, dtype=npt)
         weights = None
         if need_weights:
             Sw = fn("attn_mha_weights_len_kv")(self.ptr, S)
             shape = (L, Sw) if average_attn_weights else (H, L, Sw)
-            weights = np.empty(shape if unbatched else (N,) + shape, dtype=F32)
+            weights = np.empty(shape if unbatched else (N,) + shape, dtype=npt)
         ctx.check(fn("attn_mha_forward")(ctx.ptr, self.ptr, ctypes.byref(args), out.ctypes.data,
                                          None if weights is None else weights.ctypes.data))
         return out, weights
@@ -241,13 +260,13 @@ class MHA:
         from .kv_cache import KVCache
         if not isinstance(cache, KVCache):
             fail(_lib.ERR_INVALID_ARG, "cache must be an attn.KVCache, not %s" % type(cache).__name__)
-        x = contiguous(x, F32, "x")
+        x = contiguous(x, self._np, "x")
         E, bf = self.embed_dim, self.batch_first
         if x.ndim != 3 or x.shape[2] != E:
             fail(_lib.ERR_BAD_SHAPE, "x has shape %s, expected %s with E=%d" % (
                 shape_str(x.shape), "(N, len, E)" if bf else "(len, N, E)", E))
         N, n = (x.shape[0], x.shape[1]) if bf else (x.shape[1], x.shape[0])
-        out = np.empty(x.shape, dtype=F32)
+        out = np.empty(x.shape, dtype=x.dtype)
         ctx.check(fn("attn_mha_forward_cached")(ctx.ptr, self.ptr, cache.ptr, x.ctypes.data, N, n, out.ctypes.data))
         return out
 
@@ -266,5 +285,5 @@ class MHA:
         if getattr(self, "_ptr", None) is None:
             return "MHA(closed)"
         c = self.config
-        return "MHA(embed_dim=%d, num_heads=%d, kdim=%d, vdim=%d, bias=%s, batch_first=%s)" % (
-            c["embed_dim"], c["num_heads"], c["kdim"], c["vdim"], c["bias"], c["batch_first"])
+        return "MHA(embed_dim=%d, num_heads=%d, kdim=%d, vdim=%d, bias=%s, batch_first=%s, dtype=%s)" % (
+            c["embed_dim"], c["num_heads"], c["kdim"], c["vdim"], c["bias"], c["batch_first"], c["dtype"])

@@ -731,6 +731,45 @@ class TestMHA(unittest.TestCase):
 # ---- KV cache -----------------------------------------------------------------------------------
 
 @needs_kv_cache
+class TestMHALowPrecision(unittest.TestCase):
+    """MHA(dtype="f16" / "bf16"): parameters, inputs and outputs of the type (bfloat16 as uint16 bits),
+    against the float32 module holding the same values."""
+
+    def check(self, dtype, unit):
+        ctx = attn.Context(seed=3)
+        m16 = attn.MHA(16, 4, batch_first=True, dtype=dtype, ctx=ctx)
+        self.assertEqual(m16.dtype, dtype)
+        npt = np.float16 if dtype == "f16" else np.uint16
+        widen = (lambda a: a.astype(np.float32)) if dtype == "f16" else attn.from_bfloat16
+        narrow = (lambda a: a.astype(np.float16)) if dtype == "f16" else attn.to_bfloat16
+        params = m16.state_dict()
+        self.assertTrue(all(a.dtype == npt for a in params.values()))
+        m32 = attn.MHA.from_state_dict({k: widen(v) for k, v in params.items()}, 4, batch_first=True, ctx=ctx)
+        x = narrow(np.random.default_rng(0).standard_normal((2, 5, 16)).astype(np.float32))
+        out, w = m16(x, x, x)
+        self.assertEqual(out.dtype, npt)
+        self.assertEqual(w.dtype, npt)
+        out32, w32 = m32(widen(x), widen(x), widen(x))
+        scale = float(np.abs(out32).max())
+        self.assertLess(float(np.abs(widen(out) - out32).max()), 8 * unit * scale)
+        self.assertLess(float(np.abs(widen(w) - w32).max()), 8 * unit)
+        # a float32 query is refused for a bfloat16 module (its bits are uint16)
+        if dtype == "bf16":
+            with self.assertRaises(attn.AttnError):
+                m16(widen(x))
+        # float32 state rounded to the type on load
+        m = attn.MHA.from_state_dict({k: widen(v) for k, v in params.items()}, 4, batch_first=True, dtype=dtype,
+                                     ctx=ctx)
+        for k, v in m.state_dict().items():
+            np.testing.assert_array_equal(v, params[k])
+
+    def test_f16(self):
+        self.check("f16", 2.0 ** -11)
+
+    def test_bf16(self):
+        self.check("bf16", 2.0 ** -8)
+
+
 class TestKVCache(unittest.TestCase):
     def setUp(self):
         self.rng = np.random.default_rng(4)
