@@ -44,6 +44,29 @@ template <typename T> __device__ __forceinline__ T from_float(float x);
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 
+// ---- warps and blocks ---------------------------------------------------------------------------
+__device__ __forceinline__ float warp_sum(float x) {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+__device__ __forceinline__ float warp_max(float x) {
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+// Block `bid` of a grid of `tiles` row tiles for each (b, head) of `heads` heads, the tiles of one
+// (b, head) consecutive: which tile, head and batch it is.
+struct RowBlock {
+    int64_t tile, head, b;
+};
+__device__ __forceinline__ RowBlock row_block(int64_t bid, int64_t tiles, int64_t heads) {
+    RowBlock r;
+    r.tile = bid % tiles;
+    bid /= tiles;
+    r.head = bid % heads, r.b = bid / heads;
+    return r;
+}
+
 // ---- sequences ----------------------------------------------------------------------------------
 // Sequence b of a call: its query and key counts and the rows where they start (plain or packed).
 struct Seq {

@@ -19,25 +19,13 @@ namespace attn_cuda {
 
 constexpr int kSimpleWarps = 4;
 
-__device__ __forceinline__ float warp_sum(float x) {
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
-}
-__device__ __forceinline__ float warp_max(float x) {
-    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    return x;
-}
-
 __global__ void __launch_bounds__(32 * kSimpleWarps) simple_kernel(const P p) {
     extern __shared__ float smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t tiles = (p.L + kSimpleWarps - 1) / kSimpleWarps;
-    int64_t bid = blockIdx.x;
-    const int64_t tile = bid % tiles;
-    bid /= tiles;
-    const int64_t h = bid % p.H, b = bid / p.H, hk = h / p.group;
+    const RowBlock rb = row_block(blockIdx.x, (p.L + kSimpleWarps - 1) / kSimpleWarps, p.H);
+    const int64_t h = rb.head, b = rb.b, hk = h / p.group;
     const Seq s = seq_of(p, b);
-    const int64_t i = tile * kSimpleWarps + warp;
+    const int64_t i = rb.tile * kSimpleWarps + warp;
     if (i >= s.L) return; // whole warp: no block-wide synchronisation below
     float *q = smem + warp * (p.D + p.Dv); // q: (D) floats
     float *acc = q + p.D;                  // acc: (Dv) floats, unnormalised output

@@ -19,11 +19,6 @@ namespace attn_cuda {
 
 constexpr int kBwdWarps = 4;
 
-__device__ __forceinline__ float bwd_warp_sum(float x) {
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
-}
-
 // The derivative factor of the score with respect to the raw dot product: scale, times 1 - tanh^2 of
 // the soft cap's argument when capped.
 __device__ __forceinline__ float dscore_ddot(const P &p, float dot) {
@@ -35,13 +30,10 @@ __device__ __forceinline__ float dscore_ddot(const P &p, float dot) {
 // Block: 4 warps = 4 consecutive query rows of one (b, h).
 __global__ void __launch_bounds__(32 * kBwdWarps) rowdot_kernel(const P p) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t tiles = (p.L + kBwdWarps - 1) / kBwdWarps;
-    int64_t bid = blockIdx.x;
-    const int64_t tile = bid % tiles;
-    bid /= tiles;
-    const int64_t h = bid % p.H, b = bid / p.H;
+    const RowBlock rb = row_block(blockIdx.x, (p.L + kBwdWarps - 1) / kBwdWarps, p.H);
+    const int64_t h = rb.head, b = rb.b;
     const Seq s = seq_of(p, b);
-    const int64_t i = tile * kBwdWarps + warp;
+    const int64_t i = rb.tile * kBwdWarps + warp;
     if (i >= s.L) return;
     const int64_t oo = o_row(p, s, b, h, i);
     float part = 0.0f;
@@ -49,7 +41,7 @@ __global__ void __launch_bounds__(32 * kBwdWarps) rowdot_kernel(const P p) {
         const int64_t off = oo + e * p.o_stride[3];
         part += load_as_float(p.dout, p.out_dtype, off) * load_as_float(p.out, p.out_dtype, off);
     }
-    const float d = bwd_warp_sum(part);
+    const float d = warp_sum(part);
     if (lane == 0) p.rowdot[lse_index(p, s, b, h, i)] = d;
 }
 
@@ -58,13 +50,10 @@ __global__ void __launch_bounds__(32 * kBwdWarps) rowdot_kernel(const P p) {
 __global__ void __launch_bounds__(32 * kBwdWarps) dq_kernel(const P p) {
     extern __shared__ float smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t tiles = (p.L + kBwdWarps - 1) / kBwdWarps;
-    int64_t bid = blockIdx.x;
-    const int64_t tile = bid % tiles;
-    bid /= tiles;
-    const int64_t h = bid % p.H, b = bid / p.H, hk = h / p.group;
+    const RowBlock rb = row_block(blockIdx.x, (p.L + kBwdWarps - 1) / kBwdWarps, p.H);
+    const int64_t h = rb.head, b = rb.b, hk = h / p.group;
     const Seq s = seq_of(p, b);
-    const int64_t i = tile * kBwdWarps + warp;
+    const int64_t i = rb.tile * kBwdWarps + warp;
     if (i >= s.L) return;
     float *q = smem + warp * (2 * p.D + p.Dv); // q: (D)
     float *dout = q + p.D;                       // dout: (Dv)
@@ -79,14 +68,14 @@ __global__ void __launch_bounds__(32 * kBwdWarps) dq_kernel(const P p) {
         const int64_t ko = kv_row(p, p.k_stride, s, b, hk, j);
         float part = 0.0f;
         for (int64_t e = lane; e < p.D; e += 32) part += q[e] * load_as_float(p.k, p.kv_dtype, ko + e * p.k_stride[3]);
-        const float dot = bwd_warp_sum(part);
+        const float dot = warp_sum(part);
         const float x = score(p, s, dot, b, h, i, j);
         if (x == -CUDART_INF_F) continue; // hidden: no weight, no gradient (the whole warp)
         const float pij = expf(x - lse);
         const int64_t vo = kv_row(p, p.v_stride, s, b, hk, j);
         float dpart = 0.0f;
         for (int64_t e = lane; e < p.Dv; e += 32) dpart += dout[e] * load_as_float(p.v, p.kv_dtype, vo + e * p.v_stride[3]);
-        float dp = bwd_warp_sum(dpart);
+        float dp = warp_sum(dpart);
         if (p.dropout) dp = dropout_kept(p, b, h, i, j) ? dp * p.keep_scale : 0.0f;
         const float g = pij * (dp - rd) * dscore_ddot(p, dot);
         for (int64_t e = lane; e < p.D; e += 32) acc[e] += g * load_as_float(p.k, p.kv_dtype, ko + e * p.k_stride[3]);
@@ -99,13 +88,10 @@ __global__ void __launch_bounds__(32 * kBwdWarps) dq_kernel(const P p) {
 __global__ void __launch_bounds__(32 * kBwdWarps) dkdv_kernel(const P p) {
     extern __shared__ float smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t tiles = (p.S + kBwdWarps - 1) / kBwdWarps;
-    int64_t bid = blockIdx.x;
-    const int64_t tile = bid % tiles;
-    bid /= tiles;
-    const int64_t hk = bid % p.Hkv, b = bid / p.Hkv;
+    const RowBlock rb = row_block(blockIdx.x, (p.S + kBwdWarps - 1) / kBwdWarps, p.Hkv);
+    const int64_t hk = rb.head, b = rb.b;
     const Seq s = seq_of(p, b);
-    const int64_t j = tile * kBwdWarps + warp;
+    const int64_t j = rb.tile * kBwdWarps + warp;
     if (j >= s.S) return;
     float *k = smem + warp * 2 * (p.D + p.Dv); // k: (D)
     float *v = k + p.D;                          // v: (Dv)
@@ -121,13 +107,13 @@ __global__ void __launch_bounds__(32 * kBwdWarps) dkdv_kernel(const P p) {
             const int64_t qo = q_row(p, s, b, h, i), oo = o_row(p, s, b, h, i);
             float part = 0.0f;
             for (int64_t e = lane; e < p.D; e += 32) part += k[e] * load_as_float(p.q, p.q_dtype, qo + e * p.q_stride[3]);
-            const float dot = bwd_warp_sum(part);
+            const float dot = warp_sum(part);
             const float x = score(p, s, dot, b, h, i, j);
             if (x == -CUDART_INF_F) continue;
             const float pij = expf(x - p.lse[lse_index(p, s, b, h, i)]);
             float dpart = 0.0f;
             for (int64_t e = lane; e < p.Dv; e += 32) dpart += v[e] * load_as_float(p.dout, p.out_dtype, oo + e * p.o_stride[3]);
-            float dp = bwd_warp_sum(dpart), pd = pij;
+            float dp = warp_sum(dpart), pd = pij;
             if (p.dropout) {
                 const bool kept = dropout_kept(p, b, h, i, j);
                 dp = kept ? dp * p.keep_scale : 0.0f;
