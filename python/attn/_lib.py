@@ -30,6 +30,7 @@ STATUS_NAMES = {
     10: "ATTN_ERR_IO",
     11: "ATTN_ERR_BAD_FILE",
     12: "ATTN_ERR_CAPACITY",
+    13: "ATTN_ERR_DEVICE",
 }
 _STATUS_BY_NAME = {v: k for k, v in STATUS_NAMES.items()}
 

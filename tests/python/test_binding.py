@@ -197,6 +197,12 @@ class TestAbi(unittest.TestCase):
         self.assertEqual(ctypes.sizeof(_lib.Generator), 2520)
         self.assertEqual(ctypes.sizeof(_lib.SdpaDesc), 352)  # sizeof(attn_sdpa_desc) on x86-64
 
+    def test_status_names(self):
+        # every status the library has a description for has its name here, and no other
+        for code in range(64):
+            known = _lib.fn("attn_strerror")(code).decode() != "unknown status"
+            self.assertEqual(code in _lib.STATUS_NAMES, known, "status %d" % code)
+
     def test_version_and_queries(self):
         self.assertRegex(attn.__version__, r"^\d+\.\d+\.\d+$")
         self.assertGreaterEqual(attn.version_number(), 100)

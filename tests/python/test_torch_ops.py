@@ -16,7 +16,10 @@ Covered:
     compiler is present), against eager;
   - MultiheadAttention against nn.MultiheadAttention: state_dict both ways, outputs and weights
     for every option, parameter gradients, batch_first, unbatched input;
-  - errors: AttnError with the status name; CUDA tensors without libattn_cuda.
+  - errors: AttnError with the status name; CUDA tensors without libattn_cuda, and a libattn_cuda
+    context on a machine without a GPU;
+  - with a GPU and libattn_cuda (TestCuda): CUDA tensors against the CPU ops, forward and backward,
+    float32/bfloat16/float16, causal and GQA; dropout equal to the numpy binding's Philox mask.
 
 Run with an interpreter that has torch >= 2.4 (CTest python_torch_ops, when ATTN_TORCH2_PYTHON is
 set): `PYTHONPATH=python ATTN_LIBRARY=build/libattn.so build-venv/bin/python tests/python/test_torch_ops.py`.
@@ -276,12 +279,75 @@ class TestScaledDotProductAttention(unittest.TestCase, Close):
         self.assertIn("ALiBi", str(cm.exception))
 
     def test_cuda_without_libattn_cuda(self):
-        if _cuda.library() is not None:
-            self.skipTest("libattn_cuda is installed")
+        saved = list(_cuda._found)
+        try:
+            _cuda._found[:] = [None]  # as where no libattn_cuda is installed
+            desc = attn._lib.SdpaDesc()
+            with self.assertRaises(attn.AttnError) as cm:
+                _cuda.run("attn_cuda_sdpa_fwd", torch.device("cuda", 0), desc)
+            self.assertEqual(cm.exception.name, "ATTN_ERR_UNSUPPORTED")
+            self.assertIn("libattn_cuda", cm.exception.message)
+        finally:
+            _cuda._found[:] = saved
+
+    def test_cuda_context_without_gpu(self):
+        # with libattn_cuda found but no usable GPU, the context says why, as a status and one line
+        found = _cuda.library()
+        if found is None:
+            self.skipTest("libattn_cuda is not built")
+        if torch.cuda.is_available():
+            self.skipTest("a GPU is present (TestCuda runs)")
         with self.assertRaises(attn.AttnError) as cm:
-            _cuda.sdpa_forward(rnd(1, 1, 1, 4), None, None)
+            _cuda._context(found[0], torch.device("cuda", 0))
+        self.assertEqual(cm.exception.name, "ATTN_ERR_DEVICE")
+        self.assertTrue(cm.exception.message and "\n" not in cm.exception.message)
+
+
+@unittest.skipUnless(torch.cuda.is_available() and _cuda.library() is not None, "needs a GPU and libattn_cuda")
+class TestCuda(unittest.TestCase, Close):
+    """CUDA tensors through libattn_cuda: against the CPU ops on the same values, on torch's stream."""
+
+    def _pair(self, *shape, dtype):
+        t = rnd(*shape, dtype=dtype)
+        return t, t.cuda()
+
+    def test_forward_backward_against_cpu(self):
+        for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 4e-3)):
+            for causal, gqa in ((False, False), (True, True)):
+                with self.subTest(dtype=dtype, causal=causal, gqa=gqa):
+                    Hkv = 2 if gqa else 4
+                    q, qg = self._pair(2, 4, 70, 64, dtype=dtype)
+                    k, kg = self._pair(2, Hkv, 90, 64, dtype=dtype)
+                    v, vg = self._pair(2, Hkv, 90, 64, dtype=dtype)
+                    for t in (q, k, v, qg, kg, vg):
+                        t.requires_grad_(True)
+                    out = at.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+                    outg = at.scaled_dot_product_attention(qg, kg, vg, is_causal=causal, enable_gqa=gqa)
+                    self.assertEqual(outg.device.type, "cuda")
+                    self.close(outg.cpu().float(), out.float(), atol=tol, rtol=tol)
+                    g = torch.randn_like(out.float())
+                    out.float().backward(g)
+                    outg.float().backward(g.cuda())
+                    for a, b in ((q, qg), (k, kg), (v, vg)):
+                        self.close(b.grad.cpu().float(), a.grad.float(), atol=10 * tol, rtol=10 * tol)
+
+    def test_dropout_is_the_philox_mask(self):
+        # the GPU's dropout is Philox keyed by the op's seed: the numpy binding draws the same mask
+        torch.manual_seed(7)
+        q, k, v = (rnd(1, 2, 33, 32) for _ in range(3))
+        seed = torch.tensor(1234, dtype=torch.int64)
+        out, _, _ = torch.ops.attn.sdpa_fwd(q.cuda(), k.cuda(), v.cuda(), None, None, 0, 0.0, 0.25, seed, -1, -1,
+                                            None, 0.0, 0)
+        want = attn.sdpa(q.numpy(), k.numpy(), v.numpy(), dropout_p=0.25, dropout_rng=attn.Philox(1234, 0))
+        self.close(out.cpu(), torch.from_numpy(want), atol=1e-5, rtol=1e-5)
+
+    def test_errors(self):
+        q = rnd(1, 1, 4, 8).cuda()
+        with self.assertRaises(attn.AttnError) as cm:
+            torch.ops.attn.sdpa_fwd(q, q, q, None, None, 0, 0.0, 0.0, None, -1, -1, None, 0.0, 1)
         self.assertEqual(cm.exception.name, "ATTN_ERR_UNSUPPORTED")
-        self.assertIn("libattn_cuda", cm.exception.message)
+        with self.assertRaises(attn.AttnError):  # tensors on two devices
+            at.scaled_dot_product_attention(q, q.cpu(), q)
 
 
 # ---- attn's options ------------------------------------------------------------------------------

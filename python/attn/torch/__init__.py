@@ -10,8 +10,9 @@ Everything is differentiable (attn's fused backward) and traced by torch.compile
 without graph breaks: the computation is four torch.library custom ops, torch.ops.attn.sdpa_fwd,
 sdpa_bwd, sdpa_varlen_fwd and sdpa_varlen_bwd, each with a fake-tensor implementation and the
 forwards with autograd formulas. CPU tensors of float32, float16 and bfloat16 (passed as they are;
-through float32 only where the library refuses the type) and float64 (computed in float32). CUDA tensors need libattn_cuda (attn/torch/_cuda.py). The calls
-run on a context per thread with torch.get_num_threads() threads.
+through float32 only where the library refuses the type) and float64 (computed in float32). CUDA
+tensors run on libattn_cuda (attn/torch/_cuda.py) on torch's current stream. CPU calls run on a
+context per thread with torch.get_num_threads() threads.
 """
 from . import _ops  # noqa: F401  (registers the custom ops)
 from ._call import context, native

@@ -10,8 +10,13 @@ element strides: transposed views and stride-0 broadcasts are not copied). Eleme
     rounded back to the input's type. float64 is computed in float32 and returned as float64.
   - the gradients: dq in q's type, dk and dv in k's and v's (computed in float32 unless the library
     takes the type natively).
-CUDA tensors go to _cuda.py (libattn_cuda). Every check the library cannot make itself (the
-tensors' extents) is made here, so the ops are safe to call directly through torch.ops.attn.
+CUDA tensors go to libattn_cuda (_cuda.py) with the same descriptor: q, k, v and out of float32,
+float16 or bfloat16 as they are (float64 computed in float32), masks and ALiBi slopes on the device,
+the gradients in q's type (float32 when k or v differ from it); dropout there is the counter-based
+Philox mask (ATTN_DROPOUT_RNG_PHILOX) keyed by the op's seed, which the backward regenerates, not
+torch's CPU dropout stream: the same seed gives different masks on the CPU and the GPU. Every check
+the library cannot make itself (the tensors' extents) is made here, so the ops are safe to call
+directly through torch.ops.attn.
 """
 import contextlib
 import ctypes
@@ -244,11 +249,21 @@ def sdpa_forward(q, k, v, mask, key_padding_mask, causal, scale, dropout_p, seed
     B, H, L, _ = q.shape
     S, Dv = k.shape[2], v.shape[3]
     wshape = [(0,), (B, H, L, S), (B, L, S)][weights_mode]
-    if dev.type == "cuda":
-        return _cuda.sdpa_forward(q, k, v)
     if 0 in (B, H, L, S):  # the library takes no empty extent: torch's answers
         out = q.new_zeros((B, H, L, Dv))
         return out, q.new_full((B, H, L), float("-inf"), dtype=torch.float32), q.new_zeros(wshape, dtype=torch.float32)
+    if dev.type == "cuda":
+        if weights_mode:
+            fail(_lib.ERR_UNSUPPORTED, "the attention weights output is CPU-only: libattn_cuda does not write it")
+        qc, kc, vc, odt = cuda_types(q, k, v)
+        out = torch.empty((B, H, L, Dv), dtype=odt, device=dev)
+        lse = torch.empty((B, H, L), dtype=torch.float32, device=dev)
+        desc, keep = describe(qc, kc, vc, out, mask, key_padding_mask, causal, scale, dropout_p, window_left,
+                              window_right, alibi_slopes, softcap)
+        cuda_extras(desc, keep, dev, alibi_slopes, seed)
+        _cuda.run("attn_cuda_sdpa_fwd", dev, desc, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), out.data_ptr(),
+                  lse.data_ptr())
+        return out.to(q.dtype), lse, q.new_zeros(wshape, dtype=torch.float32)
     ctx = context()
 
     def call(qc, kc, vc, odt):
@@ -268,9 +283,33 @@ def sdpa_forward(q, k, v, mask, key_padding_mask, causal, scale, dropout_p, seed
 
 def _grad_buffers(qc, kc, vc, gdt):
     """The inputs laid out densely (the library writes each gradient at its input's strides) and
-    the gradient buffers."""
+    the gradient buffers, on the inputs' device."""
     qc, kc, vc = qc.contiguous(), kc.contiguous(), vc.contiguous()
-    return qc, kc, vc, [torch.empty(t.shape, dtype=gdt) for t in (qc, kc, vc)]
+    return qc, kc, vc, [torch.empty(t.shape, dtype=gdt, device=t.device) for t in (qc, kc, vc)]
+
+
+# ---- CUDA tensors (libattn_cuda) -----------------------------------------------------------------
+
+def cuda_types(q, k, v):
+    """q, k, v as libattn_cuda reads them and the type of out and the gradients: every float32,
+    float16 and bfloat16 tensor as it is (float64 in float32); out and the gradients in q's type
+    when k and v share it, else float32."""
+    q, k, v = (t.float() if t.dtype == torch.float64 else t for t in (q, k, v))
+    return q, k, v, q.dtype if k.dtype == v.dtype == q.dtype else torch.float32
+
+
+def cuda_extras(desc, keep, dev, alibi_slopes, seed):
+    """What differs on the GPU once describe() has run: the ALiBi slopes as a device array, and
+    dropout drawn from Philox keyed by the op's seed (offset 0)."""
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.detach().to(dev, torch.float32).contiguous()
+        keep.append(slopes)
+        desc.alibi_slopes = slopes.data_ptr()
+    if desc.dropout_p > 0:
+        if seed is None:
+            fail(_lib.ERR_INVALID_ARG, "dropout_p > 0 needs a seed")
+        desc.dropout_rng = _lib.DROPOUT_RNG_PHILOX
+        desc.dropout_seed, desc.dropout_offset = int(seed) & 0xFFFFFFFFFFFFFFFF, 0
 
 
 def _check_out(out, dout, lse, out_shape, lse_shape):
@@ -292,11 +331,22 @@ def sdpa_backward(dout, q, k, v, out, lse, mask, key_padding_mask, causal, scale
     _check_out(out, dout, lse, (B, H, L, Dv), (B, H, L))
     if want_dmask and (mask is None or mask.dtype != torch.float32):
         fail(_lib.ERR_BAD_MASK, "the mask's gradient needs a float32 mask")
-    if dev.type == "cuda":
-        return _cuda.sdpa_backward(q, k, v)
-    dmask = torch.zeros(mask.shape if want_dmask else (0,), dtype=torch.float32)
+    dmask = torch.zeros(mask.shape if want_dmask else (0,), dtype=torch.float32, device=dev)
     if 0 in (B, H, L, S):
         return q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape), dmask
+    if dev.type == "cuda":
+        if want_dmask:
+            fail(_lib.ERR_UNSUPPORTED, "the mask's gradient is CPU-only: libattn_cuda does not compute it yet")
+        qc, kc, vc, cdt = cuda_types(q, k, v)
+        qc, kc, vc, (dq, dk, dv) = _grad_buffers(qc, kc, vc, cdt)
+        out_c, dout_c, lse_c = out.to(cdt).contiguous(), dout.to(cdt).contiguous(), lse.contiguous()
+        desc, keep = describe(qc, kc, vc, out_c, mask, key_padding_mask, causal, scale, dropout_p, window_left,
+                              window_right, alibi_slopes, softcap)
+        cuda_extras(desc, keep, dev, alibi_slopes, seed)
+        desc.grad_dtype = CODES[cdt]
+        _cuda.run("attn_cuda_sdpa_bwd", dev, desc, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), out_c.data_ptr(),
+                  dout_c.data_ptr(), lse_c.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), None)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dmask
     ctx = context()
     mask_c = mask.contiguous() if want_dmask else mask  # dmask is written at the mask's strides
 
@@ -354,7 +404,15 @@ def varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, 
     """attn_sdpa_varlen_fwd: out (total_q, H, Dv) of q's dtype, lse (H, total_q) float32."""
     dev, cq, ck = _check_varlen(q, k, v, cu_q, cu_k)
     if dev.type == "cuda":
-        return _cuda.sdpa_forward(q, k, v)
+        qc, kc, vc, odt = cuda_types(q, k, v)
+        out = torch.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=odt, device=dev)
+        lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=dev)
+        desc, keep = _describe_varlen(qc, kc, vc, out, cq, ck, max_q, max_k, causal, scale, dropout_p, window_left,
+                                      window_right, alibi_slopes, softcap)
+        cuda_extras(desc, keep, dev, alibi_slopes, seed)
+        _cuda.run("attn_cuda_sdpa_varlen_fwd", dev, desc, cq.data_ptr(), ck.data_ptr(), qc.data_ptr(), kc.data_ptr(),
+                  vc.data_ptr(), out.data_ptr(), lse.data_ptr())
+        return out.to(q.dtype), lse
     ctx = context()
 
     def call(qc, kc, vc, odt):
@@ -377,7 +435,17 @@ def varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, s
     dev, cq, ck = _check_varlen(q, k, v, cu_q, cu_k)
     _check_out(out, dout, lse, (q.shape[0], q.shape[1], v.shape[2]), (q.shape[1], q.shape[0]))
     if dev.type == "cuda":
-        return _cuda.sdpa_backward(q, k, v)
+        qc, kc, vc, cdt = cuda_types(q, k, v)
+        qc, kc, vc, (dq, dk, dv) = _grad_buffers(qc, kc, vc, cdt)
+        out_c, dout_c, lse_c = out.to(cdt).contiguous(), dout.to(cdt).contiguous(), lse.contiguous()
+        desc, keep = _describe_varlen(qc, kc, vc, out_c, cq, ck, max_q, max_k, causal, scale, dropout_p, window_left,
+                                      window_right, alibi_slopes, softcap)
+        cuda_extras(desc, keep, dev, alibi_slopes, seed)
+        desc.grad_dtype = CODES[cdt]
+        _cuda.run("attn_cuda_sdpa_varlen_bwd", dev, desc, cq.data_ptr(), ck.data_ptr(), qc.data_ptr(), kc.data_ptr(),
+                  vc.data_ptr(), out_c.data_ptr(), dout_c.data_ptr(), lse_c.data_ptr(), dq.data_ptr(), dk.data_ptr(),
+                  dv.data_ptr())
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
     ctx = context()
 
     def call(qc, kc, vc, cdt):
