@@ -7,9 +7,9 @@
  *    GQA, scale, causal top-left and bottom-right, local windows, ALiBi, soft cap, bool or float
  *    attention mask, key padding mask, log-sum-exp out, Philox dropout; q, k, v and out in BF16 or
  *    F16 (float32 accumulation) or F32; packed variable-length batches;
- *  - its backward (dq, dk, dv from the forward's out and lse), for the same options.
- * (Decoding over a device KV cache and nn.MultiheadAttention are not in this library yet:
- * docs/cuda.md.)
+ *  - its backward (dq, dk, dv from the forward's out and lse), for the same options;
+ *  - nn.MultiheadAttention's forward and its training (attn_cuda_mha_*), projections on cuBLASLt.
+ * (Decoding over a device KV cache is not in this library yet: docs/cuda.md.)
  *
  * Conventions (beside those of attn.h):
  *  - Tensors are device pointers (cudaMalloc'd or otherwise device-accessible); host arrays are
@@ -198,6 +198,70 @@ ATTN_CUDA_API attn_status attn_cuda_sdpa_varlen_bwd(attn_cuda_ctx *ctx, const at
                                                     const void *q, const void *k, const void *v, const void *out,
                                                     const void *dout, const float *lse, void *dq, void *dk,
                                                     void *dv);
+
+/* ------------------------------------------------------------------------------------------ */
+/* nn.MultiheadAttention on the GPU                                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * A module on the GPU with the parameters of a libattn module (attn_mha, attn.h): the same
+ * state_dict names, shapes and dtype (F32, F16 or BF16), copied to device memory. The forward is
+ * attn_mha_forward's: projections x W^T + b on cuBLASLt (float32 accumulation; q, k, v rounded to
+ * the module's type), the heads read in place as column blocks by attn_cuda_sdpa_fwd (scale
+ * 1/sqrt(head_dim) on the scores), out_proj on cuBLASLt. Inputs and outputs are device tensors of
+ * the module's type, (L, N, E) or (N, L, E) with batch_first, or (L, E) unbatched, contiguous;
+ * masks as attn_mha_args says, on the device. Not on the GPU (ATTN_ERR_UNSUPPORTED): kdim or vdim
+ * other than E, add_bias_kv, add_zero_attn, the attention weights (need_weights must be 0), dropout
+ * from the context's generator (the GPU's is Philox, from the seed and offset of the arguments).
+ * cuBLASLt is opened at run time (libcublasLt.so.13, .so.12, .so, or $ATTN_CUBLASLT_LIBRARY):
+ * without it attn_cuda_mha_create answers ATTN_ERR_UNSUPPORTED. A module is used on one stream
+ * (it keeps a scratch buffer allocated on the context's stream).
+ * Training: attn_cuda_mha_forward_train keeps the projections, the attention's output and its
+ * log-sum-exp in a caller device buffer of attn_cuda_mha_saved_size bytes; attn_cuda_mha_backward
+ * takes the same args and that buffer and writes the inputs' gradients (the module's type; a tensor
+ * passed as several inputs receives the sum of its uses in the first: dkey / dvalue must then be
+ * NULL) and the parameters' gradients (float32 device arrays in state_dict order, each NULL or of
+ * the parameter's shape; overwritten, not accumulated). With F16/BF16 modules the gradient of the
+ * attention's output and of the projections are rounded to the type between the steps (the CPU
+ * keeps them in float32).
+ */
+typedef struct attn_cuda_mha attn_cuda_mha;
+
+/** Copies `host`'s configuration and parameters to the context's device. */
+ATTN_CUDA_API attn_status attn_cuda_mha_create(attn_cuda_ctx *ctx, attn_mha *host, attn_cuda_mha **mha);
+/** Frees a module (NULL allowed). */
+ATTN_CUDA_API void attn_cuda_mha_free(attn_cuda_mha *mha);
+/** A parameter by state_dict name: its shape, dtype and device pointer (any output may be NULL).
+ *  @return ATTN_ERR_NOT_FOUND if absent. */
+ATTN_CUDA_API attn_status attn_cuda_mha_param(attn_cuda_mha *mha, const char *name, int *ndim, int64_t shape[3],
+                                              attn_dtype *dtype, void **data);
+/** Copies the parameters back into `host` (a module of the same configuration), waiting for the
+ *  context's stream. */
+ATTN_CUDA_API attn_status attn_cuda_mha_to_host(attn_cuda_ctx *ctx, const attn_cuda_mha *mha, attn_mha *host);
+
+typedef struct attn_cuda_mha_args {
+    attn_mha_args base;      /* attn.h's arguments; pointers are device pointers; need_weights = 0 */
+    uint64_t dropout_seed;   /* with base.training and the module's dropout > 0: the Philox key ... */
+    uint32_t dropout_offset; /* ... and offset of the mask (attn_sdpa_desc.dropout_rng = PHILOX) */
+} attn_cuda_mha_args;
+
+/** attn_mha_args_init's defaults with need_weights = 0, seed and offset 0. */
+ATTN_CUDA_API void attn_cuda_mha_args_init(attn_cuda_mha_args *args);
+/** The forward (out: the query's shape, the module's type). */
+ATTN_CUDA_API attn_status attn_cuda_mha_forward(attn_cuda_ctx *ctx, attn_cuda_mha *mha, const attn_cuda_mha_args *args,
+                                                void *out);
+/** Device bytes attn_cuda_mha_forward_train keeps for `args` (the buffer may start anywhere: the
+ *  size includes room to align it). */
+ATTN_CUDA_API attn_status attn_cuda_mha_saved_size(attn_cuda_ctx *ctx, attn_cuda_mha *mha,
+                                                   const attn_cuda_mha_args *args, size_t *bytes);
+/** The forward, keeping what the backward needs in `saved` (ATTN_ERR_WORKSPACE if too small). */
+ATTN_CUDA_API attn_status attn_cuda_mha_forward_train(attn_cuda_ctx *ctx, attn_cuda_mha *mha,
+                                                      const attn_cuda_mha_args *args, void *out, void *saved,
+                                                      size_t saved_size);
+/** Gradients given dout (out's shape); args and saved as the training forward's. */
+ATTN_CUDA_API attn_status attn_cuda_mha_backward(attn_cuda_ctx *ctx, attn_cuda_mha *mha, const attn_cuda_mha_args *args,
+                                                 const void *saved, size_t saved_size, const void *dout, void *dquery,
+                                                 void *dkey, void *dvalue, float *const *dparams);
 
 /** The kernel the context would run for `desc`: "flash" or "simple" (*name static). */
 ATTN_CUDA_API attn_status attn_cuda_sdpa_kernel_name(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc,

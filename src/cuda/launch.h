@@ -25,6 +25,10 @@ int attn__cuda_launch_flash(const attn__cuda_sdpa_params *p, int64_t row_blocks,
 // whose dout, rowdot (workspace), dq, dk, dv and lse (the forward's) are set.
 int attn__cuda_launch_simple_bwd(const attn__cuda_sdpa_params *p, cudaStream_t stream);
 
+// kernels/colsum.cu: out[c] = sum over r < rows of x[r * ld + c] (x of dtype F32, F16 or BF16), c < cols.
+int attn__cuda_launch_colsum(const void *x, int32_t dtype, int64_t rows, int64_t cols, int64_t ld, float *out,
+                             cudaStream_t stream);
+
 // kernels/simple.cu: whether this build carries code the current device can run (a kernel's
 // attributes are queried, which loads its module): 0 (cudaSuccess) or the CUDA error.
 int attn__cuda_kernels_loadable(void);

@@ -1,0 +1,429 @@
+// mha.c - nn.MultiheadAttention on the GPU (attn_cuda.h): the parameters of a libattn module copied
+// to the device, projections on cuBLASLt (gemm.c), attention through attn_cuda_sdpa_fwd/bwd, bias
+// gradients by column sums (kernels/colsum.cu).
+//
+// The heads are column blocks of the projections, so the attention reads them in place through the
+// descriptor's strides: a projection buffer of `ld` elements per row, rows in the input's order
+// ((L, N) or, batch_first, (N, L)), is the (N, H, T, hd) view {ld, hd, N ld, 1} or {T ld, hd, ld, 1}.
+// Self-attention (query, key and value the same tensor) projects once into an (M, 3E) buffer; with
+// key = value k and v share one (M, 2E) product; otherwise each has its own.
+//
+// Buffers of a call, in this order, each on a 256-byte boundary: the projections (q, k, v regions),
+// the attention's output (Mq, E), and for training its log-sum-exp (N, H, L) float32. The training
+// forward writes them into the caller's `saved`; the inference forward into the module's scratch,
+// which the backward also uses for d(attention output) and the projections' gradients.
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctx.h"
+#include "gemm.h"
+#include "launch.h"
+
+#define MHA_MAX_PARAMS 8
+
+struct attn_cuda_mha {
+    attn_mha_config cfg;
+    int64_t E, H, hd;
+    attn_dtype dt;
+    int n_params;
+    const char *names[MHA_MAX_PARAMS]; // the host module's names (static strings of libattn)
+    int ndim[MHA_MAX_PARAMS];
+    int64_t shape[MHA_MAX_PARAMS][3];
+    void *data[MHA_MAX_PARAMS];        // device copies
+    int i_w_in, i_b_in, i_w_out, i_b_out; // indices of in_proj_weight/bias, out_proj.weight/bias (-1: none)
+    attn__cuda_blas *blas;
+    void *scratch;
+    size_t scratch_size;
+    cudaStream_t scratch_stream;
+};
+
+// ---- the module -----------------------------------------------------------------------------------
+
+void attn_cuda_mha_free(attn_cuda_mha *m) {
+    if (m == NULL) return;
+    for (int i = 0; i < m->n_params; i++) cudaFree(m->data[i]);
+    if (m->scratch != NULL) cudaFreeAsync(m->scratch, m->scratch_stream);
+    attn__cuda_blas_close(m->blas);
+    free(m);
+}
+
+static int find_param(const attn_cuda_mha *m, const char *name) {
+    for (int i = 0; i < m->n_params; i++)
+        if (strcmp(m->names[i], name) == 0) return i;
+    return -1;
+}
+
+attn_status attn_cuda_mha_create(attn_cuda_ctx *ctx, attn_mha *host, attn_cuda_mha **out) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    attn__cuda_err *e = &ctx->err;
+    if (out == NULL || host == NULL) return attn__cuda_fail(e, ATTN_ERR_INVALID_ARG, "cuda mha: host and mha must not be NULL");
+    *out = NULL;
+    const attn_mha_config *cfg = attn_mha_get_config(host);
+    if (cfg->kdim != cfg->embed_dim || cfg->vdim != cfg->embed_dim || cfg->add_bias_kv || cfg->add_zero_attn)
+        return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED,
+                               "cuda mha: kdim/vdim other than embed_dim, add_bias_kv and add_zero_attn are CPU-only");
+    const int n = attn_mha_param_count(host);
+    if (n > MHA_MAX_PARAMS) return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda mha: %d parameters", n);
+    attn_cuda_mha *m = calloc(1, sizeof *m);
+    if (m == NULL) return attn__cuda_fail(e, ATTN_ERR_OUT_OF_MEMORY, "cuda mha: out of host memory");
+    m->cfg = *cfg, m->E = cfg->embed_dim, m->H = cfg->num_heads, m->hd = cfg->embed_dim / cfg->num_heads;
+    m->dt = cfg->dtype;
+    attn_status st = ATTN_OK;
+    for (int i = 0; i < n && st == ATTN_OK; i++) {
+        attn_dtype pdt;
+        void *src;
+        st = attn_mha_param_typed_at(host, i, &m->names[i], &m->ndim[i], m->shape[i], &pdt, &src);
+        if (st != ATTN_OK) break;
+        int64_t numel = 1;
+        for (int d = 0; d < m->ndim[i]; d++) numel *= m->shape[i][d];
+        const size_t bytes = (size_t)numel * attn_dtype_size(pdt);
+        cudaError_t err = cudaMalloc(&m->data[i], bytes);
+        if (err == cudaSuccess) err = cudaMemcpy(m->data[i], src, bytes, cudaMemcpyHostToDevice);
+        m->n_params = i + 1;
+        if (err != cudaSuccess) st = attn__cuda_device_fail(e, err, "cuda mha: copying the parameters");
+    }
+    if (st == ATTN_OK) st = attn__cuda_blas_open(e, &m->blas);
+    if (st != ATTN_OK) {
+        attn_cuda_mha_free(m);
+        return st;
+    }
+    m->i_w_in = find_param(m, "in_proj_weight"), m->i_b_in = find_param(m, "in_proj_bias");
+    m->i_w_out = find_param(m, "out_proj.weight"), m->i_b_out = find_param(m, "out_proj.bias");
+    *out = m;
+    return ATTN_OK;
+}
+
+attn_status attn_cuda_mha_param(attn_cuda_mha *m, const char *name, int *ndim, int64_t shape[3], attn_dtype *dtype,
+                                void **data) {
+    if (m == NULL || name == NULL) return ATTN_ERR_INVALID_ARG;
+    const int i = find_param(m, name);
+    if (i < 0) return ATTN_ERR_NOT_FOUND;
+    if (ndim != NULL) *ndim = m->ndim[i];
+    if (shape != NULL) memcpy(shape, m->shape[i], sizeof m->shape[i]);
+    if (dtype != NULL) *dtype = m->dt;
+    if (data != NULL) *data = m->data[i];
+    return ATTN_OK;
+}
+
+attn_status attn_cuda_mha_to_host(attn_cuda_ctx *ctx, const attn_cuda_mha *m, attn_mha *host) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    if (m == NULL || host == NULL) return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda mha: NULL module");
+    if (attn_mha_param_count(host) != m->n_params || attn_mha_get_config(host)->dtype != m->dt)
+        return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda mha: the host module is not this module's kind");
+    for (int i = 0; i < m->n_params; i++) {
+        int ndim;
+        int64_t shape[3];
+        void *dst;
+        ATTN__CU_TRY(attn_mha_param_typed_at(host, i, NULL, &ndim, shape, NULL, &dst));
+        int64_t numel = 1;
+        for (int d = 0; d < ndim; d++) numel *= shape[d];
+        const cudaError_t err = cudaMemcpyAsync(dst, m->data[i], (size_t)numel * attn_dtype_size(m->dt),
+                                                cudaMemcpyDeviceToHost, ctx->stream);
+        if (err != cudaSuccess) return attn__cuda_device_fail(&ctx->err, err, "cuda mha: copying the parameters back");
+    }
+    const cudaError_t err = cudaStreamSynchronize(ctx->stream);
+    if (err != cudaSuccess) return attn__cuda_device_fail(&ctx->err, err, "cuda mha: copying the parameters back");
+    return ATTN_OK;
+}
+
+void attn_cuda_mha_args_init(attn_cuda_mha_args *args) {
+    if (args == NULL) return;
+    memset(args, 0, sizeof *args);
+    attn_mha_args_init(&args->base);
+    args->base.need_weights = 0; // the GPU writes no weights
+}
+
+// ---- one call's shapes and buffers ----------------------------------------------------------------
+
+typedef struct region {
+    size_t off; // bytes from the buffer's start
+    int64_t ld; // elements per row
+} region;
+
+typedef struct call {
+    int64_t N, L, S, Mq, Mkv;
+    const void *x_q, *x_k, *x_v; // the inputs (device)
+    bool self, kv_same;          // query = key = value; key = value
+    region q, k, v, attn;        // projections and the attention's output
+    size_t lse_off, bytes, bytes_train;
+} call;
+
+static size_t take(size_t *used, size_t bytes) {
+    const size_t at = (*used + ATTN__CU_WS_ALIGN - 1) & ~(size_t)(ATTN__CU_WS_ALIGN - 1);
+    *used = at + bytes;
+    return at;
+}
+
+static attn_status plan_call(attn_cuda_ctx *ctx, const attn_cuda_mha *m, const attn_cuda_mha_args *args, call *c) {
+    attn__cuda_err *e = &ctx->err;
+    if (m == NULL || args == NULL) return attn__cuda_fail(e, ATTN_ERR_INVALID_ARG, "cuda mha: mha and args must not be NULL");
+    const attn_mha_args *a = &args->base;
+    if (a->query == NULL) return attn__cuda_fail(e, ATTN_ERR_INVALID_ARG, "cuda mha: query must not be NULL");
+    if (a->need_weights)
+        return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda mha: the attention weights are CPU-only (need_weights = 0)");
+    if (a->causal && a->attn_mask != NULL)
+        return attn__cuda_fail(e, ATTN_ERR_INVALID_ARG, "cuda mha: causal and attn_mask are exclusive");
+    if (a->attn_mask != NULL && a->attn_mask_ndim != 2 && a->attn_mask_ndim != 3)
+        return attn__cuda_fail(e, ATTN_ERR_BAD_MASK, "cuda mha: attn_mask_ndim must be 2 or 3");
+    memset(c, 0, sizeof *c);
+    c->N = a->unbatched ? 1 : a->batch, c->L = a->len_q;
+    c->x_q = a->query, c->x_k = a->key != NULL ? a->key : a->query;
+    c->x_v = a->value != NULL ? a->value : c->x_k;
+    c->S = a->key != NULL ? a->len_kv : c->L;
+    if (c->N < 1 || c->L < 1 || c->S < 1)
+        return attn__cuda_fail(e, ATTN_ERR_BAD_SHAPE, "cuda mha: batch %lld, len_q %lld, len_kv %lld must be >= 1",
+                               (long long)c->N, (long long)c->L, (long long)c->S);
+    c->self = c->x_k == c->x_q && c->x_v == c->x_q;
+    c->kv_same = !c->self && c->x_k == c->x_v;
+    if (c->self && c->S != c->L) return attn__cuda_fail(e, ATTN_ERR_BAD_SHAPE, "cuda mha: len_kv must be len_q for self-attention");
+    const int64_t E = m->E;
+    int64_t rows, elems;
+    if (__builtin_mul_overflow(c->N, c->L > c->S ? c->L : c->S, &rows) || __builtin_mul_overflow(rows, 4 * E, &elems) ||
+        elems > INT64_MAX / 8)
+        return attn__cuda_fail(e, ATTN_ERR_OVERFLOW, "cuda mha: the buffers' sizes overflow");
+    c->Mq = c->N * c->L, c->Mkv = c->N * c->S;
+    const size_t es = attn_dtype_size(m->dt);
+    size_t used = 0;
+    if (c->self) {
+        c->q.off = take(&used, (size_t)(c->Mq * 3 * E) * es), c->q.ld = c->k.ld = c->v.ld = 3 * E;
+        c->k.off = c->q.off + (size_t)E * es, c->v.off = c->q.off + (size_t)(2 * E) * es;
+    } else {
+        c->q.off = take(&used, (size_t)(c->Mq * E) * es), c->q.ld = E;
+        if (c->kv_same) {
+            c->k.off = take(&used, (size_t)(c->Mkv * 2 * E) * es), c->k.ld = c->v.ld = 2 * E;
+            c->v.off = c->k.off + (size_t)E * es;
+        } else {
+            c->k.off = take(&used, (size_t)(c->Mkv * E) * es), c->k.ld = E;
+            c->v.off = take(&used, (size_t)(c->Mkv * E) * es), c->v.ld = E;
+        }
+    }
+    c->attn.off = take(&used, (size_t)(c->Mq * E) * es), c->attn.ld = E;
+    c->bytes = used;
+    c->lse_off = take(&used, (size_t)(c->N * m->H * c->L) * sizeof(float));
+    c->bytes_train = used;
+    return ATTN_OK;
+}
+
+// The (N, H, T, hd) strides of a region whose rows hold T tokens of every batch entry.
+static void head_strides(const attn_cuda_mha *m, const call *c, const region *r, int64_t T, int64_t st[4]) {
+    if (m->cfg.batch_first) st[0] = T * r->ld, st[1] = m->hd, st[2] = r->ld, st[3] = 1;
+    else st[0] = r->ld, st[1] = m->hd, st[2] = c->N * r->ld, st[3] = 1;
+}
+
+static void describe(const attn_cuda_mha *m, const attn_cuda_mha_args *args, const call *c, attn_sdpa_desc *d) {
+    const attn_mha_args *a = &args->base;
+    attn_sdpa_desc_init(d);
+    d->batch = c->N, d->n_heads = m->H, d->len_q = c->L, d->len_kv = c->S, d->head_dim = m->hd;
+    head_strides(m, c, &c->q, c->L, d->q_stride);
+    head_strides(m, c, &c->k, c->S, d->k_stride);
+    head_strides(m, c, &c->v, c->S, d->v_stride);
+    head_strides(m, c, &c->attn, c->L, d->o_stride);
+    d->q_dtype = d->kv_dtype = d->out_dtype = d->grad_dtype = m->dt;
+    d->causal = a->causal ? ATTN_CAUSAL_TOP_LEFT : ATTN_CAUSAL_NONE;
+    if (a->attn_mask != NULL) {
+        d->mask = a->attn_mask, d->mask_dtype = a->attn_mask_dtype;
+        const int64_t LS = c->L * c->S;
+        if (a->attn_mask_ndim == 2) d->mask_stride[0] = 0, d->mask_stride[1] = 0;
+        else d->mask_stride[0] = m->H * LS, d->mask_stride[1] = LS;
+        d->mask_stride[2] = c->S, d->mask_stride[3] = 1;
+    }
+    if (a->key_padding_mask != NULL) {
+        d->key_padding_mask = a->key_padding_mask, d->key_padding_mask_dtype = a->key_padding_mask_dtype;
+        d->key_padding_mask_stride[0] = a->unbatched ? 0 : c->S, d->key_padding_mask_stride[1] = 1;
+    }
+    if (a->training && m->cfg.dropout > 0.0) {
+        d->dropout_p = m->cfg.dropout, d->dropout_rng = ATTN_DROPOUT_RNG_PHILOX;
+        d->dropout_seed = args->dropout_seed, d->dropout_offset = args->dropout_offset;
+    }
+}
+
+// Module-owned device scratch of at least `bytes`, grown stream-ordered on the context's stream.
+static attn_status scratch(attn_cuda_ctx *ctx, attn_cuda_mha *m, size_t bytes, unsigned char **out) {
+    if (m->scratch_size < bytes) {
+        if (m->scratch != NULL) cudaFreeAsync(m->scratch, m->scratch_stream);
+        m->scratch = NULL, m->scratch_size = 0;
+        const cudaError_t err = cudaMallocAsync(&m->scratch, bytes, ctx->stream);
+        if (err == cudaErrorMemoryAllocation)
+            return attn__cuda_fail(&ctx->err, ATTN_ERR_OUT_OF_MEMORY, "cuda mha: %zu bytes of scratch cannot be had", bytes);
+        if (err != cudaSuccess) return attn__cuda_device_fail(&ctx->err, err, "cuda mha: cudaMallocAsync");
+        m->scratch_size = bytes, m->scratch_stream = ctx->stream;
+    }
+    *out = m->scratch;
+    return ATTN_OK;
+}
+
+static const unsigned char *param(const attn_cuda_mha *m, int i) {
+    return i >= 0 ? (const unsigned char *)m->data[i] : NULL;
+}
+
+// C (rows x cols, ldc) = X (rows x E, ld E) W[w_row0 .. w_row0 + cols)^T + b[w_row0 ..]
+static attn_status project(attn_cuda_ctx *ctx, const attn_cuda_mha *m, const void *x, int64_t rows, int64_t w_row0,
+                           int64_t cols, void *out, int64_t ldc) {
+    const size_t es = attn_dtype_size(m->dt);
+    const unsigned char *w = param(m, m->i_w_in), *b = param(m, m->i_b_in);
+    const attn__cuda_gemm g = {.m = rows, .n = cols, .k = m->E, .a = x, .lda = m->E, .b = w + (size_t)(w_row0 * m->E) * es,
+                               .ldb = m->E, .trans_b = true, .c = out, .ldc = ldc,
+                               .bias = b != NULL ? b + (size_t)w_row0 * es : NULL, .alpha = 1.0f, .beta = 0.0f,
+                               .ab_type = m->dt, .c_type = m->dt};
+    return attn__cuda_gemm_run(&ctx->err, m->blas, &g, ctx->stream);
+}
+
+// The projections, the attention and out_proj into `buf` (call c's layout) and out.
+static attn_status forward_into(attn_cuda_ctx *ctx, attn_cuda_mha *m, const attn_cuda_mha_args *args, const call *c,
+                                unsigned char *buf, void *out, float *lse) {
+    const int64_t E = m->E;
+    if (c->self) {
+        ATTN__CU_TRY(project(ctx, m, c->x_q, c->Mq, 0, 3 * E, buf + c->q.off, 3 * E));
+    } else {
+        ATTN__CU_TRY(project(ctx, m, c->x_q, c->Mq, 0, E, buf + c->q.off, c->q.ld));
+        if (c->kv_same) {
+            ATTN__CU_TRY(project(ctx, m, c->x_k, c->Mkv, E, 2 * E, buf + c->k.off, c->k.ld));
+        } else {
+            ATTN__CU_TRY(project(ctx, m, c->x_k, c->Mkv, E, E, buf + c->k.off, c->k.ld));
+            ATTN__CU_TRY(project(ctx, m, c->x_v, c->Mkv, 2 * E, E, buf + c->v.off, c->v.ld));
+        }
+    }
+    attn_sdpa_desc d;
+    describe(m, args, c, &d);
+    ATTN__CU_TRY(attn_cuda_sdpa_fwd(ctx, &d, buf + c->q.off, buf + c->k.off, buf + c->v.off, buf + c->attn.off, lse));
+    const attn__cuda_gemm g = {.m = c->Mq, .n = E, .k = E, .a = buf + c->attn.off, .lda = E, .b = param(m, m->i_w_out),
+                               .ldb = E, .trans_b = true, .c = out, .ldc = E, .bias = param(m, m->i_b_out), .alpha = 1.0f,
+                               .ab_type = m->dt, .c_type = m->dt};
+    return attn__cuda_gemm_run(&ctx->err, m->blas, &g, ctx->stream);
+}
+
+static attn_status check_out(attn_cuda_ctx *ctx, const void *out) {
+    if (out == NULL) return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda mha: out must not be NULL");
+    return ATTN_OK;
+}
+
+attn_status attn_cuda_mha_forward(attn_cuda_ctx *ctx, attn_cuda_mha *m, const attn_cuda_mha_args *args, void *out) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    call c;
+    ATTN__CU_TRY(plan_call(ctx, m, args, &c));
+    ATTN__CU_TRY(check_out(ctx, out));
+    unsigned char *buf = NULL;
+    ATTN__CU_TRY(scratch(ctx, m, c.bytes, &buf));
+    return forward_into(ctx, m, args, &c, buf, out, NULL);
+}
+
+attn_status attn_cuda_mha_saved_size(attn_cuda_ctx *ctx, attn_cuda_mha *m, const attn_cuda_mha_args *args,
+                                     size_t *bytes) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    if (bytes == NULL) return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda mha: bytes is NULL");
+    call c;
+    ATTN__CU_TRY(plan_call(ctx, m, args, &c));
+    *bytes = c.bytes_train + ATTN__CU_WS_ALIGN - 1;
+    return ATTN_OK;
+}
+
+// The caller's saved buffer from its first 256-byte boundary, or ATTN_ERR_WORKSPACE when too small.
+static attn_status saved_base(attn_cuda_ctx *ctx, const call *c, const void *saved, size_t size, unsigned char **base) {
+    if (saved == NULL) return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda mha: saved must not be NULL");
+    const uintptr_t p = (uintptr_t)saved, at = (p + ATTN__CU_WS_ALIGN - 1) & ~(uintptr_t)(ATTN__CU_WS_ALIGN - 1);
+    if (size < c->bytes_train + (at - p))
+        return attn__cuda_fail(&ctx->err, ATTN_ERR_WORKSPACE, "cuda mha: saved holds %zu bytes, %zu are needed", size,
+                               c->bytes_train + ATTN__CU_WS_ALIGN - 1);
+    *base = (unsigned char *)at;
+    return ATTN_OK;
+}
+
+attn_status attn_cuda_mha_forward_train(attn_cuda_ctx *ctx, attn_cuda_mha *m, const attn_cuda_mha_args *args,
+                                        void *out, void *saved, size_t saved_size) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    call c;
+    ATTN__CU_TRY(plan_call(ctx, m, args, &c));
+    ATTN__CU_TRY(check_out(ctx, out));
+    unsigned char *buf = NULL;
+    ATTN__CU_TRY(saved_base(ctx, &c, saved, saved_size, &buf));
+    return forward_into(ctx, m, args, &c, buf, out, (float *)(buf + c.lse_off));
+}
+
+// ---- backward ---------------------------------------------------------------------------------------
+
+// dW (rows_w x E, float32, rows w_row0 ..) = G^T X and db = column sums of G, for the projection
+// whose gradient G (M x cols at ldg) came from input X (M x E).
+static attn_status proj_param_grads(attn_cuda_ctx *ctx, const attn_cuda_mha *m, float *const *dparams, const void *G,
+                                    int64_t ldg, int64_t M, int64_t cols, const void *X, int64_t w_row0) {
+    if (dparams == NULL) return ATTN_OK;
+    float *dw = m->i_w_in >= 0 ? dparams[m->i_w_in] : NULL, *db = m->i_b_in >= 0 ? dparams[m->i_b_in] : NULL;
+    if (dw != NULL) {
+        const attn__cuda_gemm g = {.m = cols, .n = m->E, .k = M, .a = G, .lda = ldg, .trans_a = true, .b = X, .ldb = m->E,
+                                   .c = dw + w_row0 * m->E, .ldc = m->E, .alpha = 1.0f, .ab_type = m->dt,
+                                   .c_type = ATTN_DTYPE_F32};
+        ATTN__CU_TRY(attn__cuda_gemm_run(&ctx->err, m->blas, &g, ctx->stream));
+    }
+    if (db != NULL) {
+        const int err = attn__cuda_launch_colsum(G, m->dt, M, cols, ldg, db + w_row0, ctx->stream);
+        if (err != cudaSuccess) return attn__cuda_device_fail(&ctx->err, err, "cuda mha: bias gradient");
+    }
+    return ATTN_OK;
+}
+
+// dX (M x E) (+)= G (M x cols at ldg) W[w_row0 .. w_row0 + cols): the input's gradient of a projection.
+static attn_status input_grad(attn_cuda_ctx *ctx, const attn_cuda_mha *m, const void *G, int64_t ldg, int64_t M,
+                              int64_t cols, int64_t w_row0, void *dx, bool accumulate) {
+    if (dx == NULL) return ATTN_OK;
+    const size_t es = attn_dtype_size(m->dt);
+    const attn__cuda_gemm g = {.m = M, .n = m->E, .k = cols, .a = G, .lda = ldg,
+                               .b = param(m, m->i_w_in) + (size_t)(w_row0 * m->E) * es, .ldb = m->E, .c = dx, .ldc = m->E,
+                               .alpha = 1.0f, .beta = accumulate ? 1.0f : 0.0f, .ab_type = m->dt, .c_type = m->dt};
+    return attn__cuda_gemm_run(&ctx->err, m->blas, &g, ctx->stream);
+}
+
+attn_status attn_cuda_mha_backward(attn_cuda_ctx *ctx, attn_cuda_mha *m, const attn_cuda_mha_args *args,
+                                   const void *saved, size_t saved_size, const void *dout, void *dquery, void *dkey,
+                                   void *dvalue, float *const *dparams) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    call c;
+    ATTN__CU_TRY(plan_call(ctx, m, args, &c));
+    if (dout == NULL) return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda mha: dout must not be NULL");
+    // a tensor used as several inputs gets the sum of its uses in the first one (as attn.h's backward)
+    if ((c.x_k == c.x_q && dkey != NULL) || ((c.x_v == c.x_q || c.x_v == c.x_k) && dvalue != NULL))
+        return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG,
+                               "cuda mha: a tensor passed as several inputs has its gradient in the first (dkey / dvalue "
+                               "must be NULL)");
+    unsigned char *sv = NULL;
+    ATTN__CU_TRY(saved_base(ctx, &c, saved, saved_size, &sv));
+    unsigned char *g = NULL;
+    ATTN__CU_TRY(scratch(ctx, m, c.bytes, &g)); // d(attention output) and the projections' gradients
+    const int64_t E = m->E;
+    // out_proj: d_attn = dout W_out; dW_out = dout^T attn; db_out = column sums of dout
+    const attn__cuda_gemm ga = {.m = c.Mq, .n = E, .k = E, .a = dout, .lda = E, .b = param(m, m->i_w_out), .ldb = E,
+                                .c = g + c.attn.off, .ldc = E, .alpha = 1.0f, .ab_type = m->dt, .c_type = m->dt};
+    ATTN__CU_TRY(attn__cuda_gemm_run(&ctx->err, m->blas, &ga, ctx->stream));
+    if (dparams != NULL && m->i_w_out >= 0 && dparams[m->i_w_out] != NULL) {
+        const attn__cuda_gemm gw = {.m = E, .n = E, .k = c.Mq, .a = dout, .lda = E, .trans_a = true, .b = sv + c.attn.off,
+                                    .ldb = E, .c = dparams[m->i_w_out], .ldc = E, .alpha = 1.0f, .ab_type = m->dt,
+                                    .c_type = ATTN_DTYPE_F32};
+        ATTN__CU_TRY(attn__cuda_gemm_run(&ctx->err, m->blas, &gw, ctx->stream));
+    }
+    if (dparams != NULL && m->i_b_out >= 0 && dparams[m->i_b_out] != NULL) {
+        const int err = attn__cuda_launch_colsum(dout, m->dt, c.Mq, E, E, dparams[m->i_b_out], ctx->stream);
+        if (err != cudaSuccess) return attn__cuda_device_fail(&ctx->err, err, "cuda mha: bias gradient");
+    }
+    // the attention's backward into the projections' gradients (the layout of their values)
+    attn_sdpa_desc d;
+    describe(m, args, &c, &d);
+    ATTN__CU_TRY(attn_cuda_sdpa_bwd(ctx, &d, sv + c.q.off, sv + c.k.off, sv + c.v.off, sv + c.attn.off, g + c.attn.off,
+                                    (const float *)(sv + c.lse_off), g + c.q.off, g + c.k.off, g + c.v.off, NULL));
+    if (c.self) { // one (M, 3E) gradient: dW_in = G^T x, dx = G W_in
+        ATTN__CU_TRY(proj_param_grads(ctx, m, dparams, g + c.q.off, 3 * E, c.Mq, 3 * E, c.x_q, 0));
+        return input_grad(ctx, m, g + c.q.off, 3 * E, c.Mq, 3 * E, 0, dquery, false);
+    }
+    ATTN__CU_TRY(proj_param_grads(ctx, m, dparams, g + c.q.off, c.q.ld, c.Mq, E, c.x_q, 0));
+    ATTN__CU_TRY(input_grad(ctx, m, g + c.q.off, c.q.ld, c.Mq, E, 0, dquery, false));
+    void *dk_to = c.x_k == c.x_q ? dquery : dkey; // key's gradient, added to query's when it is query
+    const bool k_acc = c.x_k == c.x_q;
+    if (c.kv_same) {
+        ATTN__CU_TRY(proj_param_grads(ctx, m, dparams, g + c.k.off, c.k.ld, c.Mkv, 2 * E, c.x_k, E));
+        return input_grad(ctx, m, g + c.k.off, c.k.ld, c.Mkv, 2 * E, E, dk_to, k_acc);
+    }
+    ATTN__CU_TRY(proj_param_grads(ctx, m, dparams, g + c.k.off, c.k.ld, c.Mkv, E, c.x_k, E));
+    ATTN__CU_TRY(proj_param_grads(ctx, m, dparams, g + c.v.off, c.v.ld, c.Mkv, E, c.x_v, 2 * E));
+    ATTN__CU_TRY(input_grad(ctx, m, g + c.k.off, c.k.ld, c.Mkv, E, E, dk_to, k_acc));
+    void *dv_to = c.x_v == c.x_q ? dquery : dvalue;
+    return input_grad(ctx, m, g + c.v.off, c.v.ld, c.Mkv, E, 2 * E, dv_to, c.x_v == c.x_q);
+}

@@ -1,0 +1,252 @@
+// test_cuda_mha.c - nn.MultiheadAttention on the GPU (attn_cuda_mha_*) against the CPU module
+// (attn_mha_*) holding the same parameters, through the public APIs: random configurations (self,
+// cross and key = value attention, batch_first, unbatched, bias or not, causal, bool and float
+// masks of 2 and 3 dimensions, key padding masks), forward, training forward and backward (every
+// parameter's and input's gradient), F32 within 1e-4 of the largest element and BF16 within 2^-5
+// (the GPU rounds the projections and the intermediate gradients to bfloat16, the CPU keeps
+// them in float32); Philox dropout: the same seed and offset give the same bits, another offset
+// another mask; the parameters copied back. Without a GPU: argument checks, and the GPU cases
+// report themselves skipped (ATTN_CUDA_REQUIRE_GPU makes that a failure, as make test-cuda sets).
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn_cuda.h"
+#include "harness.h"
+
+static uint64_t rng = 12345;
+static uint32_t next32(void) {
+    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (uint32_t)(rng >> 33);
+}
+static float urand(void) { return (float)(next32() >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f; }
+static int pick(int n) { return (int)(next32() % (uint32_t)n); }
+
+static attn_cuda_ctx *gpu_ctx(void) {
+    char why[256];
+    if (attn_cuda_probe(0, why, sizeof why) != ATTN_OK) {
+        if (getenv("ATTN_CUDA_REQUIRE_GPU") != NULL) FAIL("no usable GPU: %s", why);
+        SKIP("no usable GPU: %s", why);
+    }
+    attn_cuda_ctx *ctx = NULL;
+    ASSERT_OK(attn_cuda_ctx_create(NULL, &ctx));
+    return ctx;
+}
+
+static void *up(const void *h, size_t bytes) {
+    void *d = NULL;
+    if (cudaMalloc(&d, bytes > 0 ? bytes : 1) != cudaSuccess) FAIL("cudaMalloc(%zu)", bytes);
+    if (h != NULL && cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice) != cudaSuccess) FAIL("cudaMemcpy");
+    return d;
+}
+static void down(void *h, const void *d, size_t bytes) {
+    if (cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) FAIL("cudaMemcpy back");
+}
+
+// Values of type t (float, or half bit patterns) as floats.
+static float *as_floats(const void *x, attn_dtype t, int64_t n) {
+    float *f = malloc((size_t)n * sizeof(float));
+    ASSERT_OK(attn_convert(ATTN_DTYPE_F32, f, t, x, n));
+    return f;
+}
+
+static void close_to(const char *what, const float *got, const float *want, int64_t n, double tol, uint64_t seed) {
+    double mx = 1e-6;
+    for (int64_t i = 0; i < n; i++) mx = fmax(mx, fabs(want[i]));
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabs((double)got[i] - want[i]) <= tol * mx))
+            FAIL("seed %llu: %s[%lld] = %g, CPU %g (tolerance %g of the largest, %g)", (unsigned long long)seed, what,
+                 (long long)i, got[i], want[i], tol, mx);
+    harness_checks++;
+}
+
+static void run_case(attn_cuda_ctx *g, attn_dtype dt, int use_dropout) {
+    const uint64_t seed = rng;
+    const int64_t H = 1 + pick(4), hd = (int64_t)8 << pick(3), E = H * hd;
+    attn_mha_config cfg;
+    attn_mha_config_init(&cfg, E, H);
+    cfg.bias = pick(4) != 0, cfg.batch_first = pick(2), cfg.dtype = dt;
+    cfg.dropout = use_dropout ? 0.25 : 0.0;
+    attn_ctx *cpu = NULL;
+    ASSERT_OK(attn_ctx_create(NULL, &cpu));
+    attn_generator_seed(attn_ctx_generator(cpu), seed);
+    attn_mha *host = NULL;
+    ASSERT_OK(attn_mha_create(cpu, &cfg, &host));
+    attn_cuda_mha *dev = NULL;
+    const attn_status cs = attn_cuda_mha_create(g, host, &dev);
+    if (cs == ATTN_ERR_UNSUPPORTED) SKIP("%s", attn_cuda_ctx_last_error(g)); // no cuBLASLt on this machine
+    ASSERT_OK(cs);
+
+    const int unbatched = pick(5) == 0, kind = pick(3); // 0 self, 1 cross, 2 key = value
+    const int64_t N = unbatched ? 1 : 1 + pick(3), L = 1 + pick(40), S = kind == 0 ? L : 1 + pick(40);
+    const size_t es = attn_dtype_size(dt);
+    const int64_t nq = N * L * E, nk = N * S * E;
+    float *xq = malloc((size_t)nq * 4), *xk = malloc((size_t)nk * 4), *xv = malloc((size_t)nk * 4);
+    for (int64_t i = 0; i < nq; i++) xq[i] = urand();
+    for (int64_t i = 0; i < nk; i++) xk[i] = urand(), xv[i] = urand();
+    void *hq = malloc((size_t)nq * es), *hk = malloc((size_t)nk * es), *hv = malloc((size_t)nk * es);
+    ASSERT_OK(attn_convert(dt, hq, ATTN_DTYPE_F32, xq, nq));
+    ASSERT_OK(attn_convert(dt, hk, ATTN_DTYPE_F32, xk, nk));
+    ASSERT_OK(attn_convert(dt, hv, ATTN_DTYPE_F32, xv, nk));
+    void *dq_in = up(hq, (size_t)nq * es), *dk_in = up(hk, (size_t)nk * es), *dv_in = up(hv, (size_t)nk * es);
+
+    attn_mha_args ca;
+    attn_mha_args_init(&ca);
+    ca.need_weights = 0, ca.unbatched = unbatched, ca.batch = N, ca.len_q = L, ca.len_kv = S;
+    attn_cuda_mha_args ga;
+    attn_cuda_mha_args_init(&ga);
+    ca.query = hq, ga.base.query = dq_in;
+    if (kind == 1) ca.key = hk, ca.value = hv, ga.base.key = dk_in, ga.base.value = dv_in;
+    if (kind == 2) ca.key = ca.value = hk, ga.base.key = ga.base.value = dk_in;
+    void *dmask = NULL, *dkpm = NULL, *mask = NULL;
+    uint8_t *kpm = NULL;
+    const int mask_kind = pick(4); // 0 none, 1 causal, 2 bool (L, S), 3 float (N H, L, S)
+    if (mask_kind == 1 && kind == 0) ca.causal = ga.base.causal = 1;
+    if (mask_kind == 2 || mask_kind == 3) {
+        const int64_t n = mask_kind == 2 ? L * S : N * H * L * S;
+        const size_t b = mask_kind == 2 ? 1 : 4;
+        mask = malloc((size_t)n * b);
+        for (int64_t i = 0; i < n; i++) {
+            if (mask_kind == 2) ((uint8_t *)mask)[i] = pick(5) == 0;
+            else ((float *)mask)[i] = urand();
+        }
+        dmask = up(mask, (size_t)n * b);
+        ca.attn_mask = mask, ga.base.attn_mask = dmask;
+        ca.attn_mask_dtype = ga.base.attn_mask_dtype = mask_kind == 2 ? ATTN_DTYPE_BOOL : ATTN_DTYPE_F32;
+        ca.attn_mask_ndim = ga.base.attn_mask_ndim = mask_kind == 2 ? 2 : 3;
+    }
+    if (pick(3) == 0) {
+        kpm = malloc((size_t)(N * S));
+        for (int64_t i = 0; i < N * S; i++) kpm[i] = pick(6) == 0;
+        dkpm = up(kpm, (size_t)(N * S));
+        ca.key_padding_mask = kpm, ga.base.key_padding_mask = dkpm;
+        ca.key_padding_mask_dtype = ga.base.key_padding_mask_dtype = ATTN_DTYPE_BOOL;
+    }
+    const double tol = dt == ATTN_DTYPE_F32 ? 1e-4 : 0x1p-5;
+
+    // forward (inference) against the CPU module
+    void *hout = malloc((size_t)nq * es), *dout_buf = up(NULL, (size_t)nq * es), *gout = malloc((size_t)nq * es);
+    ASSERT_OK(attn_mha_forward(cpu, host, &ca, hout, NULL));
+    if (attn_cuda_mha_forward(g, dev, &ga, dout_buf) != ATTN_OK) FAIL("seed %llu: %s", (unsigned long long)seed, attn_cuda_ctx_last_error(g));
+    down(gout, dout_buf, (size_t)nq * es);
+    float *a = as_floats(gout, dt, nq), *b = as_floats(hout, dt, nq);
+    close_to("out", a, b, nq, tol, seed);
+    free(a), free(b);
+
+    // training: forward_train and backward (without dropout against the CPU; with it, repeatable)
+    ca.training = ga.base.training = 1;
+    ga.dropout_seed = 99, ga.dropout_offset = 7;
+    size_t sbytes = 0;
+    ASSERT_OK(attn_cuda_mha_saved_size(g, dev, &ga, &sbytes));
+    void *saved = up(NULL, sbytes);
+    float *go = malloc((size_t)nq * 4);
+    for (int64_t i = 0; i < nq; i++) go[i] = urand();
+    void *hgo = malloc((size_t)nq * es);
+    ASSERT_OK(attn_convert(dt, hgo, ATTN_DTYPE_F32, go, nq));
+    void *dgo = up(hgo, (size_t)nq * es);
+    const int np = attn_mha_param_count(host);
+    float *dparams[8] = {0}, *hparams[8] = {0};
+    int64_t pn[8];
+    for (int i = 0; i < np; i++) {
+        int ndim;
+        int64_t shape[3];
+        ASSERT_OK(attn_mha_param_typed_at(host, i, NULL, &ndim, shape, NULL, NULL));
+        pn[i] = 1;
+        for (int d = 0; d < ndim; d++) pn[i] *= shape[d];
+        dparams[i] = up(NULL, (size_t)pn[i] * 4), hparams[i] = malloc((size_t)pn[i] * 4);
+    }
+    void *gdq = up(NULL, (size_t)nq * es), *gdk = kind == 1 ? up(NULL, (size_t)nk * es) : NULL;
+    void *gdv = kind == 1 ? up(NULL, (size_t)nk * es) : NULL;
+    ASSERT_OK(attn_cuda_mha_forward_train(g, dev, &ga, dout_buf, saved, sbytes));
+    if (attn_cuda_mha_backward(g, dev, &ga, saved, sbytes, dgo, gdq, gdk, gdv, dparams) != ATTN_OK)
+        FAIL("seed %llu: backward: %s", (unsigned long long)seed, attn_cuda_ctx_last_error(g));
+    if (!use_dropout) {
+        size_t hbytes = 0;
+        ASSERT_OK(attn_mha_saved_size(cpu, host, &ca, &hbytes));
+        void *hsaved = malloc(hbytes);
+        void *hdq = malloc((size_t)nq * es), *hdk = kind == 1 ? malloc((size_t)nk * es) : NULL;
+        void *hdv = kind == 1 ? malloc((size_t)nk * es) : NULL;
+        ASSERT_OK(attn_mha_forward_train(cpu, host, &ca, hout, NULL, hsaved, hbytes));
+        ASSERT_OK(attn_mha_backward(cpu, host, &ca, hsaved, hbytes, hgo, hdq, hdk, hdv, hparams));
+        void *grads[3][2] = {{gdq, hdq}, {gdk, hdk}, {gdv, hdv}};
+        const int64_t gn[3] = {nq, nk, nk};
+        static const char *gname[3] = {"dquery", "dkey", "dvalue"};
+        for (int x = 0; x < 3; x++) {
+            if (grads[x][0] == NULL) continue;
+            void *raw = malloc((size_t)gn[x] * es);
+            down(raw, grads[x][0], (size_t)gn[x] * es);
+            float *ga_f = as_floats(raw, dt, gn[x]), *ha_f = as_floats(grads[x][1], dt, gn[x]);
+            close_to(gname[x], ga_f, ha_f, gn[x], 4 * tol, seed);
+            free(raw), free(ga_f), free(ha_f);
+        }
+        for (int i = 0; i < np; i++) {
+            float *gp = malloc((size_t)pn[i] * 4);
+            down(gp, dparams[i], (size_t)pn[i] * 4);
+            const char *name;
+            ASSERT_OK(attn_mha_param_typed_at(host, i, &name, NULL, NULL, NULL, NULL));
+            close_to(name, gp, hparams[i], pn[i], 4 * tol, seed);
+            free(gp);
+        }
+        free(hsaved), free(hdq), free(hdk), free(hdv);
+    } else { // the same seed and offset: the same bits; another offset: another output
+        void *o1 = malloc((size_t)nq * es), *o2 = malloc((size_t)nq * es);
+        down(o1, dout_buf, (size_t)nq * es);
+        ASSERT_OK(attn_cuda_mha_forward_train(g, dev, &ga, dout_buf, saved, sbytes));
+        down(o2, dout_buf, (size_t)nq * es);
+        ASSERT_TRUE(memcmp(o1, o2, (size_t)nq * es) == 0);
+        ga.dropout_offset = 8;
+        ASSERT_OK(attn_cuda_mha_forward_train(g, dev, &ga, dout_buf, saved, sbytes));
+        down(o2, dout_buf, (size_t)nq * es);
+        ASSERT_TRUE(nq * (int64_t)es < 64 || memcmp(o1, o2, (size_t)nq * es) != 0);
+        free(o1), free(o2);
+    }
+    ASSERT_OK(attn_cuda_mha_to_host(g, dev, host)); // the same values back
+    for (int i = 0; i < np; i++) cudaFree(dparams[i]), free(hparams[i]);
+    cudaFree(dq_in), cudaFree(dk_in), cudaFree(dv_in), cudaFree(dmask), cudaFree(dkpm), cudaFree(dout_buf);
+    cudaFree(saved), cudaFree(dgo), cudaFree(gdq), cudaFree(gdk), cudaFree(gdv);
+    free(xq), free(xk), free(xv), free(hq), free(hk), free(hv), free(mask), free(kpm), free(hout), free(gout), free(go);
+    free(hgo);
+    attn_cuda_mha_free(dev);
+    attn_mha_free(host);
+    attn_ctx_free(cpu);
+}
+
+static void test_f32_against_cpu(void) {
+    attn_cuda_ctx *g = gpu_ctx();
+    for (int r = 0; r < 16; r++) run_case(g, ATTN_DTYPE_F32, 0);
+    attn_cuda_ctx_free(g);
+}
+
+static void test_bf16_against_cpu(void) {
+    attn_cuda_ctx *g = gpu_ctx();
+    for (int r = 0; r < 8; r++) run_case(g, ATTN_DTYPE_BF16, 0);
+    attn_cuda_ctx_free(g);
+}
+
+static void test_dropout_repeatable(void) {
+    attn_cuda_ctx *g = gpu_ctx();
+    for (int r = 0; r < 4; r++) run_case(g, ATTN_DTYPE_F32, 1);
+    attn_cuda_ctx_free(g);
+}
+
+// Without a GPU (or before any device work): argument checks that need no device.
+static void test_arguments(void) {
+    attn_cuda_mha_args a;
+    memset(&a, 0x5a, sizeof a);
+    attn_cuda_mha_args_init(&a);
+    ASSERT_EQ_INT(a.base.need_weights, 0);
+    ASSERT_EQ_INT(a.base.training, 0);
+    ASSERT_EQ_U64(a.dropout_seed, 0);
+    attn_cuda_mha *m = (attn_cuda_mha *)&a;
+    ASSERT_STATUS(attn_cuda_mha_create(NULL, NULL, &m), ATTN_ERR_INVALID_ARG);
+    ASSERT_STATUS(attn_cuda_mha_forward(NULL, NULL, &a, NULL), ATTN_ERR_INVALID_ARG);
+    ASSERT_STATUS(attn_cuda_mha_param(NULL, "in_proj_weight", NULL, NULL, NULL, NULL), ATTN_ERR_INVALID_ARG);
+    attn_cuda_mha_free(NULL);
+}
+
+int main(int argc, char **argv) {
+    static const harness_case cases[] = {HARNESS_CASE(test_arguments), HARNESS_CASE(test_f32_against_cpu),
+                                         HARNESS_CASE(test_bf16_against_cpu), HARNESS_CASE(test_dropout_repeatable)};
+    return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
+}
