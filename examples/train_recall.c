@@ -14,16 +14,25 @@
 // embeddings, the head and the loss are a few loops here. Every parameter, the attention's
 // included (its state_dict tensors), is updated by AdamW (torch.optim.AdamW's update rule).
 //
-// Usage: train_recall [--steps N] [--csv FILE] [--threads T] [--no-attention] [--check]
+// Usage: train_recall [--steps N] [--csv FILE] [--threads T] [--no-attention] [--check] [--device cpu|cuda]
 //   --csv writes "step,loss,accuracy" per step; --no-attention trains the same model with the
 //   attention removed (h1 = h0), which stays at chance; --check exits 1 unless the final loss is
-//   below 0.05 (above ln(VOCAB) - 0.1 with --no-attention).
+//   below 0.05 (above ln(VOCAB) - 0.1 with --no-attention). --device cuda runs the attention's
+//   forward and backward on the GPU (libattn_cuda's attn_cuda_mha_*, from the same module and the
+//   same parameters, copied there after every update); the rest stays here, so the loss curve is
+//   the CPU run's to float32 rounding. The last line gives the time per step.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "attn.h"
+#ifdef ATTN_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "attn_cuda.h"
+#endif
 
 enum { VOCAB = 16, T = 24, K = 5, E = 32, HEADS = 4, BATCH = 32, MAX_PARAMS = 16 };
 
@@ -68,17 +77,132 @@ static int add_tensor(tensor *p, int np, const char *name, float *w, int64_t n, 
     return p[np].g != NULL && p[np].m != NULL && p[np].v != NULL ? np + 1 : -1;
 }
 
+// The attention on the GPU: the module's copy there, device buffers for h0, its output, dh1, dh0,
+// the saved activations and the parameters' gradients.
+typedef struct gpu {
+#ifdef ATTN_HAVE_CUDA
+    attn_cuda_ctx *ctx;
+    attn_cuda_mha *mha;
+    attn_cuda_mha_args args;
+    void *x, *a, *dy, *dx, *saved;
+    size_t saved_size, bytes;
+    float *dparams[MAX_PARAMS];
+    int64_t pn[MAX_PARAMS];
+    int n_params;
+#endif
+    int on;
+} gpu;
+
+#ifdef ATTN_HAVE_CUDA
+static int gpu_fail(gpu *g, const char *what) {
+    fprintf(stderr, "train_recall: %s: %s\n", what, g->ctx != NULL ? attn_cuda_ctx_last_error(g->ctx) : "no context");
+    return 1;
+}
+
+static int gpu_open(gpu *g, attn_mha *mha, const attn_mha_args *host_args, int64_t rows) {
+    char why[256];
+    if (attn_cuda_probe(0, why, sizeof why) != ATTN_OK) {
+        fprintf(stderr, "train_recall: --device cuda: %s\n", why);
+        return 1;
+    }
+    if (attn_cuda_ctx_create(NULL, &g->ctx) != ATTN_OK || attn_cuda_mha_create(g->ctx, mha, &g->mha) != ATTN_OK)
+        return gpu_fail(g, "the module on the GPU");
+    attn_cuda_mha_args_init(&g->args);
+    g->args.base = *host_args;
+    g->bytes = (size_t)rows * E * sizeof(float);
+    if (cudaMalloc(&g->x, g->bytes) != cudaSuccess || cudaMalloc(&g->a, g->bytes) != cudaSuccess ||
+        cudaMalloc(&g->dy, g->bytes) != cudaSuccess || cudaMalloc(&g->dx, g->bytes) != cudaSuccess)
+        return gpu_fail(g, "cudaMalloc");
+    g->args.base.query = g->x;
+    if (attn_cuda_mha_saved_size(g->ctx, g->mha, &g->args, &g->saved_size) != ATTN_OK ||
+        cudaMalloc(&g->saved, g->saved_size) != cudaSuccess)
+        return gpu_fail(g, "the saved buffer");
+    g->n_params = attn_mha_param_count(mha);
+    for (int i = 0; i < g->n_params; i++) {
+        int ndim;
+        int64_t shape[3];
+        if (attn_mha_param_at(mha, i, NULL, &ndim, shape, NULL) != ATTN_OK) return 1;
+        g->pn[i] = ndim == 1 ? shape[0] : ndim == 2 ? shape[0] * shape[1] : shape[0] * shape[1] * shape[2];
+        if (cudaMalloc((void **)&g->dparams[i], (size_t)g->pn[i] * sizeof(float)) != cudaSuccess)
+            return gpu_fail(g, "cudaMalloc");
+    }
+    g->on = 1;
+    return 0;
+}
+
+static int gpu_forward(gpu *g, const float *h0, float *a) {
+    if (cudaMemcpy(g->x, h0, g->bytes, cudaMemcpyHostToDevice) != cudaSuccess) return gpu_fail(g, "cudaMemcpy");
+    if (attn_cuda_mha_forward_train(g->ctx, g->mha, &g->args, g->a, g->saved, g->saved_size) != ATTN_OK)
+        return gpu_fail(g, "attn_cuda_mha_forward_train");
+    return cudaMemcpy(a, g->a, g->bytes, cudaMemcpyDeviceToHost) != cudaSuccess ? gpu_fail(g, "cudaMemcpy") : 0;
+}
+
+// The backward: dh0 and the attention's parameter gradients (into dparams, host arrays).
+static int gpu_backward(gpu *g, const float *dh1, float *dh0, float *const *dparams) {
+    if (cudaMemcpy(g->dy, dh1, g->bytes, cudaMemcpyHostToDevice) != cudaSuccess) return gpu_fail(g, "cudaMemcpy");
+    if (attn_cuda_mha_backward(g->ctx, g->mha, &g->args, g->saved, g->saved_size, g->dy, g->dx, NULL, NULL,
+                               g->dparams) != ATTN_OK)
+        return gpu_fail(g, "attn_cuda_mha_backward");
+    if (cudaMemcpy(dh0, g->dx, g->bytes, cudaMemcpyDeviceToHost) != cudaSuccess) return gpu_fail(g, "cudaMemcpy");
+    for (int i = 0; i < g->n_params; i++)
+        if (cudaMemcpy(dparams[i], g->dparams[i], (size_t)g->pn[i] * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess)
+            return gpu_fail(g, "cudaMemcpy");
+    return 0;
+}
+
+// The module's parameters, just updated here, to the GPU's copy.
+static int gpu_push(gpu *g, attn_mha *mha) {
+    for (int i = 0; i < g->n_params; i++) {
+        const char *name;
+        float *w, *dw;
+        if (attn_mha_param_at(mha, i, &name, NULL, NULL, &w) != ATTN_OK ||
+            attn_cuda_mha_param(g->mha, name, NULL, NULL, NULL, (void **)&dw) != ATTN_OK ||
+            cudaMemcpy(dw, w, (size_t)g->pn[i] * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
+            return gpu_fail(g, "the parameters to the GPU");
+    }
+    return 0;
+}
+
+static void gpu_close(gpu *g) {
+    cudaFree(g->x), cudaFree(g->a), cudaFree(g->dy), cudaFree(g->dx), cudaFree(g->saved);
+    for (int i = 0; i < g->n_params; i++) cudaFree(g->dparams[i]);
+    attn_cuda_mha_free(g->mha);
+    attn_cuda_ctx_free(g->ctx);
+}
+#else
+static int gpu_open(gpu *g, attn_mha *mha, const attn_mha_args *host_args, int64_t rows) {
+    (void)g, (void)mha, (void)host_args, (void)rows;
+    fprintf(stderr, "train_recall: --device cuda: this build has no libattn_cuda (no CUDA compiler when configured)\n");
+    return 1;
+}
+static int gpu_forward(gpu *g, const float *h0, float *a) { return (void)g, (void)h0, (void)a, 1; }
+static int gpu_backward(gpu *g, const float *dh1, float *dh0, float *const *dparams) {
+    return (void)g, (void)dh1, (void)dh0, (void)dparams, 1;
+}
+static int gpu_push(gpu *g, attn_mha *mha) { return (void)g, (void)mha, 1; }
+static void gpu_close(gpu *g) { (void)g; }
+#endif
+
+static double seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 int main(int argc, char **argv) {
     int steps = 400, threads = 1, check = 0, attention = 1;
-    const char *csv_path = NULL;
+    const char *csv_path = NULL, *device = "cpu";
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc) csv_path = argv[++i];
         else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) threads = atoi(argv[++i]);
         else if (strcmp(argv[i], "--check") == 0) check = 1;
         else if (strcmp(argv[i], "--no-attention") == 0) attention = 0;
+        else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) device = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--steps N] [--csv FILE] [--threads T] [--no-attention] [--check]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--steps N] [--csv FILE] [--threads T] [--no-attention] [--check] [--device cpu|cuda]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -86,6 +210,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s: --steps and --threads must be >= 1\n", argv[0]);
         return 2;
     }
+    if (strcmp(device, "cpu") != 0 && strcmp(device, "cuda") != 0) {
+        fprintf(stderr, "%s: --device must be cpu or cuda, not '%s'\n", argv[0], device);
+        return 2;
+    }
+    gpu dev = {0};
 
     int rc = 1;
     attn_ctx *ctx = NULL;
@@ -137,6 +266,7 @@ int main(int argc, char **argv) {
     size_t saved_size;
     CHECK(attn_mha_saved_size(ctx, mha, &args, &saved_size));
     if ((saved = malloc(saved_size)) == NULL) goto done;
+    if (strcmp(device, "cuda") == 0 && attention && gpu_open(&dev, mha, &args, BATCH * T) != 0) goto done;
     if (csv_path != NULL) {
         if ((csv = fopen(csv_path, "w")) == NULL) {
             perror(csv_path);
@@ -148,6 +278,7 @@ int main(int argc, char **argv) {
     adamw opt = {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01};
     const int64_t rows = BATCH * T, counted = BATCH * (T - K);
     double loss = 0.0;
+    const double t0 = seconds();
     for (int step = 1; step <= steps; step++) {
         // a fresh batch of random sequences
         CHECK(attn_rand_uniform(gen, u, rows, 0.0, 1.0));
@@ -156,8 +287,13 @@ int main(int argc, char **argv) {
         // forward
         for (int64_t r = 0; r < rows; r++)
             for (int e = 0; e < E; e++) h0[r * E + e] = tok_emb[tokens[r] * E + e] + pos_emb[(r % T) * E + e];
-        if (attention) CHECK(attn_mha_forward_train(ctx, mha, &args, a, NULL, saved, saved_size));
-        else memset(a, 0, sizeof a);
+        if (dev.on) {
+            if (gpu_forward(&dev, h0, a) != 0) goto done;
+        } else if (attention) {
+            CHECK(attn_mha_forward_train(ctx, mha, &args, a, NULL, saved, saved_size));
+        } else {
+            memset(a, 0, sizeof a);
+        }
         for (int64_t i = 0; i < rows * E; i++) h1[i] = h0[i] + a[i];
         CHECK(attn_linear(ctx, h1, rows, E, w_head, ATTN_WEIGHT_OUT_IN, b_head, VOCAB, logits));
 
@@ -194,8 +330,13 @@ int main(int argc, char **argv) {
                 for (int e = 0; e < E; e++) p[2].g[c * E + e] += d * h1[r * E + e];
             }
         CHECK(attn_linear(ctx, dlogits, rows, VOCAB, w_head, ATTN_WEIGHT_IN_OUT, NULL, E, dh1)); // dlogits W
-        if (attention) CHECK(attn_mha_backward(ctx, mha, &args, saved, saved_size, dh1, dh0, NULL, NULL, dparams));
-        else memset(dh0, 0, sizeof dh0);
+        if (dev.on) {
+            if (gpu_backward(&dev, dh1, dh0, dparams) != 0) goto done;
+        } else if (attention) {
+            CHECK(attn_mha_backward(ctx, mha, &args, saved, saved_size, dh1, dh0, NULL, NULL, dparams));
+        } else {
+            memset(dh0, 0, sizeof dh0);
+        }
         for (int64_t i = 0; i < rows * E; i++) dh0[i] += dh1[i]; // the residual path
         memset(p[0].g, 0, sizeof tok_emb), memset(p[1].g, 0, sizeof pos_emb);
         for (int64_t r = 0; r < rows; r++)
@@ -204,6 +345,7 @@ int main(int argc, char **argv) {
                 p[1].g[(r % T) * E + e] += dh0[r * E + e];
             }
         adamw_step(&opt, p, np);
+        if (dev.on && gpu_push(&dev, mha) != 0) goto done;
 
         const double accuracy = (double)correct / (double)counted;
         if (csv != NULL) fprintf(csv, "%d,%.6f,%.4f\n", step, loss, accuracy);
@@ -211,6 +353,8 @@ int main(int argc, char **argv) {
             printf("step %4d  loss %.4f  accuracy %5.1f%%\n", step, loss, 100.0 * accuracy);
     }
     printf("chance: loss %.4f (ln %d), accuracy %.1f%%\n", log((double)VOCAB), VOCAB, 100.0 / VOCAB);
+    printf("time: %.3f ms per step (%d steps, attention on %s)\n", 1e3 * (seconds() - t0) / steps, steps,
+           dev.on ? "the GPU" : "the CPU");
     if (check) {
         const int ok = attention ? loss < 0.05 : loss > log((double)VOCAB) - 0.1;
         printf("check: final loss %.4f, expected %s %.4f: %s\n", loss, attention ? "<" : ">",
@@ -224,6 +368,7 @@ done:
     if (csv != NULL && fclose(csv) != 0) rc = 1;
     for (int i = 0; i < np; i++) free(p[i].g), free(p[i].m), free(p[i].v);
     free(saved);
+    if (strcmp(device, "cuda") == 0) gpu_close(&dev); // also after a partial gpu_open
     attn_mha_free(mha);
     attn_ctx_free(ctx);
     return rc;
