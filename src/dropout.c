@@ -1,6 +1,8 @@
 // dropout.c - preparing and applying the dropout mask of an SDPA call (dropout.h).
 #include "dropout.h"
 
+#include "cpu/cpu.h"
+
 #include <string.h>
 
 size_t attn__dropout_bits_bytes(const attn_sdpa_desc *d, const attn__sdpa_shape *sh) {
@@ -8,9 +10,10 @@ size_t attn__dropout_bits_bytes(const attn_sdpa_desc *d, const attn__sdpa_shape 
     return (size_t)((sh->B * sh->H * sh->L * sh->S + 7) / 8);
 }
 
-void attn__dropout_init(attn__dropout *dr, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, attn_generator *gen,
-                        uint8_t *bits) {
+void attn__dropout_init(attn__dropout *dr, const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh,
+                        attn_generator *gen, uint8_t *bits) {
     memset(dr, 0, sizeof *dr);
+    dr->kn = kn;
     if (!(d->dropout_p > 0.0)) return;
     const bool all = d->dropout_p >= 1.0;
     dr->on = true;
@@ -41,16 +44,20 @@ void attn__dropout_tile(const attn__dropout *dr, int64_t b, int64_t h, int64_t i
             }
         return;
     }
-    const int64_t bh = (dr->seq0 + b) * dr->H + h;
-    for (int i = 0; i < nq; i++) {
-        // one generator call per four keys (the words of keys 4m .. 4m + 3)
-        for (int64_t j = j0; j < j0 + nj;) {
-            const attn__philox4 w = attn__philox_dropout_words(dr->seed, dr->offset, bh, i0 + i, j);
-            const int64_t end = (j | 3) + 1 < j0 + nj ? (j | 3) + 1 : j0 + nj;
-            for (; j < end; j++) {
-                float *x = t + (j - j0) * ld + i;
-                *x = (uint64_t)attn__philox_word(&w, j) < dr->threshold ? *x * kept_mul : 0.0f;
+    const uint32_t bh = (uint32_t)((dr->seq0 + b) * dr->H + h);
+    const uint32_t thr = (uint32_t)dr->threshold; // < 2^32: p > 0 here
+    uint32_t w[4][ATTN_PHILOX_LANES];
+    for (int64_t j = j0; j < j0 + nj;) { // one group of four keys (one counter) at a time
+        const int64_t end = (j | 3) + 1 < j0 + nj ? (j | 3) + 1 : j0 + nj;
+        for (int i = 0; i < nq; i += ATTN_PHILOX_LANES) {
+            dr->kn->philox_lanes((uint32_t)(j >> 2), i0 + i, bh, dr->offset, dr->seed, w);
+            const int n = nq - i < ATTN_PHILOX_LANES ? nq - i : ATTN_PHILOX_LANES;
+            for (int64_t jj = j; jj < end; jj++) {
+                const uint32_t *word = w[jj & 3];
+                float *x = t + (jj - j0) * ld + i;
+                for (int l = 0; l < n; l++) x[l] = word[l] < thr ? x[l] * kept_mul : 0.0f;
             }
         }
+        j = end;
     }
 }

@@ -19,6 +19,7 @@ typedef struct attn__dropout {
     uint64_t seed, threshold;
     uint32_t offset;
     int64_t H, L, S, seq0; // the run's heads, queries, keys, and the index of its first sequence
+    const attn__kernels *kn; // philox_lanes of the run's instruction set
 } attn__dropout;
 
 // Whether the backward needs the forward's generator state: dropout drawn from the context's generator.
@@ -29,12 +30,12 @@ static inline bool attn__dropout_needs_state(const attn_sdpa_desc *d) {
 // Scratch bytes attn__dropout_init needs for the mask of d (0 without dropout or with Philox).
 size_t attn__dropout_bits_bytes(const attn_sdpa_desc *d, const attn__sdpa_shape *sh);
 
-// Prepares the mask of a checked descriptor. With the context's generator the draws are taken from
+// Prepares the mask of a checked descriptor for the fused kernels of table kn. With the context's generator the draws are taken from
 // *gen in (b, h, i, j) order into `bits` (attn__dropout_bits_bytes bytes), advancing *gen exactly as
 // F.dropout on the (B*H, L, S) weights would (not at all when p = 1, as torch); Philox uses
 // neither. Without dropout dr->on is false.
-void attn__dropout_init(attn__dropout *dr, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, attn_generator *gen,
-                        uint8_t *bits);
+void attn__dropout_init(attn__dropout *dr, const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh,
+                        attn_generator *gen, uint8_t *bits);
 
 // Whether the weight of (b, h, i, j) of the run is kept (dr->on).
 static inline bool attn__dropout_kept(const attn__dropout *dr, int64_t b, int64_t h, int64_t i, int64_t j) {

@@ -78,4 +78,16 @@ ATTN__PHILOX_FN int attn__philox_dropout_kept(uint64_t seed, uint32_t offset, ui
     return (uint64_t)attn__philox_word(&w, j) < threshold;
 }
 
+// The words of n counters {c0, i0 + l, c2, c3} (l < n), lane by lane: the portable form of the
+// kernel tables' philox_lanes (CPU only).
+#if !defined(__CUDACC__)
+static inline void attn__philox_lanes_scalar(uint32_t c0, int64_t i0, uint32_t c2, uint32_t c3, uint64_t seed, int n,
+                                             uint32_t *w0, uint32_t *w1, uint32_t *w2, uint32_t *w3) {
+    for (int l = 0; l < n; l++) {
+        const attn__philox4 r = attn__philox4x32_10(c0, (uint32_t)(i0 + l), c2, c3, (uint32_t)seed, (uint32_t)(seed >> 32));
+        w0[l] = r.v[0], w1[l] = r.v[1], w2[l] = r.v[2], w3[l] = r.v[3];
+    }
+}
+#endif
+
 #endif

@@ -30,6 +30,9 @@ static const char summary[] =
     "(fp32 FMAs, 256- or 512-bit, on every instruction set today), printed with the row's % of it.\n"
     "With --op mha, --dtype f16 or bf16 runs the module in that type (attn_mha_config.dtype: parameters,\n"
     "input and output of the type, float32 sums), with the same peak measurement.\n"
+    "--dropout P (sdpa) applies dropout drawn from the counter-based Philox generator (dropout_rng =\n"
+    "ATTN_DROPOUT_RNG_PHILOX, seed 1), in the forward and the backward; the sampled check is skipped\n"
+    "then (its strided view moves the rows the mask is drawn for).\n"
     "Defaults: sdpa, B=1, H=12, L=S=1024, D=64, E=768, 1 thread, R=5.\n"
     "--op decode times one decoding step against a KV cache: see attn bench --op decode --help.";
 
@@ -62,6 +65,7 @@ static float *alloc_randn(attn_ctx *ctx, size_t n) {
 typedef struct bench_opts {
     const char *op, *isa, *dtype, *device;
     int64_t B, H, Hkv, L, S, D, E, threads, repeat;
+    double dropout;
     bool causal, no_check, json, backward, blas;
 } bench_opts;
 
@@ -164,6 +168,7 @@ int cmd_bench(int argc, char **argv) {
         {"--embed-dim", ARG_INT, &o.E, "E", "embedding dimension for mha (default 768)", false, false},
         {"--causal", ARG_FLAG, &o.causal, NULL, "causal mask", false, false},
         {"--backward", ARG_FLAG, &o.backward, NULL, "time forward + backward (sdpa)", false, false},
+        {"--dropout", ARG_FLOAT, &o.dropout, "P", "Philox dropout probability in [0, 1) (sdpa; default 0)", false, false},
         {"--dtype", ARG_STRING, &o.dtype, "T", "element type f32, f16 or bf16 (sdpa; the module with mha); reports % of peak",
          false, false},
         {"--threads", ARG_INT, &o.threads, "T", "threads (default 1)", false, false},
@@ -188,6 +193,8 @@ int cmd_bench(int argc, char **argv) {
     if (o.H % o.Hkv != 0) return cli_error("bench", EXIT_USAGE, "--heads must be a multiple of --kv-heads");
     if (mha && o.E % o.H != 0) return cli_error("bench", EXIT_USAGE, "--embed-dim must be a multiple of --heads");
     if (mha && o.backward) return cli_error("bench", EXIT_USAGE, "--backward times sdpa only");
+    if (!(o.dropout >= 0.0 && o.dropout < 1.0) || (mha && o.dropout > 0.0))
+        return cli_error("bench", EXIT_USAGE, "--dropout must be in [0, 1), with --op sdpa");
     if (mha) o.S = o.L, o.Hkv = o.H, o.D = o.E / o.H;
     attn_dtype dt = ATTN_DTYPE_F32;
     if (o.dtype != NULL && !cli_parse_float_dtype(o.dtype, &dt))
@@ -229,6 +236,7 @@ int cmd_bench(int argc, char **argv) {
         flops = 4.0 * (double)o.B * (double)o.H * (double)o.L * (double)o.S * (double)o.D * (o.causal ? 0.5 : 1.0);
         if (o.backward) flops *= 3.5;
         d.q_dtype = d.kv_dtype = d.out_dtype = d.grad_dtype = dt;
+        if (o.dropout > 0.0) d.dropout_p = o.dropout, d.dropout_rng = ATTN_DROPOUT_RNG_PHILOX, d.dropout_seed = 1;
         round_in_place(q, nq, dt), round_in_place(k, nk, dt), round_in_place(v, nk, dt), round_in_place(dout, nq, dt);
     } else {
         attn_mha_config cfg;
@@ -256,7 +264,7 @@ int cmd_bench(int argc, char **argv) {
         cli_fail("bench", ctx, st, "forward");
         goto done;
     }
-    if (!o.no_check && !mha && check_sdpa(&o, &d, q, k, v, out, &check_err) != 0) goto done;
+    if (!o.no_check && !mha && o.dropout == 0.0 && check_sdpa(&o, &d, q, k, v, out, &check_err) != 0) goto done;
     double *times = malloc((size_t)o.repeat * sizeof(double));
     if (times == NULL) goto done;
     double started = now();
@@ -293,8 +301,9 @@ int cmd_bench(int argc, char **argv) {
     else
         snprintf(shape, sizeof shape, "sdpa B=%lld H=%lld Hkv=%lld L=%lld S=%lld D=%lld", (long long)o.B,
                  (long long)o.H, (long long)o.Hkv, (long long)o.L, (long long)o.S, (long long)o.D);
-    printf("%s%s%s threads=%lld isa=%s: median %.3f ms, %.1f GFLOP/s, peak RSS %.1f MiB (inputs+outputs %.1f MiB)%s\n",
-           shape, o.causal ? " causal" : "", o.backward ? " forward+backward" : "", (long long)o.threads, attn_isa_name(attn_ctx_isa(ctx)), median * 1e3, gflops,
+    printf("%s%s%s%s threads=%lld isa=%s: median %.3f ms, %.1f GFLOP/s, peak RSS %.1f MiB (inputs+outputs %.1f MiB)%s\n",
+           shape, o.causal ? " causal" : "", o.dropout > 0.0 ? " dropout(Philox)" : "", o.backward ? " forward+backward" : "",
+           (long long)o.threads, attn_isa_name(attn_ctx_isa(ctx)), median * 1e3, gflops,
            rss, io_mb, check_err >= 0 ? "; agrees with the reference" : "");
     if (o.dtype != NULL) {
         if (peak > 0)

@@ -17,6 +17,8 @@
 
 #define ATTN_TILE_BR_ALIGN 16 // tile widths are multiples of this
 
+#define ATTN_PHILOX_LANES 16
+
 struct attn__kernels {
     const char *name;
     attn_isa isa;
@@ -65,6 +67,11 @@ struct attn__kernels {
     void (*pv_rows_q)(attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pt, int64_t ldp,
                       const float *alpha, int rows, float *o, int64_t ldo);
     void (*dequant_rows)(attn_dtype dt, const void *x, float *y, int64_t n);
+    // Dropout (src/philox.h): the Philox4x32-10 words w[word][l] of the counters {c0, i0 + l, c2, c3},
+    // l < ATTN_PHILOX_LANES, under key {low, high 32 bits of seed}: one key group of a tile for that
+    // many consecutive query rows.
+    void (*philox_lanes)(uint32_t c0, int64_t i0, uint32_t c2, uint32_t c3, uint64_t seed,
+                         uint32_t w[4][ATTN_PHILOX_LANES]);
 };
 
 // S^T = K Q^T: st (nj, br) = k (nj, D at row/feature strides) times qt (D, br).
@@ -76,6 +83,9 @@ static inline void attn__qk(const attn__kernels *kn, const float *k, int64_t ks_
 extern const attn__kernels attn__kernels_generic;
 #if defined(ATTN_HAVE_AVX2)
 extern const attn__kernels attn__kernels_avx2;
+// The AVX2 philox_lanes, which the AVX-512 table shares (flash_kernels_avx2.c).
+void attn__philox_lanes_avx2(uint32_t c0, int64_t i0, uint32_t c2, uint32_t c3, uint64_t seed,
+                             uint32_t w[4][ATTN_PHILOX_LANES]);
 #endif
 #if defined(ATTN_HAVE_AVX512)
 extern const attn__kernels attn__kernels_avx512;

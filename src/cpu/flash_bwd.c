@@ -486,7 +486,7 @@ void attn__flash_bwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_sh
     if (d->dropout_p > 0.0) { // the forward's mask: its draws regenerated from its starting state, or Philox
         attn_generator gen;
         if (attn__dropout_needs_state(d)) gen = *dropout_state;
-        attn__dropout_init(&J.drop, d, sh, &gen, bl.keep);
+        attn__dropout_init(&J.drop, ctx->kernels, d, sh, &gen, bl.keep);
     }
     if (use_one_pass(ctx, sh, dmask != NULL)) {
         attn__pool_run(ctx->pool, sh->B * sh->Hkv, one_pass_task, &J);

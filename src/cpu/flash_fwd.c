@@ -319,6 +319,6 @@ void attn__flash_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_sh
     vscan_job vj = {d, sh, v, J.n_kvtiles, fl.v_bad};
     attn__pool_run(pool, sh->B * sh->Hkv, vscan_task, &vj);
     // the dropout mask: the reference's draws in (b, h, i, j) order kept as bits, or Philox
-    attn__dropout_init(&J.drop, d, sh, &ctx->gen, fl.keep);
+    attn__dropout_init(&J.drop, ctx->kernels, d, sh, &ctx->gen, fl.keep);
     attn__pool_run(pool, sh->B * sh->H * J.n_qtiles, flash_task, &J);
 }

@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include "cpu/cpu.h"
+#include "philox.h"
 #include "half.h"
 #include "quant.h"
 
@@ -135,6 +136,11 @@ static void half_to_f32_generic(attn_dtype dt, const uint16_t *x, float *y, int6
         for (int64_t i = 0; i < n; i++) y[i] = attn__bf16_to_f32(x[i]);
 }
 
+static void philox_lanes_generic(uint32_t c0, int64_t i0, uint32_t c2, uint32_t c3, uint64_t seed,
+                                 uint32_t w[4][ATTN_PHILOX_LANES]) {
+    attn__philox_lanes_scalar(c0, i0, c2, c3, seed, ATTN_PHILOX_LANES, w[0], w[1], w[2], w[3]);
+}
+
 const attn__kernels attn__kernels_generic = {
     .name = "generic",
     .isa = ATTN_ISA_GENERIC,
@@ -150,4 +156,5 @@ const attn__kernels attn__kernels_generic = {
     .qk_rows_q = qk_rows_generic, // attn__kv_at reads every type
     .pv_rows_q = pv_rows_generic,
     .dequant_rows = attn__dequantize,
+    .philox_lanes = philox_lanes_generic,
 };

@@ -475,6 +475,38 @@ static void half_to_f32_avx2(attn_dtype dt, const uint16_t *x, float *y, int64_t
     }
 }
 
+// The high and low 32 bits of the eight 32 x 32-bit products x * m: even lanes by one
+// vpmuludq, odd lanes by one on the shifted vector, blended back into place.
+static inline void mul_hilo(__m256i x, __m256i m, __m256i *hi, __m256i *lo) {
+    const __m256i even = _mm256_mul_epu32(x, m), odd = _mm256_mul_epu32(_mm256_srli_epi64(x, 32), m);
+    *hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+    *lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+}
+
+// philox_lanes (cpu.h): Philox4x32-10 on eight counters per vector, two vectors.
+void attn__philox_lanes_avx2(uint32_t c0, int64_t i0, uint32_t c2, uint32_t c3, uint64_t seed,
+                             uint32_t w[4][ATTN_PHILOX_LANES]) {
+    const __m256i m0 = _mm256_set1_epi32((int)0xD2511F53u), m1 = _mm256_set1_epi32((int)0xCD9E8D57u);
+    for (int half = 0; half < ATTN_PHILOX_LANES / 8; half++) {
+        __m256i a = _mm256_set1_epi32((int)c0), c = _mm256_set1_epi32((int)c2), d = _mm256_set1_epi32((int)c3);
+        __m256i b = _mm256_add_epi32(_mm256_set1_epi32((int)(uint32_t)(i0 + 8 * half)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+        for (int round = 0; round < 10; round++) {
+            if (round > 0) k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;
+            __m256i hi0, lo0, hi1, lo1;
+            mul_hilo(a, m0, &hi0, &lo0);
+            mul_hilo(c, m1, &hi1, &lo1);
+            a = _mm256_xor_si256(_mm256_xor_si256(hi1, b), _mm256_set1_epi32((int)k0));
+            c = _mm256_xor_si256(_mm256_xor_si256(hi0, d), _mm256_set1_epi32((int)k1));
+            b = lo1, d = lo0;
+        }
+        _mm256_storeu_si256((__m256i *)(w[0] + 8 * half), a);
+        _mm256_storeu_si256((__m256i *)(w[1] + 8 * half), b);
+        _mm256_storeu_si256((__m256i *)(w[2] + 8 * half), c);
+        _mm256_storeu_si256((__m256i *)(w[3] + 8 * half), d);
+    }
+}
+
 const attn__kernels attn__kernels_avx2 = {
     .name = "avx2",
     .isa = ATTN_ISA_AVX2,
@@ -490,4 +522,5 @@ const attn__kernels attn__kernels_avx2 = {
     .qk_rows_q = attn__qk_rows_q_avx2,
     .pv_rows_q = attn__pv_rows_q_avx2,
     .dequant_rows = attn__dequant_rows_avx2,
+    .philox_lanes = attn__philox_lanes_avx2,
 };

@@ -427,4 +427,5 @@ const attn__kernels attn__kernels_avx512 = {
     .qk_rows_q = attn__qk_rows_q_avx2,
     .pv_rows_q = attn__pv_rows_q_avx2,
     .dequant_rows = attn__dequant_rows_avx2,
+    .philox_lanes = attn__philox_lanes_avx2,
 };
