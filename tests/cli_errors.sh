@@ -74,6 +74,7 @@ expect 2 "demo with an argument" -- $attn demo --frob
 expect 2 "bench --dropout out of range" -- $attn bench --dropout 1
 expect 2 "bench --dropout with the module" -- $attn bench --op mha --dropout 0.1
 expect 2 "bench --device cuda --dropout out of range" -- $attn bench --device cuda --backward --dropout 1.5
+expect 2 "bench --device cuda --op mha with a bad embed dim" -- $attn bench --device cuda --op mha --embed-dim 30 --heads 4
 expect 2 "bench --device cuda --backward of a decode" -- $attn bench --device cuda --op decode --backward
 
 if [ "$failures" -ne 0 ]; then echo "$failures failures"; exit 1; fi

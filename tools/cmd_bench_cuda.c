@@ -23,12 +23,15 @@ static const char *summary =
     "rotating over N sets. --op sdpa (q (B, H, L, D), k and v (B, Hkv, S, D), contiguous) reports ms and\n"
     "TFLOP/s (4 B H D times the visible (query, key) pairs); with --backward each run is the forward and\n"
     "the backward, counted as 3.5 times the forward's flops. --dropout P draws Philox dropout (seed 1).\n"
-    "--op decode and --op mha (with --page-size for paged caches) are not in libattn_cuda yet. See\n"
-    "docs/cuda.md and bench/run_bench_cuda.py.";
+    "--op mha times attn_cuda_mha_forward (with --backward forward_train and backward) on self-attention\n"
+    "(L, B, E) inputs, E = H * D (--embed-dim to set it), heads H, causal with --causal; TFLOP/s counts\n"
+    "the projections (8 B L E^2) beside the attention (3x both with --backward).\n"
+    "--op decode (with --page-size for paged caches) is not in libattn_cuda yet. See docs/cuda.md and\n"
+    "bench/run_bench_cuda.py.";
 
 typedef struct cuda_bench_opts {
     const char *device, *op, *dtype;
-    int64_t B, H, Hkv, L, S, D, page_size, repeat, warmup, sets;
+    int64_t B, H, Hkv, L, S, D, E, page_size, repeat, warmup, sets;
     double dropout;
     bool causal, json, backward;
 } cuda_bench_opts;
@@ -137,6 +140,95 @@ done:
     attn_cuda_ctx_free(ctx);
     return rc;
 }
+
+// --op mha: the module on the GPU, self-attention on (L, B, E).
+static int run_mha(const cuda_bench_opts *o, attn_dtype dt) {
+    char why[256];
+    if (attn_cuda_probe(0, why, sizeof why) != ATTN_OK) return cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: %s", why);
+    attn_ctx *cpu = NULL;
+    attn_cuda_ctx *ctx = NULL;
+    attn_mha *host = NULL;
+    attn_cuda_mha *m = NULL;
+    attn_mha_config cfg;
+    attn_mha_config_init(&cfg, o->E, o->H);
+    cfg.dtype = dt;
+    int rc = EXIT_FAILURE_RUN;
+    const size_t nx = (size_t)(o->L * o->B * o->E), es = attn_dtype_size(dt);
+    float *ms = malloc((size_t)o->repeat * sizeof(float));
+    void *x = NULL, *out = NULL, *saved = NULL, *dx = NULL;
+    float *dparams[8] = {0};
+    size_t saved_size = 0;
+    cudaEvent_t ev[2] = {NULL, NULL};
+    if (attn_ctx_create(NULL, &cpu) != ATTN_OK || attn_mha_create(cpu, &cfg, &host) != ATTN_OK ||
+        attn_cuda_ctx_create(NULL, &ctx) != ATTN_OK) {
+        cli_error("bench", EXIT_FAILURE_RUN, "--device cuda --op mha: the module cannot be made");
+        goto done;
+    }
+    if (attn_cuda_mha_create(ctx, host, &m) != ATTN_OK) {
+        cli_error("bench", EXIT_FAILURE_RUN, "--device cuda --op mha: %s", attn_cuda_ctx_last_error(ctx));
+        goto done;
+    }
+    attn_cuda_mha_args a;
+    attn_cuda_mha_args_init(&a);
+    a.base.batch = o->B, a.base.len_q = o->L, a.base.causal = o->causal, a.base.training = o->backward;
+    if (ms == NULL || cudaMalloc(&x, nx * es) != cudaSuccess || cudaMalloc(&out, nx * es) != cudaSuccess ||
+        cudaMalloc(&dx, nx * es) != cudaSuccess || cudaEventCreate(&ev[0]) != cudaSuccess ||
+        cudaEventCreate(&ev[1]) != cudaSuccess) {
+        cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: memory for the inputs cannot be had");
+        goto done;
+    }
+    cudaMemset(x, 0, nx * es); // values do not change the time of these kernels
+    a.base.query = x;
+    if (o->backward) {
+        if (attn_cuda_mha_saved_size(ctx, m, &a, &saved_size) != ATTN_OK || cudaMalloc(&saved, saved_size) != cudaSuccess) {
+            cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: the saved buffer cannot be had");
+            goto done;
+        }
+        for (int i = 0; i < attn_mha_param_count(host); i++) {
+            int ndim;
+            int64_t sh[3], n = 1;
+            attn_mha_param_typed_at(host, i, NULL, &ndim, sh, NULL, NULL);
+            for (int d = 0; d < ndim; d++) n *= sh[d];
+            if (cudaMalloc((void **)&dparams[i], (size_t)n * sizeof(float)) != cudaSuccess) goto done;
+        }
+    }
+    for (int64_t r = -o->warmup; r < o->repeat; r++) {
+        cudaEventRecord(ev[0], NULL);
+        attn_status st = o->backward ? attn_cuda_mha_forward_train(ctx, m, &a, out, saved, saved_size)
+                                     : attn_cuda_mha_forward(ctx, m, &a, out);
+        if (st == ATTN_OK && o->backward) st = attn_cuda_mha_backward(ctx, m, &a, saved, saved_size, out, dx, NULL, NULL, dparams);
+        cudaEventRecord(ev[1], NULL);
+        if (st != ATTN_OK || cudaEventSynchronize(ev[1]) != cudaSuccess) {
+            cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: %s", st != ATTN_OK ? attn_cuda_ctx_last_error(ctx) : "a run failed");
+            goto done;
+        }
+        if (r >= 0) cudaEventElapsedTime(&ms[r], ev[0], ev[1]);
+    }
+    qsort(ms, (size_t)o->repeat, sizeof *ms, cmp_float);
+    const double pairs_ = o->causal ? (double)o->L * (double)(o->L + 1) / 2.0 : (double)o->L * (double)o->L;
+    const double fwd = 8.0 * (double)o->B * (double)o->L * (double)o->E * (double)o->E + 4.0 * (double)o->B * (double)o->E * pairs_;
+    const double med = ms[o->repeat / 2], tflops = (o->backward ? 3.0 : 1.0) * fwd / (med * 1e-3) / 1e12;
+    printf("cuda mha%s %s B=%lld E=%lld H=%lld L=%lld%s: median %.4f ms (min %.4f) of %lld, %.1f TFLOP/s\n",
+           o->backward ? " fwd+bwd" : "", o->dtype, (long long)o->B, (long long)o->E, (long long)o->H, (long long)o->L,
+           o->causal ? " causal" : "", med, ms[0], (long long)o->repeat, tflops);
+    if (o->json)
+        printf("{\"op\": \"mha\", \"backward\": %s, \"dtype\": \"%s\", \"B\": %lld, \"E\": %lld, \"H\": %lld, \"L\": %lld, "
+               "\"causal\": %s, \"median_ms\": %.6f, \"min_ms\": %.6f, \"tflops\": %.3f}\n",
+               o->backward ? "true" : "false", o->dtype, (long long)o->B, (long long)o->E, (long long)o->H, (long long)o->L,
+               o->causal ? "true" : "false", med, ms[0], tflops);
+    rc = EXIT_OK;
+done:
+    if (ev[0] != NULL) cudaEventDestroy(ev[0]);
+    if (ev[1] != NULL) cudaEventDestroy(ev[1]);
+    cudaFree(x), cudaFree(out), cudaFree(dx), cudaFree(saved);
+    for (int i = 0; i < 8; i++) cudaFree(dparams[i]);
+    free(ms);
+    attn_cuda_mha_free(m);
+    attn_cuda_ctx_free(ctx);
+    attn_mha_free(host);
+    attn_ctx_free(cpu);
+    return rc;
+}
 #endif
 
 int cmd_bench_cuda(int argc, char **argv) {
@@ -152,6 +244,7 @@ int cmd_bench_cuda(int argc, char **argv) {
         {"--len-q", ARG_INT, &o.L, "L", "query length (default 4096)", false, false},
         {"--len-kv", ARG_INT, &o.S, "S", "key length (default L)", false, false},
         {"--head-dim", ARG_INT, &o.D, "D", "head dimension (default 128)", false, false},
+        {"--embed-dim", ARG_INT, &o.E, "E", "mha: embedding dimension (default H * D)", false, false},
         {"--causal", ARG_FLAG, &o.causal, NULL, "causal mask (top-left)", false, false},
         {"--backward", ARG_FLAG, &o.backward, NULL, "time the forward and the backward (sdpa)", false, false},
         {"--dropout", ARG_FLOAT, &o.dropout, "P", "Philox dropout probability in [0, 1) (default 0)", false, false},
@@ -176,12 +269,16 @@ int cmd_bench_cuda(int argc, char **argv) {
         return cli_error("bench", EXIT_USAGE, "sizes, --repeat and --sets must be >= 1, --warmup and --page-size >= 0");
     if (o.H % o.Hkv != 0) return cli_error("bench", EXIT_USAGE, "--heads must be a multiple of --kv-heads");
     if (!(o.dropout >= 0.0 && o.dropout < 1.0)) return cli_error("bench", EXIT_USAGE, "--dropout must be in [0, 1)");
-    if (o.backward && !sdpa) return cli_error("bench", EXIT_USAGE, "--backward applies to --op sdpa");
+    const bool mha = strcmp(o.op, "mha") == 0;
+    if (o.backward && !sdpa && !mha) return cli_error("bench", EXIT_USAGE, "--backward applies to --op sdpa and mha");
+    if (mha && o.dropout > 0) return cli_error("bench", EXIT_USAGE, "--dropout applies to --op sdpa");
+    if (o.E == 0) o.E = o.H * o.D;
+    if (o.E < 1 || o.E % o.H != 0) return cli_error("bench", EXIT_USAGE, "--embed-dim must be a multiple of --heads");
     if (o.page_size > 0 && strcmp(o.op, "decode") != 0) return cli_error("bench", EXIT_USAGE, "--page-size applies to --op decode");
-    if (!sdpa)
+    if (!sdpa && !mha)
         return cli_error("bench", EXIT_FAILURE_RUN, "--device cuda --op %s: not in libattn_cuda yet (docs/cuda.md)", o.op);
 #ifdef ATTN_HAVE_CUDA
-    return run_sdpa(&o, dt);
+    return mha ? run_mha(&o, dt) : run_sdpa(&o, dt);
 #else
     return cli_error("bench", EXIT_FAILURE_RUN,
                      "--device cuda: this attn was built without libattn_cuda (no CUDA compiler when it was configured)");

@@ -19,7 +19,8 @@ Covered:
   - errors: AttnError with the status name; CUDA tensors without libattn_cuda, and a libattn_cuda
     context on a machine without a GPU;
   - with a GPU and libattn_cuda (TestCuda): CUDA tensors against the CPU ops, forward and backward,
-    float32/bfloat16/float16, causal and GQA; dropout equal to the numpy binding's Philox mask.
+    float32/bfloat16/float16, causal and GQA; dropout equal to the numpy binding's Philox mask;
+    MultiheadAttention on CUDA against nn.MultiheadAttention on CUDA (outputs and every gradient).
 
 Run with an interpreter that has torch >= 2.4 (CTest python_torch_ops, when ATTN_TORCH2_PYTHON is
 set): `PYTHONPATH=python ATTN_LIBRARY=build/libattn.so build-venv/bin/python tests/python/test_torch_ops.py`.
@@ -340,6 +341,27 @@ class TestCuda(unittest.TestCase, Close):
                                             None, 0.0, 0)
         want = attn.sdpa(q.numpy(), k.numpy(), v.numpy(), dropout_p=0.25, dropout_rng=attn.Philox(1234, 0))
         self.close(out.cpu(), torch.from_numpy(want), atol=1e-5, rtol=1e-5)
+
+    def test_multihead_attention_against_torch(self):
+        # attn.torch.MultiheadAttention on CUDA (torch's projections, attn's attention on the GPU)
+        # against nn.MultiheadAttention with the same state: outputs and every gradient
+        for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
+            with self.subTest(dtype=dtype):
+                torch.manual_seed(3)
+                ref = torch.nn.MultiheadAttention(64, 4, batch_first=True).cuda().to(dtype)
+                ours = at.MultiheadAttention(64, 4, batch_first=True).cuda().to(dtype)
+                ours.load_state_dict(ref.state_dict())
+                x = rnd(3, 50, 64, dtype=dtype).cuda()
+                mask = torch.triu(torch.ones(50, 50, dtype=torch.bool, device="cuda"), 1)
+                xs = [x.clone().requires_grad_(True) for _ in range(2)]
+                outs = [m(t, t, t, attn_mask=mask, need_weights=False)[0] for m, t in ((ref, xs[0]), (ours, xs[1]))]
+                self.close(outs[1].float(), outs[0].float(), atol=tol, rtol=tol)
+                g = torch.randn_like(outs[0])
+                for o in outs:
+                    o.backward(g)
+                self.close(xs[1].grad.float(), xs[0].grad.float(), atol=3 * tol, rtol=3 * tol)
+                for (n, a), (_, b) in zip(ref.named_parameters(), ours.named_parameters()):
+                    self.close(b.grad.float(), a.grad.float(), atol=3 * tol, rtol=3 * tol, what=n)
 
     def test_errors(self):
         q = rnd(1, 1, 4, 8).cuda()
