@@ -139,6 +139,9 @@ ATTN_CUDA_API attn_status attn_cuda_ctx_reserve(attn_cuda_ctx *ctx, size_t size)
  *  - "flash": tensor cores (mma.sync, sm_80 and later) for q, k, v and out all BF16 or all F16,
  *    head_dim = head_dim_v in {32, 64, 96, 128, 256}, unit stride along D and 16-byte aligned
  *    pointers and row strides (multiples of 8 elements);
+ *  - "decode": split-KV decoding (flash-decoding) when a kv head has at most 16 query rows
+ *    (n_heads / n_kv_heads * len_q <= 16: one or a few new tokens), head dims up to 256 (128 above
+ *    4 rows), any element types and strides, every option; with the AUTO kernel choice;
  *  - "simple": everything else (F32, mixed types, other head dims, unaligned views).
  * Results agree with the CPU reference to the tolerances docs/cuda.md gives per type.
  */
@@ -263,7 +266,7 @@ ATTN_CUDA_API attn_status attn_cuda_mha_backward(attn_cuda_ctx *ctx, attn_cuda_m
                                                  const void *saved, size_t saved_size, const void *dout, void *dquery,
                                                  void *dkey, void *dvalue, float *const *dparams);
 
-/** The kernel the context would run for `desc`: "flash" or "simple" (*name static). */
+/** The kernel the context would run for `desc`: "flash", "decode" or "simple" (*name static). */
 ATTN_CUDA_API attn_status attn_cuda_sdpa_kernel_name(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc,
                                                      const char **name);
 

@@ -25,6 +25,11 @@ int attn__cuda_launch_flash(const attn__cuda_sdpa_params *p, int64_t row_blocks,
 // whose dout, rowdot (workspace), dq, dk, dv and lse (the forward's) are set.
 int attn__cuda_launch_simple_bwd(const attn__cuda_sdpa_params *p, cudaStream_t stream);
 
+// kernels/decode.cu: split-KV decoding for `rows` (group * L <= 16) query rows per kv head: splits of
+// split_keys keys into `part` (the plan's partial results), then their combination into out and lse.
+int attn__cuda_launch_decode(const attn__cuda_sdpa_params *p, int64_t split_keys, int64_t n_splits, int rows,
+                             float *part, cudaStream_t stream);
+
 // kernels/colsum.cu: out[c] = sum over r < rows of x[r * ld + c] (x of dtype F32, F16 or BF16), c < cols.
 int attn__cuda_launch_colsum(const void *x, int32_t dtype, int64_t rows, int64_t cols, int64_t ld, float *out,
                              cudaStream_t stream);

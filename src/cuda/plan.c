@@ -29,6 +29,7 @@ const char *attn__cuda_kernel_name(attn__cuda_kernel k) {
     switch (k) {
     case ATTN__CU_KERNEL_SIMPLE: return "simple";
     case ATTN__CU_KERNEL_FLASH: return "flash";
+    case ATTN__CU_KERNEL_DECODE: return "decode";
     }
     return "?";
 }
@@ -167,6 +168,12 @@ attn_status attn__cuda_plan_sdpa(attn__cuda_err *e, const attn__cuda_device *dev
     if (kern == ATTN__CU_KERNEL_SIMPLE && fast_ok && vec_view(p->q_stride, q) && vec_view(p->o_stride, out) &&
         attn__cuda_flash_smem((int)p->D) <= dev->smem_optin)
         kern = ATTN__CU_KERNEL_FLASH;
+    // Few query rows per kv head (decoding): split-KV, every row of a group in one warp. 16 rows of
+    // head dims above 128 would hold 128 accumulators a lane: those stay on the other kernels.
+    const int64_t rows = p->group * p->L, dmax = p->D > p->Dv ? p->D : p->Dv;
+    if (kernels == ATTN_CUDA_KERNELS_AUTO && rows <= 16 && dmax <= 256 && !(rows > 4 && dmax > 128) &&
+        (size_t)(rows * p->D) * sizeof(float) <= dev->smem_optin)
+        kern = ATTN__CU_KERNEL_DECODE;
     if (kern == ATTN__CU_KERNEL_SIMPLE && attn__cuda_simple_smem(p) > dev->smem_optin)
         return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda sdpa: head dims %lld/%lld need more shared memory than the device has",
                                (long long)p->D, (long long)p->Dv);
@@ -176,9 +183,20 @@ attn_status attn__cuda_plan_sdpa(attn__cuda_err *e, const attn__cuda_device *dev
     if (plan->row_blocks > INT32_MAX / (p->B * p->H))
         return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda sdpa: %lld x %lld x %lld blocks exceed the grid's limit",
                                (long long)p->B, (long long)p->H, (long long)plan->row_blocks);
-    // ---- the workspace: the device copy of the offsets ----
+    // ---- the workspace: the device copy of the offsets; the decode splits' partial results ----
     size_t used = 0;
     if (packed) plan->ws_cu = attn__cuda_ws_take(&used, (size_t)(2 * (p->B + 1)) * sizeof(int64_t));
+    if (kern == ATTN__CU_KERNEL_DECODE) {
+        // about 32 warps per SM in all: splits of at least 32 keys, a multiple of 32
+        const int64_t heads = p->B * p->Hkv, want = ceil_div((int64_t)(dev->sm_count > 0 ? dev->sm_count : 1) * 32, heads);
+        int64_t keys = ceil_div(p->S, want < 1 ? 1 : want);
+        keys = ceil_div(keys < 32 ? 32 : keys, 32) * 32;
+        plan->split_keys = keys, plan->n_splits = ceil_div(p->S, keys), plan->decode_rows = (int)rows;
+        if (ceil_div(plan->n_splits, 4) > INT32_MAX / heads || heads * rows > INT32_MAX)
+            return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda sdpa: the decode grid exceeds its limit");
+        plan->row_blocks = 1;
+        plan->ws_part = attn__cuda_ws_take(&used, (size_t)(heads * plan->n_splits * rows * (2 + p->Dv)) * sizeof(float));
+    }
     plan->ws_bytes = used > 0 ? used + ATTN__CU_WS_ALIGN - 1 : 0;
     return ATTN_OK;
 }

@@ -42,7 +42,8 @@ typedef struct attn__cuda_device {
 
 typedef enum attn__cuda_kernel {
     ATTN__CU_KERNEL_SIMPLE = 0,
-    ATTN__CU_KERNEL_FLASH = 1
+    ATTN__CU_KERNEL_FLASH = 1,
+    ATTN__CU_KERNEL_DECODE = 2  // split-KV decoding (kernels/decode.cu): few query rows per kv head
 } attn__cuda_kernel;
 
 const char *attn__cuda_kernel_name(attn__cuda_kernel k);
@@ -61,6 +62,11 @@ typedef struct attn__cuda_sdpa_plan {
     int64_t total_q;         // rows of q (packed) or B*L
     size_t ws_cu;            // offset inside the workspace of the device copy of cu_q, cu_k
     size_t ws_rowdot;        // backward: offset of rowdot (H * total_q floats)
+    // decode: keys per split, splits per sequence, query rows per kv head (group * L), and the offset
+    // of the splits' partial results (B * Hkv * n_splits * rows * (2 + Dv) floats)
+    int64_t split_keys, n_splits;
+    int decode_rows;
+    size_t ws_part;
     size_t ws_bytes;         // total (0 when nothing is needed), alignment slack included
 } attn__cuda_sdpa_plan;
 

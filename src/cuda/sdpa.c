@@ -65,8 +65,14 @@ static attn_status run(attn_cuda_ctx *ctx, attn__cuda_sdpa_plan *plan, const att
     p->q = q, p->k = k, p->v = v, p->out = out, p->lse = lse;
     unsigned char *ws;
     ATTN__CU_TRY(stage(ctx, plan, seqs, &ws));
-    const int err = plan->kernel == ATTN__CU_KERNEL_FLASH ? attn__cuda_launch_flash(p, plan->row_blocks, ctx->stream)
-                                                          : attn__cuda_launch_simple(p, plan->row_blocks, ctx->stream);
+    int err;
+    if (plan->kernel == ATTN__CU_KERNEL_FLASH)
+        err = attn__cuda_launch_flash(p, plan->row_blocks, ctx->stream);
+    else if (plan->kernel == ATTN__CU_KERNEL_DECODE)
+        err = attn__cuda_launch_decode(p, plan->split_keys, plan->n_splits, plan->decode_rows,
+                                       (float *)(ws + plan->ws_part), ctx->stream);
+    else
+        err = attn__cuda_launch_simple(p, plan->row_blocks, ctx->stream);
     if (err != cudaSuccess) return attn__cuda_device_fail(&ctx->err, err, "cuda sdpa: launch");
     return ATTN_OK;
 }

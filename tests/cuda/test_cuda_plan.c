@@ -165,6 +165,8 @@ static void test_parameters(void) {
     d = desc_of(1, 1, 1, 5, 7, 16, ATTN_DTYPE_F32);
     d.scale = 0.25f;
     ASSERT_OK(plan(&e, &a100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, &p));
+    ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_DECODE); // 5 query rows per kv head
+    ASSERT_OK(plan(&e, &a100, ATTN_CUDA_KERNELS_SIMPLE, &d, NULL, &p));
     ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_SIMPLE);
     ASSERT_TRUE(p.p.scale == 0.25f);
     ASSERT_EQ_INT(p.row_blocks, 2); // ceil(5 / 4)
@@ -211,7 +213,7 @@ static void test_varlen(void) {
 static void test_dropout(void) {
     attn__cuda_err e = {{0}, cpu_ctx()};
     attn__cuda_sdpa_plan p;
-    attn_sdpa_desc d = desc_of(1, 2, 2, 8, 8, 64, ATTN_DTYPE_BF16);
+    attn_sdpa_desc d = desc_of(1, 2, 2, 64, 64, 64, ATTN_DTYPE_BF16);
     d.dropout_p = 0.25;
     ASSERT_STATUS(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, &p), ATTN_ERR_UNSUPPORTED);
     ASSERT_TRUE(strstr(e.msg, "ATTN_DROPOUT_RNG_PHILOX") != NULL);
@@ -269,6 +271,36 @@ static void test_backward(void) {
     attn_ctx_free(e.host);
 }
 
+// Few query rows per kv head: split-KV decoding, splits of a multiple of 32 keys sized so the device
+// gets about 32 warps per SM, their partial results in the workspace; otherwise the other kernels.
+static void test_decode_choice(void) {
+    attn__cuda_err e = {{0}, cpu_ctx()};
+    attn__cuda_sdpa_plan p;
+    attn_sdpa_desc d = desc_of(8, 32, 8, 1, 32768, 128, ATTN_DTYPE_BF16); // one token, GQA group of 4
+    d.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+    ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, &p));
+    ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_DECODE);
+    ASSERT_TRUE(strcmp(attn__cuda_kernel_name(p.kernel), "decode") == 0);
+    ASSERT_EQ_INT(p.decode_rows, 4);
+    ASSERT_EQ_INT(p.split_keys % 32, 0);
+    ASSERT_TRUE(p.n_splits * p.split_keys >= 32768 && (p.n_splits - 1) * p.split_keys < 32768);
+    ASSERT_TRUE(8 * 8 * p.n_splits >= 132 * 32 / 2); // enough warps for the device
+    ASSERT_TRUE(p.ws_part + (size_t)(8 * 8 * p.n_splits * 4 * 130) * sizeof(float) <= p.ws_bytes);
+    d = desc_of(1, 4, 4, 1, 10, 64, ATTN_DTYPE_F32); // few keys: one split of 32
+    ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, &p));
+    ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_DECODE);
+    ASSERT_EQ_INT(p.n_splits, 1);
+    ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_SIMPLE, &d, NULL, &p)); // forced kernels are kept
+    ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_SIMPLE);
+    d = desc_of(1, 32, 8, 4, 4096, 256, ATTN_DTYPE_BF16); // 16 rows of 256 dims: flash
+    ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, &p));
+    ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_FLASH);
+    d = desc_of(1, 32, 8, 5, 4096, 64, ATTN_DTYPE_BF16); // 20 rows per kv head
+    ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, &p));
+    ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_FLASH);
+    attn_ctx_free(e.host);
+}
+
 static void test_workspace_offsets(void) {
     size_t used = 0;
     ASSERT_EQ_INT(attn__cuda_ws_take(&used, 10), 0);
@@ -281,6 +313,6 @@ int main(int argc, char **argv) {
                                          HARNESS_CASE(test_kernel_choice),  HARNESS_CASE(test_pointer_alignment),
                                          HARNESS_CASE(test_parameters),     HARNESS_CASE(test_varlen),
                                          HARNESS_CASE(test_workspace_offsets), HARNESS_CASE(test_dropout),
-                                         HARNESS_CASE(test_backward)};
+                                         HARNESS_CASE(test_backward), HARNESS_CASE(test_decode_choice)};
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
 }

@@ -86,6 +86,8 @@ static void check_backward(attn_cuda_ctx *ctx, attn_ctx *host, const attn_sdpa_d
                            const float *ref, const float *ref_lse, const void *dq, const void *dk, const void *dv,
                            attn_dtype t, int64_t nq, int64_t nk, int64_t nl, uint64_t seed);
 
+static int decode_shapes; // the cases' shapes: decoding (1 or 2 queries, up to 3000 keys)
+
 static void run_case(attn_cuda_ctx *ctx, attn_dtype t, int allow_options, int packed, int backward) {
     static const int64_t dims[] = {32, 64, 96, 128, 256, 40};
     const uint64_t seed = rng_state;
@@ -94,6 +96,7 @@ static void run_case(attn_cuda_ctx *ctx, attn_dtype t, int allow_options, int pa
     const int64_t Hkv = 1 + pick(3), group = 1 + pick(3);
     d.batch = 1 + pick(3), d.n_heads = Hkv * group, d.n_kv_heads = Hkv;
     d.len_q = 1 + pick(300), d.len_kv = 1 + pick(400);
+    if (decode_shapes) d.len_q = 1 + pick(2), d.len_kv = 1 + pick(3000); // a new token or two, a long cache
     d.head_dim = dims[pick(t == ATTN_DTYPE_F32 ? 6 : 5)];
     d.q_dtype = d.kv_dtype = d.out_dtype = t;
     int64_t cu_q[5] = {0}, cu_k[5] = {0};
@@ -269,6 +272,12 @@ static void test_options_auto(void) { cases_of(ATTN_CUDA_KERNELS_AUTO, 1, 0, 0);
 static void test_options_simple(void) { cases_of(ATTN_CUDA_KERNELS_SIMPLE, 1, 0, 0); }
 static void test_varlen_auto(void) { cases_of(ATTN_CUDA_KERNELS_AUTO, 1, 1, 0); }
 static void test_backward(void) { cases_of(ATTN_CUDA_KERNELS_AUTO, 1, 0, 1); }
+static void test_decode(void) { // split-KV decoding (every option, packed batches too)
+    decode_shapes = 1;
+    cases_of(ATTN_CUDA_KERNELS_AUTO, 1, 0, 0);
+    cases_of(ATTN_CUDA_KERNELS_AUTO, 1, 1, 0);
+    decode_shapes = 0;
+}
 static void test_backward_varlen(void) { cases_of(ATTN_CUDA_KERNELS_AUTO, 1, 1, 1); }
 
 // Without a GPU: ATTN_ERR_DEVICE, no context, a message naming the cause. With one: a context.
@@ -354,6 +363,7 @@ int main(int argc, char **argv) {
     static const harness_case cases[] = {HARNESS_CASE(test_context_without_gpu), HARNESS_CASE(test_bad_arguments),
                                          HARNESS_CASE(test_plain_auto),          HARNESS_CASE(test_options_auto),
                                          HARNESS_CASE(test_options_simple),      HARNESS_CASE(test_varlen_auto),
-                                         HARNESS_CASE(test_backward),            HARNESS_CASE(test_backward_varlen)};
+                                         HARNESS_CASE(test_backward),            HARNESS_CASE(test_backward_varlen),
+                                         HARNESS_CASE(test_decode)};
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
 }
