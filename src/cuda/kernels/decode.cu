@@ -25,7 +25,7 @@ constexpr int kDecWarps = 4;
 template <int ROWS, int PL>
 __global__ void __launch_bounds__(32 * kDecWarps) decode_split_kernel(const P p, int64_t split_keys, int64_t n_splits,
                                                                      int R, float *part) {
-    extern __shared__ float q_s[]; // (R, D) query rows times scale * log2(e) (or raw with the full rule)
+    extern __shared__ float q_s[]; // (R, D) query rows times scale * log2(e) (raw with the whole score rule)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t blocks_per_head = (n_splits + kDecWarps - 1) / kDecWarps;
     int64_t bid = blockIdx.x;
@@ -33,7 +33,9 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_split_kernel(const P p,
     bid /= blocks_per_head;
     const int64_t hk = bid % p.Hkv, b = bid / p.Hkv;
     const Seq s = seq_of(p, b);
-    const bool rule = has_elementwise(p) || p.causal != 0 || p.use_window;
+    // masks, ALiBi and soft caps take the whole score rule per key; causality and windows alone only
+    // the bounds test (the queries then carry scale * log2(e))
+    const bool rule = has_elementwise(p);
     const float qscale = rule ? 1.0f : p.scale * kLog2e;
     for (int x = threadIdx.x; x < R * p.D; x += blockDim.x) {
         const int r = x / (int)p.D;
@@ -79,7 +81,7 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_split_kernel(const P p,
             const float dot = warp_sum(part);
             const int64_t i = r % p.L, h = hk * p.group + r / p.L;
             if (i >= s.L) continue;
-            const float x = rule ? score(p, s, dot, b, h, i, j) * kLog2e : dot;
+            const float x = rule ? score(p, s, dot, b, h, i, j) * kLog2e : (bounds_hide(p, s, i, j) ? -CUDART_INF_F : dot);
             const float m_new = fmaxf(m[r], x);
             if (m_new == -CUDART_INF_F) continue; // hidden, and nothing seen yet
             const float alpha = exp2f(m[r] - m_new), pj = exp2f(x - m_new);
