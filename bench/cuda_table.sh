@@ -6,7 +6,8 @@
 set -eu
 attn=$1
 tmp=$(mktemp)
-trap 'rm -f "$tmp"' EXIT
+dec=$(mktemp)
+trap 'rm -f "$tmp" "$dec"' EXIT
 for D in 64 128; do
     for L in 1024 4096 16384; do
         for causal in "" --causal; do
@@ -30,3 +31,15 @@ printf '%-8s %-6s %-6s %-7s %-8s %10s %10s\n' pass D L causal kernel ms TFLOP/s
 sed 's/[{}",]//g' "$tmp" | awk '{ for (i = 1; i < NF; i++) v[$i] = $(i + 1);
     printf "%-8s %-6s %-6s %-7s %-8s %10.3f %10.1f\n", v["backward:"] == "true" ? "fwd+bwd" : "fwd", v["D:"], v["L:"],
            v["causal:"], v["kernel:"], v["median_ms:"], v["tflops:"] }'
+# decoding against a KV cache: B=8, H=32, Hkv=8, D=128, contiguous and paged (16- and 64-token pages)
+for S in 4096 32768; do
+    for page in 0 16 64; do
+        "$attn" bench --device cuda --op decode --dtype bf16 --batch 8 --heads 32 --kv-heads 8 --head-dim 128 \
+            --len-kv "$S" --page-size "$page" --json | tail -n 1 >> "$dec"
+    done
+done
+echo
+echo "attn bench --device cuda --op decode, bf16, B=8 H=32 Hkv=8 D=128 (GB/s of K and V)"
+printf '%-8s %-6s %10s %10s\n' S page ms GB/s
+sed 's/[{}",]//g' "$dec" | awk '{ for (i = 1; i < NF; i++) v[$i] = $(i + 1);
+    printf "%-8s %-6s %10.4f %10.0f\n", v["S:"], v["page_size:"], v["median_ms:"], v["gbps:"] }'

@@ -8,8 +8,9 @@
  *    attention mask, key padding mask, log-sum-exp out, Philox dropout; q, k, v and out in BF16 or
  *    F16 (float32 accumulation) or F32; packed variable-length batches;
  *  - its backward (dq, dk, dv from the forward's out and lse), for the same options;
- *  - nn.MultiheadAttention's forward and its training (attn_cuda_mha_*), projections on cuBLASLt.
- * (Decoding over a device KV cache is not in this library yet: docs/cuda.md.)
+ *  - nn.MultiheadAttention's forward and its training (attn_cuda_mha_*), projections on cuBLASLt;
+ *  - KV caches on the device, contiguous or paged, appended to and attended by a batch of sequences
+ *    of different lengths.
  *
  * Conventions (beside those of attn.h):
  *  - Tensors are device pointers (cudaMalloc'd or otherwise device-accessible); host arrays are
@@ -201,6 +202,60 @@ ATTN_CUDA_API attn_status attn_cuda_sdpa_varlen_bwd(attn_cuda_ctx *ctx, const at
                                                     const void *q, const void *k, const void *v, const void *out,
                                                     const void *dout, const float *lse, void *dq, void *dk,
                                                     void *dv);
+
+/* ------------------------------------------------------------------------------------------ */
+/* KV caches on the device                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * A KV cache for a batch of sequences of different lengths, in device memory of F32, F16 or BF16:
+ * contiguous ((batch, n_kv_heads, capacity, head_dim) keys and (..., head_dim_v) values) or, with
+ * page_size > 0, paged as vLLM and FlashInfer page theirs (a pool of pages of page_size tokens,
+ * (n_kv_heads, page_size, head_dim) each, and a page table per sequence that the kernels read every
+ * key through). Appends take the new rows of every sequence packed; attend runs the planner's kernel
+ * (split-KV decoding for few new tokens, tensor cores or the simple kernel otherwise) on each
+ * sequence's keys so far. Paged and contiguous caches holding the same rows give the same results
+ * (the same kernels; only the addresses differ). A cache is used on one stream.
+ */
+typedef struct attn_cuda_kv_cache attn_cuda_kv_cache;
+
+typedef struct attn_cuda_kv_cache_config {
+    int64_t batch, n_kv_heads, head_dim, head_dim_v; /* head_dim_v 0 means head_dim */
+    int64_t capacity;  /* tokens per sequence */
+    attn_dtype dtype;  /* F32, F16 or BF16 */
+    int64_t page_size; /* 0: contiguous; else tokens per page */
+} attn_cuda_kv_cache_config;
+
+/** Zeroes `cfg`. */
+ATTN_CUDA_API void attn_cuda_kv_cache_config_init(attn_cuda_kv_cache_config *cfg);
+/** Allocates an empty cache on the context's device. ATTN_ERR_BAD_SHAPE, ATTN_ERR_UNSUPPORTED (dtype),
+ *  ATTN_ERR_OVERFLOW, ATTN_ERR_OUT_OF_MEMORY. */
+ATTN_CUDA_API attn_status attn_cuda_kv_cache_create(attn_cuda_ctx *ctx, const attn_cuda_kv_cache_config *cfg,
+                                                    attn_cuda_kv_cache **cache);
+ATTN_CUDA_API void attn_cuda_kv_cache_free(attn_cuda_kv_cache *cache);
+/** The tokens each sequence holds (host array of batch values). */
+ATTN_CUDA_API attn_status attn_cuda_kv_cache_lengths(const attn_cuda_kv_cache *cache, int64_t *lengths);
+/** Empties every sequence. */
+ATTN_CUDA_API attn_status attn_cuda_kv_cache_reset(attn_cuda_ctx *ctx, attn_cuda_kv_cache *cache);
+/**
+ * Appends n_new[b] tokens to sequence b (n_new: host array of batch counts, 0 allowed): k (sum n_new,
+ * n_kv_heads, head_dim) and v (sum n_new, n_kv_heads, head_dim_v), contiguous device arrays of the
+ * cache's dtype, sequence 0's rows first. ATTN_ERR_CAPACITY (nothing appended) when a sequence
+ * would grow past the capacity.
+ */
+ATTN_CUDA_API attn_status attn_cuda_kv_cache_append(attn_cuda_ctx *ctx, attn_cuda_kv_cache *cache,
+                                                    const int64_t *n_new, const void *k, const void *v);
+/**
+ * Attention of packed queries against each sequence's cached keys and values: desc as for
+ * attn_cuda_sdpa_varlen_fwd (batch, n_kv_heads, head dims and kv_dtype the cache's; q_stride and
+ * o_stride read (0, head, token, dim); len_q the longest query count; len_kv is ignored), the queries
+ * of sequence b at rows cu_seqlens_q[b] .. cu_seqlens_q[b+1] (a HOST array of batch + 1 offsets);
+ * causal NONE or BOTTOM_RIGHT (the last query of a sequence at its last key); no masks. lse is
+ * (H, total_q) or NULL.
+ */
+ATTN_CUDA_API attn_status attn_cuda_kv_cache_attend(attn_cuda_ctx *ctx, const attn_cuda_kv_cache *cache,
+                                                    const attn_sdpa_desc *desc, const int64_t *cu_seqlens_q,
+                                                    const void *q, void *out, float *lse);
 
 /* ------------------------------------------------------------------------------------------ */
 /* nn.MultiheadAttention on the GPU                                                           */

@@ -26,8 +26,9 @@ static const char *summary =
     "--op mha times attn_cuda_mha_forward (with --backward forward_train and backward) on self-attention\n"
     "(L, B, E) inputs, E = H * D (--embed-dim to set it), heads H, causal with --causal; TFLOP/s counts\n"
     "the projections (8 B L E^2) beside the attention (3x both with --backward).\n"
-    "--op decode (with --page-size for paged caches) is not in libattn_cuda yet. See docs/cuda.md and\n"
-    "bench/run_bench_cuda.py.";
+    "--op decode times one decoding step against a device KV cache holding --len-kv tokens per sequence\n"
+    "(contiguous, or paged with --page-size): one new query per sequence and head, bottom-right causal;\n"
+    "it reports GB/s of K and V read. See docs/cuda.md and bench/run_bench_cuda.py.";
 
 typedef struct cuda_bench_opts {
     const char *device, *op, *dtype;
@@ -229,6 +230,83 @@ done:
     attn_ctx_free(cpu);
     return rc;
 }
+
+// --op decode: one new token per sequence against a filled KV cache.
+static int run_decode(const cuda_bench_opts *o, attn_dtype dt) {
+    char why[256];
+    if (attn_cuda_probe(0, why, sizeof why) != ATTN_OK) return cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: %s", why);
+    attn_cuda_ctx *ctx = NULL;
+    attn_cuda_kv_cache *cache = NULL;
+    int rc = EXIT_FAILURE_RUN;
+    const size_t es = attn_dtype_size(dt);
+    const int64_t chunk = o->S < 4096 ? o->S : 4096;
+    void *rows = NULL, *q = NULL, *out = NULL;
+    float *ms = malloc((size_t)o->repeat * sizeof(float));
+    int64_t *n = malloc((size_t)o->B * sizeof(int64_t)), *cu_q = malloc((size_t)(o->B + 1) * sizeof(int64_t));
+    cudaEvent_t ev[2] = {NULL, NULL};
+    attn_cuda_kv_cache_config cfg;
+    attn_cuda_kv_cache_config_init(&cfg);
+    cfg.batch = o->B, cfg.n_kv_heads = o->Hkv, cfg.head_dim = o->D, cfg.capacity = o->S, cfg.dtype = dt;
+    cfg.page_size = o->page_size;
+    if (ms == NULL || n == NULL || cu_q == NULL || attn_cuda_ctx_create(NULL, &ctx) != ATTN_OK) goto done;
+    if (attn_cuda_kv_cache_create(ctx, &cfg, &cache) != ATTN_OK) {
+        cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: %s", attn_cuda_ctx_last_error(ctx));
+        goto done;
+    }
+    const size_t chunk_bytes = (size_t)(o->B * chunk * o->Hkv * o->D) * es, q_bytes = (size_t)(o->B * o->H * o->D) * es;
+    if (cudaMalloc(&rows, chunk_bytes) != cudaSuccess || cudaMalloc(&q, q_bytes) != cudaSuccess ||
+        cudaMalloc(&out, q_bytes) != cudaSuccess || cudaEventCreate(&ev[0]) != cudaSuccess ||
+        cudaEventCreate(&ev[1]) != cudaSuccess) {
+        cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: memory for the inputs cannot be had");
+        goto done;
+    }
+    cudaMemset(rows, 0, chunk_bytes), cudaMemset(q, 0, q_bytes); // values do not change the time
+    for (int64_t filled = 0; filled < o->S; filled += chunk) {
+        for (int64_t b = 0; b < o->B; b++) n[b] = o->S - filled < chunk ? o->S - filled : chunk;
+        if (attn_cuda_kv_cache_append(ctx, cache, n, rows, rows) != ATTN_OK) {
+            cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: %s", attn_cuda_ctx_last_error(ctx));
+            goto done;
+        }
+    }
+    for (int64_t b = 0; b <= o->B; b++) cu_q[b] = b;
+    attn_sdpa_desc d;
+    attn_sdpa_desc_init(&d);
+    d.batch = o->B, d.n_heads = o->H, d.n_kv_heads = o->Hkv, d.len_q = 1, d.head_dim = o->D;
+    d.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+    d.q_stride[1] = d.o_stride[1] = o->D, d.q_stride[2] = d.o_stride[2] = o->H * o->D, d.q_stride[3] = d.o_stride[3] = 1;
+    d.q_dtype = d.kv_dtype = d.out_dtype = dt;
+    for (int64_t r = -o->warmup; r < o->repeat; r++) {
+        cudaEventRecord(ev[0], NULL);
+        const attn_status st = attn_cuda_kv_cache_attend(ctx, cache, &d, cu_q, q, out, NULL);
+        cudaEventRecord(ev[1], NULL);
+        if (st != ATTN_OK || cudaEventSynchronize(ev[1]) != cudaSuccess) {
+            cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: %s", st != ATTN_OK ? attn_cuda_ctx_last_error(ctx) : "a run failed");
+            goto done;
+        }
+        if (r >= 0) cudaEventElapsedTime(&ms[r], ev[0], ev[1]);
+    }
+    qsort(ms, (size_t)o->repeat, sizeof *ms, cmp_float);
+    const double med = ms[o->repeat / 2], bytes = 2.0 * (double)(o->B * o->Hkv) * (double)o->S * (double)o->D * (double)es;
+    const double gbps = bytes / (med * 1e-3) / 1e9;
+    printf("cuda decode %s B=%lld H=%lld Hkv=%lld S=%lld D=%lld page_size=%lld: median %.4f ms (min %.4f) of %lld, %.0f GB/s "
+           "of K and V\n",
+           o->dtype, (long long)o->B, (long long)o->H, (long long)o->Hkv, (long long)o->S, (long long)o->D,
+           (long long)o->page_size, med, ms[0], (long long)o->repeat, gbps);
+    if (o->json)
+        printf("{\"op\": \"decode\", \"dtype\": \"%s\", \"B\": %lld, \"H\": %lld, \"Hkv\": %lld, \"S\": %lld, \"D\": %lld, "
+               "\"page_size\": %lld, \"median_ms\": %.6f, \"min_ms\": %.6f, \"gbps\": %.1f}\n",
+               o->dtype, (long long)o->B, (long long)o->H, (long long)o->Hkv, (long long)o->S, (long long)o->D,
+               (long long)o->page_size, med, ms[0], gbps);
+    rc = EXIT_OK;
+done:
+    if (ev[0] != NULL) cudaEventDestroy(ev[0]);
+    if (ev[1] != NULL) cudaEventDestroy(ev[1]);
+    cudaFree(rows), cudaFree(q), cudaFree(out);
+    free(ms), free(n), free(cu_q);
+    attn_cuda_kv_cache_free(cache);
+    attn_cuda_ctx_free(ctx);
+    return rc;
+}
 #endif
 
 int cmd_bench_cuda(int argc, char **argv) {
@@ -275,10 +353,8 @@ int cmd_bench_cuda(int argc, char **argv) {
     if (o.E == 0) o.E = o.H * o.D;
     if (o.E < 1 || o.E % o.H != 0) return cli_error("bench", EXIT_USAGE, "--embed-dim must be a multiple of --heads");
     if (o.page_size > 0 && strcmp(o.op, "decode") != 0) return cli_error("bench", EXIT_USAGE, "--page-size applies to --op decode");
-    if (!sdpa && !mha)
-        return cli_error("bench", EXIT_FAILURE_RUN, "--device cuda --op %s: not in libattn_cuda yet (docs/cuda.md)", o.op);
 #ifdef ATTN_HAVE_CUDA
-    return mha ? run_mha(&o, dt) : run_sdpa(&o, dt);
+    return mha ? run_mha(&o, dt) : sdpa ? run_sdpa(&o, dt) : run_decode(&o, dt);
 #else
     return cli_error("bench", EXIT_FAILURE_RUN,
                      "--device cuda: this attn was built without libattn_cuda (no CUDA compiler when it was configured)");

@@ -26,4 +26,10 @@ attn_status attn__cuda_device_fail(attn__cuda_err *e, int cuda_error, const char
 // caller's (ATTN_ERR_WORKSPACE when too small) or the context's own, grown stream-ordered.
 attn_status attn__cuda_workspace(attn_cuda_ctx *ctx, size_t bytes, unsigned char **base);
 
+// Enqueues a forward planned by attn__cuda_plan_sdpa (sdpa.c), its parameters possibly adjusted
+// (the KV caches' per-sequence key counts and page tables); the tensors' pointers checked first.
+attn_status attn__cuda_run_planned(attn_cuda_ctx *ctx, const attn_sdpa_desc *d, attn__cuda_sdpa_plan *plan,
+                                   const attn__cuda_seqs *seqs, const void *q, const void *k, const void *v, void *out,
+                                   float *lse);
+
 #endif

@@ -30,6 +30,9 @@ int attn__cuda_launch_simple_bwd(const attn__cuda_sdpa_params *p, cudaStream_t s
 int attn__cuda_launch_decode(const attn__cuda_sdpa_params *p, int64_t split_keys, int64_t n_splits, int rows,
                              float *part, cudaStream_t stream);
 
+// kernels/kv_append.cu: the rows of one append written into the cache.
+int attn__cuda_launch_kv_append(const attn__cuda_kv_append *a, cudaStream_t stream);
+
 // kernels/colsum.cu: out[c] = sum over r < rows of x[r * ld + c] (x of dtype F32, F16 or BF16), c < cols.
 int attn__cuda_launch_colsum(const void *x, int32_t dtype, int64_t rows, int64_t cols, int64_t ld, float *out,
                              cudaStream_t stream);

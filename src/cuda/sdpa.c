@@ -77,6 +77,13 @@ static attn_status run(attn_cuda_ctx *ctx, attn__cuda_sdpa_plan *plan, const att
     return ATTN_OK;
 }
 
+attn_status attn__cuda_run_planned(attn_cuda_ctx *ctx, const attn_sdpa_desc *d, attn__cuda_sdpa_plan *plan,
+                                   const attn__cuda_seqs *seqs, const void *q, const void *k, const void *v, void *out,
+                                   float *lse) {
+    ATTN__CU_TRY(check_tensors(ctx, d, q, k, v, out, lse));
+    return run(ctx, plan, seqs, q, k, v, out, lse);
+}
+
 attn_status attn_cuda_sdpa_fwd_workspace_size(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc, size_t *bytes) {
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
     if (bytes == NULL) return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda sdpa: bytes is NULL");

@@ -30,6 +30,13 @@ typedef struct attn__cuda_sdpa_params {
     // Packed batches (device arrays of B + 1 offsets; NULL for a plain batch): query i of sequence
     // b is row cu_q[b] + i, key j row cu_k[b] + j; L_b = cu_q[b+1] - cu_q[b], S_b likewise.
     const int64_t *cu_q, *cu_k;
+    // KV caches (attn_cuda_kv_cache_attend): seq_k (device, B) the keys of each sequence (the batch
+    // strides then step sequences: key j of sequence b is row j of its own block); with page_table
+    // (device, (B, max_pages) int32) key j of sequence b is row j % page_size of page
+    // page_table[b][j / page_size], and the k and v batch strides step pages instead of sequences.
+    const int64_t *seq_k;
+    const int32_t *page_table;
+    int64_t page_size, max_pages;
     // Dropout (ATTN_DROPOUT_RNG_PHILOX, src/philox.h) when `dropout` is set: the weight of (b, h, i, j)
     // is kept when its Philox word is below drop_threshold (b the sequence of a packed batch), and
     // kept weights are multiplied by keep_scale.
@@ -45,5 +52,20 @@ typedef struct attn__cuda_sdpa_params {
     void *dq, *dk, *dv;
     int32_t grad_dtype;
 } attn__cuda_sdpa_params;
+
+// One append to a device KV cache (kv_cache.c, kernels/kv_append.cu): the packed new rows k_new
+// (total_new, Hkv, D) and v_new (total_new, Hkv, Dv), sequence b's at rows cu_new[b] .. cu_new[b+1]
+// (device), written at positions len[b] .. (device, before the append) of the cache's k and v at
+// their strides (pages with page_table).
+typedef struct attn__cuda_kv_append {
+    void *k, *v;
+    const void *k_new, *v_new;
+    const int64_t *cu_new, *len;
+    const int32_t *page_table;
+    int64_t page_size, max_pages;
+    int64_t B, Hkv, D, Dv, total_new;
+    int64_t k_stride[4], v_stride[4];
+    int32_t elem_size;
+} attn__cuda_kv_append;
 
 #endif

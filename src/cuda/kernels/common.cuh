@@ -79,8 +79,8 @@ __device__ __forceinline__ Seq seq_of(const P &p, int64_t b) {
     Seq s;
     s.L = p.cu_q != nullptr ? p.cu_q[b + 1] - p.cu_q[b] : p.L;
     s.q_row0 = p.cu_q != nullptr ? p.cu_q[b] : 0;
-    s.S = p.cu_k != nullptr ? p.cu_k[b + 1] - p.cu_k[b] : p.S;
-    s.k_row0 = p.cu_k != nullptr ? p.cu_k[b] : 0;
+    s.S = p.seq_k != nullptr ? p.seq_k[b] : p.cu_k != nullptr ? p.cu_k[b + 1] - p.cu_k[b] : p.S;
+    s.k_row0 = p.cu_k != nullptr && p.seq_k == nullptr ? p.cu_k[b] : 0;
     s.off = p.causal == 2 ? s.S - s.L : 0; // ATTN_CAUSAL_BOTTOM_RIGHT
     return s;
 }
@@ -95,9 +95,13 @@ __device__ __forceinline__ int64_t o_row(const P &p, const Seq &s, int64_t b, in
 __device__ __forceinline__ int64_t lse_index(const P &p, const Seq &s, int64_t b, int64_t h, int64_t i) {
     return b * p.lse_stride[0] + h * p.lse_stride[1] + (s.q_row0 + i) * p.lse_stride[2];
 }
-// A key or value row (st: k_stride or v_stride).
+// A key or value row (st: k_stride or v_stride); through the page table of a paged cache.
 __device__ __forceinline__ int64_t kv_row(const P &p, const int64_t st[4], const Seq &s, int64_t b, int64_t hk,
                                           int64_t j) {
+    if (p.page_table != nullptr) {
+        const int64_t page = p.page_table[b * p.max_pages + j / p.page_size];
+        return page * st[0] + hk * st[1] + (j % p.page_size) * st[2];
+    }
     return b * st[0] + hk * st[1] + (s.k_row0 + j) * st[2];
 }
 

@@ -1,0 +1,186 @@
+// kv_cache.c - device KV caches (attn_cuda.h): contiguous (B, Hkv, capacity, D) or paged (a pool of
+// pages of page_size tokens, (Hkv, page_size, D) each, and a page table per sequence), appended to by
+// kernels/kv_append.cu and attended through the SDPA planner and kernels with per-sequence key
+// counts (attn__cuda_sdpa_params.seq_k) and the page table.
+//
+// The page table maps page p of sequence b to physical page p * B + b: the pages of a sequence are
+// not adjacent in the pool, so every read goes through the table as it would with an allocator's.
+// The sequences' lengths live on the host (what the checks read) and on the device (what the
+// kernels read), updated together by each append.
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctx.h"
+#include "launch.h"
+
+struct attn_cuda_kv_cache {
+    attn_cuda_kv_cache_config cfg;
+    int64_t max_pages;       // pages per sequence (paged)
+    void *k, *v;             // device storage
+    int64_t k_stride[4], v_stride[4];
+    int32_t *page_table;     // device (B, max_pages), or NULL
+    int64_t *len;            // host (B)
+    int64_t *d_len;          // device (B)
+};
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+void attn_cuda_kv_cache_config_init(attn_cuda_kv_cache_config *cfg) {
+    if (cfg != NULL) memset(cfg, 0, sizeof *cfg);
+}
+
+void attn_cuda_kv_cache_free(attn_cuda_kv_cache *c) {
+    if (c == NULL) return;
+    cudaFree(c->k), cudaFree(c->v), cudaFree(c->page_table), cudaFree(c->d_len);
+    free(c->len);
+    free(c);
+}
+
+attn_status attn_cuda_kv_cache_create(attn_cuda_ctx *ctx, const attn_cuda_kv_cache_config *cfg,
+                                      attn_cuda_kv_cache **out) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    attn__cuda_err *e = &ctx->err;
+    if (cfg == NULL || out == NULL) return attn__cuda_fail(e, ATTN_ERR_INVALID_ARG, "cuda kv_cache: cfg and cache must not be NULL");
+    *out = NULL;
+    const int64_t B = cfg->batch, Hkv = cfg->n_kv_heads, D = cfg->head_dim, Dv = cfg->head_dim_v ? cfg->head_dim_v : D;
+    const int64_t cap = cfg->capacity, ps = cfg->page_size;
+    if (B < 1 || Hkv < 1 || D < 1 || Dv < 1 || cap < 1 || ps < 0)
+        return attn__cuda_fail(e, ATTN_ERR_BAD_SHAPE, "cuda kv_cache: batch, n_kv_heads, head dims and capacity must be >= 1, page_size >= 0");
+    if (cfg->dtype != ATTN_DTYPE_F32 && cfg->dtype != ATTN_DTYPE_F16 && cfg->dtype != ATTN_DTYPE_BF16)
+        return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda kv_cache: dtype must be F32, F16 or BF16, not %s",
+                               attn_dtype_name(cfg->dtype));
+    const int64_t pages = ps > 0 ? ceil_div(cap, ps) : 0, rows = ps > 0 ? pages * ps : cap; // token rows per sequence
+    int64_t nk, nv;
+    if (__builtin_mul_overflow(B * Hkv, rows, &nk) || __builtin_mul_overflow(nk, D, &nk) ||
+        __builtin_mul_overflow(B * Hkv * rows, Dv, &nv) || nk > INT64_MAX / 8 || nv > INT64_MAX / 8)
+        return attn__cuda_fail(e, ATTN_ERR_OVERFLOW, "cuda kv_cache: the sizes overflow");
+    attn_cuda_kv_cache *c = calloc(1, sizeof *c);
+    if (c == NULL) return attn__cuda_fail(e, ATTN_ERR_OUT_OF_MEMORY, "cuda kv_cache: out of host memory");
+    c->cfg = *cfg, c->cfg.head_dim_v = Dv, c->max_pages = pages;
+    c->len = calloc((size_t)B, sizeof(int64_t));
+    const size_t es = attn_dtype_size(cfg->dtype);
+    cudaError_t err = c->len != NULL ? cudaSuccess : cudaErrorMemoryAllocation;
+    if (err == cudaSuccess) err = cudaMalloc(&c->k, (size_t)nk * es);
+    if (err == cudaSuccess) err = cudaMalloc(&c->v, (size_t)nv * es);
+    if (err == cudaSuccess) err = cudaMalloc((void **)&c->d_len, (size_t)B * sizeof(int64_t));
+    if (err == cudaSuccess) err = cudaMemset(c->d_len, 0, (size_t)B * sizeof(int64_t));
+    if (err == cudaSuccess && ps > 0) {
+        int32_t *table = malloc((size_t)(B * pages) * sizeof(int32_t));
+        if (table == NULL || B * pages > INT32_MAX) err = cudaErrorMemoryAllocation;
+        for (int64_t b = 0; err == cudaSuccess && b < B; b++)
+            for (int64_t p = 0; p < pages; p++) table[b * pages + p] = (int32_t)(p * B + b);
+        if (err == cudaSuccess) err = cudaMalloc((void **)&c->page_table, (size_t)(B * pages) * sizeof(int32_t));
+        if (err == cudaSuccess)
+            err = cudaMemcpy(c->page_table, table, (size_t)(B * pages) * sizeof(int32_t), cudaMemcpyHostToDevice);
+        free(table);
+    }
+    if (err != cudaSuccess) {
+        attn_cuda_kv_cache_free(c);
+        return err == cudaErrorMemoryAllocation ? attn__cuda_fail(e, ATTN_ERR_OUT_OF_MEMORY, "cuda kv_cache: memory cannot be had")
+                                                : attn__cuda_device_fail(e, err, "cuda kv_cache: allocation");
+    }
+    const int64_t block = ps > 0 ? ps : cap; // rows per (sequence or page, head)
+    c->k_stride[0] = Hkv * block * D, c->k_stride[1] = block * D, c->k_stride[2] = D, c->k_stride[3] = 1;
+    c->v_stride[0] = Hkv * block * Dv, c->v_stride[1] = block * Dv, c->v_stride[2] = Dv, c->v_stride[3] = 1;
+    *out = c;
+    return ATTN_OK;
+}
+
+attn_status attn_cuda_kv_cache_lengths(const attn_cuda_kv_cache *c, int64_t *lengths) {
+    if (c == NULL || lengths == NULL) return ATTN_ERR_INVALID_ARG;
+    memcpy(lengths, c->len, (size_t)c->cfg.batch * sizeof(int64_t));
+    return ATTN_OK;
+}
+
+attn_status attn_cuda_kv_cache_reset(attn_cuda_ctx *ctx, attn_cuda_kv_cache *c) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    if (c == NULL) return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda kv_cache: cache is NULL");
+    memset(c->len, 0, (size_t)c->cfg.batch * sizeof(int64_t));
+    const cudaError_t err = cudaMemsetAsync(c->d_len, 0, (size_t)c->cfg.batch * sizeof(int64_t), ctx->stream);
+    return err == cudaSuccess ? ATTN_OK : attn__cuda_device_fail(&ctx->err, err, "cuda kv_cache: reset");
+}
+
+// cu (B + 1 offsets) of per-sequence counts n, checked: n >= 0, len + n <= capacity.
+static attn_status offsets(attn_cuda_ctx *ctx, const attn_cuda_kv_cache *c, const int64_t *n, int64_t *cu) {
+    cu[0] = 0;
+    for (int64_t b = 0; b < c->cfg.batch; b++) {
+        if (n[b] < 0) return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda kv_cache: n_new[%lld] is negative", (long long)b);
+        if (n[b] > c->cfg.capacity - c->len[b])
+            return attn__cuda_fail(&ctx->err, ATTN_ERR_CAPACITY, "cuda kv_cache: sequence %lld holds %lld of %lld tokens, %lld more do not fit",
+                                   (long long)b, (long long)c->len[b], (long long)c->cfg.capacity, (long long)n[b]);
+        cu[b + 1] = cu[b] + n[b];
+    }
+    return ATTN_OK;
+}
+
+attn_status attn_cuda_kv_cache_append(attn_cuda_ctx *ctx, attn_cuda_kv_cache *c, const int64_t *n_new, const void *k,
+                                      const void *v) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    if (c == NULL || n_new == NULL || k == NULL || v == NULL)
+        return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda kv_cache: cache, n_new, k and v must not be NULL");
+    const int64_t B = c->cfg.batch;
+    int64_t *cu = malloc((size_t)(2 * B + 1) * sizeof(int64_t));
+    if (cu == NULL) return attn__cuda_fail(&ctx->err, ATTN_ERR_OUT_OF_MEMORY, "cuda kv_cache: out of host memory");
+    attn_status st = offsets(ctx, c, n_new, cu);
+    unsigned char *ws = NULL;
+    const size_t bytes = (size_t)(2 * B + 1) * sizeof(int64_t);
+    if (st == ATTN_OK) st = attn__cuda_workspace(ctx, bytes + ATTN__CU_WS_ALIGN, &ws);
+    if (st == ATTN_OK) {
+        memcpy(cu + B + 1, c->len, (size_t)B * sizeof(int64_t)); // the lengths before the append
+        cudaError_t err = cudaMemcpyAsync(ws, cu, bytes, cudaMemcpyHostToDevice, ctx->stream);
+        attn__cuda_kv_append a = {.k = c->k, .v = c->v, .k_new = k, .v_new = v, .cu_new = (const int64_t *)ws,
+                                  .len = (const int64_t *)ws + B + 1, .page_table = c->page_table,
+                                  .page_size = c->cfg.page_size, .max_pages = c->max_pages, .B = B,
+                                  .Hkv = c->cfg.n_kv_heads, .D = c->cfg.head_dim, .Dv = c->cfg.head_dim_v,
+                                  .total_new = cu[B], .elem_size = (int32_t)attn_dtype_size(c->cfg.dtype)};
+        memcpy(a.k_stride, c->k_stride, sizeof a.k_stride), memcpy(a.v_stride, c->v_stride, sizeof a.v_stride);
+        if (err == cudaSuccess) err = (cudaError_t)attn__cuda_launch_kv_append(&a, ctx->stream);
+        for (int64_t b = 0; b < B; b++) c->len[b] += n_new[b];
+        if (err == cudaSuccess) // the new lengths, staged from the host at once
+            err = cudaMemcpyAsync(c->d_len, c->len, (size_t)B * sizeof(int64_t), cudaMemcpyHostToDevice, ctx->stream);
+        if (err != cudaSuccess) st = attn__cuda_device_fail(&ctx->err, err, "cuda kv_cache: append");
+    }
+    free(cu);
+    return st;
+}
+
+attn_status attn_cuda_kv_cache_attend(attn_cuda_ctx *ctx, const attn_cuda_kv_cache *c, const attn_sdpa_desc *desc,
+                                      const int64_t *cu_seqlens_q, const void *q, void *out, float *lse) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    attn__cuda_err *e = &ctx->err;
+    if (c == NULL || desc == NULL || cu_seqlens_q == NULL || q == NULL || out == NULL)
+        return attn__cuda_fail(e, ATTN_ERR_INVALID_ARG, "cuda kv_cache: cache, desc, cu_seqlens_q, q and out must not be NULL");
+    const attn_cuda_kv_cache_config *cf = &c->cfg;
+    if (desc->batch != cf->batch || (desc->n_kv_heads ? desc->n_kv_heads : desc->n_heads) != cf->n_kv_heads ||
+        desc->head_dim != cf->head_dim || (desc->head_dim_v ? desc->head_dim_v : desc->head_dim) != cf->head_dim_v ||
+        desc->kv_dtype != cf->dtype)
+        return attn__cuda_fail(e, ATTN_ERR_BAD_SHAPE, "cuda kv_cache: desc's batch, kv heads, head dims or kv_dtype differ from the cache's");
+    if (desc->mask != NULL || desc->key_padding_mask != NULL)
+        return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda kv_cache: no attention or key padding mask with a cache");
+    if (desc->causal == ATTN_CAUSAL_TOP_LEFT)
+        return attn__cuda_fail(e, ATTN_ERR_INVALID_ARG, "cuda kv_cache: causal must be ATTN_CAUSAL_BOTTOM_RIGHT or NONE");
+    const int64_t B = cf->batch;
+    int64_t *cu_k = malloc((size_t)(B + 1) * sizeof(int64_t));
+    if (cu_k == NULL) return attn__cuda_fail(e, ATTN_ERR_OUT_OF_MEMORY, "cuda kv_cache: out of host memory");
+    cu_k[0] = 0;
+    int64_t longest = 1;
+    for (int64_t b = 0; b < B; b++) {
+        cu_k[b + 1] = cu_k[b] + c->len[b];
+        if (c->len[b] > longest) longest = c->len[b];
+    }
+    // the planner's checks and choice on the packed form (q packed; keys counted per sequence)
+    attn_sdpa_desc d = *desc;
+    d.len_kv = longest;
+    memcpy(d.k_stride, c->k_stride, sizeof d.k_stride), memcpy(d.v_stride, c->v_stride, sizeof d.v_stride);
+    const attn__cuda_seqs seqs = {cu_seqlens_q, cu_k};
+    attn__cuda_sdpa_plan plan;
+    attn_status st = attn__cuda_plan_sdpa(e, &ctx->dev, ctx->kernels, &d, &seqs, q, c->k, c->v, out, &plan);
+    if (st == ATTN_OK) {
+        attn__cuda_sdpa_params *p = &plan.p;
+        memcpy(p->k_stride, c->k_stride, sizeof p->k_stride), memcpy(p->v_stride, c->v_stride, sizeof p->v_stride);
+        p->seq_k = c->d_len, p->page_table = c->page_table, p->page_size = cf->page_size, p->max_pages = c->max_pages;
+        st = attn__cuda_run_planned(ctx, &d, &plan, &seqs, q, c->k, c->v, out, lse);
+    }
+    free(cu_k);
+    return st;
+}
