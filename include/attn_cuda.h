@@ -321,6 +321,16 @@ ATTN_CUDA_API attn_status attn_cuda_mha_backward(attn_cuda_ctx *ctx, attn_cuda_m
                                                  const void *saved, size_t saved_size, const void *dout, void *dquery,
                                                  void *dkey, void *dvalue, float *const *dparams);
 
+/**
+ * Self-attention of `len` new tokens with a device KV cache (decoding), as attn_mha_forward_cached:
+ * projects x ((len, batch, E), or (batch, len, E) with batch_first, device, the module's type), appends
+ * the keys and values (heads split) to `cache` (batch sequences, n_kv_heads = num_heads, head_dim =
+ * E / num_heads, the module's dtype; contiguous or paged), attends from the new queries to every
+ * cached position (bottom-right causal) and applies out_proj into out (x's shape).
+ */
+ATTN_CUDA_API attn_status attn_cuda_mha_forward_cached(attn_cuda_ctx *ctx, attn_cuda_mha *mha, attn_cuda_kv_cache *cache,
+                                                       const void *x, int64_t batch, int64_t len, void *out);
+
 /** The kernel the context would run for `desc`: "flash", "decode" or "simple" (*name static). */
 ATTN_CUDA_API attn_status attn_cuda_sdpa_kernel_name(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc,
                                                      const char **name);

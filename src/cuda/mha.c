@@ -258,16 +258,21 @@ static const unsigned char *param(const attn_cuda_mha *m, int i) {
     return i >= 0 ? (const unsigned char *)m->data[i] : NULL;
 }
 
-// C (rows x cols, ldc) = X (rows x E, ld E) W[w_row0 .. w_row0 + cols)^T + b[w_row0 ..]
-static attn_status project(attn_cuda_ctx *ctx, const attn_cuda_mha *m, const void *x, int64_t rows, int64_t w_row0,
-                           int64_t cols, void *out, int64_t ldc) {
+// C (rows x cols, ldc) = X (rows x E, ld ldx) W[w_row0 .. w_row0 + cols)^T + b[w_row0 ..]
+static attn_status project_ld(attn_cuda_ctx *ctx, const attn_cuda_mha *m, const void *x, int64_t ldx, int64_t rows,
+                              int64_t w_row0, int64_t cols, void *out, int64_t ldc) {
     const size_t es = attn_dtype_size(m->dt);
     const unsigned char *w = param(m, m->i_w_in), *b = param(m, m->i_b_in);
-    const attn__cuda_gemm g = {.m = rows, .n = cols, .k = m->E, .a = x, .lda = m->E, .b = w + (size_t)(w_row0 * m->E) * es,
+    const attn__cuda_gemm g = {.m = rows, .n = cols, .k = m->E, .a = x, .lda = ldx, .b = w + (size_t)(w_row0 * m->E) * es,
                                .ldb = m->E, .trans_b = true, .c = out, .ldc = ldc,
                                .bias = b != NULL ? b + (size_t)w_row0 * es : NULL, .alpha = 1.0f, .beta = 0.0f,
                                .ab_type = m->dt, .c_type = m->dt};
     return attn__cuda_gemm_run(&ctx->err, m->blas, &g, ctx->stream);
+}
+
+static attn_status project(attn_cuda_ctx *ctx, const attn_cuda_mha *m, const void *x, int64_t rows, int64_t w_row0,
+                           int64_t cols, void *out, int64_t ldc) {
+    return project_ld(ctx, m, x, m->E, rows, w_row0, cols, out, ldc);
 }
 
 // The projections, the attention and out_proj into `buf` (call c's layout) and out.
@@ -426,4 +431,59 @@ attn_status attn_cuda_mha_backward(attn_cuda_ctx *ctx, attn_cuda_mha *m, const a
     ATTN__CU_TRY(input_grad(ctx, m, g + c.k.off, c.k.ld, c.Mkv, E, E, dk_to, k_acc));
     void *dv_to = c.x_v == c.x_q ? dquery : dvalue;
     return input_grad(ctx, m, g + c.v.off, c.v.ld, c.Mkv, E, 2 * E, dv_to, c.x_v == c.x_q);
+}
+
+// ---- decoding with a device KV cache ------------------------------------------------------------
+
+attn_status attn_cuda_mha_forward_cached(attn_cuda_ctx *ctx, attn_cuda_mha *m, attn_cuda_kv_cache *cache, const void *x,
+                                         int64_t batch, int64_t len, void *out) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    attn__cuda_err *e = &ctx->err;
+    if (m == NULL || cache == NULL || x == NULL || out == NULL)
+        return attn__cuda_fail(e, ATTN_ERR_INVALID_ARG, "cuda mha: mha, cache, x and out must not be NULL");
+    if (batch < 1 || len < 1) return attn__cuda_fail(e, ATTN_ERR_BAD_SHAPE, "cuda mha: batch and len must be >= 1");
+    const int64_t E = m->E, N = batch, L = len, M = N * L;
+    const size_t es = attn_dtype_size(m->dt);
+    // q, k, v and the attention's output, sequence after sequence ((N, L, E) rows), in the scratch
+    size_t used = 0;
+    const size_t qo = take(&used, (size_t)(M * E) * es), ko = take(&used, (size_t)(M * E) * es);
+    const size_t vo = take(&used, (size_t)(M * E) * es), ao = take(&used, (size_t)(M * E) * es);
+    unsigned char *buf = NULL;
+    ATTN__CU_TRY(scratch(ctx, m, used, &buf));
+    // x's rows of sequence b: consecutive with batch_first, else every N-th row
+    const bool bf = m->cfg.batch_first != 0;
+    const int64_t ldx = bf ? E : N * E;
+    for (int64_t b = 0; b < N; b++) {
+        const unsigned char *xb = (const unsigned char *)x + (size_t)((bf ? b * L : b) * E) * es;
+        const size_t rows_b = (size_t)(b * L * E) * es;
+        ATTN__CU_TRY(project_ld(ctx, m, xb, ldx, L, 0, E, buf + qo + rows_b, E));
+        ATTN__CU_TRY(project_ld(ctx, m, xb, ldx, L, E, E, buf + ko + rows_b, E));
+        ATTN__CU_TRY(project_ld(ctx, m, xb, ldx, L, 2 * E, E, buf + vo + rows_b, E));
+    }
+    int64_t *n = malloc((size_t)(2 * N + 1) * sizeof(int64_t));
+    if (n == NULL) return attn__cuda_fail(e, ATTN_ERR_OUT_OF_MEMORY, "cuda mha: out of host memory");
+    int64_t *cu_q = n + N;
+    for (int64_t b = 0; b < N; b++) n[b] = L, cu_q[b] = b * L;
+    cu_q[N] = M;
+    attn_status st = attn_cuda_kv_cache_append(ctx, cache, n, buf + ko, buf + vo);
+    if (st == ATTN_OK) {
+        attn_sdpa_desc d;
+        attn_sdpa_desc_init(&d);
+        d.batch = N, d.n_heads = m->H, d.n_kv_heads = m->H, d.len_q = L, d.head_dim = m->hd;
+        d.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+        d.q_stride[1] = d.o_stride[1] = m->hd, d.q_stride[2] = d.o_stride[2] = E, d.q_stride[3] = d.o_stride[3] = 1;
+        d.q_dtype = d.kv_dtype = d.out_dtype = m->dt;
+        st = attn_cuda_kv_cache_attend(ctx, cache, &d, cu_q, buf + qo, buf + ao, NULL);
+    }
+    free(n);
+    ATTN__CU_TRY(st);
+    // out_proj, each sequence's rows back to x's order
+    for (int64_t b = 0; b < N; b++) {
+        const attn__cuda_gemm g = {.m = L, .n = E, .k = E, .a = buf + ao + (size_t)(b * L * E) * es, .lda = E,
+                                   .b = param(m, m->i_w_out), .ldb = E, .trans_b = true,
+                                   .c = (unsigned char *)out + (size_t)((bf ? b * L : b) * E) * es, .ldc = ldx,
+                                   .bias = param(m, m->i_b_out), .alpha = 1.0f, .ab_type = m->dt, .c_type = m->dt};
+        ATTN__CU_TRY(attn__cuda_gemm_run(&ctx->err, m->blas, &g, ctx->stream));
+    }
+    return ATTN_OK;
 }

@@ -5,7 +5,8 @@
 // parameter's and input's gradient), F32 within 1e-4 of the largest element and BF16 within 2^-5
 // (the GPU rounds the projections and the intermediate gradients to bfloat16, the CPU keeps
 // them in float32); Philox dropout: the same seed and offset give the same bits, another offset
-// another mask; the parameters copied back. Without a GPU: argument checks, and the GPU cases
+// another mask; the parameters copied back; decoding with a device cache (contiguous and paged)
+// against the CPU module's cached forward. Without a GPU: argument checks, and the GPU cases
 // report themselves skipped (ATTN_CUDA_REQUIRE_GPU makes that a failure, as make test-cuda sets).
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -230,6 +231,57 @@ static void test_dropout_repeatable(void) {
     attn_cuda_ctx_free(g);
 }
 
+// Decoding: a prompt then single tokens through attn_cuda_mha_forward_cached with a contiguous and
+// a paged device cache, against attn_mha_forward_cached with a CPU cache (F32, 1e-4 of the largest).
+static void test_cached_against_cpu(void) {
+    attn_cuda_ctx *g = gpu_ctx();
+    for (int paged = 0; paged < 2; paged++) {
+        const uint64_t seed = rng;
+        const int64_t E = 64, H = 4, N = 2, steps[4] = {5, 1, 1, 3};
+        attn_mha_config cfg;
+        attn_mha_config_init(&cfg, E, H);
+        cfg.batch_first = pick(2);
+        attn_ctx *cpu = NULL;
+        ASSERT_OK(attn_ctx_create(NULL, &cpu));
+        attn_mha *host = NULL;
+        ASSERT_OK(attn_mha_create(cpu, &cfg, &host));
+        attn_cuda_mha *dev = NULL;
+        const attn_status cs = attn_cuda_mha_create(g, host, &dev);
+        if (cs == ATTN_ERR_UNSUPPORTED) SKIP("%s", attn_cuda_ctx_last_error(g));
+        ASSERT_OK(cs);
+        attn_kv_cache_config hc;
+        attn_kv_cache_config_init(&hc);
+        hc.batch = N, hc.n_kv_heads = H, hc.head_dim = E / H, hc.capacity = 32;
+        attn_kv_cache *hcache = NULL;
+        ASSERT_OK(attn_kv_cache_create(cpu, &hc, &hcache));
+        attn_cuda_kv_cache_config dc;
+        attn_cuda_kv_cache_config_init(&dc);
+        dc.batch = N, dc.n_kv_heads = H, dc.head_dim = E / H, dc.capacity = 32, dc.dtype = ATTN_DTYPE_F32;
+        dc.page_size = paged ? 16 : 0;
+        attn_cuda_kv_cache *dcache = NULL;
+        ASSERT_OK(attn_cuda_kv_cache_create(g, &dc, &dcache));
+        for (int st = 0; st < 4; st++) {
+            const int64_t n = N * steps[st] * E;
+            float *x = malloc((size_t)n * 4), *want = malloc((size_t)n * 4), *got = malloc((size_t)n * 4);
+            for (int64_t i = 0; i < n; i++) x[i] = urand();
+            void *dx = up(x, (size_t)n * 4), *dout = up(NULL, (size_t)n * 4);
+            ASSERT_OK(attn_mha_forward_cached(cpu, host, hcache, x, N, steps[st], want));
+            if (attn_cuda_mha_forward_cached(g, dev, dcache, dx, N, steps[st], dout) != ATTN_OK)
+                FAIL("seed %llu: %s", (unsigned long long)seed, attn_cuda_ctx_last_error(g));
+            down(got, dout, (size_t)n * 4);
+            close_to(paged ? "paged cached out" : "cached out", got, want, n, 1e-4, seed);
+            cudaFree(dx), cudaFree(dout);
+            free(x), free(want), free(got);
+        }
+        attn_cuda_kv_cache_free(dcache);
+        attn_kv_cache_free(hcache);
+        attn_cuda_mha_free(dev);
+        attn_mha_free(host);
+        attn_ctx_free(cpu);
+    }
+    attn_cuda_ctx_free(g);
+}
+
 // Without a GPU (or before any device work): argument checks that need no device.
 static void test_arguments(void) {
     attn_cuda_mha_args a;
@@ -247,6 +299,7 @@ static void test_arguments(void) {
 
 int main(int argc, char **argv) {
     static const harness_case cases[] = {HARNESS_CASE(test_arguments), HARNESS_CASE(test_f32_against_cpu),
-                                         HARNESS_CASE(test_bf16_against_cpu), HARNESS_CASE(test_dropout_repeatable)};
+                                         HARNESS_CASE(test_bf16_against_cpu), HARNESS_CASE(test_dropout_repeatable),
+                                         HARNESS_CASE(test_cached_against_cpu)};
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
 }
