@@ -12,32 +12,7 @@
 
 #include "attn_cuda.h"
 #include "harness.h"
-
-static uint64_t rng = 777;
-static uint32_t next32(void) {
-    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (uint32_t)(rng >> 33);
-}
-static float urand(void) { return (float)(next32() >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f; }
-static int pick(int n) { return (int)(next32() % (uint32_t)n); }
-
-static attn_cuda_ctx *gpu_ctx(void) {
-    char why[256];
-    if (attn_cuda_probe(0, why, sizeof why) != ATTN_OK) {
-        if (getenv("ATTN_CUDA_REQUIRE_GPU") != NULL) FAIL("no usable GPU: %s", why);
-        SKIP("no usable GPU: %s", why);
-    }
-    attn_cuda_ctx *ctx = NULL;
-    ASSERT_OK(attn_cuda_ctx_create(NULL, &ctx));
-    return ctx;
-}
-
-static void *up(const void *h, size_t bytes) {
-    void *d = NULL;
-    if (cudaMalloc(&d, bytes > 0 ? bytes : 1) != cudaSuccess) FAIL("cudaMalloc");
-    if (h != NULL && bytes > 0 && cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice) != cudaSuccess) FAIL("cudaMemcpy");
-    return d;
-}
+#include "cuda_test_util.h"
 
 enum { MAXB = 4, CAP = 200 };
 

@@ -15,35 +15,7 @@
 
 #include "attn_cuda.h"
 #include "harness.h"
-
-static uint64_t rng = 12345;
-static uint32_t next32(void) {
-    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (uint32_t)(rng >> 33);
-}
-static float urand(void) { return (float)(next32() >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f; }
-static int pick(int n) { return (int)(next32() % (uint32_t)n); }
-
-static attn_cuda_ctx *gpu_ctx(void) {
-    char why[256];
-    if (attn_cuda_probe(0, why, sizeof why) != ATTN_OK) {
-        if (getenv("ATTN_CUDA_REQUIRE_GPU") != NULL) FAIL("no usable GPU: %s", why);
-        SKIP("no usable GPU: %s", why);
-    }
-    attn_cuda_ctx *ctx = NULL;
-    ASSERT_OK(attn_cuda_ctx_create(NULL, &ctx));
-    return ctx;
-}
-
-static void *up(const void *h, size_t bytes) {
-    void *d = NULL;
-    if (cudaMalloc(&d, bytes > 0 ? bytes : 1) != cudaSuccess) FAIL("cudaMalloc(%zu)", bytes);
-    if (h != NULL && cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice) != cudaSuccess) FAIL("cudaMemcpy");
-    return d;
-}
-static void down(void *h, const void *d, size_t bytes) {
-    if (cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) FAIL("cudaMemcpy back");
-}
+#include "cuda_test_util.h"
 
 // Values of type t (float, or half bit patterns) as floats.
 static float *as_floats(const void *x, attn_dtype t, int64_t n) {
