@@ -174,12 +174,10 @@ __global__ void __launch_bounds__(FlashTraits<D>::kThreads, 1) flash_fwd_kernel(
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
-                    const int64_t i = i0 + warp * 16 + g + r * 8, j = n0 + nt * 8 + 2 * c;
-                    const attn__philox4 w = attn__philox_dropout_words(p.drop_seed, p.drop_offset, b * p.H + h, i, j);
-                    // j % 4 is 2 * (c & 1): words 0, 1 or 2, 3 of the group
-                    const uint32_t w0 = (c & 1) ? w.v[2] : w.v[0], w1 = (c & 1) ? w.v[3] : w.v[1];
-                    if ((uint64_t)w0 >= p.drop_threshold) sacc[nt][2 * r] = 0.0f;
-                    if ((uint64_t)w1 >= p.drop_threshold) sacc[nt][2 * r + 1] = 0.0f;
+                    bool k0, k1;
+                    dropout_kept_pair(p, b * p.H + h, i0 + warp * 16 + g + r * 8, n0 + nt * 8 + 2 * c, k0, k1);
+                    if (!k0) sacc[nt][2 * r] = 0.0f;
+                    if (!k1) sacc[nt][2 * r + 1] = 0.0f;
                 }
         }
 

@@ -1,5 +1,5 @@
 // mma.cuh - the sm_80 instructions the tensor-core kernels use, one inline-asm wrapper each:
-// cp.async (16-byte global -> shared copies, zero-filled when the source is out of range),
+// cp.async (16- and 4-byte global -> shared copies, zero-filled when the source is out of range),
 // ldmatrix (8x8 b16 tiles from shared memory into mma fragments, plain and transposed) and
 // mma.sync m16n8k16 with float32 accumulators (bf16 and f16 operands).
 //
@@ -25,6 +25,11 @@ __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)_
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
     const int n = valid ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(n) : "memory");
+}
+// 4 bytes global -> shared (through L1); with valid == false nothing is read and the 4 bytes are zeroed.
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem, bool valid) {
+    const int n = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(n) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are still in flight.
