@@ -157,20 +157,10 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dkdv
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) {
             uint32_t ak[4], av[4];
-            const int a_off = (kr0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + kk * 16 + (lane >> 4) * 8;
-            ldmatrix_x4(ak, sK + a_off);
-            ldmatrix_x4(av, sV + a_off);
-#pragma unroll
-            for (int np = 0; np < NQ / 2; np++) {
-                uint32_t bq[4], bo[4];
-                const int b_off = (np * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8;
-                ldmatrix_x4(bq, sQ + b_off);
-                ldmatrix_x4(bo, sdO + b_off);
-                mma16816<T>(sacc[2 * np], ak, bq[0], bq[1]);
-                mma16816<T>(sacc[2 * np + 1], ak, bq[2], bq[3]);
-                mma16816<T>(dpacc[2 * np], av, bo[0], bo[1]);
-                mma16816<T>(dpacc[2 * np + 1], av, bo[2], bo[3]);
-            }
+            ldsm_a(ak, sK, LD, kr0, kk * 16, lane);
+            ldsm_a(av, sV, LD, kr0, kk * 16, lane);
+            mma_row<T, NQ / 2, false>(sacc, ak, sQ, LD, kk * 16, lane);
+            mma_row<T, NQ / 2, false>(dpacc, av, sdO, LD, kk * 16, lane);
         }
 
         // P' and dS, element (key kr0 + g + (e >> 1) 8, query 2c + (e & 1) of n-tile n)
@@ -191,23 +181,11 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dkdv
         // dV += P'^T dO and dK += dS^T Q: the accumulators of two n-tiles are one A fragment.
 #pragma unroll
         for (int kq = 0; kq < KQ; kq++) {
-            const uint32_t ap[4] = {pack2<T>(sacc[2 * kq][0], sacc[2 * kq][1]), pack2<T>(sacc[2 * kq][2], sacc[2 * kq][3]),
-                                    pack2<T>(sacc[2 * kq + 1][0], sacc[2 * kq + 1][1]),
-                                    pack2<T>(sacc[2 * kq + 1][2], sacc[2 * kq + 1][3])};
-            const uint32_t as[4] = {pack2<T>(dpacc[2 * kq][0], dpacc[2 * kq][1]), pack2<T>(dpacc[2 * kq][2], dpacc[2 * kq][3]),
-                                    pack2<T>(dpacc[2 * kq + 1][0], dpacc[2 * kq + 1][1]),
-                                    pack2<T>(dpacc[2 * kq + 1][2], dpacc[2 * kq + 1][3])};
-#pragma unroll
-            for (int dp = 0; dp < D / 16; dp++) {
-                uint32_t bo[4], bq[4];
-                const int b_off = (kq * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 + (lane >> 4) * 8;
-                ldmatrix_x4_trans(bo, sdO + b_off);
-                ldmatrix_x4_trans(bq, sQ + b_off);
-                mma16816<T>(dv[2 * dp], ap, bo[0], bo[1]);
-                mma16816<T>(dv[2 * dp + 1], ap, bo[2], bo[3]);
-                mma16816<T>(dk[2 * dp], as, bq[0], bq[1]);
-                mma16816<T>(dk[2 * dp + 1], as, bq[2], bq[3]);
-            }
+            uint32_t ap[4], as[4];
+            acc_to_a<T>(ap, sacc[2 * kq], sacc[2 * kq + 1]);
+            acc_to_a<T>(as, dpacc[2 * kq], dpacc[2 * kq + 1]);
+            mma_row<T, D / 16, true>(dv, ap, sdO, LD, kq * 16, lane);
+            mma_row<T, D / 16, true>(dk, as, sQ, LD, kq * 16, lane);
         }
         if (atomic) { // dS^T to shared memory (rounded to T, as the dK product saw it)
 #pragma unroll
@@ -228,14 +206,8 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dkdv
 #pragma unroll
             for (int kb = 0; kb < Bc / 16; kb++) {
                 uint32_t a[4]; // dS rows (queries) from dS^T: the transposed load
-                ldmatrix_x4_trans(a, sdS + (kb * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + rg * 16 + ((lane >> 3) & 1) * 8);
-#pragma unroll
-                for (int dp = 0; dp < DW / 16; dp++) {
-                    uint32_t bk[4];
-                    ldmatrix_x4_trans(bk, sK + (kb * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + ds * DW + dp * 16 + (lane >> 4) * 8);
-                    mma16816<T>(dq[2 * dp], a, bk[0], bk[1]);
-                    mma16816<T>(dq[2 * dp + 1], a, bk[2], bk[3]);
-                }
+                ldsm_a_km(a, sdS, LDS, rg * 16, kb * 16, lane);
+                mma_row<T, DW / 16, true>(dq, a, sK + ds * DW, LD, kb * 16, lane);
             }
 #pragma unroll
             for (int r = 0; r < 2; r++) {
@@ -351,20 +323,10 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dq_k
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) {
             uint32_t aq[4], ao[4];
-            const int a_off = (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + kk * 16 + (lane >> 4) * 8;
-            ldmatrix_x4(aq, sQ + a_off);
-            ldmatrix_x4(ao, sdO + a_off);
-#pragma unroll
-            for (int np = 0; np < NT / 2; np++) {
-                uint32_t bk[4], bv[4];
-                const int b_off = (np * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8;
-                ldmatrix_x4(bk, k_s + b_off);
-                ldmatrix_x4(bv, v_s + b_off);
-                mma16816<T>(sacc[2 * np], aq, bk[0], bk[1]);
-                mma16816<T>(sacc[2 * np + 1], aq, bk[2], bk[3]);
-                mma16816<T>(dpacc[2 * np], ao, bv[0], bv[1]);
-                mma16816<T>(dpacc[2 * np + 1], ao, bv[2], bv[3]);
-            }
+            ldsm_a(aq, sQ, LD, warp * 16, kk * 16, lane);
+            ldsm_a(ao, sdO, LD, warp * 16, kk * 16, lane);
+            mma_row<T, NT / 2, false>(sacc, aq, k_s, LD, kk * 16, lane);
+            mma_row<T, NT / 2, false>(dpacc, ao, v_s, LD, kk * 16, lane);
         }
 
         // dS, element (row g + (e >> 1) 8, key 2c + (e & 1) of n-tile n)
@@ -388,16 +350,9 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dq_k
         // dQ += dS K
 #pragma unroll
         for (int kb = 0; kb < KB; kb++) {
-            const uint32_t a[4] = {pack2<T>(dpacc[2 * kb][0], dpacc[2 * kb][1]), pack2<T>(dpacc[2 * kb][2], dpacc[2 * kb][3]),
-                                   pack2<T>(dpacc[2 * kb + 1][0], dpacc[2 * kb + 1][1]),
-                                   pack2<T>(dpacc[2 * kb + 1][2], dpacc[2 * kb + 1][3])};
-#pragma unroll
-            for (int dp = 0; dp < D / 16; dp++) {
-                uint32_t bk[4];
-                ldmatrix_x4_trans(bk, k_s + (kb * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 + (lane >> 4) * 8);
-                mma16816<T>(dq[2 * dp], a, bk[0], bk[1]);
-                mma16816<T>(dq[2 * dp + 1], a, bk[2], bk[3]);
-            }
+            uint32_t a[4];
+            acc_to_a<T>(a, dpacc[2 * kb], dpacc[2 * kb + 1]);
+            mma_row<T, D / 16, true>(dq, a, k_s, LD, kb * 16, lane);
         }
         __syncthreads(); // the stage read here is the one the next iteration's prefetch overwrites
     }
