@@ -142,3 +142,5 @@ test-cuda-sanitize: all
 	$(SANITIZER) --tool memcheck --error-exitcode 99 ./$(BUILD)/tests/cuda/test_cuda_sdpa test_backward
 	$(SANITIZER) --tool memcheck --error-exitcode 99 ./$(BUILD)/tests/cuda/test_cuda_mha test_f32_against_cpu
 	$(SANITIZER) --tool racecheck --error-exitcode 99 ./$(BUILD)/tests/cuda/test_cuda_sdpa test_plain_auto
+	$(SANITIZER) --tool memcheck --error-exitcode 99 ./$(BUILD)/tests/cuda/test_cuda_sdpa test_backward_deterministic
+	$(SANITIZER) --tool racecheck --error-exitcode 99 ./$(BUILD)/tests/cuda/test_cuda_sdpa test_backward

@@ -1,7 +1,7 @@
 #!/bin/sh
 # cuda_table.sh ATTN: attn bench --device cuda on the target shapes (bf16, B*L = 16384, H*D = 2048,
-# D in {64, 128}, L in {1024, 4096, 16384}, causal and not; forward + backward at L <= 4096), then one
-# short table of TFLOP/s.
+# D in {64, 128}, L in {1024, 4096, 16384}, causal and not; forward + backward too, and with the
+# deterministic backward at L = 4096), then one short table of TFLOP/s.
 # Used by make test-cuda; bench/run_bench_cuda.py sets the same shapes beside PyTorch.
 set -eu
 attn=$1
@@ -16,20 +16,27 @@ for D in 64 128; do
         done
     done
 done
-# forward + backward (3 runs each: the backward's simple kernels are slow) at L <= 4096
+# forward + backward (the tensor-core backward for these shapes; 10 runs each)
 for D in 64 128; do
-    for L in 1024 4096; do
+    for L in 1024 4096 16384; do
         for causal in "" --causal; do
             "$attn" bench --device cuda --dtype bf16 --batch $((16384 / L)) --heads $((2048 / D)) --len-q "$L" \
-                --head-dim "$D" $causal --backward --repeat 3 --warmup 1 --json | tail -n 1 >> "$tmp"
+                --head-dim "$D" $causal --backward --repeat 10 --warmup 2 --json | tail -n 1 >> "$tmp"
         done
+    done
+done
+# the deterministic backward (dQ by its own kernel, no atomics) at L = 4096
+for D in 64 128; do
+    for causal in "" --causal; do
+        "$attn" bench --device cuda --dtype bf16 --batch 4 --heads $((2048 / D)) --len-q 4096 \
+            --head-dim "$D" $causal --backward --deterministic --repeat 10 --warmup 2 --json | tail -n 1 >> "$tmp"
     done
 done
 echo
 echo "attn bench --device cuda, bf16 (median TFLOP/s; fwd+bwd rows counted as 3.5x the forward's flops)"
-printf '%-8s %-6s %-6s %-7s %-8s %10s %10s\n' pass D L causal kernel ms TFLOP/s
+printf '%-8s %-6s %-6s %-7s %-26s %10s %10s\n' pass D L causal kernel ms TFLOP/s
 sed 's/[{}",]//g' "$tmp" | awk '{ for (i = 1; i < NF; i++) v[$i] = $(i + 1);
-    printf "%-8s %-6s %-6s %-7s %-8s %10.3f %10.1f\n", v["backward:"] == "true" ? "fwd+bwd" : "fwd", v["D:"], v["L:"],
+    printf "%-8s %-6s %-6s %-7s %-26s %10.3f %10.1f\n", v["backward:"] == "true" ? "fwd+bwd" : "fwd", v["D:"], v["L:"],
            v["causal:"], v["kernel:"], v["median_ms:"], v["tflops:"] }'
 # decoding against a KV cache: B=8, H=32, Hkv=8, D=128, contiguous and paged (16- and 64-token pages)
 for S in 4096 32768; do

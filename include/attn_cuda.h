@@ -78,6 +78,11 @@ typedef struct attn_cuda_ctx_params {
     int device;                /* CUDA device ordinal (default 0) */
     attn_cuda_stream stream;   /* stream the work is enqueued on; NULL = the default stream */
     attn_cuda_kernels kernels; /* kernel selection (default AUTO) */
+    int deterministic;         /* nonzero: the backward gives the same bits on every run (the tensor-core
+                                  backward computes dQ per query tile in a kernel of its own instead of
+                                  adding into it with float32 atomics; predicted cost in docs/cuda.md).
+                                  Default 0: atomics, which sum dQ in a run-dependent order. The simple
+                                  kernels are deterministic either way. */
 } attn_cuda_ctx_params;
 
 typedef struct attn_cuda_ctx attn_cuda_ctx;
@@ -92,7 +97,7 @@ typedef struct attn_cuda_device_props {
     char arch_built[64];       /* the architectures this library carries machine code for, e.g. "80-real;90a-real" */
 } attn_cuda_device_props;
 
-/** Fills `params` with the defaults (device 0, default stream, AUTO). */
+/** Fills `params` with the defaults (device 0, default stream, AUTO, not deterministic). */
 ATTN_CUDA_API void attn_cuda_ctx_params_init(attn_cuda_ctx_params *params);
 /**
  * Whether `device` can run this library, with the reason when it cannot in msg, one line (msg may be
@@ -175,11 +180,20 @@ ATTN_CUDA_API attn_status attn_cuda_sdpa_varlen_fwd(attn_cuda_ctx *ctx, const at
  * and the forward's lse (nothing of size L x S is stored); Philox dropout regenerates the forward's
  * mask from the same descriptor. Every option and type of the forward; dq, dk, dv of
  * desc->grad_dtype at q_stride, k_stride, v_stride (no stride 0 on a dimension longer than 1; with
- * GQA dk and dv hold the sum over the query heads of each kv head). The kernels here are the simple
- * ones (float32 arithmetic, one warp per query row for dq and per key row for dk and dv): every sum
- * has one order and no atomics, so results are the same bits on every run. The float mask's gradient
- * is not available on the GPU yet: dmask must be NULL (ATTN_ERR_UNSUPPORTED otherwise).
- * Workspace: one float per query row (dout . out), plus the offsets of packed batches.
+ * GQA dk and dv hold the sum over the query heads of each kv head). Kernels
+ * (attn_cuda_sdpa_bwd_kernel_name says which):
+ *  - "flash": tensor cores (FlashAttention-2's backward on mma.sync, sm_80 and later) on the
+ *    forward's "flash" conditions (q, k, v, out, dout all BF16 or all F16, unit stride along D,
+ *    16-byte aligned pointers and row strides) with head_dim = head_dim_v in {32, 64, 96, 128}. The
+ *    weights P and the score gradients dS are rounded to the input type before their products, as
+ *    FlashAttention does (tolerances in docs/cuda.md). dq is summed with float32 atomics, in an
+ *    order that varies between runs (last-bit differences); with attn_cuda_ctx_params.deterministic
+ *    a separate dQ kernel makes every run give the same bits;
+ *  - "simple": everything else (float32 arithmetic, one warp per query row for dq and per key row
+ *    for dk and dv, no atomics: the same bits on every run).
+ * The float mask's gradient is not available on the GPU yet: dmask must be NULL
+ * (ATTN_ERR_UNSUPPORTED otherwise). Workspace: one float per query row (dout . out), plus the
+ * offsets of packed batches, plus for "flash" (not deterministic) head_dim floats per query row.
  */
 ATTN_CUDA_API attn_status attn_cuda_sdpa_bwd_workspace_size(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc,
                                                             size_t *bytes);
@@ -330,6 +344,12 @@ ATTN_CUDA_API attn_status attn_cuda_mha_backward(attn_cuda_ctx *ctx, attn_cuda_m
  */
 ATTN_CUDA_API attn_status attn_cuda_mha_forward_cached(attn_cuda_ctx *ctx, attn_cuda_mha *mha, attn_cuda_kv_cache *cache,
                                                        const void *x, int64_t batch, int64_t len, void *out);
+
+/** The kernels the context's attn_cuda_sdpa_bwd would run for `desc` (16-byte aligned tensors):
+ *  "flash" (tensor cores, dQ summed with float32 atomics), "flash-deterministic" (tensor cores, the
+ *  context's deterministic flag: dQ by a kernel of its own) or "simple" (*name static). */
+ATTN_CUDA_API attn_status attn_cuda_sdpa_bwd_kernel_name(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc,
+                                                         const char **name);
 
 /** The kernel the context would run for `desc`: "flash", "decode" or "simple" (*name static). */
 ATTN_CUDA_API attn_status attn_cuda_sdpa_kernel_name(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc,

@@ -18,11 +18,14 @@
 static const char *summary =
     "usage: attn bench --device cuda [--op sdpa|decode|mha] [--dtype bf16|f16|f32] [--batch B] [--heads H]\n"
     "                  [--kv-heads Hkv] [--len-q L] [--len-kv S] [--head-dim D] [--causal] [--backward]\n"
-    "                  [--dropout P] [--page-size P] [--repeat R] [--warmup W] [--sets N] [--json]\n"
+    "                  [--deterministic] [--dropout P] [--page-size P] [--repeat R] [--warmup W] [--sets N]\n"
+    "                  [--json]\n"
     "Times libattn_cuda on GPU 0 with CUDA events: the median of R runs after W warm-up runs, the inputs\n"
     "rotating over N sets. --op sdpa (q (B, H, L, D), k and v (B, Hkv, S, D), contiguous) reports ms and\n"
     "TFLOP/s (4 B H D times the visible (query, key) pairs); with --backward each run is the forward and\n"
-    "the backward, counted as 3.5 times the forward's flops. --dropout P draws Philox dropout (seed 1).\n"
+    "the backward, counted as 3.5 times the forward's flops; the kernel column names the forward's and the\n"
+    "backward's (fwd+bwd), --deterministic sets the context's deterministic flag (the backward's dQ\n"
+    "without atomics). --dropout P draws Philox dropout (seed 1).\n"
     "--op mha times attn_cuda_mha_forward (with --backward forward_train and backward) on self-attention\n"
     "(L, B, E) inputs, E = H * D (--embed-dim to set it), heads H, causal with --causal; TFLOP/s counts\n"
     "the projections (8 B L E^2) beside the attention (3x both with --backward).\n"
@@ -34,7 +37,7 @@ typedef struct cuda_bench_opts {
     const char *device, *op, *dtype;
     int64_t B, H, Hkv, L, S, D, E, page_size, repeat, warmup, sets;
     double dropout;
-    bool causal, json, backward;
+    bool causal, json, backward, deterministic;
 } cuda_bench_opts;
 
 #ifdef ATTN_HAVE_CUDA
@@ -55,7 +58,10 @@ static int run_sdpa(const cuda_bench_opts *o, attn_dtype dt) {
     char why[256];
     if (attn_cuda_probe(0, why, sizeof why) != ATTN_OK) return cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: %s", why);
     attn_cuda_ctx *ctx = NULL;
-    attn_status st = attn_cuda_ctx_create(NULL, &ctx);
+    attn_cuda_ctx_params cp;
+    attn_cuda_ctx_params_init(&cp);
+    cp.deterministic = o->deterministic;
+    attn_status st = attn_cuda_ctx_create(&cp, &ctx);
     if (st != ATTN_OK) return cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: %s", attn_strerror(st));
     attn_sdpa_desc d;
     attn_sdpa_desc_init(&d);
@@ -66,7 +72,8 @@ static int run_sdpa(const cuda_bench_opts *o, attn_dtype dt) {
     d.causal = o->causal ? ATTN_CAUSAL_TOP_LEFT : ATTN_CAUSAL_NONE;
     d.grad_dtype = dt;
     if (o->dropout > 0) d.dropout_p = o->dropout, d.dropout_rng = ATTN_DROPOUT_RNG_PHILOX, d.dropout_seed = 1;
-    const char *kernel = "?";
+    const char *kernel = "?", *bwd_kernel = NULL;
+    char kernels[64];
     int rc = EXIT_OK;
     const size_t esz = attn_dtype_size(dt);
     const size_t nq = (size_t)(o->B * o->H * o->L * o->D), nk = (size_t)(o->B * o->Hkv * o->S * o->D);
@@ -79,7 +86,8 @@ static int run_sdpa(const cuda_bench_opts *o, attn_dtype dt) {
     void *conv = malloc((nq > nk ? nq : nk) * esz);
     float *ms = malloc((size_t)o->repeat * sizeof(float));
     cudaEvent_t ev[2] = {NULL, NULL};
-    if ((st = attn_cuda_sdpa_kernel_name(ctx, &d, &kernel)) != ATTN_OK) {
+    if ((st = attn_cuda_sdpa_kernel_name(ctx, &d, &kernel)) != ATTN_OK ||
+        (o->backward && (st = attn_cuda_sdpa_bwd_kernel_name(ctx, &d, &bwd_kernel)) != ATTN_OK)) {
         rc = cli_error("bench", EXIT_USAGE, "--device cuda: %s", attn_cuda_ctx_last_error(ctx));
         goto done;
     }
@@ -119,6 +127,8 @@ static int run_sdpa(const cuda_bench_opts *o, attn_dtype dt) {
         if (r >= 0) cudaEventElapsedTime(&ms[r], ev[0], ev[1]);
     }
     qsort(ms, (size_t)o->repeat, sizeof *ms, cmp_float);
+    snprintf(kernels, sizeof kernels, "%s%s%s", kernel, bwd_kernel != NULL ? "+" : "", bwd_kernel != NULL ? bwd_kernel : "");
+    kernel = kernels;
     const double flops = (o->backward ? 3.5 : 1.0) * 4.0 * (double)(o->B * o->H * o->D) * pairs(o);
     const double med = ms[o->repeat / 2], tflops = flops / (med * 1e-3) / 1e12;
     attn_cuda_device_props props;
@@ -325,6 +335,7 @@ int cmd_bench_cuda(int argc, char **argv) {
         {"--embed-dim", ARG_INT, &o.E, "E", "mha: embedding dimension (default H * D)", false, false},
         {"--causal", ARG_FLAG, &o.causal, NULL, "causal mask (top-left)", false, false},
         {"--backward", ARG_FLAG, &o.backward, NULL, "time the forward and the backward (sdpa)", false, false},
+        {"--deterministic", ARG_FLAG, &o.deterministic, NULL, "the backward without atomics (sdpa)", false, false},
         {"--dropout", ARG_FLOAT, &o.dropout, "P", "Philox dropout probability in [0, 1) (default 0)", false, false},
         {"--page-size", ARG_INT, &o.page_size, "P", "decode: tokens per page of a paged cache (0: contiguous)", false, false},
         {"--repeat", ARG_INT, &o.repeat, "R", "timed runs (default 20)", false, false},

@@ -80,6 +80,7 @@ attn_status attn_cuda_ctx_create(const attn_cuda_ctx_params *params, attn_cuda_c
         return st;
     }
     ctx->device = pr.device, ctx->stream = (cudaStream_t)pr.stream, ctx->kernels = pr.kernels;
+    ctx->deterministic = pr.deterministic != 0;
     int pageable = 0;
     if (cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, pr.device) == cudaSuccess)
         ctx->pageable_ok = pageable != 0;

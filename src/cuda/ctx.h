@@ -12,6 +12,7 @@ struct attn_cuda_ctx {
     int device;
     cudaStream_t stream;
     attn_cuda_kernels kernels;
+    bool deterministic;         // the backward without atomics (attn_cuda_ctx_params.deterministic)
     attn__cuda_device dev;      // what the planner needs of the device
     void *ws;                   // device workspace: owned (stream-ordered allocation) or the caller's
     size_t ws_size;

@@ -25,6 +25,17 @@ int attn__cuda_launch_flash(const attn__cuda_sdpa_params *p, int64_t row_blocks,
 // whose dout, rowdot (workspace), dq, dk, dv and lse (the forward's) are set.
 int attn__cuda_launch_simple_bwd(const attn__cuda_sdpa_params *p, cudaStream_t stream);
 
+// kernels/bwd_rows.cu: the backward's row kernels (4 rows of one (b, h) per block): rowdot (dout .
+// out per query row into p->rowdot, and zeroing p->dq_acc's rows when it is set), and dq_convert
+// (dq = scale * p->dq_acc in grad_dtype at q_stride).
+int attn__cuda_launch_bwd_rowdot(const attn__cuda_sdpa_params *p, cudaStream_t stream);
+int attn__cuda_launch_bwd_dq_convert(const attn__cuda_sdpa_params *p, cudaStream_t stream);
+
+// kernels/flash_dispatch.cu: the tensor-core backward (kernels/flash_bwd_sm80.cuh) for q_dtype BF16
+// or F16 and head dim 32, 64, 96 or 128: rowdot, the dK/dV kernel, then dq_convert (atomic mode:
+// p->dq_acc set, zeroed by rowdot) or the dQ kernel (deterministic: p->dq_acc NULL).
+int attn__cuda_launch_flash_bwd(const attn__cuda_sdpa_params *p, int deterministic, cudaStream_t stream);
+
 // kernels/decode.cu: split-KV decoding for `rows` (group * L <= 16) query rows per kv head: splits of
 // split_keys keys into `part` (the plan's partial results), then their combination into out and lse.
 int attn__cuda_launch_decode(const attn__cuda_sdpa_params *p, int64_t split_keys, int64_t n_splits, int rows,

@@ -73,6 +73,19 @@ size_t attn__cuda_flash_smem(int head_dim) {
     return (size_t)(f->br + 2 * f->stages * f->bc) * (size_t)(f->d + 8) * 2;
 }
 
+// Tensor-core backward: the tile shapes of kernels/flash_traits.cuh's FlashBwdTraits (copied here):
+// dK/dV kernel key tiles of 64 rows, query tiles of 64 rows (D = 32) or 32, K, V, Q, dO, dS^T, lse
+// and D in shared memory; deterministic dQ kernel 64 query rows, key tiles of 64 rows in two stages.
+static bool flash_bwd_dim(int64_t d) { return d == 32 || d == 64 || d == 96 || d == 128; }
+
+size_t attn__cuda_flash_bwd_smem(int head_dim, bool deterministic) {
+    if (!flash_bwd_dim(head_dim)) return 0;
+    const size_t ld = (size_t)head_dim + 8, bc = 64, br = head_dim <= 32 ? 64 : 32;
+    const size_t dkdv = (2 * bc + 2 * br) * ld * 2 + bc * (br + 8) * 2 + 2 * br * sizeof(float);
+    const size_t dq = (2 * 64 + 2 * 2 * 64) * ld * 2;
+    return deterministic && dq > dkdv ? dq : dkdv;
+}
+
 // ---- SDPA ------------------------------------------------------------------------------------
 
 static bool float_dtype(int32_t t) { return t == ATTN_DTYPE_F32 || t == ATTN_DTYPE_F16 || t == ATTN_DTYPE_BF16; }
@@ -87,6 +100,17 @@ static bool vec_view(const int64_t s[4], const void *ptr) {
 }
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Whether the tensor-core kernels may take the call's operands: q, k, v, out all BF16 or all F16,
+// head_dim = head_dim_v and dim_ok (an instance exists), q, k, v read 16 bytes at a time, sm_80 or
+// later, kernels not forced to SIMPLE. (The caller checks the views the kernel moves 16 bytes at a
+// time besides these: out for the forward, dout for the backward.)
+static bool flash_operands(const attn__cuda_sdpa_params *p, const attn__cuda_device *dev, attn_cuda_kernels kernels,
+                           bool dim_ok, const void *q, const void *k, const void *v) {
+    const bool same = p->q_dtype == p->kv_dtype && p->kv_dtype == p->out_dtype && fast_dtype(p->q_dtype);
+    return kernels != ATTN_CUDA_KERNELS_SIMPLE && dev->cc_major >= 8 && same && p->D == p->Dv && dim_ok &&
+           vec_view(p->q_stride, q) && vec_view(p->k_stride, k) && vec_view(p->v_stride, v);
+}
 
 // The shared descriptor checks for the call's form.
 static attn_status check_desc(attn__cuda_err *e, const attn_sdpa_desc *d, const attn__cuda_seqs *s) {
@@ -160,12 +184,8 @@ attn_status attn__cuda_plan_sdpa(attn__cuda_err *e, const attn__cuda_device *dev
     }
 
     // ---- the kernel ----
-    const bool same = p->q_dtype == p->kv_dtype && p->kv_dtype == p->out_dtype && fast_dtype(p->q_dtype);
-    const bool kv_vec = vec_view(p->k_stride, k) && vec_view(p->v_stride, v);
-    const bool dims = p->D == p->Dv && fast_dim(p->D);
-    const bool fast_ok = kernels != ATTN_CUDA_KERNELS_SIMPLE && dev->cc_major >= 8 && same && dims && kv_vec;
     attn__cuda_kernel kern = ATTN__CU_KERNEL_SIMPLE;
-    if (kern == ATTN__CU_KERNEL_SIMPLE && fast_ok && vec_view(p->q_stride, q) && vec_view(p->o_stride, out) &&
+    if (flash_operands(p, dev, kernels, fast_dim(p->D), q, k, v) && vec_view(p->o_stride, out) &&
         attn__cuda_flash_smem((int)p->D) <= dev->smem_optin)
         kern = ATTN__CU_KERNEL_FLASH;
     // Few query rows per kv head (decoding): split-KV, every row of a group in one warp. 16 rows of
@@ -202,8 +222,8 @@ attn_status attn__cuda_plan_sdpa(attn__cuda_err *e, const attn__cuda_device *dev
 }
 
 attn_status attn__cuda_plan_sdpa_bwd(attn__cuda_err *e, const attn__cuda_device *dev, attn_cuda_kernels kernels,
-                                     const attn_sdpa_desc *d, const attn__cuda_seqs *seqs, bool dmask_wanted,
-                                     attn__cuda_sdpa_plan *plan) {
+                                     bool deterministic, const attn_sdpa_desc *d, const attn__cuda_seqs *seqs,
+                                     bool dmask_wanted, const attn__cuda_bwd_tensors *t, attn__cuda_sdpa_plan *plan) {
     ATTN__CU_TRY(attn__cuda_plan_sdpa(e, dev, kernels, d, seqs, NULL, NULL, NULL, NULL, plan));
     attn__cuda_sdpa_params *p = &plan->p;
     if (dmask_wanted)
@@ -221,18 +241,40 @@ attn_status attn__cuda_plan_sdpa_bwd(attn__cuda_err *e, const attn__cuda_device 
                                    i);
     }
     p->grad_dtype = d->grad_dtype;
+    // ---- the kernels: tensor cores where the forward's would run (q, k, v, out and dout read 16
+    // bytes at a time) and an instance exists, else the simple ones ----
+    const attn__cuda_bwd_tensors none = {NULL, NULL, NULL, NULL, NULL};
+    if (t == NULL) t = &none;
     plan->kernel = ATTN__CU_KERNEL_SIMPLE;
-    if (attn__cuda_simple_bwd_smem(p) > dev->smem_optin)
+    plan->deterministic = deterministic;
+    if (flash_operands(p, dev, kernels, flash_bwd_dim(p->D), t->q, t->k, t->v) && vec_view(p->o_stride, t->out) &&
+        vec_view(p->o_stride, t->dout) && attn__cuda_flash_bwd_smem((int)p->D, deterministic) <= dev->smem_optin)
+        plan->kernel = ATTN__CU_KERNEL_FLASH;
+    if (plan->kernel == ATTN__CU_KERNEL_SIMPLE && attn__cuda_simple_bwd_smem(p) > dev->smem_optin)
         return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED,
                                "cuda sdpa_bwd: head dims %lld/%lld need more shared memory than the device has",
                                (long long)p->D, (long long)p->Dv);
-    const int64_t kv_blocks = ceil_div(p->S, 4);
+    // grids: rows of 4 queries per (b, h) (rowdot, dq conversion, simple dq), key tiles of 64 (flash
+    // dK/dV) or rows of 4 keys (simple) per (b, kv head), query tiles of 64 (deterministic dQ)
+    const int64_t kv_blocks = ceil_div(p->S, plan->kernel == ATTN__CU_KERNEL_FLASH ? 64 : 4);
     if (kv_blocks > INT32_MAX / (p->B * p->Hkv) || ceil_div(p->L, 4) > INT32_MAX / (p->B * p->H))
         return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda sdpa_bwd: the grid exceeds its limit");
     plan->row_blocks = ceil_div(p->L, 4);
+    // ---- the workspace: offsets, rowdot (lse's layout), the atomic mode's float32 dQ rows ----
     size_t used = 0;
+    plan->ws_cu = plan->ws_part = plan->ws_dq_acc = 0;
     if (packed) plan->ws_cu = attn__cuda_ws_take(&used, (size_t)(2 * (p->B + 1)) * sizeof(int64_t));
     plan->ws_rowdot = attn__cuda_ws_take(&used, (size_t)(p->H * plan->total_q) * sizeof(float));
+    if (plan->kernel == ATTN__CU_KERNEL_FLASH && !deterministic) {
+        if ((uint64_t)(p->H * plan->total_q) > (uint64_t)(SIZE_MAX / 2 / sizeof(float)) / (uint64_t)p->D)
+            return attn__cuda_fail(e, ATTN_ERR_OVERFLOW, "cuda sdpa_bwd: the dQ accumulator's size overflows");
+        plan->ws_dq_acc = attn__cuda_ws_take(&used, (size_t)(p->H * plan->total_q * p->D) * sizeof(float));
+    }
     plan->ws_bytes = used + ATTN__CU_WS_ALIGN - 1;
     return ATTN_OK;
+}
+
+const char *attn__cuda_bwd_kernel_name(const attn__cuda_sdpa_plan *plan) {
+    if (plan->kernel == ATTN__CU_KERNEL_FLASH) return plan->deterministic ? "flash-deterministic" : "flash";
+    return attn__cuda_kernel_name(plan->kernel);
 }

@@ -62,6 +62,8 @@ typedef struct attn__cuda_sdpa_plan {
     int64_t total_q;         // rows of q (packed) or B*L
     size_t ws_cu;            // offset inside the workspace of the device copy of cu_q, cu_k
     size_t ws_rowdot;        // backward: offset of rowdot (H * total_q floats)
+    size_t ws_dq_acc;        // flash backward, atomic mode: offset of the dQ accumulator (H * total_q * D floats)
+    bool deterministic;      // backward: the flash backward's dQ kernel without atomics
     // decode: keys per split, splits per sequence, query rows per kv head (group * L), and the offset
     // of the splits' partial results (B * Hkv * n_splits * rows * (2 + Dv) floats)
     int64_t split_keys, n_splits;
@@ -78,17 +80,31 @@ attn_status attn__cuda_plan_sdpa(attn__cuda_err *e, const attn__cuda_device *dev
                                  const void *q, const void *k, const void *v, const void *out,
                                  attn__cuda_sdpa_plan *plan);
 
-// A planned SDPA backward: the forward's plan of the same call (its checks, parameters and
-// workspace), with the gradients' type checked, the simple backward kernels, and room for the
-// rowdot array (lse's layout) in the workspace at ws_rowdot. dmask_wanted: ATTN_ERR_UNSUPPORTED.
+// The backward's tensors the kernel choice looks at (alignment of the 16-byte loads); any may be
+// NULL: not known yet (sizing calls), not checked.
+typedef struct attn__cuda_bwd_tensors {
+    const void *q, *k, *v, *out, *dout;
+} attn__cuda_bwd_tensors;
+
+// A planned SDPA backward: the forward's plan of the same call (its checks and parameters), with the
+// gradients' type checked; the tensor-core kernels (flash) where the forward's conditions hold for
+// q, k, v, out and dout, head_dim = head_dim_v in {32, 64, 96, 128} and the shared memory fits, else
+// the simple ones; deterministic selects the flash backward's dQ kernel without atomics. Workspace:
+// the offsets (packed), rowdot (lse's layout) at ws_rowdot, and for the flash backward's atomic mode
+// the float32 dQ accumulator (H * total_q rows of D) at ws_dq_acc. dmask_wanted: ATTN_ERR_UNSUPPORTED.
 attn_status attn__cuda_plan_sdpa_bwd(attn__cuda_err *e, const attn__cuda_device *dev, attn_cuda_kernels kernels,
-                                     const attn_sdpa_desc *d, const attn__cuda_seqs *seqs, bool dmask_wanted,
-                                     attn__cuda_sdpa_plan *plan);
+                                     bool deterministic, const attn_sdpa_desc *d, const attn__cuda_seqs *seqs,
+                                     bool dmask_wanted, const attn__cuda_bwd_tensors *t, attn__cuda_sdpa_plan *plan);
+
+// The name of a planned backward's kernels: "flash", "flash-deterministic" or "simple".
+const char *attn__cuda_bwd_kernel_name(const attn__cuda_sdpa_plan *plan);
 
 // Dynamic shared memory of the kernels (bytes), from the plan.
 size_t attn__cuda_simple_smem(const attn__cuda_sdpa_params *p);
 size_t attn__cuda_flash_smem(int head_dim);
 size_t attn__cuda_simple_bwd_smem(const attn__cuda_sdpa_params *p);
+// The tensor-core backward's (the larger of its two kernels' with `deterministic`); 0: no instance.
+size_t attn__cuda_flash_bwd_smem(int head_dim, bool deterministic);
 
 // Workspace pieces: offsets advance by aligned sizes (arena over device memory, or sizing only).
 size_t attn__cuda_ws_take(size_t *used, size_t bytes);

@@ -151,6 +151,13 @@ static attn_status check_bwd_tensors(attn_cuda_ctx *ctx, const attn_sdpa_desc *d
     return ATTN_OK;
 }
 
+// Plans a backward (seqs NULL: a plain batch; t NULL: tensors not known, as for the sizes).
+static attn_status plan_bwd(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc, const attn__cuda_seqs *seqs, bool dmask_wanted,
+                            const attn__cuda_bwd_tensors *t, attn__cuda_sdpa_plan *plan) {
+    return attn__cuda_plan_sdpa_bwd(&ctx->err, &ctx->dev, ctx->kernels, ctx->deterministic, desc, seqs, dmask_wanted, t,
+                                    plan);
+}
+
 static attn_status run_bwd(attn_cuda_ctx *ctx, attn__cuda_sdpa_plan *plan, const attn__cuda_seqs *seqs, const void *q,
                            const void *k, const void *v, const void *out, const void *dout, const float *lse, void *dq,
                            void *dk, void *dv) {
@@ -160,7 +167,13 @@ static attn_status run_bwd(attn_cuda_ctx *ctx, attn__cuda_sdpa_plan *plan, const
     unsigned char *ws;
     ATTN__CU_TRY(stage(ctx, plan, seqs, &ws));
     p->rowdot = (float *)(ws + plan->ws_rowdot);
-    const int err = attn__cuda_launch_simple_bwd(p, ctx->stream);
+    int err;
+    if (plan->kernel == ATTN__CU_KERNEL_FLASH) {
+        p->dq_acc = plan->deterministic ? NULL : (float *)(ws + plan->ws_dq_acc);
+        err = attn__cuda_launch_flash_bwd(p, plan->deterministic, ctx->stream);
+    } else {
+        err = attn__cuda_launch_simple_bwd(p, ctx->stream);
+    }
     if (err != cudaSuccess) return attn__cuda_device_fail(&ctx->err, err, "cuda sdpa_bwd: launch");
     return ATTN_OK;
 }
@@ -169,7 +182,7 @@ attn_status attn_cuda_sdpa_bwd_workspace_size(attn_cuda_ctx *ctx, const attn_sdp
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
     if (bytes == NULL) return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda sdpa_bwd: bytes is NULL");
     attn__cuda_sdpa_plan plan;
-    ATTN__CU_TRY(attn__cuda_plan_sdpa_bwd(&ctx->err, &ctx->dev, ctx->kernels, desc, NULL, false, &plan));
+    ATTN__CU_TRY(plan_bwd(ctx, desc, NULL, false, NULL, &plan));
     *bytes = plan.ws_bytes;
     return ATTN_OK;
 }
@@ -180,7 +193,8 @@ attn_status attn_cuda_sdpa_bwd(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc, c
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
     ATTN__CU_TRY(check_bwd_tensors(ctx, desc, q, k, v, out, dout, lse, dq, dk, dv));
     attn__cuda_sdpa_plan plan;
-    ATTN__CU_TRY(attn__cuda_plan_sdpa_bwd(&ctx->err, &ctx->dev, ctx->kernels, desc, NULL, dmask != NULL, &plan));
+    const attn__cuda_bwd_tensors t = {q, k, v, out, dout};
+    ATTN__CU_TRY(plan_bwd(ctx, desc, NULL, dmask != NULL, &t, &plan));
     return run_bwd(ctx, &plan, NULL, q, k, v, out, dout, lse, dq, dk, dv);
 }
 
@@ -191,7 +205,7 @@ attn_status attn_cuda_sdpa_varlen_bwd_workspace_size(attn_cuda_ctx *ctx, const a
     if (bytes == NULL) return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda sdpa_varlen_bwd: bytes is NULL");
     const attn__cuda_seqs seqs = {cu_seqlens_q, cu_seqlens_k};
     attn__cuda_sdpa_plan plan;
-    ATTN__CU_TRY(attn__cuda_plan_sdpa_bwd(&ctx->err, &ctx->dev, ctx->kernels, desc, &seqs, false, &plan));
+    ATTN__CU_TRY(plan_bwd(ctx, desc, &seqs, false, NULL, &plan));
     *bytes = plan.ws_bytes;
     return ATTN_OK;
 }
@@ -204,6 +218,16 @@ attn_status attn_cuda_sdpa_varlen_bwd(attn_cuda_ctx *ctx, const attn_sdpa_desc *
     ATTN__CU_TRY(check_bwd_tensors(ctx, desc, q, k, v, out, dout, lse, dq, dk, dv));
     const attn__cuda_seqs seqs = {cu_seqlens_q, cu_seqlens_k};
     attn__cuda_sdpa_plan plan;
-    ATTN__CU_TRY(attn__cuda_plan_sdpa_bwd(&ctx->err, &ctx->dev, ctx->kernels, desc, &seqs, false, &plan));
+    const attn__cuda_bwd_tensors t = {q, k, v, out, dout};
+    ATTN__CU_TRY(plan_bwd(ctx, desc, &seqs, false, &t, &plan));
     return run_bwd(ctx, &plan, &seqs, q, k, v, out, dout, lse, dq, dk, dv);
+}
+
+attn_status attn_cuda_sdpa_bwd_kernel_name(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc, const char **name) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    if (name == NULL) return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda sdpa_bwd: name is NULL");
+    attn__cuda_sdpa_plan plan;
+    ATTN__CU_TRY(plan_bwd(ctx, desc, NULL, false, NULL, &plan));
+    *name = attn__cuda_bwd_kernel_name(&plan);
+    return ATTN_OK;
 }

@@ -51,6 +51,10 @@ typedef struct attn__cuda_sdpa_params {
     float *rowdot;
     void *dq, *dk, *dv;
     int32_t grad_dtype;
+    // The tensor-core backward's dQ accumulator (default, atomic mode): (H * total rows, D) float32,
+    // row r = lse's index of (b, h, i), zeroed by the rowdot kernel, summed into by atomicAdd,
+    // converted to dq at the end; NULL in the deterministic mode and in the simple backward.
+    float *dq_acc;
 } attn__cuda_sdpa_params;
 
 // One append to a device KV cache (kv_cache.c, kernels/kv_append.cu): the packed new rows k_new

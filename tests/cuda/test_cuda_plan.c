@@ -231,33 +231,34 @@ static void test_dropout(void) {
     attn_ctx_free(e.host);
 }
 
-// The backward's plan: the forward's checks, the simple kernels, room for rowdot (one float per query
-// row, after the offsets of a packed batch), the mask gradient refused, gradient views checked.
+// The backward's plan: the forward's checks, room for rowdot (one float per query row, after the
+// offsets of a packed batch), the mask gradient refused, gradient views checked.
 static void test_backward(void) {
     attn__cuda_err e = {{0}, cpu_ctx()};
     attn__cuda_sdpa_plan p;
     attn_sdpa_desc d = desc_of(2, 8, 2, 300, 500, 128, ATTN_DTYPE_BF16);
-    ASSERT_OK(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, false, &p));
+    ASSERT_OK(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_SIMPLE, false, &d, NULL, false, NULL, &p));
     ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_SIMPLE);
     ASSERT_EQ_INT(p.row_blocks, 75);
     ASSERT_TRUE(p.ws_rowdot + 2 * 8 * 300 * sizeof(float) <= p.ws_bytes - (ATTN__CU_WS_ALIGN - 1));
+    ASSERT_EQ_U64(p.ws_dq_acc, 0); // no accumulator for the simple kernels
     ASSERT_EQ_INT(p.p.grad_dtype, ATTN_DTYPE_F32);
     d.grad_dtype = ATTN_DTYPE_BF16;
-    ASSERT_OK(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, false, &p));
+    ASSERT_OK(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, false, &d, NULL, false, NULL, &p));
     ASSERT_EQ_INT(p.p.grad_dtype, ATTN_DTYPE_BF16);
-    ASSERT_STATUS(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, true, &p), ATTN_ERR_UNSUPPORTED);
+    ASSERT_STATUS(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, false, &d, NULL, true, NULL, &p), ATTN_ERR_UNSUPPORTED);
     ASSERT_TRUE(strstr(e.msg, "mask") != NULL);
     attn_sdpa_desc bad = d;
     bad.k_stride[2] = 0; // one key row broadcast: fine for the forward, not for dk
     ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &bad, NULL, &p));
-    ASSERT_STATUS(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &bad, NULL, false, &p), ATTN_ERR_INVALID_ARG);
+    ASSERT_STATUS(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, false, &bad, NULL, false, NULL, &p), ATTN_ERR_INVALID_ARG);
     bad = d, bad.grad_dtype = ATTN_DTYPE_Q8_0; // the shared check refuses it first, as the CPU does
-    ASSERT_STATUS(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &bad, NULL, false, &p), ATTN_ERR_INVALID_ARG);
+    ASSERT_STATUS(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, false, &bad, NULL, false, NULL, &p), ATTN_ERR_INVALID_ARG);
     bad = d, bad.head_dim = 1024; // 4 warps x 2 x (1024 + 1024) floats: 64 KiB
     bad.head_dim_v = 1024;
     attn__cuda_device small = h100;
     small.smem_optin = 48 * 1024;
-    ASSERT_STATUS(attn__cuda_plan_sdpa_bwd(&e, &small, ATTN_CUDA_KERNELS_AUTO, &bad, NULL, false, &p), ATTN_ERR_UNSUPPORTED);
+    ASSERT_STATUS(attn__cuda_plan_sdpa_bwd(&e, &small, ATTN_CUDA_KERNELS_AUTO, false, &bad, NULL, false, NULL, &p), ATTN_ERR_UNSUPPORTED);
     // packed: offsets first, then rowdot for H * total_q rows
     d = desc_of(1, 4, 2, 40, 50, 64, ATTN_DTYPE_F16);
     d.batch = 3;
@@ -265,9 +266,110 @@ static void test_backward(void) {
     memcpy(d.q_stride, q, sizeof q), memcpy(d.o_stride, q, sizeof q), memcpy(d.k_stride, k, sizeof k), memcpy(d.v_stride, k, sizeof k);
     const int64_t cq[4] = {0, 10, 50, 77}, ck[4] = {0, 20, 70, 90};
     attn__cuda_seqs s = {cq, ck};
-    ASSERT_OK(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, &s, false, &p));
+    ASSERT_OK(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, false, &d, &s, false, NULL, &p));
     ASSERT_TRUE(p.ws_rowdot >= 8 * sizeof(int64_t));
     ASSERT_TRUE(p.ws_rowdot + 4 * 77 * sizeof(float) <= p.ws_bytes - (ATTN__CU_WS_ALIGN - 1));
+    attn_ctx_free(e.host);
+}
+
+#define ASSERT_NAME(got, want)                                                  \
+    do {                                                                        \
+        const char *got_ = (got);                                               \
+        if (strcmp(got_, (want)) != 0) FAIL("kernel %s, expected %s", got_, (want)); \
+    } while (0)
+
+static const char *bwd_kernel_of(const attn__cuda_device *dev, attn_cuda_kernels kern, bool deterministic,
+                                 const attn_sdpa_desc *d, const attn__cuda_bwd_tensors *t) {
+    attn__cuda_err e = {{0}, cpu_ctx()};
+    attn__cuda_sdpa_plan p;
+    const attn_status st = attn__cuda_plan_sdpa_bwd(&e, dev, kern, deterministic, d, NULL, false, t, &p);
+    attn_ctx_free(e.host);
+    if (st != ATTN_OK) FAIL("plan: %s", e.msg);
+    return attn__cuda_bwd_kernel_name(&p);
+}
+
+// The tensor-core backward: chosen where the forward's flash kernel would run and an instance exists
+// (head dims 32-128, not 256), on the tensors' alignment (out and dout included); deterministic
+// selects its own name and drops the dQ accumulator; the workspace holds H * total_q rows of D
+// floats for it after rowdot; shared memory within an A100's for every instance.
+static void test_backward_flash_choice(void) {
+    static const int64_t dims[] = {32, 64, 96, 128};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+        const attn_sdpa_desc d = desc_of(2, 8, 2, 300, 500, dims[i], ATTN_DTYPE_BF16);
+        ASSERT_NAME(bwd_kernel_of(&h100, ATTN_CUDA_KERNELS_AUTO, false, &d, NULL), "flash");
+        ASSERT_NAME(bwd_kernel_of(&a100, ATTN_CUDA_KERNELS_SM80, true, &d, NULL), "flash-deterministic");
+        ASSERT_NAME(bwd_kernel_of(&h100, ATTN_CUDA_KERNELS_SIMPLE, false, &d, NULL), "simple");
+        ASSERT_TRUE(attn__cuda_flash_bwd_smem((int)dims[i], true) <= a100.smem_optin);
+        ASSERT_TRUE(attn__cuda_flash_bwd_smem((int)dims[i], false) <= attn__cuda_flash_bwd_smem((int)dims[i], true));
+    }
+    ASSERT_EQ_U64(attn__cuda_flash_bwd_smem(256, false), 0);
+    ASSERT_EQ_U64(attn__cuda_flash_bwd_smem(40, true), 0);
+    // D = 128, atomic mode: key tiles of 64, query tiles of 32 rows, K, V, Q, dO padded rows, dS^T,
+    // lse and D: (2*64 + 2*32) * 136 * 2 + 64 * 40 * 2 + 2 * 32 * 4 bytes
+    ASSERT_EQ_U64(attn__cuda_flash_bwd_smem(128, false), 192 * 136 * 2 + 64 * 40 * 2 + 256);
+    ASSERT_EQ_U64(attn__cuda_flash_bwd_smem(128, true), (2 * 64 + 2 * 2 * 64) * 136 * 2); // dQ kernel: Q, dO, 2 stages of K, V
+    attn_sdpa_desc d = desc_of(2, 8, 2, 300, 500, 256, ATTN_DTYPE_BF16); // runs forward on flash ...
+    ASSERT_NAME(kernel_of(&d, ATTN_CUDA_KERNELS_AUTO), "flash");
+    ASSERT_NAME(bwd_kernel_of(&h100, ATTN_CUDA_KERNELS_AUTO, false, &d, NULL), "simple"); // ... not backward
+    d = desc_of(2, 8, 2, 300, 500, 64, ATTN_DTYPE_F32);
+    ASSERT_NAME(bwd_kernel_of(&h100, ATTN_CUDA_KERNELS_AUTO, false, &d, NULL), "simple");
+    d = desc_of(2, 8, 2, 300, 500, 64, ATTN_DTYPE_F16);
+    d.kv_dtype = ATTN_DTYPE_BF16; // mixed types
+    ASSERT_NAME(bwd_kernel_of(&h100, ATTN_CUDA_KERNELS_AUTO, false, &d, NULL), "simple");
+    d = desc_of(2, 8, 2, 300, 500, 64, ATTN_DTYPE_F16);
+    d.head_dim_v = 32, d.v_stride[0] = 2 * 500 * 32, d.v_stride[1] = 500 * 32, d.v_stride[2] = 32;
+    d.o_stride[0] = 8 * 300 * 32, d.o_stride[1] = 300 * 32, d.o_stride[2] = 32;
+    ASSERT_NAME(bwd_kernel_of(&h100, ATTN_CUDA_KERNELS_AUTO, false, &d, NULL), "simple"); // D != Dv
+    attn__cuda_device old = h100;
+    old.cc_major = 7, old.cc_minor = 5;
+    d = desc_of(2, 8, 2, 300, 500, 64, ATTN_DTYPE_F16);
+    ASSERT_NAME(bwd_kernel_of(&old, ATTN_CUDA_KERNELS_AUTO, false, &d, NULL), "simple");
+    attn__cuda_device small = h100;
+    small.smem_optin = 48 * 1024; // the D = 128 kernels need more
+    d = desc_of(2, 8, 2, 300, 500, 128, ATTN_DTYPE_F16);
+    ASSERT_NAME(bwd_kernel_of(&small, ATTN_CUDA_KERNELS_AUTO, false, &d, NULL), "simple");
+    // the tensors' alignment, one at a time: a 16-byte aligned base, then one 8-byte aligned
+    static _Alignas(16) unsigned char buf[64];
+    const void *al = buf, *mis = buf + 8;
+    attn__cuda_bwd_tensors t = {al, al, al, al, al};
+    ASSERT_NAME(bwd_kernel_of(&h100, ATTN_CUDA_KERNELS_AUTO, false, &d, &t), "flash");
+    for (int which = 0; which < 5; which++) {
+        attn__cuda_bwd_tensors u = t;
+        const void **f[5] = {&u.q, &u.k, &u.v, &u.out, &u.dout};
+        *f[which] = mis;
+        ASSERT_NAME(bwd_kernel_of(&h100, ATTN_CUDA_KERNELS_AUTO, false, &d, &u), "simple");
+    }
+    d.o_stride[2] = 132; // a row stride not a multiple of 8 elements (out and dout share it)
+    d.o_stride[1] = 300 * 132, d.o_stride[0] = 8 * 300 * 132;
+    ASSERT_NAME(bwd_kernel_of(&h100, ATTN_CUDA_KERNELS_AUTO, false, &d, NULL), "simple");
+
+    // workspace: rowdot, then the dQ accumulator (atomic mode only); packed batches after the offsets
+    attn__cuda_err e = {{0}, cpu_ctx()};
+    attn__cuda_sdpa_plan p;
+    d = desc_of(2, 8, 2, 300, 500, 64, ATTN_DTYPE_BF16);
+    ASSERT_OK(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, false, &d, NULL, false, NULL, &p));
+    ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_FLASH);
+    ASSERT_TRUE(!p.deterministic);
+    ASSERT_TRUE(p.ws_dq_acc >= p.ws_rowdot + 2 * 8 * 300 * sizeof(float));
+    ASSERT_TRUE(p.ws_dq_acc % ATTN__CU_WS_ALIGN == 0);
+    ASSERT_TRUE(p.ws_dq_acc + 2 * 8 * 300 * 64 * sizeof(float) <= p.ws_bytes - (ATTN__CU_WS_ALIGN - 1));
+    const size_t atomic_bytes = p.ws_bytes;
+    ASSERT_OK(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, true, &d, NULL, false, NULL, &p));
+    ASSERT_TRUE(p.deterministic);
+    ASSERT_EQ_U64(p.ws_dq_acc, 0);
+    ASSERT_TRUE(p.ws_bytes + 2 * 8 * 300 * 64 * sizeof(float) <= atomic_bytes);
+    ASSERT_TRUE(p.ws_rowdot + 2 * 8 * 300 * sizeof(float) <= p.ws_bytes - (ATTN__CU_WS_ALIGN - 1));
+    d = desc_of(1, 4, 2, 40, 50, 32, ATTN_DTYPE_F16);
+    d.batch = 3;
+    const int64_t q[4] = {0, 32, 4 * 32, 1}, k[4] = {0, 32, 2 * 32, 1};
+    memcpy(d.q_stride, q, sizeof q), memcpy(d.o_stride, q, sizeof q), memcpy(d.k_stride, k, sizeof k), memcpy(d.v_stride, k, sizeof k);
+    const int64_t cq[4] = {0, 10, 50, 77}, ck[4] = {0, 20, 70, 90};
+    attn__cuda_seqs s = {cq, ck};
+    ASSERT_OK(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, false, &d, &s, false, NULL, &p));
+    ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_FLASH);
+    ASSERT_TRUE(p.ws_rowdot >= 8 * sizeof(int64_t));
+    ASSERT_TRUE(p.ws_dq_acc >= p.ws_rowdot + 4 * 77 * sizeof(float));
+    ASSERT_TRUE(p.ws_dq_acc + 4 * 77 * 32 * sizeof(float) <= p.ws_bytes - (ATTN__CU_WS_ALIGN - 1));
     attn_ctx_free(e.host);
 }
 
@@ -313,6 +415,6 @@ int main(int argc, char **argv) {
                                          HARNESS_CASE(test_kernel_choice),  HARNESS_CASE(test_pointer_alignment),
                                          HARNESS_CASE(test_parameters),     HARNESS_CASE(test_varlen),
                                          HARNESS_CASE(test_workspace_offsets), HARNESS_CASE(test_dropout),
-                                         HARNESS_CASE(test_backward), HARNESS_CASE(test_decode_choice)};
+                                         HARNESS_CASE(test_backward), HARNESS_CASE(test_backward_flash_choice), HARNESS_CASE(test_decode_choice)};
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
 }

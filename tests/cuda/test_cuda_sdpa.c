@@ -26,7 +26,7 @@ static uint32_t next32(void) {
 static float urand(void) { return (float)(next32() >> 8) * (1.0f / 16777216.0f); }
 static int pick(int n) { return (int)(next32() % (uint32_t)n); }
 
-static attn_cuda_ctx *gpu_ctx(attn_cuda_kernels kernels) {
+static attn_cuda_ctx *gpu_ctx_of(attn_cuda_kernels kernels, int deterministic) {
     char why[256];
     if (attn_cuda_probe(0, why, sizeof why) != ATTN_OK) {
         if (getenv("ATTN_CUDA_REQUIRE_GPU") != NULL) FAIL("no usable GPU: %s", why); // make test-cuda
@@ -35,10 +35,13 @@ static attn_cuda_ctx *gpu_ctx(attn_cuda_kernels kernels) {
     attn_cuda_ctx_params p;
     attn_cuda_ctx_params_init(&p);
     p.kernels = kernels;
+    p.deterministic = deterministic;
     attn_cuda_ctx *ctx = NULL;
     ASSERT_OK(attn_cuda_ctx_create(&p, &ctx));
     return ctx;
 }
+
+static attn_cuda_ctx *gpu_ctx(attn_cuda_kernels kernels) { return gpu_ctx_of(kernels, 0); }
 
 static void *dev_alloc(size_t bytes) {
     void *p = NULL;
@@ -207,18 +210,32 @@ static void run_case(attn_cuda_ctx *ctx, attn_dtype t, int allow_options, int pa
 
 // The backward of a case against the reference's (attn_sdpa_bwd / attn_sdpa_varlen_bwd on the
 // scalar path), both from the reference's out rounded to the element type and its lse, with the same
-// dout: float32 gradients within 1e-4 of the largest reference gradient (the two differ in the order
-// of float sums and in exp's rounding); then a second GPU run must give the same bits.
+// dout; run twice. Tolerances (per element, against the largest reference gradient g of the tensor):
+//  - simple kernels: 1e-4 g (float32 throughout; the two differ in the order of float sums and in
+//    exp's rounding);
+//  - flash: 8u g, u = 2^-8 (BF16) or 2^-11 (F16). The tensor cores take P and dS rounded to the
+//    element type (as FlashAttention does): each term of dV = sum_i P_ij dO_i and dK = scale sum_i
+//    dS_ij q_i, dQ = scale sum_j dS_ij k_j carries a relative error up to u, and with random signs
+//    the error of the sum grows like the sum itself, so a few u of the largest gradient; 8u leaves a
+//    margin of 2-4 for sums that cancel. A wrong index or a lost term costs O(g).
+// The second run must give the same bits, except dq of "flash" (float32 atomics: the order of the
+// additions changes between runs), which must then be within the tolerance. With bwd_check_ctx set,
+// the same backward on that context (the simple kernels) is compared with this one too.
+static attn_cuda_ctx *bwd_check_ctx;
+static double bwd_worst_u; // the largest error of a flash case, in units of u times the largest gradient
+static int bwd_flash_cases, bwd_cases;
+
 static void check_backward(attn_cuda_ctx *ctx, attn_ctx *host, const attn_sdpa_desc *rd, const attn_sdpa_desc *gd,
                            const int64_t *cu_q, const int64_t *cu_k, const float *q, const float *k, const float *v,
                            const float *ref, const float *ref_lse, const void *dq, const void *dk, const void *dv,
                            attn_dtype t, int64_t nq, int64_t nk, int64_t nl, uint64_t seed) {
     float *o = malloc((size_t)nq * sizeof(float)), *go = malloc((size_t)nq * sizeof(float));
-    float *r[3], *g[3], *g2[3];
+    float *r[3], *g[3][3];
     const int64_t n[3] = {nq, nk, nk};
-    for (int i = 0; i < 3; i++)
-        r[i] = malloc((size_t)n[i] * sizeof(float)), g[i] = malloc((size_t)n[i] * sizeof(float)),
-        g2[i] = malloc((size_t)n[i] * sizeof(float));
+    for (int i = 0; i < 3; i++) {
+        r[i] = malloc((size_t)n[i] * sizeof(float));
+        for (int run = 0; run < 3; run++) g[run][i] = malloc((size_t)n[i] * sizeof(float));
+    }
     memcpy(o, ref, (size_t)nq * sizeof(float));
     for (int64_t i = 0; i < nq; i++) go[i] = 2.0f * urand() - 1.0f;
     void *d_out = upload(o, nq, t), *d_go = upload(go, nq, t); // o and go now hold the rounded values
@@ -228,28 +245,49 @@ static void check_backward(attn_cuda_ctx *ctx, attn_ctx *host, const attn_sdpa_d
     for (int i = 0; i < 3; i++) dg[i] = dev_alloc((size_t)n[i] * sizeof(float));
     if (cu_q != NULL) ASSERT_OK(attn_sdpa_varlen_bwd(host, rd, cu_q, cu_k, q, k, v, o, go, ref_lse, NULL, r[0], r[1], r[2]));
     else ASSERT_OK(attn_sdpa_bwd(host, rd, q, k, v, o, go, ref_lse, NULL, r[0], r[1], r[2], NULL));
-    for (int run = 0; run < 2; run++) {
+    // the kernels (a packed batch gets those of one sequence of its rows: the choice depends on the
+    // types, head dims and views only)
+    attn_sdpa_desc nd = *gd;
+    if (cu_q != NULL) nd.batch = 1;
+    const char *kname = "?";
+    ASSERT_OK(attn_cuda_sdpa_bwd_kernel_name(ctx, &nd, &kname));
+    const int runs = bwd_check_ctx != NULL ? 3 : 2;
+    for (int run = 0; run < runs; run++) {
+        attn_cuda_ctx *c = run < 2 ? ctx : bwd_check_ctx;
         for (int i = 0; i < 3; i++) cudaMemset(dg[i], 0xff, (size_t)n[i] * sizeof(float));
-        const attn_status st = cu_q != NULL ? attn_cuda_sdpa_varlen_bwd(ctx, gd, cu_q, cu_k, dq, dk, dv, d_out, d_go, d_lse, dg[0], dg[1], dg[2])
-                                            : attn_cuda_sdpa_bwd(ctx, gd, dq, dk, dv, d_out, d_go, d_lse, dg[0], dg[1], dg[2], NULL);
-        if (st != ATTN_OK) FAIL("seed %llu: backward: %s", (unsigned long long)seed, attn_cuda_ctx_last_error(ctx));
-        if (cudaStreamSynchronize((cudaStream_t)attn_cuda_ctx_stream(ctx)) != cudaSuccess)
-            FAIL("backward kernel failed (seed %llu)", (unsigned long long)seed);
-        for (int i = 0; i < 3; i++) from_dev(run == 0 ? g[i] : g2[i], dg[i], (size_t)n[i] * sizeof(float));
+        const attn_status st = cu_q != NULL ? attn_cuda_sdpa_varlen_bwd(c, gd, cu_q, cu_k, dq, dk, dv, d_out, d_go, d_lse, dg[0], dg[1], dg[2])
+                                            : attn_cuda_sdpa_bwd(c, gd, dq, dk, dv, d_out, d_go, d_lse, dg[0], dg[1], dg[2], NULL);
+        if (st != ATTN_OK) FAIL("seed %llu: backward: %s", (unsigned long long)seed, attn_cuda_ctx_last_error(c));
+        if (cudaStreamSynchronize((cudaStream_t)attn_cuda_ctx_stream(c)) != cudaSuccess)
+            FAIL("%s backward kernel failed (seed %llu)", kname, (unsigned long long)seed);
+        for (int i = 0; i < 3; i++) from_dev(g[run][i], dg[i], (size_t)n[i] * sizeof(float));
     }
+    const int flash = strncmp(kname, "flash", 5) == 0, atomic = strcmp(kname, "flash") == 0;
+    bwd_cases++, bwd_flash_cases += flash;
     static const char *names[3] = {"dq", "dk", "dv"};
     for (int i = 0; i < 3; i++) {
         double mx = 0;
         for (int64_t e = 0; e < n[i]; e++) mx = fmax(mx, fabs(r[i][e]));
-        const double tol = 1e-4 * (mx > 0 ? mx : 1) + 1e-6;
-        for (int64_t e = 0; e < n[i]; e++)
-            if (!(fabs((double)g[i][e] - r[i][e]) <= tol))
-                FAIL("%s seed %llu: %s[%lld] = %g, reference %g (tol %g)", attn_dtype_name(t), (unsigned long long)seed,
-                     names[i], (long long)e, g[i][e], r[i][e], tol);
-        if (memcmp(g[i], g2[i], (size_t)n[i] * sizeof(float)) != 0)
-            FAIL("seed %llu: %s differs between two runs", (unsigned long long)seed, names[i]);
+        const double tol = flash ? 8 * unit(t) * mx + 1e-6 : 1e-4 * (mx > 0 ? mx : 1) + 1e-6;
+        for (int run = 0; run < runs; run++) {
+            // run 2 (the simple kernels) against run 0: within the flash tolerance plus the simple one
+            const float *want = run < 2 ? r[i] : g[0][i];
+            const double tol_run = run < 2 ? tol : tol + 1e-4 * (mx > 0 ? mx : 1);
+            for (int64_t e = 0; e < n[i]; e++) {
+                const double err = fabs((double)g[run][i][e] - want[e]);
+                if (!(err <= tol_run))
+                    FAIL("%s %s seed %llu: %s[%lld] = %g, %s %g (tol %g)", kname, attn_dtype_name(t), (unsigned long long)seed,
+                         names[i], (long long)e, g[run][i][e], run < 2 ? "reference" : "flash", want[e], tol_run);
+                if (flash && run == 0 && mx > 0) bwd_worst_u = fmax(bwd_worst_u, err / (unit(t) * mx));
+            }
+        }
+        if (!(atomic && i == 0) && memcmp(g[0][i], g[1][i], (size_t)n[i] * sizeof(float)) != 0)
+            FAIL("%s seed %llu: %s differs between two runs", kname, (unsigned long long)seed, names[i]);
     }
-    for (int i = 0; i < 3; i++) free(r[i]), free(g[i]), free(g2[i]), cudaFree(dg[i]);
+    for (int i = 0; i < 3; i++) {
+        free(r[i]), cudaFree(dg[i]);
+        for (int run = 0; run < 3; run++) free(g[run][i]);
+    }
     free(o), free(go), cudaFree(d_out), cudaFree(d_go), cudaFree(d_lse);
 }
 
@@ -267,18 +305,41 @@ static void cases_of(attn_cuda_kernels kernels, int options, int packed, int bac
     attn_cuda_ctx_free(ctx);
 }
 
+// Backward cases on a context: kernels and the deterministic flag; with check_simple the simple
+// kernels' backward of each case is compared with the context's too. Prints how many cases ran on
+// the tensor-core backward and its largest error (for the tolerance's margin).
+static void backward_cases(attn_cuda_kernels kernels, int deterministic, int packed, int check_simple) {
+    attn_cuda_ctx *ctx = gpu_ctx_of(kernels, deterministic);
+    bwd_check_ctx = check_simple ? gpu_ctx(ATTN_CUDA_KERNELS_SIMPLE) : NULL;
+    seed_rng();
+    bwd_worst_u = 0, bwd_flash_cases = bwd_cases = 0;
+    const attn_dtype types[] = {ATTN_DTYPE_BF16, ATTN_DTYPE_F16, ATTN_DTYPE_F32};
+    for (int r = 0; r < 24; r++) run_case(ctx, types[r % 3], 1, packed, 1);
+    fprintf(stderr, "    %d of %d cases on the flash backward%s, largest error %.2f u of the largest gradient\n",
+            bwd_flash_cases, bwd_cases, deterministic ? " (deterministic)" : "", bwd_worst_u);
+    if (kernels != ATTN_CUDA_KERNELS_SIMPLE && bwd_flash_cases == 0) FAIL("no case ran on the flash backward");
+    attn_cuda_ctx_free(bwd_check_ctx), bwd_check_ctx = NULL;
+    attn_cuda_ctx_free(ctx);
+}
+
 static void test_plain_auto(void) { cases_of(ATTN_CUDA_KERNELS_AUTO, 0, 0, 0); }
 static void test_options_auto(void) { cases_of(ATTN_CUDA_KERNELS_AUTO, 1, 0, 0); }
 static void test_options_simple(void) { cases_of(ATTN_CUDA_KERNELS_SIMPLE, 1, 0, 0); }
 static void test_varlen_auto(void) { cases_of(ATTN_CUDA_KERNELS_AUTO, 1, 1, 0); }
-static void test_backward(void) { cases_of(ATTN_CUDA_KERNELS_AUTO, 1, 0, 1); }
+static void test_backward(void) { backward_cases(ATTN_CUDA_KERNELS_AUTO, 0, 0, 0); }
+static void test_backward_simple(void) { backward_cases(ATTN_CUDA_KERNELS_SIMPLE, 0, 0, 0); }
+static void test_backward_flash_vs_simple(void) { backward_cases(ATTN_CUDA_KERNELS_AUTO, 0, 0, 1); }
+static void test_backward_deterministic(void) { // every gradient the same bits on a second run
+    backward_cases(ATTN_CUDA_KERNELS_AUTO, 1, 0, 0);
+    backward_cases(ATTN_CUDA_KERNELS_AUTO, 1, 1, 0);
+}
 static void test_decode(void) { // split-KV decoding (every option, packed batches too)
     decode_shapes = 1;
     cases_of(ATTN_CUDA_KERNELS_AUTO, 1, 0, 0);
     cases_of(ATTN_CUDA_KERNELS_AUTO, 1, 1, 0);
     decode_shapes = 0;
 }
-static void test_backward_varlen(void) { cases_of(ATTN_CUDA_KERNELS_AUTO, 1, 1, 1); }
+static void test_backward_varlen(void) { backward_cases(ATTN_CUDA_KERNELS_AUTO, 0, 1, 0); }
 
 // Without a GPU: ATTN_ERR_DEVICE, no context, a message naming the cause. With one: a context.
 static void test_context_without_gpu(void) {
@@ -364,6 +425,8 @@ int main(int argc, char **argv) {
                                          HARNESS_CASE(test_plain_auto),          HARNESS_CASE(test_options_auto),
                                          HARNESS_CASE(test_options_simple),      HARNESS_CASE(test_varlen_auto),
                                          HARNESS_CASE(test_backward),            HARNESS_CASE(test_backward_varlen),
+                                         HARNESS_CASE(test_backward_simple),     HARNESS_CASE(test_backward_flash_vs_simple),
+                                         HARNESS_CASE(test_backward_deterministic),
                                          HARNESS_CASE(test_decode)};
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
 }

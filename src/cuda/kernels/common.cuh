@@ -129,6 +129,26 @@ __device__ __forceinline__ int64_t end_key(const P &p, const Seq &s, int64_t i) 
     return max(hi, (int64_t)0);
 }
 
+// Queries [lo, hi) that may see key j (before the masks): the bounds of first_key / end_key turned
+// around (query i sees key j when first_key(i) <= j < end_key(i)); empty when lo >= hi.
+__device__ __forceinline__ int64_t first_query(const P &p, const Seq &s, int64_t j) {
+    int64_t lo = 0;
+    if (p.causal != 0) lo = max(lo, j - s.off);
+    if (p.use_window && p.window_right >= 0) lo = max(lo, j - s.off - p.window_right);
+    return lo;
+}
+__device__ __forceinline__ int64_t end_query(const P &p, const Seq &s, int64_t j) {
+    int64_t hi = s.L;
+    if (p.use_window && p.window_left >= 0) hi = min(hi, j - s.off + p.window_left + 1);
+    return max(hi, (int64_t)0);
+}
+
+// Whether every pair of queries [i0, i0 + rows) and keys [j0, j0 + cols) lies inside the bounds and
+// the sequence (so the score is scale * dot alone when the call has no element-wise term).
+__device__ __forceinline__ bool tile_inside(const P &p, const Seq &s, int64_t i0, int rows, int64_t j0, int cols) {
+    return i0 + rows <= s.L && first_key(p, s, i0 + rows - 1) <= j0 && end_key(p, s, i0) >= j0 + cols;
+}
+
 // Additive term of one mask element: BOOL True hides (-inf), F32 is added.
 __device__ __forceinline__ float mask_term(const void *m, int32_t dtype, int64_t off) {
     if (dtype == ATTN__CU_BOOL) return static_cast<const uint8_t *>(m)[off] ? -CUDART_INF_F : 0.0f;
@@ -166,10 +186,56 @@ __device__ __forceinline__ float score(const P &p, const Seq &s, float dot, int6
     return x + bias;
 }
 
+// The soft cap's factor in the score's derivative with respect to scale * dot: 1 - tanh^2 of the
+// cap's argument (1 without a cap); dscore_ddot is the whole derivative with respect to the dot.
+__device__ __forceinline__ float softcap_dfactor(const P &p, float dot) {
+    if (p.softcap <= 0.0f) return 1.0f;
+    const float t = tanhf(p.scale * dot / p.softcap);
+    return 1.0f - t * t;
+}
+__device__ __forceinline__ float dscore_ddot(const P &p, float dot) { return p.scale * softcap_dfactor(p, dot); }
+
 // ---- dropout (Philox, src/philox.h) -------------------------------------------------------------
 // Whether the weight of (b, h, i, j) is kept (p.dropout set; b the sequence).
 __device__ __forceinline__ bool dropout_kept(const P &p, int64_t b, int64_t h, int64_t i, int64_t j) {
     return attn__philox_dropout_kept(p.drop_seed, p.drop_offset, p.drop_threshold, b * p.H + h, i, j) != 0;
+}
+
+// Whether keys j and j + 1 (j even) of query row i of bh = b H + h are kept: one generator call
+// gives both (words j % 4 and j % 4 + 1 of their group of four).
+__device__ __forceinline__ void dropout_kept_pair(const P &p, int64_t bh, int64_t i, int64_t j, bool &k0, bool &k1) {
+    const attn__philox4 w = attn__philox_dropout_words(p.drop_seed, p.drop_offset, bh, i, j);
+    const bool upper = (j & 2) != 0;
+    k0 = (uint64_t)(upper ? w.v[2] : w.v[0]) < p.drop_threshold;
+    k1 = (uint64_t)(upper ? w.v[3] : w.v[1]) < p.drop_threshold;
+}
+
+// The keep flags of a lane's four elements of an mma accumulator tile whose rows are keys and
+// columns queries (the key-major layout of the backward's dK/dV kernel): element e is key
+// kw0 + g + (e >> 1) * 8, query iq + 2c + (e & 1) (g = lane / 4, c = lane % 4; kw0 a multiple of 4).
+// The four lanes of equal c and g / 4 hold 16 elements, four groups of four keys of one query:
+// each lane draws one group (one generator call) and the words go round in three shuffles.
+__device__ __forceinline__ void dropout_kept_keymajor(const P &p, int64_t bh, int64_t iq, int64_t kw0, int lane,
+                                                      bool kept[4]) {
+    const int g = lane >> 2, c = lane & 3, r = g & 3;
+    // this lane draws element r's group: query iq + 2c + (r & 1), keys kw0 + 4 (g / 4) + (r >> 1) 8 ...
+    const attn__philox4 w =
+        attn__philox_dropout_words(p.drop_seed, p.drop_offset, bh, iq + 2 * c + (r & 1), kw0 + 4 * (g >> 2) + (r >> 1) * 8);
+    // Round t: lane ^ 4t (g % 4 = r ^ t) drew the group of this lane's element r ^ t, in which this
+    // lane's key is word r; it sends word r of its group, as this lane sends word r ^ t of its own.
+    // So v[t] is the word of element r ^ t.
+    uint32_t v[4];
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        const uint32_t mine = attn__philox_word(&w, r ^ t);
+        v[t] = t == 0 ? mine : __shfl_xor_sync(0xffffffffu, mine, t << 2);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const int t = e ^ r;
+        const uint32_t word = (t & 2) ? ((t & 1) ? v[3] : v[2]) : ((t & 1) ? v[1] : v[0]);
+        kept[e] = (uint64_t)word < p.drop_threshold;
+    }
 }
 
 // Natural-log log-sum-exp of a row from its running max (log2 domain) and sum of 2^(x - max).

@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(FlashTraits<D>::kThreads, 1) flash_fwd_kernel(
         if (Tr::kQInRegs && t == 0) {
 #pragma unroll
             for (int kk = 0; kk < (Tr::kQInRegs ? KD : 1); kk++)
-                ldmatrix_x4(qf[kk], q_s + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + kk * 16 + (lane >> 4) * 8);
+                ldsm_a(qf[kk], q_s, LD, 0, kk * 16, lane);
         }
 
         // S = Q K^T for this warp's 16 rows and the tile's Bc keys
@@ -114,15 +114,9 @@ __global__ void __launch_bounds__(FlashTraits<D>::kThreads, 1) flash_fwd_kernel(
                 a[0] = qf[Tr::kQInRegs ? kk : 0][0], a[1] = qf[Tr::kQInRegs ? kk : 0][1];
                 a[2] = qf[Tr::kQInRegs ? kk : 0][2], a[3] = qf[Tr::kQInRegs ? kk : 0][3];
             } else {
-                ldmatrix_x4(a, q_s + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + kk * 16 + (lane >> 4) * 8);
+                ldsm_a(a, q_s, LD, 0, kk * 16, lane);
             }
-#pragma unroll
-            for (int np = 0; np < NT / 2; np++) {
-                uint32_t bb[4];
-                ldmatrix_x4(bb, k_s + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
-                mma16816<T>(sacc[2 * np], a, bb[0], bb[1]);
-                mma16816<T>(sacc[2 * np + 1], a, bb[2], bb[3]);
-            }
+            mma_row<T, NT / 2, false>(sacc, a, k_s, LD, kk * 16, lane);
         }
 
         // Scores in the log2 domain: scale only, or the whole rule where the tile needs it.
@@ -174,28 +168,19 @@ __global__ void __launch_bounds__(FlashTraits<D>::kThreads, 1) flash_fwd_kernel(
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
-                    const int64_t i = i0 + warp * 16 + g + r * 8, j = n0 + nt * 8 + 2 * c;
-                    const attn__philox4 w = attn__philox_dropout_words(p.drop_seed, p.drop_offset, b * p.H + h, i, j);
-                    // j % 4 is 2 * (c & 1): words 0, 1 or 2, 3 of the group
-                    const uint32_t w0 = (c & 1) ? w.v[2] : w.v[0], w1 = (c & 1) ? w.v[3] : w.v[1];
-                    if ((uint64_t)w0 >= p.drop_threshold) sacc[nt][2 * r] = 0.0f;
-                    if ((uint64_t)w1 >= p.drop_threshold) sacc[nt][2 * r + 1] = 0.0f;
+                    bool k0, k1;
+                    dropout_kept_pair(p, b * p.H + h, i0 + warp * 16 + g + r * 8, n0 + nt * 8 + 2 * c, k0, k1);
+                    if (!k0) sacc[nt][2 * r] = 0.0f;
+                    if (!k1) sacc[nt][2 * r + 1] = 0.0f;
                 }
         }
 
         // O += P V: the S accumulators of two n-tiles are one A fragment (rounded to T).
 #pragma unroll
         for (int kb = 0; kb < KB; kb++) {
-            const uint32_t a[4] = {pack2<T>(sacc[2 * kb][0], sacc[2 * kb][1]), pack2<T>(sacc[2 * kb][2], sacc[2 * kb][3]),
-                                   pack2<T>(sacc[2 * kb + 1][0], sacc[2 * kb + 1][1]),
-                                   pack2<T>(sacc[2 * kb + 1][2], sacc[2 * kb + 1][3])};
-#pragma unroll
-            for (int dp = 0; dp < D / 16; dp++) {
-                uint32_t bb[4];
-                ldmatrix_x4_trans(bb, v_s + (kb * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 + (lane >> 4) * 8);
-                mma16816<T>(oacc[2 * dp], a, bb[0], bb[1]);
-                mma16816<T>(oacc[2 * dp + 1], a, bb[2], bb[3]);
-            }
+            uint32_t a[4];
+            acc_to_a<T>(a, sacc[2 * kb], sacc[2 * kb + 1]);
+            mma_row<T, D / 16, true>(oacc, a, v_s, LD, kb * 16, lane);
         }
         __syncthreads(); // the stage read here is the one the next iteration's prefetch overwrites
     }

@@ -19,6 +19,19 @@ template <> struct FlashTraits<96> : FlashTile<64, true> {};
 template <> struct FlashTraits<128> : FlashTile<64, true> {};
 template <> struct FlashTraits<256> : FlashTile<32, false> {};
 
+// The tensor-core backward (flash_bwd_sm80.cuh), 4 warps. dK/dV kernel: a block per key tile of
+// kBc = 64 rows (16 per warp), query tiles of kBr rows (64 for D = 32, else 32); per thread dK and dV
+// are D floats, S^T and dP^T kBr / 4. Deterministic dQ kernel: a block per kBrQ = 64 query rows (16
+// per warp), key tiles of kBcQ = 64 rows in two stages; per thread dQ is D / 2 floats, S and dP
+// kBcQ / 4. kBr = 64 spilled at D = 64 and 128 (8 and 168 bytes, ptxas), 32 does not. D = 256 would
+// hold 256 accumulators a thread in the dK/dV kernel: it runs on the simple backward. plan.c keeps
+// a copy of this table for the host.
+template <int D> struct FlashBwdTraits {
+    static_assert(D == 32 || D == 64 || D == 96 || D == 128, "flash backward head dims");
+    static constexpr int kWarps = 4, kThreads = 32 * kWarps, kBc = 64, kBr = D <= 32 ? 64 : 32, kBrQ = 16 * kWarps, kBcQ = 64,
+                         kStagesQ = 2;
+};
+
 } // namespace attn_cuda
 
 #endif

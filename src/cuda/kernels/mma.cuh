@@ -1,5 +1,5 @@
 // mma.cuh - the sm_80 instructions the tensor-core kernels use, one inline-asm wrapper each:
-// cp.async (16-byte global -> shared copies, zero-filled when the source is out of range),
+// cp.async (16- and 4-byte global -> shared copies, zero-filled when the source is out of range),
 // ldmatrix (8x8 b16 tiles from shared memory into mma fragments, plain and transposed) and
 // mma.sync m16n8k16 with float32 accumulators (bf16 and f16 operands).
 //
@@ -25,6 +25,11 @@ __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)_
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
     const int n = valid ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(n) : "memory");
+}
+// 4 bytes global -> shared (through L1); with valid == false nothing is read and the 4 bytes are zeroed.
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem, bool valid) {
+    const int n = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(n) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are still in flight.
@@ -69,6 +74,49 @@ template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, f
 template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
+}
+
+// Fragments of 16 x 16 tiles of a shared-memory array of T with row pitch ld (elements), for the
+// calling lane; each helper is one ldmatrix.x4:
+//   ldsm_a:    A (rows m0.., columns k0..) of a row-major (m, k) array;
+//   ldsm_a_km: A (rows m0.., columns k0..) of an array stored (k, m), i.e. of its transpose;
+//   ldsm_b_nk: B for two n-tiles (n0.., n0 + 8..) over k0.. of an array stored (n, k) (K in Q K^T):
+//              b[0], b[1] for the first n-tile, b[2], b[3] for the second;
+//   ldsm_b_kn: the same of an array stored (k, n) (V in P V).
+template <typename T> __device__ __forceinline__ void ldsm_a(uint32_t a[4], const T *s, int ld, int m0, int k0, int lane) {
+    ldmatrix_x4(a, s + (m0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + k0 + (lane >> 4) * 8);
+}
+template <typename T> __device__ __forceinline__ void ldsm_a_km(uint32_t a[4], const T *s, int ld, int m0, int k0, int lane) {
+    ldmatrix_x4_trans(a, s + (k0 + (lane & 7) + (lane >> 4) * 8) * ld + m0 + ((lane >> 3) & 1) * 8);
+}
+template <typename T> __device__ __forceinline__ void ldsm_b_nk(uint32_t b[4], const T *s, int ld, int n0, int k0, int lane) {
+    ldmatrix_x4(b, s + (n0 + (lane & 7) + (lane >> 4) * 8) * ld + k0 + ((lane >> 3) & 1) * 8);
+}
+template <typename T> __device__ __forceinline__ void ldsm_b_kn(uint32_t b[4], const T *s, int ld, int n0, int k0, int lane) {
+    ldmatrix_x4_trans(b, s + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + n0 + (lane >> 4) * 8);
+}
+
+// Two float accumulator tiles (16 x 8: columns 0-7 in lo, 8-15 in hi) as one A fragment (16 x 16),
+// rounded to T: how P and dS feed the next product without leaving registers.
+template <typename T> __device__ __forceinline__ void acc_to_a(uint32_t a[4], const float lo[4], const float hi[4]) {
+    a[0] = pack2<T>(lo[0], lo[1]), a[1] = pack2<T>(lo[2], lo[3]);
+    a[2] = pack2<T>(hi[0], hi[1]), a[3] = pack2<T>(hi[2], hi[3]);
+}
+
+// acc[2 j], acc[2 j + 1] += a times B's n-tiles 2 j, 2 j + 1 (j < NP) of an array stored (k, n)
+// (kn = true) or (n, k), over the 16 k's from k0: a row of 16 x 8 products.
+template <typename T, int NP, bool kn>
+__device__ __forceinline__ void mma_row(float (*acc)[4], const uint32_t a[4], const T *s, int ld, int k0, int lane) {
+#pragma unroll
+    for (int j = 0; j < NP; j++) {
+        uint32_t b[4];
+        if (kn)
+            ldsm_b_kn(b, s, ld, j * 16, k0, lane);
+        else
+            ldsm_b_nk(b, s, ld, j * 16, k0, lane);
+        mma16816<T>(acc[2 * j], a, b[0], b[1]);
+        mma16816<T>(acc[2 * j + 1], a, b[2], b[3]);
+    }
 }
 
 } // namespace attn_cuda

@@ -2,7 +2,7 @@
 // every option of attn_sdpa_desc the forward takes (Philox dropout included), every element type,
 // packed batches. It follows the reference backward (src/ref/sdpa_bwd_ref.c) with the weights
 // recomputed from q, k and the forward's lse (nothing of size L x S is stored), in three kernels:
-//   rowdot: D_i = dout_i . out_i                         (one warp per query row)
+//   rowdot: D_i = dout_i . out_i                         (one warp per query row; bwd_rows.cu)
 //   dq:     dq_i = sum_j dS_ij scale' k_j                (one warp per query row, keys in order)
 //   dkdv:   dv_j = sum_{h in group, i} P'_ij dout_i,     (one warp per key row, heads and queries
 //           dk_j = sum_{h in group, i} dS_ij scale' q_i   in order)
@@ -18,32 +18,6 @@
 namespace attn_cuda {
 
 constexpr int kBwdWarps = 4;
-
-// The derivative factor of the score with respect to the raw dot product: scale, times 1 - tanh^2 of
-// the soft cap's argument when capped.
-__device__ __forceinline__ float dscore_ddot(const P &p, float dot) {
-    if (p.softcap <= 0.0f) return p.scale;
-    const float t = tanhf(p.scale * dot / p.softcap);
-    return p.scale * (1.0f - t * t);
-}
-
-// Block: 4 warps = 4 consecutive query rows of one (b, h).
-__global__ void __launch_bounds__(32 * kBwdWarps) rowdot_kernel(const P p) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const RowBlock rb = row_block(blockIdx.x, (p.L + kBwdWarps - 1) / kBwdWarps, p.H);
-    const int64_t h = rb.head, b = rb.b;
-    const Seq s = seq_of(p, b);
-    const int64_t i = rb.tile * kBwdWarps + warp;
-    if (i >= s.L) return;
-    const int64_t oo = o_row(p, s, b, h, i);
-    float part = 0.0f;
-    for (int64_t e = lane; e < p.Dv; e += 32) {
-        const int64_t off = oo + e * p.o_stride[3];
-        part += load_as_float(p.dout, p.out_dtype, off) * load_as_float(p.out, p.out_dtype, off);
-    }
-    const float d = warp_sum(part);
-    if (lane == 0) p.rowdot[lse_index(p, s, b, h, i)] = d;
-}
 
 // Block: 4 warps = 4 consecutive query rows of one (b, h). Per warp in shared memory: q (D), dout
 // (Dv) and the dq accumulator (D), as floats.
@@ -139,7 +113,8 @@ extern "C" int attn__cuda_launch_simple_bwd(const attn__cuda_sdpa_params *p, cud
     if (err == cudaSuccess)
         err = cudaFuncSetAttribute(dkdv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_dkdv);
     if (err != cudaSuccess) return err;
-    rowdot_kernel<<<dim3((unsigned)q_blocks), 32 * kBwdWarps, 0, stream>>>(*p);
+    err = (cudaError_t)attn__cuda_launch_bwd_rowdot(p, stream);
+    if (err != cudaSuccess) return err;
     dq_kernel<<<dim3((unsigned)q_blocks), 32 * kBwdWarps, smem_dq, stream>>>(*p);
     dkdv_kernel<<<dim3((unsigned)k_blocks), 32 * kBwdWarps, smem_dkdv, stream>>>(*p);
     return cudaGetLastError();
