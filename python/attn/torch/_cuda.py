@@ -24,7 +24,8 @@ _local = threading.local()
 
 
 class _CtxParams(ctypes.Structure):  # attn_cuda_ctx_params
-    _fields_ = [("device", ctypes.c_int), ("stream", ctypes.c_void_p), ("kernels", ctypes.c_int)]
+    _fields_ = [("device", ctypes.c_int), ("stream", ctypes.c_void_p), ("kernels", ctypes.c_int),
+                ("deterministic", ctypes.c_int)]
 
 
 def _candidates():
