@@ -13,6 +13,7 @@
 
 #include "attn.h"
 #include "harness.h"
+#include "test_data.h"
 
 typedef struct bcase {
     attn_book_kind kind;
@@ -33,8 +34,6 @@ typedef struct model {
     float *g;       // dL/dout (batch, n, out_features)
 } model;
 
-static uint32_t lcg(uint32_t *s) { return *s = *s * 1664525u + 1013904223u; }
-static double urand(uint32_t *s) { return (double)(lcg(s) >> 8) / 16777216.0; }
 
 static int64_t groups(const bcase *c) { return c->kind == ATTN_BOOK_MHA_WRAPPER ? c->heads : 1; }
 static int64_t heads_per_group(const bcase *c) { return c->kind == ATTN_BOOK_MHA ? c->heads : 1; }
@@ -175,9 +174,9 @@ static void check_book(const bcase *c, uint32_t seed, attn_isa isa) {
     }
     float *x = malloc((size_t)nx * 4), *out = malloc((size_t)(c->batch * n * F) * 4);
     m.x = malloc((size_t)nx * 8);
-    for (int64_t i = 0; i < nx; i++) x[i] = (float)(2 * urand(&seed) - 1), m.x[i] = x[i];
+    for (int64_t i = 0; i < nx; i++) x[i] = (float)(2 * rand_unit_d(&seed) - 1), m.x[i] = x[i];
     m.g = malloc((size_t)(c->batch * n * F) * 4);
-    for (int64_t i = 0; i < c->batch * n * F; i++) m.g[i] = (float)(2 * urand(&seed) - 1);
+    for (int64_t i = 0; i < c->batch * n * F; i++) m.g[i] = (float)(2 * rand_unit_d(&seed) - 1);
     const int64_t nkeep = groups(c) * c->batch * heads_per_group(c) * n * n;
     m.keep = malloc((size_t)nkeep * 4);
     // the module's dropout draws: F.dropout on each group's (batch, heads, n, n) weights in turn

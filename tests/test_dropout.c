@@ -12,19 +12,9 @@
 
 #include "attn.h"
 #include "harness.h"
+#include "test_data.h"
 #include "philox.h"
 
-static uint32_t lcg(uint32_t *s) { return *s = *s * 1664525u + 1013904223u; }
-static float frand(uint32_t *s) { return (float)((double)(lcg(s) >> 8) / 16777216.0) * 2.0f - 1.0f; }
-
-static attn_ctx *make_ctx(attn_isa isa, int threads) {
-    attn_ctx_params cp;
-    attn_ctx_params_init(&cp);
-    cp.isa = isa, cp.n_threads = threads;
-    attn_ctx *ctx = NULL;
-    if (attn_ctx_create(&cp, &ctx) != ATTN_OK) FAIL("context for %s", attn_isa_name(isa));
-    return ctx;
-}
 
 // Random123's known-answer vectors for Philox4x32-10 (counter, key -> result).
 static void test_known_answers(void) {
@@ -69,8 +59,8 @@ static void test_mask_and_keep_rate(void) {
     float *q = calloc((size_t)nq, 4), *k = malloc((size_t)nk * 4), *v = malloc((size_t)nk * 4);
     float *out = malloc((size_t)nq * 4), *w = malloc((size_t)nw * 4);
     uint32_t seed = 5;
-    for (int64_t e = 0; e < nk; e++) k[e] = frand(&seed), v[e] = frand(&seed);
-    attn_ctx *ctx = make_ctx(ATTN_ISA_REF, 1);
+    for (int64_t e = 0; e < nk; e++) k[e] = rand_sym(&seed), v[e] = rand_sym(&seed);
+    attn_ctx *ctx = test_ctx(ATTN_ISA_REF, 1);
     const double ps[4] = {0.1, 0.5, 0.9, 1.0};
     for (int c = 0; c < 4; c++) {
         attn_sdpa_desc d;
@@ -123,8 +113,8 @@ static void test_fused_forward(void) {
         float *ref = malloc((size_t)nq * 4), *got = malloc((size_t)nq * 4), *got3 = malloc((size_t)nq * 4);
         float *lref = malloc((size_t)nl * 4), *lgot = malloc((size_t)nl * 4);
         uint32_t seed = 100u + (uint32_t)c;
-        for (int64_t e = 0; e < nq; e++) q[e] = frand(&seed);
-        for (int64_t e = 0; e < nk; e++) k[e] = frand(&seed), v[e] = frand(&seed);
+        for (int64_t e = 0; e < nq; e++) q[e] = rand_sym(&seed);
+        for (int64_t e = 0; e < nk; e++) k[e] = rand_sym(&seed), v[e] = rand_sym(&seed);
         attn_sdpa_desc d;
         fill_desc(&d, s, 0.3, 99, 3);
         d.n_kv_heads = s->H / 2;
@@ -132,13 +122,13 @@ static void test_fused_forward(void) {
         attn_layout_strides(ATTN_LAYOUT_BHLD, s->B, s->H / 2, s->S, s->D, d.v_stride);
         d.causal = c == 1 ? ATTN_CAUSAL_TOP_LEFT : ATTN_CAUSAL_BOTTOM_RIGHT;
         if (c == 0) d.use_window = 1, d.window_left = 90, d.window_right = -1;
-        attn_ctx *r = make_ctx(ATTN_ISA_REF, 1);
+        attn_ctx *r = test_ctx(ATTN_ISA_REF, 1);
         ASSERT_OK(attn_sdpa_fwd(r, &d, q, k, v, ref, lref, NULL));
         attn_ctx_free(r);
         const attn_isa isas[3] = {ATTN_ISA_GENERIC, ATTN_ISA_AVX2, ATTN_ISA_AVX512};
         for (int i = 0; i < 3; i++) {
             if (!attn_isa_supported(isas[i])) continue;
-            attn_ctx *c1 = make_ctx(isas[i], 1), *c3 = make_ctx(isas[i], 3);
+            attn_ctx *c1 = test_ctx(isas[i], 1), *c3 = test_ctx(isas[i], 3);
             attn_generator before = *attn_ctx_generator(c1);
             ASSERT_OK(attn_sdpa_fwd(c1, &d, q, k, v, got, lgot, NULL));
             ASSERT_TRUE(memcmp(&before, attn_ctx_generator(c1), sizeof before) == 0);
@@ -163,12 +153,12 @@ static void test_varlen_matches_plain(void) {
     float *lse = malloc((size_t)(s.B * s.H * s.L) * 4), *lse2 = malloc((size_t)(s.B * s.H * s.L) * 4);
     float *dout = malloc((size_t)nq * 4);
     uint32_t seed = 17;
-    for (int64_t e = 0; e < nq; e++) q[e] = frand(&seed);
-    for (int64_t e = 0; e < nk; e++) k[e] = frand(&seed), v[e] = frand(&seed);
-    for (int64_t e = 0; e < nq; e++) dout[e] = frand(&seed);
+    for (int64_t e = 0; e < nq; e++) q[e] = rand_sym(&seed);
+    for (int64_t e = 0; e < nk; e++) k[e] = rand_sym(&seed), v[e] = rand_sym(&seed);
+    for (int64_t e = 0; e < nq; e++) dout[e] = rand_sym(&seed);
     const attn_isa isas[2] = {ATTN_ISA_REF, ATTN_ISA_AUTO};
     for (int i = 0; i < 2; i++) {
-        attn_ctx *ctx = make_ctx(isas[i], 2);
+        attn_ctx *ctx = test_ctx(isas[i], 2);
         // plain: (B, L, H, D) rows, so that the packed view (total, H, D) is the same memory
         attn_sdpa_desc d;
         fill_desc(&d, &s, 0.4, 42, 9);
@@ -199,7 +189,7 @@ static void test_varlen_matches_plain(void) {
 // generator's mask alone is 16 MiB of bits.
 static void test_no_quadratic_scratch(void) {
     const shape s = {1, 8, 4096, 4096, 64};
-    attn_ctx *ctx = make_ctx(ATTN_ISA_AUTO, 2);
+    attn_ctx *ctx = test_ctx(ATTN_ISA_AUTO, 2);
     attn_sdpa_desc d;
     fill_desc(&d, &s, 0.1, 1, 0);
     size_t philox_fwd, philox_bwd, ctx_fwd, ctx_bwd, none_fwd;
@@ -218,7 +208,7 @@ static void test_no_quadratic_scratch(void) {
 }
 
 static void test_errors(void) {
-    attn_ctx *ctx = make_ctx(ATTN_ISA_REF, 1);
+    attn_ctx *ctx = test_ctx(ATTN_ISA_REF, 1);
     const shape s = {1, 1, 2, 2, 2};
     attn_sdpa_desc d;
     fill_desc(&d, &s, 0.5, 0, 0);

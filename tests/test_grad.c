@@ -13,6 +13,7 @@
 
 #include "attn.h"
 #include "harness.h"
+#include "test_data.h"
 #include "philox.h"
 
 typedef struct prob {
@@ -44,8 +45,6 @@ typedef struct tensors {
     int64_t nq, nk, nv, no, nm, nmask;
 } tensors;
 
-static uint32_t lcg(uint32_t *s) { return *s = *s * 1664525u + 1013904223u; }
-static double urand(uint32_t *s) { return (double)(lcg(s) >> 8) / 16777216.0; }
 
 static const uint64_t dropout_seed = 777;
 
@@ -66,18 +65,18 @@ static tensors make(const prob *p, uint32_t seed) {
     t.g = malloc((size_t)t.no * 4), t.fmask = malloc((size_t)t.nmask * 8), t.fmaskf = malloc((size_t)t.nmask * 4);
     t.bmask = malloc((size_t)t.nmask), t.bkpm = malloc((size_t)(p->B * p->S)), t.fkpm = malloc((size_t)(p->B * p->S) * 4);
     t.keep = malloc((size_t)t.nm * 4);
-    for (int64_t i = 0; i < t.nq; i++) t.qf[i] = (float)(2 * urand(&seed) - 1), t.q[i] = t.qf[i];
-    for (int64_t i = 0; i < t.nk; i++) t.kf[i] = (float)(2 * urand(&seed) - 1), t.k[i] = t.kf[i];
-    for (int64_t i = 0; i < t.nv; i++) t.vf[i] = (float)(2 * urand(&seed) - 1), t.v[i] = t.vf[i];
-    for (int64_t i = 0; i < t.no; i++) t.g[i] = (float)(2 * urand(&seed) - 1);
+    for (int64_t i = 0; i < t.nq; i++) t.qf[i] = (float)(2 * rand_unit_d(&seed) - 1), t.q[i] = t.qf[i];
+    for (int64_t i = 0; i < t.nk; i++) t.kf[i] = (float)(2 * rand_unit_d(&seed) - 1), t.k[i] = t.kf[i];
+    for (int64_t i = 0; i < t.nv; i++) t.vf[i] = (float)(2 * rand_unit_d(&seed) - 1), t.v[i] = t.vf[i];
+    for (int64_t i = 0; i < t.no; i++) t.g[i] = (float)(2 * rand_unit_d(&seed) - 1);
     for (int64_t i = 0; i < t.nmask; i++) {
-        t.bmask[i] = urand(&seed) < 0.2;
-        t.fmaskf[i] = urand(&seed) < 0.1 ? -INFINITY : (float)(urand(&seed) - 0.5);
+        t.bmask[i] = rand_unit_d(&seed) < 0.2;
+        t.fmaskf[i] = rand_unit_d(&seed) < 0.1 ? -INFINITY : (float)(rand_unit_d(&seed) - 0.5);
         t.fmask[i] = t.fmaskf[i];
     }
     for (int64_t i = 0; i < p->B * p->S; i++) {
-        t.bkpm[i] = urand(&seed) < 0.15;
-        t.fkpm[i] = urand(&seed) < 0.1 ? -INFINITY : (float)(urand(&seed) - 0.5);
+        t.bkpm[i] = rand_unit_d(&seed) < 0.15;
+        t.fkpm[i] = rand_unit_d(&seed) < 0.1 ? -INFINITY : (float)(rand_unit_d(&seed) - 0.5);
     }
     t.kp = t.kf, t.vp = t.vf;
     if (p->kvdt != ATTN_DTYPE_F32) { // the values k and v denote are the rounded ones
@@ -230,15 +229,6 @@ static void run_both(attn_ctx *ctx, const prob *p, const tensors *t, float *dq, 
     free(out), free(lse);
 }
 
-static attn_ctx *make_ctx(attn_isa isa, int threads) {
-    attn_ctx_params cp;
-    attn_ctx_params_init(&cp);
-    cp.isa = isa, cp.n_threads = threads;
-    attn_ctx *ctx = NULL;
-    if (attn_ctx_create(&cp, &ctx) != ATTN_OK) FAIL("context for %s", attn_isa_name(isa));
-    return ctx;
-}
-
 static void check_against_fd(const prob *p, uint32_t seed) {
     tensors t = make(p, seed);
     double *gq = malloc((size_t)t.nq * 8), *gk = malloc((size_t)t.nk * 8), *gv = malloc((size_t)t.nv * 8);
@@ -253,7 +243,7 @@ static void check_against_fd(const prob *p, uint32_t seed) {
     const attn_isa isas[4] = {ATTN_ISA_REF, ATTN_ISA_GENERIC, ATTN_ISA_AVX2, ATTN_ISA_AVX512};
     for (int i = 0; i < 4; i++) {
         if (!attn_isa_supported(isas[i])) continue;
-        attn_ctx *ctx = make_ctx(isas[i], 2);
+        attn_ctx *ctx = test_ctx(isas[i], 2);
         run_both(ctx, p, &t, dq, dk, dv, want_dmask ? dmask : NULL);
         const char *name = attn_isa_name(isas[i]);
         compare("dq", name, dq, gq, t.nq);
@@ -320,13 +310,13 @@ static void test_fused_against_reference(void) {
         const int64_t n[4] = {t.nq, t.nk, t.nv, t.nmask};
         for (int i = 0; i < 4; i++)
             r[i] = malloc((size_t)n[i] * 4), f[i] = malloc((size_t)n[i] * 4), f3[i] = malloc((size_t)n[i] * 4);
-        attn_ctx *ref = make_ctx(ATTN_ISA_REF, 1);
+        attn_ctx *ref = test_ctx(ATTN_ISA_REF, 1);
         run_both(ref, p, &t, r[0], r[1], r[2], want_dmask ? r[3] : NULL);
         attn_ctx_free(ref);
         const attn_isa isas[3] = {ATTN_ISA_GENERIC, ATTN_ISA_AVX2, ATTN_ISA_AVX512};
         for (int i = 0; i < 3; i++) {
             if (!attn_isa_supported(isas[i])) continue;
-            attn_ctx *c1 = make_ctx(isas[i], 1), *c3 = make_ctx(isas[i], 3);
+            attn_ctx *c1 = test_ctx(isas[i], 1), *c3 = test_ctx(isas[i], 3);
             run_both(c1, p, &t, f[0], f[1], f[2], want_dmask ? f[3] : NULL);
             for (int g = 0; g < (want_dmask ? 4 : 3); g++)
                 harness_assert_close(__FILE__, __LINE__, attn_isa_name(isas[i]), f[g], r[g], n[g], 1e-5, 1e-4);
@@ -352,7 +342,7 @@ static void test_masked_rows_and_nan(void) {
     float *dq = malloc((size_t)t.nq * 4), *dk = malloc((size_t)t.nk * 4), *dv = malloc((size_t)t.nv * 4);
     for (int i = 0; i < 4; i++) {
         if (!attn_isa_supported(isas[i])) continue;
-        attn_ctx *ctx = make_ctx(isas[i], 2);
+        attn_ctx *ctx = test_ctx(isas[i], 2);
         if (t.bmask[(p.L - 1) * p.S + p.S - 1]) t.bmask[(p.L - 1) * p.S + p.S - 1] = 0; // the last row sees it
         run_both(ctx, &p, &t, dq, dk, dv, NULL);
         for (int64_t e = 0; e < p.D; e++) {
@@ -374,13 +364,13 @@ static void check_like_reference(const prob *p, const tensors *t, bool want_dmas
     float *r[4], *f[4], *f3[4];
     for (int g = 0; g < 4; g++)
         r[g] = calloc((size_t)n[g], 4), f[g] = calloc((size_t)n[g], 4), f3[g] = calloc((size_t)n[g], 4);
-    attn_ctx *ref = make_ctx(ATTN_ISA_REF, 1);
+    attn_ctx *ref = test_ctx(ATTN_ISA_REF, 1);
     run_both(ref, p, t, r[0], r[1], r[2], want_dmask ? r[3] : NULL);
     attn_ctx_free(ref);
     const attn_isa isas[3] = {ATTN_ISA_GENERIC, ATTN_ISA_AVX2, ATTN_ISA_AVX512};
     for (int i = 0; i < 3; i++) {
         if (!attn_isa_supported(isas[i])) continue;
-        attn_ctx *c1 = make_ctx(isas[i], 1), *c3 = make_ctx(isas[i], 3);
+        attn_ctx *c1 = test_ctx(isas[i], 1), *c3 = test_ctx(isas[i], 3);
         run_both(c1, p, t, f[0], f[1], f[2], want_dmask ? f[3] : NULL);
         run_both(c3, p, t, f3[0], f3[1], f3[2], want_dmask ? f3[3] : NULL);
         for (int g = 0; g < (want_dmask ? 4 : 3); g++) {
@@ -444,7 +434,7 @@ static void test_dmask_overlapping_strides(void) {
 static void test_errors(void) {
     prob p = {1, 2, 2, 4, 5, 3, 3, ATTN_CAUSAL_NONE, 1, 0, 0.0f, 0.0, NO_EXT};
     tensors t = make(&p, 1);
-    attn_ctx *ctx = make_ctx(ATTN_ISA_AUTO, 1);
+    attn_ctx *ctx = test_ctx(ATTN_ISA_AUTO, 1);
     float out[2 * 4 * 3], lse[8], dq[24], dk[30], dv[30], dm[20];
     ASSERT_OK(attn_sdpa_fwd(ctx, &t.d, t.qf, t.kf, t.vf, out, lse, NULL));
     ASSERT_OK(attn_sdpa_bwd(ctx, &t.d, t.qf, t.kf, t.vf, out, t.g, lse, NULL, dq, dk, dv, NULL));

@@ -13,6 +13,7 @@
 #include "attn.h"
 #include "cpu/cpu.h"
 #include "harness.h"
+#include "test_data.h"
 
 static int use_blas = 1; // the contexts' use_blas (test_linear_and_modules runs with 0 and 1)
 
@@ -53,8 +54,6 @@ typedef struct data {
     attn_sdpa_desc d;
 } data;
 
-static uint32_t lcg(uint32_t *s) { return *s = *s * 1664525u + 1013904223u; }
-static float urand(uint32_t *s) { return (float)(lcg(s) >> 8) * (1.0f / 16777216.0f); }
 
 static data make_data(const problem *p, uint32_t seed) {
     data x;
@@ -64,17 +63,17 @@ static data make_data(const problem *p, uint32_t seed) {
     x.q = malloc((size_t)nq * 4), x.k = malloc((size_t)nk * 4), x.v = malloc((size_t)nv * 4);
     x.fmask = malloc((size_t)nm * 4), x.bmask = malloc((size_t)nm);
     x.fkpm = malloc((size_t)(p->B * p->S) * 4), x.bkpm = malloc((size_t)(p->B * p->S));
-    for (int64_t i = 0; i < nq; i++) x.q[i] = 4.0f * urand(&seed) - 2.0f;
-    for (int64_t i = 0; i < nk; i++) x.k[i] = 4.0f * urand(&seed) - 2.0f;
-    for (int64_t i = 0; i < nv; i++) x.v[i] = 2.0f * urand(&seed) - 1.0f;
+    for (int64_t i = 0; i < nq; i++) x.q[i] = 4.0f * rand_unit(&seed) - 2.0f;
+    for (int64_t i = 0; i < nk; i++) x.k[i] = 4.0f * rand_unit(&seed) - 2.0f;
+    for (int64_t i = 0; i < nv; i++) x.v[i] = 2.0f * rand_unit(&seed) - 1.0f;
     for (int64_t i = 0; i < nm; i++) {
-        float u = urand(&seed);
+        float u = rand_unit(&seed);
         x.bmask[i] = u < 0.2f;
-        x.fmask[i] = u < 0.1f ? -INFINITY : 3.0f * urand(&seed) - 1.5f;
+        x.fmask[i] = u < 0.1f ? -INFINITY : 3.0f * rand_unit(&seed) - 1.5f;
     }
     for (int64_t i = 0; i < p->B * p->S; i++) {
-        x.bkpm[i] = urand(&seed) < 0.15f;
-        x.fkpm[i] = urand(&seed) < 0.1f ? -INFINITY : urand(&seed) - 0.5f;
+        x.bkpm[i] = rand_unit(&seed) < 0.15f;
+        x.fkpm[i] = rand_unit(&seed) < 0.1f ? -INFINITY : rand_unit(&seed) - 0.5f;
     }
     if (p->poison == 1) x.k[(p->S / 2) * p->D] = NAN;         // key S/2 of (b, hk) = (0, 0)
     if (p->poison == 2) x.v[(p->S - 1) * p->Dv] = INFINITY;   // last value of (0, 0)
@@ -133,14 +132,6 @@ static void run(attn_ctx *ctx, const data *x, float *out, float *lse) {
     if (st != ATTN_OK) FAIL("sdpa_fwd on %s: %s", attn_isa_name(attn_ctx_isa(ctx)), attn_ctx_last_error(ctx));
 }
 
-static int n_isas(attn_isa *isas) {
-    int n = 0;
-    isas[n++] = ATTN_ISA_GENERIC;
-    if (attn_isa_supported(ATTN_ISA_AVX2)) isas[n++] = ATTN_ISA_AVX2;
-    if (attn_isa_supported(ATTN_ISA_AVX512)) isas[n++] = ATTN_ISA_AVX512;
-    return n;
-}
-
 static long compared;
 
 static void check_problem(const problem *p, uint32_t seed) {
@@ -152,8 +143,8 @@ static void check_problem(const problem *p, uint32_t seed) {
     attn_ctx *ref = make_ctx(ATTN_ISA_REF, 1);
     run(ref, &x, ref_o, ref_l);
     attn_ctx_free(ref);
-    attn_isa isas[4];
-    int n = n_isas(isas);
+    attn_isa isas[16];
+    int n = fused_isas(isas);
     for (int ii = 0; ii < n; ii++) {
         attn_ctx *c1 = make_ctx(isas[ii], 1);
         run(c1, &x, o1, l1);
@@ -366,17 +357,17 @@ static void test_linear_and_modules(void) {
 static void linear_and_modules(void) {
     const int64_t shapes[][3] = {{1, 7, 5},       {3, 768, 500},  {8, 37, 200},  {63, 64, 97},
                                  {65, 130, 193}, {130, 768, 200}, {200, 33, 384}}; // rows <= 8: the dot-product path
-    attn_isa isas[4];
-    int n = n_isas(isas);
+    attn_isa isas[16];
+    int n = fused_isas(isas);
     uint32_t seed = 17;
     for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
         const int64_t rows = shapes[c][0], in = shapes[c][1], out = shapes[c][2];
         float *x = malloc((size_t)(rows * in) * 4), *w = malloc((size_t)(in * out) * 4), *b = malloc((size_t)out * 4);
         float *want = malloc((size_t)(rows * out) * 4), *got = malloc((size_t)(rows * out) * 4),
               *got3 = malloc((size_t)(rows * out) * 4);
-        for (int64_t i = 0; i < rows * in; i++) x[i] = urand(&seed) - 0.5f;
-        for (int64_t i = 0; i < in * out; i++) w[i] = urand(&seed) - 0.5f;
-        for (int64_t i = 0; i < out; i++) b[i] = urand(&seed);
+        for (int64_t i = 0; i < rows * in; i++) x[i] = rand_unit(&seed) - 0.5f;
+        for (int64_t i = 0; i < in * out; i++) w[i] = rand_unit(&seed) - 0.5f;
+        for (int64_t i = 0; i < out; i++) b[i] = rand_unit(&seed);
         for (int layout = 0; layout < 2; layout++) {
             attn_ctx *ref = make_ctx(ATTN_ISA_REF, 1);
             ASSERT_OK(attn_linear(ref, x, rows, in, w, (attn_weight_layout)layout, b, out, want));
@@ -401,11 +392,11 @@ static void linear_and_modules(void) {
     attn_mha *m;
     ASSERT_OK(attn_mha_create(ref, &cfg, &m));
     float *q = malloc((size_t)(N * L * E) * 4), *k = malloc((size_t)(N * S * 40) * 4), *v = malloc((size_t)(N * S * E) * 4);
-    for (int64_t i = 0; i < N * L * E; i++) q[i] = urand(&seed) - 0.5f;
-    for (int64_t i = 0; i < N * S * 40; i++) k[i] = urand(&seed) - 0.5f;
-    for (int64_t i = 0; i < N * S * E; i++) v[i] = urand(&seed) - 0.5f;
+    for (int64_t i = 0; i < N * L * E; i++) q[i] = rand_unit(&seed) - 0.5f;
+    for (int64_t i = 0; i < N * S * 40; i++) k[i] = rand_unit(&seed) - 0.5f;
+    for (int64_t i = 0; i < N * S * E; i++) v[i] = rand_unit(&seed) - 0.5f;
     uint8_t *kpm = calloc((size_t)(N * S), 1);
-    for (int64_t i = 0; i < N * S; i++) kpm[i] = urand(&seed) < 0.2f;
+    for (int64_t i = 0; i < N * S; i++) kpm[i] = rand_unit(&seed) < 0.2f;
     attn_mha_args a;
     attn_mha_args_init(&a);
     a.query = q, a.key = k, a.value = v, a.batch = N, a.len_q = L, a.len_kv = S, a.need_weights = 0;
@@ -477,13 +468,13 @@ static void test_softmax_tiles(void) {
             for (int ni = 0; ni < 5; ni++) {
                 const int br = brs[bi], nj = njs[ni];
                 for (int i = 0; i < br; i++) {
-                    m0[i] = i % 3 == 0 ? -INFINITY : 4.0f * urand(&seed) - 2.0f;
-                    l0[i] = m0[i] == -INFINITY ? 0.0f : 1.0f + urand(&seed);
+                    m0[i] = i % 3 == 0 ? -INFINITY : 4.0f * rand_unit(&seed) - 2.0f;
+                    l0[i] = m0[i] == -INFINITY ? 0.0f : 1.0f + rand_unit(&seed);
                 }
                 m0[1] = -INFINITY, l0[1] = 0.0f;
                 for (int j = 0; j < nj; j++)
                     for (int i = 0; i < br; i++) {
-                        float x = 4.0f * urand(&seed) - 2.0f;
+                        float x = 4.0f * rand_unit(&seed) - 2.0f;
                         if (j == (i * 3 + 1) % nj) x += 300.0f;
                         if (i == 1 || (j + i) % 11 == 5) x = -INFINITY;
                         s0[j * br + i] = x;

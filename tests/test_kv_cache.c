@@ -9,22 +9,12 @@
 
 #include "attn.h"
 #include "harness.h"
+#include "test_data.h"
 
-static uint32_t lcg(uint32_t *s) { return *s = *s * 1664525u + 1013904223u; }
-static float urand(uint32_t *s) { return (float)(lcg(s) >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f; }
 static float *randn(int64_t n, uint32_t *seed) {
     float *x = malloc((size_t)n * sizeof(float));
-    for (int64_t i = 0; i < n; i++) x[i] = urand(seed);
+    for (int64_t i = 0; i < n; i++) x[i] = rand_sym(seed);
     return x;
-}
-
-static attn_ctx *make_ctx(attn_isa isa, int threads) {
-    attn_ctx_params p;
-    attn_ctx_params_init(&p);
-    p.isa = isa, p.n_threads = threads;
-    attn_ctx *ctx = NULL;
-    ASSERT_OK(attn_ctx_create(&p, &ctx));
-    return ctx;
 }
 
 static attn_kv_cache *make_cache(attn_ctx *ctx, int64_t B, int64_t Hkv, int64_t D, int64_t cap, attn_dtype dt) {
@@ -37,7 +27,7 @@ static attn_kv_cache *make_cache(attn_ctx *ctx, int64_t B, int64_t Hkv, int64_t 
 }
 
 static void test_storage_and_errors(void) {
-    attn_ctx *ctx = make_ctx(ATTN_ISA_AUTO, 1);
+    attn_ctx *ctx = test_ctx(ATTN_ISA_AUTO, 1);
     uint32_t seed = 1;
     const int64_t B = 2, Hkv = 3, D = 5, cap = 7;
     const attn_dtype dts[3] = {ATTN_DTYPE_F32, ATTN_DTYPE_F16, ATTN_DTYPE_BF16};
@@ -129,7 +119,7 @@ static void check_attend(attn_ctx *ctx, attn_kv_cache *kc, const float *kall, co
     const int64_t st[4] = {Hkv * cap * D, cap * D, D, 1};
     memcpy(e.k_stride, st, sizeof st);
     memcpy(e.v_stride, st, sizeof st);
-    attn_ctx *ref = make_ctx(ATTN_ISA_REF, 1);
+    attn_ctx *ref = test_ctx(ATTN_ISA_REF, 1);
     ASSERT_OK(attn_sdpa_fwd(ref, &e, q, kh, vh, o2, l2, NULL));
     attn_ctx_free(ref);
     harness_assert_close(__FILE__, __LINE__, what, o1, o2, B * H * L * D, 1e-6, 1e-5);
@@ -142,7 +132,7 @@ static void test_attend(void) {
     const attn_dtype dts[3] = {ATTN_DTYPE_F32, ATTN_DTYPE_F16, ATTN_DTYPE_BF16};
     for (int t = 0; t < 3; t++)
         for (int threads = 1; threads <= 2; threads++) {
-            attn_ctx *ctx = make_ctx(ATTN_ISA_AUTO, threads);
+            attn_ctx *ctx = test_ctx(ATTN_ISA_AUTO, threads);
             const int64_t B = 2, H = 8, Hkv = 2, D = 32, cap = 2000;
             attn_kv_cache *kc = make_cache(ctx, B, Hkv, D, cap, dts[t]);
             // kall / vall: what the cache should hold, (B, Hkv, cap, D)
@@ -176,7 +166,7 @@ static void test_attend(void) {
             attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, 1, D, d.q_stride);
             attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, 1, D, d.o_stride);
             float q[2 * 8 * 32], o[2 * 8 * 32];
-            for (int i = 0; i < 2 * 8 * 32; i++) q[i] = urand(&seed);
+            for (int i = 0; i < 2 * 8 * 32; i++) q[i] = rand_sym(&seed);
             ASSERT_STATUS(attn_kv_cache_attend(ctx, kc, &d, q, o, NULL), ATTN_ERR_INVALID_ARG);
             d.causal = ATTN_CAUSAL_BOTTOM_RIGHT, d.dropout_p = 0.1;
             ASSERT_STATUS(attn_kv_cache_attend(ctx, kc, &d, q, o, NULL), ATTN_ERR_INVALID_ARG);
@@ -197,7 +187,7 @@ static void test_attend(void) {
 // The cached module forward, step by step, against the full causal forward of the sequence so far
 // (on the reference kernels) at the rows of the new tokens, to 1e-5.
 static void check_module_decoding(int batch_first, attn_dtype dt, int threads) {
-    attn_ctx *ctx = make_ctx(ATTN_ISA_AUTO, threads), *ref = make_ctx(ATTN_ISA_REF, 1);
+    attn_ctx *ctx = test_ctx(ATTN_ISA_AUTO, threads), *ref = test_ctx(ATTN_ISA_REF, 1);
     attn_generator_seed(attn_ctx_generator(ctx), 3);
     const int64_t E = 64, H = 4, N = 2, T = 24, prompt = 7;
     attn_mha_config cfg;
@@ -208,7 +198,7 @@ static void check_module_decoding(int batch_first, attn_dtype dt, int threads) {
     float *bias;
     ASSERT_OK(attn_mha_param(m, "in_proj_bias", NULL, NULL, &bias));
     uint32_t seed = 11;
-    for (int64_t i = 0; i < 3 * E; i++) bias[i] = urand(&seed) * 0.5f; // torch initialises it to 0
+    for (int64_t i = 0; i < 3 * E; i++) bias[i] = rand_sym(&seed) * 0.5f; // torch initialises it to 0
     attn_kv_cache *kc = make_cache(ctx, N, H, E / H, T, dt);
     float *x = randn(T * N * E, &seed); // token t of sequence n: x + (t * N + n) * E
     float *xs = malloc((size_t)(T * N * E) * 4), *os = malloc((size_t)(T * N * E) * 4);
@@ -249,7 +239,7 @@ static void test_module_decoding(void) {
     for (int bf = 0; bf <= 1; bf++) check_module_decoding(bf, ATTN_DTYPE_F32, 1 + bf);
     check_module_decoding(1, ATTN_DTYPE_F16, 2); // half cache: within the rounding of k and v
     // modules the cached path does not serve
-    attn_ctx *ctx = make_ctx(ATTN_ISA_AUTO, 1);
+    attn_ctx *ctx = test_ctx(ATTN_ISA_AUTO, 1);
     attn_mha_config cfg;
     attn_mha_config_init(&cfg, 8, 2);
     cfg.add_bias_kv = 1;

@@ -9,28 +9,8 @@
 
 #include "attn.h"
 #include "harness.h"
+#include "test_data.h"
 
-static uint32_t lcg(uint32_t *s) { return *s = *s * 1664525u + 1013904223u; }
-static float urand(uint32_t *s) { return (float)(lcg(s) >> 8) * (1.0f / 16777216.0f); }
-static int pick(uint32_t *s, int n) { return (int)((lcg(s) >> 8) % (uint32_t)n); }
-
-static attn_ctx *make_ctx(attn_isa isa, int threads) {
-    attn_ctx_params p;
-    attn_ctx_params_init(&p);
-    p.isa = isa;
-    p.n_threads = threads;
-    attn_ctx *ctx = NULL;
-    if (attn_ctx_create(&p, &ctx) != ATTN_OK) FAIL("cannot create a %s context", attn_isa_name(isa));
-    return ctx;
-}
-
-// The fused instruction sets this CPU runs (every value after REF that attn_isa_supported accepts).
-static int fused_isas(attn_isa *isas) {
-    int n = 0;
-    for (int i = ATTN_ISA_GENERIC; i < 64; i++)
-        if (strcmp(attn_isa_name((attn_isa)i), "?") != 0 && attn_isa_supported((attn_isa)i)) isas[n++] = (attn_isa)i;
-    return n;
-}
 
 // The unit roundoff of a type: 2^-8 (BF16), 2^-11 (F16), 2^-24 (F32).
 static double unit(attn_dtype t) { return t == ATTN_DTYPE_BF16 ? 0x1p-8 : t == ATTN_DTYPE_F16 ? 0x1p-11 : 0x1p-24; }
@@ -83,8 +63,8 @@ static data make_data(const problem *p, uint32_t seed) {
     const int64_t nq = p->B * p->H * p->L * p->D, nk = p->B * p->Hkv * p->S * p->D, nv = p->B * p->Hkv * p->S * p->Dv;
     const int64_t no = p->B * p->H * p->L * p->Dv, nm = p->B * p->H * p->L * p->S;
     float *f = malloc((size_t)(nq + nk + nv + no) * 4);
-    for (int64_t i = 0; i < nq; i++) f[i] = p->qmag * (2.0f * urand(&seed) - 1.0f);
-    for (int64_t i = nq; i < nq + nk + nv + no; i++) f[i] = 2.0f * urand(&seed) - 1.0f;
+    for (int64_t i = 0; i < nq; i++) f[i] = p->qmag * (2.0f * rand_unit(&seed) - 1.0f);
+    for (int64_t i = nq; i < nq + nk + nv + no; i++) f[i] = 2.0f * rand_unit(&seed) - 1.0f;
     x.q = make_tensor(p->qt, f, nq), x.k = make_tensor(p->kvt, f + nq, nk), x.v = make_tensor(p->kvt, f + nq + nk, nv);
     x.dout = make_tensor(p->ot, f + nq + nk + nv, no);
     free(f);
@@ -93,13 +73,13 @@ static data make_data(const problem *p, uint32_t seed) {
     x.fmask = malloc((size_t)nm * 4), x.bmask = malloc((size_t)nm);
     x.fkpm = malloc((size_t)(p->B * p->S) * 4), x.bkpm = malloc((size_t)(p->B * p->S));
     for (int64_t i = 0; i < nm; i++) {
-        const float u = urand(&seed);
+        const float u = rand_unit(&seed);
         x.bmask[i] = u < 0.2f;
-        x.fmask[i] = u < 0.1f ? -INFINITY : 2.0f * urand(&seed) - 1.0f;
+        x.fmask[i] = u < 0.1f ? -INFINITY : 2.0f * rand_unit(&seed) - 1.0f;
     }
     for (int64_t i = 0; i < p->B * p->S; i++) {
-        x.bkpm[i] = urand(&seed) < 0.15f;
-        x.fkpm[i] = urand(&seed) < 0.1f ? -INFINITY : urand(&seed) - 0.5f;
+        x.bkpm[i] = rand_unit(&seed) < 0.15f;
+        x.fkpm[i] = rand_unit(&seed) < 0.1f ? -INFINITY : rand_unit(&seed) - 0.5f;
     }
     attn_sdpa_desc *d = &x.d;
     attn_sdpa_desc_init(d);
@@ -184,13 +164,13 @@ static void forward_problem(const problem *p, uint32_t seed) {
     const int64_t no = p->B * p->H * p->L * p->Dv, nl = p->B * p->H * p->L;
     tensor ref = make_tensor(p->ot, NULL, no), o1 = make_tensor(p->ot, NULL, no), o2 = make_tensor(p->ot, NULL, no);
     float *lr = malloc((size_t)nl * 4), *l1 = malloc((size_t)nl * 4), *l2 = malloc((size_t)nl * 4);
-    attn_ctx *rc = make_ctx(ATTN_ISA_REF, 1);
+    attn_ctx *rc = test_ctx(ATTN_ISA_REF, 1);
     run_fwd(rc, &x, &ref, lr);
     attn_ctx_free(rc);
     attn_isa isas[16];
     const int n = fused_isas(isas);
     for (int ii = 0; ii < n; ii++) {
-        attn_ctx *c1 = make_ctx(isas[ii], 1), *c3 = make_ctx(isas[ii], 3);
+        attn_ctx *c1 = test_ctx(isas[ii], 1), *c3 = test_ctx(isas[ii], 3);
         run_fwd(c1, &x, &o1, l1);
         run_fwd(c3, &x, &o2, l2);
         attn_ctx_free(c1), attn_ctx_free(c3);
@@ -213,27 +193,27 @@ static const attn_dtype all_types[3] = {ATTN_DTYPE_BF16, ATTN_DTYPE_F16, ATTN_DT
 static problem random_problem(uint32_t *s, bool backward) {
     problem p;
     memset(&p, 0, sizeof p);
-    p.Hkv = 1 + pick(s, 3);
-    p.H = p.Hkv * (1 + pick(s, 3));
-    p.B = 1 + pick(s, 2);
+    p.Hkv = 1 + rand_pick(s, 3);
+    p.H = p.Hkv * (1 + rand_pick(s, 3));
+    p.B = 1 + rand_pick(s, 2);
     static const int64_t lens[8] = {1, 3, 16, 33, 64, 100, 129, 200};
     static const int64_t dims[7] = {1, 8, 16, 31, 64, 65, 80};
-    p.L = lens[pick(s, backward ? 7 : 8)], p.S = lens[pick(s, 8)];
-    p.D = dims[pick(s, 7)], p.Dv = pick(s, 3) == 0 ? dims[pick(s, 7)] : p.D;
-    p.causal = (attn_causal)pick(s, 3);
-    p.mask = pick(s, 4) == 0 ? 1 + pick(s, 2) : 0;
-    p.kpm = pick(s, 4) == 0 ? 1 + pick(s, 2) : 0;
-    p.window = pick(s, 4) == 0;
-    p.wl = pick(s, 40) - 1, p.wr = pick(s, 10) - 1;
-    p.alibi = pick(s, 5) == 0;
-    p.softcap = pick(s, 5) == 0 ? 20.0f : 0.0f;
-    p.scale = pick(s, 3) == 0 ? 0.3f : 0.0f;
+    p.L = lens[rand_pick(s, backward ? 7 : 8)], p.S = lens[rand_pick(s, 8)];
+    p.D = dims[rand_pick(s, 7)], p.Dv = rand_pick(s, 3) == 0 ? dims[rand_pick(s, 7)] : p.D;
+    p.causal = (attn_causal)rand_pick(s, 3);
+    p.mask = rand_pick(s, 4) == 0 ? 1 + rand_pick(s, 2) : 0;
+    p.kpm = rand_pick(s, 4) == 0 ? 1 + rand_pick(s, 2) : 0;
+    p.window = rand_pick(s, 4) == 0;
+    p.wl = rand_pick(s, 40) - 1, p.wr = rand_pick(s, 10) - 1;
+    p.alibi = rand_pick(s, 5) == 0;
+    p.softcap = rand_pick(s, 5) == 0 ? 20.0f : 0.0f;
+    p.scale = rand_pick(s, 3) == 0 ? 0.3f : 0.0f;
     p.qmag = 2.0f;
     // mostly one half type for everything (as models run), sometimes mixed
-    const attn_dtype t = half_types[pick(s, 2)];
+    const attn_dtype t = half_types[rand_pick(s, 2)];
     p.qt = p.kvt = p.ot = p.gt = t;
-    if (pick(s, 3) == 0) p.qt = all_types[pick(s, 3)], p.kvt = all_types[pick(s, 3)];
-    if (pick(s, 3) == 0) p.ot = all_types[pick(s, 3)], p.gt = all_types[pick(s, 3)];
+    if (rand_pick(s, 3) == 0) p.qt = all_types[rand_pick(s, 3)], p.kvt = all_types[rand_pick(s, 3)];
+    if (rand_pick(s, 3) == 0) p.ot = all_types[rand_pick(s, 3)], p.gt = all_types[rand_pick(s, 3)];
     return p;
 }
 
@@ -349,7 +329,7 @@ static void backward_problem(const problem *p, uint32_t seed) {
     // out and lse from the reference: the backward's inputs are then the same for every kernel
     tensor out = make_tensor(p->ot, NULL, no);
     float *lse = malloc((size_t)nl * 4), *w = malloc((size_t)(nl * p->S) * 4);
-    attn_ctx *rc = make_ctx(ATTN_ISA_REF, 1);
+    attn_ctx *rc = test_ctx(ATTN_ISA_REF, 1);
     run_fwd(rc, &x, &out, lse);
     attn_sdpa_desc dw = x.d;
     dw.weights_mode = ATTN_WEIGHTS_PER_HEAD;
@@ -363,7 +343,7 @@ static void backward_problem(const problem *p, uint32_t seed) {
     attn_isa isas[16];
     const int n = fused_isas(isas);
     for (int ii = 0; ii < n; ii++) {
-        attn_ctx *c1 = make_ctx(isas[ii], 1), *c3 = make_ctx(isas[ii], 3);
+        attn_ctx *c1 = test_ctx(isas[ii], 1), *c3 = test_ctx(isas[ii], 3);
         run_bwd(c1, &x, &out, lse, &g1);
         run_bwd(c3, &x, &out, lse, &g2);
         attn_ctx_free(c1), attn_ctx_free(c3);
@@ -407,7 +387,7 @@ static void test_varlen(void) {
         const int64_t TQ = cu_q[3], TK = cu_k[3];
         float *f = malloc((size_t)(2 * TQ * H * D + 2 * TK * Hkv * D) * 4);
         uint32_t s = 3u + (uint32_t)t;
-        for (int64_t i = 0; i < 2 * TQ * H * D + 2 * TK * Hkv * D; i++) f[i] = 2.0f * urand(&s) - 1.0f;
+        for (int64_t i = 0; i < 2 * TQ * H * D + 2 * TK * Hkv * D; i++) f[i] = 2.0f * rand_unit(&s) - 1.0f;
         tensor q = make_tensor(dt, f, TQ * H * D), k = make_tensor(dt, f + TQ * H * D, TK * Hkv * D);
         tensor v = make_tensor(dt, f + TQ * H * D + TK * Hkv * D, TK * Hkv * D);
         tensor dout = make_tensor(dt, f + TQ * H * D + 2 * TK * Hkv * D, TQ * H * D);
@@ -428,7 +408,7 @@ static void test_varlen(void) {
         grads g1 = {make_tensor(dt, NULL, TQ * H * D), make_tensor(dt, NULL, TK * Hkv * D), make_tensor(dt, NULL, TK * Hkv * D)};
         float *lse = malloc((size_t)(H * TQ) * 4), *l1 = malloc((size_t)(H * TQ) * 4);
         for (int ii = 0; ii < n; ii++) {
-            attn_ctx *ctx = make_ctx(isas[ii], 2);
+            attn_ctx *ctx = test_ctx(isas[ii], 2);
             ASSERT_EQ_INT(attn_sdpa_varlen_fwd(ctx, &d, cu_q, cu_k, q.p, k.p, v.p, out.p, lse), ATTN_OK);
             ASSERT_EQ_INT(attn_sdpa_varlen_bwd(ctx, &d, cu_q, cu_k, q.p, k.p, v.p, out.p, dout.p, lse, NULL, g.dq.p,
                                                g.dk.p, g.dv.p),
@@ -472,15 +452,15 @@ static void test_kv_cache(void) {
         isas[n++] = ATTN_ISA_REF;
         uint32_t s = 11u + (uint32_t)c;
         float *kv = malloc((size_t)(2 * B * Hkv * len * D) * 4);
-        for (int64_t i = 0; i < 2 * B * Hkv * len * D; i++) kv[i] = 2.0f * urand(&s) - 1.0f;
+        for (int64_t i = 0; i < 2 * B * Hkv * len * D; i++) kv[i] = 2.0f * rand_unit(&s) - 1.0f;
         for (int Lq = 1; Lq <= 7; Lq += 6) {
             float *qf = malloc((size_t)(B * H * Lq * D) * 4);
-            for (int64_t i = 0; i < B * H * Lq * D; i++) qf[i] = 2.0f * urand(&s) - 1.0f;
+            for (int64_t i = 0; i < B * H * Lq * D; i++) qf[i] = 2.0f * rand_unit(&s) - 1.0f;
             tensor q = make_tensor(qt, qf, B * H * Lq * D), ref = make_tensor(qt, NULL, B * H * Lq * D);
             tensor got = make_tensor(qt, NULL, B * H * Lq * D);
             free(qf);
             for (int ii = n - 1; ii >= 0; ii--) {
-                attn_ctx *ctx = make_ctx(isas[ii], 2);
+                attn_ctx *ctx = test_ctx(isas[ii], 2);
                 attn_kv_cache *cache;
                 ASSERT_EQ_INT(attn_kv_cache_create(ctx, &kc, &cache), ATTN_OK);
                 ASSERT_EQ_INT(attn_kv_cache_append(ctx, cache, len, kv, NULL, kv + B * Hkv * len * D, NULL), ATTN_OK);
@@ -529,7 +509,7 @@ static void test_reference_exact(void) {
     attn_layout_strides(ATTN_LAYOUT_BHLD, 1, 1, S, D, d.k_stride);
     memcpy(d.v_stride, d.k_stride, sizeof d.k_stride), memcpy(d.o_stride, d.q_stride, sizeof d.q_stride);
     d.mask = mask, d.mask_dtype = ATTN_DTYPE_BOOL, d.mask_stride[3] = 1;
-    attn_ctx *ctx = make_ctx(ATTN_ISA_REF, 1);
+    attn_ctx *ctx = test_ctx(ATTN_ISA_REF, 1);
     ASSERT_EQ_INT(attn_sdpa_fwd(ctx, &d, q.p, k.p, v.p, out.p, NULL, NULL), ATTN_OK);
     const float want[4] = {2, 4, 0, 6};
     for (int c = 0; c < 4; c++) ASSERT_TRUE(at(&out, c) == want[c]);

@@ -12,6 +12,7 @@
 
 #include "attn.h"
 #include "harness.h"
+#include "test_data.h"
 
 typedef struct mcase {
     int64_t N, L, S, E, H, kdim, vdim;
@@ -29,13 +30,11 @@ typedef struct vars {
     uint8_t *mask_b, *kpm_b;
 } vars;
 
-static uint32_t lcg(uint32_t *s) { return *s = *s * 1664525u + 1013904223u; }
-static double urand(uint32_t *s) { return (double)(lcg(s) >> 8) / 16777216.0; }
 static int64_t S2_of(const mcase *c) { return c->S + (c->bias_kv ? 1 : 0) + (c->zero_attn ? 1 : 0); }
 
 static double *rnd(int64_t n, uint32_t *seed, double scale) {
     double *x = malloc((size_t)n * 8);
-    for (int64_t i = 0; i < n; i++) x[i] = (double)(float)(scale * (2 * urand(seed) - 1));
+    for (int64_t i = 0; i < n; i++) x[i] = (double)(float)(scale * (2 * rand_unit_d(seed) - 1));
     return x;
 }
 
@@ -156,10 +155,10 @@ static void check_mha(const mcase *c, uint32_t seed, attn_isa isa) {
     x.mask_f = malloc((size_t)(N * H * L * S) * 4), x.mask_b = malloc((size_t)(L * S));
     x.kpm_f = malloc((size_t)(N * S) * 4), x.kpm_b = malloc((size_t)(N * S));
     x.g = malloc((size_t)(N * L * E) * 4), x.keep = malloc((size_t)(N * H * L * S2) * 4);
-    for (int64_t i = 0; i < N * H * L * S; i++) x.mask_f[i] = urand(&seed) < 0.15 ? -INFINITY : (float)(urand(&seed) - 0.5);
-    for (int64_t i = 0; i < L * S; i++) x.mask_b[i] = i % S != 0 && urand(&seed) < 0.3;
-    for (int64_t i = 0; i < N * S; i++) x.kpm_b[i] = i % S != 1 && urand(&seed) < 0.3, x.kpm_f[i] = (float)(urand(&seed) - 0.5);
-    for (int64_t i = 0; i < N * L * E; i++) x.g[i] = (float)(2 * urand(&seed) - 1);
+    for (int64_t i = 0; i < N * H * L * S; i++) x.mask_f[i] = rand_unit_d(&seed) < 0.15 ? -INFINITY : (float)(rand_unit_d(&seed) - 0.5);
+    for (int64_t i = 0; i < L * S; i++) x.mask_b[i] = i % S != 0 && rand_unit_d(&seed) < 0.3;
+    for (int64_t i = 0; i < N * S; i++) x.kpm_b[i] = i % S != 1 && rand_unit_d(&seed) < 0.3, x.kpm_f[i] = (float)(rand_unit_d(&seed) - 0.5);
+    for (int64_t i = 0; i < N * L * E; i++) x.g[i] = (float)(2 * rand_unit_d(&seed) - 1);
     attn_generator gen;
     attn_generator_seed(&gen, 4321);
     if (c->dropout > 0) attn_rand_bernoulli(&gen, x.keep, N * H * L * S2, 1.0 - c->dropout);

@@ -10,10 +10,8 @@
 
 #include "attn.h"
 #include "harness.h"
+#include "test_data.h"
 
-static uint32_t lcg(uint32_t *s) { return *s = *s * 1664525u + 1013904223u; }
-static float urand(uint32_t *s) { return (float)(lcg(s) >> 8) * (1.0f / 16777216.0f); }
-static int pick(uint32_t *s, int n) { return (int)((lcg(s) >> 8) % (uint32_t)n); }
 
 static attn_ctx *make_ctx(attn_isa isa, int threads, uint64_t seed) {
     attn_ctx_params p;
@@ -28,9 +26,7 @@ static attn_ctx *make_ctx(attn_isa isa, int threads, uint64_t seed) {
 
 // The instruction sets to test: every fused one this CPU runs, then the reference.
 static int all_isas(attn_isa *isas) {
-    int n = 0;
-    for (int i = ATTN_ISA_GENERIC; i < 64; i++)
-        if (strcmp(attn_isa_name((attn_isa)i), "?") != 0 && attn_isa_supported((attn_isa)i)) isas[n++] = (attn_isa)i;
+    int n = fused_isas(isas);
     isas[n++] = ATTN_ISA_REF;
     return n;
 }
@@ -53,7 +49,7 @@ static void pair_free(pair *p) { free(p->h), free(p->f); }
 // Random values in [-scale, scale), rounded to dt.
 static pair pair_rand(attn_dtype dt, int64_t n, float scale, uint32_t *seed) {
     pair p = pair_new(n);
-    for (int64_t i = 0; i < n; i++) p.f[i] = scale * (2 * urand(seed) - 1);
+    for (int64_t i = 0; i < n; i++) p.f[i] = scale * (2 * rand_unit(seed) - 1);
     ASSERT_OK(attn_convert(dt, p.h, ATTN_DTYPE_F32, p.f, n));
     ASSERT_OK(attn_convert(ATTN_DTYPE_F32, p.f, dt, p.h, n));
     return p;
@@ -71,18 +67,18 @@ typedef struct mcase {
 
 static mcase random_case(uint32_t *s) {
     mcase c = {0};
-    c.H = 1 + pick(s, 3);
-    c.E = c.H * (int64_t)(4 + 4 * pick(s, 4)); // head dims 4 .. 16
-    c.self = pick(s, 3) == 0;
-    c.kdim = c.self || pick(s, 2) ? c.E : 3 + pick(s, 9);
-    c.vdim = c.self || pick(s, 2) ? c.kdim : 3 + pick(s, 9);
-    c.unbatched = pick(s, 5) == 0;
-    c.N = c.unbatched ? 1 : 1 + pick(s, 3);
-    c.L = 1 + pick(s, 12);
-    c.S = c.self ? c.L : 1 + pick(s, 14);
-    c.bias = pick(s, 4) != 0, c.bias_kv = pick(s, 3) == 0, c.zero_attn = pick(s, 4) == 0;
-    c.batch_first = pick(s, 2);
-    c.mask = pick(s, 4), c.kpm = pick(s, 3) == 0, c.weights = pick(s, 3);
+    c.H = 1 + rand_pick(s, 3);
+    c.E = c.H * (int64_t)(4 + 4 * rand_pick(s, 4)); // head dims 4 .. 16
+    c.self = rand_pick(s, 3) == 0;
+    c.kdim = c.self || rand_pick(s, 2) ? c.E : 3 + rand_pick(s, 9);
+    c.vdim = c.self || rand_pick(s, 2) ? c.kdim : 3 + rand_pick(s, 9);
+    c.unbatched = rand_pick(s, 5) == 0;
+    c.N = c.unbatched ? 1 : 1 + rand_pick(s, 3);
+    c.L = 1 + rand_pick(s, 12);
+    c.S = c.self ? c.L : 1 + rand_pick(s, 14);
+    c.bias = rand_pick(s, 4) != 0, c.bias_kv = rand_pick(s, 3) == 0, c.zero_attn = rand_pick(s, 4) == 0;
+    c.batch_first = rand_pick(s, 2);
+    c.mask = rand_pick(s, 4), c.kpm = rand_pick(s, 3) == 0, c.weights = rand_pick(s, 3);
     return c;
 }
 
@@ -219,8 +215,8 @@ static inputs make_inputs(const mcase *c, attn_dtype dt, uint32_t *seed, float s
     }
     const int64_t nm = c->N * c->H * c->L * c->S;
     x.bmask = calloc((size_t)nm, 1), x.fmask = calloc((size_t)nm, 4), x.kpm = calloc((size_t)(c->N * c->S), 1);
-    for (int64_t i = 0; i < nm; i++) x.bmask[i] = pick(seed, 4) == 0, x.fmask[i] = pick(seed, 6) == 0 ? -INFINITY : urand(seed);
-    for (int64_t i = 0; i < c->N * c->S; i++) x.kpm[i] = pick(seed, 4) == 0;
+    for (int64_t i = 0; i < nm; i++) x.bmask[i] = rand_pick(seed, 4) == 0, x.fmask[i] = rand_pick(seed, 6) == 0 ? -INFINITY : rand_unit(seed);
+    for (int64_t i = 0; i < c->N * c->S; i++) x.kpm[i] = rand_pick(seed, 4) == 0;
     return x;
 }
 
@@ -253,7 +249,7 @@ static int64_t weights_size(const mcase *c) {
 }
 
 static void forward_case(const mcase *c, attn_dtype dt, uint32_t seed, float scale) {
-    attn_isa isas[16];
+    attn_isa isas[17]; // the fused ones and the reference
     const int n_isa = all_isas(isas);
     for (int ii = 0; ii < n_isa; ii++) {
         attn_ctx *ctx = make_ctx(isas[ii], 2, 0);
@@ -413,7 +409,7 @@ static void test_from_state(void) {
 // Training: forward_train and backward of the half module against the float32 module's gradients
 // on the same values; identical bits for 1 and 3 threads.
 static void train_case(const mcase *c, attn_dtype dt, uint32_t seed) {
-    attn_isa isas[16];
+    attn_isa isas[17]; // the fused ones and the reference
     const int n_isa = all_isas(isas);
     for (int ii = 0; ii < n_isa; ii++) {
         attn_ctx *ctx = make_ctx(isas[ii], 1, 0), *ctx3 = make_ctx(isas[ii], 3, 0);
@@ -498,7 +494,7 @@ static void test_training(void) {
 // token by token, against the full causal forward of the same module at every step.
 static void test_cached(void) {
     const attn_dtype types[2] = {ATTN_DTYPE_F16, ATTN_DTYPE_BF16};
-    attn_isa isas[16];
+    attn_isa isas[17]; // the fused ones and the reference
     const int n_isa = all_isas(isas);
     for (int t = 0; t < 2; t++)
         for (int ii = 0; ii < n_isa; ii++)

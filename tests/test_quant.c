@@ -19,24 +19,14 @@
 
 #include "attn.h"
 #include "harness.h"
+#include "test_data.h"
 
 #define QK 32
 
-static uint32_t lcg(uint32_t *s) { return *s = *s * 1664525u + 1013904223u; }
-static float urand(uint32_t *s) { return (float)(lcg(s) >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f; }
 static float *randu(int64_t n, float scale, uint32_t *seed) {
     float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    for (int64_t i = 0; i < n; i++) x[i] = urand(seed) * scale;
+    for (int64_t i = 0; i < n; i++) x[i] = rand_sym(seed) * scale;
     return x;
-}
-
-static attn_ctx *make_ctx(attn_isa isa, int threads) {
-    attn_ctx_params p;
-    attn_ctx_params_init(&p);
-    p.isa = isa, p.n_threads = threads;
-    attn_ctx *ctx = NULL;
-    ASSERT_OK(attn_ctx_create(&p, &ctx));
-    return ctx;
 }
 
 static size_t qbytes(attn_dtype dt, int64_t n) { return (size_t)(n / QK) * attn_dtype_size(dt); }
@@ -112,7 +102,7 @@ static const attn_dtype qtypes[2] = {ATTN_DTYPE_Q8_0, ATTN_DTYPE_Q4_0};
 
 // A block of one kind: random values at a magnitude, ties, one outlier, all zero, denormals.
 static void fill_block(float *x, int kind, float mag, uint32_t *seed) {
-    for (int j = 0; j < QK; j++) x[j] = urand(seed) * mag;
+    for (int j = 0; j < QK; j++) x[j] = rand_sym(seed) * mag;
     switch (kind) {
     case 1: // exact ties of both rounding rules: q + 1/2 steps of d = 1 (Q8_0) and d = 1 or -1 (Q4_0)
         for (int j = 0; j < QK; j++) x[j] = (float)((j % 16) - 8) + 0.5f;
@@ -123,7 +113,7 @@ static void fill_block(float *x, int kind, float mag, uint32_t *seed) {
         break;
     case 3: memset(x, 0, QK * sizeof(float)); break;
     case 4: // negative zeros and denormals
-        for (int j = 0; j < QK; j++) x[j] = j % 3 == 0 ? -0.0f : urand(seed) * 1e-40f;
+        for (int j = 0; j < QK; j++) x[j] = j % 3 == 0 ? -0.0f : rand_sym(seed) * 1e-40f;
         break;
     case 5: // the largest magnitude first, both signs (Q4_0 maps it to nibble 0)
         x[0] = -mag, x[5] = mag;
@@ -250,7 +240,7 @@ static attn_kv_cache *make_cache(attn_ctx *ctx, int64_t B, int64_t Hkv, int64_t 
 }
 
 static void test_cache_storage(void) {
-    attn_ctx *ctx = make_ctx(ATTN_ISA_AUTO, 1);
+    attn_ctx *ctx = test_ctx(ATTN_ISA_AUTO, 1);
     uint32_t seed = 3;
     for (int t = 0; t < 2; t++) {
         const attn_dtype dt = qtypes[t];
@@ -304,7 +294,7 @@ static void ref_on_storage(attn_kv_cache *kc, const attn_sdpa_desc *d, const flo
     void *k, *v;
     attn_kv_cache_storage(kc, &k, r.k_stride, &v, r.v_stride);
     r.n_kv_heads = c->n_kv_heads, r.len_kv = attn_kv_cache_length(kc), r.kv_dtype = c->dtype, r.head_dim_v = c->head_dim_v;
-    attn_ctx *ref = make_ctx(ATTN_ISA_REF, 1);
+    attn_ctx *ref = test_ctx(ATTN_ISA_REF, 1);
     ASSERT_OK(attn_sdpa_fwd(ref, &r, q, k, v, out, lse, NULL));
     attn_ctx_free(ref);
 }
@@ -319,7 +309,7 @@ static void test_cache_kernels(void) {
         for (int ii = 0; ii < 3; ii++) {
             if (!attn_isa_supported(isas[ii])) continue;
             for (int threads = 1; threads <= 2; threads++) {
-                attn_ctx *ctx = make_ctx(isas[ii], threads);
+                attn_ctx *ctx = test_ctx(isas[ii], threads);
                 const attn_dtype dt = qtypes[t];
                 const int64_t B = 2, Hkv = 2, H = 8, D = 64, Dv = 96, cap = 1700;
                 attn_kv_cache *kc = make_cache(ctx, B, Hkv, D, Dv, cap, dt);
@@ -380,7 +370,7 @@ static void test_attention_bound(void) {
             const attn_dtype dt = qtypes[t];
             const double c = dt == ATTN_DTYPE_Q8_0 ? 1.0 / 254 + ldexp(1, -11) + ldexp(1, -20) : 1.0 / 8 + ldexp(1, -10);
             const double a = dt == ATTN_DTYPE_Q8_0 ? ldexp(1, -18) : ldexp(1, -21);
-            attn_ctx *ctx = make_ctx(ATTN_ISA_AUTO, 2), *ref = make_ctx(ATTN_ISA_REF, 1);
+            attn_ctx *ctx = test_ctx(ATTN_ISA_AUTO, 2), *ref = test_ctx(ATTN_ISA_REF, 1);
             const int64_t H = 4, Hkv = 2, D = 64, S = 700;
             const float qmag = mode == 1 ? 6.0f : 1.0f; // mode 1: large logits
             float *k = randu(Hkv * S * D, 1.0f, &seed), *v = randu(Hkv * S * D, 1.0f, &seed);
@@ -443,7 +433,7 @@ static void test_direct_sdpa(void) {
         attn_layout_strides(ATTN_LAYOUT_BLHD, B, Hkv, S, D, d.k_stride);
         attn_layout_strides(ATTN_LAYOUT_BLHD, B, Hkv, S, Dv, d.v_stride);
         attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, L, Dv, d.o_stride);
-        attn_ctx *ctx = make_ctx(ATTN_ISA_AUTO, 2), *ref = make_ctx(ATTN_ISA_REF, 1);
+        attn_ctx *ctx = test_ctx(ATTN_ISA_AUTO, 2), *ref = test_ctx(ATTN_ISA_REF, 1);
         ASSERT_OK(attn_sdpa_fwd(ctx, &d, q, k, v, o1, NULL, NULL));
         ASSERT_OK(attn_sdpa_fwd(ref, &d, q, k, v, o2, NULL, NULL));
         ASSERT_CLOSE(o1, o2, B * H * L * Dv, 2e-6, 2e-5);
@@ -496,7 +486,7 @@ static void test_direct_sdpa(void) {
 // The module's cached forward on a quantised cache follows the float forward within the bound's
 // scale (head_dim 32).
 static void test_module_cached(void) {
-    attn_ctx *ctx = make_ctx(ATTN_ISA_AUTO, 2);
+    attn_ctx *ctx = test_ctx(ATTN_ISA_AUTO, 2);
     attn_generator_seed(attn_ctx_generator(ctx), 1);
     const int64_t E = 64, H = 2, T = 12;
     attn_mha_config cfg;

@@ -13,6 +13,7 @@
 
 #include "attn.h"
 #include "harness.h"
+#include "test_data.h"
 
 // Sanitizers keep freed memory aside and map shadow memory: resident memory is theirs to grow.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -46,8 +47,6 @@ static void count_free(void *user, void *p) {
     free(p);
 }
 
-static uint32_t lcg(uint32_t *s) { return *s = *s * 1664525u + 1013904223u; }
-static float urand(uint32_t *s) { return (float)(lcg(s) >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f; }
 
 // Resident memory in bytes (Linux /proc/self/statm), -1 where it cannot be read.
 // Resident anonymous memory: statm's resident pages minus its shared (file-backed) ones, so code
@@ -125,7 +124,7 @@ static void test_decode_loop_every_cache_type(void) {
                 for (int t = 0; t < N_TYPES; t++) ASSERT_OK(attn_kv_cache_truncate(ctx, cache[t], len));
                 truncations++;
             }
-            for (int64_t i = 0; i < B * HKV * n * D; i++) knew[i] = urand(&seed) * 3.0f, vnew[i] = urand(&seed);
+            for (int64_t i = 0; i < B * HKV * n * D; i++) knew[i] = rand_sym(&seed) * 3.0f, vnew[i] = rand_sym(&seed);
             for (int t = 0; t < N_TYPES; t++) ASSERT_OK(attn_kv_cache_append(ctx, cache[t], n, knew, NULL, vnew, NULL));
             for (int64_t bh = 0; bh < B * HKV; bh++)
                 for (int64_t i = 0; i < n; i++) {
@@ -144,7 +143,7 @@ static void test_decode_loop_every_cache_type(void) {
         }
         for (int t = 0; t < N_TYPES; t++) ASSERT_EQ_INT(attn_kv_cache_length(cache[t]), len);
         if (len == 0) continue;
-        for (int64_t i = 0; i < B * H * D; i++) q[i] = urand(&seed);
+        for (int64_t i = 0; i < B * H * D; i++) q[i] = rand_sym(&seed);
         for (int t = 0; t < N_TYPES; t++) attend(ctx, cache[t], q, out[t]);
         if (step == warm) allocs_after_warm = atomic_load(&cnt.allocs), rss_warm = resident_bytes();
     }

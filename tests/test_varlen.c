@@ -9,18 +9,8 @@
 
 #include "attn.h"
 #include "harness.h"
+#include "test_data.h"
 
-static uint32_t lcg(uint32_t *s) { return *s = *s * 1664525u + 1013904223u; }
-static float urand(uint32_t *s) { return (float)(lcg(s) >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f; }
-
-static attn_ctx *make_ctx(attn_isa isa, int threads) {
-    attn_ctx_params p;
-    attn_ctx_params_init(&p);
-    p.isa = isa, p.n_threads = threads;
-    attn_ctx *ctx = NULL;
-    ASSERT_OK(attn_ctx_create(&p, &ctx));
-    return ctx;
-}
 
 typedef struct config {
     int n;                  // sequences
@@ -47,8 +37,8 @@ static void check_config(const config *c, attn_isa isa, int threads, uint32_t se
     const int64_t TQ = cu_q[c->n], TK = cu_k[c->n], H = c->H, Hkv = c->Hkv, D = c->D;
     const int64_t nq = TQ * H * D, nk = TK * Hkv * D;
     float *q = malloc((size_t)nq * 4), *k = malloc((size_t)nk * 4), *v = malloc((size_t)nk * 4), *g = malloc((size_t)nq * 4);
-    for (int64_t i = 0; i < nq; i++) q[i] = urand(&seed), g[i] = urand(&seed);
-    for (int64_t i = 0; i < nk; i++) k[i] = urand(&seed), v[i] = urand(&seed);
+    for (int64_t i = 0; i < nq; i++) q[i] = rand_sym(&seed), g[i] = rand_sym(&seed);
+    for (int64_t i = 0; i < nk; i++) k[i] = rand_sym(&seed), v[i] = rand_sym(&seed);
     if (c->kvdt != ATTN_DTYPE_F32) { // the values k and v hold are their rounding
         for (int64_t i = 0; i < nk; i++) {
             uint16_t h[2];
@@ -70,14 +60,14 @@ static void check_config(const config *c, attn_isa isa, int threads, uint32_t se
     packed_strides(H, D, d.o_stride);
     float *out = malloc((size_t)nq * 4), *lse = malloc((size_t)(H * TQ) * 4);
     float *dq = malloc((size_t)nq * 4), *dk = malloc((size_t)nk * 4), *dv = malloc((size_t)nk * 4);
-    attn_ctx *ctx = make_ctx(isa, threads);
+    attn_ctx *ctx = test_ctx(isa, threads);
     attn_generator_seed(attn_ctx_generator(ctx), 99);
     const attn_generator start = *attn_ctx_generator(ctx);
     ASSERT_OK(attn_sdpa_varlen_fwd(ctx, &d, cu_q, cu_k, q, kp, vp, out, lse));
     ASSERT_OK(attn_sdpa_varlen_bwd(ctx, &d, cu_q, cu_k, q, kp, vp, out, g, lse, &start, dq, dk, dv));
 
     // the loop over the sequences, on the reference, one generator consumed in order
-    attn_ctx *ref = make_ctx(ATTN_ISA_REF, 1);
+    attn_ctx *ref = test_ctx(ATTN_ISA_REF, 1);
     attn_generator_seed(attn_ctx_generator(ref), 99);
     for (int b = 0; b < c->n; b++) {
         const int64_t L = c->Lq[b], S = c->Sk[b];
@@ -152,7 +142,7 @@ static void test_against_sequence_loop(void) {
 }
 
 static void test_errors(void) {
-    attn_ctx *ctx = make_ctx(ATTN_ISA_AUTO, 1);
+    attn_ctx *ctx = test_ctx(ATTN_ISA_AUTO, 1);
     float q[64] = {0}, k[64] = {0}, v[64] = {0}, o[64], l[8], g[64] = {0};
     attn_sdpa_desc d;
     attn_sdpa_desc_init(&d);
