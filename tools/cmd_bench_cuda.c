@@ -54,6 +54,57 @@ static double pairs(const cuda_bench_opts *o) {
     return n;
 }
 
+// One timed run: run r of -warmup .. repeat - 1 (the sdpa step picks its input set by it).
+typedef attn_status (*bench_step)(void *arg, int64_t r);
+
+// Runs step between two CUDA events on the default stream --warmup times untimed, then --repeat
+// times into ms (sorted on return). Returns EXIT_OK, or EXIT_FAILURE_RUN with the failure printed.
+static int time_steps(const cuda_bench_opts *o, attn_cuda_ctx *ctx, bench_step step, void *arg, float *ms) {
+    cudaEvent_t ev[2] = {NULL, NULL};
+    int rc = EXIT_OK;
+    if (cudaEventCreate(&ev[0]) != cudaSuccess || cudaEventCreate(&ev[1]) != cudaSuccess) {
+        rc = cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: CUDA events cannot be made");
+        goto done;
+    }
+    for (int64_t r = -o->warmup; r < o->repeat; r++) {
+        cudaEventRecord(ev[0], NULL);
+        const attn_status st = step(arg, r);
+        cudaEventRecord(ev[1], NULL);
+        if (st != ATTN_OK || cudaEventSynchronize(ev[1]) != cudaSuccess) {
+            rc = cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: %s", st != ATTN_OK ? attn_cuda_ctx_last_error(ctx) : "a run failed");
+            goto done;
+        }
+        if (r >= 0) cudaEventElapsedTime(&ms[r], ev[0], ev[1]);
+    }
+    qsort(ms, (size_t)o->repeat, sizeof *ms, cmp_float);
+done:
+    if (ev[0] != NULL) cudaEventDestroy(ev[0]);
+    if (ev[1] != NULL) cudaEventDestroy(ev[1]);
+    return rc;
+}
+
+// --op sdpa: the forward (and the backward) on input set r % sets of `mem`.
+typedef struct sdpa_step_arg {
+    const cuda_bench_opts *o;
+    attn_cuda_ctx *ctx;
+    const attn_sdpa_desc *d;
+    unsigned char *mem;
+    size_t set_bytes, esz, nq, nk, lse_at;
+} sdpa_step_arg;
+
+static attn_status sdpa_step(void *arg, int64_t r) {
+    const sdpa_step_arg *a = arg;
+    const size_t nq = a->nq, nk = a->nk, esz = a->esz;
+    unsigned char *base = a->mem + (size_t)((r + a->o->warmup) % a->o->sets) * a->set_bytes;
+    void *q = base, *k = base + nq * esz, *v = base + (nq + nk) * esz, *out = base + (nq + 2 * nk) * esz;
+    unsigned char *g = base + (2 * nq + 2 * nk) * esz; // dout, dq, dk, dv
+    float *lse = (float *)(base + a->lse_at);
+    attn_status st = attn_cuda_sdpa_fwd(a->ctx, a->d, q, k, v, out, a->o->backward ? lse : NULL);
+    if (st == ATTN_OK && a->o->backward)
+        st = attn_cuda_sdpa_bwd(a->ctx, a->d, q, k, v, out, g, lse, g + nq * esz, g + 2 * nq * esz, g + (2 * nq + nk) * esz, NULL);
+    return st;
+}
+
 static int run_sdpa(const cuda_bench_opts *o, attn_dtype dt) {
     char why[256];
     if (attn_cuda_probe(0, why, sizeof why) != ATTN_OK) return cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: %s", why);
@@ -85,14 +136,12 @@ static int run_sdpa(const cuda_bench_opts *o, attn_dtype dt) {
     float *host = malloc((nq > nk ? nq : nk) * sizeof(float));
     void *conv = malloc((nq > nk ? nq : nk) * esz);
     float *ms = malloc((size_t)o->repeat * sizeof(float));
-    cudaEvent_t ev[2] = {NULL, NULL};
     if ((st = attn_cuda_sdpa_kernel_name(ctx, &d, &kernel)) != ATTN_OK ||
         (o->backward && (st = attn_cuda_sdpa_bwd_kernel_name(ctx, &d, &bwd_kernel)) != ATTN_OK)) {
         rc = cli_error("bench", EXIT_USAGE, "--device cuda: %s", attn_cuda_ctx_last_error(ctx));
         goto done;
     }
-    if (host == NULL || conv == NULL || ms == NULL || cudaMalloc((void **)&mem, set_bytes * (size_t)o->sets) != cudaSuccess ||
-        cudaEventCreate(&ev[0]) != cudaSuccess || cudaEventCreate(&ev[1]) != cudaSuccess) {
+    if (host == NULL || conv == NULL || ms == NULL || cudaMalloc((void **)&mem, set_bytes * (size_t)o->sets) != cudaSuccess) {
         rc = cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: %zu bytes of inputs cannot be had", set_bytes * (size_t)o->sets);
         goto done;
     }
@@ -110,23 +159,9 @@ static int run_sdpa(const cuda_bench_opts *o, attn_dtype dt) {
         cudaMemcpy(base + (nq + nk) * esz, conv, nk * esz, cudaMemcpyHostToDevice);
         if (o->backward) cudaMemcpy(base + (2 * nq + 2 * nk) * esz, conv, nq * esz, cudaMemcpyHostToDevice); // dout
     }
-    for (int64_t r = -o->warmup; r < o->repeat; r++) {
-        unsigned char *base = mem + (size_t)((r + o->warmup) % o->sets) * set_bytes;
-        void *q = base, *k = base + nq * esz, *v = base + (nq + nk) * esz, *out = base + (nq + 2 * nk) * esz;
-        unsigned char *g = base + (2 * nq + 2 * nk) * esz; // dout, dq, dk, dv
-        float *lse = (float *)(base + lse_at);
-        cudaEventRecord(ev[0], NULL);
-        st = attn_cuda_sdpa_fwd(ctx, &d, q, k, v, out, o->backward ? lse : NULL);
-        if (st == ATTN_OK && o->backward)
-            st = attn_cuda_sdpa_bwd(ctx, &d, q, k, v, out, g, lse, g + nq * esz, g + 2 * nq * esz, g + (2 * nq + nk) * esz, NULL);
-        cudaEventRecord(ev[1], NULL);
-        if (st != ATTN_OK || cudaEventSynchronize(ev[1]) != cudaSuccess) {
-            rc = cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: %s", st != ATTN_OK ? attn_cuda_ctx_last_error(ctx) : "a run failed");
-            goto done;
-        }
-        if (r >= 0) cudaEventElapsedTime(&ms[r], ev[0], ev[1]);
-    }
-    qsort(ms, (size_t)o->repeat, sizeof *ms, cmp_float);
+    sdpa_step_arg sa = {.o = o, .ctx = ctx, .d = &d, .mem = mem, .set_bytes = set_bytes, .esz = esz, .nq = nq, .nk = nk,
+                        .lse_at = lse_at};
+    if ((rc = time_steps(o, ctx, sdpa_step, &sa, ms)) != EXIT_OK) goto done;
     snprintf(kernels, sizeof kernels, "%s%s%s", kernel, bwd_kernel != NULL ? "+" : "", bwd_kernel != NULL ? bwd_kernel : "");
     kernel = kernels;
     const double flops = (o->backward ? 3.5 : 1.0) * 4.0 * (double)(o->B * o->H * o->D) * pairs(o);
@@ -144,12 +179,30 @@ static int run_sdpa(const cuda_bench_opts *o, attn_dtype dt) {
                props.name, o->backward ? "true" : "false", o->dropout, o->dtype, kernel, (long long)o->B, (long long)o->H, (long long)o->Hkv, (long long)o->L,
                (long long)o->S, (long long)o->D, o->causal ? "true" : "false", med, ms[0], tflops);
 done:
-    if (ev[0] != NULL) cudaEventDestroy(ev[0]);
-    if (ev[1] != NULL) cudaEventDestroy(ev[1]);
     cudaFree(mem);
     free(host), free(conv), free(ms);
     attn_cuda_ctx_free(ctx);
     return rc;
+}
+
+// --op mha: the module's forward (forward_train and backward with --backward).
+typedef struct mha_step_arg {
+    const cuda_bench_opts *o;
+    attn_cuda_ctx *ctx;
+    attn_cuda_mha *m;
+    const attn_cuda_mha_args *a;
+    void *out, *saved, *dx;
+    size_t saved_size;
+    float **dparams;
+} mha_step_arg;
+
+static attn_status mha_step(void *arg, int64_t r) {
+    (void)r;
+    const mha_step_arg *s = arg;
+    if (!s->o->backward) return attn_cuda_mha_forward(s->ctx, s->m, s->a, s->out);
+    attn_status st = attn_cuda_mha_forward_train(s->ctx, s->m, s->a, s->out, s->saved, s->saved_size);
+    if (st == ATTN_OK) st = attn_cuda_mha_backward(s->ctx, s->m, s->a, s->saved, s->saved_size, s->out, s->dx, NULL, NULL, s->dparams);
+    return st;
 }
 
 // --op mha: the module on the GPU, self-attention on (L, B, E).
@@ -169,7 +222,6 @@ static int run_mha(const cuda_bench_opts *o, attn_dtype dt) {
     void *x = NULL, *out = NULL, *saved = NULL, *dx = NULL;
     float *dparams[8] = {0};
     size_t saved_size = 0;
-    cudaEvent_t ev[2] = {NULL, NULL};
     if (attn_ctx_create(NULL, &cpu) != ATTN_OK || attn_mha_create(cpu, &cfg, &host) != ATTN_OK ||
         attn_cuda_ctx_create(NULL, &ctx) != ATTN_OK) {
         cli_error("bench", EXIT_FAILURE_RUN, "--device cuda --op mha: the module cannot be made");
@@ -183,8 +235,7 @@ static int run_mha(const cuda_bench_opts *o, attn_dtype dt) {
     attn_cuda_mha_args_init(&a);
     a.base.batch = o->B, a.base.len_q = o->L, a.base.causal = o->causal, a.base.training = o->backward;
     if (ms == NULL || cudaMalloc(&x, nx * es) != cudaSuccess || cudaMalloc(&out, nx * es) != cudaSuccess ||
-        cudaMalloc(&dx, nx * es) != cudaSuccess || cudaEventCreate(&ev[0]) != cudaSuccess ||
-        cudaEventCreate(&ev[1]) != cudaSuccess) {
+        cudaMalloc(&dx, nx * es) != cudaSuccess) {
         cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: memory for the inputs cannot be had");
         goto done;
     }
@@ -200,22 +251,15 @@ static int run_mha(const cuda_bench_opts *o, attn_dtype dt) {
             int64_t sh[3], n = 1;
             attn_mha_param_typed_at(host, i, NULL, &ndim, sh, NULL, NULL);
             for (int d = 0; d < ndim; d++) n *= sh[d];
-            if (cudaMalloc((void **)&dparams[i], (size_t)n * sizeof(float)) != cudaSuccess) goto done;
+            if (cudaMalloc((void **)&dparams[i], (size_t)n * sizeof(float)) != cudaSuccess) {
+                cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: memory for the parameters' gradients cannot be had");
+                goto done;
+            }
         }
     }
-    for (int64_t r = -o->warmup; r < o->repeat; r++) {
-        cudaEventRecord(ev[0], NULL);
-        attn_status st = o->backward ? attn_cuda_mha_forward_train(ctx, m, &a, out, saved, saved_size)
-                                     : attn_cuda_mha_forward(ctx, m, &a, out);
-        if (st == ATTN_OK && o->backward) st = attn_cuda_mha_backward(ctx, m, &a, saved, saved_size, out, dx, NULL, NULL, dparams);
-        cudaEventRecord(ev[1], NULL);
-        if (st != ATTN_OK || cudaEventSynchronize(ev[1]) != cudaSuccess) {
-            cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: %s", st != ATTN_OK ? attn_cuda_ctx_last_error(ctx) : "a run failed");
-            goto done;
-        }
-        if (r >= 0) cudaEventElapsedTime(&ms[r], ev[0], ev[1]);
-    }
-    qsort(ms, (size_t)o->repeat, sizeof *ms, cmp_float);
+    mha_step_arg sa = {.o = o, .ctx = ctx, .m = m, .a = &a, .out = out, .saved = saved, .dx = dx, .saved_size = saved_size,
+                       .dparams = dparams};
+    if (time_steps(o, ctx, mha_step, &sa, ms) != EXIT_OK) goto done;
     const double pairs_ = o->causal ? (double)o->L * (double)(o->L + 1) / 2.0 : (double)o->L * (double)o->L;
     const double fwd = 8.0 * (double)o->B * (double)o->L * (double)o->E * (double)o->E + 4.0 * (double)o->B * (double)o->E * pairs_;
     const double med = ms[o->repeat / 2], tflops = (o->backward ? 3.0 : 1.0) * fwd / (med * 1e-3) / 1e12;
@@ -229,8 +273,6 @@ static int run_mha(const cuda_bench_opts *o, attn_dtype dt) {
                o->causal ? "true" : "false", med, ms[0], tflops);
     rc = EXIT_OK;
 done:
-    if (ev[0] != NULL) cudaEventDestroy(ev[0]);
-    if (ev[1] != NULL) cudaEventDestroy(ev[1]);
     cudaFree(x), cudaFree(out), cudaFree(dx), cudaFree(saved);
     for (int i = 0; i < 8; i++) cudaFree(dparams[i]);
     free(ms);
@@ -239,6 +281,22 @@ done:
     attn_mha_free(host);
     attn_ctx_free(cpu);
     return rc;
+}
+
+// --op decode: one attend of the new queries against the cache.
+typedef struct decode_step_arg {
+    attn_cuda_ctx *ctx;
+    attn_cuda_kv_cache *cache;
+    const attn_sdpa_desc *d;
+    const int64_t *cu_q;
+    const void *q;
+    void *out;
+} decode_step_arg;
+
+static attn_status decode_step(void *arg, int64_t r) {
+    (void)r;
+    const decode_step_arg *s = arg;
+    return attn_cuda_kv_cache_attend(s->ctx, s->cache, s->d, s->cu_q, s->q, s->out, NULL);
 }
 
 // --op decode: one new token per sequence against a filled KV cache.
@@ -253,20 +311,21 @@ static int run_decode(const cuda_bench_opts *o, attn_dtype dt) {
     void *rows = NULL, *q = NULL, *out = NULL;
     float *ms = malloc((size_t)o->repeat * sizeof(float));
     int64_t *n = malloc((size_t)o->B * sizeof(int64_t)), *cu_q = malloc((size_t)(o->B + 1) * sizeof(int64_t));
-    cudaEvent_t ev[2] = {NULL, NULL};
     attn_cuda_kv_cache_config cfg;
     attn_cuda_kv_cache_config_init(&cfg);
     cfg.batch = o->B, cfg.n_kv_heads = o->Hkv, cfg.head_dim = o->D, cfg.capacity = o->S, cfg.dtype = dt;
     cfg.page_size = o->page_size;
-    if (ms == NULL || n == NULL || cu_q == NULL || attn_cuda_ctx_create(NULL, &ctx) != ATTN_OK) goto done;
+    if (ms == NULL || n == NULL || cu_q == NULL || attn_cuda_ctx_create(NULL, &ctx) != ATTN_OK) {
+        cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: the context cannot be made");
+        goto done;
+    }
     if (attn_cuda_kv_cache_create(ctx, &cfg, &cache) != ATTN_OK) {
         cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: %s", attn_cuda_ctx_last_error(ctx));
         goto done;
     }
     const size_t chunk_bytes = (size_t)(o->B * chunk * o->Hkv * o->D) * es, q_bytes = (size_t)(o->B * o->H * o->D) * es;
     if (cudaMalloc(&rows, chunk_bytes) != cudaSuccess || cudaMalloc(&q, q_bytes) != cudaSuccess ||
-        cudaMalloc(&out, q_bytes) != cudaSuccess || cudaEventCreate(&ev[0]) != cudaSuccess ||
-        cudaEventCreate(&ev[1]) != cudaSuccess) {
+        cudaMalloc(&out, q_bytes) != cudaSuccess) {
         cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: memory for the inputs cannot be had");
         goto done;
     }
@@ -285,17 +344,8 @@ static int run_decode(const cuda_bench_opts *o, attn_dtype dt) {
     d.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
     d.q_stride[1] = d.o_stride[1] = o->D, d.q_stride[2] = d.o_stride[2] = o->H * o->D, d.q_stride[3] = d.o_stride[3] = 1;
     d.q_dtype = d.kv_dtype = d.out_dtype = dt;
-    for (int64_t r = -o->warmup; r < o->repeat; r++) {
-        cudaEventRecord(ev[0], NULL);
-        const attn_status st = attn_cuda_kv_cache_attend(ctx, cache, &d, cu_q, q, out, NULL);
-        cudaEventRecord(ev[1], NULL);
-        if (st != ATTN_OK || cudaEventSynchronize(ev[1]) != cudaSuccess) {
-            cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: %s", st != ATTN_OK ? attn_cuda_ctx_last_error(ctx) : "a run failed");
-            goto done;
-        }
-        if (r >= 0) cudaEventElapsedTime(&ms[r], ev[0], ev[1]);
-    }
-    qsort(ms, (size_t)o->repeat, sizeof *ms, cmp_float);
+    decode_step_arg sa = {.ctx = ctx, .cache = cache, .d = &d, .cu_q = cu_q, .q = q, .out = out};
+    if (time_steps(o, ctx, decode_step, &sa, ms) != EXIT_OK) goto done;
     const double med = ms[o->repeat / 2], bytes = 2.0 * (double)(o->B * o->Hkv) * (double)o->S * (double)o->D * (double)es;
     const double gbps = bytes / (med * 1e-3) / 1e9;
     printf("cuda decode %s B=%lld H=%lld Hkv=%lld S=%lld D=%lld page_size=%lld: median %.4f ms (min %.4f) of %lld, %.0f GB/s "
@@ -309,8 +359,6 @@ static int run_decode(const cuda_bench_opts *o, attn_dtype dt) {
                (long long)o->page_size, med, ms[0], gbps);
     rc = EXIT_OK;
 done:
-    if (ev[0] != NULL) cudaEventDestroy(ev[0]);
-    if (ev[1] != NULL) cudaEventDestroy(ev[1]);
     cudaFree(rows), cudaFree(q), cudaFree(out);
     free(ms), free(n), free(cu_q);
     attn_cuda_kv_cache_free(cache);
