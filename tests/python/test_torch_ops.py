@@ -291,6 +291,48 @@ class TestScaledDotProductAttention(unittest.TestCase, Close):
         finally:
             _cuda._found[:] = saved
 
+    def test_cuda_contexts_follow_deterministic_algorithms(self):
+        # a context per (device, deterministic): run() asks for the deterministic one under
+        # torch.use_deterministic_algorithms(True); checked on a stand-in for libattn_cuda that
+        # records the parameters each context is created with
+        class FakeLib:
+            def __init__(self):
+                self.created = []
+
+            def attn_cuda_ctx_params_init(self, params):
+                p = params._obj
+                p.device, p.stream, p.kernels, p.deterministic = 0, None, 0, 0
+
+            def attn_cuda_ctx_create(self, params, out):
+                p = params._obj
+                self.created.append((p.device, p.deterministic))
+                out._obj.value = 1000 + len(self.created)
+                return attn._lib.OK
+
+        saved = getattr(_cuda._local, "ctxs", None)
+        _cuda._local.ctxs = {}
+        try:
+            fake = FakeLib()
+            dev = torch.device("cuda", 1)
+            plain = _cuda._context(fake, dev)
+            det = _cuda._context(fake, dev, True)
+            self.assertEqual(fake.created, [(1, 0), (1, 1)])
+            self.assertNotEqual(plain.value, det.value)
+            self.assertIs(_cuda._context(fake, dev, False), plain)
+            self.assertIs(_cuda._context(fake, dev, True), det)
+            self.assertEqual(len(fake.created), 2)  # made once each
+            was = torch.are_deterministic_algorithms_enabled()
+            try:
+                torch.use_deterministic_algorithms(True)
+                self.assertTrue(torch.are_deterministic_algorithms_enabled())  # what run() passes on
+            finally:
+                torch.use_deterministic_algorithms(was)
+        finally:
+            if saved is None:
+                del _cuda._local.ctxs
+            else:
+                _cuda._local.ctxs = saved
+
     def test_cuda_context_without_gpu(self):
         # with libattn_cuda found but no usable GPU, the context says why, as a status and one line
         found = _cuda.library()

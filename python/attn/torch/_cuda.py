@@ -6,8 +6,11 @@ up like libattn: $ATTN_CUDA_LIBRARY, this package's folder, build/ of the source
 loader.
 
 The torch ops (_call.py) build the descriptor as for CPU tensors and call run() here: one
-attn_cuda_ctx per (thread, device), whose stream is set to torch.cuda.current_stream(device) before
-every call, so the work is ordered with torch's. Without libattn_cuda, run() raises
+attn_cuda_ctx per (thread, device, deterministic), whose stream is set to
+torch.cuda.current_stream(device) before every call, so the work is ordered with torch's. Under
+torch.use_deterministic_algorithms(True) the calls go to a context made with
+attn_cuda_ctx_params.deterministic set, so the backward's dQ is summed without atomics (the same
+bits on every run) instead of raising, as torch's own deterministic fallbacks do. Without libattn_cuda, run() raises
 AttnError(ATTN_ERR_UNSUPPORTED) saying so.
 """
 import ctypes
@@ -81,24 +84,27 @@ def library():
     return _found[0]
 
 
-def _context(lib, device):
-    """This thread's attn_cuda_ctx for `device` (a torch.device of type cuda), created on first use."""
+def _context(lib, device, deterministic=False):
+    """This thread's attn_cuda_ctx for `device` (a torch.device of type cuda) and the deterministic
+    flag, created on first use."""
     ctxs = getattr(_local, "ctxs", None)
     if ctxs is None:
         ctxs = _local.ctxs = {}
     index = device.index if device.index is not None else 0
-    ctx = ctxs.get(index)
+    key = (index, bool(deterministic))
+    ctx = ctxs.get(key)
     if ctx is None:
         params = _CtxParams()
         lib.attn_cuda_ctx_params_init(ctypes.byref(params))
         params.device = index
+        params.deterministic = 1 if deterministic else 0
         ptr = ctypes.c_void_p()
         status = lib.attn_cuda_ctx_create(ctypes.byref(params), ctypes.byref(ptr))
         if status != _lib.OK:
             why = ctypes.create_string_buffer(256)
             lib.attn_cuda_probe(index, why, 256)
             raise AttnError(status, "cuda:%d: %s" % (index, why.value.decode(errors="replace")))
-        ctx = ctxs[index] = ptr
+        ctx = ctxs[key] = ptr
     return ctx
 
 
@@ -115,7 +121,7 @@ def run(name, device, desc, *pointers):
                         "CPU tensors run on libattn" % (device,))
     lib = found[0]
     with torch.cuda.device(device):
-        ctx = _context(lib, device)
+        ctx = _context(lib, device, torch.are_deterministic_algorithms_enabled())
         status = lib.attn_cuda_ctx_set_stream(ctx, ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream))
         if status == _lib.OK:
             status = getattr(lib, name)(ctx, ctypes.byref(desc), *pointers)
