@@ -39,6 +39,22 @@ typedef struct saved_header {
     int64_t N, L, S2, E, H, dtype;
 } saved_header;
 
+// The widened masks of a pass (forward and backward each widen their own): the causal mask as
+// bool (L, S2), or the attention mask padded to S2 columns, and the padded key padding mask; NULL
+// where the plan needs none.
+static void take_masks(const attn__mha_spec *spec, const attn__mha_io *io, const attn__mha_plan *plan, attn__arena *a,
+                       void **mask, void **kpm) {
+    const size_t N = (size_t)io->N, L = (size_t)io->L, S2 = (size_t)plan->S2;
+    *mask = NULL;
+    if (plan->causal_mask) {
+        *mask = attn__arena_take(a, L * S2);
+    } else if (plan->pad_mask) {
+        const size_t rows = io->attn_mask_ndim == 3 ? N * (size_t)spec->H : 1;
+        *mask = attn__arena_take(a, rows * L * S2 * attn_dtype_size(io->attn_mask_dtype));
+    }
+    *kpm = plan->pad_kpm ? attn__arena_take(a, N * S2 * attn_dtype_size(io->kpm_dtype)) : NULL;
+}
+
 static void core_layout(const attn__mha_spec *spec, const attn__mha_io *io, const attn__mha_plan *plan,
                         attn__arena *a, attn__arena *sv, core_bufs *b) {
     const size_t E = (size_t)spec->E, N = (size_t)io->N, L = (size_t)io->L, S2 = (size_t)plan->S2;
@@ -55,14 +71,7 @@ static void core_layout(const attn__mha_spec *spec, const attn__mha_io *io, cons
     b->vb = attn__arena_take(keep, N * S2 * E * f);
     b->cb = spec->wo != NULL || sv != NULL ? attn__arena_take(keep, N * L * E * f) : NULL;
     b->lse = sv != NULL ? attn__arena_take(sv, N * (size_t)spec->H * L * f) : NULL;
-    b->mask = NULL;
-    if (plan->causal_mask) {
-        b->mask = attn__arena_take(a, L * S2);
-    } else if (plan->pad_mask) {
-        size_t rows = io->attn_mask_ndim == 3 ? N * (size_t)spec->H : 1;
-        b->mask = attn__arena_take(a, rows * L * S2 * attn_dtype_size(io->attn_mask_dtype));
-    }
-    b->kpm = plan->pad_kpm ? attn__arena_take(a, N * S2 * attn_dtype_size(io->kpm_dtype)) : NULL;
+    take_masks(spec, io, plan, a, &b->mask, &b->kpm);
     b->sdpa_ws = attn__arena_take(a, plan->sdpa_ws_size);
     b->linear_ws = attn__arena_take(a, plan->linear_ws_size);
 }
@@ -82,14 +91,7 @@ static void bwd_layout(const attn__mha_spec *spec, const attn__mha_io *io, const
     b->dqb = attn__arena_take(a, N * L * E * f);
     b->dkb = attn__arena_take(a, N * S2 * E * f);
     b->dvb = attn__arena_take(a, N * S2 * E * f);
-    b->mask = NULL;
-    if (plan->causal_mask) {
-        b->mask = attn__arena_take(a, L * S2);
-    } else if (plan->pad_mask) {
-        size_t rows = io->attn_mask_ndim == 3 ? N * (size_t)spec->H : 1;
-        b->mask = attn__arena_take(a, rows * L * S2 * attn_dtype_size(io->attn_mask_dtype));
-    }
-    b->kpm = plan->pad_kpm ? attn__arena_take(a, N * S2 * attn_dtype_size(io->kpm_dtype)) : NULL;
+    take_masks(spec, io, plan, a, &b->mask, &b->kpm);
     b->sdpa_ws = attn__arena_take(a, plan->sdpa_bwd_ws_size);
     b->mm_ws = attn__arena_take(a, plan->matmul_ws_size);
 }
