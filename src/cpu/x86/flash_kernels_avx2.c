@@ -8,6 +8,7 @@
 #include <math.h>
 
 #include "cpu/cpu.h"
+#include "cpu/unroll.h"
 #include "cpu/x86/decode_prefetch.h"
 #include "cpu/x86/quant_kernels.h"
 #include "half.h"
@@ -185,100 +186,30 @@ static void softmax_avx2(float *st, int nj, int br, float *m, float *l, float *a
     }
 }
 
-// ot rows d0..d0+5 (6 output features) for 16 columns, accumulated over the tile's nj keys.
-static inline void pv_6rows(const float *v, int64_t vs_row, int64_t vs_d, int nj, const float *st, int br,
-                            __m256 al0, __m256 al1, float *ot) {
-    float *o = ot;
-    __m256 a00 = _mm256_mul_ps(_mm256_load_ps(o), al0), a01 = _mm256_mul_ps(_mm256_load_ps(o + 8), al1);
-    o += br;
-    __m256 a10 = _mm256_mul_ps(_mm256_load_ps(o), al0), a11 = _mm256_mul_ps(_mm256_load_ps(o + 8), al1);
-    o += br;
-    __m256 a20 = _mm256_mul_ps(_mm256_load_ps(o), al0), a21 = _mm256_mul_ps(_mm256_load_ps(o + 8), al1);
-    o += br;
-    __m256 a30 = _mm256_mul_ps(_mm256_load_ps(o), al0), a31 = _mm256_mul_ps(_mm256_load_ps(o + 8), al1);
-    o += br;
-    __m256 a40 = _mm256_mul_ps(_mm256_load_ps(o), al0), a41 = _mm256_mul_ps(_mm256_load_ps(o + 8), al1);
-    o += br;
-    __m256 a50 = _mm256_mul_ps(_mm256_load_ps(o), al0), a51 = _mm256_mul_ps(_mm256_load_ps(o + 8), al1);
-    const int64_t d1 = vs_d, d2 = 2 * vs_d, d3 = 3 * vs_d, d4 = 4 * vs_d, d5 = 5 * vs_d;
+// ot[r][0..16) = alpha * ot[r][..] + sum_j v[j][r] * st[j][0..16) for R = 1 .. 6 output rows: 2R
+// accumulators, the tile's two vectors loaded once per key for all R rows (R = 6: the 6 x 16 block).
+static inline __attribute__((always_inline)) void pv_block(const float *v, int64_t vs_row, int64_t vs_d, int nj,
+                                                           const float *st, int br, __m256 al0, __m256 al1, float *ot,
+                                                           const int R) {
+    __m256 a0[6], a1[6];
+ATTN_UNROLL
+    for (int r = 0; r < R; r++) {
+        a0[r] = _mm256_mul_ps(_mm256_load_ps(ot + (int64_t)r * br), al0);
+        a1[r] = _mm256_mul_ps(_mm256_load_ps(ot + (int64_t)r * br + 8), al1);
+    }
     for (int j = 0; j < nj; j++, v += vs_row, st += br) {
         const __m256 p0 = _mm256_load_ps(st), p1 = _mm256_load_ps(st + 8);
-        __m256 b = _mm256_broadcast_ss(v);
-        a00 = _mm256_fmadd_ps(b, p0, a00), a01 = _mm256_fmadd_ps(b, p1, a01);
-        b = _mm256_broadcast_ss(v + d1);
-        a10 = _mm256_fmadd_ps(b, p0, a10), a11 = _mm256_fmadd_ps(b, p1, a11);
-        b = _mm256_broadcast_ss(v + d2);
-        a20 = _mm256_fmadd_ps(b, p0, a20), a21 = _mm256_fmadd_ps(b, p1, a21);
-        b = _mm256_broadcast_ss(v + d3);
-        a30 = _mm256_fmadd_ps(b, p0, a30), a31 = _mm256_fmadd_ps(b, p1, a31);
-        b = _mm256_broadcast_ss(v + d4);
-        a40 = _mm256_fmadd_ps(b, p0, a40), a41 = _mm256_fmadd_ps(b, p1, a41);
-        b = _mm256_broadcast_ss(v + d5);
-        a50 = _mm256_fmadd_ps(b, p0, a50), a51 = _mm256_fmadd_ps(b, p1, a51);
+ATTN_UNROLL
+        for (int r = 0; r < R; r++) {
+            const __m256 b = _mm256_broadcast_ss(v + (int64_t)r * vs_d);
+            a0[r] = _mm256_fmadd_ps(b, p0, a0[r]), a1[r] = _mm256_fmadd_ps(b, p1, a1[r]);
+        }
     }
-    o = ot;
-    _mm256_store_ps(o, a00), _mm256_store_ps(o + 8, a01), o += br;
-    _mm256_store_ps(o, a10), _mm256_store_ps(o + 8, a11), o += br;
-    _mm256_store_ps(o, a20), _mm256_store_ps(o + 8, a21), o += br;
-    _mm256_store_ps(o, a30), _mm256_store_ps(o + 8, a31), o += br;
-    _mm256_store_ps(o, a40), _mm256_store_ps(o + 8, a41), o += br;
-    _mm256_store_ps(o, a50), _mm256_store_ps(o + 8, a51);
-}
-
-static inline void pv_1row(const float *v, int64_t vs_row, int nj, const float *st, int br, __m256 al0, __m256 al1,
-                           float *ot) {
-    __m256 a0 = _mm256_mul_ps(_mm256_load_ps(ot), al0), a1 = _mm256_mul_ps(_mm256_load_ps(ot + 8), al1);
-    for (int j = 0; j < nj; j++, v += vs_row, st += br) {
-        const __m256 b = _mm256_broadcast_ss(v);
-        a0 = _mm256_fmadd_ps(b, _mm256_load_ps(st), a0);
-        a1 = _mm256_fmadd_ps(b, _mm256_load_ps(st + 8), a1);
+ATTN_UNROLL
+    for (int r = 0; r < R; r++) {
+        _mm256_store_ps(ot + (int64_t)r * br, a0[r]);
+        _mm256_store_ps(ot + (int64_t)r * br + 8, a1[r]);
     }
-    _mm256_store_ps(ot, a0), _mm256_store_ps(ot + 8, a1);
-}
-
-// Two output rows at once (the 2- and 4-row remainders of Dv).
-static inline void pv_2rows(const float *v, int64_t vs_row, int64_t vs_d, int nj, const float *st, int br, __m256 al0,
-                            __m256 al1, float *ot) {
-    __m256 a00 = _mm256_mul_ps(_mm256_load_ps(ot), al0), a01 = _mm256_mul_ps(_mm256_load_ps(ot + 8), al1);
-    __m256 a10 = _mm256_mul_ps(_mm256_load_ps(ot + br), al0), a11 = _mm256_mul_ps(_mm256_load_ps(ot + br + 8), al1);
-    for (int j = 0; j < nj; j++, v += vs_row, st += br) {
-        const __m256 p0 = _mm256_load_ps(st), p1 = _mm256_load_ps(st + 8);
-        __m256 b = _mm256_broadcast_ss(v);
-        a00 = _mm256_fmadd_ps(b, p0, a00), a01 = _mm256_fmadd_ps(b, p1, a01);
-        b = _mm256_broadcast_ss(v + vs_d);
-        a10 = _mm256_fmadd_ps(b, p0, a10), a11 = _mm256_fmadd_ps(b, p1, a11);
-    }
-    _mm256_store_ps(ot, a00), _mm256_store_ps(ot + 8, a01);
-    _mm256_store_ps(ot + br, a10), _mm256_store_ps(ot + br + 8, a11);
-}
-
-static inline void pv_4rows(const float *v, int64_t vs_row, int64_t vs_d, int nj, const float *st, int br, __m256 al0,
-                            __m256 al1, float *ot) {
-    float *o = ot;
-    __m256 a00 = _mm256_mul_ps(_mm256_load_ps(o), al0), a01 = _mm256_mul_ps(_mm256_load_ps(o + 8), al1);
-    o += br;
-    __m256 a10 = _mm256_mul_ps(_mm256_load_ps(o), al0), a11 = _mm256_mul_ps(_mm256_load_ps(o + 8), al1);
-    o += br;
-    __m256 a20 = _mm256_mul_ps(_mm256_load_ps(o), al0), a21 = _mm256_mul_ps(_mm256_load_ps(o + 8), al1);
-    o += br;
-    __m256 a30 = _mm256_mul_ps(_mm256_load_ps(o), al0), a31 = _mm256_mul_ps(_mm256_load_ps(o + 8), al1);
-    const int64_t d1 = vs_d, d2 = 2 * vs_d, d3 = 3 * vs_d;
-    for (int j = 0; j < nj; j++, v += vs_row, st += br) {
-        const __m256 p0 = _mm256_load_ps(st), p1 = _mm256_load_ps(st + 8);
-        __m256 b = _mm256_broadcast_ss(v);
-        a00 = _mm256_fmadd_ps(b, p0, a00), a01 = _mm256_fmadd_ps(b, p1, a01);
-        b = _mm256_broadcast_ss(v + d1);
-        a10 = _mm256_fmadd_ps(b, p0, a10), a11 = _mm256_fmadd_ps(b, p1, a11);
-        b = _mm256_broadcast_ss(v + d2);
-        a20 = _mm256_fmadd_ps(b, p0, a20), a21 = _mm256_fmadd_ps(b, p1, a21);
-        b = _mm256_broadcast_ss(v + d3);
-        a30 = _mm256_fmadd_ps(b, p0, a30), a31 = _mm256_fmadd_ps(b, p1, a31);
-    }
-    o = ot;
-    _mm256_store_ps(o, a00), _mm256_store_ps(o + 8, a01), o += br;
-    _mm256_store_ps(o, a10), _mm256_store_ps(o + 8, a11), o += br;
-    _mm256_store_ps(o, a20), _mm256_store_ps(o + 8, a21), o += br;
-    _mm256_store_ps(o, a30), _mm256_store_ps(o + 8, a31);
 }
 
 static void pv_avx2(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
@@ -287,16 +218,17 @@ static void pv_avx2(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv
         const __m256 al0 = _mm256_load_ps(alpha + i0), al1 = _mm256_load_ps(alpha + i0 + 8);
         int d = 0;
         for (; d + 6 <= Dv; d += 6)
-            pv_6rows(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st + i0, br, al0, al1, ot + (int64_t)d * br + i0);
+            pv_block(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st + i0, br, al0, al1, ot + (int64_t)d * br + i0, 6);
         if (d + 4 <= Dv) {
-            pv_4rows(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st + i0, br, al0, al1, ot + (int64_t)d * br + i0);
+            pv_block(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st + i0, br, al0, al1, ot + (int64_t)d * br + i0, 4);
             d += 4;
         }
         if (d + 2 <= Dv) {
-            pv_2rows(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st + i0, br, al0, al1, ot + (int64_t)d * br + i0);
+            pv_block(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st + i0, br, al0, al1, ot + (int64_t)d * br + i0, 2);
             d += 2;
         }
-        for (; d < Dv; d++) pv_1row(v + (int64_t)d * vs_d, vs_row, nj, st + i0, br, al0, al1, ot + (int64_t)d * br + i0);
+        for (; d < Dv; d++)
+            pv_block(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st + i0, br, al0, al1, ot + (int64_t)d * br + i0, 1);
     }
 }
 

@@ -8,6 +8,7 @@
 #include <math.h>
 
 #include "cpu/cpu.h"
+#include "cpu/unroll.h"
 #include "cpu/x86/decode_prefetch.h"
 #include "cpu/x86/quant_kernels.h"
 #include "half.h"
@@ -44,27 +45,27 @@ static void exp2_avx512(const float *x, float *y, int64_t n) {
 INLINE void gemm_block(const float *A, int64_t a_rs, int64_t a_cs, int K, const float *B, int64_t ldb, float *Cm,
                        int64_t ldc, bool acc, const int R, const int C) {
     __m512 c[6][4];
-#pragma GCC unroll 6
+ATTN_UNROLL
     for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
+ATTN_UNROLL
         for (int x = 0; x < C; x++)
             c[r][x] = acc ? _mm512_loadu_ps(Cm + (int64_t)r * ldc + 16 * x) : _mm512_setzero_ps();
     for (int k = 0; k < K; k++) {
         const float *b = B + (int64_t)k * ldb;
         __m512 bv[4];
-#pragma GCC unroll 4
+ATTN_UNROLL
         for (int x = 0; x < C; x++) bv[x] = _mm512_loadu_ps(b + 16 * x);
         const float *ak = A + (int64_t)k * a_cs;
-#pragma GCC unroll 6
+ATTN_UNROLL
         for (int r = 0; r < R; r++) {
             const __m512 av = _mm512_set1_ps(ak[(int64_t)r * a_rs]);
-#pragma GCC unroll 4
+ATTN_UNROLL
             for (int x = 0; x < C; x++) c[r][x] = _mm512_fmadd_ps(av, bv[x], c[r][x]);
         }
     }
-#pragma GCC unroll 6
+ATTN_UNROLL
     for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
+ATTN_UNROLL
         for (int x = 0; x < C; x++) _mm512_storeu_ps(Cm + (int64_t)r * ldc + 16 * x, c[r][x]);
 }
 
@@ -167,26 +168,26 @@ static void softmax_avx512(float *st, int nj, int br, float *m, float *l, float 
 INLINE void pv_block(const float *v, int64_t vs_row, int64_t vs_d, int nj, const float *st, int br, const float *alpha,
                      float *ot, const int R, const int C) {
     __m512 acc[4][4], al[4];
-#pragma GCC unroll 4
+ATTN_UNROLL
     for (int c = 0; c < C; c++) al[c] = _mm512_load_ps(alpha + 16 * c);
-#pragma GCC unroll 4
+ATTN_UNROLL
     for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
+ATTN_UNROLL
         for (int c = 0; c < C; c++) acc[r][c] = _mm512_mul_ps(_mm512_load_ps(ot + (int64_t)r * br + 16 * c), al[c]);
     for (int j = 0; j < nj; j++, v += vs_row, st += br) {
         __m512 p[4];
-#pragma GCC unroll 4
+ATTN_UNROLL
         for (int c = 0; c < C; c++) p[c] = _mm512_load_ps(st + 16 * c);
-#pragma GCC unroll 4
+ATTN_UNROLL
         for (int r = 0; r < R; r++) {
             const __m512 b = _mm512_set1_ps(v[(int64_t)r * vs_d]);
-#pragma GCC unroll 4
+ATTN_UNROLL
             for (int c = 0; c < C; c++) acc[r][c] = _mm512_fmadd_ps(b, p[c], acc[r][c]);
         }
     }
-#pragma GCC unroll 4
+ATTN_UNROLL
     for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
+ATTN_UNROLL
         for (int c = 0; c < C; c++) _mm512_store_ps(ot + (int64_t)r * br + 16 * c, acc[r][c]);
 }
 
