@@ -2,13 +2,17 @@
 // Q8_0 and Q4_0 keys and values, with AVX2, FMA3 and F16C (compiled with those flags for this file
 // only). The AVX2 and AVX-512 tables both use them.
 //
-// Blocks are dequantised in registers as they are loaded: a block's scale d is converted once, 8
-// quants at a time are widened to int32 and converted to float (Q4_0: the low nibbles of the
-// block's 16 bytes are its values 0..15, the high ones 16..31), then multiplied by d, so that the
-// products and sums are those of the float kernels on the dequantised values (exact: q * d needs
-// at most 19 bits). The loops are those of the half-precision kernels (flash_kernels_avx2.c):
-// qk_rows four query rows against three keys per pass (12 accumulators, each key vector loaded
-// once for the four rows), pv_rows four rows and 16 columns (half a block) per pass over the tile.
+// Blocks are dequantised in registers as they are loaded: 8 quants at a time are widened to int32
+// and converted to float (Q4_0: the low nibbles of the block's 16 bytes are its values 0..15, the
+// high ones 16..31). qk_rows multiplies them by the block's scale d (exact: q * d needs at most 19
+// bits), so its products and sums are those of the float kernels on the dequantised values; it runs
+// four query rows against three keys per pass (12 accumulators, each key vector loaded once for the
+// four rows), as the half-precision kernels do (flash_kernels_avx2.c). pv_rows instead folds d
+// into the weights: per block of 32 columns it first forms each key's four weights times the
+// block's scale (p * d, one rounding more than p * (q * d); the error bound of attn.h allows it),
+// then runs the block's two halves of 16 columns over the keys with unscaled values (8
+// accumulators: four rows, two vectors), which takes the scale's conversion and two multiplies
+// out of every key's step.
 //
 // Prefetch (see decode_prefetch.h): qk_rows requests each key row's lines DECODE_PF_BYTES ahead as
 // it reads the row; each pv_rows pass requests the half-block it reads, FLASH_BC rows on.
@@ -34,16 +38,16 @@ INLINE __m256 scale_of(const uint8_t *b) {
     return _mm256_set1_ps(_cvtsh_ss(h));
 }
 
-// Values 8c .. 8c + 7 (c < 4) of the block at b, its scale d broadcast in `d`, as floats.
-INLINE __m256 load8(attn_dtype dt, const uint8_t *b, __m256 d, int c) {
-    if (dt == ATTN_DTYPE_Q8_0) {
-        const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * c)));
-        return _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
-    }
+// Values 8c .. 8c + 7 (c < 4) of the block at b as floats, not yet multiplied by its scale.
+INLINE __m256 load8_unscaled(attn_dtype dt, const uint8_t *b, int c) {
+    if (dt == ATTN_DTYPE_Q8_0) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * c))));
     __m256i n = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * (c % 2))));
     n = c < 2 ? _mm256_and_si256(n, _mm256_set1_epi32(15)) : _mm256_srli_epi32(n, 4);
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(n, _mm256_set1_epi32(8))), d);
+    return _mm256_cvtepi32_ps(_mm256_sub_epi32(n, _mm256_set1_epi32(8)));
 }
+
+// Values 8c .. 8c + 7 (c < 4) of the block at b, its scale d broadcast in `d`, as floats.
+INLINE __m256 load8(attn_dtype dt, const uint8_t *b, __m256 d, int c) { return _mm256_mul_ps(load8_unscaled(dt, b, c), d); }
 
 // Requests the lines of the `bytes` bytes from p, DECODE_PF_BYTES on, into L2.
 INLINE void prefetch_row(const uint8_t *p, int bytes) {
@@ -108,22 +112,21 @@ void attn__qk_rows_q_avx2(attn_dtype dt, const void *k, int64_t ks_row, int nj, 
     else qk_rows_impl(ATTN_DTYPE_Q4_0, k, ks_row, nj, D, q, rows, s, s_r, s_j);
 }
 
-// Columns [e, e + 16) (half h = e / 16 % 2 of block e / 32) of four rows: per key, the half-block as
-// two vectors and the rows' four weights (pp[0..3], pp advancing by ldp) broadcast. The sums are
-// left in c (row r: c[2r], c[2r + 1]).
-INLINE void pv_cols(const attn_dtype dt, const void *v, int64_t vs_row, int nj, int e, const float *pp, int64_t ldp,
-                    bool prefetch, __m256 c[8]) {
+#define PV_KEYS FLASH_BC // keys whose scaled weights are held at once
+
+// Half h (columns 16h .. 16h + 15) of one block of the value rows (b: key 0's block, the next
+// key's row_bytes on) for four rows with the weights w (the block's scale folded in): per key two
+// vectors of values and the four weights broadcast, eight accumulators, left in c[0..7] (row r:
+// c[2r], c[2r + 1]).
+INLINE void pv_half(const attn_dtype dt, const int h, const uint8_t *b, int64_t row_bytes, int nj,
+                    const float (*w)[4], bool prefetch, __m256 c[8]) {
     __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
-    const int h = e / 16 % 2;
-    const int64_t pf = FLASH_BC * vs_row; // the same columns, a tile on
-    for (int j = 0; j < nj; j++, pp += ldp) {
-        const int64_t at = (int64_t)j * vs_row + e - 16 * h; // the block's first element
-        const uint8_t *b = block_at(v, dt, at);
-        if (prefetch) _mm_prefetch((const char *)block_at(v, dt, at + pf) + 2 + 16 * h, _MM_HINT_T1);
-        const __m256 d = scale_of(b);
-        const __m256 v0 = load8(dt, b, d, 2 * h), v1 = load8(dt, b, d, 2 * h + 1);
-        const __m256 w0 = _mm256_broadcast_ss(pp), w1 = _mm256_broadcast_ss(pp + 1), w2 = _mm256_broadcast_ss(pp + 2),
-                     w3 = _mm256_broadcast_ss(pp + 3);
+    const int64_t pf = FLASH_BC * row_bytes; // the same columns, a tile on
+    for (int j = 0; j < nj; j++, b += row_bytes) {
+        if (prefetch) _mm_prefetch((const char *)b + pf + 2 + 16 * h, _MM_HINT_T1);
+        const __m256 v0 = load8_unscaled(dt, b, 2 * h), v1 = load8_unscaled(dt, b, 2 * h + 1);
+        const __m256 w0 = _mm256_broadcast_ss(&w[j][0]), w1 = _mm256_broadcast_ss(&w[j][1]),
+                     w2 = _mm256_broadcast_ss(&w[j][2]), w3 = _mm256_broadcast_ss(&w[j][3]);
         c0 = _mm256_fmadd_ps(w0, v0, c0), c1 = _mm256_fmadd_ps(w0, v1, c1);
         c2 = _mm256_fmadd_ps(w1, v0, c2), c3 = _mm256_fmadd_ps(w1, v1, c3);
         c4 = _mm256_fmadd_ps(w2, v0, c4), c5 = _mm256_fmadd_ps(w2, v1, c5);
@@ -132,28 +135,47 @@ INLINE void pv_cols(const attn_dtype dt, const void *v, int64_t vs_row, int nj, 
     c[0] = c0, c[1] = c1, c[2] = c2, c[3] = c3, c[4] = c4, c[5] = c5, c[6] = c6, c[7] = c7;
 }
 
-// Four rows and 16 columns at a time; the sums are added to the rows of o scaled by alpha.
-INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pt,
-                         int64_t ldp, const float *alpha, int rows, float *o, int64_t ldo) {
-    for (int r0 = 0; r0 < rows; r0 += 4) {
-        const int nr = rows - r0 < 4 ? rows - r0 : 4;
-        for (int e = 0; e < Dv; e += 16) {
-            __m256 c[8];
-            pv_cols(dt, v, vs_row, nj, e, pt + r0, ldp, r0 == 0, c);
-            for (int r = 0; r < nr; r++) {
-                float *orow = o + (int64_t)(r0 + r) * ldo + e;
-                const __m256 a = _mm256_set1_ps(alpha[r0 + r]);
-                _mm256_storeu_ps(orow, _mm256_fmadd_ps(a, _mm256_loadu_ps(orow), c[2 * r]));
-                _mm256_storeu_ps(orow + 8, _mm256_fmadd_ps(a, _mm256_loadu_ps(orow + 8), c[2 * r + 1]));
-            }
+// Four rows (pp: their weights in the tile, pp[0..3], advancing by ldp) and nj <= PV_KEYS keys, a
+// block of 32 columns at a time: first each key's four weights times the block's scale (w), then
+// the block's two halves; the sums are added to the rows of o, scaled by alpha when `scale_o`.
+INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pp,
+                         int64_t ldp, const float *alpha, bool scale_o, int nr, bool prefetch, float *o, int64_t ldo) {
+    const int64_t row_bytes = vs_row / ATTN_QBLOCK * block_bytes(dt);
+    float w[PV_KEYS][4] __attribute__((aligned(16)));
+    for (int e = 0; e < Dv; e += ATTN_QBLOCK) {
+        const uint8_t *b = block_at(v, dt, e);
+        for (int j = 0; j < nj; j++) {
+            uint16_t hs;
+            __builtin_memcpy(&hs, b + (int64_t)j * row_bytes, 2);
+            _mm_store_ps(w[j], _mm_mul_ps(_mm_loadu_ps(pp + (int64_t)j * ldp), _mm_set1_ps(_cvtsh_ss(hs))));
+        }
+        __m256 c[16];
+        pv_half(dt, 0, b, row_bytes, nj, (const float (*)[4])w, prefetch, c);
+        pv_half(dt, 1, b, row_bytes, nj, (const float (*)[4])w, prefetch, c + 8);
+        for (int r = 0; r < nr; r++) {
+            float *orow = o + (int64_t)r * ldo + e;
+            const __m256 a = _mm256_set1_ps(scale_o ? alpha[r] : 1.0f);
+            for (int x = 0; x < 4; x++) // column vector x: half x / 2, its vector x % 2
+                _mm256_storeu_ps(orow + 8 * x, _mm256_fmadd_ps(a, _mm256_loadu_ps(orow + 8 * x), c[8 * (x / 2) + 2 * r + x % 2]));
         }
     }
 }
 
+// Four rows at a time, PV_KEYS keys at a time (the decode tiles have at most that many: one pass).
 void attn__pv_rows_q_avx2(attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pt, int64_t ldp,
                           const float *alpha, int rows, float *o, int64_t ldo) {
-    if (dt == ATTN_DTYPE_Q8_0) pv_rows_impl(ATTN_DTYPE_Q8_0, v, vs_row, nj, Dv, pt, ldp, alpha, rows, o, ldo);
-    else pv_rows_impl(ATTN_DTYPE_Q4_0, v, vs_row, nj, Dv, pt, ldp, alpha, rows, o, ldo);
+    for (int r0 = 0; r0 < rows; r0 += 4) {
+        const int nr = rows - r0 < 4 ? rows - r0 : 4;
+        for (int j0 = 0; j0 < nj; j0 += PV_KEYS) {
+            const int n = nj - j0 < PV_KEYS ? nj - j0 : PV_KEYS;
+            const void *vj = block_at(v, dt, (int64_t)j0 * vs_row);
+            const float *pj = pt + (int64_t)j0 * ldp + r0;
+            if (dt == ATTN_DTYPE_Q8_0)
+                pv_rows_impl(ATTN_DTYPE_Q8_0, vj, vs_row, n, Dv, pj, ldp, alpha + r0, j0 == 0, nr, r0 == 0, o + (int64_t)r0 * ldo, ldo);
+            else
+                pv_rows_impl(ATTN_DTYPE_Q4_0, vj, vs_row, n, Dv, pj, ldp, alpha + r0, j0 == 0, nr, r0 == 0, o + (int64_t)r0 * ldo, ldo);
+        }
+    }
 }
 
 void attn__dequant_rows_avx2(attn_dtype dt, const void *x, float *y, int64_t n) {
