@@ -8,6 +8,7 @@ import threading
 
 from . import _lib
 from ._arrays import choice, fail_type, flag, integer
+from ._handle import Handle
 from ._lib import AttnError, check, fn
 
 _ISA_NAMES = {v: k for k, v in _lib.ISA.items()}
@@ -49,7 +50,7 @@ class Philox:
         return "Philox(seed=%d, offset=%d)" % (self.seed, self.offset)
 
 
-class Context:
+class Context(Handle):
     """An attn_ctx. Context(threads=1, isa="auto", seed=0, use_blas=False).
 
     threads: threads used by compute calls (results are identical for every count);
@@ -57,6 +58,8 @@ class Context:
     seed: seed of the context's generator (torch.manual_seed's numbers), used by dropout and by
     module initialisation. Usable as a context manager; close() frees it (also on garbage
     collection). Objects created with a context (MHA, KVCache) keep it alive."""
+
+    _FREE, _WHAT = "attn_ctx_free", "the context"
 
     def __init__(self, threads=1, isa="auto", seed=0, use_blas=False):
         self._ptr = None
@@ -77,13 +80,6 @@ class Context:
             raise AttnError(status, why.get(status, _lib.strerror(status)))
         self._ptr = ptr.value
         self.threads = max(1, params.n_threads)
-
-    # the raw attn_ctx*, checked
-    @property
-    def ptr(self):
-        if self._ptr is None:
-            raise AttnError(_lib.ERR_INVALID_ARG, "the context is closed")
-        return self._ptr
 
     def check(self, status):
         check(status, self._ptr)
@@ -114,22 +110,11 @@ class Context:
         """Grows the context's scratch memory to at least nbytes now."""
         self.check(fn("attn_ctx_reserve")(self.ptr, integer(nbytes, "nbytes")))
 
-    def close(self):
-        if self._ptr is not None:
-            fn("attn_ctx_free")(self._ptr)
-            self._ptr = None
-
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown
-            pass
 
     def __repr__(self):
         if self._ptr is None:

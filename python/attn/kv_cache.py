@@ -6,7 +6,8 @@ import numpy as np
 from . import _lib
 from ._arrays import (F32, check_ndim, check_shape, choice, elem_strides, flag, integer, mask_view,
                       ptr, view)
-from ._lib import AttnError, fn
+from ._handle import Handle
+from ._lib import fn
 from .context import resolve
 from .sdpa import _options
 
@@ -24,12 +25,14 @@ def has_kv_cache():
                                              "attn_mha_forward_cached"))
 
 
-class KVCache:
+class KVCache(Handle):
     """KVCache(batch, n_kv_heads, head_dim, capacity, dtype="f32", head_dim_v=None, ctx=None):
     keys (B, Hkv, capacity, D) and values (B, Hkv, capacity, Dv) stored as float32, float16 or
     bfloat16, or quantised on append as "q8_0" or "q4_0" (ggml's Q8_0 and Q4_0: blocks of 32 values
     along D with a float16 scale each; D and Dv must be multiples of 32), of which the first
     len(cache) positions are filled."""
+
+    _FREE, _WHAT = "attn_kv_cache_free", "the cache"
 
     def __init__(self, batch, n_kv_heads, head_dim, capacity, dtype="f32", head_dim_v=None, *, ctx=None):
         self._ptr = None
@@ -46,12 +49,6 @@ class KVCache:
         c = fn("attn_kv_cache_get_config")(self._ptr)[0]
         self.batch, self.n_kv_heads, self.head_dim, self.head_dim_v = c.batch, c.n_kv_heads, c.head_dim, c.head_dim_v
         self.capacity, self.dtype = c.capacity, _DTYPE_NAMES[c.dtype]
-
-    @property
-    def ptr(self):
-        if self._ptr is None:
-            raise AttnError(_lib.ERR_INVALID_ARG, "the cache is closed")
-        return self._ptr
 
     def len(self):
         """The number of filled positions."""
@@ -151,17 +148,6 @@ class KVCache:
         lse = np.empty((B, H, L), dtype=F32) if return_lse else None
         ctx.check(fn("attn_kv_cache_attend")(ctx.ptr, self.ptr, ctypes.byref(desc), ptr(q), ptr(out), ptr(lse)))
         return (out, lse) if return_lse else out
-
-    def close(self):
-        if getattr(self, "_ptr", None) is not None:
-            fn("attn_kv_cache_free")(self._ptr)
-            self._ptr = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self):
         if getattr(self, "_ptr", None) is None:

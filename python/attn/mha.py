@@ -7,8 +7,9 @@ import numpy as np
 from . import _lib
 from ._arrays import (BF16_BITS, F16, F32, check_shape, contiguous, fail, flag, integer, kv_dtype_code, mask_code, real,
                       shape_str)
-from ._lib import AttnError, fn
+from ._lib import fn
 from .context import resolve
+from ._handle import Handle
 from .files import TensorList
 
 
@@ -29,7 +30,7 @@ def _mask(m, what):
     return contiguous(m, F32, what), _lib.DTYPE_F32
 
 
-class MHA:
+class MHA(Handle):
     """nn.MultiheadAttention in libattn.
 
     MHA(embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
@@ -40,6 +41,8 @@ class MHA:
     and outputs are float16 arrays, or uint16 arrays of bfloat16 bits (attn.to_bfloat16). MHA.from_safetensors and
     MHA.from_state_dict load a state_dict instead. The module keeps its context and uses it
     unless a call passes another."""
+
+    _FREE, _WHAT = "attn_mha_free", "the module"
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
                  kdim=None, vdim=None, batch_first=False, dtype="f32", *, ctx=None):
@@ -99,12 +102,6 @@ class MHA:
         return self
 
     # ---- configuration and parameters --------------------------------------------------------
-
-    @property
-    def ptr(self):
-        if self._ptr is None:
-            raise AttnError(_lib.ERR_INVALID_ARG, "the module is closed")
-        return self._ptr
 
     @property
     def config(self):
@@ -269,17 +266,6 @@ class MHA:
         out = np.empty(x.shape, dtype=x.dtype)
         ctx.check(fn("attn_mha_forward_cached")(ctx.ptr, self.ptr, cache.ptr, x.ctypes.data, N, n, out.ctypes.data))
         return out
-
-    def close(self):
-        if getattr(self, "_ptr", None) is not None:
-            fn("attn_mha_free")(self._ptr)
-            self._ptr = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self):
         if getattr(self, "_ptr", None) is None:

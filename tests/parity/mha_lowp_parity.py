@@ -19,29 +19,17 @@ seen is printed.
 Run: PYTHON_WITH_TORCH2 tests/parity/mha_lowp_parity.py --attn build/attn [--configs N]
 Exits 77 (skipped) without torch >= 2 and numpy.
 """
-import argparse
 import os
-import random
 import subprocess
 import sys
-import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
+import harness  # tests/parity/harness.py, beside this script
 
-try:
-    import numpy as np
-    import torch
-    from torch import nn
-except ImportError as exc:  # pragma: no cover
-    print(f"SKIP: needs torch >= 2 and numpy ({exc})", file=sys.stderr)
-    sys.exit(77)
-if int(torch.__version__.split(".")[0]) < 2:
-    print(f"SKIP: needs torch >= 2, found {torch.__version__}", file=sys.stderr)
-    sys.exit(77)
+np, torch = harness.import_torch(min_major=2)
+from torch import nn  # noqa: E402
 
 import tensorfile  # noqa: E402
 
-torch.set_num_threads(1)
 TYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 UNIT = {"bf16": 2.0 ** -8, "f16": 2.0 ** -11}
 # Tolerances in units of the type relative to the tensor's largest magnitude.
@@ -140,27 +128,8 @@ def run_config(idx, c, attn_bin, tmp, worst):
 
     state_path = os.path.join(tmp, "state.safetensors")
     save_state(state_path, m, c["dtype"])
-    args = [attn_bin, "mha", "--state", state_path, "--heads", str(c["H"]), "--dtype", c["dtype"]]
-    for name, t in (("query", q), ("key", k), ("value", v)):
-        if (name == "key" and k is q) or (name == "value" and v is k):
-            continue
-        path = os.path.join(tmp, f"{name}.npy")
-        np.save(path, t.float().numpy())
-        args += [f"--{name}", path]
-    if c["batch_first"]:
-        args.append("--batch-first")
-    if attn_mask is not None:
-        np.save(os.path.join(tmp, "mask.npy"), attn_mask.numpy())
-        args += ["--attn-mask", os.path.join(tmp, "mask.npy")]
-    if kpm is not None:
-        np.save(os.path.join(tmp, "kpm.npy"), kpm.numpy())
-        args += ["--key-padding-mask", os.path.join(tmp, "kpm.npy")]
-    if c["add_zero_attn"]:
-        args.append("--add-zero-attn")
-    if c["need_weights"]:
-        args += ["--weights-out", os.path.join(tmp, "w.npy")]
-        if not c["average"]:
-            args.append("--per-head-weights")
+    args = [attn_bin, "mha", "--state", state_path, "--heads", str(c["H"]), "--dtype", c["dtype"]] + \
+        harness.mha_args(tmp, c, q, k, v, attn_mask, kpm)
     np.save(os.path.join(tmp, "dy.npy"), dy.float().numpy())
     args += ["--grad-out", os.path.join(tmp, "dy.npy"), "--grads-out", os.path.join(tmp, "grads.safetensors")]
     problems = []
@@ -200,20 +169,13 @@ def run_config(idx, c, attn_bin, tmp, worst):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--attn", required=True)
-    ap.add_argument("--configs", type=int, default=120)
-    ap.add_argument("--seed", type=int, default=7)
-    a = ap.parse_args()
-    rng = random.Random(a.seed)
+    a = harness.command_line(configs=120, seed=7)
     failures, worst = 0, {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for i in range(a.configs):
-            c = random_config(rng)
-            msg = run_config(i, c, a.attn, tmp, worst)
-            if msg:
-                failures += 1
-                print(f"config {i} {c}: {msg}")
+    for i, c, tmp in harness.each_config(a, random_config):
+        msg = run_config(i, c, a.attn, tmp, worst)
+        if msg:
+            failures += 1
+            print(f"config {i} {c}: {msg}")
     print(f"{a.configs} configurations, {failures} failed; largest error in units of the type x the largest element: "
           + ", ".join(f"{k} {v:.2f}" for k, v in sorted(worst.items())))
     sys.exit(1 if failures else 0)

@@ -19,29 +19,18 @@ Documented differences from torch 1.13, checked as such:
 Run: /usr/bin/python3 tests/parity/mha_parity.py --attn build/attn [--configs N] [--seed S]
 Exits 77 (skipped) when torch is not importable.
 """
-import argparse
 import math
 import os
-import random
 import subprocess
 import sys
-import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "py"))
+import harness  # tests/parity/harness.py, beside this script
 
-try:
-    import numpy as np
-    import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
-except ImportError as exc:  # pragma: no cover - depends on the machine
-    print(f"SKIP: PyTorch parity tests need torch and numpy ({exc}); install python3-torch", file=sys.stderr)
-    sys.exit(77)
+np, torch = harness.import_torch()
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 import tensorfile  # noqa: E402
-
-torch.set_num_threads(1)
 
 
 def random_config(rng):
@@ -233,27 +222,11 @@ def run_config(idx, c, attn_bin, tmp):
     state = {name: t.detach().numpy() for name, t in m.state_dict().items()}
     files["state"] = os.path.join(tmp, "state.safetensors")
     tensorfile.write_safetensors(files["state"], state)
-    args = [attn_bin, "mha", "--state", files["state"], "--heads", str(c["H"])]
-    for name, t in (("query", q), ("key", k), ("value", v)):
-        if name == "key" and k is q:
-            continue
-        if name == "value" and v is k:
-            continue
-        path = os.path.join(tmp, f"{name}.npy")
-        np.save(path, t.numpy())
-        args += [f"--{name}", path]
-    if c["batch_first"]:
-        args.append("--batch-first")
+    # make_masks gives no attn_mask with c["mask"] == "causal": attn is told --causal
+    args = [attn_bin, "mha", "--state", files["state"], "--heads", str(c["H"])] + \
+        harness.mha_args(tmp, c, q, k, v, attn_mask, kpm)
     if c["mask"] == "causal":
         args.append("--causal")
-    elif attn_mask is not None:
-        np.save(os.path.join(tmp, "mask.npy"), attn_mask.numpy())
-        args += ["--attn-mask", os.path.join(tmp, "mask.npy")]
-    if kpm is not None:
-        np.save(os.path.join(tmp, "kpm.npy"), kpm.numpy())
-        args += ["--key-padding-mask", os.path.join(tmp, "kpm.npy")]
-    if c["add_zero_attn"]:
-        args.append("--add-zero-attn")
     if c["dropout"] > 0:
         args += ["--dropout", repr(c["dropout"]), "--seed", str(c["dropout_seed"])]
     out_path = os.path.join(tmp, "out.npy")
@@ -261,10 +234,6 @@ def run_config(idx, c, attn_bin, tmp):
     if grads is not None:
         np.save(os.path.join(tmp, "dy.npy"), grads["dy"])
         args += ["--grad-out", os.path.join(tmp, "dy.npy"), "--grads-out", os.path.join(tmp, "grads.safetensors")]
-    if c["need_weights"]:
-        args += ["--weights-out", os.path.join(tmp, "w.npy")]
-        if not c["average"]:
-            args.append("--per-head-weights")
     r = subprocess.run(args, capture_output=True, text=True)
     if r.returncode != 0:
         return f"attn failed ({r.returncode}): {r.stderr.strip()}"
@@ -343,32 +312,25 @@ def compare(what, got, want):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--attn", required=True)
-    ap.add_argument("--configs", type=int, default=300)
-    ap.add_argument("--seed", type=int, default=2024)
-    args = ap.parse_args()
-    rng = random.Random(args.seed)
+    args = harness.command_line(configs=300, seed=2024)
     failures = 0
     coverage = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for idx in range(args.configs):
-            c = random_config(rng)
-            msg = run_config(idx, c, args.attn, tmp)
-            for key in ("bias", "add_bias_kv", "add_zero_attn", "batch_first", "unbatched", "need_weights",
-                        "average"):
-                coverage[f"{key}={c[key]}"] = coverage.get(f"{key}={c[key]}", 0) + 1
-            for key in ("mask", "kpm", "form", "dropout"):
-                coverage[f"{key}={c[key]}"] = coverage.get(f"{key}={c[key]}", 0) + 1
-            coverage[f"kdim/vdim={'set' if c['kdim'] else 'E'}"] = coverage.get(
-                f"kdim/vdim={'set' if c['kdim'] else 'E'}", 0) + 1
-            if not c.get("stepwise") and c.get("grads_checked", True):
-                coverage["gradients checked"] = coverage.get("gradients checked", 0) + 1
-            if c.get("stepwise"):
-                coverage["fully masked rows (stepwise reference)"] = coverage.get("fully masked rows (stepwise reference)", 0) + 1
-            if msg:
-                failures += 1
-                print(f"FAIL config {idx}: {c}\n     {msg}")
+    for idx, c, tmp in harness.each_config(args, random_config):
+        msg = run_config(idx, c, args.attn, tmp)
+        for key in ("bias", "add_bias_kv", "add_zero_attn", "batch_first", "unbatched", "need_weights",
+                    "average"):
+            coverage[f"{key}={c[key]}"] = coverage.get(f"{key}={c[key]}", 0) + 1
+        for key in ("mask", "kpm", "form", "dropout"):
+            coverage[f"{key}={c[key]}"] = coverage.get(f"{key}={c[key]}", 0) + 1
+        coverage[f"kdim/vdim={'set' if c['kdim'] else 'E'}"] = coverage.get(
+            f"kdim/vdim={'set' if c['kdim'] else 'E'}", 0) + 1
+        if not c.get("stepwise") and c.get("grads_checked", True):
+            coverage["gradients checked"] = coverage.get("gradients checked", 0) + 1
+        if c.get("stepwise"):
+            coverage["fully masked rows (stepwise reference)"] = coverage.get("fully masked rows (stepwise reference)", 0) + 1
+        if msg:
+            failures += 1
+            print(f"FAIL config {idx}: {c}\n     {msg}")
     print("coverage: " + ", ".join(f"{k}:{v}" for k, v in sorted(coverage.items())))
     print(f"{args.configs} configurations, {failures} failed")
     sys.exit(1 if failures else 0)

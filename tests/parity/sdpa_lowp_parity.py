@@ -14,29 +14,18 @@ so torch's rounding of the mask to the query's type changes nothing).
 Run: PYTHON_WITH_TORCH2 tests/parity/sdpa_lowp_parity.py --attn build/attn [--configs N]
 Exits 77 (skipped) without torch >= 2 and numpy.
 """
-import argparse
 import os
-import random
 import subprocess
 import sys
-import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
+import harness  # tests/parity/harness.py, beside this script
 
-try:
-    import numpy as np
-    import torch
-    import torch.nn.functional as F
-except ImportError as exc:  # pragma: no cover
-    print(f"SKIP: needs torch >= 2 and numpy ({exc})", file=sys.stderr)
-    sys.exit(77)
-if int(torch.__version__.split(".")[0]) < 2 or not hasattr(F, "scaled_dot_product_attention"):
-    print(f"SKIP: needs torch >= 2, found {torch.__version__}", file=sys.stderr)
-    sys.exit(77)
+np, torch = harness.import_torch(min_major=2)
+import torch.nn.functional as F  # noqa: E402
 
+import masks  # noqa: E402
 import tensorfile  # noqa: E402
 
-torch.set_num_threads(1)
 TYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 UNIT = {"bf16": 2.0 ** -8, "f16": 2.0 ** -11}
 TINY = {"bf16": 2.0 ** -133, "f16": 2.0 ** -24}
@@ -55,29 +44,10 @@ def random_config(rng):
 
 
 def additive_mask(c, mask, kpm):
-    """Every masking option as one float64 (B, H, L, S) additive mask (-inf hides)."""
-    B, H, L, S = c["B"], c["H"], c["L"], c["S"]
-    i, j = torch.arange(L).view(L, 1), torch.arange(S).view(1, S)
-    off = S - L if c["causal"] == "br" else 0
-    hidden = torch.zeros(L, S, dtype=torch.bool)
-    if c["causal"]:
-        hidden |= j > i + off
-    if c["window"] is not None:
-        left, right = c["window"]
-        if left >= 0:
-            hidden |= j < i + off - left
-        if right >= 0:
-            hidden |= j > i + off + right
-    add = torch.zeros(B, H, L, S, dtype=torch.float64).masked_fill(hidden, float("-inf"))
-    if c["alibi"]:
-        slopes = torch.tensor([2.0 ** -(h + 1) for h in range(H)], dtype=torch.float64).view(1, H, 1, 1)
-        add = add - slopes * (i + off - j).abs().double()
-    if mask is not None:
-        add = add + (torch.zeros(mask.shape, dtype=torch.float64).masked_fill(mask, float("-inf"))
-                     if mask.dtype == torch.bool else mask.double())
-    if kpm is not None:
-        add = add + torch.zeros(B, 1, 1, S, dtype=torch.float64).masked_fill(kpm.view(B, 1, 1, S), float("-inf"))
-    return add
+    """Every masking option as one float64 (B, H, L, S) additive mask (-inf hides; its terms are
+    exact in float64, so their order does not matter)."""
+    add = masks.additive_mask(c, mask, kpm)
+    return add + masks.alibi(c) if c["alibi"] else add
 
 
 def torch_sdpa(c, q, k, v, add, dout, dtype):
@@ -102,24 +72,7 @@ def run_attn(attn_bin, tmp, c, q, k, v, mask, kpm, dout, isa):
         np.save(os.path.join(tmp, f"{name}.npy"), t.float().numpy())
     args += ["--q", os.path.join(tmp, "q.npy"), "--k", os.path.join(tmp, "k.npy"), "--v", os.path.join(tmp, "v.npy"),
              "--out", os.path.join(tmp, "o.npy"), "--grad-out", os.path.join(tmp, "do.npy"),
-             "--grads-out", os.path.join(tmp, "g.safetensors")]
-    if c["scale"] is not None:
-        args += ["--scale", repr(c["scale"])]
-    if c["causal"] == "tl":
-        args.append("--causal")
-    elif c["causal"] == "br":
-        args.append("--causal-bottom-right")
-    if c["window"] is not None:
-        args += ["--window", f"{c['window'][0]},{c['window'][1]}"]
-    if c["alibi"]:
-        np.save(os.path.join(tmp, "slopes.npy"), np.array([2.0 ** -(h + 1) for h in range(c["H"])], dtype=np.float32))
-        args += ["--alibi", os.path.join(tmp, "slopes.npy")]
-    if mask is not None:
-        np.save(os.path.join(tmp, "m.npy"), mask.numpy())
-        args += ["--mask", os.path.join(tmp, "m.npy")]
-    if kpm is not None:
-        np.save(os.path.join(tmp, "p.npy"), kpm.numpy())
-        args += ["--key-padding-mask", os.path.join(tmp, "p.npy")]
+             "--grads-out", os.path.join(tmp, "g.safetensors")] + masks.sdpa_args(tmp, c, mask, kpm)
     r = subprocess.run(args, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"attn --isa {isa} failed ({r.returncode}): {r.stderr.strip()}")
@@ -174,23 +127,16 @@ def run_config(idx, c, attn_bin, tmp):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--attn", required=True)
-    ap.add_argument("--configs", type=int, default=120)
-    ap.add_argument("--seed", type=int, default=2)
-    a = ap.parse_args()
-    rng = random.Random(a.seed)
+    a = harness.command_line(configs=120, seed=2)
     failures, ran = 0, 0
-    with tempfile.TemporaryDirectory() as tmp:
-        for idx in range(a.configs):
-            c = random_config(rng)
-            res = run_config(idx, c, a.attn, tmp)
-            if res is None:
-                continue
-            ran += 1
-            if res:
-                failures += 1
-                print(f"config {idx} {c}: {res}", file=sys.stderr)
+    for idx, c, tmp in harness.each_config(a, random_config):
+        res = run_config(idx, c, a.attn, tmp)
+        if res is None:
+            continue
+        ran += 1
+        if res:
+            failures += 1
+            print(f"config {idx} {c}: {res}", file=sys.stderr)
     print(f"sdpa low-precision parity with torch {torch.__version__}: {ran - failures} passed, {failures} failed "
           f"({a.configs - ran} with fully masked rows left out)")
     return 1 if failures else 0

@@ -16,26 +16,17 @@ exactly 0 come out as float rounding noise); configurations with fully masked ro
 Run: /usr/bin/python3 tests/parity/sdpa_parity.py --attn build/attn [--configs N]
 Exits 77 (skipped) when torch is not importable.
 """
-import argparse
 import os
-import random
 import subprocess
 import sys
-import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
+import harness  # tests/parity/harness.py, beside this script
 
-try:
-    import numpy as np
-    import torch
-    import torch.nn.functional as F
-except ImportError as exc:  # pragma: no cover
-    print(f"SKIP: PyTorch parity tests need torch and numpy ({exc}); install python3-torch", file=sys.stderr)
-    sys.exit(77)
+np, torch = harness.import_torch()
+import torch.nn.functional as F  # noqa: E402
 
+import masks  # noqa: E402
 import tensorfile  # noqa: E402
-
-torch.set_num_threads(1)
 
 
 def random_config(rng):
@@ -71,35 +62,13 @@ def kv_values(c, t):
 def logits(c, qd, kd, mask, kpm):
     """cap(scale * q k^T) + ALiBi + window/causal/mask/padding terms, in float64 (B, H, L, S).
     kd: keys already repeated to H heads; mask: bool or float (a float one may require grad)."""
-    B, H, L, S = c["B"], c["H"], c["L"], c["S"]
     scale = c["scale"] if c["scale"] is not None else 1.0 / qd.shape[-1] ** 0.5
     s = (qd @ kd.transpose(-1, -2)) * torch.tensor(scale, dtype=torch.float32).double()
     if c["softcap"]:
         s = c["softcap"] * torch.tanh(s / c["softcap"])
-    i = torch.arange(L).view(L, 1)
-    j = torch.arange(S).view(1, S)
-    off = S - L if c["causal"] == "br" else 0
     if c["alibi"]:
-        slopes = torch.tensor(c["slopes"], dtype=torch.float32).double().view(1, H, 1, 1)
-        s = s - slopes * (i + off - j).abs().double()
-    hidden = torch.zeros(L, S, dtype=torch.bool)
-    if c["causal"]:
-        hidden |= j > i + off
-    if c["window"] is not None:
-        left, right = c["window"]
-        if left >= 0:
-            hidden |= j < i + off - left
-        if right >= 0:
-            hidden |= j > i + off + right
-    add = torch.zeros(B, H, L, S, dtype=torch.float64).masked_fill(hidden, float("-inf"))
-    if mask is not None:
-        add = add + (torch.zeros(mask.shape, dtype=torch.float64).masked_fill(mask, float("-inf"))
-                     if mask.dtype == torch.bool else mask.double())
-    if kpm is not None:
-        kp = torch.zeros(kpm.shape, dtype=torch.float64).masked_fill(kpm, float("-inf")) \
-            if kpm.dtype == torch.bool else kpm.double()
-        add = add + kp.view(B, 1, 1, S)
-    return s + add
+        s = s + masks.alibi(c)
+    return s + masks.additive_mask(c, mask, kpm)
 
 
 def reference(c, q, k, v, mask, kpm):
@@ -156,36 +125,18 @@ def run_config(idx, c, attn_bin, tmp):
     elif c["kpm"] == "float":
         kpm = torch.randn(c["B"], c["S"], generator=gen)
     c["seed"] = 77 + idx
-    c["slopes"] = [2.0 ** -(h + 1) for h in range(c["H"])]
     out, w, lse = reference(c, q, k, v, mask, kpm)
     args = [attn_bin, "sdpa"]
     for name, t in (("q", q), ("k", k), ("v", v)):
         if name != "q" and c["kv"] == "f16":  # float16 arrays, as torch's .half() rounds them
             t = t.half()
-        np.save(os.path.join(tmp, f"{name}.npy"), t.numpy())
-        args += [f"--{name}", os.path.join(tmp, f"{name}.npy")]
+        harness.npy_arg(args, tmp, f"--{name}", name, t.numpy())
     if c["kv"] == "bf16":  # numpy has no bfloat16: attn rounds the float32 arrays itself
         args += ["--kv-dtype", "bf16"]
-    if c["window"] is not None:
-        args += ["--window", f"{c['window'][0]},{c['window'][1]}"]
-    if c["alibi"]:
-        np.save(os.path.join(tmp, "slopes.npy"), np.array(c["slopes"], dtype=np.float32))
-        args += ["--alibi", os.path.join(tmp, "slopes.npy")]
+    args += masks.sdpa_args(tmp, c, mask, kpm)
     if c["softcap"]:
         args += ["--softcap", repr(c["softcap"])]
     args += ["--out", os.path.join(tmp, "o.npy")]
-    if c["scale"] is not None:
-        args += ["--scale", repr(c["scale"])]
-    if c["causal"] == "tl":
-        args.append("--causal")
-    elif c["causal"] == "br":
-        args.append("--causal-bottom-right")
-    if mask is not None:
-        np.save(os.path.join(tmp, "m.npy"), mask.numpy())
-        args += ["--mask", os.path.join(tmp, "m.npy")]
-    if kpm is not None:
-        np.save(os.path.join(tmp, "p.npy"), kpm.numpy())
-        args += ["--key-padding-mask", os.path.join(tmp, "p.npy")]
     if c["dropout"] > 0:
         args += ["--dropout", repr(c["dropout"]), "--seed", str(c["seed"])]
     if c["lse"]:
@@ -242,21 +193,14 @@ def compare(what, got, want, rtol):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--attn", required=True)
-    ap.add_argument("--configs", type=int, default=300)
-    ap.add_argument("--seed", type=int, default=7)
-    args = ap.parse_args()
-    rng = random.Random(args.seed)
+    args = harness.command_line(configs=300, seed=7)
     failures = checked = 0
-    with tempfile.TemporaryDirectory() as tmp:
-        for idx in range(args.configs):
-            c = random_config(rng)
-            msg = run_config(idx, c, args.attn, tmp)
-            checked += bool(c.get("grads_checked"))
-            if msg:
-                failures += 1
-                print(f"FAIL config {idx}: {c}\n     {msg}")
+    for idx, c, tmp in harness.each_config(args, random_config):
+        msg = run_config(idx, c, args.attn, tmp)
+        checked += bool(c.get("grads_checked"))
+        if msg:
+            failures += 1
+            print(f"FAIL config {idx}: {c}\n     {msg}")
     print(f"{args.configs} configurations ({checked} with gradients), {failures} failed")
     sys.exit(1 if failures else 0)
 

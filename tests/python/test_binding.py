@@ -33,10 +33,10 @@ import sys
 import tempfile
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "python"))
-sys.path.insert(0, os.path.join(ROOT, "tests", "py"))
+import source_tree  # tests/python/source_tree.py, beside this file
+
+source_tree.use_package(default_library=False)
+sys.path.insert(0, os.path.join(source_tree.ROOT, "tests", "py"))
 
 try:
     import numpy as np
@@ -152,6 +152,18 @@ def sum_to(x, shape):
 def close(test, got, want, rtol=1e-4, atol=2e-5, what=""):
     np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=rtol, atol=atol,
                                err_msg=what)
+
+
+def assert_errors(test, cases):
+    """cases: (call, status name, text): each call raises AttnError with that status, the text in its
+    message, and str() "NAME: message"."""
+    for call, name, text in cases:
+        with test.subTest(text):
+            with test.assertRaises(attn.AttnError) as cm:
+                call()
+            test.assertEqual(cm.exception.name, name, str(cm.exception))
+            test.assertIn(text, cm.exception.message)
+            test.assertTrue(str(cm.exception).startswith(name + ": "))
 
 
 # ---- configurations ------------------------------------------------------------------------------
@@ -447,13 +459,7 @@ class TestSdpa(unittest.TestCase):
             (lambda: attn.sdpa_backward(q, k, v, q, q[:, :, :2], np.zeros((2, 4, 3), np.float32)),
              "ATTN_ERR_BAD_SHAPE", "dout"),
         ]
-        for call, name, text in cases:
-            with self.subTest(text):
-                with self.assertRaises(attn.AttnError) as cm:
-                    call()
-                self.assertEqual(cm.exception.name, name, str(cm.exception))
-                self.assertIn(text, cm.exception.message)
-                self.assertTrue(str(cm.exception).startswith(name + ": "))
+        assert_errors(self, cases)
 
 
 # ---- the autograd wrapper -------------------------------------------------------------------------
@@ -643,12 +649,7 @@ class TestMHA(unittest.TestCase):
             (lambda: attn.MHA.from_state_dict({"in_proj_weight": np.zeros((24, 8), np.float32)}, H),
              "ATTN_ERR_NOT_FOUND", "out_proj.weight"),
         ]
-        for call, name, text in cases:
-            with self.subTest(text):
-                with self.assertRaises(attn.AttnError) as cm:
-                    call()
-                self.assertEqual(cm.exception.name, name, str(cm.exception))
-                self.assertIn(text, cm.exception.message)
+        assert_errors(self, cases)
 
     @needs_torch
     def test_same_weights_as_torch_after_the_same_seed(self):

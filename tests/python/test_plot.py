@@ -15,9 +15,10 @@ import sys
 import tempfile
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "python"))
+import source_tree  # tests/python/source_tree.py, beside this file
+
+ROOT = source_tree.ROOT
+source_tree.use_package(default_library=False)
 
 try:
     import matplotlib

@@ -15,16 +15,10 @@ import sys
 import threading
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "python"))
+import source_tree  # tests/python/source_tree.py, beside this file
 
-try:
-    import numpy as np
-except ImportError:
-    print("SKIP: numpy is not installed")
-    sys.exit(77)
-os.environ.setdefault("ATTN_LIBRARY", os.path.join(ROOT, "build", "libattn.so"))
+source_tree.use_package()
+np = source_tree.numpy_or_skip()
 import attn  # noqa: E402
 
 N_THREADS = 6

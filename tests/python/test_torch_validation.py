@@ -8,15 +8,13 @@ Run with an interpreter that has torch >= 2.4 (CTest python_torch_validation, wh
 ATTN_TORCH2_PYTHON is set): `PYTHONPATH=python ATTN_LIBRARY=build/libattn.so
 /tmp/venv-t2/bin/python tests/python/test_torch_validation.py`. Exits 77 (skipped) without torch >= 2.4.
 """
-import os
 import sys
 import unittest
 import warnings
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "python"))
-os.environ.setdefault("ATTN_LIBRARY", os.path.join(ROOT, "build", "libattn.so"))
+import source_tree  # tests/python/source_tree.py, beside this file
+
+source_tree.use_package()
 
 try:
     import torch

@@ -11,20 +11,12 @@ that a refused call changes nothing (a KV cache keeps its length, a context its 
 Run: /usr/bin/python3 tests/python/test_validation.py [-v]  (ATTN_LIBRARY=path/to/libattn.so;
 by default build/libattn.so). Exits 77 (skipped) without numpy.
 """
-import os
-import sys
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "python"))
+import source_tree  # tests/python/source_tree.py, beside this file
 
-try:
-    import numpy as np
-except ImportError:
-    print("SKIP: numpy is not installed")
-    sys.exit(77)
-os.environ.setdefault("ATTN_LIBRARY", os.path.join(ROOT, "build", "libattn.so"))
+source_tree.use_package()
+np = source_tree.numpy_or_skip()
 import attn  # noqa: E402
 
 ERRORS = (attn.AttnError, TypeError, ValueError)
