@@ -119,11 +119,15 @@ static bool is_argument_error(attn_status st) {
     return st == ATTN_ERR_INVALID_ARG || st == ATTN_ERR_BAD_SHAPE || st == ATTN_ERR_BAD_MASK || st == ATTN_ERR_OVERFLOW;
 }
 
-static bool untouched(const void *p, size_t bytes) {
+/* The bytes of a dummy buffer (see dummy), handed to calls that must fail. */
+#define DUMMY_BYTES (16 * sizeof(float))
+
+/* A call rejected its arguments: it wrote nothing to the dummy output p (NULL: none given), which
+ * `what` names. */
+static void check_untouched(const void *p, const char *what) {
     const uint8_t *b = p;
-    for (size_t i = 0; i < bytes; i++)
-        if (b[i] != 0xCD) return false;
-    return true;
+    for (size_t i = 0; b != NULL && i < DUMMY_BYTES; i++)
+        FUZZ_CHECK(b[i] == 0xCD, "%s written by a rejected call", what);
 }
 
 /* ---- values ----------------------------------------------------------------------------------- */
@@ -287,7 +291,7 @@ static void *span_buf(env *e, const span *sp, size_t elem) {
 }
 
 /* A tiny block or NULL, for calls that must fail. */
-static void *dummy(env *e, bool null) { return null ? NULL : env_buf(e, 16 * sizeof(float)); }
+static void *dummy(env *e, bool null) { return null ? NULL : env_buf(e, DUMMY_BYTES); }
 
 static int64_t off4(const int64_t s[4], int64_t a, int64_t b, int64_t c, int64_t d) {
     return a * s[0] + b * s[1] + c * s[2] + d * s[3];
@@ -500,9 +504,9 @@ static void fuzz_sdpa(env *e) {
         disarm(e);
         expect(e, &jc, ctx, st, false, "attn_sdpa_fwd");
         if (is_argument_error(st)) {
-            FUZZ_CHECK(o == NULL || untouched(o, 16 * sizeof(float)), "out written by a rejected call");
-            FUZZ_CHECK(lse == NULL || untouched(lse, 16 * sizeof(float)), "lse written by a rejected call");
-            FUZZ_CHECK(w == NULL || untouched(w, 16 * sizeof(float)), "weights written by a rejected call");
+            check_untouched(o, "out");
+            check_untouched(lse, "lse");
+            check_untouched(w, "weights");
         }
         return;
     }
@@ -735,8 +739,8 @@ static void mha_forward_once(env *e, attn_mha *m, const attn_mha_config *cfg) {
         disarm(e);
         expect(e, &j, ctx, st, false, "attn_mha_forward");
         if (is_argument_error(st)) {
-            FUZZ_CHECK(o == NULL || untouched(o, 16 * sizeof(float)), "out written by a rejected call");
-            FUZZ_CHECK(w == NULL || untouched(w, 16 * sizeof(float)), "weights written by a rejected call");
+            check_untouched(o, "out");
+            check_untouched(w, "weights");
         }
         return;
     }
@@ -1084,8 +1088,8 @@ static void fuzz_book(env *e) {
             disarm(e);
             expect(e, &jf, fctx, fs, false, "attn_book_forward");
             if (is_argument_error(fs) || fs == ATTN_ERR_CONTEXT_LENGTH) {
-                FUZZ_CHECK(o == NULL || untouched(o, 64), "out written by a rejected call");
-                FUZZ_CHECK(w == NULL || untouched(w, 64), "weights written by a rejected call");
+                check_untouched(o, "out");
+                check_untouched(w, "weights");
             }
         } else if (counts_ok && work <= SMALL_WORK && nx + no + nw <= SMALL_BYTES / 4) {
             x = env_buf(e, (size_t)nx * 4), o = env_buf(e, (size_t)no * 4),
@@ -1138,9 +1142,9 @@ static void fuzz_simple(env *e) {
         disarm(e);
         expect(e, &j, ctx, st, false, "attn_simple_self_attention");
         if (is_argument_error(st)) {
-            FUZZ_CHECK(s == NULL || untouched(s, 64), "scores written by a rejected call");
-            FUZZ_CHECK(w == NULL || untouched(w, 64), "weights written by a rejected call");
-            FUZZ_CHECK(c == NULL || untouched(c, 64), "context written by a rejected call");
+            check_untouched(s, "scores");
+            check_untouched(w, "weights");
+            check_untouched(c, "context");
         }
         return;
     }
@@ -1188,7 +1192,7 @@ static void fuzz_linear(env *e) {
         st = attn_linear(ctx, x, rows, in, w, layout, b, out, y);
         disarm(e);
         expect(e, &j, ctx, st, false, "attn_linear");
-        if (is_argument_error(st)) FUZZ_CHECK(y == NULL || untouched(y, 64), "y written by a rejected call");
+        if (is_argument_error(st)) check_untouched(y, "y");
         return;
     }
     if (!(counts_ok && work <= SMALL_WORK && nx + nw + ny + out <= SMALL_BYTES / 4)) return;

@@ -434,26 +434,9 @@ static void philox_noise(pair *p, const attn_sdpa_desc *d, int64_t B, int64_t H,
 
 static void bwd_sdpa(pair *p) {
     fuzz_data *fd = p->fd;
-    const int shape_mode = (int)fuzz_data_pick(fd, 8);
-    const int64_t max_len_q = shape_mode == 0 ? 80 : 12, max_len_kv = shape_mode == 0 ? 150 : 12;
-    const int64_t max_dim = shape_mode == 1 ? 40 : 12, budget = shape_mode <= 1 ? 150000 : 30000;
-    int64_t B = fuzz_data_i64_range(fd, 1, 3), Hkv = fuzz_data_i64_range(fd, 1, 4), G = fuzz_data_i64_range(fd, 1, 3);
-    int64_t L = fuzz_data_i64_range(fd, 1, max_len_q), S = fuzz_data_i64_range(fd, 1, max_len_kv);
-    int64_t D = fuzz_data_i64_range(fd, 1, max_dim);
-    int64_t Dv = fuzz_data_bool(fd) ? D : fuzz_data_i64_range(fd, 1, max_dim);
-    while (B * Hkv * G * L * S * (D + Dv) > budget) { /* keep each run short: shrink the largest */
-        int64_t *big = &S;
-        int64_t *cand[6] = {&L, &D, &Dv, &B, &G, &Hkv};
-        for (int i = 0; i < 6; i++)
-            if (*cand[i] > *big) big = cand[i];
-        *big = *big > 8 ? *big * 3 / 4 : *big - 1;
-    }
-    const int64_t H = Hkv * G;
     attn_sdpa_desc d;
-    attn_sdpa_desc_init(&d);
-    d.batch = B, d.n_heads = H, d.len_q = L, d.len_kv = S, d.head_dim = D;
-    d.n_kv_heads = Hkv == H && fuzz_data_bool(fd) ? 0 : Hkv;
-    d.head_dim_v = Dv == D && fuzz_data_bool(fd) ? 0 : Dv;
+    const sdpa_shape z = decode_sdpa_shape(p, &d, 150, 150000, 30000);
+    const int64_t B = z.B, H = z.H, Hkv = z.Hkv, G = z.G, L = z.L, S = z.S, D = z.D, Dv = z.Dv;
     /* Gradients are written at the inputs' strides: no broadcast inputs (attn.h), but any stride
      * on a dimension of length 1. */
     const int64_t nq[4] = {B, H, L, D}, nk[4] = {B, Hkv, S, D}, nv[4] = {B, Hkv, S, Dv}, no[4] = {B, H, L, Dv};
@@ -463,12 +446,7 @@ static void bwd_sdpa(pair *p) {
     scramble_unit_strides(p, 4, nk, d.k_stride);
     scramble_unit_strides(p, 4, nv, d.v_stride);
     scramble_unit_strides(p, 4, no, d.o_stride);
-    switch (fuzz_data_pick(fd, 6)) {
-    case 0: d.scale = fuzz_data_float_special(fd); break;
-    case 1:
-    case 2: d.scale = fuzz_data_float_range(fd, -2.0f, 2.0f); break;
-    default: d.scale = 0.0f; break;
-    }
+    d.scale = decode_scale(fd);
     if (!isfinite(d.scale)) d.scale = 0.0f; /* attn.h: any finite value */
     d.causal = (attn_causal)fuzz_data_pick(fd, 3);
     if (fuzz_data_chance(fd, 1, 4)) d.dropout_p = fuzz_data_chance(fd, 1, 16) ? 1.0 : fuzz_data_unit(fd) * 0.95;
@@ -500,14 +478,7 @@ static void bwd_sdpa(pair *p) {
         d.mask = mask;
         want_dmask = d.mask_dtype == ATTN_DTYPE_F32 && fuzz_data_chance(fd, 3, 4);
     }
-    if (fuzz_data_chance(fd, 1, 3)) {
-        d.key_padding_mask_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_F32 : ATTN_DTYPE_BOOL;
-        const int64_t nkpm[2] = {B, S};
-        const int64_t ckpm = layout(p, 2, nkpm, 4, d.key_padding_mask_stride);
-        kpm = fuzz_xmalloc((size_t)ckpm * attn_dtype_size(d.key_padding_mask_dtype));
-        fill_mask(p, kpm, ckpm, d.key_padding_mask_dtype);
-        d.key_padding_mask = kpm;
-    }
+    kpm = decode_key_padding_mask(p, &d);
     sdpa_extras ex;
     decode_extras(p, &d, &ex);
     kv_for_dtype(p, &d, k, ck, v, cv, &ex);
@@ -713,6 +684,37 @@ static bool any_sentinel(const float *x, int64_t n) {
     return false;
 }
 
+/* ---- module parameters ------------------------------------------------------------------------ */
+
+/* The data of parameter i of context c's module; `modules` is the attn_mha *[3] or attn_book *[3]. */
+typedef float *(*param_data_fn)(void *modules, int c, int i);
+
+static float *mha_param(void *modules, int c, int i) {
+    float *data;
+    attn_mha_param_at(((attn_mha **)modules)[c], i, NULL, NULL, NULL, &data);
+    return data;
+}
+
+static float *book_param(void *modules, int c, int i) {
+    float *data;
+    attn_book_param_at(((attn_book **)modules)[c], i, NULL, NULL, NULL, &data);
+    return data;
+}
+
+/* With probability 1/2, random parameters (of pn[i] elements each), the same in every context's
+ * module, instead of the constructor's. */
+static void randomize_params(pair *p, int count, const int64_t *pn, param_data_fn param, void *modules) {
+    if (!fuzz_data_chance(p->fd, 1, 2)) return;
+    static const float pamps[] = {0.25f, 1.0f, 3.0f};
+    const float pamp = pamps[fuzz_data_pick(p->fd, 3)];
+    for (int i = 0; i < count; i++) {
+        float *x = new_floats(pn[i]);
+        fill(p, x, pn[i], pamp);
+        for (int c = 0; c < p->n; c++) memcpy(param(modules, c, i), x, (size_t)pn[i] * sizeof(float));
+        free(x);
+    }
+}
+
 /* A module's gradients: the inputs' and one buffer per parameter (NULL when not asked for). */
 typedef struct mha_grads {
     float *dq, *dk, *dv;
@@ -721,62 +723,19 @@ typedef struct mha_grads {
 
 static void bwd_mha(pair *p) {
     fuzz_data *fd = p->fd;
-    const int64_t H = fuzz_data_i64_range(fd, 1, 3), hd = fuzz_data_i64_range(fd, 1, 4), E = H * hd;
     attn_mha_config cfg;
-    attn_mha_config_init(&cfg, E, H);
-    cfg.kdim = fuzz_data_bool(fd) ? 0 : fuzz_data_i64_range(fd, 1, 6);
-    cfg.vdim = fuzz_data_bool(fd) ? 0 : fuzz_data_i64_range(fd, 1, 6);
-    cfg.bias = fuzz_data_chance(fd, 3, 4);
-    cfg.add_bias_kv = fuzz_data_chance(fd, 1, 3);
-    cfg.add_zero_attn = fuzz_data_chance(fd, 1, 3);
-    cfg.batch_first = fuzz_data_bool(fd);
-    cfg.dropout = fuzz_data_chance(fd, 1, 3) ? fuzz_data_unit(fd) * 0.9 : 0.0;
-    const int64_t kd = cfg.kdim == 0 ? E : cfg.kdim, vd = cfg.vdim == 0 ? E : cfg.vdim;
-
     attn_mha *m[3] = {NULL, NULL, NULL};
-    attn_status st[3];
-    for (int c = 0; c < p->n; c++) st[c] = attn_mha_create(p->ctx[c], &cfg, &m[c]);
-    compare_status(p, st, "attn_mha_create");
-    FUZZ_CHECK(st[0] == ATTN_OK, "attn_mha_create: %s", attn_ctx_last_error(p->ctx[0]));
-    compare_generators(p);
-    const int count = attn_mha_param_count(m[0]);
-    FUZZ_CHECK(count >= 2 && count <= 8, "%d parameters", count);
     int64_t pn[8];
     const char *pname[8];
-    for (int i = 0; i < count; i++) {
-        int64_t shape[3];
-        int ndim;
-        float *a0;
-        attn_mha_param_at(m[0], i, &pname[i], &ndim, shape, &a0);
-        pn[i] = 1;
-        for (int dd = 0; dd < ndim; dd++) pn[i] *= shape[dd];
-        for (int c = 1; c < p->n; c++) {
-            float *r;
-            FUZZ_CHECK(attn_mha_param_count(m[c]) == count, "parameter counts differ");
-            attn_mha_param_at(m[c], i, NULL, NULL, NULL, &r);
-            FUZZ_CHECK(memcmp(a0, r, (size_t)pn[i] * sizeof(float)) == 0, "parameter %d initialised differently", i);
-        }
-    }
-    if (fuzz_data_chance(fd, 1, 2)) { /* random parameters (non-zero biases), the same in every module */
-        static const float pamps[] = {0.25f, 1.0f, 3.0f};
-        const float pamp = pamps[fuzz_data_pick(fd, 3)];
-        for (int i = 0; i < count; i++) {
-            float *x = new_floats(pn[i]);
-            fill(p, x, pn[i], pamp);
-            for (int c = 0; c < p->n; c++) {
-                float *data;
-                attn_mha_param_at(m[c], i, NULL, NULL, NULL, &data);
-                memcpy(data, x, (size_t)pn[i] * sizeof(float));
-            }
-            free(x);
-        }
-    }
+    const int count = open_mha(p, &cfg, m, pn, pname);
+    const int64_t H = cfg.num_heads, E = cfg.embed_dim, hd = E / H;
+    const int64_t kd = cfg.kdim == 0 ? E : cfg.kdim, vd = cfg.vdim == 0 ? E : cfg.vdim;
+    attn_status st[3];
+    randomize_params(p, count, pn, mha_param, m); /* non-zero biases among them */
 
     attn_mha_args a;
-    attn_mha_args_init(&a);
-    a.unbatched = fuzz_data_chance(fd, 1, 4);
-    const int64_t N = a.unbatched ? 1 : fuzz_data_i64_range(fd, 1, 3), L = fuzz_data_i64_range(fd, 1, 5);
-    a.batch = N, a.len_q = L;
+    decode_mha_batch(fd, &a);
+    const int64_t N = a.batch, L = a.len_q;
     /* key: omitted, the query's pointer (self-attention) or its own tensor; value: omitted, the
      * key's pointer (the query's when the key is), its own, or the query's while the key is its own */
     int kmode = (int)fuzz_data_pick(fd, 3);
@@ -797,26 +756,8 @@ static void bwd_mha(pair *p) {
     a.query = q;
     a.key = kmode == 0 ? NULL : kmode == 1 ? q : k;
     a.value = vmode == 0 ? NULL : vmode == 1 ? (a.key != NULL ? a.key : q) : vmode == 3 ? q : v;
-    void *mask = NULL, *kpm = NULL;
-    int64_t nmask = 0;
-    if (fuzz_data_chance(fd, 1, 3)) {
-        a.attn_mask_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_F32 : ATTN_DTYPE_BOOL;
-        a.attn_mask_ndim = fuzz_data_bool(fd) ? 3 : 2;
-        nmask = (a.attn_mask_ndim == 3 ? N * H : 1) * L * S;
-        mask = fuzz_xmalloc((size_t)nmask * attn_dtype_size(a.attn_mask_dtype));
-        fill_mask(p, mask, nmask, a.attn_mask_dtype);
-        a.attn_mask = mask;
-    } else {
-        a.causal = fuzz_data_chance(fd, 1, 3);
-    }
-    if (fuzz_data_chance(fd, 1, 3)) {
-        a.key_padding_mask_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_F32 : ATTN_DTYPE_BOOL;
-        kpm = fuzz_xmalloc((size_t)(N * S) * attn_dtype_size(a.key_padding_mask_dtype));
-        fill_mask(p, kpm, N * S, a.key_padding_mask_dtype);
-        a.key_padding_mask = kpm;
-    }
-    a.need_weights = fuzz_data_bool(fd);
-    a.average_attn_weights = fuzz_data_bool(fd);
+    void *mask, *kpm;
+    const int64_t nmask = decode_mha_masks(p, &a, H, &mask, &kpm);
     /* which gradients are asked for: the ones attn.h allows, some left NULL */
     const bool want_dq = fuzz_data_chance(fd, 5, 6), want_dk = kmode == 2 && fuzz_data_chance(fd, 5, 6);
     const bool want_dv = vmode == 2 && fuzz_data_chance(fd, 5, 6), want_dp = fuzz_data_chance(fd, 5, 6);
@@ -1055,33 +996,10 @@ static tol book_param_tol(const char *name, const mha_grad_tols *tg) {
  */
 static void bwd_book(pair *p) {
     fuzz_data *fd = p->fd;
-    const attn_book_kind kind = (attn_book_kind)(1 + fuzz_data_pick(fd, 5));
-    const int64_t din = fuzz_data_i64_range(fd, 1, 6), heads = fuzz_data_i64_range(fd, 1, 3);
-    const int64_t dout_f =
-        kind == ATTN_BOOK_MHA ? heads * fuzz_data_i64_range(fd, 1, 3) : fuzz_data_i64_range(fd, 1, 6);
-    const int64_t ctx_len = fuzz_data_i64_range(fd, 1, 8);
-    const double dropout = fuzz_data_chance(fd, 1, 3) ? fuzz_data_unit(fd) * 0.9 : 0.0;
-    const int bias = fuzz_data_bool(fd);
+    book_config b;
     attn_book *m[3] = {NULL, NULL, NULL};
+    open_book(p, &b, m);
     attn_status st[3];
-    for (int c = 0; c < p->n; c++) {
-        switch (kind) {
-        case ATTN_BOOK_SELF_ATTENTION_V1: st[c] = attn_book_self_attention_v1(p->ctx[c], din, dout_f, &m[c]); break;
-        case ATTN_BOOK_SELF_ATTENTION_V2:
-            st[c] = attn_book_self_attention_v2(p->ctx[c], din, dout_f, bias, &m[c]);
-            break;
-        case ATTN_BOOK_CAUSAL_ATTENTION:
-            st[c] = attn_book_causal_attention(p->ctx[c], din, dout_f, ctx_len, dropout, bias, &m[c]);
-            break;
-        case ATTN_BOOK_MHA_WRAPPER:
-            st[c] = attn_book_mha_wrapper(p->ctx[c], din, dout_f, ctx_len, dropout, heads, bias, &m[c]);
-            break;
-        default: st[c] = attn_book_mha(p->ctx[c], din, dout_f, ctx_len, dropout, heads, bias, &m[c]); break;
-        }
-    }
-    compare_status(p, st, "attn_book constructor");
-    FUZZ_CHECK(st[0] == ATTN_OK, "attn_book constructor: %s", attn_ctx_last_error(p->ctx[0]));
-    compare_generators(p);
     const int count = attn_book_param_count(m[0]);
     int64_t *pn = fuzz_xmalloc((size_t)count * sizeof(int64_t));
     const char **pname = fuzz_xmalloc((size_t)count * sizeof(char *));
@@ -1092,26 +1010,13 @@ static void bwd_book(pair *p) {
         attn_book_param_at(m[0], i, &pname[i], &ndim, shape, &data);
         pn[i] = ndim == 2 ? shape[0] * shape[1] : shape[0];
     }
-    if (fuzz_data_chance(fd, 1, 2)) { /* random parameters, the same in every module */
-        static const float pamps[] = {0.25f, 1.0f, 3.0f};
-        const float pamp = pamps[fuzz_data_pick(fd, 3)];
-        for (int i = 0; i < count; i++) {
-            float *x = new_floats(pn[i]);
-            fill(p, x, pn[i], pamp);
-            for (int c = 0; c < p->n; c++) {
-                float *data;
-                attn_book_param_at(m[c], i, NULL, NULL, NULL, &data);
-                memcpy(data, x, (size_t)pn[i] * sizeof(float));
-            }
-            free(x);
-        }
-    }
-    const int64_t batch = fuzz_data_i64_range(fd, 1, 3), n = fuzz_data_i64_range(fd, 1, ctx_len);
+    randomize_params(p, count, pn, book_param, m);
+    const int64_t batch = fuzz_data_i64_range(fd, 1, 3), n = fuzz_data_i64_range(fd, 1, b.context_length);
     const int64_t outf = attn_book_out_features(m[0]);
-    const int64_t hw = kind == ATTN_BOOK_MHA_WRAPPER || kind == ATTN_BOOK_MHA ? heads : 1;
+    const int64_t hw = b.kind == ATTN_BOOK_MHA_WRAPPER || b.kind == ATTN_BOOK_MHA ? b.heads : 1;
     const int training = fuzz_data_chance(fd, 1, 3), want_w = fuzz_data_bool(fd);
     const bool want_dx = fuzz_data_chance(fd, 5, 6), want_dp = fuzz_data_chance(fd, 5, 6);
-    const int64_t nx = batch * n * din, no = batch * n * outf, nw = want_w ? batch * hw * n * n : 0;
+    const int64_t nx = batch * n * b.d_in, no = batch * n * outf, nw = want_w ? batch * hw * n * n : 0;
     float *x = new_floats(nx), *dout = new_floats(no);
     fill(p, x, nx, pick_amp(p));
     fill(p, dout, no, pick_amp(p));
@@ -1130,22 +1035,23 @@ static void bwd_book(pair *p) {
         tame = tame && all_finite_within(data, pn[i], TAME_VALUE);
         nonfinite = nonfinite || any_nonfinite(data, pn[i]);
     }
-    const int64_t hd = kind == ATTN_BOOK_MHA ? dout_f / heads : dout_f;
-    const double keep = training && dropout > 0.0 ? 1.0 / (1.0 - dropout) : 1.0;
-    const int64_t width = din > dout_f ? din : dout_f;
+    const int64_t hd = b.kind == ATTN_BOOK_MHA ? b.d_out / b.heads : b.d_out;
+    const double keep = training && b.dropout > 0.0 ? 1.0 / (1.0 - b.dropout) : 1.0;
+    const int64_t width = b.d_in > b.d_out ? b.d_in : b.d_out;
     tol t_out, t_w;
     double smag;
     module_tols(max_abs(x, nx), wsum, bmax, width, hd, outf, keep, &t_out, &t_w, &smag);
     mha_grad_tols tg;
     mha_bwd_tols(max_abs(x, nx), max_abs(dout, no), wsum, bmax, 0.0, width, hd, outf, batch, n, n, n, keep, &tg);
-    if (kind == ATTN_BOOK_MHA_WRAPPER) /* dx sums the heads' */
-        tg.in.abs *= (double)heads;
+    if (b.kind == ATTN_BOOK_MHA_WRAPPER) /* dx sums the heads' */
+        tg.in.abs *= (double)b.heads;
     loose_nonfinite = nonfinite || smag > (double)FLT_MAX / 16.0;
     snprintf(problem, sizeof problem,
              "book_bwd kind=%d d_in=%lld d_out=%lld heads=%lld context_length=%lld dropout=%g bias=%d batch=%lld "
              "n=%lld training=%d weights=%d isa=%s contexts=%d",
-             (int)kind, (long long)din, (long long)dout_f, (long long)heads, (long long)ctx_len, dropout, bias,
-             (long long)batch, (long long)n, training, want_w, attn_isa_name(attn_ctx_isa(p->ctx[0])), p->n);
+             (int)b.kind, (long long)b.d_in, (long long)b.d_out, (long long)b.heads, (long long)b.context_length,
+             b.dropout, b.bias, (long long)batch, (long long)n, training, want_w,
+             attn_isa_name(attn_ctx_isa(p->ctx[0])), p->n);
 
     float *out[3] = {NULL, NULL, NULL}, *w[3] = {NULL, NULL, NULL}, *dx[3] = {NULL, NULL, NULL};
     float **dp[3] = {NULL, NULL, NULL};
@@ -1212,23 +1118,17 @@ static void bwd_book(pair *p) {
     free(x), free(dout), free(pn), free(pname), free(want_p);
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    fuzz_data fd;
-    fuzz_data_init(&fd, data, size);
-    const unsigned what = fuzz_data_u8(&fd);
-    fuzz_alloc alloc[3] = {{0}, {0}, {0}};
-    pair p;
-    diff_open(&p, &fd, alloc);
+static void run(pair *p, unsigned what) {
     switch (what % 8) {
     case 0:
     case 1:
     case 2:
     case 3:
-    case 4: bwd_sdpa(&p); break;
+    case 4: bwd_sdpa(p); break;
     case 5:
-    case 6: bwd_mha(&p); break;
-    default: bwd_book(&p); break;
+    case 6: bwd_mha(p); break;
+    default: bwd_book(p); break;
     }
-    diff_close(&p, alloc);
-    return 0;
 }
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) { return diff_main(data, size, run); }

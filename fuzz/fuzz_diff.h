@@ -1,8 +1,11 @@
 /*
  * fuzz_diff.h - what the differential targets (fuzz_sdpa_diff.c, fuzz_bwd_diff.c) share: the
  * contexts compared (the kernels under test, the reference, sometimes the kernels with another
- * thread count), the tolerance helpers, the comparisons, and the generators of inputs, masks and
- * strided layouts. Each target includes it once.
+ * thread count), the tolerance helpers, the comparisons, the generators of inputs, masks and
+ * strided layouts, the decoders of the problems both run (SDPA sizes, scales and key padding masks,
+ * MultiheadAttention and book modules and their masks) and LLVMFuzzerTestOneInput's frame. Each
+ * decoder reads the input in the order the targets always have, which is what their corpora mean.
+ * Each target includes it once.
  */
 #ifndef ATTN_FUZZ_DIFF_H
 #define ATTN_FUZZ_DIFF_H
@@ -383,6 +386,190 @@ static inline void describe_extras(const attn_sdpa_desc *d, char *buf, size_t si
     snprintf(buf, size, "%s%s softcap=%g kv=%s", win, alibi, (double)d->softcap, attn_dtype_name(d->kv_dtype));
 }
 
+/* ---- the problems both targets decode: SDPA shapes, scales and key padding masks, the modules -- */
+
+/* The sizes of an SDPA problem: H = Hkv * G query heads share Hkv key/value heads. */
+typedef struct sdpa_shape {
+    int64_t B, H, Hkv, G, L, S, D, Dv;
+} sdpa_shape;
+
+/*
+ * Decodes the sizes of an SDPA problem, mostly small; sometimes long (up to 80 queries and
+ * `long_len_kv` keys: several key and query tiles of the fused kernels) or wide (head dims up to
+ * 40: a few vector widths). The largest size shrinks until B * H * L * S * (D + Dv) is within
+ * `long_budget` (long and wide problems) or `budget`. Initialises d with the sizes, n_kv_heads and
+ * head_dim_v sometimes left 0 (their defaults) where that means the same.
+ */
+static inline sdpa_shape decode_sdpa_shape(pair *p, attn_sdpa_desc *d, int64_t long_len_kv, int64_t long_budget,
+                                           int64_t budget) {
+    fuzz_data *fd = p->fd;
+    const int shape_mode = (int)fuzz_data_pick(fd, 8);
+    const int64_t max_len_q = shape_mode == 0 ? 80 : 12, max_len_kv = shape_mode == 0 ? long_len_kv : 12;
+    const int64_t max_dim = shape_mode == 1 ? 40 : 12, limit = shape_mode <= 1 ? long_budget : budget;
+    sdpa_shape z;
+    z.B = fuzz_data_i64_range(fd, 1, 3), z.Hkv = fuzz_data_i64_range(fd, 1, 4), z.G = fuzz_data_i64_range(fd, 1, 3);
+    z.L = fuzz_data_i64_range(fd, 1, max_len_q), z.S = fuzz_data_i64_range(fd, 1, max_len_kv);
+    z.D = fuzz_data_i64_range(fd, 1, max_dim);
+    z.Dv = fuzz_data_bool(fd) ? z.D : fuzz_data_i64_range(fd, 1, max_dim);
+    while (z.B * z.Hkv * z.G * z.L * z.S * (z.D + z.Dv) > limit) { /* keep each run short: shrink the largest */
+        int64_t *big = &z.S;
+        int64_t *cand[6] = {&z.L, &z.D, &z.Dv, &z.B, &z.G, &z.Hkv};
+        for (int i = 0; i < 6; i++)
+            if (*cand[i] > *big) big = cand[i];
+        *big = *big > 8 ? *big * 3 / 4 : *big - 1;
+    }
+    z.H = z.Hkv * z.G;
+    attn_sdpa_desc_init(d);
+    d->batch = z.B, d->n_heads = z.H, d->len_q = z.L, d->len_kv = z.S, d->head_dim = z.D;
+    d->n_kv_heads = z.Hkv == z.H && fuzz_data_bool(fd) ? 0 : z.Hkv;
+    d->head_dim_v = z.Dv == z.D && fuzz_data_bool(fd) ? 0 : z.Dv;
+    return z;
+}
+
+/* An SDPA scale: 0 (the default 1/sqrt(D)) half the time, else moderate or special (NaN, inf...). */
+static inline float decode_scale(fuzz_data *fd) {
+    switch (fuzz_data_pick(fd, 6)) {
+    case 0: return fuzz_data_float_special(fd);
+    case 1:
+    case 2: return fuzz_data_float_range(fd, -2.0f, 2.0f);
+    default: return 0.0f;
+    }
+}
+
+/* A (B, S) key padding mask in d, BOOL or F32 at a drawn layout, with probability 1/3; returns its
+ * buffer (the caller frees it) or NULL. */
+static inline void *decode_key_padding_mask(pair *p, attn_sdpa_desc *d) {
+    if (!fuzz_data_chance(p->fd, 1, 3)) return NULL;
+    d->key_padding_mask_dtype = fuzz_data_bool(p->fd) ? ATTN_DTYPE_F32 : ATTN_DTYPE_BOOL;
+    const int64_t nkpm[2] = {d->batch, d->len_kv};
+    const int64_t ckpm = layout(p, 2, nkpm, 4, d->key_padding_mask_stride);
+    void *kpm = fuzz_xmalloc((size_t)ckpm * attn_dtype_size(d->key_padding_mask_dtype));
+    fill_mask(p, kpm, ckpm, d->key_padding_mask_dtype);
+    d->key_padding_mask = kpm;
+    return kpm;
+}
+
+/*
+ * Decodes an nn.MultiheadAttention configuration (H 1..3 heads of 1..4 dims, kdim and vdim, biases,
+ * bias_kv, zero_attn, batch_first, dropout) into cfg and creates the module on every context: the
+ * same status everywhere, success, the same generator state after the initialisation and the same
+ * parameters (2 to 8). Returns the parameter count; their elements and names go to pn and pname.
+ */
+static inline int open_mha(pair *p, attn_mha_config *cfg, attn_mha *m[3], int64_t pn[8], const char *pname[8]) {
+    fuzz_data *fd = p->fd;
+    const int64_t H = fuzz_data_i64_range(fd, 1, 3), hd = fuzz_data_i64_range(fd, 1, 4);
+    attn_mha_config_init(cfg, H * hd, H);
+    cfg->kdim = fuzz_data_bool(fd) ? 0 : fuzz_data_i64_range(fd, 1, 6);
+    cfg->vdim = fuzz_data_bool(fd) ? 0 : fuzz_data_i64_range(fd, 1, 6);
+    cfg->bias = fuzz_data_chance(fd, 3, 4);
+    cfg->add_bias_kv = fuzz_data_chance(fd, 1, 3);
+    cfg->add_zero_attn = fuzz_data_chance(fd, 1, 3);
+    cfg->batch_first = fuzz_data_bool(fd);
+    cfg->dropout = fuzz_data_chance(fd, 1, 3) ? fuzz_data_unit(fd) * 0.9 : 0.0;
+    attn_status st[3];
+    for (int c = 0; c < p->n; c++) st[c] = attn_mha_create(p->ctx[c], cfg, &m[c]);
+    compare_status(p, st, "attn_mha_create");
+    FUZZ_CHECK(st[0] == ATTN_OK, "attn_mha_create: %s", attn_ctx_last_error(p->ctx[0]));
+    compare_generators(p);
+    const int count = attn_mha_param_count(m[0]);
+    FUZZ_CHECK(count >= 2 && count <= 8, "%d parameters", count);
+    for (int i = 0; i < count; i++) { /* initialisation is the generator's: identical bits */
+        int64_t shape[3];
+        int ndim;
+        float *a0;
+        attn_mha_param_at(m[0], i, &pname[i], &ndim, shape, &a0);
+        pn[i] = 1;
+        for (int dd = 0; dd < ndim; dd++) pn[i] *= shape[dd];
+        for (int c = 1; c < p->n; c++) {
+            float *r;
+            FUZZ_CHECK(attn_mha_param_count(m[c]) == count, "parameter counts differ");
+            attn_mha_param_at(m[c], i, NULL, NULL, NULL, &r);
+            FUZZ_CHECK(memcmp(a0, r, (size_t)pn[i] * sizeof(float)) == 0, "parameter %d initialised differently", i);
+        }
+    }
+    return count;
+}
+
+/* Initialises the arguments of an attn_mha_forward call and decodes whether the input is unbatched,
+ * the batch (1..3; 1 when unbatched) and the query length (1..5). */
+static inline void decode_mha_batch(fuzz_data *fd, attn_mha_args *a) {
+    attn_mha_args_init(a);
+    a->unbatched = fuzz_data_chance(fd, 1, 4);
+    a->batch = a->unbatched ? 1 : fuzz_data_i64_range(fd, 1, 3);
+    a->len_q = fuzz_data_i64_range(fd, 1, 5);
+}
+
+/*
+ * Decodes the masks of an attn_mha_forward call whose batch, len_q and len_kv are set: an attn_mask
+ * (BOOL or F32, (L, S) or (N * H, L, S)) with probability 1/3, else sometimes is_causal; a key
+ * padding mask with probability 1/3; then need_weights and average_attn_weights. The masks' buffers
+ * go to *mask and *kpm (NULL when absent; the caller frees them); returns the attn_mask's elements.
+ */
+static inline int64_t decode_mha_masks(pair *p, attn_mha_args *a, int64_t H, void **mask, void **kpm) {
+    fuzz_data *fd = p->fd;
+    const int64_t N = a->batch, L = a->len_q, S = a->len_kv;
+    int64_t nmask = 0;
+    *mask = *kpm = NULL;
+    if (fuzz_data_chance(fd, 1, 3)) {
+        a->attn_mask_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_F32 : ATTN_DTYPE_BOOL;
+        a->attn_mask_ndim = fuzz_data_bool(fd) ? 3 : 2;
+        nmask = (a->attn_mask_ndim == 3 ? N * H : 1) * L * S;
+        *mask = fuzz_xmalloc((size_t)nmask * attn_dtype_size(a->attn_mask_dtype));
+        fill_mask(p, *mask, nmask, a->attn_mask_dtype);
+        a->attn_mask = *mask;
+    } else {
+        a->causal = fuzz_data_chance(fd, 1, 3);
+    }
+    if (fuzz_data_chance(fd, 1, 3)) {
+        a->key_padding_mask_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_F32 : ATTN_DTYPE_BOOL;
+        *kpm = fuzz_xmalloc((size_t)(N * S) * attn_dtype_size(a->key_padding_mask_dtype));
+        fill_mask(p, *kpm, N * S, a->key_padding_mask_dtype);
+        a->key_padding_mask = *kpm;
+    }
+    a->need_weights = fuzz_data_bool(fd);
+    a->average_attn_weights = fuzz_data_bool(fd);
+    return nmask;
+}
+
+/* The constructor arguments of one of the book's modules. */
+typedef struct book_config {
+    attn_book_kind kind;
+    int64_t d_in, d_out, heads, context_length;
+    double dropout;
+    int bias;
+} book_config;
+
+/* Decodes a book module's kind and arguments into b and creates it on every context: the same
+ * status everywhere, success, and the same generator state after the initialisation. */
+static inline void open_book(pair *p, book_config *b, attn_book *m[3]) {
+    fuzz_data *fd = p->fd;
+    b->kind = (attn_book_kind)(1 + fuzz_data_pick(fd, 5));
+    b->d_in = fuzz_data_i64_range(fd, 1, 6), b->heads = fuzz_data_i64_range(fd, 1, 3);
+    b->d_out = b->kind == ATTN_BOOK_MHA ? b->heads * fuzz_data_i64_range(fd, 1, 3) : fuzz_data_i64_range(fd, 1, 6);
+    b->context_length = fuzz_data_i64_range(fd, 1, 8);
+    b->dropout = fuzz_data_chance(fd, 1, 3) ? fuzz_data_unit(fd) * 0.9 : 0.0;
+    b->bias = fuzz_data_bool(fd);
+    const int64_t din = b->d_in, dout = b->d_out, len = b->context_length, heads = b->heads;
+    attn_status st[3];
+    for (int c = 0; c < p->n; c++) {
+        attn_ctx *ctx = p->ctx[c];
+        switch (b->kind) {
+        case ATTN_BOOK_SELF_ATTENTION_V1: st[c] = attn_book_self_attention_v1(ctx, din, dout, &m[c]); break;
+        case ATTN_BOOK_SELF_ATTENTION_V2: st[c] = attn_book_self_attention_v2(ctx, din, dout, b->bias, &m[c]); break;
+        case ATTN_BOOK_CAUSAL_ATTENTION:
+            st[c] = attn_book_causal_attention(ctx, din, dout, len, b->dropout, b->bias, &m[c]);
+            break;
+        case ATTN_BOOK_MHA_WRAPPER:
+            st[c] = attn_book_mha_wrapper(ctx, din, dout, len, b->dropout, heads, b->bias, &m[c]);
+            break;
+        default: st[c] = attn_book_mha(ctx, din, dout, len, b->dropout, heads, b->bias, &m[c]); break;
+        }
+    }
+    compare_status(p, st, "attn_book constructor");
+    FUZZ_CHECK(st[0] == ATTN_OK, "attn_book constructor: %s", attn_ctx_last_error(p->ctx[0]));
+    compare_generators(p);
+}
+
 /* ---- contexts ------------------------------------------------------------------------------ */
 
 /* Decodes the contexts from the input (after the byte choosing what to run) and creates them:
@@ -413,6 +600,20 @@ static inline void diff_close(pair *p, fuzz_alloc alloc[3]) {
         attn_ctx_free(p->ctx[c]);
         FUZZ_CHECK(fuzz_alloc_live(&alloc[c]) == 0, "%zu blocks leaked", fuzz_alloc_live(&alloc[c]));
     }
+}
+
+/* A differential target's LLVMFuzzerTestOneInput: the first byte chooses what `run` runs (it gets
+ * that byte), the contexts are decoded from the bytes after it and released after the run. */
+static inline int diff_main(const uint8_t *data, size_t size, void (*run)(pair *p, unsigned what)) {
+    fuzz_data fd;
+    fuzz_data_init(&fd, data, size);
+    const unsigned what = fuzz_data_u8(&fd);
+    fuzz_alloc alloc[3] = {{0}, {0}, {0}};
+    pair p;
+    diff_open(&p, &fd, alloc);
+    run(&p, what);
+    diff_close(&p, alloc);
+    return 0;
 }
 
 #endif /* ATTN_FUZZ_DIFF_H */

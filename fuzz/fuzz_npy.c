@@ -82,13 +82,18 @@ static uint8_t *npy_encode(const attn_tensor *t, size_t nbytes, size_t *len) {
 
 /* Parses `len` bytes copied to an exactly sized buffer. */
 static attn_status parse_copy(attn_ctx *ctx, const uint8_t *src, size_t len, size_t copy_len, attn_tensor *t) {
-    uint8_t *buf = fuzz_xmalloc(len);
-    if (len > 0) {
-        memset(buf, 0, len);
-        memcpy(buf, src, copy_len < len ? copy_len : len);
-    }
+    uint8_t *buf = fuzz_copy_exact(src, len, copy_len);
     attn_status st = attn_npy_parse(ctx, buf, len, t);
     free(buf);
+    return st;
+}
+
+/* The input, for fuzz_fail_each_alloc: parses it, and a failure must leave the tensor zeroed. */
+static attn_status parse_input(attn_ctx *ctx, void *user) {
+    const fuzz_input *in = user;
+    attn_tensor t;
+    const attn_status st = attn_npy_parse(ctx, in->data, in->size, &t);
+    FUZZ_CHECK(st == ATTN_OK || tensor_is_zero(&t), "the tensor is not zeroed after a failure");
     return st;
 }
 
@@ -135,18 +140,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         FUZZ_CHECK(tensor_is_zero(&v), "the tensor is not zeroed after a failure");
 
         /* Each allocation failing in turn: out of memory, nothing kept. */
-        for (uint64_t k = 1; k <= calls; k++) {
-            const size_t live = fuzz_alloc_live(&alloc);
-            fuzz_alloc_arm(&alloc, k);
-            st = attn_npy_parse(ctx, data, size, &v);
-            alloc.fail_at = 0;
-            FUZZ_CHECK(st == ATTN_ERR_OUT_OF_MEMORY, "allocation %llu failing gave %s", (unsigned long long)k,
-                       attn_strerror(st));
-            fuzz_check_error(ctx, st, "attn_npy_parse (allocation failure)");
-            FUZZ_CHECK(tensor_is_zero(&v), "the tensor is not zeroed after a failure");
-            FUZZ_CHECK(fuzz_alloc_live(&alloc) == live, "%zu blocks leaked after an allocation failure",
-                       fuzz_alloc_live(&alloc) - live);
-        }
+        fuzz_input in = {data, size};
+        fuzz_fail_each_alloc(&alloc, ctx, calls, parse_input, &in, "attn_npy_parse (allocation failure)");
         attn_tensor_release(ctx, &t);
         FUZZ_CHECK(tensor_is_zero(&t), "attn_tensor_release did not zero the tensor");
     }

@@ -155,14 +155,32 @@ static void check_same_list(const attn_tensor_list *a, const attn_tensor_list *b
 }
 
 static attn_status parse_copy(attn_ctx *ctx, const uint8_t *src, size_t len, size_t copy_len, attn_tensor_list *out) {
-    uint8_t *buf = fuzz_xmalloc(len);
-    if (len > 0) {
-        memset(buf, 0, len);
-        memcpy(buf, src, copy_len < len ? copy_len : len);
-    }
+    uint8_t *buf = fuzz_copy_exact(src, len, copy_len);
     attn_status st = attn_safetensors_parse(ctx, buf, len, out);
     free(buf);
     return st;
+}
+
+/* The input, for fuzz_fail_each_alloc: parses it, and a failure must leave the list empty. */
+static attn_status parse_input(attn_ctx *ctx, void *user) {
+    const fuzz_input *in = user;
+    attn_tensor_list list;
+    const attn_status st = attn_safetensors_parse(ctx, in->data, in->size, &list);
+    FUZZ_CHECK(st == ATTN_OK || (list.count == 0 && list.tensors == NULL), "the list is not empty after a failure");
+    return st;
+}
+
+/* attn_mha_create_from_state's arguments, for fuzz_fail_each_alloc. */
+typedef struct from_state {
+    const attn_tensor_list *list;
+    int64_t heads;
+    const attn_mha_config *extra;
+} from_state;
+
+static attn_status create_from_state(attn_ctx *ctx, void *user) {
+    const from_state *a = user;
+    attn_mha *m = NULL;
+    return attn_mha_create_from_state(ctx, a->list, a->heads, a->extra, &m);
 }
 
 /* ---- nn.MultiheadAttention from the state ----------------------------------------------------- */
@@ -223,18 +241,9 @@ static void try_module(attn_ctx *ctx, fuzz_alloc *alloc, const attn_tensor_list 
     }
     attn_mha_free(m);
     /* Each allocation failing in turn: out of memory, nothing kept. */
-    for (uint64_t i = 1; i <= calls; i++) {
-        const size_t live = fuzz_alloc_live(alloc);
-        fuzz_alloc_arm(alloc, i);
-        m = NULL;
-        st = attn_mha_create_from_state(ctx, list, heads, extra, &m);
-        alloc->fail_at = 0;
-        FUZZ_CHECK(st == ATTN_ERR_OUT_OF_MEMORY, "allocation %llu failing gave %s", (unsigned long long)i,
-                   attn_strerror(st));
-        fuzz_check_error(ctx, st, "attn_mha_create_from_state (allocation failure)");
-        FUZZ_CHECK(fuzz_alloc_live(alloc) == live, "%zu blocks leaked after an allocation failure",
-                   fuzz_alloc_live(alloc) - live);
-    }
+    from_state args = {list, heads, extra};
+    fuzz_fail_each_alloc(alloc, ctx, calls, create_from_state, &args,
+                         "attn_mha_create_from_state (allocation failure)");
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -281,18 +290,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_check_error(ctx, st, "attn_safetensors_parse (extended)");
 
     /* Each allocation failing in turn (the first few hundred): out of memory, nothing kept. */
-    for (uint64_t k = 1; k <= calls && k <= 300; k++) {
-        const size_t live = fuzz_alloc_live(&alloc);
-        fuzz_alloc_arm(&alloc, k);
-        st = attn_safetensors_parse(ctx, data, size, &other);
-        alloc.fail_at = 0;
-        FUZZ_CHECK(st == ATTN_ERR_OUT_OF_MEMORY, "allocation %llu failing gave %s", (unsigned long long)k,
-                   attn_strerror(st));
-        fuzz_check_error(ctx, st, "attn_safetensors_parse (allocation failure)");
-        FUZZ_CHECK(other.count == 0 && other.tensors == NULL, "the list is not empty after a failure");
-        FUZZ_CHECK(fuzz_alloc_live(&alloc) == live, "%zu blocks leaked after an allocation failure",
-                   fuzz_alloc_live(&alloc) - live);
-    }
+    fuzz_input in = {data, size};
+    fuzz_fail_each_alloc(&alloc, ctx, calls < 300 ? calls : 300, parse_input, &in,
+                         "attn_safetensors_parse (allocation failure)");
 
     /* The list as an nn.MultiheadAttention state_dict. */
     if (attn_tensor_list_find(&list, "out_proj.weight") != NULL) {

@@ -145,37 +145,13 @@ static void diff_kv_cache(pair *p) {
 
 static void diff_sdpa(pair *p) {
     fuzz_data *fd = p->fd;
-    /* Mostly small problems; sometimes long ones (several key and query tiles of the fused kernels)
-     * or wide ones (head dims over a few vector widths). */
-    const int shape_mode = (int)fuzz_data_pick(fd, 8);
-    const int64_t max_len_q = shape_mode == 0 ? 80 : 12, max_len_kv = shape_mode == 0 ? 220 : 12;
-    const int64_t max_dim = shape_mode == 1 ? 40 : 12, budget = shape_mode <= 1 ? 300000 : 40000;
-    int64_t B = fuzz_data_i64_range(fd, 1, 3), Hkv = fuzz_data_i64_range(fd, 1, 4), G = fuzz_data_i64_range(fd, 1, 3);
-    int64_t L = fuzz_data_i64_range(fd, 1, max_len_q), S = fuzz_data_i64_range(fd, 1, max_len_kv);
-    int64_t D = fuzz_data_i64_range(fd, 1, max_dim);
-    int64_t Dv = fuzz_data_bool(fd) ? D : fuzz_data_i64_range(fd, 1, max_dim);
-    while (B * Hkv * G * L * S * (D + Dv) > budget) { /* keep each run short: shrink the largest */
-        int64_t *big = &S;
-        int64_t *cand[6] = {&L, &D, &Dv, &B, &G, &Hkv};
-        for (int i = 0; i < 6; i++)
-            if (*cand[i] > *big) big = cand[i];
-        *big = *big > 8 ? *big * 3 / 4 : *big - 1;
-    }
-    const int64_t H = Hkv * G;
     attn_sdpa_desc d;
-    attn_sdpa_desc_init(&d);
-    d.batch = B, d.n_heads = H, d.len_q = L, d.len_kv = S, d.head_dim = D;
-    d.n_kv_heads = Hkv == H && fuzz_data_bool(fd) ? 0 : Hkv;
-    d.head_dim_v = Dv == D && fuzz_data_bool(fd) ? 0 : Dv;
+    const sdpa_shape z = decode_sdpa_shape(p, &d, 220, 300000, 40000);
+    const int64_t B = z.B, H = z.H, Hkv = z.Hkv, L = z.L, S = z.S, D = z.D, Dv = z.Dv;
     const int64_t nq[4] = {B, H, L, D}, nk[4] = {B, Hkv, S, D}, nv[4] = {B, Hkv, S, Dv}, no[4] = {B, H, L, Dv};
     const int64_t cq = layout(p, 4, nq, 1, d.q_stride), ck = layout(p, 4, nk, 1, d.k_stride);
     const int64_t cv = layout(p, 4, nv, 1, d.v_stride), co = layout(p, 4, no, 0, d.o_stride);
-    switch (fuzz_data_pick(fd, 6)) {
-    case 0: d.scale = fuzz_data_float_special(fd); break;
-    case 1:
-    case 2: d.scale = fuzz_data_float_range(fd, -2.0f, 2.0f); break;
-    default: d.scale = 0.0f; break;
-    }
+    d.scale = decode_scale(fd);
     d.causal = (attn_causal)fuzz_data_pick(fd, 3);
     d.weights_mode = (attn_weights_mode)fuzz_data_pick(fd, 3);
     if (fuzz_data_chance(fd, 1, 4)) d.dropout_p = fuzz_data_chance(fd, 1, 16) ? 1.0 : fuzz_data_unit(fd) * 0.95;
@@ -195,14 +171,7 @@ static void diff_sdpa(pair *p) {
         fill_mask(p, mask, cm, d.mask_dtype);
         d.mask = mask;
     }
-    if (fuzz_data_chance(fd, 1, 3)) {
-        d.key_padding_mask_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_F32 : ATTN_DTYPE_BOOL;
-        const int64_t nkpm[2] = {B, S};
-        const int64_t ckpm = layout(p, 2, nkpm, 4, d.key_padding_mask_stride);
-        kpm = fuzz_xmalloc((size_t)ckpm * attn_dtype_size(d.key_padding_mask_dtype));
-        fill_mask(p, kpm, ckpm, d.key_padding_mask_dtype);
-        d.key_padding_mask = kpm;
-    }
+    kpm = decode_key_padding_mask(p, &d);
     sdpa_extras ex;
     decode_extras(p, &d, &ex);
     kv_for_dtype(p, &d, k, ck, v, cv, &ex);
@@ -523,44 +492,18 @@ static void diff_sdpa_raw(pair *p) {
 
 static void diff_mha(pair *p) {
     fuzz_data *fd = p->fd;
-    const int64_t H = fuzz_data_i64_range(fd, 1, 3), hd = fuzz_data_i64_range(fd, 1, 4), E = H * hd;
     attn_mha_config cfg;
-    attn_mha_config_init(&cfg, E, H);
-    cfg.kdim = fuzz_data_bool(fd) ? 0 : fuzz_data_i64_range(fd, 1, 6);
-    cfg.vdim = fuzz_data_bool(fd) ? 0 : fuzz_data_i64_range(fd, 1, 6);
-    cfg.bias = fuzz_data_chance(fd, 3, 4);
-    cfg.add_bias_kv = fuzz_data_chance(fd, 1, 3);
-    cfg.add_zero_attn = fuzz_data_chance(fd, 1, 3);
-    cfg.batch_first = fuzz_data_bool(fd);
-    cfg.dropout = fuzz_data_chance(fd, 1, 3) ? fuzz_data_unit(fd) * 0.9 : 0.0;
-    const int64_t kd = cfg.kdim == 0 ? E : cfg.kdim, vd = cfg.vdim == 0 ? E : cfg.vdim;
-
     attn_mha *m[3] = {NULL, NULL, NULL};
+    int64_t pn[8];
+    const char *pname[8];
+    const int count = open_mha(p, &cfg, m, pn, pname);
+    const int64_t H = cfg.num_heads, E = cfg.embed_dim, hd = E / H;
+    const int64_t kd = cfg.kdim == 0 ? E : cfg.kdim, vd = cfg.vdim == 0 ? E : cfg.vdim;
     attn_status st[3];
-    for (int c = 0; c < p->n; c++) st[c] = attn_mha_create(p->ctx[c], &cfg, &m[c]);
-    compare_status(p, st, "attn_mha_create");
-    FUZZ_CHECK(st[0] == ATTN_OK, "attn_mha_create: %s", attn_ctx_last_error(p->ctx[0]));
-    compare_generators(p);
-    const int count = attn_mha_param_count(m[0]);
-    for (int c = 1; c < p->n; c++) {
-        FUZZ_CHECK(count == attn_mha_param_count(m[c]), "parameter counts differ");
-        for (int i = 0; i < count; i++) { /* initialisation is the generator's: identical bits */
-            int64_t shape[3];
-            int ndim;
-            float *a, *r;
-            attn_mha_param_at(m[0], i, NULL, &ndim, shape, &a);
-            attn_mha_param_at(m[c], i, NULL, NULL, NULL, &r);
-            int64_t n = 1;
-            for (int dd = 0; dd < ndim; dd++) n *= shape[dd];
-            FUZZ_CHECK(memcmp(a, r, (size_t)n * sizeof(float)) == 0, "parameter %d initialised differently", i);
-        }
-    }
 
     attn_mha_args a;
-    attn_mha_args_init(&a);
-    a.unbatched = fuzz_data_chance(fd, 1, 4);
-    const int64_t N = a.unbatched ? 1 : fuzz_data_i64_range(fd, 1, 3), L = fuzz_data_i64_range(fd, 1, 5);
-    a.batch = N, a.len_q = L;
+    decode_mha_batch(fd, &a);
+    const int64_t N = a.batch, L = a.len_q;
     /* key: omitted (only when kdim == E), the query itself (same shape), or its own tensor. */
     int kmode = (int)fuzz_data_pick(fd, 3);
     if (kmode != 2 && kd != E) kmode = 2;
@@ -578,25 +521,8 @@ static void diff_mha(pair *p) {
     a.query = q;
     a.key = kmode == 0 ? NULL : kmode == 1 ? q : k;
     a.value = vmode == 0 ? NULL : vmode == 1 ? (a.key != NULL ? a.key : q) : v;
-    void *mask = NULL, *kpm = NULL;
-    if (fuzz_data_chance(fd, 1, 3)) {
-        a.attn_mask_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_F32 : ATTN_DTYPE_BOOL;
-        a.attn_mask_ndim = fuzz_data_bool(fd) ? 3 : 2;
-        const int64_t nm = (a.attn_mask_ndim == 3 ? N * H : 1) * L * S;
-        mask = fuzz_xmalloc((size_t)nm * attn_dtype_size(a.attn_mask_dtype));
-        fill_mask(p, mask, nm, a.attn_mask_dtype);
-        a.attn_mask = mask;
-    } else {
-        a.causal = fuzz_data_chance(fd, 1, 3);
-    }
-    if (fuzz_data_chance(fd, 1, 3)) {
-        a.key_padding_mask_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_F32 : ATTN_DTYPE_BOOL;
-        kpm = fuzz_xmalloc((size_t)(N * S) * attn_dtype_size(a.key_padding_mask_dtype));
-        fill_mask(p, kpm, N * S, a.key_padding_mask_dtype);
-        a.key_padding_mask = kpm;
-    }
-    a.need_weights = fuzz_data_bool(fd);
-    a.average_attn_weights = fuzz_data_bool(fd);
+    void *mask, *kpm;
+    const int64_t nmask = decode_mha_masks(p, &a, H, &mask, &kpm);
     double wsum = 0.0, bmax = 0.0;
     for (int i = 0; i < count; i++) {
         int64_t shape[3];
@@ -616,7 +542,7 @@ static void diff_mha(pair *p) {
     bool nonfinite = any_nonfinite(q, L * N * E) || (k != NULL && any_nonfinite(k, S * N * kd)) ||
                      (v != NULL && any_nonfinite(v, S * N * vd));
     if (mask != NULL && a.attn_mask_dtype == ATTN_DTYPE_F32)
-        for (int64_t i = 0; i < (a.attn_mask_ndim == 3 ? N * H : 1) * L * S; i++)
+        for (int64_t i = 0; i < nmask; i++)
             nonfinite = nonfinite || isnan(((const float *)mask)[i]) || ((const float *)mask)[i] == INFINITY;
     if (kpm != NULL && a.key_padding_mask_dtype == ATTN_DTYPE_F32)
         for (int64_t i = 0; i < N * S; i++)
@@ -654,36 +580,16 @@ static void diff_mha(pair *p) {
 
 static void diff_book(pair *p) {
     fuzz_data *fd = p->fd;
-    const attn_book_kind kind = (attn_book_kind)(1 + fuzz_data_pick(fd, 5));
-    const int64_t din = fuzz_data_i64_range(fd, 1, 6), heads = fuzz_data_i64_range(fd, 1, 3);
-    const int64_t dout = kind == ATTN_BOOK_MHA ? heads * fuzz_data_i64_range(fd, 1, 3) : fuzz_data_i64_range(fd, 1, 6);
-    const int64_t ctx_len = fuzz_data_i64_range(fd, 1, 8);
-    const double dropout = fuzz_data_chance(fd, 1, 3) ? fuzz_data_unit(fd) * 0.9 : 0.0;
-    const int bias = fuzz_data_bool(fd);
+    book_config b;
     attn_book *m[3] = {NULL, NULL, NULL};
+    open_book(p, &b, m);
     attn_status st[3];
-    for (int c = 0; c < p->n; c++) {
-        switch (kind) {
-        case ATTN_BOOK_SELF_ATTENTION_V1: st[c] = attn_book_self_attention_v1(p->ctx[c], din, dout, &m[c]); break;
-        case ATTN_BOOK_SELF_ATTENTION_V2: st[c] = attn_book_self_attention_v2(p->ctx[c], din, dout, bias, &m[c]); break;
-        case ATTN_BOOK_CAUSAL_ATTENTION:
-            st[c] = attn_book_causal_attention(p->ctx[c], din, dout, ctx_len, dropout, bias, &m[c]);
-            break;
-        case ATTN_BOOK_MHA_WRAPPER:
-            st[c] = attn_book_mha_wrapper(p->ctx[c], din, dout, ctx_len, dropout, heads, bias, &m[c]);
-            break;
-        default: st[c] = attn_book_mha(p->ctx[c], din, dout, ctx_len, dropout, heads, bias, &m[c]); break;
-        }
-    }
-    compare_status(p, st, "attn_book constructor");
-    FUZZ_CHECK(st[0] == ATTN_OK, "attn_book constructor: %s", attn_ctx_last_error(p->ctx[0]));
-    compare_generators(p);
-    const int64_t batch = fuzz_data_i64_range(fd, 1, 3), n = fuzz_data_i64_range(fd, 1, ctx_len);
+    const int64_t batch = fuzz_data_i64_range(fd, 1, 3), n = fuzz_data_i64_range(fd, 1, b.context_length);
     const int64_t outf = attn_book_out_features(m[0]);
-    const int64_t hw = kind == ATTN_BOOK_MHA_WRAPPER || kind == ATTN_BOOK_MHA ? heads : 1;
+    const int64_t hw = b.kind == ATTN_BOOK_MHA_WRAPPER || b.kind == ATTN_BOOK_MHA ? b.heads : 1;
     const int training = fuzz_data_chance(fd, 1, 3), want_w = fuzz_data_bool(fd);
-    float *x = new_floats(batch * n * din);
-    fill(p, x, batch * n * din, pick_amp(p));
+    float *x = new_floats(batch * n * b.d_in);
+    fill(p, x, batch * n * b.d_in, pick_amp(p));
     double wsum = 0.0, bmax = 0.0;
     for (int i = 0; i < attn_book_param_count(m[1]); i++) {
         int64_t shape[2];
@@ -692,17 +598,19 @@ static void diff_book(pair *p) {
         attn_book_param_at(m[1], i, NULL, &ndim, shape, &data);
         param_bounds(ndim, shape, data, &wsum, &bmax);
     }
-    const int64_t hd = kind == ATTN_BOOK_MHA ? dout / heads : dout;
-    const double keep = training && dropout > 0.0 ? 1.0 / (1.0 - dropout) : 1.0;
+    const int64_t hd = b.kind == ATTN_BOOK_MHA ? b.d_out / b.heads : b.d_out;
+    const double keep = training && b.dropout > 0.0 ? 1.0 / (1.0 - b.dropout) : 1.0;
     tol t_out, t_w;
     double smag;
-    module_tols(max_abs(x, batch * n * din), wsum, bmax, din > dout ? din : dout, hd, dout, keep, &t_out, &t_w, &smag);
-    loose_nonfinite = (any_nonfinite(x, batch * n * din) && 2.0 * smag > 80.0) || smag > (double)FLT_MAX / 16.0;
+    const int64_t width = b.d_in > b.d_out ? b.d_in : b.d_out;
+    module_tols(max_abs(x, batch * n * b.d_in), wsum, bmax, width, hd, b.d_out, keep, &t_out, &t_w, &smag);
+    loose_nonfinite = (any_nonfinite(x, batch * n * b.d_in) && 2.0 * smag > 80.0) || smag > (double)FLT_MAX / 16.0;
     snprintf(problem, sizeof problem,
              "book kind=%d d_in=%lld d_out=%lld heads=%lld context_length=%lld dropout=%g bias=%d batch=%lld n=%lld "
              "training=%d weights=%d isa=%s",
-             (int)kind, (long long)din, (long long)dout, (long long)heads, (long long)ctx_len, dropout, bias,
-             (long long)batch, (long long)n, training, want_w, attn_isa_name(attn_ctx_isa(p->ctx[0])));
+             (int)b.kind, (long long)b.d_in, (long long)b.d_out, (long long)b.heads, (long long)b.context_length,
+             b.dropout, b.bias, (long long)batch, (long long)n, training, want_w,
+             attn_isa_name(attn_ctx_isa(p->ctx[0])));
     float *out[3] = {NULL, NULL, NULL}, *w[3] = {NULL, NULL, NULL};
     const int64_t no = batch * n * outf, nw = want_w ? batch * hw * n * n : 0;
     for (int c = 0; c < p->n; c++) {
@@ -722,13 +630,7 @@ static void diff_book(pair *p) {
     free(x);
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    fuzz_data fd;
-    fuzz_data_init(&fd, data, size);
-    const unsigned what = fuzz_data_u8(&fd);
-    fuzz_alloc alloc[3] = {{0}, {0}, {0}};
-    pair p;
-    diff_open(&p, &fd, alloc);
+static void run(pair *p, unsigned what) {
     switch (what % 8) {
     case 0:
     case 1:
@@ -737,16 +639,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 4: /* 156, 188, 220, 252 (first bytes no corpus input had before): KV caches; 155, 187,
              * 219, 251 (none either): raw half values and raw Q8_0 / Q4_0 blocks */
         if (what % 8 == 4 && what >= 156 && (what - 156) % 32 == 0)
-            diff_kv_cache(&p);
+            diff_kv_cache(p);
         else if (what % 8 == 3 && what >= 155 && (what - 155) % 32 == 0)
-            diff_sdpa_raw(&p);
+            diff_sdpa_raw(p);
         else
-            diff_sdpa(&p);
+            diff_sdpa(p);
         break;
     case 5:
-    case 6: diff_mha(&p); break;
-    default: diff_book(&p); break;
+    case 6: diff_mha(p); break;
+    default: diff_book(p); break;
     }
-    diff_close(&p, alloc);
-    return 0;
 }
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) { return diff_main(data, size, run); }

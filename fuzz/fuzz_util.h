@@ -2,7 +2,8 @@
  * fuzz_util.h - what the fuzz targets share: the invariant check that aborts (so libFuzzer and
  * the replay driver report it), an allocator for contexts that counts live blocks (a leak check
  * that works without a sanitizer), refuses requests over a cap and can fail one chosen call, the
- * check of the error-reporting contract, and helpers for exactly sized buffers and checked size arithmetic.
+ * run of a call with each of its allocations failing in turn, the check of the error-reporting
+ * contract, and helpers for exactly sized buffers and checked size arithmetic.
  */
 #ifndef ATTN_FUZZ_UTIL_H
 #define ATTN_FUZZ_UTIL_H
@@ -106,6 +107,36 @@ static inline void fuzz_check_error(const attn_ctx *ctx, attn_status st, const c
     FUZZ_CHECK(strchr(msg, '\n') == NULL, "%s: the message has a newline: %s", what, msg);
 }
 
+/* A fuzz input, as the `user` of a call that parses it. */
+typedef struct fuzz_input {
+    const uint8_t *data;
+    size_t size;
+} fuzz_input;
+
+/* A call under test, on ctx, with what it needs in `user`. */
+typedef attn_status (*fuzz_call_fn)(attn_ctx *ctx, void *user);
+
+/*
+ * Runs call(ctx, user) n times, the k-th time with its k-th allocation request failing (the call
+ * must make the same requests each time): each run must return ATTN_ERR_OUT_OF_MEMORY with a
+ * message on ctx and free every block it took. `what` names the call in the messages; `call` checks
+ * what the call leaves in its outputs.
+ */
+static inline void fuzz_fail_each_alloc(fuzz_alloc *a, attn_ctx *ctx, uint64_t n, fuzz_call_fn call, void *user,
+                                        const char *what) {
+    for (uint64_t k = 1; k <= n; k++) {
+        const size_t live = fuzz_alloc_live(a);
+        fuzz_alloc_arm(a, k);
+        const attn_status st = call(ctx, user);
+        a->fail_at = 0;
+        FUZZ_CHECK(st == ATTN_ERR_OUT_OF_MEMORY, "allocation %llu failing gave %s", (unsigned long long)k,
+                   attn_strerror(st));
+        fuzz_check_error(ctx, st, what);
+        FUZZ_CHECK(fuzz_alloc_live(a) == live, "%zu blocks leaked after an allocation failure",
+                   fuzz_alloc_live(a) - live);
+    }
+}
+
 /* ---- buffers ---------------------------------------------------------------------------------- */
 
 /* malloc of exactly `bytes` (at least 1) so that AddressSanitizer sees any access past the end. */
@@ -113,6 +144,17 @@ static inline void *fuzz_xmalloc(size_t bytes) {
     void *p = malloc(bytes > 0 ? bytes : 1);
     FUZZ_CHECK(p != NULL, "out of memory (%zu bytes)", bytes);
     return p;
+}
+
+/* A buffer of exactly `len` bytes holding the first `copy_len` bytes of src (at most len), zeros
+ * after them: an input cut short or lengthened, with AddressSanitizer watching its end. */
+static inline uint8_t *fuzz_copy_exact(const uint8_t *src, size_t len, size_t copy_len) {
+    uint8_t *buf = fuzz_xmalloc(len);
+    if (len > 0) {
+        memset(buf, 0, len);
+        memcpy(buf, src, copy_len < len ? copy_len : len);
+    }
+    return buf;
 }
 
 /* Overflow-checked a*b and a+b on non-negative int64 values; false (and *out unchanged) on
