@@ -6,8 +6,8 @@
 // and converted to float (Q4_0: the low nibbles of the block's 16 bytes are its values 0..15, the
 // high ones 16..31). qk_rows multiplies them by the block's scale d (exact: q * d needs at most 19
 // bits), so its products and sums are those of the float kernels on the dequantised values; it runs
-// four query rows against three keys per pass (12 accumulators, each key vector loaded once for the
-// four rows), as the half-precision kernels do (flash_kernels_avx2.c). pv_rows instead folds d
+// four query rows against two keys per pass (8 accumulators, each key vector loaded once for the
+// four rows; the half-precision kernel's three keys leave no register for the scales). pv_rows instead folds d
 // into the weights: per block of 32 columns it first forms each key's four weights times the
 // block's scale (p * d, one rounding more than p * (q * d); the error bound of attn.h allows it),
 // then runs the block's two halves of 16 columns over the keys with unscaled values (8
@@ -61,8 +61,10 @@ INLINE __m128 sum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     return _mm_add_ps(_mm256_castps256_ps128(s0123), _mm256_extractf128_ps(s0123, 1));
 }
 
-// Four query rows against three keys per pass; a tile's last keys (nj not a multiple of 3) repeat
-// its last key. Every key's sum runs along d in the same order whatever its place in the group.
+// Four query rows against two keys per pass (8 accumulators, the two keys' scales, their value
+// vectors and a query vector: 13 of the 16 registers; three keys, as the half-precision kernel
+// runs, would need 19 with the scales and spill); a tile's last key (nj odd) repeats. Every key's
+// sum runs along d in the same order whatever its place in the pair.
 INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const float *q, int rows,
                          float *s, int64_t s_r, int64_t s_j) {
     const int row_bytes = D / ATTN_QBLOCK * block_bytes(dt);
@@ -70,35 +72,31 @@ INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int
         const int nr = rows - r0 < 4 ? rows - r0 : 4;
         const float *q0 = q + (int64_t)r0 * D, *q1 = q0 + (nr > 1 ? D : 0), *q2 = q0 + (nr > 2 ? 2 * D : 0),
                     *q3 = q0 + (nr > 3 ? 3 * D : 0);
-        for (int j = 0; j < nj; j += 3) {
+        for (int j = 0; j < nj; j += 2) {
             const uint8_t *ka = block_at(k, dt, (int64_t)j * ks_row);
             const uint8_t *kb = block_at(k, dt, (int64_t)(j + 1 < nj ? j + 1 : nj - 1) * ks_row);
-            const uint8_t *kc = block_at(k, dt, (int64_t)(j + 2 < nj ? j + 2 : nj - 1) * ks_row);
-            if (r0 == 0) prefetch_row(ka, row_bytes), prefetch_row(kb, row_bytes), prefetch_row(kc, row_bytes);
+            if (r0 == 0) prefetch_row(ka, row_bytes), prefetch_row(kb, row_bytes);
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-            __m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0;
             for (int d0 = 0; d0 < D; d0 += ATTN_QBLOCK) {
                 const int64_t boff = d0 / ATTN_QBLOCK * block_bytes(dt);
-                const __m256 da = scale_of(ka + boff), db = scale_of(kb + boff), dc = scale_of(kc + boff);
+                const __m256 da = scale_of(ka + boff), db = scale_of(kb + boff);
                 for (int c = 0; c < 4; c++) {
                     const int d = d0 + 8 * c;
-                    const __m256 xa = load8(dt, ka + boff, da, c), xb = load8(dt, kb + boff, db, c),
-                                 xc = load8(dt, kc + boff, dc, c);
+                    const __m256 xa = load8(dt, ka + boff, da, c), xb = load8(dt, kb + boff, db, c);
                     __m256 x = _mm256_loadu_ps(q0 + d);
-                    a0 = _mm256_fmadd_ps(xa, x, a0), b0 = _mm256_fmadd_ps(xb, x, b0), c0 = _mm256_fmadd_ps(xc, x, c0);
+                    a0 = _mm256_fmadd_ps(xa, x, a0), b0 = _mm256_fmadd_ps(xb, x, b0);
                     x = _mm256_loadu_ps(q1 + d);
-                    a1 = _mm256_fmadd_ps(xa, x, a1), b1 = _mm256_fmadd_ps(xb, x, b1), c1 = _mm256_fmadd_ps(xc, x, c1);
+                    a1 = _mm256_fmadd_ps(xa, x, a1), b1 = _mm256_fmadd_ps(xb, x, b1);
                     x = _mm256_loadu_ps(q2 + d);
-                    a2 = _mm256_fmadd_ps(xa, x, a2), b2 = _mm256_fmadd_ps(xb, x, b2), c2 = _mm256_fmadd_ps(xc, x, c2);
+                    a2 = _mm256_fmadd_ps(xa, x, a2), b2 = _mm256_fmadd_ps(xb, x, b2);
                     x = _mm256_loadu_ps(q3 + d);
-                    a3 = _mm256_fmadd_ps(xa, x, a3), b3 = _mm256_fmadd_ps(xb, x, b3), c3 = _mm256_fmadd_ps(xc, x, c3);
+                    a3 = _mm256_fmadd_ps(xa, x, a3), b3 = _mm256_fmadd_ps(xb, x, b3);
                 }
             }
-            float out[12];
+            float out[8];
             _mm_storeu_ps(out, sum4(a0, a1, a2, a3));
             _mm_storeu_ps(out + 4, sum4(b0, b1, b2, b3));
-            _mm_storeu_ps(out + 8, sum4(c0, c1, c2, c3));
-            const int nk = nj - j < 3 ? nj - j : 3;
+            const int nk = nj - j < 2 ? nj - j : 2;
             float *sj = s + (int64_t)r0 * s_r + (int64_t)j * s_j;
             for (int c = 0; c < nk; c++)
                 for (int r = 0; r < nr; r++) sj[c * s_j + r * s_r] = out[4 * c + r];
