@@ -23,7 +23,9 @@
 
 namespace attn_cuda {
 
-template <typename T, int D>
+// Dropout: whether the instance holds the Philox dropout code (run when p.dropout is set); the
+// instance without it keeps the generator's state out of its registers.
+template <typename T, int D, bool Dropout>
 __global__ void __launch_bounds__(FlashTraits<D>::kThreads, 1) flash_fwd_kernel(const P p) {
     using Tr = FlashTraits<D>;
     constexpr int Br = Tr::kBr, Bc = Tr::kBc, ST = Tr::kStages, NTH = Tr::kThreads;
@@ -163,7 +165,7 @@ __global__ void __launch_bounds__(FlashTraits<D>::kThreads, 1) flash_fwd_kernel(
 
         // Dropout after the row sums: a dropped weight adds nothing to O (keep_scale at the end). The
         // keys 2c, 2c + 1 of an n-tile share one Philox call (the words of an aligned group of four).
-        if (p.dropout) {
+        if (Dropout && p.dropout) { // a run-time test too: the compiler then keeps the code as a branch
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -194,7 +196,7 @@ __global__ void __launch_bounds__(FlashTraits<D>::kThreads, 1) flash_fwd_kernel(
         float l = row_l[r];
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
-        inv[r] = l > 0.0f ? (p.dropout ? p.keep_scale : 1.0f) / l : (l == 0.0f ? 0.0f : l); // NaN stays NaN
+        inv[r] = l > 0.0f ? (Dropout && p.dropout ? p.keep_scale : 1.0f) / l : (l == 0.0f ? 0.0f : l); // NaN stays NaN
         const int64_t i = i0 + warp * 16 + g + r * 8;
         if (p.lse != nullptr && c == 0 && i < s.L) p.lse[lse_index(p, s, b, h, i)] = lse_of(row_m[r], l);
     }
@@ -215,13 +217,25 @@ __global__ void __launch_bounds__(FlashTraits<D>::kThreads, 1) flash_fwd_kernel(
     }
 }
 
-template <typename T, int D> int flash_launch(const P &p, int64_t row_blocks, cudaStream_t stream) {
+template <typename T, int D, bool Dropout> int flash_launch_as(const P &p, int64_t row_blocks, cudaStream_t stream) {
     using Tr = FlashTraits<D>;
     const size_t smem = (size_t)(Tr::kBr + 2 * Tr::kStages * Tr::kBc) * (size_t)(D + 8) * sizeof(T);
-    cudaError_t err = cudaFuncSetAttribute(flash_fwd_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaError_t err =
+        cudaFuncSetAttribute(flash_fwd_kernel<T, D, Dropout>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return err;
-    flash_fwd_kernel<T, D><<<dim3((unsigned)(row_blocks * p.B * p.H)), Tr::kThreads, smem, stream>>>(p);
+    flash_fwd_kernel<T, D, Dropout><<<dim3((unsigned)(row_blocks * p.B * p.H)), Tr::kThreads, smem, stream>>>(p);
     return cudaGetLastError();
+}
+
+// Calls without dropout take the instance without its code (fewer registers: docs/cuda.md), except
+// at D = 256, where that instance spilled on sm_80 and the one kernel serves both.
+template <typename T, int D> int flash_launch(const P &p, int64_t row_blocks, cudaStream_t stream) {
+    if constexpr (D == 256) {
+        return flash_launch_as<T, D, true>(p, row_blocks, stream);
+    } else {
+        return p.dropout ? flash_launch_as<T, D, true>(p, row_blocks, stream)
+                         : flash_launch_as<T, D, false>(p, row_blocks, stream);
+    }
 }
 
 } // namespace attn_cuda
