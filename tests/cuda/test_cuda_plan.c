@@ -29,6 +29,19 @@ static attn_sdpa_desc desc_of(int64_t B, int64_t H, int64_t Hkv, int64_t L, int6
     return d;
 }
 
+// Three packed sequences (query lengths 10, 40, 27; key lengths 20, 50, 20) of 4 query and 2 kv
+// heads of dimension D, type t: rows of H * D (q, out) and Hkv * D (k, v) elements.
+static const int64_t packed_cq[4] = {0, 10, 50, 77}, packed_ck[4] = {0, 20, 70, 90};
+static const attn__cuda_seqs packed_seqs = {packed_cq, packed_ck};
+
+static attn_sdpa_desc packed_desc(int64_t D, attn_dtype t) {
+    attn_sdpa_desc d = desc_of(1, 4, 2, 40, 50, D, t);
+    d.batch = 3;
+    const int64_t q[4] = {0, D, 4 * D, 1}, k[4] = {0, D, 2 * D, 1};
+    memcpy(d.q_stride, q, sizeof q), memcpy(d.o_stride, q, sizeof q), memcpy(d.k_stride, k, sizeof k), memcpy(d.v_stride, k, sizeof k);
+    return d;
+}
+
 static attn_status plan(attn__cuda_err *e, const attn__cuda_device *dev, attn_cuda_kernels kern, const attn_sdpa_desc *d,
                         const attn__cuda_seqs *s, attn__cuda_sdpa_plan *out) {
     return attn__cuda_plan_sdpa(e, dev, kern, d, s, NULL, NULL, NULL, NULL, out);
@@ -181,12 +194,8 @@ static void test_varlen(void) {
     attn__cuda_err e = {{0}, cpu_ctx()};
     attn_ctx *cpu = cpu_ctx();
     attn__cuda_sdpa_plan p;
-    attn_sdpa_desc d = desc_of(1, 4, 2, 40, 50, 64, ATTN_DTYPE_BF16);
-    d.batch = 3;
-    const int64_t q[4] = {0, 64, 4 * 64, 1}, k[4] = {0, 64, 2 * 64, 1};
-    memcpy(d.q_stride, q, sizeof q), memcpy(d.o_stride, q, sizeof q), memcpy(d.k_stride, k, sizeof k), memcpy(d.v_stride, k, sizeof k);
-    const int64_t cq[4] = {0, 10, 50, 77}, ck[4] = {0, 20, 70, 90};
-    attn__cuda_seqs s = {cq, ck};
+    attn_sdpa_desc d = packed_desc(64, ATTN_DTYPE_BF16);
+    attn__cuda_seqs s = packed_seqs;
     ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, &s, &p));
     ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_FLASH);
     ASSERT_EQ_INT(p.total_q, 77);
@@ -197,7 +206,7 @@ static void test_varlen(void) {
     const int64_t bad[3][4] = {{0, 30, 20, 77}, {0, 10, 55, 77}, {1, 10, 50, 77}};
     for (int c = 0; c < 3; c++) {
         s.cu_q = bad[c];
-        const attn_status want = attn_sdpa_varlen_desc_check(cpu, &d, bad[c], ck);
+        const attn_status want = attn_sdpa_varlen_desc_check(cpu, &d, bad[c], packed_ck);
         if (want == ATTN_OK) FAIL("case %d: the CPU accepts the offsets", c);
         ASSERT_STATUS(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, &s, &p), want);
         ASSERT_TRUE(strcmp(e.msg, attn_ctx_last_error(cpu)) == 0);
@@ -260,12 +269,8 @@ static void test_backward(void) {
     small.smem_optin = 48 * 1024;
     ASSERT_STATUS(attn__cuda_plan_sdpa_bwd(&e, &small, ATTN_CUDA_KERNELS_AUTO, false, &bad, NULL, false, NULL, &p), ATTN_ERR_UNSUPPORTED);
     // packed: offsets first, then rowdot for H * total_q rows
-    d = desc_of(1, 4, 2, 40, 50, 64, ATTN_DTYPE_F16);
-    d.batch = 3;
-    const int64_t q[4] = {0, 64, 4 * 64, 1}, k[4] = {0, 64, 2 * 64, 1};
-    memcpy(d.q_stride, q, sizeof q), memcpy(d.o_stride, q, sizeof q), memcpy(d.k_stride, k, sizeof k), memcpy(d.v_stride, k, sizeof k);
-    const int64_t cq[4] = {0, 10, 50, 77}, ck[4] = {0, 20, 70, 90};
-    attn__cuda_seqs s = {cq, ck};
+    d = packed_desc(64, ATTN_DTYPE_F16);
+    const attn__cuda_seqs s = packed_seqs;
     ASSERT_OK(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, false, &d, &s, false, NULL, &p));
     ASSERT_TRUE(p.ws_rowdot >= 8 * sizeof(int64_t));
     ASSERT_TRUE(p.ws_rowdot + 4 * 77 * sizeof(float) <= p.ws_bytes - (ATTN__CU_WS_ALIGN - 1));
@@ -359,12 +364,8 @@ static void test_backward_flash_choice(void) {
     ASSERT_EQ_U64(p.ws_dq_acc, 0);
     ASSERT_TRUE(p.ws_bytes + 2 * 8 * 300 * 64 * sizeof(float) <= atomic_bytes);
     ASSERT_TRUE(p.ws_rowdot + 2 * 8 * 300 * sizeof(float) <= p.ws_bytes - (ATTN__CU_WS_ALIGN - 1));
-    d = desc_of(1, 4, 2, 40, 50, 32, ATTN_DTYPE_F16);
-    d.batch = 3;
-    const int64_t q[4] = {0, 32, 4 * 32, 1}, k[4] = {0, 32, 2 * 32, 1};
-    memcpy(d.q_stride, q, sizeof q), memcpy(d.o_stride, q, sizeof q), memcpy(d.k_stride, k, sizeof k), memcpy(d.v_stride, k, sizeof k);
-    const int64_t cq[4] = {0, 10, 50, 77}, ck[4] = {0, 20, 70, 90};
-    attn__cuda_seqs s = {cq, ck};
+    d = packed_desc(32, ATTN_DTYPE_F16);
+    const attn__cuda_seqs s = packed_seqs;
     ASSERT_OK(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, false, &d, &s, false, NULL, &p));
     ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_FLASH);
     ASSERT_TRUE(p.ws_rowdot >= 8 * sizeof(int64_t));
