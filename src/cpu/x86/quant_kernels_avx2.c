@@ -32,11 +32,13 @@ INLINE const uint8_t *block_at(const void *p, attn_dtype dt, int64_t off) {
     return (const uint8_t *)p + off / ATTN_QBLOCK * block_bytes(dt);
 }
 
-INLINE __m256 scale_of(const uint8_t *b) {
+// The scale d of the block at b (its first two bytes, float16), as a float and broadcast.
+INLINE float scale_f(const uint8_t *b) {
     uint16_t h;
     __builtin_memcpy(&h, b, 2);
-    return _mm256_set1_ps(_cvtsh_ss(h));
+    return _cvtsh_ss(h);
 }
+INLINE __m256 scale_of(const uint8_t *b) { return _mm256_set1_ps(scale_f(b)); }
 
 // Values 8c .. 8c + 7 (c < 4) of the block at b as floats, not yet multiplied by its scale.
 INLINE __m256 load8_unscaled(attn_dtype dt, const uint8_t *b, int c) {
@@ -142,11 +144,8 @@ INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int
     float w[PV_KEYS][4] __attribute__((aligned(16)));
     for (int e = 0; e < Dv; e += ATTN_QBLOCK) {
         const uint8_t *b = block_at(v, dt, e);
-        for (int j = 0; j < nj; j++) {
-            uint16_t hs;
-            __builtin_memcpy(&hs, b + (int64_t)j * row_bytes, 2);
-            _mm_store_ps(w[j], _mm_mul_ps(_mm_loadu_ps(pp + (int64_t)j * ldp), _mm_set1_ps(_cvtsh_ss(hs))));
-        }
+        for (int j = 0; j < nj; j++)
+            _mm_store_ps(w[j], _mm_mul_ps(_mm_loadu_ps(pp + (int64_t)j * ldp), _mm_set1_ps(scale_f(b + (int64_t)j * row_bytes))));
         __m256 c[16];
         pv_half(dt, 0, b, row_bytes, nj, (const float (*)[4])w, prefetch, c);
         pv_half(dt, 1, b, row_bytes, nj, (const float (*)[4])w, prefetch, c + 8);
