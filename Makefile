@@ -84,6 +84,16 @@ test-valgrind:
 	cmake --build build-valgrind -j $(JOBS)
 	cd build-valgrind && ctest --output-on-failure -j $(JOBS) -L valgrind
 
+# The whole suite with the AVX-512 kernels compiled for AVX2 through SIMDe (libsimde-dev) and run as
+# if the CPU had AVX-512F and AVX512-BF16 (src/cpu/x86/simd512.h), under ASan+UBSan: their logic and
+# memory accesses checked on CPUs without AVX-512. Results only; never a timing.
+.PHONY: test-emu512
+test-emu512:
+	@cmake -S . -B build-emu512 -DCMAKE_C_COMPILER=$(SAN_CC) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_EMULATE_AVX512=ON \
+	    -DATTN_SANITIZE="address;undefined" -DATTN_CUDA=OFF $(CMAKE_FLAGS) > /dev/null
+	cmake --build build-emu512 -j $(JOBS)
+	cd build-emu512 && $(SAN_ENV) ctest --output-on-failure -j $(JOBS)
+
 # `make soak`: the decode soak of tests/test_soak.c for SOAK_STEPS steps (make test runs 10 000).
 SOAK_STEPS ?= 100000
 .PHONY: soak

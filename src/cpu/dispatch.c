@@ -19,7 +19,9 @@ static bool cpu_has_avx2_fma(void) {
 }
 
 static bool cpu_has_avx512(void) {
-#if defined(ATTN_HAVE_AVX512) && (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#if defined(ATTN_EMULATE_AVX512) // the kernels run through SIMDe on AVX2 (a test build)
+    return cpu_has_avx2_fma();
+#elif defined(ATTN_HAVE_AVX512) && (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
     __builtin_cpu_init(); // also checks that the OS saves the 512-bit state
     return __builtin_cpu_supports("avx512f") && cpu_has_avx2_fma();
 #else

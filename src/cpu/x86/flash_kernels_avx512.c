@@ -4,7 +4,7 @@
 // With 32 registers the blocks grow: the general product uses 6 rows x 64 columns (24
 // accumulators, 4 vector loads and 6 broadcasts per 24 FMAs), P V uses 4 output rows x 64
 // columns. Narrower blocks serve the edges. exp2 scales with vscalefps, which needs no exponent bit tricks.
-#include <immintrin.h>
+#include "cpu/x86/simd512.h"
 #include <math.h>
 
 #include "cpu/cpu.h"
@@ -17,8 +17,10 @@
 
 // 2^x as p(f) * 2^n with the polynomial of attn__exp2f: within 1 ulp where the result is normal;
 // -inf and x <= -150 give 0 (results below 2^-126 are denormal, as the generic kernel's are 0),
-// NaN stays NaN (max takes x as its second operand).
+// x >= 129 and +inf give +inf (clamped first: inf - round(inf) would be NaN), NaN stays NaN (min and
+// max take x as their second operand).
 INLINE __m512 exp2_ps512(__m512 x) {
+    x = _mm512_min_ps(_mm512_set1_ps(129.0f), x);
     x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(x, n);
