@@ -203,6 +203,8 @@ static void diff_sdpa(pair *p) {
     if (d.out_dtype != ATTN_DTYPE_F32) /* both results rounded to the type: 2 u |ref| and its smallest subnormal */
         t_out.rel += d.out_dtype == ATTN_DTYPE_BF16 ? 0x1p-7 : 0x1p-10,
             t_out.abs += d.out_dtype == ATTN_DTYPE_BF16 ? 0x1p-133 : 0x1p-24;
+    if (fuzz_on_dot(p->ctx[0], &d)) /* weights rounded to bf16; denormals flushed */
+        t_out.abs += keep * max_abs(v, cv) * 0x1p-8 + (double)S * 0x1p-125;
     bool nonfinite = any_nonfinite(q, cq) || any_nonfinite(k, ck) || any_nonfinite(v, cv) ||
                      (ex.slopes != NULL && any_nonfinite(ex.slopes, H));
     if (d.mask != NULL && d.mask_dtype == ATTN_DTYPE_F32)
@@ -341,7 +343,9 @@ static float *dequantise(attn_dtype dt, const uint8_t *x, int64_t n) {
  * included) and q as floats or raw halves, against the reference, with the bound attn.h states
  * for half and quantised types (attn_sdpa_desc.q_dtype): for each element of a row (b, h, i)
  *   |out - out_ref| <= 2 u_o |out_ref| + t_o + (exp(2 delta) - 1 + 2^-16) max_j |v_j|,
- *   delta = (D + 2) 2^-24 scale sum_t |q_t| max_j |k_j|_inf + 2^-22 softcap.
+ *   delta = (D + 2) 2^-24 scale sum_t |q_t| max_j |k_j|_inf + 2^-22 softcap,
+ * and on the bf16 dot products (ATTN_ISA_AVX512_BF16, bf16 q, k and v, even D) 2^-8 more beside
+ * 2^-16, 2^-126 scale (sum_t |q_t| + D max_j |k_j|_inf) more in delta and S 2^-125 more in all.
  * Rows that see a NaN or infinite key or value (a NaN or infinite scale makes its block's values
  * NaN or +-inf: q * d), or whose q holds one, must be non-finite in the same places on both sides
  * (unless the scores span more than the flush of tiny weights, see loose_nonfinite); rows that see
@@ -418,6 +422,8 @@ static void diff_sdpa_raw(pair *p) {
     const double u_o = d.out_dtype == ATTN_DTYPE_BF16 ? 0x1p-8 : d.out_dtype == ATTN_DTYPE_F16 ? 0x1p-11 : 0x1p-24;
     const double t_o = d.out_dtype == ATTN_DTYPE_BF16 ? 0x1p-133 : d.out_dtype == ATTN_DTYPE_F16 ? 0x1p-24 : 0x1p-149;
     const double o_max = d.out_dtype == ATTN_DTYPE_F16 ? 65504.0 : 0x1.fep127; /* BF16's largest; F32 near it */
+    const bool dot = fuzz_on_dot(p->ctx[0], &d);
+    const double eps = dot ? 0x1p-8 + 0x1p-16 : 0x1p-16, flushed = dot ? (double)S * 0x1p-125 : 0.0;
     const double scale = d.scale != 0.0f ? fabs((double)d.scale) : 1.0 / sqrt((double)D);
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++) {
@@ -437,7 +443,8 @@ static void diff_sdpa_raw(pair *p) {
                 for (int64_t t = 0; t < D; t++)
                     q_nonfinite |= !isfinite(qr[t]), qsum += isfinite(qr[t]) ? fabs((double)qr[t]) : 0.0,
                         qmax = isfinite(qr[t]) ? fmax(qmax, fabs((double)qr[t])) : qmax;
-                const double delta = (double)(D + 2) * 0x1p-24 * scale * qsum * kmax + 0x1p-22 * (double)d.softcap;
+                const double delta = (double)(D + 2) * 0x1p-24 * scale * qsum * kmax + 0x1p-22 * (double)d.softcap +
+                                     (dot ? 0x1p-126 * scale * (qsum + (double)D * kmax) : 0.0);
                 const double smag = d.softcap > 0.0f ? fmin((double)d.softcap, scale * qsum * kmax) : scale * qsum * kmax;
                 const bool seen_nonfinite = q_nonfinite || kv_nonfinite; /* the row may see one */
                 /* attn.h: |scale * q| past about 2.3e38 makes the fused kernels' row NaN */
@@ -458,7 +465,7 @@ static void diff_sdpa_raw(pair *p) {
                                    "out[%lld]: kernels %g, reference %g in %s", (long long)o, (double)a, (double)r, problem);
                         continue;
                     }
-                    const double bound = 2.0 * u_o * fabs((double)r) + t_o + (expm1(2.0 * delta) + 0x1p-16) * vmax;
+                    const double bound = 2.0 * u_o * fabs((double)r) + t_o + (expm1(2.0 * delta) + eps) * vmax + flushed;
                     FUZZ_CHECK(fabs((double)a - (double)r) <= bound || !isfinite(bound) || !in_range,
                                "out[%lld]: kernels %.9g, reference %.9g, beyond attn.h's bound %g in %s", (long long)o,
                                (double)a, (double)r, bound, problem);

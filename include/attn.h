@@ -236,8 +236,10 @@ typedef struct attn_allocator {
 /**
  * Which kernels a context uses. AUTO picks the fastest this CPU runs. REF is the scalar reference
  * (the specification: plain loops, one thread, slow); GENERIC the fused kernels in portable C;
- * AVX2 the fused kernels with AVX2 and FMA3; AVX512 with AVX-512F (each chosen at run time from
- * what the CPU supports, never required at build time).
+ * AVX2 the fused kernels with AVX2 and FMA3; AVX512 with AVX-512F; AVX512_BF16 the AVX512 kernels
+ * plus bf16 dot products (vdpbf16ps, AVX512-BF16 and AVX512-BW) for the fused forward of bf16 q, k
+ * and v (attn_sdpa_desc.q_dtype says how its error differs); each chosen at run time from what the
+ * CPU supports, never required at build time.
  * The fused kernels agree with the reference to about 1e-6 relative; calls that ask for the
  * attention weights run the reference whatever the ISA. Their softmax computes 2^x with a degree-6
  * polynomial: relative error below 1.2e-7 for arguments in [-126, 128] (about 1 ulp); weights below
@@ -248,12 +250,13 @@ typedef enum attn_isa {
     ATTN_ISA_REF = 1,
     ATTN_ISA_GENERIC = 2,
     ATTN_ISA_AVX2 = 3,
-    ATTN_ISA_AVX512 = 4
+    ATTN_ISA_AVX512 = 4,
+    ATTN_ISA_AVX512_BF16 = 5
 } attn_isa;
 
 /** @return whether this build and this CPU can run `isa` (AUTO, REF and GENERIC always can). */
 ATTN_API int attn_isa_supported(attn_isa isa);
-/** @return "auto", "ref", "generic", "avx2", "avx512" or "?". */
+/** @return "auto", "ref", "generic", "avx2", "avx512", "avx512bf16" or "?". */
 ATTN_API const char *attn_isa_name(attn_isa isa);
 
 /**
@@ -430,7 +433,11 @@ typedef struct attn_sdpa_desc {
      * Half-precision q, k and v are converted exactly to float32 as the kernels load them; products
      * and sums are float32, and each output element is rounded to out_dtype once, to nearest even.
      * lse, weights and dmask stay float32. Every instruction set runs the float32 kernels on the
-     * converted values (no bf16 dot-product instructions are used yet).
+     * converted values, except the forward of bf16 q, k and v on ATTN_ISA_AVX512_BF16 (even
+     * head_dim, key and value rows with contiguous elements, no weights asked for): its products
+     * run on vdpbf16ps (exact bf16 products summed in float32, so the scores are as below), and the
+     * weights are rounded to bf16 (to nearest even) before P V, as FlashAttention does on GPUs;
+     * decoding-shaped calls (a GQA group's queries fit one tile) and the backward stay float32.
      * Error against the scalar reference (ATTN_ISA_REF: double sums on the same rounded inputs,
      * then rounded to the output type), tested on every instruction set with random and adversarial
      * inputs (large logits, rows of 8192 keys): for each element of out's row (b, h, i)
@@ -439,7 +446,10 @@ typedef struct attn_sdpa_desc {
      * subnormal (2^-133, 2^-24, 2^-149), max over the values of the row's kv head, and
      *   delta = (D + 2) 2^-24 scale sum_t |q_t| max_j |k_j|_inf + 2^-22 (softcap + |largest ALiBi
      *           term| + |largest float mask term|)
-     * (the float32 rounding of the scores, in the exponent). */
+     * (the float32 rounding of the scores, in the exponent). On the bf16 dot products the 2^-16
+     * becomes 2^-8 + 2^-16 (the rounded weights), and, as the instruction treats bf16 and float32
+     * denormals as zero, delta gains 2^-126 scale (sum_t |q_t| + D max_j |k_j|_inf) and the bound
+     * S 2^-125 (tested in an emulated build; the hardware itself is not in the test machines). */
     attn_dtype q_dtype;
     attn_dtype out_dtype;
     /* Element type of dq, dk and dv written by attn_sdpa_bwd: F32 (0, the default), F16 or BF16.

@@ -506,6 +506,102 @@ static void test_softmax_tiles(void) {
     free(st), free(s0);
 }
 
+// The bf16 dot-product primitives of the tables that have them (cpu.h), against plain C: the pairing
+// of float rows rounded to bf16 (to nearest even, ties to even, NaN kept, a missing odd row 0), of
+// bf16 rows (a tail of columns past 16, zero padding), and gemm_bf16 with and without rowscale over
+// edge sizes (M not a multiple of 6, N of 16, 32 and 80 columns) against double sums of the pairs.
+static uint16_t bf16_of(float x) {
+    uint16_t h;
+    if (attn_convert(ATTN_DTYPE_BF16, &h, ATTN_DTYPE_F32, &x, 1) != ATTN_OK) FAIL("attn_convert");
+    return h;
+}
+static double f_of_bf16(uint16_t h) {
+    float f;
+    if (attn_convert(ATTN_DTYPE_F32, &f, ATTN_DTYPE_BF16, &h, 1) != ATTN_OK) FAIL("attn_convert");
+    return f;
+}
+
+static void test_bf16_primitives(void) {
+    int tables = 0;
+    for (int isa = ATTN_ISA_GENERIC; isa <= ATTN_ISA_AVX512_BF16; isa++) {
+        bool ok;
+        const attn__kernels *kn = attn__kernels_for((attn_isa)isa, &ok);
+        if (!ok || kn->gemm_bf16 == NULL) continue;
+        tables++;
+        uint32_t seed = 7;
+        // pack_pairs_bf16: 5 rows of 32 (the sixth row missing), ties and specials in row 0
+        enum { R = 5, N = 32 };
+        float x[R * N];
+        for (int i = 0; i < R * N; i++) x[i] = rand_sym(&seed) * 3.0f;
+        x[0] = 1.0f + 0x1p-8f;          // a tie: to 1 (even)
+        x[1] = 1.0f + 3 * 0x1p-8f;      // a tie: to 1 + 2^-6 (even)
+        x[2] = NAN, x[3] = INFINITY, x[4] = 0.0f, x[5] = -0.0f;
+        uint16_t y[(R + 1) * N];
+        memset(y, 0xab, sizeof y);
+        kn->pack_pairs_bf16(x, N, R, N, y);
+        for (int r = 0; r < R + 1; r++)
+            for (int c = 0; c < N; c++) {
+                const uint16_t got = y[2 * ((r / 2) * N + c) + r % 2];
+                if (r == R) {
+                    ASSERT_TRUE(got == 0);
+                    continue;
+                }
+                const float v = x[r * N + c];
+                if (isnan(v)) ASSERT_TRUE(isnan(f_of_bf16(got)));
+                else if (got != bf16_of(v)) FAIL("%s pack_pairs_bf16 row %d col %d: 0x%04x, want 0x%04x", kn->name, r, c, got, bf16_of(v));
+            }
+        ASSERT_TRUE(y[0] == 0x3f80 && y[2] == 0x3f82);
+        // pair_rows_bf16: 3 rows of 19 values (row stride 23) into 32 columns
+        uint16_t v[3 * 23], w[4 * 32];
+        for (int i = 0; i < 3 * 23; i++) v[i] = (uint16_t)(1 + i);
+        memset(w, 0xab, sizeof w);
+        kn->pair_rows_bf16(v, 23, 3, 19, 32, w);
+        for (int r = 0; r < 4; r++)
+            for (int c = 0; c < 32; c++) {
+                const uint16_t want = r < 3 && c < 19 ? v[r * 23 + c] : 0;
+                if (w[2 * ((r / 2) * 32 + c) + r % 2] != want) FAIL("%s pair_rows_bf16 row %d col %d", kn->name, r, c);
+            }
+        // gemm_bf16 against double sums of the same pairs
+        const int Ms[3] = {1, 7, 13}, Ns[3] = {16, 32, 80}, K2s[3] = {1, 5, 40};
+        for (int mi = 0; mi < 3; mi++)
+            for (int ni = 0; ni < 3; ni++)
+                for (int ki = 0; ki < 3; ki++)
+                    for (int with_scale = 0; with_scale < 2; with_scale++) {
+                        const int M = Ms[mi], Nn = Ns[ni], K2 = K2s[ki];
+                        const int64_t a_rs = 2 * K2 + 3, ldb = Nn + 16, ldc = Nn + 5;
+                        uint16_t *A = malloc((size_t)(M * a_rs) * 2), *B = malloc((size_t)(K2 * 2 * ldb) * 2);
+                        float *C = malloc((size_t)(M * ldc) * 4), *C0 = malloc((size_t)(M * ldc) * 4), rs[13];
+                        for (int i = 0; i < M * a_rs; i++) A[i] = bf16_of(rand_sym(&seed));
+                        for (int i = 0; i < K2 * 2 * ldb; i++) B[i] = bf16_of(rand_sym(&seed));
+                        for (int i = 0; i < M * ldc; i++) C[i] = C0[i] = rand_sym(&seed);
+                        for (int m = 0; m < M; m++) rs[m] = rand_unit(&seed);
+                        const float scale = 0.75f;
+                        kn->gemm_bf16(A, a_rs, 2, M, K2, B, ldb, Nn, C, ldc, with_scale ? rs : NULL, scale);
+                        for (int m = 0; m < M; m++)
+                            for (int n = 0; n < ldc; n++) {
+                                const int64_t at = (int64_t)m * ldc + n;
+                                if (n >= Nn) { // past N: untouched
+                                    ASSERT_TRUE(C[at] == C0[at]);
+                                    continue;
+                                }
+                                double sum = 0, mag = 0;
+                                for (int e = 0; e < K2; e++)
+                                    for (int t = 0; t < 2; t++) {
+                                        const double p = f_of_bf16(A[m * a_rs + 2 * e + t]) * f_of_bf16(B[2 * (e * ldb + n) + t]);
+                                        sum += p, mag += fabs(p);
+                                    }
+                                const double want = (with_scale ? rs[m] * (double)C0[at] : 0.0) + scale * sum;
+                                const double tol = 0x1p-22 * (2 * K2 + 2) * (scale * mag + (with_scale ? fabs(C0[at]) : 0.0));
+                                if (!(fabs(C[at] - want) <= tol))
+                                    FAIL("%s gemm_bf16 M%d N%d K2 %d rowscale %d: C[%d][%d] = %.9g, want %.9g", kn->name, M,
+                                         Nn, K2, with_scale, m, n, C[at], want);
+                            }
+                        free(A), free(B), free(C), free(C0);
+                    }
+    }
+    fprintf(stderr, "    %d kernel tables with bf16 dot products checked\n", tables);
+}
+
 static void test_isa_requests(void) {
     ASSERT_TRUE(attn_isa_supported(ATTN_ISA_AUTO) && attn_isa_supported(ATTN_ISA_REF) &&
                 attn_isa_supported(ATTN_ISA_GENERIC));
@@ -513,15 +609,19 @@ static void test_isa_requests(void) {
     ASSERT_EQ_INT(attn_ctx_isa(ctx), ATTN_ISA_GENERIC);
     attn_ctx_free(ctx);
     ctx = make_ctx(ATTN_ISA_AUTO, 1);
-    ASSERT_EQ_INT(attn_ctx_isa(ctx), attn_isa_supported(ATTN_ISA_AVX512) ? ATTN_ISA_AVX512
-                                     : attn_isa_supported(ATTN_ISA_AVX2) ? ATTN_ISA_AVX2
-                                                                         : ATTN_ISA_GENERIC);
+    ASSERT_EQ_INT(attn_ctx_isa(ctx), attn_isa_supported(ATTN_ISA_AVX512_BF16) ? ATTN_ISA_AVX512_BF16
+                                     : attn_isa_supported(ATTN_ISA_AVX512)    ? ATTN_ISA_AVX512
+                                     : attn_isa_supported(ATTN_ISA_AVX2)      ? ATTN_ISA_AVX2
+                                                                              : ATTN_ISA_GENERIC);
+    // a table with bf16 dot products also runs every AVX-512 kernel: it is offered only with them
+    if (attn_isa_supported(ATTN_ISA_AVX512_BF16)) ASSERT_TRUE(attn_isa_supported(ATTN_ISA_AVX512));
     attn_ctx_free(ctx);
     ctx = make_ctx(ATTN_ISA_REF, 1);
     ASSERT_EQ_INT(attn_ctx_isa(ctx), ATTN_ISA_REF);
     attn_ctx_free(ctx);
     ASSERT_TRUE(strcmp(attn_isa_name(ATTN_ISA_AVX2), "avx2") == 0);
-    for (attn_isa isa = ATTN_ISA_AVX2; isa <= ATTN_ISA_AVX512; isa++)
+    ASSERT_TRUE(strcmp(attn_isa_name(ATTN_ISA_AVX512_BF16), "avx512bf16") == 0);
+    for (attn_isa isa = ATTN_ISA_AVX2; isa <= ATTN_ISA_AVX512_BF16; isa++)
         if (!attn_isa_supported(isa)) {
             attn_ctx_params p;
             attn_ctx_params_init(&p);
@@ -533,6 +633,7 @@ static void test_isa_requests(void) {
 int main(int argc, char **argv) {
     static const harness_case cases[] = {
         HARNESS_CASE(test_isa_requests),
+        HARNESS_CASE(test_bf16_primitives),
         HARNESS_CASE(test_exp2_error_bound),
         HARNESS_CASE(test_size_grid),
         HARNESS_CASE(test_options),

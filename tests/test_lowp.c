@@ -114,15 +114,18 @@ static void free_data(data *x) {
 
 // The forward bound of attn.h for row r (b, h, i): 2 u_out |ref| + tiny_out + (exp(2 delta) - 1 + eps) max|v|,
 // delta = (D + 2) 2^-24 scale sum_t |q_t| max|k| + 2^-22 (softcap + largest ALiBi term + largest
-// |float mask|), eps = 2^-16 (float32 products).
-static double row_delta(const problem *p, const data *x, int64_t r, double kmax) {
+// |float mask|), eps = 2^-16 (float32 products). On the bf16 dot products (`dot`): eps = 2^-8 + 2^-16
+// (weights rounded to bf16), delta + 2^-126 scale (sum_t |q_t| + D max|k|) and S 2^-125 more in the
+// absolute term (denormals flushed by the instruction).
+static double row_delta(const problem *p, const data *x, int64_t r, double kmax, bool dot) {
     const double scale = p->scale != 0.0f ? p->scale : 1.0 / sqrt((double)p->D);
     double qsum = 0;
     for (int64_t t = 0; t < p->D; t++) qsum += fabs(at(&x->q, r * p->D + t));
     double extra = p->softcap;
     if (p->alibi) extra += 0.5 * (double)(p->L > p->S ? p->L : p->S);
     if (p->mask == 2 || p->kpm == 2) extra += 2.0;
-    return (double)(p->D + 2) * 0x1p-24 * scale * qsum * kmax + 0x1p-22 * extra;
+    const double flushed = dot ? 0x1p-126 * scale * (qsum + (double)p->D * kmax) : 0;
+    return (double)(p->D + 2) * 0x1p-24 * scale * qsum * kmax + 0x1p-22 * extra + flushed;
 }
 
 static double max_abs(const tensor *a) {
@@ -134,10 +137,19 @@ static double max_abs(const tensor *a) {
 static long compared;
 static double worst_fwd, worst_bwd; // largest error as a fraction of its bound
 
-static void check_forward(const problem *p, const data *x, const tensor *got, const tensor *ref, const char *what) {
+// Whether the forward of p runs on the bf16 dot products on isa (attn.h: bf16 q, k and v, an even
+// head dim; the tests' key and value rows are contiguous).
+static bool on_dot(attn_isa isa, const problem *p) {
+    return isa == ATTN_ISA_AVX512_BF16 && p->qt == ATTN_DTYPE_BF16 && p->kvt == ATTN_DTYPE_BF16 && p->D % 2 == 0;
+}
+
+static void check_forward(const problem *p, const data *x, const tensor *got, const tensor *ref, attn_isa isa) {
+    const char *what = attn_isa_name(isa);
+    const bool dot = on_dot(isa, p);
     const double kmax = max_abs(&x->k), vmax = max_abs(&x->v), u = unit(p->ot);
+    const double eps = dot ? 0x1p-8 + 0x1p-16 : 0x1p-16, flushed = dot ? (double)p->S * 0x1p-125 : 0;
     for (int64_t r = 0; r < p->B * p->H * p->L; r++) {
-        const double delta = row_delta(p, x, r, kmax), abs_term = (exp(2 * delta) - 1 + 0x1p-16) * vmax;
+        const double delta = row_delta(p, x, r, kmax, dot), abs_term = (exp(2 * delta) - 1 + eps) * vmax + flushed;
         for (int64_t c = 0; c < p->Dv; c++) {
             const double g = at(got, r * p->Dv + c), w = at(ref, r * p->Dv + c);
             const double bound = 2 * u * fabs(w) + tiny(p->ot) + abs_term;
@@ -174,7 +186,7 @@ static void forward_problem(const problem *p, uint32_t seed) {
         run_fwd(c1, &x, &o1, l1);
         run_fwd(c3, &x, &o2, l2);
         attn_ctx_free(c1), attn_ctx_free(c3);
-        check_forward(p, &x, &o1, &ref, attn_isa_name(isas[ii]));
+        check_forward(p, &x, &o1, &ref, isas[ii]);
         for (int64_t i = 0; i < nl; i++) // lse stays float32: the float32 kernels' accuracy
             if (!(lr[i] == l1[i] || fabs(lr[i] - l1[i]) <= 1e-4 * (1 + fabs(lr[i]))))
                 FAIL("%s: lse[%lld] %.8g, reference %.8g", attn_isa_name(isas[ii]), (long long)i, l1[i], lr[i]);
@@ -289,7 +301,7 @@ static void check_grad(const problem *p, const data *x, const char *what, const 
                        const double *mag) {
     const double kmax = max_abs(&x->k), u = unit(p->gt);
     double delta = 0;
-    for (int64_t r = 0; r < p->B * p->H * p->L; r++) delta = fmax(delta, row_delta(p, x, r, kmax));
+    for (int64_t r = 0; r < p->B * p->H * p->L; r++) delta = fmax(delta, row_delta(p, x, r, kmax, false));
     const double c = 4 * unit(p->ot) + 0x1p-14 + 4 * delta;
     for (int64_t i = 0; i < ref->n; i++) {
         const double g = at(got, i), w = at(ref, i), bound = 2 * u * fabs(w) + tiny(p->gt) + c * mag[i];

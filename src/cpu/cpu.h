@@ -67,6 +67,21 @@ struct attn__kernels {
     void (*pv_rows_q)(attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pt, int64_t ldp,
                       const float *alpha, int rows, float *o, int64_t ldo);
     void (*dequant_rows)(attn_dtype dt, const void *x, float *y, int64_t n);
+    // bf16 products on dot-product instructions (AVX512-BF16's vdpbf16ps: one float32 lane adds the
+    // two exact products of a pair of bf16 values); NULL in tables without them. A matrix "packed in
+    // pairs" along its reduction index holds elements 2e and 2e+1 of that index side by side.
+    //   gemm_bf16: C[m*ldc + n] = (rowscale ? rowscale[m] * C[m*ldc + n] : 0)
+    //                             + scale * sum_{e < K2} A(m, e) . B(e, n)   (m < M, n < N)
+    //     with A(m, e) the bf16 pair at A + m*a_rs + e*a_ps and B(e, n) the pair at B + 2*(e*ldb + n);
+    //     N a multiple of ATTN_TILE_BR_ALIGN.
+    //   pack_pairs_bf16: y[2*((r/2)*n + c) + r%2] = x[r*ld + c] rounded to bf16 (to nearest even) for
+    //     r < rows rounded up to even (a missing row gives 0) and c < n (a multiple of 16).
+    //   pair_rows_bf16: y[2*((r/2)*n + c) + r%2] = x[r*ld + c], bf16 rows of cols values: 0 for
+    //     cols <= c < n (a multiple of 16) and for the missing row of an odd count.
+    void (*gemm_bf16)(const uint16_t *A, int64_t a_rs, int64_t a_ps, int M, int K2, const uint16_t *B, int64_t ldb,
+                      int N, float *C, int64_t ldc, const float *rowscale, float scale);
+    void (*pack_pairs_bf16)(const float *x, int64_t ld, int rows, int n, uint16_t *y);
+    void (*pair_rows_bf16)(const uint16_t *x, int64_t ld, int rows, int cols, int n, uint16_t *y);
     // Dropout (src/philox.h): the Philox4x32-10 words w[word][l] of the counters {c0, i0 + l, c2, c3},
     // l < ATTN_PHILOX_LANES, under key {low, high 32 bits of seed}: one key group of a tile for that
     // many consecutive query rows.
@@ -89,6 +104,14 @@ void attn__philox_lanes_avx2(uint32_t c0, int64_t i0, uint32_t c2, uint32_t c3, 
 #endif
 #if defined(ATTN_HAVE_AVX512)
 extern const attn__kernels attn__kernels_avx512;
+#endif
+#if defined(ATTN_HAVE_AVX512BF16)
+// The AVX-512 table with the bf16 entries of flash_kernels_avx512bf16.c.
+extern const attn__kernels attn__kernels_avx512bf16;
+void attn__gemm_bf16_avx512(const uint16_t *A, int64_t a_rs, int64_t a_ps, int M, int K2, const uint16_t *B,
+                            int64_t ldb, int N, float *C, int64_t ldc, const float *rowscale, float scale);
+void attn__pack_pairs_bf16_avx512(const float *x, int64_t ld, int rows, int n, uint16_t *y);
+void attn__pair_rows_bf16_avx512(const uint16_t *x, int64_t ld, int rows, int cols, int n, uint16_t *y);
 #endif
 
 // The table for an ISA request (AUTO picks the best the CPU runs), or NULL if this build or this

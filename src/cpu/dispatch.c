@@ -29,6 +29,20 @@ static bool cpu_has_avx512(void) {
 #endif
 }
 
+// AVX512-BF16 (CPUID leaf 7 subleaf 1, EAX bit 5) and AVX512-BW (leaf 7, EBX bit 30) for vpermw.
+static bool cpu_has_avx512_bf16(void) {
+#if defined(ATTN_EMULATE_AVX512)
+    return cpu_has_avx512();
+#elif defined(ATTN_HAVE_AVX512BF16) && (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+    unsigned a, b, c, d, a1, b1, c1, d1;
+    if (!cpu_has_avx512() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || !__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1))
+        return false;
+    return (b & (1u << 30)) != 0 && (a1 & (1u << 5)) != 0;
+#else
+    return false;
+#endif
+}
+
 const attn__kernels *attn__kernels_for(attn_isa isa, bool *ok) {
     *ok = true;
     switch (isa) {
@@ -48,7 +62,16 @@ const attn__kernels *attn__kernels_for(attn_isa isa, bool *ok) {
 #endif
         *ok = false;
         return NULL;
+    case ATTN_ISA_AVX512_BF16:
+#if defined(ATTN_HAVE_AVX512BF16)
+        if (cpu_has_avx512_bf16()) return &attn__kernels_avx512bf16;
+#endif
+        *ok = false;
+        return NULL;
     case ATTN_ISA_AUTO:
+#if defined(ATTN_HAVE_AVX512BF16)
+        if (cpu_has_avx512_bf16()) return &attn__kernels_avx512bf16;
+#endif
 #if defined(ATTN_HAVE_AVX512)
         if (cpu_has_avx512()) return &attn__kernels_avx512;
 #endif
@@ -74,6 +97,7 @@ const char *attn_isa_name(attn_isa isa) {
     case ATTN_ISA_GENERIC: return "generic";
     case ATTN_ISA_AVX2: return "avx2";
     case ATTN_ISA_AVX512: return "avx512";
+    case ATTN_ISA_AVX512_BF16: return "avx512bf16";
     }
     return "?";
 }

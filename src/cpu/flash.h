@@ -17,9 +17,16 @@ typedef struct attn__fwd_tiles {
     float *m, *l, *alpha;   // (brp) running max (log2), sum, rescale factor
     float *th;              // (BC, brp) tanh of soft-capped scores (with softcap)
     float *kf, *vf;         // (BC, D), (BC, Dv): a half-precision key and value tile as floats
+    // With bf16 dot products (`dot`; cpu.h's gemm_bf16, its "packed in pairs" layouts), instead of
+    // qt, ot, kf and vf:
+    int dvp;                // Dv rounded up to a multiple of 16
+    uint16_t *qp;           // (D/2, brp) pairs: the queries' bf16 elements 2e, 2e+1 (unscaled)
+    uint16_t *pp;           // (BC/2, brp) pairs: the weights of keys 2e, 2e+1 rounded to bf16
+    uint16_t *vp;           // (BC/2, dvp) pairs: the values of keys 2e, 2e+1
+    float *o;               // (brp, dvp) the output accumulator, rows of queries
 } attn__fwd_tiles;
-size_t attn__fwd_tiles_layout(const attn__sdpa_shape *sh, const attn_sdpa_desc *d, int brp, attn__fwd_tiles *t,
-                              char *base);
+size_t attn__fwd_tiles_layout(const attn__sdpa_shape *sh, const attn_sdpa_desc *d, int brp, bool dot,
+                              attn__fwd_tiles *t, char *base);
 // O^T += V^T P^T with a loop that skips zero weights, for value tiles holding NaN or inf.
 void attn__pv_skipping_zeros(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
                              const float *alpha, float *ot);

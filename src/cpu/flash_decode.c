@@ -107,7 +107,7 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
     const int brp = J->brp, D = (int)sh->D, Dv = (int)sh->Dv, rows = (int)(sh->group * L);
     const int ld = J->narrow ? (rows + 3) / 4 * 4 : brp; // the score tile's row stride (narrow: compact)
     attn__fwd_tiles t;
-    attn__fwd_tiles_layout(sh, d, brp, &t, J->scratch + (size_t)thread * J->per_thread);
+    attn__fwd_tiles_layout(sh, d, brp, false, &t, J->scratch + (size_t)thread * J->per_thread);
 
     // qt (D, brp): column g * L + i = q[b, hk * group + g, i, :] * scale * log2(e)
     for (int dd = 0; dd < D; dd++) {
@@ -264,7 +264,7 @@ static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn
     dl->part_floats = (size_t)brp * (size_t)(2 + sh->Dv);
     dl->part = attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * keys.n_chunks) * dl->part_floats * sizeof(float));
     const size_t align = ATTN_ALIGN - 1;
-    dl->per_thread = (attn__fwd_tiles_layout(sh, d, brp, NULL, NULL) + align) & ~align;
+    dl->per_thread = (attn__fwd_tiles_layout(sh, d, brp, false, NULL, NULL) + align) & ~align;
     dl->narrow_off = dl->per_thread;
     if (narrow_applies(sh, d)) // O (rows, Dv), q (rows, D)
         dl->per_thread += ((size_t)NARROW_ROWS * (size_t)(sh->Dv + sh->D) * sizeof(float) + align) & ~align;

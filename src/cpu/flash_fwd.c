@@ -35,28 +35,34 @@ typedef struct flash_job {
     float *lse;
     int br, brp;                // queries per item, and padded to ATTN_TILE_BR_ALIGN
     int64_t n_qtiles, n_kvtiles;
-    float qscale;               // scale * log2(e), folded into the packed queries
+    float qscale;               // scale * log2(e), folded into the packed queries (or the scores)
+    bool dot;                   // bf16 products on the table's gemm_bf16 (use_dot)
     const uint8_t *v_bad;       // (B, Hkv, n_kvtiles): 1 when the value tile holds NaN or inf
     attn__dropout drop;         // the dropout mask (drop.on false without dropout)
     char *scratch;              // per thread: per_thread bytes
     size_t per_thread;
 } flash_job;
 
-size_t attn__fwd_tiles_layout(const attn__sdpa_shape *sh, const attn_sdpa_desc *d, int brp, attn__fwd_tiles *t,
-                              char *base) {
+size_t attn__fwd_tiles_layout(const attn__sdpa_shape *sh, const attn_sdpa_desc *d, int brp, bool dot,
+                              attn__fwd_tiles *t, char *base) {
     attn__arena a = {.base = base};
-    const size_t f = sizeof(float);
-    const bool half = d->kv_dtype != ATTN_DTYPE_F32;
+    const size_t f = sizeof(float), h = sizeof(uint16_t);
+    const bool half = d->kv_dtype != ATTN_DTYPE_F32 && !dot;
     attn__fwd_tiles x;
-    x.qt = attn__arena_take(&a, (size_t)sh->D * (size_t)brp * f);
+    x.dvp = (int)((sh->Dv + 15) / 16 * 16);
+    x.qt = dot ? NULL : attn__arena_take(&a, (size_t)sh->D * (size_t)brp * f);
     x.st = attn__arena_take(&a, (size_t)FLASH_BC * (size_t)brp * f);
-    x.ot = attn__arena_take(&a, (size_t)sh->Dv * (size_t)brp * f);
+    x.ot = dot ? NULL : attn__arena_take(&a, (size_t)sh->Dv * (size_t)brp * f);
     x.m = attn__arena_take(&a, (size_t)brp * f);
     x.l = attn__arena_take(&a, (size_t)brp * f);
     x.alpha = attn__arena_take(&a, (size_t)brp * f);
     x.th = d->softcap > 0.0f ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)brp * f) : NULL;
     x.kf = half ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)sh->D * f) : NULL;
     x.vf = half ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)sh->Dv * f) : NULL;
+    x.qp = dot ? attn__arena_take(&a, (size_t)sh->D * (size_t)brp * h) : NULL;
+    x.pp = dot ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)brp * h) : NULL;
+    x.vp = dot ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)x.dvp * h) : NULL;
+    x.o = dot ? attn__arena_take(&a, (size_t)brp * (size_t)x.dvp * f) : NULL;
     if (t != NULL) *t = x;
     return a.used;
 }
@@ -105,6 +111,43 @@ void attn__pv_skipping_zeros(const float *v, int64_t vs_row, int64_t vs_d, int n
     }
 }
 
+// Whether the forward runs on the table's bf16 dot products: bf16 q, k and v, an even head dim
+// and contiguous key and value rows (the pairs are read in place).
+static bool use_dot(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh) {
+    return kn->gemm_bf16 != NULL && d->q_dtype == ATTN_DTYPE_BF16 && d->kv_dtype == ATTN_DTYPE_BF16 &&
+           sh->D % 2 == 0 && d->k_stride[3] == 1 && (d->v_stride[3] == 1 || sh->Dv == 1);
+}
+
+// qp (D/2, brp pairs) = the bf16 elements of q[b, h, i0:i0+nq, :] as they are (scaled in the
+// scores), zero padding columns.
+static void pack_q_pairs(const flash_job *J, int64_t b, int64_t h, int64_t i0, int nq, uint16_t *qp) {
+    const attn_sdpa_desc *d = J->d;
+    const uint16_t *q = J->q;
+    for (int64_t e = 0; e < J->sh->D / 2; e++) {
+        uint16_t *row = qp + 2 * e * J->brp;
+        for (int i = 0; i < nq; i++) {
+            const int64_t off = attn__offset4(d->q_stride, b, h, i0 + i, 2 * e);
+            row[2 * i] = q[off], row[2 * i + 1] = q[off + d->q_stride[3]];
+        }
+        memset(row + 2 * nq, 0, (size_t)(J->brp - nq) * 2 * sizeof(uint16_t));
+    }
+}
+
+// The bf16 path's O += P V for a value tile holding NaN or inf: o[i*ldo + c] = alpha[i] o[i*ldo + c]
+// + sum over the keys j whose weight st[j*br + i] is not 0 of that weight times v[j*vs_row + c].
+static void pv_rows_skipping_zeros(const uint16_t *v, int64_t vs_row, int nj, int Dv, const float *st, int br,
+                                   const float *alpha, int nq, float *o, int64_t ldo) {
+    for (int i = 0; i < nq; i++) {
+        float *row = o + (int64_t)i * ldo;
+        for (int c = 0; c < Dv; c++) row[c] *= alpha[i];
+        for (int j = 0; j < nj; j++) {
+            const float p = st[(int64_t)j * br + i];
+            if (p == 0.0f) continue;
+            for (int c = 0; c < Dv; c++) row[c] += p * attn__bf16_to_f32(v[(int64_t)j * vs_row + c]);
+        }
+    }
+}
+
 static void flash_task(void *arg, int64_t task, int thread) {
     const flash_job *J = arg;
     const attn_sdpa_desc *d = J->d;
@@ -117,21 +160,26 @@ static void flash_task(void *arg, int64_t task, int thread) {
     const int nq = (int)(sh->L - i0 < J->br ? sh->L - i0 : J->br), brp = J->brp;
     const int D = (int)sh->D, Dv = (int)sh->Dv;
     attn__fwd_tiles t;
-    attn__fwd_tiles_layout(sh, d, brp, &t, J->scratch + (size_t)thread * J->per_thread);
+    const bool dot = J->dot;
+    attn__fwd_tiles_layout(sh, d, brp, dot, &t, J->scratch + (size_t)thread * J->per_thread);
 
-    // qt (D, brp) = q[b, h, i0:i0+nq, :]^T * scale * log2(e) as floats, zero padding columns
-    for (int dd = 0; dd < D; dd++) {
-        float *row = t.qt + (int64_t)dd * brp;
-        const int64_t src = attn__offset4(d->q_stride, b, h, i0, dd);
-        attn__gather(row, J->q, d->q_dtype, src, d->q_stride[2], nq, J->qscale);
-        for (int i = nq; i < brp; i++) row[i] = 0.0f;
+    if (dot) {
+        pack_q_pairs(J, b, h, i0, nq, t.qp);
+        memset(t.o, 0, (size_t)brp * (size_t)t.dvp * sizeof(float));
+    } else { // qt (D, brp) = q[b, h, i0:i0+nq, :]^T * scale * log2(e) as floats, zero padding columns
+        for (int dd = 0; dd < D; dd++) {
+            float *row = t.qt + (int64_t)dd * brp;
+            const int64_t src = attn__offset4(d->q_stride, b, h, i0, dd);
+            attn__gather(row, J->q, d->q_dtype, src, d->q_stride[2], nq, J->qscale);
+            for (int i = nq; i < brp; i++) row[i] = 0.0f;
+        }
+        memset(t.ot, 0, (size_t)Dv * (size_t)brp * sizeof(float));
     }
     for (int i = 0; i < brp; i++) t.m[i] = -INFINITY, t.l[i] = 0.0f;
-    memset(t.ot, 0, (size_t)Dv * (size_t)brp * sizeof(float));
 
     const bool masked = d->mask != NULL || d->key_padding_mask != NULL;
     const bool transform = d->softcap > 0.0f || d->alibi_slopes != NULL;
-    const bool half = d->kv_dtype != ATTN_DTYPE_F32;
+    const bool half = d->kv_dtype != ATTN_DTYPE_F32 && !dot;
     const int64_t j_end = attn__keys_visible_until(d, sh, i0 + nq - 1);
     const int64_t j_begin = attn__keys_visible_from(d, sh, i0) / FLASH_BC * FLASH_BC; // whole tiles
     const char *kbase = (const char *)J->k + attn__kv_bytes(d->kv_dtype, attn__offset4(d->k_stride, b, hk, 0, 0));
@@ -147,7 +195,10 @@ static void flash_task(void *arg, int64_t task, int thread) {
             attn__half_tile(J->kn, d->kv_dtype, vt, vs_row, vs_d, nj, Dv, t.vf);
             kt = t.kf, vt = t.vf, ks_row = D, ks_d = 1, vs_row = Dv, vs_d = 1;
         }
-        attn__qk(J->kn, kt, ks_row, ks_d, nj, D, t.qt, brp, t.st);
+        if (dot) // S^T (nj, brp) = scale log2(e) K Q^T, the key rows' pairs read in place
+            J->kn->gemm_bf16((const uint16_t *)kt, ks_row, 2, nj, D / 2, t.qp, brp, brp, t.st, brp, NULL, J->qscale);
+        else
+            attn__qk(J->kn, kt, ks_row, ks_d, nj, D, t.qt, brp, t.st);
         if (transform) attn__score_transform(J->kn, d, sh, brp, h, i0, nq, j0, nj, t.st, t.th);
         if (masked) {
             if (!attn__mask_tile(d, sh, brp, b, h, i0, nq, j0, nj, t.st)) continue; // every score hidden: nothing to add
@@ -157,10 +208,18 @@ static void flash_task(void *arg, int64_t task, int thread) {
         J->kn->softmax(t.st, nj, brp, t.m, t.l, t.alpha);
         if (J->drop.on) // dropout: weights of dropped keys become 0 (after the row sums)
             attn__dropout_tile(&J->drop, b, h, i0, nq, j0, nj, t.st, brp, 1.0f);
-        if (J->v_bad[(b * sh->Hkv + hk) * J->n_kvtiles + j0 / FLASH_BC])
+        const bool v_bad = J->v_bad[(b * sh->Hkv + hk) * J->n_kvtiles + j0 / FLASH_BC];
+        if (dot && v_bad) {
+            pv_rows_skipping_zeros((const uint16_t *)vt, vs_row, nj, Dv, t.st, brp, t.alpha, nq, t.o, t.dvp);
+        } else if (dot) { // O (nq, dvp) = alpha O + P V: weights rounded to bf16, both paired along the keys
+            J->kn->pack_pairs_bf16(t.st, brp, nj, brp, t.pp);
+            J->kn->pair_rows_bf16((const uint16_t *)vt, vs_row, nj, Dv, t.dvp, t.vp);
+            J->kn->gemm_bf16(t.pp, 2, 2 * (int64_t)brp, nq, (nj + 1) / 2, t.vp, t.dvp, t.dvp, t.o, t.dvp, t.alpha, 1.0f);
+        } else if (v_bad) {
             attn__pv_skipping_zeros(vt, vs_row, vs_d, nj, Dv, t.st, brp, t.alpha, t.ot);
-        else
+        } else {
             J->kn->pv(vt, vs_row, vs_d, nj, Dv, t.st, brp, t.alpha, t.ot);
+        }
     }
     // out = O / l (0 for a fully masked row), times the dropout scale; lse in natural log
     for (int i = 0; i < nq; i++) {
@@ -168,7 +227,8 @@ static void flash_task(void *arg, int64_t task, int thread) {
         const float keep_scale = J->drop.on ? J->drop.keep_scale : 1.0f;
         const float inv = li > 0.0f ? keep_scale / li : (li == 0.0f ? 0.0f : li);
         const int64_t o = attn__offset4(d->o_stride, b, h, i0 + i, 0);
-        attn__scatter(J->out, d->out_dtype, o, d->o_stride[3], t.ot + i, brp, Dv, inv);
+        if (dot) attn__scatter(J->out, d->out_dtype, o, d->o_stride[3], t.o + (int64_t)i * t.dvp, 1, Dv, inv);
+        else attn__scatter(J->out, d->out_dtype, o, d->o_stride[3], t.ot + i, brp, Dv, inv);
         if (J->lse != NULL)
             J->lse[bh * sh->L + i0 + i] =
                 li > 0.0f ? (float)(((double)t.m[i] + log2((double)li)) * LN2) : (li == 0.0f ? -INFINITY : li);
@@ -231,8 +291,9 @@ static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn
     attn__arena a = {.base = base};
     fl->v_bad = attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * n_kvtiles));
     fl->keep = attn__arena_take(&a, attn__dropout_bits_bytes(d, sh));
-    fl->per_thread = (attn__fwd_tiles_layout(sh, d, (br + ATTN_TILE_BR_ALIGN - 1) / ATTN_TILE_BR_ALIGN * ATTN_TILE_BR_ALIGN, NULL,
-                                     NULL) + ATTN_ALIGN - 1) & ~(size_t)(ATTN_ALIGN - 1);
+    const int brp = (br + ATTN_TILE_BR_ALIGN - 1) / ATTN_TILE_BR_ALIGN * ATTN_TILE_BR_ALIGN;
+    fl->per_thread = (attn__fwd_tiles_layout(sh, d, brp, use_dot(ctx->kernels, d, sh), NULL, NULL) + ATTN_ALIGN - 1) &
+                     ~(size_t)(ATTN_ALIGN - 1);
     fl->scratch = attn__arena_take(&a, fl->per_thread * (size_t)threads);
     return a.used;
 }
@@ -308,6 +369,7 @@ void attn__flash_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_sh
         .br = choose_br(sh, threads),
         .n_kvtiles = (sh->S + FLASH_BC - 1) / FLASH_BC,
         .qscale = (float)((double)sh->scale * LOG2E),
+        .dot = use_dot(ctx->kernels, d, sh),
         .v_bad = fl.v_bad,
         .scratch = fl.scratch, .per_thread = fl.per_thread,
     };

@@ -415,20 +415,35 @@ static void half_to_f32_avx512(attn_dtype dt, const uint16_t *x, float *y, int64
     }
 }
 
+// The entries of both AVX-512 tables.
+#define AVX512_ENTRIES \
+    .gemm = gemm_avx512, \
+    .softmax = softmax_avx512, \
+    .pv = pv_avx512, \
+    .exp2 = exp2_avx512, \
+    .bwd_p = bwd_p_avx512, \
+    .bwd_ds = bwd_ds_avx512, \
+    .qk_rows = qk_rows_avx512, \
+    .pv_rows = pv_rows_avx512, \
+    .half_to_f32 = half_to_f32_avx512, \
+    .qk_rows_q = attn__qk_rows_q_avx2, \
+    .pv_rows_q = attn__pv_rows_q_avx2, \
+    .dequant_rows = attn__dequant_rows_avx2, \
+    .philox_lanes = attn__philox_lanes_avx2
+
 const attn__kernels attn__kernels_avx512 = {
     .name = "avx512",
     .isa = ATTN_ISA_AVX512,
-    .gemm = gemm_avx512,
-    .softmax = softmax_avx512,
-    .pv = pv_avx512,
-    .exp2 = exp2_avx512,
-    .bwd_p = bwd_p_avx512,
-    .bwd_ds = bwd_ds_avx512,
-    .qk_rows = qk_rows_avx512,
-    .pv_rows = pv_rows_avx512,
-    .half_to_f32 = half_to_f32_avx512,
-    .qk_rows_q = attn__qk_rows_q_avx2,
-    .pv_rows_q = attn__pv_rows_q_avx2,
-    .dequant_rows = attn__dequant_rows_avx2,
-    .philox_lanes = attn__philox_lanes_avx2,
+    AVX512_ENTRIES,
 };
+
+#if defined(ATTN_HAVE_AVX512BF16)
+const attn__kernels attn__kernels_avx512bf16 = {
+    .name = "avx512bf16",
+    .isa = ATTN_ISA_AVX512_BF16,
+    AVX512_ENTRIES,
+    .gemm_bf16 = attn__gemm_bf16_avx512,
+    .pack_pairs_bf16 = attn__pack_pairs_bf16_avx512,
+    .pair_rows_bf16 = attn__pair_rows_bf16_avx512,
+};
+#endif

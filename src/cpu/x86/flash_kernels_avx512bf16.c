@@ -1,0 +1,121 @@
+// flash_kernels_avx512bf16.c - the bf16 products of the fused forward on vdpbf16ps (AVX512-BF16:
+// each float32 lane adds the two products of a pair of bf16 values to its sum; 32 products per
+// instruction, twice an FMA's), and the packing they read. Compiled with -mavx512f -mavx512bw
+// -mavx512bf16 for this file only; flash_kernels_avx512.c builds the "avx512bf16" table from the
+// AVX-512 kernels and these, chosen at run time on CPUs with AVX512-BF16 (cpu.h has the layouts).
+#include <string.h>
+
+#include "cpu/cpu.h"
+#include "cpu/unroll.h"
+#include "cpu/x86/simd512.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+// The same bits as pairs of bf16 (a vector cast: no instruction; memcpy made gcc bounce a register
+// through the stack in the 6 x 4 block's loop).
+INLINE __m512bh as_bh(__m512i x) { return (__m512bh)x; }
+
+// One pair of bf16 values (two adjacent elements) broadcast to every lane.
+INLINE __m512bh bcast_pair(const uint16_t *p) {
+    int32_t w;
+    memcpy(&w, p, sizeof w);
+    return as_bh(_mm512_set1_epi32(w));
+}
+
+// C[r][x*16 ..] = (rowscale ? rowscale[r] C[r][..] : 0) + scale sum_e A(r, e) . B(e, x*16 ..) for
+// R rows and C registers of columns (R x C accumulators).
+INLINE void gemm_block(const uint16_t *A, int64_t a_rs, int64_t a_ps, int K2, const uint16_t *B, int64_t ldb,
+                       float *Cm, int64_t ldc, const float *rowscale, float scale, const int R, const int C) {
+    __m512 c[6][4];
+ATTN_UNROLL
+    for (int r = 0; r < R; r++)
+ATTN_UNROLL
+        for (int x = 0; x < C; x++) c[r][x] = _mm512_setzero_ps();
+    for (int e = 0; e < K2; e++) {
+        const uint16_t *b = B + (int64_t)e * 2 * ldb, *a = A + (int64_t)e * a_ps;
+        __m512bh bv[4];
+ATTN_UNROLL
+        for (int x = 0; x < C; x++) bv[x] = as_bh(_mm512_loadu_si512((const void *)(b + 32 * x)));
+ATTN_UNROLL
+        for (int r = 0; r < R; r++) {
+            const __m512bh av = bcast_pair(a + (int64_t)r * a_rs);
+ATTN_UNROLL
+            for (int x = 0; x < C; x++) c[r][x] = _mm512_dpbf16_ps(c[r][x], av, bv[x]);
+        }
+    }
+    const __m512 s = _mm512_set1_ps(scale);
+ATTN_UNROLL
+    for (int r = 0; r < R; r++) {
+        float *row = Cm + (int64_t)r * ldc;
+        if (rowscale != NULL) {
+            const __m512 g = _mm512_set1_ps(rowscale[r]);
+ATTN_UNROLL
+            for (int x = 0; x < C; x++)
+                _mm512_storeu_ps(row + 16 * x, _mm512_fmadd_ps(g, _mm512_loadu_ps(row + 16 * x), _mm512_mul_ps(s, c[r][x])));
+        } else {
+ATTN_UNROLL
+            for (int x = 0; x < C; x++) _mm512_storeu_ps(row + 16 * x, _mm512_mul_ps(s, c[r][x]));
+        }
+    }
+}
+
+// All N columns of R rows.
+INLINE void gemm_rows(const uint16_t *A, int64_t a_rs, int64_t a_ps, int K2, const uint16_t *B, int64_t ldb, int N,
+                      float *Cm, int64_t ldc, const float *rowscale, float scale, const int R) {
+    int n = 0;
+    for (; n + 64 <= N; n += 64) gemm_block(A, a_rs, a_ps, K2, B + 2 * n, ldb, Cm + n, ldc, rowscale, scale, R, 4);
+    if (n + 32 <= N) {
+        gemm_block(A, a_rs, a_ps, K2, B + 2 * n, ldb, Cm + n, ldc, rowscale, scale, R, 2);
+        n += 32;
+    }
+    if (n < N) gemm_block(A, a_rs, a_ps, K2, B + 2 * n, ldb, Cm + n, ldc, rowscale, scale, R, 1);
+}
+
+void attn__gemm_bf16_avx512(const uint16_t *A, int64_t a_rs, int64_t a_ps, int M, int K2, const uint16_t *B,
+                            int64_t ldb, int N, float *Cm, int64_t ldc, const float *rowscale, float scale) {
+    int m = 0;
+    for (; m + 6 <= M; m += 6)
+        gemm_rows(A + (int64_t)m * a_rs, a_rs, a_ps, K2, B, ldb, N, Cm + (int64_t)m * ldc, ldc,
+                  rowscale != NULL ? rowscale + m : NULL, scale, 6);
+    for (; m + 2 <= M; m += 2)
+        gemm_rows(A + (int64_t)m * a_rs, a_rs, a_ps, K2, B, ldb, N, Cm + (int64_t)m * ldc, ldc,
+                  rowscale != NULL ? rowscale + m : NULL, scale, 2);
+    if (m < M)
+        gemm_rows(A + (int64_t)m * a_rs, a_rs, a_ps, K2, B, ldb, N, Cm + (int64_t)m * ldc, ldc,
+                  rowscale != NULL ? rowscale + m : NULL, scale, 1);
+}
+
+void attn__pack_pairs_bf16_avx512(const float *x, int64_t ld, int rows, int n, uint16_t *y) {
+    // vcvtne2ps2bf16 puts row r's 16 values in words 0-15 and row r+1's in 16-31; vpermw interleaves
+    const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                           6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int r = 0; r < rows; r += 2) {
+        const float *x0 = x + (int64_t)r * ld, *x1 = x0 + ld;
+        uint16_t *yr = y + (int64_t)r * n;
+        for (int c = 0; c < n; c += 16) {
+            const __m512 a = _mm512_loadu_ps(x0 + c), b = r + 1 < rows ? _mm512_loadu_ps(x1 + c) : _mm512_setzero_ps();
+            __m512i w;
+            const __m512bh h = _mm512_cvtne2ps_pbh(b, a);
+            memcpy(&w, &h, sizeof w);
+            _mm512_storeu_si512((void *)(yr + 2 * c), _mm512_permutexvar_epi16(inter, w));
+        }
+    }
+}
+
+void attn__pair_rows_bf16_avx512(const uint16_t *x, int64_t ld, int rows, int cols, int n, uint16_t *y) {
+    const int c16 = cols / 16 * 16;
+    for (int r = 0; r < rows; r += 2) {
+        const uint16_t *x0 = x + (int64_t)r * ld, *x1 = r + 1 < rows ? x0 + ld : NULL;
+        uint16_t *yr = y + (int64_t)r * n;
+        for (int c = 0; c < c16; c += 16) {
+            const __m512i a = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x0 + c)));
+            const __m512i b = x1 != NULL ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x1 + c)))
+                                         : _mm512_setzero_si512();
+            _mm512_storeu_si512((void *)(yr + 2 * c), _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
+        }
+        for (int c = c16; c < n; c++) {
+            yr[2 * c] = c < cols ? x0[c] : 0;
+            yr[2 * c + 1] = c < cols && x1 != NULL ? x1[c] : 0;
+        }
+    }
+}
