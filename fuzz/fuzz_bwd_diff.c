@@ -131,6 +131,10 @@ static void gb_add(grad_bound *g, int64_t e, double err, double mag) {
  * subnormal in its type its rounding is absolute, up to half the smallest subnormal s_o
  * (out_round_abs = s_o); all 0 for float32. */
 static double grad_round_rel, grad_round_abs, out_round, out_round_abs;
+/* On the bf16 dot products (attn.h: ATTN_ISA_AVX512_BF16, everything bf16, even head dims,
+ * contiguous key and value rows, finite inputs) dS and P are rounded to bf16 before the products
+ * that make dq, dk and dv: dot_round = 2^-8 of each term's magnitude; 0 otherwise. */
+static double dot_round;
 
 /* dq and dk are sums the kernels form before the scale multiplies them (attn.h): where the
  * unscaled magnitude (mag / |scale|, grad_unscale = 1 / |scale|) leaves the float range they may be
@@ -385,15 +389,16 @@ static bool sdpa_bwd_bounds(const sdpa_problem *P, const float *noise, const flo
                         const double kk = fabs((double)P->k[off4(d->k_stride, b, hk, j, t)]);
                         const double qq = fabs((double)P->q[off4(d->q_stride, b, h, i, t)]);
                         gb_add(&gb->dq, off4(d->q_stride, b, h, i, t),
-                               aq * (dSq_err * kk + (double)(S + 2) * U * dSq_mag * kk), aq * dSq_mag * kk);
+                               aq * (dSq_err * kk + ((double)(S + 2) * U + dot_round) * dSq_mag * kk), aq * dSq_mag * kk);
                         gb_add(&gb->dk, off4(d->k_stride, b, hk, j, t),
-                               aq * (dSq_err * qq + (double)(G * L + 2) * U * dSq_mag * qq), aq * dSq_mag * qq);
+                               aq * (dSq_err * qq + ((double)(G * L + 2) * U + dot_round) * dSq_mag * qq),
+                               aq * dSq_mag * qq);
                     }
                     if (cj != 0.0)
                         for (int64_t t = 0; t < Dv; t++) {
                             const double g = fabs((double)dout[off4(d->o_stride, b, h, i, t)]);
                             gb_add(&gb->dv, off4(d->v_stride, b, hk, j, t),
-                                   cj * dP * g + (double)(G * L + 2) * U * cj * p_hi * g, cj * p_hi * g);
+                                   cj * dP * g + ((double)(G * L + 2) * U + dot_round) * cj * p_hi * g, cj * p_hi * g);
                         }
                     if (gb->dm.n > 0) {
                         const int64_t e = off4(d->mask_stride, b, h, i, j);
@@ -500,6 +505,11 @@ static void bwd_sdpa(pair *p) {
     grad_round_abs = gt == ATTN_DTYPE_BF16 ? 0x1p-133 : gt == ATTN_DTYPE_F16 ? 0x1p-24 : 0.0;
     out_round = gt == ATTN_DTYPE_BF16 ? 0x1p-6 : gt == ATTN_DTYPE_F16 ? 0x1p-9 : 0.0;
     out_round_abs = grad_round_abs;
+    dot_round = attn_ctx_isa(p->ctx[0]) == ATTN_ISA_AVX512_BF16 && gt == ATTN_DTYPE_BF16 &&
+                        d.kv_dtype == ATTN_DTYPE_BF16 && D % 2 == 0 && Dv % 2 == 0 && d.k_stride[3] == 1 &&
+                        d.v_stride[3] == 1
+                    ? 0x1p-8
+                    : 0.0;
     char extras[160];
     describe_extras(&d, extras, sizeof extras);
     snprintf(problem, sizeof problem,
@@ -627,7 +637,7 @@ static void bwd_sdpa(pair *p) {
     for (int c = 0; c < p->n; c++) free(out[c]), free(lse[c]), free(dq[c]), free(dk[c]), free(dv[c]), free(dm[c]);
     free(q), free(k), free(v), free(dout), free(mask), free(kpm), free(noise), free(qh), free(douth);
     free_extras(&ex);
-    grad_round_rel = grad_round_abs = out_round = out_round_abs = 0.0;
+    grad_round_rel = grad_round_abs = out_round = out_round_abs = dot_round = 0.0;
 }
 
 /* ---- nn.MultiheadAttention ------------------------------------------------------------------- */

@@ -345,7 +345,7 @@ static float *dequantise(attn_dtype dt, const uint8_t *x, int64_t n) {
  *   |out - out_ref| <= 2 u_o |out_ref| + t_o + (exp(2 delta) - 1 + 2^-16) max_j |v_j|,
  *   delta = (D + 2) 2^-24 scale sum_t |q_t| max_j |k_j|_inf + 2^-22 softcap,
  * and on the bf16 dot products (ATTN_ISA_AVX512_BF16, bf16 q, k and v, even D) 2^-8 more beside
- * 2^-16, 2^-126 scale (sum_t |q_t| + D max_j |k_j|_inf) more in delta and S 2^-125 more in all.
+ * 2^-16, 2^-126 scale sum_t |q_t| + 2^-125 D max_j |k_j|_inf more in delta and S 2^-125 more in all.
  * Rows that see a NaN or infinite key or value (a NaN or infinite scale makes its block's values
  * NaN or +-inf: q * d), or whose q holds one, must be non-finite in the same places on both sides
  * (unless the scores span more than the flush of tiny weights, see loose_nonfinite); rows that see
@@ -444,7 +444,7 @@ static void diff_sdpa_raw(pair *p) {
                     q_nonfinite |= !isfinite(qr[t]), qsum += isfinite(qr[t]) ? fabs((double)qr[t]) : 0.0,
                         qmax = isfinite(qr[t]) ? fmax(qmax, fabs((double)qr[t])) : qmax;
                 const double delta = (double)(D + 2) * 0x1p-24 * scale * qsum * kmax + 0x1p-22 * (double)d.softcap +
-                                     (dot ? 0x1p-126 * scale * (qsum + (double)D * kmax) : 0.0);
+                                     (dot ? 0x1p-126 * scale * qsum + 0x1p-125 * (double)D * kmax : 0.0);
                 const double smag = d.softcap > 0.0f ? fmin((double)d.softcap, scale * qsum * kmax) : scale * qsum * kmax;
                 const bool seen_nonfinite = q_nonfinite || kv_nonfinite; /* the row may see one */
                 /* attn.h: |scale * q| past about 2.3e38 makes the fused kernels' row NaN */

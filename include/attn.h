@@ -437,7 +437,9 @@ typedef struct attn_sdpa_desc {
      * head_dim, key and value rows with contiguous elements, no weights asked for): its products
      * run on vdpbf16ps (exact bf16 products summed in float32, so the scores are as below), and the
      * weights are rounded to bf16 (to nearest even) before P V, as FlashAttention does on GPUs;
-     * decoding-shaped calls (a GQA group's queries fit one tile) and the backward stay float32.
+     * decoding-shaped calls (a GQA group's queries fit one tile) stay float32. The backward runs
+     * on them too when out and dout are bf16 as well, both head dims are even and every input is
+     * finite (see grad_dtype).
      * Error against the scalar reference (ATTN_ISA_REF: double sums on the same rounded inputs,
      * then rounded to the output type), tested on every instruction set with random and adversarial
      * inputs (large logits, rows of 8192 keys): for each element of out's row (b, h, i)
@@ -448,7 +450,7 @@ typedef struct attn_sdpa_desc {
      *           term| + |largest float mask term|)
      * (the float32 rounding of the scores, in the exponent). On the bf16 dot products the 2^-16
      * becomes 2^-8 + 2^-16 (the rounded weights), and, as the instruction treats bf16 and float32
-     * denormals as zero, delta gains 2^-126 scale (sum_t |q_t| + D max_j |k_j|_inf) and the bound
+     * denormals as zero, delta gains 2^-126 scale sum_t |q_t| + 2^-125 D max_j |k_j|_inf and the bound
      * S 2^-125 (tested in an emulated build; the hardware itself is not in the test machines). */
     attn_dtype q_dtype;
     attn_dtype out_dtype;
@@ -460,7 +462,11 @@ typedef struct attn_sdpa_desc {
      * (tested). The 4 u_o term is FlashAttention's use of the stored, rounded out in
      * D_i = dout_i . out_i. Where out's elements are subnormal in its type, their rounding adds
      * t_o (its smallest subnormal) per element: the same sum again with |dS_ij| taken as
-     * 2 t_o P_ij sum_t |dout_it| (found by fuzz_bwd_diff). */
+     * 2 t_o P_ij sum_t |dout_it| (found by fuzz_bwd_diff). On ATTN_ISA_AVX512_BF16's dot products
+     * (bf16 q, k, v, out and dout, even head_dim and head_dim_v, contiguous key and value rows,
+     * finite inputs) dS and P are rounded to bf16 before the products that make the gradients:
+     * the factor of M gains 2^-8, and delta the forward's terms for the dot products (tested in an
+     * emulated build). */
     attn_dtype grad_dtype;
     /* Where the dropout mask comes from (with dropout_p > 0):
      *  ATTN_DROPOUT_RNG_CONTEXT (0, the default): the context's generator, F.dropout's draws bit for

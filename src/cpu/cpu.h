@@ -78,10 +78,12 @@ struct attn__kernels {
     //     r < rows rounded up to even (a missing row gives 0) and c < n (a multiple of 16).
     //   pair_rows_bf16: y[2*((r/2)*n + c) + r%2] = x[r*ld + c], bf16 rows of cols values: 0 for
     //     cols <= c < n (a multiple of 16) and for the missing row of an odd count.
+    //   round_bf16: y[i] = x[i] rounded to bf16 (to nearest even), n a multiple of 16.
     void (*gemm_bf16)(const uint16_t *A, int64_t a_rs, int64_t a_ps, int M, int K2, const uint16_t *B, int64_t ldb,
                       int N, float *C, int64_t ldc, const float *rowscale, float scale);
     void (*pack_pairs_bf16)(const float *x, int64_t ld, int rows, int n, uint16_t *y);
     void (*pair_rows_bf16)(const uint16_t *x, int64_t ld, int rows, int cols, int n, uint16_t *y);
+    void (*round_bf16)(const float *x, int64_t n, uint16_t *y);
     // Dropout (src/philox.h): the Philox4x32-10 words w[word][l] of the counters {c0, i0 + l, c2, c3},
     // l < ATTN_PHILOX_LANES, under key {low, high 32 bits of seed}: one key group of a tile for that
     // many consecutive query rows.
@@ -112,6 +114,7 @@ void attn__gemm_bf16_avx512(const uint16_t *A, int64_t a_rs, int64_t a_ps, int M
                             int64_t ldb, int N, float *C, int64_t ldc, const float *rowscale, float scale);
 void attn__pack_pairs_bf16_avx512(const float *x, int64_t ld, int rows, int n, uint16_t *y);
 void attn__pair_rows_bf16_avx512(const uint16_t *x, int64_t ld, int rows, int cols, int n, uint16_t *y);
+void attn__round_bf16_avx512(const float *x, int64_t n, uint16_t *y);
 #endif
 
 // The table for an ISA request (AUTO picks the best the CPU runs), or NULL if this build or this

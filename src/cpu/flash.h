@@ -2,6 +2,8 @@
 #ifndef ATTN_CPU_FLASH_H
 #define ATTN_CPU_FLASH_H
 
+#include <math.h>
+
 #include "internal.h"
 
 #ifndef FLASH_BC
@@ -30,6 +32,20 @@ size_t attn__fwd_tiles_layout(const attn__sdpa_shape *sh, const attn_sdpa_desc *
 // O^T += V^T P^T with a loop that skips zero weights, for value tiles holding NaN or inf.
 void attn__pv_skipping_zeros(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
                              const float *alpha, float *ot);
+
+// The bf16 dot products' score scale (scale * log2 e, given as qscale) = *qp2 * *qrest: the power of
+// two *qp2 is multiplied into the packed bf16 queries (exactly, unless that underflows) and *qrest
+// (of magnitude in [1, 2), or 0) into the sums, so that the sums overflow about where the float32
+// path's, which scales the queries first, do (unscaled sums would overflow 1 / scale times sooner).
+static inline void attn__split_qscale(float qscale, float *qp2, float *qrest) {
+    int e;
+    const float m = frexpf(fabsf(qscale), &e); // |qscale| = m 2^e, m in [0.5, 1)
+    if (m == 0.0f || !isfinite(qscale)) {
+        *qp2 = 1.0f, *qrest = qscale;
+        return;
+    }
+    *qp2 = ldexpf(1.0f, e - 1), *qrest = qscale / *qp2;
+}
 
 // Scratch bytes for a checked problem on this context (its thread count and kernel table).
 size_t attn__flash_fwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d);

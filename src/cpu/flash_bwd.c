@@ -26,6 +26,12 @@
 // skipped. Half-precision keys and values are converted to float copies once per call; half-precision
 // q and dout are converted as they are packed (they always are then), out as rowdot reads it, and
 // the gradients are rounded to grad_dtype as they are written.
+// With bf16 dot products (a table with gemm_bf16; bf16 q, k, v and dout, even head dims, contiguous
+// key and value rows, every input finite) the five products run on them: S^T and dP^T read the key
+// and value rows in place against query and dout tiles packed in pairs once per call; dK and dV take
+// dS^T and P^T rounded to bf16 rows against query and dout rows paired along the queries, dQ takes
+// dS paired along the keys against key rows paired once per call (cpu.h's layouts). Inputs holding
+// NaN or inf take the float32 path, whose products skip zero weights.
 #include <math.h>
 #include <string.h>
 
@@ -45,13 +51,14 @@ typedef struct bwd_job {
     const attn__sdpa_shape *sh;
     const attn__kernels *kn;
     const void *q, *dout;       // of d->q_dtype and d->out_dtype
-    const float *k, *v;
+    const float *k, *v;         // float32 (NULL with dot)
     void *dq, *dk, *dv;         // of d->grad_dtype
     float *dmask;
     const int64_t *dk_stride, *dv_stride; // where dk and dv are written (the caller's k and v strides)
     int Dp, Dvp;                // head dims padded to 16
     int64_t n_qtiles, n_kvtiles;
     float qscale;               // scale * log2(e)
+    float qp2, qrest;           // dot: qscale split (attn__split_qscale)
     const float *lse2, *rowdot; // (B, H, L)
     attn__dropout drop;         // the forward's dropout mask (drop.on false without dropout)
     const uint8_t *kv_bad;      // (B, Hkv, n_kvtiles): key or value tile holds NaN or inf
@@ -65,6 +72,13 @@ typedef struct bwd_job {
     const float *q_rows, *do_rows, *k_rows;
     int64_t q_ld, do_ld, k_ld;  // row strides of those rows
     float *q_pack, *do_pack, *k_pack; // the copies when needed, else NULL
+    // With bf16 dot products (dot), instead of those: the caller's bf16 k and v (at d's strides),
+    // and, packed once per call in cpu.h's pairs:
+    bool dot;
+    const uint16_t *kb, *vb;
+    uint16_t *qp_all, *dop_all; // (B, H, n_qtiles, D/2 or Dv/2, BR) query and dout tiles, pairs along d
+    uint16_t *qr_all, *dor_all; // (B, H, n_qtiles, BR/2, Dp or Dvp) query and dout rows paired
+    uint16_t *kr_all;           // (B, Hkv, n_kvtiles, BC/2, Dp) key rows paired
     char *scratch;
     size_t per_thread;
 } bwd_job;
@@ -72,19 +86,25 @@ typedef struct bwd_job {
 // Per-thread tiles.
 typedef struct bwd_tiles {
     const float *qt, *dot;   // views into qt_all, dot_all
+    const uint16_t *qp, *dop, *qr, *dor; // dot: views into qp_all, dop_all, qr_all, dor_all
     float *st, *dpt;         // (BC, BR) P^T and dP^T -> dS^T
     float *acc1;             // (BC, Dp) dK accumulator / (BR, Dp) dQ accumulator
     float *acc2;             // (BC, Dvp) dV accumulator
     float *lse2, *rowdot;    // (BR) the tile's rows, padded (+inf, 0)
     float *th;               // (BC, BR) tanh of the soft-capped scores
+    // dot: P^T and dS^T as bf16 rows (BC, BR), dS^T paired along the keys (BC/2, BR pairs), and
+    // BR ones (gemm_bf16's row scale when it accumulates)
+    uint16_t *pb, *dsb, *dsp;
+    float *ones;
 } bwd_tiles;
 
-static size_t tiles_layout(int Dp, int Dvp, bwd_tiles *t, char *base) {
+static size_t tiles_layout(int Dp, int Dvp, bool dot, bwd_tiles *t, char *base) {
     attn__arena a = {.base = base};
-    const size_t f = sizeof(float);
+    const size_t f = sizeof(float), h = sizeof(uint16_t);
     const size_t rows = BWD_BR > BWD_BC ? BWD_BR : BWD_BC;
     bwd_tiles x;
     x.qt = x.dot = NULL;
+    x.qp = x.dop = x.qr = x.dor = NULL;
     x.st = attn__arena_take(&a, (size_t)BWD_BC * BWD_BR * f);
     x.dpt = attn__arena_take(&a, (size_t)BWD_BC * BWD_BR * f);
     x.acc1 = attn__arena_take(&a, rows * (size_t)Dp * f);
@@ -92,15 +112,26 @@ static size_t tiles_layout(int Dp, int Dvp, bwd_tiles *t, char *base) {
     x.lse2 = attn__arena_take(&a, BWD_BR * f);
     x.rowdot = attn__arena_take(&a, BWD_BR * f);
     x.th = attn__arena_take(&a, (size_t)BWD_BC * BWD_BR * f);
-    if (t != NULL) *t = x;
+    x.pb = dot ? attn__arena_take(&a, (size_t)BWD_BC * BWD_BR * h) : NULL;
+    x.dsb = dot ? attn__arena_take(&a, (size_t)BWD_BC * BWD_BR * h) : NULL;
+    x.dsp = dot ? attn__arena_take(&a, (size_t)BWD_BC * BWD_BR * h) : NULL;
+    x.ones = dot ? attn__arena_take(&a, rows * f) : NULL;
+    if (t != NULL) {
+        for (size_t i = 0; x.ones != NULL && i < rows; i++) x.ones[i] = 1.0f;
+        *t = x;
+    }
     return a.used;
 }
 
 // Points t at query tile `it` of head (b, h) and copies the tile's lse2 and rowdot.
 static void load_queries(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int64_t it, int nq) {
-    const int64_t bh = b * J->sh->H + h, i0 = it * BWD_BR;
-    t->qt = J->qt_all + (bh * J->n_qtiles + it) * J->sh->D * BWD_BR;
-    t->dot = J->dot_all + (bh * J->n_qtiles + it) * J->sh->Dv * BWD_BR;
+    const int64_t bh = b * J->sh->H + h, i0 = it * BWD_BR, tile = bh * J->n_qtiles + it;
+    if (J->dot) {
+        t->qp = J->qp_all + tile * J->sh->D * BWD_BR, t->dop = J->dop_all + tile * J->sh->Dv * BWD_BR;
+        t->qr = J->qr_all + tile * BWD_BR * J->Dp, t->dor = J->dor_all + tile * BWD_BR * J->Dvp;
+    } else {
+        t->qt = J->qt_all + tile * J->sh->D * BWD_BR, t->dot = J->dot_all + tile * J->sh->Dv * BWD_BR;
+    }
     for (int i = 0; i < BWD_BR; i++) {
         t->lse2[i] = i < nq ? J->lse2[bh * J->sh->L + i0 + i] : INFINITY; // padding: weight 0
         t->rowdot[i] = i < nq ? J->rowdot[bh * J->sh->L + i0 + i] : 0.0f;
@@ -113,9 +144,12 @@ static bool tile_pair(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int6
     const attn_sdpa_desc *d = J->d;
     const attn__sdpa_shape *sh = J->sh;
     const int64_t hk = h / sh->group;
-    const float *kt = J->k + attn__offset4(d->k_stride, b, hk, j0, 0);
-    const float *vt = J->v + attn__offset4(d->v_stride, b, hk, j0, 0);
-    attn__qk(J->kn, kt, d->k_stride[2], d->k_stride[3], nj, (int)sh->D, t->qt, BWD_BR, t->st);
+    if (J->dot) // S^T = scale log2(e) K Q^T, the key rows' pairs read in place
+        J->kn->gemm_bf16(J->kb + attn__offset4(d->k_stride, b, hk, j0, 0), d->k_stride[2], 2, nj, (int)sh->D / 2, t->qp,
+                         BWD_BR, BWD_BR, t->st, BWD_BR, NULL, J->qrest);
+    else
+        attn__qk(J->kn, J->k + attn__offset4(d->k_stride, b, hk, j0, 0), d->k_stride[2], d->k_stride[3], nj,
+                 (int)sh->D, t->qt, BWD_BR, t->st);
     if (d->softcap > 0.0f || d->alibi_slopes != NULL)
         attn__score_transform(J->kn, d, sh, BWD_BR, h, i0, nq, j0, nj, t->st, t->th);
     if (d->mask != NULL || d->key_padding_mask != NULL) {
@@ -125,7 +159,12 @@ static bool tile_pair(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int6
     }
     J->kn->bwd_p(t->st, nj, BWD_BR, t->lse2);
     // dP^T = V dout^T
-    J->kn->gemm(vt, d->v_stride[2], d->v_stride[3], nj, (int)sh->Dv, t->dot, BWD_BR, BWD_BR, t->dpt, BWD_BR, false);
+    if (J->dot)
+        J->kn->gemm_bf16(J->vb + attn__offset4(d->v_stride, b, hk, j0, 0), d->v_stride[2], 2, nj, (int)sh->Dv / 2, t->dop,
+                         BWD_BR, BWD_BR, t->dpt, BWD_BR, NULL, 1.0f);
+    else
+        J->kn->gemm(J->v + attn__offset4(d->v_stride, b, hk, j0, 0), d->v_stride[2], d->v_stride[3], nj, (int)sh->Dv,
+                    t->dot, BWD_BR, BWD_BR, t->dpt, BWD_BR, false);
     if (J->drop.on) // the forward's dropout: dP of dropped weights is 0, kept ones scaled
         attn__dropout_tile(&J->drop, b, h, i0, nq, j0, nj, t->dpt, BWD_BR, J->drop.keep_scale);
     J->kn->bwd_ds(t->st, t->dpt, nj, BWD_BR, t->rowdot); // 0 where P is 0, whatever dP holds
@@ -157,6 +196,14 @@ static void gemm_skip_zeros(const float *A, int64_t a_rs, int64_t a_cs, int M, i
         }
 }
 
+// dQ_i (nq rows, row stride Dp) += dS K_j on the dot products: dS paired along the keys against
+// the key tile's paired rows.
+static void add_dq_dot(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t hk, int64_t jt, int nq, int nj, float *dqi) {
+    J->kn->pack_pairs_bf16(t->dpt, BWD_BR, nj, BWD_BR, t->dsp);
+    const uint16_t *kr = J->kr_all + ((b * J->sh->Hkv + hk) * J->n_kvtiles + jt) * BWD_BC * J->Dp;
+    J->kn->gemm_bf16(t->dsp, 2, 2 * BWD_BR, nq, (nj + 1) / 2, kr, J->Dp, J->Dp, dqi, J->Dp, t->ones, 1.0f);
+}
+
 // The gradients of key tile jt of (b, hk): dK_j and dV_j, written out; with dq_acc (the group's
 // (group, L, Dp) dQ accumulator) also each pair's dS K_j added to the query rows.
 static void kv_tile(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t hk, int64_t jt, float *dq_acc) {
@@ -167,8 +214,9 @@ static void kv_tile(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t hk, int64
     const bool bad = J->kv_bad[(b * sh->Hkv + hk) * J->n_kvtiles + jt];
     memset(t->acc1, 0, (size_t)nj * (size_t)J->Dp * sizeof(float));
     memset(t->acc2, 0, (size_t)nj * (size_t)J->Dvp * sizeof(float));
-    const float *kr = J->k_pack != NULL ? J->k_rows + ((b * sh->Hkv + hk) * sh->S + j0) * J->k_ld
-                                        : J->k + attn__offset4(d->k_stride, b, hk, j0, 0);
+    const float *kr = J->dot           ? NULL
+                      : J->k_pack != NULL ? J->k_rows + ((b * sh->Hkv + hk) * sh->S + j0) * J->k_ld
+                                          : J->k + attn__offset4(d->k_stride, b, hk, j0, 0);
     for (int64_t h = hk * sh->group; h < (hk + 1) * sh->group; h++)
         for (int64_t it = 0; it < J->n_qtiles; it++) {
             const int64_t i0 = it * BWD_BR;
@@ -178,6 +226,16 @@ static void kv_tile(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t hk, int64
             load_queries(J, t, b, h, it, nq);
             if (!tile_pair(J, t, b, h, i0, nq, j0, nj)) continue;
             cap_grad(J, t, nj);
+            if (J->dot) { // dK_j += dS^T Q_i, dQ_i += dS K_j, dV_j += P_drop^T dO_i, dS and P rounded to bf16
+                const int kq = (nq + 1) / 2; // pairs of query rows (a missing one is zero)
+                J->kn->round_bf16(t->dpt, (int64_t)nj * BWD_BR, t->dsb);
+                J->kn->gemm_bf16(t->dsb, BWD_BR, 2, nj, kq, t->qr, J->Dp, J->Dp, t->acc1, J->Dp, t->ones, 1.0f);
+                if (dq_acc != NULL) add_dq_dot(J, t, b, hk, jt, nq, nj, dq_acc + ((h - hk * sh->group) * sh->L + i0) * J->Dp);
+                if (J->drop.on) attn__dropout_tile(&J->drop, b, h, i0, nq, j0, nj, t->st, BWD_BR, J->drop.keep_scale);
+                J->kn->round_bf16(t->st, (int64_t)nj * BWD_BR, t->pb);
+                J->kn->gemm_bf16(t->pb, BWD_BR, 2, nj, kq, t->dor, J->Dvp, J->Dvp, t->acc2, J->Dvp, t->ones, 1.0f);
+                continue;
+            }
             const bool qbad = J->q_bad[(b * sh->H + h) * J->n_qtiles + it];
             // dK_j += dS^T q_rows; dV_j += P_drop^T dout_rows (P_drop = P * dropout mask * scale)
             const int64_t row0 = (b * sh->H + h) * sh->L + i0; // row index into the packed copies
@@ -215,7 +273,7 @@ static void pass1_task(void *arg, int64_t task, int thread) {
     const bwd_job *J = arg;
     const int64_t jt = task % J->n_kvtiles, bhk = task / J->n_kvtiles;
     bwd_tiles t;
-    tiles_layout(J->Dp, J->Dvp, &t, J->scratch + (size_t)thread * J->per_thread);
+    tiles_layout(J->Dp, J->Dvp, J->dot, &t, J->scratch + (size_t)thread * J->per_thread);
     kv_tile(J, &t, bhk / J->sh->Hkv, bhk % J->sh->Hkv, jt, NULL);
 }
 
@@ -227,7 +285,7 @@ static void one_pass_task(void *arg, int64_t bhk, int thread) {
     const int64_t b = bhk / sh->Hkv, hk = bhk % sh->Hkv;
     char *mine = J->scratch + (size_t)thread * J->per_thread;
     bwd_tiles t;
-    tiles_layout(J->Dp, J->Dvp, &t, mine);
+    tiles_layout(J->Dp, J->Dvp, J->dot, &t, mine);
     float *dq_acc = (float *)(mine + J->dq_acc_off); // (group, L, Dp)
     memset(dq_acc, 0, (size_t)(sh->group * sh->L * J->Dp) * sizeof(float));
     for (int64_t jt = 0; jt < J->n_kvtiles; jt++) kv_tile(J, &t, b, hk, jt, dq_acc);
@@ -259,6 +317,10 @@ static void pass2_tile(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int
                 for (int i = 0; i < nq; i++)
                     J->dmask[attn__offset4(d->mask_stride, b, h, i0 + i, j0 + j)] += t->dpt[(int64_t)j * BWD_BR + i];
         cap_grad(J, t, nj);
+        if (J->dot) {
+            add_dq_dot(J, t, b, hk, j0 / BWD_BC, nq, nj, t->acc1);
+            continue;
+        }
         // dQ_i += dS k_rows, with dS read transposed from dS^T
         const float *kr = J->k_pack != NULL ? J->k_rows + ((b * sh->Hkv + hk) * sh->S + j0) * J->k_ld
                                             : J->k + attn__offset4(d->k_stride, b, hk, j0, 0);
@@ -283,7 +345,7 @@ static void pass2_task(void *arg, int64_t task, int thread) {
     const int64_t it0 = task % (J->dmask_i ? 1 : J->n_qtiles), rest = task / (J->dmask_i ? 1 : J->n_qtiles);
     const int64_t h0 = rest % nh, b0 = rest / nh;
     bwd_tiles t;
-    tiles_layout(J->Dp, J->Dvp, &t, J->scratch + (size_t)thread * J->per_thread);
+    tiles_layout(J->Dp, J->Dvp, J->dot, &t, J->scratch + (size_t)thread * J->per_thread);
     for (int64_t b = J->dmask_b ? 0 : b0; b < (J->dmask_b ? sh->B : b0 + 1); b++)
         for (int64_t h = J->dmask_h ? 0 : h0; h < (J->dmask_h ? sh->H : h0 + 1); h++)
             for (int64_t it = J->dmask_i ? 0 : it0; it < (J->dmask_i ? J->n_qtiles : it0 + 1); it++)
@@ -301,6 +363,27 @@ typedef struct prep_job {
     uint8_t *kv_bad;
 } prep_job;
 
+// y (n/2 x BR pairs): y[2*(e*BR + i) + t] = x[b, h, i0 + i, 2e + t] * p2 (bf16, at strides s; p2 a
+// power of two) for i < nr, 0 for the rows after (n even): a tile in pairs along the head dim.
+static void pair_along_dims(const uint16_t *x, const int64_t s[4], int64_t b, int64_t h, int64_t i0, int64_t nr,
+                            int64_t n, float p2, uint16_t *y) {
+    for (int64_t e = 0; e < n / 2; e++)
+        for (int64_t i = 0; i < BWD_BR; i++)
+            for (int64_t t = 0; t < 2; t++) {
+                const uint16_t v = i < nr ? x[attn__offset4(s, b, h, i0 + i, 2 * e + t)] : 0;
+                y[2 * (e * BWD_BR + i) + t] = p2 == 1.0f ? v : attn__f32_to_bf16(attn__bf16_to_f32(v) * p2);
+            }
+}
+
+// y (rows/2 x w pairs): y[2*((i/2)*w + c) + i%2] = x[b, h, i0 + i, c] for i < nr and c < n, 0 elsewhere:
+// a tile's rows paired.
+static void pair_along_rows(const uint16_t *x, const int64_t s[4], int64_t b, int64_t h, int64_t i0, int64_t nr,
+                            int64_t n, int64_t w, int64_t rows, uint16_t *y) {
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t c = 0; c < w; c++)
+            y[2 * ((i / 2) * w + c) + i % 2] = i < nr && c < n ? x[attn__offset4(s, b, h, i0 + i, c)] : 0;
+}
+
 static void prep_rows_task(void *arg, int64_t bh, int thread) {
     (void)thread;
     const prep_job *P = arg;
@@ -308,8 +391,16 @@ static void prep_rows_task(void *arg, int64_t bh, int thread) {
     const attn_sdpa_desc *d = J->d;
     const attn__sdpa_shape *sh = J->sh;
     const int64_t b = bh / sh->H, h = bh % sh->H;
+    for (int64_t it = 0; J->dot && it < J->n_qtiles; it++) { // dot: the tiles in pairs (all finite)
+        const int64_t i0 = it * BWD_BR, nq = sh->L - i0 < BWD_BR ? sh->L - i0 : BWD_BR, tile = bh * J->n_qtiles + it;
+        pair_along_dims(J->q, d->q_stride, b, h, i0, nq, sh->D, J->qp2, J->qp_all + tile * sh->D * BWD_BR);
+        pair_along_dims(J->dout, d->o_stride, b, h, i0, nq, sh->Dv, 1.0f, J->dop_all + tile * sh->Dv * BWD_BR);
+        pair_along_rows(J->q, d->q_stride, b, h, i0, nq, sh->D, J->Dp, BWD_BR, J->qr_all + tile * BWD_BR * J->Dp);
+        pair_along_rows(J->dout, d->o_stride, b, h, i0, nq, sh->Dv, J->Dvp, BWD_BR, J->dor_all + tile * BWD_BR * J->Dvp);
+        J->q_bad[tile] = 0;
+    }
     // every query tile of the head transposed (and scaled), and every dout tile transposed
-    for (int64_t it = 0; it < J->n_qtiles; it++) {
+    for (int64_t it = 0; !J->dot && it < J->n_qtiles; it++) {
         const int64_t i0 = it * BWD_BR, nq = sh->L - i0 < BWD_BR ? sh->L - i0 : BWD_BR;
         float *qt = J->qt_all + (bh * J->n_qtiles + it) * sh->D * BWD_BR;
         float *dot = J->dot_all + (bh * J->n_qtiles + it) * sh->Dv * BWD_BR;
@@ -359,6 +450,12 @@ static void prep_tiles_task(void *arg, int64_t task, int thread) {
     const int64_t jt = task % P->J->n_kvtiles, bhk = task / P->J->n_kvtiles;
     const int64_t b = bhk / sh->Hkv, hk = bhk % sh->Hkv;
     const int64_t j_end = (jt + 1) * BWD_BC < sh->S ? (jt + 1) * BWD_BC : sh->S;
+    if (P->J->dot) { // the key rows paired (all finite)
+        pair_along_rows(P->J->kb, d->k_stride, b, hk, jt * BWD_BC, j_end - jt * BWD_BC, sh->D, P->J->Dp, BWD_BC,
+                        P->J->kr_all + task * BWD_BC * P->J->Dp);
+        P->kv_bad[task] = 0;
+        return;
+    }
     uint8_t bad = 0;
     for (int64_t j = jt * BWD_BC; j < j_end && !bad; j++) {
         const float *kr = P->J->k + attn__offset4(d->k_stride, b, hk, j, 0);
@@ -375,6 +472,8 @@ static void prep_tiles_task(void *arg, int64_t task, int thread) {
 }
 
 typedef struct bwd_layout {
+    uint8_t *fin;         // (B*H + B*Hkv) dot: 1 where a head's q and dout, or k and v, hold NaN or inf
+    uint16_t *qp_all, *dop_all, *qr_all, *dor_all, *kr_all; // dot (bwd_job)
     float *lse2, *rowdot, *qt_all, *dot_all, *q_pack, *do_pack, *k_pack;
     float *k_f32, *v_f32; // half-precision k and v as floats, (B, Hkv, S, D) and (B, Hkv, S, Dv)
     uint8_t *kv_bad, *q_bad, *keep;
@@ -391,31 +490,47 @@ static bool use_one_pass(const attn_ctx *ctx, const attn__sdpa_shape *sh, bool w
     return !want_dmask && sh->B * sh->Hkv >= 2 * (int64_t)attn__pool_threads(ctx->pool);
 }
 
+// Whether the backward may run on the table's bf16 dot products (when its inputs are finite too):
+// bf16 q, k, v and dout, even head dims, contiguous key and value rows.
+static bool use_dot(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh) {
+    return kn->gemm_bf16 != NULL && d->q_dtype == ATTN_DTYPE_BF16 && d->kv_dtype == ATTN_DTYPE_BF16 &&
+           d->out_dtype == ATTN_DTYPE_BF16 && sh->D % 2 == 0 && sh->Dv % 2 == 0 && d->k_stride[3] == 1 &&
+           d->v_stride[3] == 1;
+}
+
+// The call's memory; `dot` for the bf16 dot products. fin comes first in both layouts.
 static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d, bool want_dmask,
-                     char *base, bwd_layout *bl) {
+                     bool dot, char *base, bwd_layout *bl) {
     const int threads = attn__pool_threads(ctx->pool);
     const int64_t rows = sh->B * sh->H * sh->L, n_kvtiles = (sh->S + BWD_BC - 1) / BWD_BC;
     const int64_t n_qtiles = (sh->L + BWD_BR - 1) / BWD_BR, Dp = pad16(sh->D), Dvp = pad16(sh->Dv);
-    const size_t f = sizeof(float);
-    const bool half = d->kv_dtype != ATTN_DTYPE_F32;
+    const int64_t qtiles = sh->B * sh->H * n_qtiles, ktiles = sh->B * sh->Hkv * n_kvtiles;
+    const size_t f = sizeof(float), hs = sizeof(uint16_t);
+    const bool half = d->kv_dtype != ATTN_DTYPE_F32 && !dot, pack = !dot;
     attn__arena a = {.base = base};
+    bl->fin = attn__arena_take(&a, (size_t)(sh->B * sh->H + sh->B * sh->Hkv));
     bl->lse2 = attn__arena_take(&a, (size_t)rows * f);
     bl->rowdot = attn__arena_take(&a, (size_t)rows * f);
-    bl->qt_all = attn__arena_take(&a, (size_t)(sh->B * sh->H * n_qtiles * sh->D) * BWD_BR * f);
-    bl->dot_all = attn__arena_take(&a, (size_t)(sh->B * sh->H * n_qtiles * sh->Dv) * BWD_BR * f);
-    const bool q_in_place = d->q_dtype == ATTN_DTYPE_F32 && rows_in_place(sh->D, d->q_stride);
-    const bool do_in_place = d->out_dtype == ATTN_DTYPE_F32 && rows_in_place(sh->Dv, d->o_stride);
+    bl->qp_all = dot ? attn__arena_take(&a, (size_t)(qtiles * sh->D) * BWD_BR * hs) : NULL;
+    bl->dop_all = dot ? attn__arena_take(&a, (size_t)(qtiles * sh->Dv) * BWD_BR * hs) : NULL;
+    bl->qr_all = dot ? attn__arena_take(&a, (size_t)(qtiles * Dp) * BWD_BR * hs) : NULL;
+    bl->dor_all = dot ? attn__arena_take(&a, (size_t)(qtiles * Dvp) * BWD_BR * hs) : NULL;
+    bl->kr_all = dot ? attn__arena_take(&a, (size_t)(ktiles * Dp) * BWD_BC * hs) : NULL;
+    bl->qt_all = pack ? attn__arena_take(&a, (size_t)(qtiles * sh->D) * BWD_BR * f) : NULL;
+    bl->dot_all = pack ? attn__arena_take(&a, (size_t)(qtiles * sh->Dv) * BWD_BR * f) : NULL;
+    const bool q_in_place = dot || (d->q_dtype == ATTN_DTYPE_F32 && rows_in_place(sh->D, d->q_stride));
+    const bool do_in_place = dot || (d->out_dtype == ATTN_DTYPE_F32 && rows_in_place(sh->Dv, d->o_stride));
     bl->q_pack = q_in_place ? NULL : attn__arena_take(&a, (size_t)(rows * Dp) * f);
     bl->do_pack = do_in_place ? NULL : attn__arena_take(&a, (size_t)(rows * Dvp) * f);
-    bl->k_pack = (half ? sh->D % 16 == 0 : rows_in_place(sh->D, d->k_stride))
+    bl->k_pack = dot || (half ? sh->D % 16 == 0 : rows_in_place(sh->D, d->k_stride))
                      ? NULL
                      : attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * sh->S * Dp) * f);
-    bl->kv_bad = attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * n_kvtiles));
-    bl->q_bad = attn__arena_take(&a, (size_t)(sh->B * sh->H * n_qtiles));
+    bl->kv_bad = attn__arena_take(&a, (size_t)ktiles);
+    bl->q_bad = attn__arena_take(&a, (size_t)qtiles);
     bl->k_f32 = half ? attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * sh->S * sh->D) * f) : NULL;
     bl->v_f32 = half ? attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * sh->S * sh->Dv) * f) : NULL;
     bl->keep = attn__arena_take(&a, attn__dropout_bits_bytes(d, sh));
-    bl->per_thread = (tiles_layout((int)Dp, (int)Dvp, NULL, NULL) + ATTN_ALIGN - 1) & ~(size_t)(ATTN_ALIGN - 1);
+    bl->per_thread = (tiles_layout((int)Dp, (int)Dvp, dot, NULL, NULL) + ATTN_ALIGN - 1) & ~(size_t)(ATTN_ALIGN - 1);
     bl->dq_acc_off = bl->per_thread;
     if (use_one_pass(ctx, sh, want_dmask)) bl->per_thread += (size_t)(sh->group * sh->L * Dp) * f;
     bl->scratch = attn__arena_take(&a, bl->per_thread * (size_t)threads);
@@ -446,7 +561,42 @@ static void half_task(void *arg, int64_t bhk, int thread) {
 size_t attn__flash_bwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d,
                                  bool want_dmask) {
     bwd_layout bl;
-    return layout(ctx, sh, d, want_dmask, NULL, &bl);
+    const size_t plain = layout(ctx, sh, d, want_dmask, false, NULL, &bl);
+    const size_t dot = use_dot(ctx->kernels, d, sh) ? layout(ctx, sh, d, want_dmask, true, NULL, &bl) : 0;
+    return plain > dot ? plain : dot;
+}
+
+// fin[task] = 1 when head (b, h) of q or dout (task < B*H), or kv head (b, hk) of k or v (after),
+// holds a NaN or an infinity (bf16: all exponent bits set).
+typedef struct finite_job {
+    const attn_sdpa_desc *d;
+    const attn__sdpa_shape *sh;
+    const uint16_t *q, *k, *v, *dout;
+    uint8_t *fin;
+} finite_job;
+
+static uint8_t bf16_head_nonfinite(const uint16_t *x, const int64_t s[4], int64_t b, int64_t h, int64_t rows,
+                                   int64_t n) {
+    unsigned bad = 0;
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t c = 0; c < n; c++) bad |= (x[attn__offset4(s, b, h, i, c)] & 0x7f80u) == 0x7f80u;
+    return (uint8_t)bad;
+}
+
+static void finite_task(void *arg, int64_t task, int thread) {
+    (void)thread;
+    const finite_job *F = arg;
+    const attn__sdpa_shape *sh = F->sh;
+    const int64_t nh = sh->B * sh->H;
+    if (task < nh) {
+        const int64_t b = task / sh->H, h = task % sh->H;
+        F->fin[task] = bf16_head_nonfinite(F->q, F->d->q_stride, b, h, sh->L, sh->D) |
+                       bf16_head_nonfinite(F->dout, F->d->o_stride, b, h, sh->L, sh->Dv);
+    } else {
+        const int64_t b = (task - nh) / sh->Hkv, hk = (task - nh) % sh->Hkv;
+        F->fin[task] = bf16_head_nonfinite(F->k, F->d->k_stride, b, hk, sh->S, sh->D) |
+                       bf16_head_nonfinite(F->v, F->d->v_stride, b, hk, sh->S, sh->Dv);
+    }
 }
 
 void attn__flash_bwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh,
@@ -454,9 +604,17 @@ void attn__flash_bwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_sh
                      const void *out, const void *dout, const float *lse, void *dq, void *dk, void *dv,
                      float *dmask, void *ws) {
     bwd_layout bl;
-    layout(ctx, sh, d, dmask != NULL, ws, &bl);
+    layout(ctx, sh, d, dmask != NULL, false, ws, &bl);
+    bool dot = use_dot(ctx->kernels, d, sh);
+    if (dot) { // only on finite inputs: the float32 path's products skip zero weights, so that NaN or inf stays where it belongs
+        const int64_t n = sh->B * sh->H + sh->B * sh->Hkv;
+        finite_job fj = {d, sh, q, k, v, dout, bl.fin};
+        attn__pool_run(ctx->pool, n, finite_task, &fj);
+        for (int64_t i = 0; i < n && dot; i++) dot = bl.fin[i] == 0;
+        if (dot) layout(ctx, sh, d, dmask != NULL, true, ws, &bl);
+    }
     attn_sdpa_desc dr = *d; // as read: half-precision k and v become contiguous float copies
-    if (d->kv_dtype != ATTN_DTYPE_F32) {
+    if (d->kv_dtype != ATTN_DTYPE_F32 && !dot) {
         half_job hj = {ctx->kernels, d, sh, k, v, bl.k_f32, bl.v_f32};
         attn__pool_run(ctx->pool, sh->B * sh->Hkv, half_task, &hj);
         const int64_t ks[4] = {sh->Hkv * sh->S * sh->D, sh->S * sh->D, sh->D, 1};
@@ -467,7 +625,9 @@ void attn__flash_bwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_sh
         k = bl.k_f32, v = bl.v_f32;
     }
     bwd_job J = {
-        .d = &dr, .sh = sh, .kn = ctx->kernels, .q = q, .k = k, .v = v, .dout = dout,
+        .d = &dr, .sh = sh, .kn = ctx->kernels, .q = q, .dout = dout,
+        .k = dot ? NULL : k, .v = dot ? NULL : v, .dot = dot, .kb = dot ? k : NULL, .vb = dot ? v : NULL,
+        .qp_all = bl.qp_all, .dop_all = bl.dop_all, .qr_all = bl.qr_all, .dor_all = bl.dor_all, .kr_all = bl.kr_all,
         .dq = dq, .dk = dk, .dv = dv, .dmask = dmask, .dk_stride = d->k_stride, .dv_stride = d->v_stride,
         .Dp = pad16(sh->D), .Dvp = pad16(sh->Dv),
         .n_qtiles = (sh->L + BWD_BR - 1) / BWD_BR, .n_kvtiles = (sh->S + BWD_BC - 1) / BWD_BC,
@@ -477,6 +637,7 @@ void attn__flash_bwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_sh
         .scratch = bl.scratch, .per_thread = bl.per_thread, .dq_acc_off = bl.dq_acc_off,
     };
     J.q_rows = bl.q_pack, J.do_rows = bl.do_pack, J.k_rows = bl.k_pack;
+    attn__split_qscale(J.qscale, &J.qp2, &J.qrest);
     J.q_ld = bl.q_pack != NULL ? J.Dp : d->q_stride[2];
     J.do_ld = bl.do_pack != NULL ? J.Dvp : d->o_stride[2];
     J.k_ld = bl.k_pack != NULL ? J.Dp : dr.k_stride[2];

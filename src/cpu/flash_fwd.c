@@ -37,6 +37,7 @@ typedef struct flash_job {
     int64_t n_qtiles, n_kvtiles;
     float qscale;               // scale * log2(e), folded into the packed queries (or the scores)
     bool dot;                   // bf16 products on the table's gemm_bf16 (use_dot)
+    float qp2, qrest;           // dot: qscale split (attn__split_qscale)
     const uint8_t *v_bad;       // (B, Hkv, n_kvtiles): 1 when the value tile holds NaN or inf
     attn__dropout drop;         // the dropout mask (drop.on false without dropout)
     char *scratch;              // per thread: per_thread bytes
@@ -118,8 +119,8 @@ static bool use_dot(const attn__kernels *kn, const attn_sdpa_desc *d, const attn
            sh->D % 2 == 0 && d->k_stride[3] == 1 && (d->v_stride[3] == 1 || sh->Dv == 1);
 }
 
-// qp (D/2, brp pairs) = the bf16 elements of q[b, h, i0:i0+nq, :] as they are (scaled in the
-// scores), zero padding columns.
+// qp (D/2, brp pairs) = the bf16 elements of q[b, h, i0:i0+nq, :] times the power of two qp2,
+// zero padding columns.
 static void pack_q_pairs(const flash_job *J, int64_t b, int64_t h, int64_t i0, int nq, uint16_t *qp) {
     const attn_sdpa_desc *d = J->d;
     const uint16_t *q = J->q;
@@ -127,7 +128,8 @@ static void pack_q_pairs(const flash_job *J, int64_t b, int64_t h, int64_t i0, i
         uint16_t *row = qp + 2 * e * J->brp;
         for (int i = 0; i < nq; i++) {
             const int64_t off = attn__offset4(d->q_stride, b, h, i0 + i, 2 * e);
-            row[2 * i] = q[off], row[2 * i + 1] = q[off + d->q_stride[3]];
+            row[2 * i] = attn__f32_to_bf16(attn__bf16_to_f32(q[off]) * J->qp2);
+            row[2 * i + 1] = attn__f32_to_bf16(attn__bf16_to_f32(q[off + d->q_stride[3]]) * J->qp2);
         }
         memset(row + 2 * nq, 0, (size_t)(J->brp - nq) * 2 * sizeof(uint16_t));
     }
@@ -196,7 +198,7 @@ static void flash_task(void *arg, int64_t task, int thread) {
             kt = t.kf, vt = t.vf, ks_row = D, ks_d = 1, vs_row = Dv, vs_d = 1;
         }
         if (dot) // S^T (nj, brp) = scale log2(e) K Q^T, the key rows' pairs read in place
-            J->kn->gemm_bf16((const uint16_t *)kt, ks_row, 2, nj, D / 2, t.qp, brp, brp, t.st, brp, NULL, J->qscale);
+            J->kn->gemm_bf16((const uint16_t *)kt, ks_row, 2, nj, D / 2, t.qp, brp, brp, t.st, brp, NULL, J->qrest);
         else
             attn__qk(J->kn, kt, ks_row, ks_d, nj, D, t.qt, brp, t.st);
         if (transform) attn__score_transform(J->kn, d, sh, brp, h, i0, nq, j0, nj, t.st, t.th);
@@ -374,6 +376,7 @@ void attn__flash_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_sh
         .scratch = fl.scratch, .per_thread = fl.per_thread,
     };
     J.brp = (J.br + ATTN_TILE_BR_ALIGN - 1) / ATTN_TILE_BR_ALIGN * ATTN_TILE_BR_ALIGN;
+    attn__split_qscale(J.qscale, &J.qp2, &J.qrest);
     J.n_qtiles = (sh->L + J.br - 1) / J.br;
     // q k^T and p v: 2 (D + Dv) flops per query row and key
     attn__pool *pool = attn__pool_for(ctx->pool, 2.0 * (double)(sh->B * sh->H * sh->L) * (double)sh->S *

@@ -445,5 +445,6 @@ const attn__kernels attn__kernels_avx512bf16 = {
     .gemm_bf16 = attn__gemm_bf16_avx512,
     .pack_pairs_bf16 = attn__pack_pairs_bf16_avx512,
     .pair_rows_bf16 = attn__pair_rows_bf16_avx512,
+    .round_bf16 = attn__round_bf16_avx512,
 };
 #endif

@@ -94,9 +94,7 @@ void attn__pack_pairs_bf16_avx512(const float *x, int64_t ld, int rows, int n, u
         uint16_t *yr = y + (int64_t)r * n;
         for (int c = 0; c < n; c += 16) {
             const __m512 a = _mm512_loadu_ps(x0 + c), b = r + 1 < rows ? _mm512_loadu_ps(x1 + c) : _mm512_setzero_ps();
-            __m512i w;
-            const __m512bh h = _mm512_cvtne2ps_pbh(b, a);
-            memcpy(&w, &h, sizeof w);
+            const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(b, a);
             _mm512_storeu_si512((void *)(yr + 2 * c), _mm512_permutexvar_epi16(inter, w));
         }
     }
@@ -117,5 +115,17 @@ void attn__pair_rows_bf16_avx512(const uint16_t *x, int64_t ld, int rows, int co
             yr[2 * c] = c < cols ? x0[c] : 0;
             yr[2 * c + 1] = c < cols && x1 != NULL ? x1[c] : 0;
         }
+    }
+}
+
+void attn__round_bf16_avx512(const float *x, int64_t n, uint16_t *y) {
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) { // words 0-15 from the second operand: the elements in order
+        const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i));
+        _mm512_storeu_si512((void *)(y + i), (__m512i)h);
+    }
+    for (; i < n; i += 16) {
+        const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_setzero_ps(), _mm512_loadu_ps(x + i));
+        _mm256_storeu_si256((__m256i *)(y + i), _mm512_castsi512_si256((__m512i)h));
     }
 }
