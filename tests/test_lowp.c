@@ -48,6 +48,8 @@ typedef struct problem {
     float softcap, scale;
     float qmag;             // q elements drawn from [-qmag, qmag]
     attn_dtype qt, kvt, ot, gt;
+    float kmag;             // k elements drawn from [-kmag, kmag] (0: 1)
+    int positive;           // q and k from [mag/2, mag) instead
 } problem;
 
 typedef struct data {
@@ -63,8 +65,11 @@ static data make_data(const problem *p, uint32_t seed) {
     const int64_t nq = p->B * p->H * p->L * p->D, nk = p->B * p->Hkv * p->S * p->D, nv = p->B * p->Hkv * p->S * p->Dv;
     const int64_t no = p->B * p->H * p->L * p->Dv, nm = p->B * p->H * p->L * p->S;
     float *f = malloc((size_t)(nq + nk + nv + no) * 4);
-    for (int64_t i = 0; i < nq; i++) f[i] = p->qmag * (2.0f * rand_unit(&seed) - 1.0f);
-    for (int64_t i = nq; i < nq + nk + nv + no; i++) f[i] = 2.0f * rand_unit(&seed) - 1.0f;
+    const float kmag = p->kmag > 0.0f ? p->kmag : 1.0f;
+    for (int64_t i = 0; i < nq + nk + nv + no; i++) {
+        const float u = rand_unit(&seed), mag = i < nq ? p->qmag : i < nq + nk ? kmag : 1.0f;
+        f[i] = mag * (p->positive && i < nq + nk ? 0.5f + 0.5f * u : 2.0f * u - 1.0f);
+    }
     x.q = make_tensor(p->qt, f, nq), x.k = make_tensor(p->kvt, f + nq, nk), x.v = make_tensor(p->kvt, f + nq + nk, nv);
     x.dout = make_tensor(p->ot, f + nq + nk + nv, no);
     free(f);
@@ -244,7 +249,7 @@ static void test_decode_shapes(void) {
         problem p = {1 + c % 2, 8, c % 3 == 0 ? 8 : 2, 1 + (c % 4 == 3 ? 4 : 0), 1 + 97 * c, 64, c % 5 == 4 ? 48 : 64,
                      c % 2 ? ATTN_CAUSAL_BOTTOM_RIGHT : ATTN_CAUSAL_NONE, c % 6 == 5 ? 2 : 0, c % 4 == 1, c % 7 == 3,
                      0, 100, 0, 0.0f, 0.0f, 2.0f, half_types[c % 2], half_types[(c / 2) % 2], half_types[c % 2],
-                     ATTN_DTYPE_F32};
+                     ATTN_DTYPE_F32, 0.0f, 0};
         forward_problem(&p, 77u + (uint32_t)c);
     }
 }
@@ -254,13 +259,29 @@ static void test_decode_shapes(void) {
 static void test_adversarial_bounds(void) {
     for (int t = 0; t < 2; t++) {
         problem big = {1, 2, 1, 40, 300, 64, 64, ATTN_CAUSAL_NONE, 0, 0, 0, 0, 0, 0, 0.0f, 1.0f, 8.0f,
-                       half_types[t], half_types[t], half_types[t], half_types[t]};
+                       half_types[t], half_types[t], half_types[t], half_types[t], 0.0f, 0};
         forward_problem(&big, 31u + (uint32_t)t);
         problem lng = {1, 2, 2, 24, 8192, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0, 0, 0, 0, 0.0f, 0.0f, 2.0f,
-                       half_types[t], half_types[t], half_types[t], half_types[t]};
+                       half_types[t], half_types[t], half_types[t], half_types[t], 0.0f, 0};
         forward_problem(&lng, 57u + (uint32_t)t);
     }
     fprintf(stderr, "    largest error %.2f of the bound\n", worst_fwd);
+}
+
+static void backward_problem(const problem *p, uint32_t seed);
+
+// Scores of moderate size from q.k sums beyond the float range and a tiny scale (q and k elements
+// in [2^62, 2^63), 16 of them: sums of at least 2^128, times 2^-124: scores in [16, 64), weights far
+// above 2^-126, where the kernels flush): the kernels must scale before
+// the sums overflow, as the bf16 dot products do by folding the scale's power of two into the
+// packed queries; forward and backward against the reference with attn.h's bounds.
+static void test_unscaled_overflow(void) { // bf16 only: float16 cannot hold such values
+    const float big = 0x1p63f;
+    const attn_dtype bf = ATTN_DTYPE_BF16;
+    problem p = {1, 2, 1, 72, 40, 16, 16, ATTN_CAUSAL_NONE, 0, 0, 0, 0, 0, 0, 0.0f, 0x1p-124f, big, bf, bf, bf, bf,
+                 big, 1};
+    forward_problem(&p, 71u);
+    backward_problem(&p, 73u);
 }
 
 // The gradient bound of attn.h: |g - g_ref| <= 2 u_grad |g_ref| + tiny_grad + (4 u_out + 2^-14 + 4 delta) M,
@@ -383,7 +404,7 @@ static void test_backward_random(void) {
         backward_problem(&p, 5000u + (uint32_t)c);
     }
     problem big = {1, 4, 2, 96, 160, 64, 64, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 0, 0, 0, 0.0f, 1.0f, 6.0f,
-                   ATTN_DTYPE_BF16, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16};
+                   ATTN_DTYPE_BF16, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16, 0.0f, 0};
     backward_problem(&big, 99);
     fprintf(stderr, "    largest error %.2f of the bound\n", worst_bwd);
 }
@@ -535,7 +556,8 @@ static void test_reference_exact(void) {
 int main(int argc, char **argv) {
     static const harness_case cases[] = {
         HARNESS_CASE(test_reference_exact), HARNESS_CASE(test_forward_random), HARNESS_CASE(test_decode_shapes),
-        HARNESS_CASE(test_adversarial_bounds), HARNESS_CASE(test_backward_random), HARNESS_CASE(test_varlen),
+        HARNESS_CASE(test_adversarial_bounds),
+        HARNESS_CASE(test_unscaled_overflow), HARNESS_CASE(test_backward_random), HARNESS_CASE(test_varlen),
         HARNESS_CASE(test_kv_cache),
     };
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
