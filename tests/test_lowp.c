@@ -153,8 +153,9 @@ static void check_forward(const problem *p, const data *x, const tensor *got, co
     const bool dot = on_dot(isa, p);
     const double kmax = max_abs(&x->k), vmax = max_abs(&x->v), u = unit(p->ot);
     const double eps = dot ? 0x1p-8 + 0x1p-16 : 0x1p-16, flushed = dot ? (double)p->S * 0x1p-125 : 0;
+    const double keep = x->d.dropout_p > 0.0 ? 1.0 / (1.0 - x->d.dropout_p) : 1.0; // kept weights' scale
     for (int64_t r = 0; r < p->B * p->H * p->L; r++) {
-        const double delta = row_delta(p, x, r, kmax, dot), abs_term = (exp(2 * delta) - 1 + eps) * vmax + flushed;
+        const double delta = row_delta(p, x, r, kmax, dot), abs_term = (exp(2 * delta) - 1 + eps) * keep * vmax + flushed;
         for (int64_t c = 0; c < p->Dv; c++) {
             const double g = at(got, r * p->Dv + c), w = at(ref, r * p->Dv + c);
             const double bound = 2 * u * fabs(w) + tiny(p->ot) + abs_term;
@@ -176,8 +177,9 @@ static void run_fwd(attn_ctx *ctx, const data *x, tensor *out, float *lse) {
         FAIL("sdpa_fwd on %s: %s", attn_isa_name(attn_ctx_isa(ctx)), attn_ctx_last_error(ctx));
 }
 
-static void forward_problem(const problem *p, uint32_t seed) {
-    data x = make_data(p, seed);
+// The forward of x (made from p) on every instruction set against the reference.
+static void forward_data(const problem *p, data *xp) {
+    data x = *xp;
     const int64_t no = p->B * p->H * p->L * p->Dv, nl = p->B * p->H * p->L;
     tensor ref = make_tensor(p->ot, NULL, no), o1 = make_tensor(p->ot, NULL, no), o2 = make_tensor(p->ot, NULL, no);
     float *lr = malloc((size_t)nl * 4), *l1 = malloc((size_t)nl * 4), *l2 = malloc((size_t)nl * 4);
@@ -201,6 +203,11 @@ static void forward_problem(const problem *p, uint32_t seed) {
         compared++;
     }
     free(ref.p), free(o1.p), free(o2.p), free(lr), free(l1), free(l2);
+}
+
+static void forward_problem(const problem *p, uint32_t seed) {
+    data x = make_data(p, seed);
+    forward_data(p, &x);
     free_data(&x);
 }
 
@@ -269,6 +276,21 @@ static void test_adversarial_bounds(void) {
 }
 
 static void backward_problem(const problem *p, uint32_t seed);
+
+// Philox dropout in the half-precision forward (the bf16 dot products drop weights before they
+// round them), with GQA and causal masking: every instruction set against the reference, the bound
+// taken with the kept weights' scale.
+static void test_dropout_forward(void) {
+    for (int t = 0; t < 2; t++) {
+        const attn_dtype h = half_types[t];
+        problem p = {2, 4, 2, 100, 150, 32, 32, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0, 0, 0, 0, 0.0f, 0.0f, 2.0f, h, h, h, h,
+                     0.0f, 0};
+        data x = make_data(&p, 81u + (uint32_t)t);
+        x.d.dropout_p = 0.25, x.d.dropout_rng = ATTN_DROPOUT_RNG_PHILOX, x.d.dropout_seed = 12345, x.d.dropout_offset = 7;
+        forward_data(&p, &x);
+        free_data(&x);
+    }
+}
 
 // Scores of moderate size from q.k sums beyond the float range and a tiny scale (q and k elements
 // in [2^62, 2^63), 16 of them: sums of at least 2^128, times 2^-124: scores in [16, 64), weights far
@@ -557,7 +579,8 @@ int main(int argc, char **argv) {
     static const harness_case cases[] = {
         HARNESS_CASE(test_reference_exact), HARNESS_CASE(test_forward_random), HARNESS_CASE(test_decode_shapes),
         HARNESS_CASE(test_adversarial_bounds),
-        HARNESS_CASE(test_unscaled_overflow), HARNESS_CASE(test_backward_random), HARNESS_CASE(test_varlen),
+        HARNESS_CASE(test_unscaled_overflow),
+        HARNESS_CASE(test_dropout_forward), HARNESS_CASE(test_backward_random), HARNESS_CASE(test_varlen),
         HARNESS_CASE(test_kv_cache),
     };
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
