@@ -462,11 +462,13 @@ typedef struct attn_sdpa_desc {
      * (tested). The 4 u_o term is FlashAttention's use of the stored, rounded out in
      * D_i = dout_i . out_i. Where out's elements are subnormal in its type, their rounding adds
      * t_o (its smallest subnormal) per element: the same sum again with |dS_ij| taken as
-     * 2 t_o P_ij sum_t |dout_it| (found by fuzz_bwd_diff). On ATTN_ISA_AVX512_BF16's dot products
-     * (bf16 q, k, v, out and dout, even head_dim and head_dim_v, contiguous key and value rows,
-     * finite inputs) dS and P are rounded to bf16 before the products that make the gradients:
-     * the factor of M gains 2^-8, and delta the forward's terms for the dot products (tested in an
-     * emulated build). */
+     * 2 t_o P_ij sum_t |dout_it| (found by fuzz_bwd_diff). The fused kernels flush weights below
+     * 2^-126 to zero: add M's sum once more with 2^-126 in place of every P_ij the row sees
+     * (visible only where the gradients themselves are near 2^-126; tested). On
+     * ATTN_ISA_AVX512_BF16's dot products (bf16 q, k, v, out and dout, even head_dim and
+     * head_dim_v, contiguous key and value rows, finite inputs) dS and P are rounded to bf16
+     * before the products that make the gradients: the factor of M gains 2^-8, and delta the
+     * forward's terms for the dot products (tested in an emulated build). */
     attn_dtype grad_dtype;
     /* Where the dropout mask comes from (with dropout_p > 0):
      *  ATTN_DROPOUT_RNG_CONTEXT (0, the default): the context's generator, F.dropout's draws bit for

@@ -304,19 +304,26 @@ static void test_unscaled_overflow(void) { // bf16 only: float16 cannot hold suc
                  big, 1};
     forward_problem(&p, 71u);
     backward_problem(&p, 73u);
+    p.scale = 0x1p-120f; // scores in [256, 1024): most weights flushed, gradients near 2^-126
+    forward_problem(&p, 75u);
+    backward_problem(&p, 77u);
 }
 
-// The gradient bound of attn.h: |g - g_ref| <= 2 u_grad |g_ref| + tiny_grad + (4 u_out + 2^-14 + 4 delta) M,
+// The gradient bound of attn.h: |g - g_ref| <= 2 u_grad |g_ref| + tiny_grad + (4 u_out + 2^-14 + 4 delta) M + F,
 // M the sum of the absolute values of the terms of g's sum (with |dP_ij - D_i| taken as |dP_ij| +
 // sum_t |dO_it O_it|), delta the largest row's. M from the reference's weights p (B, H, L, S).
+// F: the same sums with 2^-126 in place of each weight a row sees (weights under 2^-126 are flushed
+// to zero by the fused kernels' exp2), added to the bound as they are.
 typedef struct magnitudes {
     double *dq, *dk, *dv;
+    double *fdq, *fdk, *fdv;
 } magnitudes;
 
 static magnitudes grad_magnitudes(const problem *p, const data *x, const float *w, const tensor *out) {
     const int64_t B = p->B, H = p->H, L = p->L, S = p->S, D = p->D, Dv = p->Dv, G = p->H / p->Hkv;
     magnitudes m = {calloc((size_t)(B * H * L * D), 8), calloc((size_t)(B * p->Hkv * S * D), 8),
-                    calloc((size_t)(B * p->Hkv * S * Dv), 8)};
+                    calloc((size_t)(B * p->Hkv * S * Dv), 8), calloc((size_t)(B * H * L * D), 8),
+                    calloc((size_t)(B * p->Hkv * S * D), 8), calloc((size_t)(B * p->Hkv * S * Dv), 8)};
     const double scale = p->scale != 0.0f ? p->scale : 1.0 / sqrt((double)D);
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++)
@@ -329,12 +336,16 @@ static magnitudes grad_magnitudes(const problem *p, const data *x, const float *
                     if (pij == 0) continue;
                     double dp = 0;
                     for (int64_t t = 0; t < Dv; t++) dp += at(&x->dout, row * Dv + t) * at(&x->v, (hk * S + j) * Dv + t);
-                    const double ds = scale * pij * (fabs(dp) + R);
+                    const double ds = scale * pij * (fabs(dp) + R), fds = scale * 0x1p-126 * (fabs(dp) + R);
                     for (int64_t t = 0; t < D; t++) {
-                        m.dq[row * D + t] += ds * fabs(at(&x->k, (hk * S + j) * D + t));
-                        m.dk[(hk * S + j) * D + t] += ds * fabs(at(&x->q, row * D + t));
+                        const double kk = fabs(at(&x->k, (hk * S + j) * D + t)), qq = fabs(at(&x->q, row * D + t));
+                        m.dq[row * D + t] += ds * kk, m.fdq[row * D + t] += fds * kk;
+                        m.dk[(hk * S + j) * D + t] += ds * qq, m.fdk[(hk * S + j) * D + t] += fds * qq;
                     }
-                    for (int64_t t = 0; t < Dv; t++) m.dv[(hk * S + j) * Dv + t] += pij * fabs(at(&x->dout, row * Dv + t));
+                    for (int64_t t = 0; t < Dv; t++) {
+                        const double g = fabs(at(&x->dout, row * Dv + t));
+                        m.dv[(hk * S + j) * Dv + t] += pij * g, m.fdv[(hk * S + j) * Dv + t] += 0x1p-126 * g;
+                    }
                 }
             }
     return m;
@@ -343,14 +354,14 @@ static magnitudes grad_magnitudes(const problem *p, const data *x, const float *
 // The backward's bound of attn.h (grad_dtype); on the bf16 dot products (`dot`: bf16 q, k, v and out,
 // even head dims) c gains 2^-8 (dS and P rounded to bf16) and delta the flushed denormals' term.
 static void check_grad(const problem *p, const data *x, const char *what, const tensor *got, const tensor *ref,
-                       const double *mag, attn_isa isa) {
+                       const double *mag, const double *flush, attn_isa isa) {
     const bool dot = on_dot(isa, p) && p->ot == ATTN_DTYPE_BF16 && p->Dv % 2 == 0;
     const double kmax = max_abs(&x->k), u = unit(p->gt);
     double delta = 0;
     for (int64_t r = 0; r < p->B * p->H * p->L; r++) delta = fmax(delta, row_delta(p, x, r, kmax, dot));
     const double c = 4 * unit(p->ot) + 0x1p-14 + 4 * delta + (dot ? 0x1p-8 : 0.0);
     for (int64_t i = 0; i < ref->n; i++) {
-        const double g = at(got, i), w = at(ref, i), bound = 2 * u * fabs(w) + tiny(p->gt) + c * mag[i];
+        const double g = at(got, i), w = at(ref, i), bound = 2 * u * fabs(w) + tiny(p->gt) + c * mag[i] + flush[i];
         harness_checks++;
         if (!(fabs(g - w) <= bound))
             FAIL("%s[%lld] = %.8g, reference %.8g: error %.3g above the bound %.3g (q %s kv %s out %s grad %s; B%lld "
@@ -405,9 +416,9 @@ static void backward_problem(const problem *p, uint32_t seed) {
         run_bwd(c1, &x, &out, lse, &g1);
         run_bwd(c3, &x, &out, lse, &g2);
         attn_ctx_free(c1), attn_ctx_free(c3);
-        check_grad(p, &x, "dq", &g1.dq, &ref.dq, mag.dq, isas[ii]);
-        check_grad(p, &x, "dk", &g1.dk, &ref.dk, mag.dk, isas[ii]);
-        check_grad(p, &x, "dv", &g1.dv, &ref.dv, mag.dv, isas[ii]);
+        check_grad(p, &x, "dq", &g1.dq, &ref.dq, mag.dq, mag.fdq, isas[ii]);
+        check_grad(p, &x, "dk", &g1.dk, &ref.dk, mag.dk, mag.fdk, isas[ii]);
+        check_grad(p, &x, "dv", &g1.dv, &ref.dv, mag.dv, mag.fdv, isas[ii]);
         const size_t es = attn_dtype_size(p->gt);
         if (memcmp(g1.dq.p, g2.dq.p, (size_t)g1.dq.n * es) != 0 || memcmp(g1.dk.p, g2.dk.p, (size_t)g1.dk.n * es) != 0 ||
             memcmp(g1.dv.p, g2.dv.p, (size_t)g1.dv.n * es) != 0)
@@ -416,6 +427,7 @@ static void backward_problem(const problem *p, uint32_t seed) {
     }
     free_grads(&ref), free_grads(&g1), free_grads(&g2);
     free(out.p), free(lse), free(w), free(mag.dq), free(mag.dk), free(mag.dv);
+    free(mag.fdq), free(mag.fdk), free(mag.fdv);
     free_data(&x);
 }
 
