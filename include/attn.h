@@ -237,9 +237,9 @@ typedef struct attn_allocator {
  * Which kernels a context uses. AUTO picks the fastest this CPU runs. REF is the scalar reference
  * (the specification: plain loops, one thread, slow); GENERIC the fused kernels in portable C;
  * AVX2 the fused kernels with AVX2 and FMA3; AVX512 with AVX-512F; AVX512_BF16 the AVX512 kernels
- * plus bf16 dot products (vdpbf16ps, AVX512-BF16 and AVX512-BW) for the fused forward of bf16 q, k
- * and v (attn_sdpa_desc.q_dtype says how its error differs); each chosen at run time from what the
- * CPU supports, never required at build time.
+ * plus bf16 dot products (vdpbf16ps, AVX512-BF16 and AVX512-BW) for the fused forward and backward
+ * of bf16 tensors (attn_sdpa_desc.q_dtype and grad_dtype say how their errors differ); each chosen
+ * at run time from what the CPU supports, never required at build time.
  * The fused kernels agree with the reference to about 1e-6 relative; calls that ask for the
  * attention weights run the reference whatever the ISA. Their softmax computes 2^x with a degree-6
  * polynomial: relative error below 1.2e-7 for arguments in [-126, 128] (about 1 ulp); weights below
