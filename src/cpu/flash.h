@@ -82,6 +82,12 @@ bool attn__mask_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int br
 void attn__score_transform(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int brp,
                            int64_t h, int64_t i0, int nq, int64_t j0, int nj, float *st, float *th);
 
+// A tile of bf16 rows in pairs along the head dim, for the bf16 dot products: y (n/2 x w pairs),
+// y[2*(e*w + i) + t] = x[b, h, i0 + i, 2e + t] * p2 (x at element strides s; p2 a power of two, 1
+// copies) for i < nr, 0 for nr <= i < w (n even).
+void attn__pair_tile_bf16(const uint16_t *x, const int64_t s[4], int64_t b, int64_t h, int64_t i0, int64_t nr,
+                          int64_t n, int64_t w, float p2, uint16_t *y);
+
 // Rows [0, nj) of a half-precision or block-quantised (Q8_0, Q4_0: es = 1, rs a multiple of 32) key
 // or value tile (row stride rs, element stride es) converted to floats, (nj, n) contiguous.
 void attn__half_tile(const attn__kernels *kn, attn_dtype dt, const void *src, int64_t rs, int64_t es, int nj,

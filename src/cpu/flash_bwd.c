@@ -363,18 +363,6 @@ typedef struct prep_job {
     uint8_t *kv_bad;
 } prep_job;
 
-// y (n/2 x BR pairs): y[2*(e*BR + i) + t] = x[b, h, i0 + i, 2e + t] * p2 (bf16, at strides s; p2 a
-// power of two) for i < nr, 0 for the rows after (n even): a tile in pairs along the head dim.
-static void pair_along_dims(const uint16_t *x, const int64_t s[4], int64_t b, int64_t h, int64_t i0, int64_t nr,
-                            int64_t n, float p2, uint16_t *y) {
-    for (int64_t e = 0; e < n / 2; e++)
-        for (int64_t i = 0; i < BWD_BR; i++)
-            for (int64_t t = 0; t < 2; t++) {
-                const uint16_t v = i < nr ? x[attn__offset4(s, b, h, i0 + i, 2 * e + t)] : 0;
-                y[2 * (e * BWD_BR + i) + t] = p2 == 1.0f ? v : attn__f32_to_bf16(attn__bf16_to_f32(v) * p2);
-            }
-}
-
 // y (rows/2 x w pairs): y[2*((i/2)*w + c) + i%2] = x[b, h, i0 + i, c] for i < nr and c < n, 0 elsewhere:
 // a tile's rows paired.
 static void pair_along_rows(const uint16_t *x, const int64_t s[4], int64_t b, int64_t h, int64_t i0, int64_t nr,
@@ -393,8 +381,9 @@ static void prep_rows_task(void *arg, int64_t bh, int thread) {
     const int64_t b = bh / sh->H, h = bh % sh->H;
     for (int64_t it = 0; J->dot && it < J->n_qtiles; it++) { // dot: the tiles in pairs (all finite)
         const int64_t i0 = it * BWD_BR, nq = sh->L - i0 < BWD_BR ? sh->L - i0 : BWD_BR, tile = bh * J->n_qtiles + it;
-        pair_along_dims(J->q, d->q_stride, b, h, i0, nq, sh->D, J->qp2, J->qp_all + tile * sh->D * BWD_BR);
-        pair_along_dims(J->dout, d->o_stride, b, h, i0, nq, sh->Dv, 1.0f, J->dop_all + tile * sh->Dv * BWD_BR);
+        attn__pair_tile_bf16(J->q, d->q_stride, b, h, i0, nq, sh->D, BWD_BR, J->qp2, J->qp_all + tile * sh->D * BWD_BR);
+        attn__pair_tile_bf16(J->dout, d->o_stride, b, h, i0, nq, sh->Dv, BWD_BR, 1.0f,
+                             J->dop_all + tile * sh->Dv * BWD_BR);
         pair_along_rows(J->q, d->q_stride, b, h, i0, nq, sh->D, J->Dp, BWD_BR, J->qr_all + tile * BWD_BR * J->Dp);
         pair_along_rows(J->dout, d->o_stride, b, h, i0, nq, sh->Dv, J->Dvp, BWD_BR, J->dor_all + tile * BWD_BR * J->Dvp);
         J->q_bad[tile] = 0;

@@ -119,20 +119,14 @@ static bool use_dot(const attn__kernels *kn, const attn_sdpa_desc *d, const attn
            sh->D % 2 == 0 && d->k_stride[3] == 1 && (d->v_stride[3] == 1 || sh->Dv == 1);
 }
 
-// qp (D/2, brp pairs) = the bf16 elements of q[b, h, i0:i0+nq, :] times the power of two qp2,
-// zero padding columns.
-static void pack_q_pairs(const flash_job *J, int64_t b, int64_t h, int64_t i0, int nq, uint16_t *qp) {
-    const attn_sdpa_desc *d = J->d;
-    const uint16_t *q = J->q;
-    for (int64_t e = 0; e < J->sh->D / 2; e++) {
-        uint16_t *row = qp + 2 * e * J->brp;
-        for (int i = 0; i < nq; i++) {
-            const int64_t off = attn__offset4(d->q_stride, b, h, i0 + i, 2 * e);
-            row[2 * i] = attn__f32_to_bf16(attn__bf16_to_f32(q[off]) * J->qp2);
-            row[2 * i + 1] = attn__f32_to_bf16(attn__bf16_to_f32(q[off + d->q_stride[3]]) * J->qp2);
-        }
-        memset(row + 2 * nq, 0, (size_t)(J->brp - nq) * 2 * sizeof(uint16_t));
-    }
+void attn__pair_tile_bf16(const uint16_t *x, const int64_t s[4], int64_t b, int64_t h, int64_t i0, int64_t nr,
+                          int64_t n, int64_t w, float p2, uint16_t *y) {
+    for (int64_t e = 0; e < n / 2; e++)
+        for (int64_t i = 0; i < w; i++)
+            for (int64_t t = 0; t < 2; t++) {
+                const uint16_t v = i < nr ? x[attn__offset4(s, b, h, i0 + i, 2 * e + t)] : 0;
+                y[2 * (e * w + i) + t] = p2 == 1.0f ? v : attn__f32_to_bf16(attn__bf16_to_f32(v) * p2);
+            }
 }
 
 // The bf16 path's O += P V for a value tile holding NaN or inf: o[i*ldo + c] = alpha[i] o[i*ldo + c]
@@ -166,7 +160,8 @@ static void flash_task(void *arg, int64_t task, int thread) {
     attn__fwd_tiles_layout(sh, d, brp, dot, &t, J->scratch + (size_t)thread * J->per_thread);
 
     if (dot) {
-        pack_q_pairs(J, b, h, i0, nq, t.qp);
+        // qp (D/2, brp pairs): the queries' bf16 elements times the power of two qp2
+        attn__pair_tile_bf16(J->q, d->q_stride, b, h, i0, nq, D, brp, J->qp2, t.qp);
         memset(t.o, 0, (size_t)brp * (size_t)t.dvp * sizeof(float));
     } else { // qt (D, brp) = q[b, h, i0:i0+nq, :]^T * scale * log2(e) as floats, zero padding columns
         for (int dd = 0; dd < D; dd++) {
