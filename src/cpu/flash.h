@@ -82,6 +82,10 @@ bool attn__mask_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int br
 void attn__score_transform(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int brp,
                            int64_t h, int64_t i0, int nq, int64_t j0, int nj, float *st, float *th);
 
+// Whether the forward (flash_fwd.c) runs on the table's bf16 dot products: bf16 q, k and v, an even
+// head dim and contiguous key and value rows (their pairs are read in place).
+bool attn__fwd_dot_applies(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh);
+
 // A tile of bf16 rows in pairs along the head dim, for the bf16 dot products: y (n/2 x w pairs),
 // y[2*(e*w + i) + t] = x[b, h, i0 + i, 2e + t] * p2 (x at element strides s; p2 a power of two, 1
 // copies) for i < nr, 0 for nr <= i < w (n even).

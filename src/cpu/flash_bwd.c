@@ -480,10 +480,9 @@ static bool use_one_pass(const attn_ctx *ctx, const attn__sdpa_shape *sh, bool w
 }
 
 // Whether the backward may run on the table's bf16 dot products (when its inputs are finite too):
-// bf16 q, k, v and dout, even head dims, contiguous key and value rows.
+// the forward's conditions, and bf16 dout, an even value head dim and contiguous value rows.
 static bool use_dot(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh) {
-    return kn->gemm_bf16 != NULL && d->q_dtype == ATTN_DTYPE_BF16 && d->kv_dtype == ATTN_DTYPE_BF16 &&
-           d->out_dtype == ATTN_DTYPE_BF16 && sh->D % 2 == 0 && sh->Dv % 2 == 0 && d->k_stride[3] == 1 &&
+    return attn__fwd_dot_applies(kn, d, sh) && d->out_dtype == ATTN_DTYPE_BF16 && sh->Dv % 2 == 0 &&
            d->v_stride[3] == 1;
 }
 

@@ -36,7 +36,7 @@ typedef struct flash_job {
     int br, brp;                // queries per item, and padded to ATTN_TILE_BR_ALIGN
     int64_t n_qtiles, n_kvtiles;
     float qscale;               // scale * log2(e), folded into the packed queries (or the scores)
-    bool dot;                   // bf16 products on the table's gemm_bf16 (use_dot)
+    bool dot;                   // bf16 products on the table's gemm_bf16 (attn__fwd_dot_applies)
     float qp2, qrest;           // dot: qscale split (attn__split_qscale)
     const uint8_t *v_bad;       // (B, Hkv, n_kvtiles): 1 when the value tile holds NaN or inf
     attn__dropout drop;         // the dropout mask (drop.on false without dropout)
@@ -112,9 +112,7 @@ void attn__pv_skipping_zeros(const float *v, int64_t vs_row, int64_t vs_d, int n
     }
 }
 
-// Whether the forward runs on the table's bf16 dot products: bf16 q, k and v, an even head dim
-// and contiguous key and value rows (the pairs are read in place).
-static bool use_dot(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh) {
+bool attn__fwd_dot_applies(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh) {
     return kn->gemm_bf16 != NULL && d->q_dtype == ATTN_DTYPE_BF16 && d->kv_dtype == ATTN_DTYPE_BF16 &&
            sh->D % 2 == 0 && d->k_stride[3] == 1 && (d->v_stride[3] == 1 || sh->Dv == 1);
 }
@@ -289,7 +287,7 @@ static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn
     fl->v_bad = attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * n_kvtiles));
     fl->keep = attn__arena_take(&a, attn__dropout_bits_bytes(d, sh));
     const int brp = (br + ATTN_TILE_BR_ALIGN - 1) / ATTN_TILE_BR_ALIGN * ATTN_TILE_BR_ALIGN;
-    fl->per_thread = (attn__fwd_tiles_layout(sh, d, brp, use_dot(ctx->kernels, d, sh), NULL, NULL) + ATTN_ALIGN - 1) &
+    fl->per_thread = (attn__fwd_tiles_layout(sh, d, brp, attn__fwd_dot_applies(ctx->kernels, d, sh), NULL, NULL) + ATTN_ALIGN - 1) &
                      ~(size_t)(ATTN_ALIGN - 1);
     fl->scratch = attn__arena_take(&a, fl->per_thread * (size_t)threads);
     return a.used;
@@ -366,7 +364,7 @@ void attn__flash_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_sh
         .br = choose_br(sh, threads),
         .n_kvtiles = (sh->S + FLASH_BC - 1) / FLASH_BC,
         .qscale = (float)((double)sh->scale * LOG2E),
-        .dot = use_dot(ctx->kernels, d, sh),
+        .dot = attn__fwd_dot_applies(ctx->kernels, d, sh),
         .v_bad = fl.v_bad,
         .scratch = fl.scratch, .per_thread = fl.per_thread,
     };
