@@ -154,9 +154,12 @@ attn_status attn__cuda_plan_sdpa(attn__cuda_err *e, const attn__cuda_device *dev
     memcpy(p->mask_stride, d->mask_stride, sizeof p->mask_stride);
     memcpy(p->kpm_stride, d->key_padding_mask_stride, sizeof p->kpm_stride);
     // Strides of length-1 dimensions never reach an element: 0, so they do not defeat alignment.
+    // A packed batch's rows are the sequences' rows one after another: its row stride is used
+    // whatever the longest sequence's length (a batch of single queries included).
     const int64_t nq[4] = {p->B, p->H, p->L, p->D}, nk[4] = {p->B, p->Hkv, p->S, p->D};
     const int64_t nv[4] = {p->B, p->Hkv, p->S, p->Dv}, no[4] = {p->B, p->H, p->L, p->Dv};
     for (int i = 0; i < 4; i++) {
+        if (packed && i == 2) continue;
         if (nq[i] == 1) p->q_stride[i] = 0;
         if (no[i] == 1) p->o_stride[i] = 0;
         if (nk[i] == 1) p->k_stride[i] = 0;

@@ -213,6 +213,16 @@ static void test_varlen(void) {
     }
     s.cu_q = NULL;
     ASSERT_STATUS(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, &s, &p), ATTN_ERR_INVALID_ARG);
+    // one query and one key per sequence (decoding): the rows still follow each other, so the row
+    // strides stay although len_q = len_kv = 1
+    static const int64_t one_q[4] = {0, 1, 2, 3};
+    d.len_q = d.len_kv = 1, s.cu_q = one_q, s.cu_k = one_q;
+    ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, &s, &p));
+    ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_DECODE);
+    ASSERT_EQ_INT(p.p.q_stride[2], 4 * 64);
+    ASSERT_EQ_INT(p.p.o_stride[2], 4 * 64);
+    ASSERT_EQ_INT(p.p.k_stride[2], 2 * 64);
+    ASSERT_EQ_INT(p.p.v_stride[2], 2 * 64);
     attn_ctx_free(cpu);
     attn_ctx_free(e.host);
 }
