@@ -69,6 +69,7 @@ static void run_case(attn_cuda_ctx *g, attn_dtype dt, int use_dropout) {
     ca.need_weights = 0, ca.unbatched = unbatched, ca.batch = N, ca.len_q = L, ca.len_kv = S;
     attn_cuda_mha_args ga;
     attn_cuda_mha_args_init(&ga);
+    ga.base.need_weights = 0, ga.base.unbatched = unbatched, ga.base.batch = N, ga.base.len_q = L, ga.base.len_kv = S;
     ca.query = hq, ga.base.query = dq_in;
     if (kind == 1) ca.key = hk, ca.value = hv, ga.base.key = dk_in, ga.base.value = dv_in;
     if (kind == 2) ca.key = ca.value = hk, ga.base.key = ga.base.value = dk_in;
