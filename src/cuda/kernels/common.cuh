@@ -149,6 +149,32 @@ __device__ __forceinline__ bool tile_inside(const P &p, const Seq &s, int64_t i0
     return i0 + rows <= s.L && first_key(p, s, i0 + rows - 1) <= j0 && end_key(p, s, i0) >= j0 + cols;
 }
 
+// The bounds (causal, window, the sequence's ends) of a thread's elements in a tile, relative to a
+// corner: element (row0 + ri, col0 + cj) is inside when lo <= cj - ri <= hi, ri < rows and cj < cols
+// (bounds_hide's test and the sequence's ends, in 32-bit arithmetic per element: the tiles that cross
+// a causal diagonal or a window's edge without masks, ALiBi or soft cap, take this and not score()).
+// Values beyond +-2^30 are clamped: ri and cj are tile offsets, far smaller.
+struct TileBounds {
+    int lo, hi, rows, cols;
+};
+__device__ __forceinline__ int clamp_int(int64_t x) {
+    return (int)(x < -(1LL << 30) ? -(1LL << 30) : x > (1LL << 30) ? (1LL << 30) : x);
+}
+__device__ __forceinline__ TileBounds tile_bounds(const P &p, const Seq &s, int64_t row0, int64_t col0) {
+    const int64_t d = row0 + s.off - col0; // (i + off) - j at the corner
+    int64_t lo = -(1LL << 40), hi = 1LL << 40;
+    if (p.causal != 0) hi = d;
+    if (p.use_window && p.window_right >= 0) hi = min(hi, d + p.window_right);
+    if (p.use_window && p.window_left >= 0) lo = d - p.window_left;
+    TileBounds t;
+    t.lo = clamp_int(lo), t.hi = clamp_int(hi), t.rows = clamp_int(s.L - row0), t.cols = clamp_int(s.S - col0);
+    return t;
+}
+__device__ __forceinline__ bool tile_visible(const TileBounds &t, int ri, int cj) {
+    const int x = cj - ri;
+    return x >= t.lo && x <= t.hi && ri < t.rows && cj < t.cols;
+}
+
 // Additive term of one mask element: BOOL True hides (-inf), F32 is added.
 __device__ __forceinline__ float mask_term(const void *m, int32_t dtype, int64_t off) {
     if (dtype == ATTN__CU_BOOL) return static_cast<const uint8_t *>(m)[off] ? -CUDART_INF_F : 0.0f;

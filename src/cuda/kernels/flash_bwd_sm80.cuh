@@ -38,12 +38,14 @@ namespace attn_cuda {
 // One element of the backward, from its raw products sv = q . k and dpv = dout . v: sv becomes the
 // weight the forward used for the output (P', dropout applied: dV's factor), dpv the score's
 // gradient over scale (dS: dK's and dQ's factor). lse2: the row's lse times log2 e (+inf: no weight);
-// di: the row's dout . out; need: apply the whole score rule (else scale only); kept: the mask's bit.
-__device__ __forceinline__ void bwd_element(const P &p, const Seq &s, bool need, float &sv, float &dpv, int64_t b,
-                                            int64_t h, int64_t i, int64_t j, float lse2, float di, bool kept) {
+// di: the row's dout . out; need: apply the whole score rule (else scale only, -inf where `visible`,
+// the bounds' verdict, is false); kept: the mask's bit.
+__device__ __forceinline__ void bwd_element(const P &p, const Seq &s, bool need, bool visible, float &sv, float &dpv,
+                                            int64_t b, int64_t h, int64_t i, int64_t j, float lse2, float di,
+                                            bool kept) {
     float x, f = 1.0f;
     if (!need) {
-        x = sv * (p.scale * kLog2e);
+        x = visible ? sv * (p.scale * kLog2e) : -CUDART_INF_F;
     } else if (i < s.L && j < s.S) {
         f = softcap_dfactor(p, sv);
         x = score(p, s, sv, b, h, i, j) * kLog2e;
@@ -164,7 +166,8 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dkdv
         }
 
         // P' and dS, element (key kr0 + g + (e >> 1) 8, query 2c + (e & 1) of n-tile n)
-        const bool need = elementwise || !tile_inside(p, s, i0, Br, j0, Bc);
+        const bool inside = tile_inside(p, s, i0, Br, j0, Bc), need = elementwise;
+        const TileBounds tb = tile_bounds(p, s, i0 + 2 * c, j0 + kr0 + g); // rows: queries, cols: keys
         const int64_t bh = b * p.H + h;
 #pragma unroll
         for (int n = 0; n < NQ; n++) {
@@ -174,7 +177,8 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dkdv
             for (int e = 0; e < 4; e++) {
                 const int ql = n * 8 + 2 * c + (e & 1);
                 const int64_t i = i0 + ql, j = j0 + kr0 + g + (e >> 1) * 8;
-                bwd_element(p, s, need, sacc[n][e], dpacc[n][e], b, h, i, j, lse_log2(sLse[ql], i < s.L), sDi[ql], kept[e]);
+                const bool vis = inside || tile_visible(tb, n * 8 + (e & 1), (e >> 1) * 8);
+                bwd_element(p, s, need, vis, sacc[n][e], dpacc[n][e], b, h, i, j, lse_log2(sLse[ql], i < s.L), sDi[ql], kept[e]);
             }
         }
 
@@ -331,7 +335,8 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dq_k
 
         // dS, element (row g + (e >> 1) 8, key 2c + (e & 1) of n-tile n)
         const int64_t n0 = (n_begin + t) * Bc;
-        const bool need = elementwise || !tile_inside(p, s, i0, Br, n0, Bc);
+        const bool inside = tile_inside(p, s, i0, Br, n0, Bc), need = elementwise;
+        const TileBounds tb = tile_bounds(p, s, i0 + warp * 16 + g, n0 + 2 * c);
 #pragma unroll
         for (int n = 0; n < NT; n++) {
             bool kept[4] = {true, true, true, true};
@@ -343,7 +348,8 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dq_k
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int64_t i = i0 + warp * 16 + g + (e >> 1) * 8, j = n0 + n * 8 + 2 * c + (e & 1);
-                bwd_element(p, s, need, sacc[n][e], dpacc[n][e], b, h, i, j, lse2[e >> 1], di[e >> 1], kept[e]);
+                const bool vis = inside || tile_visible(tb, (e >> 1) * 8, n * 8 + (e & 1));
+                bwd_element(p, s, need, vis, sacc[n][e], dpacc[n][e], b, h, i, j, lse2[e >> 1], di[e >> 1], kept[e]);
             }
         }
 

@@ -123,12 +123,19 @@ __global__ void __launch_bounds__(FlashTraits<D>::kThreads, 1) flash_fwd_kernel(
 
         // Scores in the log2 domain: scale only, or the whole rule where the tile needs it.
         const int64_t n0 = (n_begin + t) * Bc;
-        const bool need = elementwise || n0 < full_lo || n0 + Bc > full_hi;
-        if (!need) {
+        const bool inside = n0 >= full_lo && n0 + Bc <= full_hi;
+        if (!elementwise && inside) {
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) sacc[nt][e] *= scale_log2;
+        } else if (!elementwise) { // bounds only (a causal diagonal, a window's edge, the ends)
+            const TileBounds tb = tile_bounds(p, s, i0 + warp * 16 + g, n0 + 2 * c);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    sacc[nt][e] = tile_visible(tb, (e >> 1) * 8, nt * 8 + (e & 1)) ? sacc[nt][e] * scale_log2 : -CUDART_INF_F;
         } else {
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
