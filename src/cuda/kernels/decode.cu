@@ -116,27 +116,36 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_combine_kernel(const P 
     const Seq s = seq_of(p, b);
     const int64_t i = r % p.L, h = hk * p.group + r / p.L;
     if (i >= s.L) return;
-    const int64_t stride = 2 + p.Dv;
-    const float *base = part + (bk * n_splits * R + r) * stride; // split t at base + t * R * stride
+    const int64_t stride = 2 + p.Dv, tstride = R * stride;
+    const float *base = part + (bk * n_splits * R + r) * stride; // split t at base + t * tstride
     float M = -CUDART_INF_F;
-    for (int64_t t = lane; t < n_splits; t += 32) M = fmaxf(M, base[t * R * stride]);
+    for (int64_t t = lane; t < n_splits; t += 32) M = fmaxf(M, base[t * tstride]);
     M = warp_max(M);
-    float L = 0.0f;
-    for (int64_t t = lane; t < n_splits; t += 32) {
-        const float mt = base[t * R * stride];
-        if (mt != -CUDART_INF_F) L += exp2f(mt - M) * base[t * R * stride + 1];
+    // splits 32 at a time: lane t's weight 2^(m - M) (0 for a split that saw nothing), handed round by
+    // shuffles; each lane sums its elements e = lane + 32 k of the value rows (independent loads)
+    float L = 0.0f, a[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) a[k] = 0.0f;
+    for (int64_t t0 = 0; t0 < n_splits; t0 += 32) {
+        const int64_t t = t0 + lane;
+        const float mt = t < n_splits ? base[t * tstride] : -CUDART_INF_F;
+        const float w = mt != -CUDART_INF_F ? exp2f(mt - M) : 0.0f;
+        if (t < n_splits) L += w * base[t * tstride + 1];
+        const int n = (int)min((int64_t)32, n_splits - t0);
+        for (int u = 0; u < n; u++) {
+            const float wu = __shfl_sync(0xffffffffu, w, u);
+            const float *row = base + (t0 + u) * tstride + 2;
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                if (lane + 32 * k < p.Dv && wu != 0.0f) a[k] += wu * row[lane + 32 * k];
+        }
     }
     L = warp_sum(L);
     const float inv = L > 0.0f ? (p.dropout ? p.keep_scale : 1.0f) / L : 0.0f;
     const int64_t oo = o_row(p, s, b, h, i);
-    for (int64_t e = lane; e < p.Dv; e += 32) {
-        float a = 0.0f;
-        for (int64_t t = 0; t < n_splits; t++) {
-            const float mt = base[t * R * stride];
-            if (mt != -CUDART_INF_F) a += exp2f(mt - M) * base[t * R * stride + 2 + e];
-        }
-        store_from_float(p.out, p.out_dtype, oo + e * p.o_stride[3], a * inv);
-    }
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        if (lane + 32 * k < p.Dv) store_from_float(p.out, p.out_dtype, oo + (lane + 32 * k) * p.o_stride[3], a[k] * inv);
     if (p.lse != nullptr && lane == 0) p.lse[lse_index(p, s, b, h, i)] = lse_of(M, L);
 }
 
