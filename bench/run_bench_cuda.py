@@ -2,6 +2,8 @@
 """attn's CUDA SDPA forward (and backward) beside PyTorch's SDPA backends, in one process, on one GPU.
 
     python3 bench/run_bench_cuda.py [--build build] [--quick] [--backward] [--rounds 20] [--json out.json]
+                                    [--plot out.png]
+    python3 bench/run_bench_cuda.py --replot results.json --plot out.png   (no GPU needed)
 
 For each shape of the targets (B*L = 16384 tokens, H*D = 2048, D in {64, 128}, L in {1024, 4096,
 16384}, causal and not; bf16) it times attn_cuda_sdpa_fwd (libattn_cuda through ctypes, on torch's
@@ -122,6 +124,45 @@ def backward_row(torch, F, lib, ctx, d, sets, causal, flops, backends, rounds):
     return res
 
 
+def plot_png(result, path):
+    """TFLOP/s against L, one panel per head dim, attn and each backend, forward solid and causal
+    dashed (and forward + backward beside, when the rows have it). Returns False without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("run_bench_cuda.py: matplotlib not found: no plot", file=sys.stderr)
+        return False
+    rows = result["rows"]
+    passes = [("forward", lambda r: r)] + ([("forward + backward", lambda r: r["bwd"])] if rows and "bwd" in rows[0] else [])
+    dims = sorted({r["D"] for r in rows})
+    fig, axes = plt.subplots(len(passes), len(dims), figsize=(5 * len(dims), 3.6 * len(passes)), squeeze=False)
+    colors = {"attn": "C3", "flash": "C0", "cudnn": "C2", "efficient": "C7"}
+    for pi, (pname, get) in enumerate(passes):
+        for di, D in enumerate(dims):
+            ax = axes[pi][di]
+            for name, color in colors.items():
+                for causal in (False, True):
+                    pts = sorted((r["L"], get(r).get(name)) for r in rows if r["D"] == D and r["causal"] == causal)
+                    pts = [p for p in pts if p[1] is not None]
+                    if pts:
+                        ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, marker="o",
+                                linestyle="--" if causal else "-", label=name + (" causal" if causal else ""))
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("L (B L = 16384, H D = 2048)")
+            ax.set_ylabel("TFLOP/s")
+            ax.set_title("%s, D = %d, bf16" % (pname, D))
+            ax.set_ylim(bottom=0)
+            ax.grid(True, alpha=0.3)
+    axes[0][0].legend(fontsize=7, ncol=2)
+    h = result["header"]
+    fig.suptitle("%s: attn beside torch %s SDPA backends" % (h["device"], h["torch"]), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return True
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
@@ -129,7 +170,15 @@ def main():
     ap.add_argument("--backward", action="store_true", help="also forward + backward rows")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--plot", help="draw TFLOP/s against L into this PNG (needs matplotlib)")
+    ap.add_argument("--replot", metavar="JSON", help="no run: draw --plot from the results of an earlier --json")
     args = ap.parse_args()
+    if args.replot:
+        if not args.plot:
+            print("run_bench_cuda.py: --replot needs --plot PNG", file=sys.stderr)
+            return 2
+        with open(args.replot) as f:
+            return 0 if plot_png(json.load(f), args.plot) else 1
     try:
         import torch
     except ImportError:
@@ -213,6 +262,8 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(header=head, rows=rows), f, indent=1)
+    if args.plot:
+        plot_png(dict(header=head, rows=rows), args.plot)
     return 0
 
 
