@@ -143,14 +143,16 @@ test-cuda: all
 	cd $(BUILD) && ATTN_CUDA_REQUIRE_GPU=1 ctest --output-on-failure -L cuda --no-tests=error
 	sh bench/cuda_table.sh ./$(BUILD)/attn
 
-# compute-sanitizer's memcheck and racecheck on a small set of the CUDA tests.
+# compute-sanitizer's four tools (memcheck, racecheck, initcheck, synccheck) over a case of every
+# kernel family: the argument checks, prefill (every option, packed batches), split-KV decoding,
+# contiguous and paged KV caches, the backward in both modes and the module (cuBLASLt). A GPU must
+# be visible (a skipped case fails).
 SANITIZER ?= compute-sanitizer
+SANITIZE_CASES = test_cuda_sdpa:test_bad_arguments test_cuda_sdpa:test_options_auto test_cuda_sdpa:test_varlen_auto \
+	test_cuda_sdpa:test_decode test_cuda_kv_cache:test_against_reference test_cuda_sdpa:test_backward \
+	test_cuda_sdpa:test_backward_deterministic test_cuda_mha:test_f32_against_cpu
 test-cuda-sanitize: all
-	$(SANITIZER) --tool memcheck --error-exitcode 99 ./$(BUILD)/tests/cuda/test_cuda_sdpa test_bad_arguments
-	$(SANITIZER) --tool memcheck --error-exitcode 99 ./$(BUILD)/tests/cuda/test_cuda_sdpa test_options_auto
-	$(SANITIZER) --tool memcheck --error-exitcode 99 ./$(BUILD)/tests/cuda/test_cuda_sdpa test_varlen_auto
-	$(SANITIZER) --tool memcheck --error-exitcode 99 ./$(BUILD)/tests/cuda/test_cuda_sdpa test_backward
-	$(SANITIZER) --tool memcheck --error-exitcode 99 ./$(BUILD)/tests/cuda/test_cuda_mha test_f32_against_cpu
-	$(SANITIZER) --tool racecheck --error-exitcode 99 ./$(BUILD)/tests/cuda/test_cuda_sdpa test_plain_auto
-	$(SANITIZER) --tool memcheck --error-exitcode 99 ./$(BUILD)/tests/cuda/test_cuda_sdpa test_backward_deterministic
-	$(SANITIZER) --tool racecheck --error-exitcode 99 ./$(BUILD)/tests/cuda/test_cuda_sdpa test_backward
+	@set -e; for tool in memcheck racecheck initcheck synccheck; do for c in $(SANITIZE_CASES); do \
+	    echo "== compute-sanitizer --tool $$tool $${c%%:*} $${c#*:}"; \
+	    ATTN_CUDA_REQUIRE_GPU=1 $(SANITIZER) --tool $$tool --error-exitcode 99 ./$(BUILD)/tests/cuda/$${c%%:*} $${c#*:}; \
+	done; done
