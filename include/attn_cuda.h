@@ -191,8 +191,11 @@ ATTN_CUDA_API attn_status attn_cuda_sdpa_varlen_fwd(attn_cuda_ctx *ctx, const at
  *    a separate dQ kernel makes every run give the same bits;
  *  - "simple": everything else (float32 arithmetic, one warp per query row for dq and per key row
  *    for dk and dv, no atomics: the same bits on every run).
- * The float mask's gradient is not available on the GPU yet: dmask must be NULL
- * (ATTN_ERR_UNSUPPORTED otherwise). Workspace: one float per query row (dout . out), plus the
+ * dmask, the float mask's gradient (as attn_sdpa_bwd's: written at mask_stride over the mask's
+ * whole extent, cells sharing an element summed; an F32 mask is needed, ATTN_ERR_BAD_MASK
+ * otherwise), runs the simple kernels whatever the types, adding each dS into dmask with float32
+ * atomics: where several cells share a mask element (a broadcast mask) the order of the additions,
+ * and so the last bits, vary between runs. Workspace: one float per query row (dout . out), plus the
  * offsets of packed batches, plus for "flash" (not deterministic) head_dim floats per query row.
  */
 ATTN_CUDA_API attn_status attn_cuda_sdpa_bwd_workspace_size(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc,
@@ -202,7 +205,8 @@ ATTN_CUDA_API attn_status attn_cuda_sdpa_bwd_workspace_size(attn_cuda_ctx *ctx, 
  * @param q, k, v, out, lse  the forward's inputs, output and log-sum-exp ((B, H, L) float32)
  * @param dout      (B, H, L, Dv) at o_stride, of desc->out_dtype
  * @param dq, dk, dv  written, of desc->grad_dtype
- * @param dmask     must be NULL
+ * @param dmask     NULL, or the float mask's gradient (device memory, float32, zeroed and then
+ *                  written over the mask's extent)
  */
 ATTN_CUDA_API attn_status attn_cuda_sdpa_bwd(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc, const void *q,
                                              const void *k, const void *v, const void *out, const void *dout,

@@ -229,8 +229,15 @@ attn_status attn__cuda_plan_sdpa_bwd(attn__cuda_err *e, const attn__cuda_device 
                                      bool dmask_wanted, const attn__cuda_bwd_tensors *t, attn__cuda_sdpa_plan *plan) {
     ATTN__CU_TRY(attn__cuda_plan_sdpa(e, dev, kernels, d, seqs, NULL, NULL, NULL, NULL, plan));
     attn__cuda_sdpa_params *p = &plan->p;
-    if (dmask_wanted)
-        return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda sdpa_bwd: the attention mask's gradient is CPU-only for now");
+    if (dmask_wanted && (d->mask == NULL || d->mask_dtype != ATTN_DTYPE_F32))
+        return attn__cuda_fail(e, ATTN_ERR_BAD_MASK, "cuda sdpa_bwd: dmask needs an F32 attention mask");
+    p->mask_extent = 0;
+    if (dmask_wanted) { // the elements the mask's strides reach (strides are checked >= 0 with the mask)
+        const int64_t n[4] = {p->B, p->H, p->L, p->S};
+        int64_t last = 0;
+        for (int i = 0; i < 4; i++) last += (n[i] - 1) * p->mask_stride[i];
+        p->mask_extent = last + 1;
+    }
     // dq, dk and dv are written at q_stride, k_stride, v_stride: no two elements may share a place
     const int64_t nq[4] = {p->B, p->H, p->L, p->D}, nk[4] = {p->B, p->Hkv, p->S, p->D};
     const int64_t nv[4] = {p->B, p->Hkv, p->S, p->Dv};
@@ -250,7 +257,7 @@ attn_status attn__cuda_plan_sdpa_bwd(attn__cuda_err *e, const attn__cuda_device 
     if (t == NULL) t = &none;
     plan->kernel = ATTN__CU_KERNEL_SIMPLE;
     plan->deterministic = deterministic;
-    if (flash_operands(p, dev, kernels, flash_bwd_dim(p->D), t->q, t->k, t->v) && vec_view(p->o_stride, t->out) &&
+    if (!dmask_wanted && flash_operands(p, dev, kernels, flash_bwd_dim(p->D), t->q, t->k, t->v) && vec_view(p->o_stride, t->out) &&
         vec_view(p->o_stride, t->dout) && attn__cuda_flash_bwd_smem((int)p->D, deterministic) <= dev->smem_optin)
         plan->kernel = ATTN__CU_KERNEL_FLASH;
     if (plan->kernel == ATTN__CU_KERNEL_SIMPLE && attn__cuda_simple_bwd_smem(p) > dev->smem_optin)

@@ -91,7 +91,9 @@ typedef struct attn__cuda_bwd_tensors {
 // q, k, v, out and dout, head_dim = head_dim_v in {32, 64, 96, 128} and the shared memory fits, else
 // the simple ones; deterministic selects the flash backward's dQ kernel without atomics. Workspace:
 // the offsets (packed), rowdot (lse's layout) at ws_rowdot, and for the flash backward's atomic mode
-// the float32 dQ accumulator (H * total_q rows of D) at ws_dq_acc. dmask_wanted: ATTN_ERR_UNSUPPORTED.
+// the float32 dQ accumulator (H * total_q rows of D) at ws_dq_acc. dmask_wanted: the float mask's
+// gradient (an F32 mask needed, ATTN_ERR_BAD_MASK otherwise, as on the CPU): the simple kernels, with
+// p.mask_extent set to the elements the mask's strides reach.
 attn_status attn__cuda_plan_sdpa_bwd(attn__cuda_err *e, const attn__cuda_device *dev, attn_cuda_kernels kernels,
                                      bool deterministic, const attn_sdpa_desc *d, const attn__cuda_seqs *seqs,
                                      bool dmask_wanted, const attn__cuda_bwd_tensors *t, attn__cuda_sdpa_plan *plan);

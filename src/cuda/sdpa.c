@@ -160,12 +160,16 @@ static attn_status plan_bwd(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc, cons
 
 static attn_status run_bwd(attn_cuda_ctx *ctx, attn__cuda_sdpa_plan *plan, const attn__cuda_seqs *seqs, const void *q,
                            const void *k, const void *v, const void *out, const void *dout, const float *lse, void *dq,
-                           void *dk, void *dv) {
+                           void *dk, void *dv, float *dmask) {
     attn__cuda_sdpa_params *p = &plan->p;
     p->q = q, p->k = k, p->v = v, p->out = (void *)(uintptr_t)out, p->lse = (float *)(uintptr_t)lse;
-    p->dout = dout, p->dq = dq, p->dk = dk, p->dv = dv;
+    p->dout = dout, p->dq = dq, p->dk = dk, p->dv = dv, p->dmask = dmask;
     unsigned char *ws;
     ATTN__CU_TRY(stage(ctx, plan, seqs, &ws));
+    if (dmask != NULL) {
+        const cudaError_t merr = cudaMemsetAsync(dmask, 0, (size_t)p->mask_extent * sizeof(float), ctx->stream);
+        if (merr != cudaSuccess) return attn__cuda_device_fail(&ctx->err, merr, "cuda sdpa_bwd: zeroing dmask");
+    }
     p->rowdot = (float *)(ws + plan->ws_rowdot);
     int err;
     if (plan->kernel == ATTN__CU_KERNEL_FLASH) {
@@ -195,7 +199,8 @@ attn_status attn_cuda_sdpa_bwd(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc, c
     attn__cuda_sdpa_plan plan;
     const attn__cuda_bwd_tensors t = {q, k, v, out, dout};
     ATTN__CU_TRY(plan_bwd(ctx, desc, NULL, dmask != NULL, &t, &plan));
-    return run_bwd(ctx, &plan, NULL, q, k, v, out, dout, lse, dq, dk, dv);
+    if (dmask != NULL) ATTN__CU_TRY(check_device_ptr(ctx, dmask, "dmask"));
+    return run_bwd(ctx, &plan, NULL, q, k, v, out, dout, lse, dq, dk, dv, dmask);
 }
 
 attn_status attn_cuda_sdpa_varlen_bwd_workspace_size(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc,
@@ -220,7 +225,7 @@ attn_status attn_cuda_sdpa_varlen_bwd(attn_cuda_ctx *ctx, const attn_sdpa_desc *
     attn__cuda_sdpa_plan plan;
     const attn__cuda_bwd_tensors t = {q, k, v, out, dout};
     ATTN__CU_TRY(plan_bwd(ctx, desc, &seqs, false, &t, &plan));
-    return run_bwd(ctx, &plan, &seqs, q, k, v, out, dout, lse, dq, dk, dv);
+    return run_bwd(ctx, &plan, &seqs, q, k, v, out, dout, lse, dq, dk, dv, NULL);
 }
 
 attn_status attn_cuda_sdpa_bwd_kernel_name(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc, const char **name) {

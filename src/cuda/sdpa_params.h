@@ -55,6 +55,11 @@ typedef struct attn__cuda_sdpa_params {
     // row r = lse's index of (b, h, i), zeroed by the rowdot kernel, summed into by atomicAdd,
     // converted to dq at the end; NULL in the deterministic mode and in the simple backward.
     float *dq_acc;
+    // The float mask's gradient (attn_cuda_sdpa_bwd's dmask): dS of (b, h, i, j) added at
+    // mask_stride by the simple backward's dq kernel (float32 atomics); zeroed over mask_extent
+    // elements first. NULL when not asked for.
+    float *dmask;
+    int64_t mask_extent;
 } attn__cuda_sdpa_params;
 
 // One append to a device KV cache (kv_cache.c, kernels/kv_append.cu): the packed new rows k_new

@@ -265,8 +265,25 @@ static void test_backward(void) {
     d.grad_dtype = ATTN_DTYPE_BF16;
     ASSERT_OK(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, false, &d, NULL, false, NULL, &p));
     ASSERT_EQ_INT(p.p.grad_dtype, ATTN_DTYPE_BF16);
-    ASSERT_STATUS(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, false, &d, NULL, true, NULL, &p), ATTN_ERR_UNSUPPORTED);
-    ASSERT_TRUE(strstr(e.msg, "mask") != NULL);
+    // the mask's gradient: an F32 mask needed (as on the CPU); then the simple kernels, the
+    // extent the mask's strides reach to zero
+    ASSERT_STATUS(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, false, &d, NULL, true, NULL, &p), ATTN_ERR_BAD_MASK);
+    ASSERT_TRUE(strstr(e.msg, "F32 attention mask") != NULL);
+    static const uint8_t bmask[1] = {0};
+    attn_sdpa_desc md = d;
+    md.mask = bmask, md.mask_dtype = ATTN_DTYPE_BOOL, md.mask_stride[2] = 500, md.mask_stride[3] = 1;
+    ASSERT_STATUS(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, false, &md, NULL, true, NULL, &p), ATTN_ERR_BAD_MASK);
+    static const float fmask[1] = {0};
+    md.mask = fmask, md.mask_dtype = ATTN_DTYPE_F32; // (L, S) broadcast over B and H
+    ASSERT_OK(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, false, &md, NULL, false, NULL, &p));
+    ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_FLASH); // without dmask the tensor cores take it
+    ASSERT_EQ_INT(p.p.mask_extent, 0);
+    ASSERT_OK(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, false, &md, NULL, true, NULL, &p));
+    ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_SIMPLE);
+    ASSERT_EQ_INT(p.p.mask_extent, 300 * 500);
+    md.mask_stride[0] = 8 * 300 * 500, md.mask_stride[1] = 300 * 500; // a full (B, H, L, S) mask
+    ASSERT_OK(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, false, &md, NULL, true, NULL, &p));
+    ASSERT_EQ_INT(p.p.mask_extent, 2 * 8 * 300 * 500);
     attn_sdpa_desc bad = d;
     bad.k_stride[2] = 0; // one key row broadcast: fine for the forward, not for dk
     ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &bad, NULL, &p));

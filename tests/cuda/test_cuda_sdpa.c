@@ -390,6 +390,109 @@ static void test_decode(void) { // split-KV decoding (every option, packed batch
 }
 static void test_backward_varlen(void) { backward_cases(ATTN_CUDA_KERNELS_AUTO, 0, 1, 0); }
 
+// The float mask's gradient (dmask) against attn_sdpa_bwd's on the reference: random F32 and BF16
+// cases (GQA, causal, soft cap, Philox dropout), the mask (L, S) broadcast over B and H or full
+// (B, H, L, S), with hidden (-inf) elements; dmask poisoned (NaN) first, so every element of the
+// extent must be written. Tolerance 1e-4 of the largest reference element (float32 sums in another
+// order; F32 inputs, and BF16 given an out rounded to BF16 whose rounding the bound below adds:
+// per element P dD summed over the cells sharing it, at most the sum of dD over those rows). A bool
+// mask or none is refused (ATTN_ERR_BAD_MASK) with dmask unchanged.
+static void test_backward_dmask(void) {
+    attn_cuda_ctx *ctx = gpu_ctx(ATTN_CUDA_KERNELS_AUTO);
+    seed_rng();
+    attn_ctx_params hp;
+    attn_ctx_params_init(&hp);
+    hp.isa = ATTN_ISA_REF;
+    attn_ctx *host = NULL;
+    ASSERT_OK(attn_ctx_create(&hp, &host));
+    for (int c = 0; c < 12; c++) {
+        const uint64_t seed = rng_state;
+        const attn_dtype t = c % 2 ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F32;
+        static const int64_t dims[] = {32, 64, 128};
+        attn_sdpa_desc d;
+        attn_sdpa_desc_init(&d);
+        const int64_t Hkv = 1 + pick(2), G = 1 + pick(2), B = 1 + pick(2), L = 1 + pick(90), S = 1 + pick(120);
+        const int64_t H = Hkv * G, D = dims[pick(3)];
+        d.batch = B, d.n_heads = H, d.n_kv_heads = Hkv, d.len_q = L, d.len_kv = S, d.head_dim = D;
+        d.q_dtype = d.kv_dtype = d.out_dtype = t;
+        fill_strides(d.q_stride, B, H, L, D, 0), fill_strides(d.o_stride, B, H, L, D, 0);
+        fill_strides(d.k_stride, B, Hkv, S, D, 0), fill_strides(d.v_stride, B, Hkv, S, D, 0);
+        d.causal = (attn_causal)pick(3);
+        if (pick(3) == 0) d.softcap = 5.0f + 20.0f * urand();
+        if (pick(3) == 0)
+            d.dropout_p = 0.1 + 0.4 * urand(), d.dropout_rng = ATTN_DROPOUT_RNG_PHILOX, d.dropout_seed = next32(),
+            d.dropout_offset = next32();
+        const int full = pick(2);
+        const int64_t nm = full ? B * H * L * S : L * S;
+        if (full) d.mask_stride[0] = H * L * S, d.mask_stride[1] = L * S;
+        d.mask_stride[2] = S, d.mask_stride[3] = 1;
+        float *mask = malloc((size_t)nm * sizeof(float));
+        for (int64_t i = 0; i < nm; i++) mask[i] = pick(8) == 0 ? -INFINITY : urand() - 0.5f;
+        d.mask = mask, d.mask_dtype = ATTN_DTYPE_F32;
+        const int64_t nq = B * H * L * D, nk = B * Hkv * S * D, nl = B * H * L;
+        float *q = malloc((size_t)nq * 4), *k = malloc((size_t)nk * 4), *v = malloc((size_t)nk * 4);
+        float *o = malloc((size_t)nq * 4), *go = malloc((size_t)nq * 4), *lse = malloc((size_t)nl * 4);
+        float *rg[3] = {malloc((size_t)nq * 4), malloc((size_t)nk * 4), malloc((size_t)nk * 4)};
+        float *rmask = malloc((size_t)nm * 4), *gmask = malloc((size_t)nm * 4);
+        for (int64_t i = 0; i < nq; i++) q[i] = 2.0f * urand() - 1.0f, go[i] = 2.0f * urand() - 1.0f;
+        for (int64_t i = 0; i < nk; i++) k[i] = 2.0f * urand() - 1.0f, v[i] = 2.0f * urand() - 1.0f;
+        void *dq = upload(q, nq, t), *dk = upload(k, nk, t), *dv = upload(v, nk, t), *d_go = upload(go, nq, t);
+        attn_sdpa_desc rd = d;
+        rd.q_dtype = rd.kv_dtype = rd.out_dtype = ATTN_DTYPE_F32;
+        ASSERT_OK(attn_sdpa_fwd(host, &rd, q, k, v, o, lse, NULL));
+        float *ref_o = malloc((size_t)nq * 4);
+        memcpy(ref_o, o, (size_t)nq * 4);
+        void *d_o = upload(o, nq, t); // o now holds the rounded values the GPU reads
+        ASSERT_OK(attn_sdpa_bwd(host, &rd, q, k, v, o, go, lse, NULL, rg[0], rg[1], rg[2], rmask));
+        float *d_lse = dev_alloc((size_t)nl * 4), *d_mask = dev_alloc((size_t)nm * 4), *d_dmask = dev_alloc((size_t)nm * 4);
+        to_dev(d_lse, lse, (size_t)nl * 4), to_dev(d_mask, mask, (size_t)nm * 4);
+        void *dg[3] = {dev_alloc((size_t)nq * 4), dev_alloc((size_t)nk * 4), dev_alloc((size_t)nk * 4)};
+        attn_sdpa_desc gd = d;
+        gd.mask = d_mask;
+        cudaMemset(d_dmask, 0xff, (size_t)nm * 4);
+        // refused: a bool mask, no mask (dmask untouched)
+        attn_sdpa_desc bad = gd;
+        bad.mask_dtype = ATTN_DTYPE_BOOL;
+        ASSERT_STATUS(attn_cuda_sdpa_bwd(ctx, &bad, dq, dk, dv, d_o, d_go, d_lse, dg[0], dg[1], dg[2], d_dmask), ATTN_ERR_BAD_MASK);
+        bad = gd, bad.mask = NULL;
+        ASSERT_STATUS(attn_cuda_sdpa_bwd(ctx, &bad, dq, dk, dv, d_o, d_go, d_lse, dg[0], dg[1], dg[2], d_dmask), ATTN_ERR_BAD_MASK);
+        from_dev(gmask, d_dmask, (size_t)nm * 4);
+        for (int64_t i = 0; i < nm; i++)
+            if (!isnan(gmask[i])) FAIL("seed %llu: a refused call wrote dmask[%lld]", (unsigned long long)seed, (long long)i);
+        const attn_status st = attn_cuda_sdpa_bwd(ctx, &gd, dq, dk, dv, d_o, d_go, d_lse, dg[0], dg[1], dg[2], d_dmask);
+        if (st != ATTN_OK) FAIL("seed %llu: %s", (unsigned long long)seed, attn_cuda_ctx_last_error(ctx));
+        if (cudaStreamSynchronize((cudaStream_t)attn_cuda_ctx_stream(ctx)) != cudaSuccess) FAIL("kernel failed (seed %llu)", (unsigned long long)seed);
+        from_dev(gmask, d_dmask, (size_t)nm * 4);
+        // out's rounding (BF16): dS moves by P dD_i <= dD_i per cell; a mask element sums its cells
+        double *slack = calloc((size_t)nm, sizeof(double));
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t i = 0; i < L; i++) {
+                    const int64_t row = b * d.q_stride[0] + h * d.q_stride[1] + i * d.q_stride[2];
+                    double dd = 0;
+                    for (int64_t e = 0; e < D; e++) dd += (double)go[row + e] * ((double)ref_o[row + e] - o[row + e]);
+                    for (int64_t j = 0; j < S; j++)
+                        slack[b * d.mask_stride[0] + h * d.mask_stride[1] + i * S + j] += fabs(dd);
+                }
+        double mx = 0;
+        for (int64_t i = 0; i < nm; i++) mx = fmax(mx, fabs(rmask[i]));
+        for (int64_t i = 0; i < nm; i++) {
+            const double err = fabs((double)gmask[i] - rmask[i]);
+            if (!(err <= 1e-4 * mx + 1e-6 + 1.01 * slack[i]))
+                FAIL("%s seed %llu (%s mask): dmask[%lld] = %g, reference %g (tol %g)", attn_dtype_name(t),
+                     (unsigned long long)seed, full ? "full" : "(L, S)", (long long)i, gmask[i], rmask[i],
+                     1e-4 * mx + 1e-6 + slack[i]);
+        }
+        harness_checks++;
+        free(slack);
+        for (int i = 0; i < 3; i++) free(rg[i]), cudaFree(dg[i]);
+        cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(d_go), cudaFree(d_o), cudaFree(d_lse), cudaFree(d_mask), cudaFree(d_dmask);
+        free(q), free(k), free(v), free(o), free(go), free(lse), free(rmask), free(gmask), free(mask), free(ref_o);
+    }
+    attn_ctx_free(host);
+    attn_cuda_ctx_free(ctx);
+}
+
 // Without a GPU: ATTN_ERR_DEVICE, no context, a message naming the cause. With one: a context.
 static void test_context_without_gpu(void) {
     char why[256] = "unchanged";
@@ -476,6 +579,6 @@ int main(int argc, char **argv) {
                                          HARNESS_CASE(test_backward),            HARNESS_CASE(test_backward_varlen),
                                          HARNESS_CASE(test_backward_simple),     HARNESS_CASE(test_backward_flash_vs_simple),
                                          HARNESS_CASE(test_backward_deterministic),
-                                         HARNESS_CASE(test_decode)};
+                                         HARNESS_CASE(test_decode),              HARNESS_CASE(test_backward_dmask)};
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
 }

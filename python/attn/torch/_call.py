@@ -334,21 +334,20 @@ def sdpa_backward(dout, q, k, v, out, lse, mask, key_padding_mask, causal, scale
     dmask = torch.zeros(mask.shape if want_dmask else (0,), dtype=torch.float32, device=dev)
     if 0 in (B, H, L, S):
         return q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape), dmask
+    mask_c = mask.contiguous() if want_dmask else mask  # dmask is written at the mask's strides
     if dev.type == "cuda":
-        if want_dmask:
-            fail(_lib.ERR_UNSUPPORTED, "the mask's gradient is CPU-only: libattn_cuda does not compute it yet")
         qc, kc, vc, cdt = cuda_types(q, k, v)
         qc, kc, vc, (dq, dk, dv) = _grad_buffers(qc, kc, vc, cdt)
         out_c, dout_c, lse_c = out.to(cdt).contiguous(), dout.to(cdt).contiguous(), lse.contiguous()
-        desc, keep = describe(qc, kc, vc, out_c, mask, key_padding_mask, causal, scale, dropout_p, window_left,
+        desc, keep = describe(qc, kc, vc, out_c, mask_c, key_padding_mask, causal, scale, dropout_p, window_left,
                               window_right, alibi_slopes, softcap)
         cuda_extras(desc, keep, dev, alibi_slopes, seed)
         desc.grad_dtype = CODES[cdt]
         _cuda.run("attn_cuda_sdpa_bwd", dev, desc, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), out_c.data_ptr(),
-                  dout_c.data_ptr(), lse_c.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), None)
+                  dout_c.data_ptr(), lse_c.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                  dmask.data_ptr() if want_dmask else None)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dmask
     ctx = context()
-    mask_c = mask.contiguous() if want_dmask else mask  # dmask is written at the mask's strides
 
     def call(qc, kc, vc, cdt):
         qc, kc, vc, (dq, dk, dv) = _grad_buffers(qc, kc, vc, cdt)

@@ -3,13 +3,15 @@
 // packed batches. It follows the reference backward (src/ref/sdpa_bwd_ref.c) with the weights
 // recomputed from q, k and the forward's lse (nothing of size L x S is stored), in three kernels:
 //   rowdot: D_i = dout_i . out_i                         (one warp per query row; bwd_rows.cu)
-//   dq:     dq_i = sum_j dS_ij scale' k_j                (one warp per query row, keys in order)
+//   dq:     dq_i = sum_j dS_ij scale' k_j                (one warp per query row, keys in order;
+//           with dmask, dS_ij added at the float mask's offset: atomics where cells share one)
 //   dkdv:   dv_j = sum_{h in group, i} P'_ij dout_i,     (one warp per key row, heads and queries
 //           dk_j = sum_{h in group, i} dS_ij scale' q_i   in order)
 // with P_ij = exp(s_ij - lse_i), dP_ij = dout_i . v_j (times the dropout mask and keep_scale),
 // dS_ij = P_ij (dP_ij - D_i), P' = P times the mask and keep_scale, and scale' = scale times
 // 1 - tanh^2 of the soft cap's argument. Each sum has one fixed order and no atomics: the results are
-// the same bits on every run. Hidden pairs (score -inf) are skipped, so they contribute nothing.
+// the same bits on every run (dmask too where no two (b, h, i, j) share a mask element). Hidden
+// pairs (score -inf) are skipped, so they contribute nothing.
 #include <cuda_runtime.h>
 
 #include "../launch.h"
@@ -51,6 +53,9 @@ __global__ void __launch_bounds__(32 * kBwdWarps) dq_kernel(const P p) {
         for (int64_t e = lane; e < p.Dv; e += 32) dpart += dout[e] * load_as_float(p.v, p.kv_dtype, vo + e * p.v_stride[3]);
         float dp = warp_sum(dpart);
         if (p.dropout) dp = dropout_kept(p, b, h, i, j) ? dp * p.keep_scale : 0.0f;
+        if (p.dmask != nullptr && lane == 0) // the mask is added to the score: its gradient is dS
+            atomicAdd(p.dmask + b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2] + j * p.mask_stride[3],
+                      pij * (dp - rd));
         const float g = pij * (dp - rd) * dscore_ddot(p, dot);
         for (int64_t e = lane; e < p.D; e += 32) acc[e] += g * load_as_float(p.k, p.kv_dtype, ko + e * p.k_stride[3]);
     }
