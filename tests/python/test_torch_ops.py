@@ -374,6 +374,24 @@ class TestCuda(unittest.TestCase, Close):
                     for a, b in ((q, qg), (k, kg), (v, vg)):
                         self.close(b.grad.cpu().float(), a.grad.float(), atol=10 * tol, rtol=10 * tol)
 
+    def test_mask_gradient_against_cpu(self):
+        # a float mask that requires grad: its gradient from libattn_cuda's backward equals the CPU's,
+        # for a (L, S) mask broadcast over B and H and a full one
+        for shape in ((70, 90), (2, 4, 70, 90)):
+            with self.subTest(shape=shape):
+                q, qg = self._pair(2, 4, 70, 32, dtype=torch.float32)
+                k, kg = self._pair(2, 4, 90, 32, dtype=torch.float32)
+                v, vg = self._pair(2, 4, 90, 32, dtype=torch.float32)
+                m, mg = self._pair(*shape, dtype=torch.float32)
+                for t in (m, mg):
+                    t.requires_grad_(True)
+                out = at.scaled_dot_product_attention(q, k, v, attn_mask=m)
+                outg = at.scaled_dot_product_attention(qg, kg, vg, attn_mask=mg)
+                g = torch.randn_like(out)
+                out.backward(g)
+                outg.backward(g.cuda())
+                self.close(mg.grad.cpu(), m.grad, atol=1e-5, rtol=1e-4)
+
     def test_dropout_is_the_philox_mask(self):
         # the GPU's dropout is Philox keyed by the op's seed: the numpy binding draws the same mask
         torch.manual_seed(7)
