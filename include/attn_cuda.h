@@ -255,6 +255,11 @@ ATTN_CUDA_API void attn_cuda_kv_cache_free(attn_cuda_kv_cache *cache);
 ATTN_CUDA_API attn_status attn_cuda_kv_cache_lengths(const attn_cuda_kv_cache *cache, int64_t *lengths);
 /** Empties every sequence. */
 ATTN_CUDA_API attn_status attn_cuda_kv_cache_reset(attn_cuda_ctx *ctx, attn_cuda_kv_cache *cache);
+/** Cuts sequence b back to lengths[b] tokens (a host array of batch values, 0 <= lengths[b] <= its
+ *  length: a roll-back after rejected speculative tokens); the positions past it are forgotten.
+ *  ATTN_ERR_INVALID_ARG, with nothing changed, for a length outside that range. */
+ATTN_CUDA_API attn_status attn_cuda_kv_cache_truncate(attn_cuda_ctx *ctx, attn_cuda_kv_cache *cache,
+                                                      const int64_t *lengths);
 /**
  * Appends n_new[b] tokens to sequence b (n_new: host array of batch counts, 0 allowed): k (sum n_new,
  * n_kv_heads, head_dim) and v (sum n_new, n_kv_heads, head_dim_v), contiguous device arrays of the

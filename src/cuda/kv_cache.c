@@ -100,6 +100,22 @@ attn_status attn_cuda_kv_cache_reset(attn_cuda_ctx *ctx, attn_cuda_kv_cache *c) 
     return err == cudaSuccess ? ATTN_OK : attn__cuda_device_fail(&ctx->err, err, "cuda kv_cache: reset");
 }
 
+attn_status attn_cuda_kv_cache_truncate(attn_cuda_ctx *ctx, attn_cuda_kv_cache *c, const int64_t *lengths) {
+    if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    if (c == NULL || lengths == NULL)
+        return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda kv_cache: cache and lengths must not be NULL");
+    for (int64_t b = 0; b < c->cfg.batch; b++)
+        if (lengths[b] < 0 || lengths[b] > c->len[b])
+            return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG,
+                                   "cuda kv_cache: lengths[%lld] = %lld is outside 0 .. %lld (the sequence's length)",
+                                   (long long)b, (long long)lengths[b], (long long)c->len[b]);
+    memcpy(c->len, lengths, (size_t)c->cfg.batch * sizeof(int64_t));
+    // staged from the host at once (pageable memory), as append does
+    const cudaError_t err = cudaMemcpyAsync(c->d_len, c->len, (size_t)c->cfg.batch * sizeof(int64_t),
+                                            cudaMemcpyHostToDevice, ctx->stream);
+    return err == cudaSuccess ? ATTN_OK : attn__cuda_device_fail(&ctx->err, err, "cuda kv_cache: truncate");
+}
+
 // cu (B + 1 offsets) of per-sequence counts n, checked: n >= 0, len + n <= capacity.
 static attn_status offsets(attn_cuda_ctx *ctx, const attn_cuda_kv_cache *c, const int64_t *n, int64_t *cu) {
     cu[0] = 0;
