@@ -37,8 +37,9 @@ int attn__cuda_launch_bwd_dq_convert(const attn__cuda_sdpa_params *p, cudaStream
 int attn__cuda_launch_flash_bwd(const attn__cuda_sdpa_params *p, int deterministic, cudaStream_t stream);
 
 // kernels/decode.cu: split-KV decoding for `rows` (group * L <= 16) query rows per kv head: splits of
-// split_keys keys into `part` (the plan's partial results), then their combination into out and lse.
-int attn__cuda_launch_decode(const attn__cuda_sdpa_params *p, int64_t split_keys, int64_t n_splits, int rows,
+// split_keys keys into `part` (the plan's partial results; vec: the vector kernel, on the planner's
+// conditions for it), then their combination into out and lse.
+int attn__cuda_launch_decode(const attn__cuda_sdpa_params *p, int vec, int64_t split_keys, int64_t n_splits, int rows,
                              float *part, cudaStream_t stream);
 
 // kernels/kv_append.cu: the rows of one append written into the cache.

@@ -30,6 +30,7 @@ const char *attn__cuda_kernel_name(attn__cuda_kernel k) {
     case ATTN__CU_KERNEL_SIMPLE: return "simple";
     case ATTN__CU_KERNEL_FLASH: return "flash";
     case ATTN__CU_KERNEL_DECODE: return "decode";
+    case ATTN__CU_KERNEL_DECODE_VEC: return "decode-vec";
     }
     return "?";
 }
@@ -197,6 +198,12 @@ attn_status attn__cuda_plan_sdpa(attn__cuda_err *e, const attn__cuda_device *dev
     if (kernels == ATTN_CUDA_KERNELS_AUTO && rows <= 16 && dmax <= 256 && !(rows > 4 && dmax > 128) &&
         (size_t)(rows * p->D) * sizeof(float) <= dev->smem_optin)
         kern = ATTN__CU_KERNEL_DECODE;
+    // ... its vector form: BF16/F16 throughout, D = Dv of 64 or 128 read 16 bytes at a time, the
+    // bounds alone (no masks, ALiBi, soft cap or dropout), at most 4 rows per kv head
+    if (kern == ATTN__CU_KERNEL_DECODE && rows <= 4 && p->D == p->Dv && (p->D == 64 || p->D == 128) &&
+        flash_operands(p, dev, kernels, true, q, k, v) && p->mask == NULL && p->kpm == NULL && p->alibi == NULL &&
+        p->softcap <= 0.0f && !p->dropout)
+        kern = ATTN__CU_KERNEL_DECODE_VEC;
     if (kern == ATTN__CU_KERNEL_SIMPLE && attn__cuda_simple_smem(p) > dev->smem_optin)
         return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda sdpa: head dims %lld/%lld need more shared memory than the device has",
                                (long long)p->D, (long long)p->Dv);
@@ -209,7 +216,7 @@ attn_status attn__cuda_plan_sdpa(attn__cuda_err *e, const attn__cuda_device *dev
     // ---- the workspace: the device copy of the offsets; the decode splits' partial results ----
     size_t used = 0;
     if (packed) plan->ws_cu = attn__cuda_ws_take(&used, (size_t)(2 * (p->B + 1)) * sizeof(int64_t));
-    if (kern == ATTN__CU_KERNEL_DECODE) {
+    if (kern == ATTN__CU_KERNEL_DECODE || kern == ATTN__CU_KERNEL_DECODE_VEC) {
         // about 32 warps per SM in all: splits of at least 32 keys, a multiple of 32
         const int64_t heads = p->B * p->Hkv, want = ceil_div((int64_t)(dev->sm_count > 0 ? dev->sm_count : 1) * 32, heads);
         int64_t keys = ceil_div(p->S, want < 1 ? 1 : want);

@@ -43,7 +43,8 @@ typedef struct attn__cuda_device {
 typedef enum attn__cuda_kernel {
     ATTN__CU_KERNEL_SIMPLE = 0,
     ATTN__CU_KERNEL_FLASH = 1,
-    ATTN__CU_KERNEL_DECODE = 2  // split-KV decoding (kernels/decode.cu): few query rows per kv head
+    ATTN__CU_KERNEL_DECODE = 2,    // split-KV decoding (kernels/decode.cu): few query rows per kv head
+    ATTN__CU_KERNEL_DECODE_VEC = 3 // the same, 16-byte rows of BF16/F16 at D = Dv in {64, 128}, bounds only
 } attn__cuda_kernel;
 
 const char *attn__cuda_kernel_name(attn__cuda_kernel k);

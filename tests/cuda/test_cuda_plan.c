@@ -218,7 +218,7 @@ static void test_varlen(void) {
     static const int64_t one_q[4] = {0, 1, 2, 3};
     d.len_q = d.len_kv = 1, s.cu_q = one_q, s.cu_k = one_q;
     ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, &s, &p));
-    ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_DECODE);
+    ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_DECODE_VEC); // BF16, D = 64, 2 rows per kv head
     ASSERT_EQ_INT(p.p.q_stride[2], 4 * 64);
     ASSERT_EQ_INT(p.p.o_stride[2], 4 * 64);
     ASSERT_EQ_INT(p.p.k_stride[2], 2 * 64);
@@ -409,13 +409,36 @@ static void test_decode_choice(void) {
     attn_sdpa_desc d = desc_of(8, 32, 8, 1, 32768, 128, ATTN_DTYPE_BF16); // one token, GQA group of 4
     d.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
     ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, &p));
-    ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_DECODE);
-    ASSERT_TRUE(strcmp(attn__cuda_kernel_name(p.kernel), "decode") == 0);
+    ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_DECODE_VEC); // BF16, D = 128, 16-byte rows, bounds only
+    ASSERT_TRUE(strcmp(attn__cuda_kernel_name(p.kernel), "decode-vec") == 0);
     ASSERT_EQ_INT(p.decode_rows, 4);
     ASSERT_EQ_INT(p.split_keys % 32, 0);
     ASSERT_TRUE(p.n_splits * p.split_keys >= 32768 && (p.n_splits - 1) * p.split_keys < 32768);
     ASSERT_TRUE(8 * 8 * p.n_splits >= 132 * 32 / 2); // enough warps for the device
     ASSERT_TRUE(p.ws_part + (size_t)(8 * 8 * p.n_splits * 4 * 130) * sizeof(float) <= p.ws_bytes);
+    // the vector form's conditions, one at a time: otherwise the general decode kernel
+    {
+        const attn_sdpa_desc v = d;
+        attn_sdpa_desc x = v;
+        x.softcap = 30.0f; // an element-wise term
+        ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &x, NULL, &p));
+        ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_DECODE);
+        x = v, x.dropout_p = 0.1, x.dropout_rng = ATTN_DROPOUT_RNG_PHILOX;
+        ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &x, NULL, &p));
+        ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_DECODE);
+        x = desc_of(8, 32, 8, 1, 32768, 96, ATTN_DTYPE_BF16); // no D = 96 instance
+        ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &x, NULL, &p));
+        ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_DECODE);
+        x = desc_of(8, 64, 8, 1, 32768, 128, ATTN_DTYPE_BF16); // 8 rows per kv head
+        ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &x, NULL, &p));
+        ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_DECODE);
+        x = v, x.k_stride[2] = 132; // key rows not 16-byte aligned
+        ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &x, NULL, &p));
+        ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_DECODE);
+        x = v, x.q_dtype = x.kv_dtype = x.out_dtype = ATTN_DTYPE_F16;
+        ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &x, NULL, &p));
+        ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_DECODE_VEC);
+    }
     d = desc_of(1, 4, 4, 1, 10, 64, ATTN_DTYPE_F32); // few keys: one split of 32
     ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, &p));
     ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_DECODE);

@@ -105,6 +105,130 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_split_kernel(const P p,
     }
 }
 
+// Pass 1, vector form (decode-vec): BF16/F16 q, k, v and out, D = Dv in {64, 128}, rows read 16
+// bytes at a time (unit stride along D, 16-byte aligned), the bounds alone (no mask, ALiBi, soft cap
+// or dropout), at most 4 rows per kv head. A key row is G = D / 8 lanes, 8 elements each, so a warp
+// takes KPW = 32 / G keys a step and issues the loads of U steps before using them (KPW U key and
+// value rows in flight a warp); the scores of a key are summed over its G lanes by shuffles. Each
+// group of G lanes keeps the online softmax of its own keys (one rescale per U steps), and the
+// groups merge at the end into the split's (m, l, acc), written as decode_split_kernel writes them.
+template <typename T, int D, int ROWS>
+__global__ void __launch_bounds__(32 * kDecWarps) decode_vec_kernel(const P p, int64_t split_keys, int64_t n_splits,
+                                                                   int R, float *part) {
+    constexpr int G = D / 8, KPW = 32 / G, U = 4;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, kg = lane / G, e0 = (lane % G) * 8;
+    const int64_t blocks_per_head = (n_splits + kDecWarps - 1) / kDecWarps;
+    int64_t bid = blockIdx.x;
+    const int64_t sb = bid % blocks_per_head;
+    bid /= blocks_per_head;
+    const int64_t hk = bid % p.Hkv, b = bid / p.Hkv;
+    const Seq s = seq_of(p, b);
+    const int64_t split = sb * kDecWarps + warp;
+    if (split >= n_splits) return; // (no block-wide barrier in this kernel)
+    const int64_t j_lo = split * split_keys, j_hi = min(j_lo + split_keys, s.S);
+    const T *gk = static_cast<const T *>(p.k), *gv = static_cast<const T *>(p.v);
+
+    // the rows: query i of head h (row r = (h - hk group) L + i), this lane's 8 elements of it times
+    // scale log2(e), and the keys [klo, khi] its bounds let it see
+    float q[ROWS][8], m[ROWS], l[ROWS], acc[ROWS][8];
+    int64_t klo[ROWS], khi[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        m[r] = -CUDART_INF_F, l[r] = 0.0f, klo[r] = 0, khi[r] = -1;
+#pragma unroll
+        for (int e = 0; e < 8; e++) q[r][e] = 0.0f, acc[r][e] = 0.0f;
+        const int64_t i = r % p.L, h = hk * p.group + r / p.L;
+        if (r < R && i < s.L) {
+            const uint4 raw = *reinterpret_cast<const uint4 *>(static_cast<const T *>(p.q) + q_row(p, s, b, h, i) + e0);
+            const T *x = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+            for (int e = 0; e < 8; e++) q[r][e] = to_float<T>(x[e]) * (p.scale * kLog2e);
+            klo[r] = first_key(p, s, i), khi[r] = end_key(p, s, i) - 1;
+        }
+    }
+    for (int64_t j0 = j_lo; j0 < j_hi; j0 += KPW * U) {
+        uint4 kr[U], vr[U];
+        int64_t jj[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) { // every load of the U steps first
+            jj[u] = j0 + u * KPW + kg;
+            if (jj[u] < j_hi) {
+                kr[u] = __ldg(reinterpret_cast<const uint4 *>(gk + kv_row(p, p.k_stride, s, b, hk, jj[u]) + e0));
+                vr[u] = __ldg(reinterpret_cast<const uint4 *>(gv + kv_row(p, p.v_stride, s, b, hk, jj[u]) + e0));
+            } else {
+                kr[u] = make_uint4(0, 0, 0, 0), vr[u] = make_uint4(0, 0, 0, 0);
+            }
+        }
+        float sc[U][ROWS];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const T *x = reinterpret_cast<const T *>(&kr[u]);
+            float kf[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++) kf[e] = to_float<T>(x[e]);
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+                float d = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; e++) d = fmaf(q[r][e], kf[e], d);
+#pragma unroll
+                for (int o = G / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+                sc[u][r] = jj[u] < j_hi && jj[u] >= klo[r] && jj[u] <= khi[r] ? d : -CUDART_INF_F;
+            }
+        }
+        float vf[U][8];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const T *x = reinterpret_cast<const T *>(&vr[u]);
+#pragma unroll
+            for (int e = 0; e < 8; e++) vf[u][e] = to_float<T>(x[e]);
+        }
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) { // one rescale per U steps
+            float mc = sc[0][r];
+#pragma unroll
+            for (int u = 1; u < U; u++) mc = fmaxf(mc, sc[u][r]);
+            const float m_new = fmaxf(m[r], mc);
+            const float m_use = m_new == -CUDART_INF_F ? 0.0f : m_new; // nothing seen yet: weights 0, not NaN
+            const float alpha = exp2f(m[r] - m_use);
+            l[r] *= alpha;
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[r][e] *= alpha;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const float pu = exp2f(sc[u][r] - m_use);
+                l[r] += pu;
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[r][e] = fmaf(pu, vf[u][e], acc[r][e]);
+            }
+            m[r] = m_new;
+        }
+    }
+    // the key groups merged (lanes l and l ^ G kG hold the same elements of other keys)
+#pragma unroll
+    for (int o = G; o < 32; o <<= 1) {
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            const float mo = __shfl_xor_sync(0xffffffffu, m[r], o), lo = __shfl_xor_sync(0xffffffffu, l[r], o);
+            const float mm = fmaxf(m[r], mo), mu = mm == -CUDART_INF_F ? 0.0f : mm;
+            const float a = exp2f(m[r] - mu), c = exp2f(mo - mu);
+            l[r] = l[r] * a + lo * c;
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[r][e] = acc[r][e] * a + __shfl_xor_sync(0xffffffffu, acc[r][e], o) * c;
+            m[r] = mm;
+        }
+    }
+    const int64_t bk = b * p.Hkv + hk;
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        if (r >= R || lane >= G) continue;
+        float *o = part + ((bk * n_splits + split) * R + r) * (2 + p.Dv);
+        if (lane == 0) o[0] = m[r], o[1] = l[r];
+#pragma unroll
+        for (int e = 0; e < 8; e++) o[2 + e0 + e] = acc[r][e];
+    }
+}
+
 // One warp per query row (b, h, i): the splits merged, out and lse written.
 __global__ void __launch_bounds__(32 * kDecWarps) decode_combine_kernel(const P p, int64_t n_splits, int R,
                                                                        const float *part) {
@@ -169,13 +293,30 @@ static int split_by_lanes(const P &p, int64_t split_keys, int64_t n_splits, int 
     return cudaErrorInvalidValue; // 16 rows of 256 dims: the planner keeps them off (128 accumulators a lane)
 }
 
+template <typename T, int D>
+static int vec_launch(const P &p, int64_t split_keys, int64_t n_splits, int R, float *part, cudaStream_t stream) {
+    const int64_t blocks = (n_splits + kDecWarps - 1) / kDecWarps * p.B * p.Hkv;
+    if (R <= 1) decode_vec_kernel<T, D, 1><<<dim3((unsigned)blocks), 32 * kDecWarps, 0, stream>>>(p, split_keys, n_splits, R, part);
+    else decode_vec_kernel<T, D, 4><<<dim3((unsigned)blocks), 32 * kDecWarps, 0, stream>>>(p, split_keys, n_splits, R, part);
+    return cudaGetLastError();
+}
+
+template <typename T>
+static int vec_by_dim(const P &p, int64_t split_keys, int64_t n_splits, int R, float *part, cudaStream_t stream) {
+    return p.D == 64 ? vec_launch<T, 64>(p, split_keys, n_splits, R, part, stream)
+                     : vec_launch<T, 128>(p, split_keys, n_splits, R, part, stream);
+}
+
 } // namespace attn_cuda
 
-extern "C" int attn__cuda_launch_decode(const attn__cuda_sdpa_params *p, int64_t split_keys, int64_t n_splits, int rows,
-                                        float *part, cudaStream_t stream) {
+extern "C" int attn__cuda_launch_decode(const attn__cuda_sdpa_params *p, int vec, int64_t split_keys, int64_t n_splits,
+                                        int rows, float *part, cudaStream_t stream) {
     using namespace attn_cuda;
     int err;
-    if (rows <= 1) err = split_by_lanes<1>(*p, split_keys, n_splits, rows, part, stream);
+    if (vec) // the planner's conditions: BF16 or F16 throughout, D = Dv in {64, 128}, rows <= 4
+        err = p->q_dtype == ATTN__CU_BF16 ? vec_by_dim<__nv_bfloat16>(*p, split_keys, n_splits, rows, part, stream)
+                                          : vec_by_dim<__half>(*p, split_keys, n_splits, rows, part, stream);
+    else if (rows <= 1) err = split_by_lanes<1>(*p, split_keys, n_splits, rows, part, stream);
     else if (rows <= 4) err = split_by_lanes<4>(*p, split_keys, n_splits, rows, part, stream);
     else err = split_by_lanes<16>(*p, split_keys, n_splits, rows, part, stream);
     if (err != cudaSuccess) return err;
