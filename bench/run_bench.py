@@ -553,8 +553,9 @@ def write_tail(w, args, gemm, plot, lines, blas_note):
 
 
 def kept_sections(path):
-    """The sections of `path` that other scripts own, between "<!-- NAME: begin -->" and "<!-- NAME: end -->"
-    (bench/run_bench_e2e.py's end-to-end table), kept as they are when this script rewrites the file."""
+    """The sections of `path` that other scripts or separate runs own, between "<!-- NAME: begin -->" and
+    "<!-- NAME: end -->" (bench/run_bench_e2e.py's end-to-end table, the dropout, bf16 module, quantised
+    decode and GPU runs), kept as they are when this script rewrites the file."""
     if not os.path.exists(path):
         return []
     text = open(path).read()
