@@ -21,17 +21,46 @@ namespace attn_cuda {
 
 constexpr int kDecWarps = 4;
 
-// Rows of the group and of the sequence: row r is query i = r % L of head h = hk * group + r / L.
+// Pass 1's work: a block holds kDecWarps consecutive splits of the keys of one (sequence b, kv
+// head hk), a warp one split. (Two helpers, so a kernel can form the split index where it needs it:
+// held across the split kernel's barrier it costs a register.)
+struct SplitHead {
+    int64_t b, hk;
+};
+__device__ __forceinline__ SplitHead split_head(const P &p, int64_t n_splits) {
+    const int64_t bid = (int64_t)blockIdx.x / ((n_splits + kDecWarps - 1) / kDecWarps);
+    SplitHead w;
+    w.hk = bid % p.Hkv, w.b = bid / p.Hkv;
+    return w;
+}
+__device__ __forceinline__ int64_t warp_split(int64_t n_splits) {
+    return (int64_t)blockIdx.x % ((n_splits + kDecWarps - 1) / kDecWarps) * kDecWarps + threadIdx.x / 32;
+}
+
+// Row r of a kv head's group: query i = r % L of head h = hk * group + r / L.
+struct GroupRow {
+    int64_t i, h;
+};
+__device__ __forceinline__ GroupRow group_row(const P &p, int64_t hk, int64_t r) {
+    GroupRow g;
+    g.i = r % p.L, g.h = hk * p.group + r / p.L;
+    return g;
+}
+
+// Offset in the workspace of split `split`'s partial result (m, l, acc[Dv]) for row r of (b, hk).
+__device__ __forceinline__ int64_t part_offset(const P &p, int64_t b, int64_t hk, int64_t n_splits, int64_t split, int R,
+                                               int r) {
+    return (((b * p.Hkv + hk) * n_splits + split) * R + r) * (2 + p.Dv);
+}
+
+// Rows of the group and of the sequence: row r is group_row(r).
 template <int ROWS, int PL>
 __global__ void __launch_bounds__(32 * kDecWarps) decode_split_kernel(const P p, int64_t split_keys, int64_t n_splits,
                                                                      int R, float *part) {
     extern __shared__ float q_s[]; // (R, D) query rows times scale * log2(e) (raw with the whole score rule)
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t blocks_per_head = (n_splits + kDecWarps - 1) / kDecWarps;
-    int64_t bid = blockIdx.x;
-    const int64_t sb = bid % blocks_per_head;
-    bid /= blocks_per_head;
-    const int64_t hk = bid % p.Hkv, b = bid / p.Hkv;
+    const int lane = threadIdx.x % 32;
+    const SplitHead w = split_head(p, n_splits);
+    const int64_t b = w.b, hk = w.hk;
     const Seq s = seq_of(p, b);
     // masks, ALiBi and soft caps take the whole score rule per key; causality and windows alone only
     // the bounds test (the queries then carry scale * log2(e))
@@ -39,11 +68,12 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_split_kernel(const P p,
     const float qscale = rule ? 1.0f : p.scale * kLog2e;
     for (int x = threadIdx.x; x < R * p.D; x += blockDim.x) {
         const int r = x / (int)p.D;
-        const int64_t e = x % p.D, i = r % p.L, h = hk * p.group + r / p.L;
-        q_s[x] = i < s.L ? load_as_float(p.q, p.q_dtype, q_row(p, s, b, h, i) + e * p.q_stride[3]) * qscale : 0.0f;
+        const int64_t e = x % p.D;
+        const GroupRow g = group_row(p, hk, r);
+        q_s[x] = g.i < s.L ? load_as_float(p.q, p.q_dtype, q_row(p, s, b, g.h, g.i) + e * p.q_stride[3]) * qscale : 0.0f;
     }
     __syncthreads();
-    const int64_t split = sb * kDecWarps + warp;
+    const int64_t split = warp_split(n_splits);
     if (split >= n_splits) return;
     const int64_t j_lo = split * split_keys, j_hi = min(j_lo + split_keys, s.S);
 
@@ -79,7 +109,8 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_split_kernel(const P p,
             for (int e = 0; e < PL; e++)
                 if (lane + 32 * e < p.D) part += q_s[r * p.D + lane + 32 * e] * kv[e];
             const float dot = warp_sum(part);
-            const int64_t i = r % p.L, h = hk * p.group + r / p.L;
+            const GroupRow g = group_row(p, hk, r);
+            const int64_t i = g.i, h = g.h;
             if (i >= s.L) continue;
             const float x = rule ? score(p, s, dot, b, h, i, j) * kLog2e : (bounds_hide(p, s, i, j) ? -CUDART_INF_F : dot);
             const float m_new = fmaxf(m[r], x);
@@ -92,12 +123,11 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_split_kernel(const P p,
             for (int e = 0; e < PL; e++) acc[r][e] = acc[r][e] * alpha + w * vv[e];
         }
     }
-    // the split's partial result per row: (m, l, acc[Dv]) at part + ((bk * n_splits + split) * R + r) * (2 + Dv)
-    const int64_t bk = b * p.Hkv + hk;
+    // the split's partial result per row
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
         if (r >= R) break;
-        float *o = part + ((bk * n_splits + split) * R + r) * (2 + p.Dv);
+        float *o = part + part_offset(p, b, hk, n_splits, split, R, r);
         if (lane == 0) o[0] = m[r], o[1] = l[r];
 #pragma unroll
         for (int e = 0; e < PL; e++)
@@ -116,14 +146,10 @@ template <typename T, int D, int ROWS>
 __global__ void __launch_bounds__(32 * kDecWarps) decode_vec_kernel(const P p, int64_t split_keys, int64_t n_splits,
                                                                    int R, float *part) {
     constexpr int G = D / 8, KPW = 32 / G, U = 4;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, kg = lane / G, e0 = (lane % G) * 8;
-    const int64_t blocks_per_head = (n_splits + kDecWarps - 1) / kDecWarps;
-    int64_t bid = blockIdx.x;
-    const int64_t sb = bid % blocks_per_head;
-    bid /= blocks_per_head;
-    const int64_t hk = bid % p.Hkv, b = bid / p.Hkv;
+    const int lane = threadIdx.x % 32, kg = lane / G, e0 = (lane % G) * 8;
+    const SplitHead w = split_head(p, n_splits);
+    const int64_t split = warp_split(n_splits), b = w.b, hk = w.hk;
     const Seq s = seq_of(p, b);
-    const int64_t split = sb * kDecWarps + warp;
     if (split >= n_splits) return; // (no block-wide barrier in this kernel)
     const int64_t j_lo = split * split_keys, j_hi = min(j_lo + split_keys, s.S);
     const T *gk = static_cast<const T *>(p.k), *gv = static_cast<const T *>(p.v);
@@ -137,9 +163,10 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_vec_kernel(const P p, i
         m[r] = -CUDART_INF_F, l[r] = 0.0f, klo[r] = 0, khi[r] = -1;
 #pragma unroll
         for (int e = 0; e < 8; e++) q[r][e] = 0.0f, acc[r][e] = 0.0f;
-        const int64_t i = r % p.L, h = hk * p.group + r / p.L;
+        const GroupRow g = group_row(p, hk, r);
+        const int64_t i = g.i;
         if (r < R && i < s.L) {
-            const uint4 raw = *reinterpret_cast<const uint4 *>(static_cast<const T *>(p.q) + q_row(p, s, b, h, i) + e0);
+            const uint4 raw = *reinterpret_cast<const uint4 *>(static_cast<const T *>(p.q) + q_row(p, s, b, g.h, i) + e0);
             const T *x = reinterpret_cast<const T *>(&raw);
 #pragma unroll
             for (int e = 0; e < 8; e++) q[r][e] = to_float<T>(x[e]) * (p.scale * kLog2e);
@@ -218,11 +245,10 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_vec_kernel(const P p, i
             m[r] = mm;
         }
     }
-    const int64_t bk = b * p.Hkv + hk;
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
         if (r >= R || lane >= G) continue;
-        float *o = part + ((bk * n_splits + split) * R + r) * (2 + p.Dv);
+        float *o = part + part_offset(p, b, hk, n_splits, split, R, r);
         if (lane == 0) o[0] = m[r], o[1] = l[r];
 #pragma unroll
         for (int e = 0; e < 8; e++) o[2 + e0 + e] = acc[r][e];
@@ -238,10 +264,11 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_combine_kernel(const P 
     const int r = (int)(row % R);
     const int64_t bk = row / R, hk = bk % p.Hkv, b = bk / p.Hkv;
     const Seq s = seq_of(p, b);
-    const int64_t i = r % p.L, h = hk * p.group + r / p.L;
+    const GroupRow g = group_row(p, hk, r);
+    const int64_t i = g.i, h = g.h;
     if (i >= s.L) return;
-    const int64_t stride = 2 + p.Dv, tstride = R * stride;
-    const float *base = part + (bk * n_splits * R + r) * stride; // split t at base + t * tstride
+    const int64_t tstride = R * (2 + p.Dv);
+    const float *base = part + part_offset(p, b, hk, n_splits, 0, R, r); // split t at base + t * tstride
     float M = -CUDART_INF_F;
     for (int64_t t = lane; t < n_splits; t += 32) M = fmaxf(M, base[t * tstride]);
     M = warp_max(M);
