@@ -201,8 +201,7 @@ attn_status attn__cuda_plan_sdpa(attn__cuda_err *e, const attn__cuda_device *dev
     // ... its vector form: BF16/F16 throughout, D = Dv of 64 or 128 read 16 bytes at a time, the
     // bounds alone (no masks, ALiBi, soft cap or dropout), at most 4 rows per kv head
     if (kern == ATTN__CU_KERNEL_DECODE && rows <= 4 && p->D == p->Dv && (p->D == 64 || p->D == 128) &&
-        flash_operands(p, dev, kernels, true, q, k, v) && p->mask == NULL && p->kpm == NULL && p->alibi == NULL &&
-        p->softcap <= 0.0f && !p->dropout)
+        flash_operands(p, dev, kernels, true, q, k, v) && !attn__cuda_elementwise(p) && !p->dropout)
         kern = ATTN__CU_KERNEL_DECODE_VEC;
     if (kern == ATTN__CU_KERNEL_SIMPLE && attn__cuda_simple_smem(p) > dev->smem_optin)
         return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda sdpa: head dims %lld/%lld need more shared memory than the device has",

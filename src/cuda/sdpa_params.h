@@ -62,6 +62,19 @@ typedef struct attn__cuda_sdpa_params {
     int64_t mask_extent;
 } attn__cuda_sdpa_params;
 
+#ifdef __CUDACC__
+#define ATTN__CU_HOST_DEVICE __host__ __device__
+#else
+#define ATTN__CU_HOST_DEVICE
+#endif
+
+// Whether the score needs more than scale * dot on keys inside the bounds: a mask, a key padding
+// mask, ALiBi or a soft cap (the kernels then apply the whole score rule per element; the planner
+// keeps such calls off the kernels that apply the bounds alone).
+static inline ATTN__CU_HOST_DEVICE int attn__cuda_elementwise(const attn__cuda_sdpa_params *p) {
+    return p->mask != 0 || p->kpm != 0 || p->alibi != 0 || p->softcap > 0.0f;
+}
+
 // One append to a device KV cache (kv_cache.c, kernels/kv_append.cu): the packed new rows k_new
 // (total_new, Hkv, D) and v_new (total_new, Hkv, Dv), sequence b's at rows cu_new[b] .. cu_new[b+1]
 // (device), written at positions len[b] .. (device, before the append) of the cache's k and v at

@@ -182,9 +182,7 @@ __device__ __forceinline__ float mask_term(const void *m, int32_t dtype, int64_t
 }
 
 // Whether the score needs more than scale * dot on keys inside the bounds.
-__device__ __forceinline__ bool has_elementwise(const P &p) {
-    return p.mask != nullptr || p.kpm != nullptr || p.alibi != nullptr || p.softcap > 0.0f;
-}
+__device__ __forceinline__ bool has_elementwise(const P &p) { return attn__cuda_elementwise(&p) != 0; }
 
 // The score of (b, h, i, j) in natural units from the raw dot product q.k: -inf when the bounds or
 // a mask hide the key, else cap(scale * dot) + ALiBi + the mask terms. Key j < s.S, query i < s.L.
