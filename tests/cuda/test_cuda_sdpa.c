@@ -226,6 +226,14 @@ static void run_case(attn_cuda_ctx *ctx, attn_dtype t, int allow_options, int pa
 // The second run must give the same bits, except dq of "flash" (float32 atomics: the order of the
 // additions changes between runs), which must then be within the tolerance. With bwd_check_ctx set,
 // the same backward on that context (the simple kernels) is compared with this one too.
+// dD of the row of out starting at `row` (D elements, `step` apart): |dout . (out - rounded out)|,
+// how far the GPU's rowdot (from out in the element type) is from the reference's.
+static double out_rounding_dd(const float *go, const float *ref, const float *o, int64_t row, int64_t D, int64_t step) {
+    double dd = 0;
+    for (int64_t e = 0; e < D; e++) dd += (double)go[row + e * step] * ((double)ref[row + e * step] - o[row + e * step]);
+    return fabs(dd);
+}
+
 // The out-rounding part of the tolerance above, per element of dq (which = 0: q's layout) or dk
 // (which = 1: k's layout). d holds the strides (o's those of q); packed batches are one row run.
 static float *rounding_bound(const attn_sdpa_desc *d, const int64_t *cu_q, const int64_t *cu_k, const float *q,
@@ -251,9 +259,7 @@ static float *rounding_bound(const attn_sdpa_desc *d, const int64_t *cu_q, const
         for (int64_t h = 0; h < H; h++)
             for (int64_t i = 0; i < L; i++) {
                 const int64_t row = b * qs[0] + h * qs[1] + i * qs[2];
-                double dd = 0;
-                for (int64_t e = 0; e < D; e++) dd += (double)go[row + e * qs[3]] * ((double)ref[row + e * qs[3]] - o[row + e * qs[3]]);
-                dd = fabs(dd);
+                const double dd = out_rounding_dd(go, ref, o, row, D, qs[3]);
                 sum[b * Hkv + h / (H / Hkv)] += dd;
                 if (which == 0)
                     for (int64_t e = 0; e < D; e++) t[row + e * qs[3]] = (float)(1.01 * scale * dd * kmax);
@@ -469,10 +475,8 @@ static void test_backward_dmask(void) {
             for (int64_t h = 0; h < H; h++)
                 for (int64_t i = 0; i < L; i++) {
                     const int64_t row = b * d.q_stride[0] + h * d.q_stride[1] + i * d.q_stride[2];
-                    double dd = 0;
-                    for (int64_t e = 0; e < D; e++) dd += (double)go[row + e] * ((double)ref_o[row + e] - o[row + e]);
-                    for (int64_t j = 0; j < S; j++)
-                        slack[b * d.mask_stride[0] + h * d.mask_stride[1] + i * S + j] += fabs(dd);
+                    const double dd = out_rounding_dd(go, ref_o, o, row, D, 1);
+                    for (int64_t j = 0; j < S; j++) slack[b * d.mask_stride[0] + h * d.mask_stride[1] + i * S + j] += dd;
                 }
         double mx = 0;
         for (int64_t i = 0; i < nm; i++) mx = fmax(mx, fabs(rmask[i]));
