@@ -395,7 +395,8 @@ def table(w, info, todo, results, isas, isa_label, peak_of, plot, backward):
     w("")
 
 
-PEAK_KEYS = {"FMA (256-bit)": "avx2_gflops", "FMA (512-bit)": "avx512_gflops", "vdpbf16ps": "bf16_dot_gflops"}
+PEAK_KEYS = {"FMA (256-bit)": "avx2_gflops", "FMA (512-bit)": "avx512_gflops", "vdpbf16ps": "bf16_dot_gflops",
+             "tdpbf16ps": "amx_bf16_gflops"}
 
 
 def instr_peak(res, peak):

@@ -131,7 +131,7 @@ static void gb_add(grad_bound *g, int64_t e, double err, double mag) {
  * subnormal in its type its rounding is absolute, up to half the smallest subnormal s_o
  * (out_round_abs = s_o); all 0 for float32. */
 static double grad_round_rel, grad_round_abs, out_round, out_round_abs;
-/* On the bf16 dot products (attn.h: ATTN_ISA_AVX512_BF16, everything bf16, even head dims,
+/* On the bf16 dot products (attn.h: attn_isa_bf16_dot, everything bf16, even head dims,
  * contiguous key and value rows, finite inputs) dS and P are rounded to bf16 before the products
  * that make dq, dk and dv: dot_round = 2^-8 of each term's magnitude; 0 otherwise. */
 static double dot_round;
@@ -505,7 +505,7 @@ static void bwd_sdpa(pair *p) {
     grad_round_abs = gt == ATTN_DTYPE_BF16 ? 0x1p-133 : gt == ATTN_DTYPE_F16 ? 0x1p-24 : 0.0;
     out_round = gt == ATTN_DTYPE_BF16 ? 0x1p-6 : gt == ATTN_DTYPE_F16 ? 0x1p-9 : 0.0;
     out_round_abs = grad_round_abs;
-    dot_round = attn_ctx_isa(p->ctx[0]) == ATTN_ISA_AVX512_BF16 && gt == ATTN_DTYPE_BF16 &&
+    dot_round = attn_isa_bf16_dot(attn_ctx_isa(p->ctx[0])) && gt == ATTN_DTYPE_BF16 &&
                         d.kv_dtype == ATTN_DTYPE_BF16 && D % 2 == 0 && Dv % 2 == 0 && d.k_stride[3] == 1 &&
                         d.v_stride[3] == 1
                     ? 0x1p-8

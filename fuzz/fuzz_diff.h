@@ -36,10 +36,10 @@ typedef struct pair {
 /* ---- comparing ----------------------------------------------------------------------------- */
 
 /* Whether the forward of d on ctx multiplies on bf16 dot products, whose weights are rounded to
- * bf16 (attn.h, attn_sdpa_desc.q_dtype): ATTN_ISA_AVX512_BF16, bf16 q, k and v, an even head dim,
+ * bf16 (attn.h, attn_sdpa_desc.q_dtype): attn_isa_bf16_dot, bf16 q, k and v, an even head dim,
  * contiguous key and value rows, and no weights asked for (those run the reference). */
 static inline int fuzz_on_dot(const attn_ctx *ctx, const attn_sdpa_desc *d) {
-    return attn_ctx_isa(ctx) == ATTN_ISA_AVX512_BF16 && d->q_dtype == ATTN_DTYPE_BF16 &&
+    return attn_isa_bf16_dot(attn_ctx_isa(ctx)) && d->q_dtype == ATTN_DTYPE_BF16 &&
            d->kv_dtype == ATTN_DTYPE_BF16 && d->head_dim % 2 == 0 && d->k_stride[3] == 1 &&
            (d->v_stride[3] == 1 || d->head_dim_v == 1) && d->weights_mode == ATTN_WEIGHTS_NONE;
 }

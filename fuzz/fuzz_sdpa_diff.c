@@ -344,7 +344,7 @@ static float *dequantise(attn_dtype dt, const uint8_t *x, int64_t n) {
  * for half and quantised types (attn_sdpa_desc.q_dtype): for each element of a row (b, h, i)
  *   |out - out_ref| <= 2 u_o |out_ref| + t_o + (exp(2 delta) - 1 + 2^-16) max_j |v_j|,
  *   delta = (D + 2) 2^-24 scale sum_t |q_t| max_j |k_j|_inf + 2^-22 softcap,
- * and on the bf16 dot products (ATTN_ISA_AVX512_BF16, bf16 q, k and v, even D) 2^-8 more beside
+ * and on the bf16 dot products (attn_isa_bf16_dot, bf16 q, k and v, even D) 2^-8 more beside
  * 2^-16, 2^-126 scale sum_t |q_t| + 2^-125 D max_j |k_j|_inf more in delta and S 2^-125 more in all.
  * Rows that see a NaN or infinite key or value (a NaN or infinite scale makes its block's values
  * NaN or +-inf: q * d), or whose q holds one, must be non-finite in the same places on both sides

@@ -238,8 +238,11 @@ typedef struct attn_allocator {
  * (the specification: plain loops, one thread, slow); GENERIC the fused kernels in portable C;
  * AVX2 the fused kernels with AVX2 and FMA3; AVX512 with AVX-512F; AVX512_BF16 the AVX512 kernels
  * plus bf16 dot products (vdpbf16ps, AVX512-BF16 and AVX512-BW) for the fused forward and backward
- * of bf16 tensors (attn_sdpa_desc.q_dtype and grad_dtype say how their errors differ); each chosen
- * at run time from what the CPU supports, never required at build time.
+ * of bf16 tensors (attn_sdpa_desc.q_dtype and grad_dtype say how their errors differ); AMX_BF16
+ * the AVX512_BF16 kernels with those products on AMX tiles (tdpbf16ps, AMX-BF16: the same exact
+ * bf16 products summed in float32, so the same error bounds; Xeons since Sapphire Rapids, Linux
+ * granting the process the tile state). Each is chosen at run time from what the CPU supports,
+ * never required at build time; AUTO prefers AMX_BF16, then AVX512_BF16, AVX512, AVX2, GENERIC.
  * The fused kernels agree with the reference to about 1e-6 relative; calls that ask for the
  * attention weights run the reference whatever the ISA. Their softmax computes 2^x with a degree-6
  * polynomial: relative error below 1.2e-7 for arguments in [-126, 128] (about 1 ulp); weights below
@@ -251,13 +254,17 @@ typedef enum attn_isa {
     ATTN_ISA_GENERIC = 2,
     ATTN_ISA_AVX2 = 3,
     ATTN_ISA_AVX512 = 4,
-    ATTN_ISA_AVX512_BF16 = 5
+    ATTN_ISA_AVX512_BF16 = 5,
+    ATTN_ISA_AMX_BF16 = 6
 } attn_isa;
 
 /** @return whether this build and this CPU can run `isa` (AUTO, REF and GENERIC always can). */
 ATTN_API int attn_isa_supported(attn_isa isa);
-/** @return "auto", "ref", "generic", "avx2", "avx512", "avx512bf16" or "?". */
+/** @return "auto", "ref", "generic", "avx2", "avx512", "avx512bf16", "amxbf16" or "?". */
 ATTN_API const char *attn_isa_name(attn_isa isa);
+/** @return whether `isa` multiplies bf16 tensors on bf16 dot products (AVX512_BF16 and AMX_BF16),
+ * whose error bounds attn_sdpa_desc.q_dtype and grad_dtype give beside float32's. */
+ATTN_API int attn_isa_bf16_dot(attn_isa isa);
 
 /**
  * @return 1 when this build computes projections through CBLAS (found at build time: option
@@ -433,9 +440,10 @@ typedef struct attn_sdpa_desc {
      * Half-precision q, k and v are converted exactly to float32 as the kernels load them; products
      * and sums are float32, and each output element is rounded to out_dtype once, to nearest even.
      * lse, weights and dmask stay float32. Every instruction set runs the float32 kernels on the
-     * converted values, except the forward of bf16 q, k and v on ATTN_ISA_AVX512_BF16 (even
+     * converted values, except the forward of bf16 q, k and v on the bf16 dot products of
+     * ATTN_ISA_AVX512_BF16 and ATTN_ISA_AMX_BF16 (attn_isa_bf16_dot; even
      * head_dim, key and value rows with contiguous elements, no weights asked for): its products
-     * run on vdpbf16ps (exact bf16 products summed in float32, so the scores are as below), and the
+     * run on vdpbf16ps or tdpbf16ps (exact bf16 products summed in float32, so the scores are as below), and the
      * weights are rounded to bf16 (to nearest even) before P V, as FlashAttention does on GPUs;
      * decoding-shaped calls (a GQA group's queries fit one tile) stay float32. The backward runs
      * on them too when out and dout are bf16 as well, both head dims are even and every input is
@@ -449,9 +457,10 @@ typedef struct attn_sdpa_desc {
      *   delta = (D + 2) 2^-24 scale sum_t |q_t| max_j |k_j|_inf + 2^-22 (softcap + |largest ALiBi
      *           term| + |largest float mask term|)
      * (the float32 rounding of the scores, in the exponent). On the bf16 dot products the 2^-16
-     * becomes 2^-8 + 2^-16 (the rounded weights), and, as the instruction treats bf16 and float32
+     * becomes 2^-8 + 2^-16 (the rounded weights), and, as the instructions treat bf16 and float32
      * denormals as zero, delta gains 2^-126 scale sum_t |q_t| + 2^-125 D max_j |k_j|_inf and the bound
-     * S 2^-125 (tested in an emulated build; the hardware itself is not in the test machines). */
+     * S 2^-125 (tested in an emulated build on every CPU with AVX2, and on the instructions
+     * themselves by the same tests on a CPU that has them). */
     attn_dtype q_dtype;
     attn_dtype out_dtype;
     /* Element type of dq, dk and dv written by attn_sdpa_bwd: F32 (0, the default), F16 or BF16.
@@ -465,7 +474,7 @@ typedef struct attn_sdpa_desc {
      * 2 t_o P_ij sum_t |dout_it| (found by fuzz_bwd_diff). The fused kernels flush weights below
      * 2^-126 to zero: add M's sum once more with 2^-126 in place of every P_ij the row sees
      * (visible only where the gradients themselves are near 2^-126; tested). On
-     * ATTN_ISA_AVX512_BF16's dot products (bf16 q, k, v, out and dout, even head_dim and
+     * the bf16 dot products (attn_isa_bf16_dot; bf16 q, k, v, out and dout, even head_dim and
      * head_dim_v, contiguous key and value rows, finite inputs) dS and P are rounded to bf16
      * before the products that make the gradients: the factor of M gains 2^-8, and delta the
      * forward's terms for the dot products (tested in an emulated build). */

@@ -523,7 +523,7 @@ static double f_of_bf16(uint16_t h) {
 
 static void test_bf16_primitives(void) {
     int tables = 0;
-    for (int isa = ATTN_ISA_GENERIC; isa <= ATTN_ISA_AVX512_BF16; isa++) {
+    for (int isa = ATTN_ISA_GENERIC; isa <= ATTN_ISA_AMX_BF16; isa++) {
         bool ok;
         const attn__kernels *kn = attn__kernels_for((attn_isa)isa, &ok);
         if (!ok || kn->gemm_bf16 == NULL) continue;
@@ -561,22 +561,24 @@ static void test_bf16_primitives(void) {
                 const uint16_t want = r < 3 && c < 19 ? v[r * 23 + c] : 0;
                 if (w[2 * ((r / 2) * 32 + c) + r % 2] != want) FAIL("%s pair_rows_bf16 row %d col %d", kn->name, r, c);
             }
-        // gemm_bf16 against double sums of the same pairs
-        const int Ms[3] = {1, 7, 13}, Ns[3] = {16, 32, 80}, K2s[3] = {1, 5, 40};
-        for (int mi = 0; mi < 3; mi++)
+        // gemm_bf16 against double sums of the same pairs, A's pairs contiguous (a_ps = 2) or A itself
+        // packed in pairs (a_rs = 2), sizes past one 32 x 32 block and past 128 pairs
+        const int Ms[4] = {1, 7, 13, 40}, Ns[3] = {16, 32, 80}, K2s[4] = {1, 5, 40, 150};
+        for (int mi = 0; mi < 4; mi++)
             for (int ni = 0; ni < 3; ni++)
-                for (int ki = 0; ki < 3; ki++)
-                    for (int with_scale = 0; with_scale < 2; with_scale++) {
-                        const int M = Ms[mi], Nn = Ns[ni], K2 = K2s[ki];
-                        const int64_t a_rs = 2 * K2 + 3, ldb = Nn + 16, ldc = Nn + 5;
-                        uint16_t *A = malloc((size_t)(M * a_rs) * 2), *B = malloc((size_t)(K2 * 2 * ldb) * 2);
-                        float *C = malloc((size_t)(M * ldc) * 4), *C0 = malloc((size_t)(M * ldc) * 4), rs[13];
-                        for (int i = 0; i < M * a_rs; i++) A[i] = bf16_of(rand_sym(&seed));
+                for (int ki = 0; ki < 4; ki++)
+                    for (int variant = 0; variant < 4; variant++) {
+                        const int M = Ms[mi], Nn = Ns[ni], K2 = K2s[ki], with_scale = variant & 1, paired = variant >> 1;
+                        const int64_t a_rs = paired ? 2 : 2 * K2 + 3, a_ps = paired ? 2 * (M + 3) : 2;
+                        const int64_t a_len = paired ? K2 * a_ps : M * a_rs, ldb = Nn + 16, ldc = Nn + 5;
+                        uint16_t *A = malloc((size_t)a_len * 2), *B = malloc((size_t)(K2 * 2 * ldb) * 2);
+                        float *C = malloc((size_t)(M * ldc) * 4), *C0 = malloc((size_t)(M * ldc) * 4), rs[40];
+                        for (int i = 0; i < a_len; i++) A[i] = bf16_of(rand_sym(&seed));
                         for (int i = 0; i < K2 * 2 * ldb; i++) B[i] = bf16_of(rand_sym(&seed));
                         for (int i = 0; i < M * ldc; i++) C[i] = C0[i] = rand_sym(&seed);
                         for (int m = 0; m < M; m++) rs[m] = rand_unit(&seed);
                         const float scale = 0.75f;
-                        kn->gemm_bf16(A, a_rs, 2, M, K2, B, ldb, Nn, C, ldc, with_scale ? rs : NULL, scale);
+                        kn->gemm_bf16(A, a_rs, a_ps, M, K2, B, ldb, Nn, C, ldc, with_scale ? rs : NULL, scale);
                         for (int m = 0; m < M; m++)
                             for (int n = 0; n < ldc; n++) {
                                 const int64_t at = (int64_t)m * ldc + n;
@@ -587,14 +589,14 @@ static void test_bf16_primitives(void) {
                                 double sum = 0, mag = 0;
                                 for (int e = 0; e < K2; e++)
                                     for (int t = 0; t < 2; t++) {
-                                        const double p = f_of_bf16(A[m * a_rs + 2 * e + t]) * f_of_bf16(B[2 * (e * ldb + n) + t]);
+                                        const double p = f_of_bf16(A[m * a_rs + e * a_ps + t]) * f_of_bf16(B[2 * (e * ldb + n) + t]);
                                         sum += p, mag += fabs(p);
                                     }
                                 const double want = (with_scale ? rs[m] * (double)C0[at] : 0.0) + scale * sum;
                                 const double tol = 0x1p-22 * (2 * K2 + 2) * (scale * mag + (with_scale ? fabs(C0[at]) : 0.0));
                                 if (!(fabs(C[at] - want) <= tol))
-                                    FAIL("%s gemm_bf16 M%d N%d K2 %d rowscale %d: C[%d][%d] = %.9g, want %.9g", kn->name, M,
-                                         Nn, K2, with_scale, m, n, C[at], want);
+                                    FAIL("%s gemm_bf16 M%d N%d K2 %d rowscale %d a_ps %lld: C[%d][%d] = %.9g, want %.9g",
+                                         kn->name, M, Nn, K2, with_scale, (long long)a_ps, m, n, C[at], want);
                             }
                         free(A), free(B), free(C), free(C0);
                     }
@@ -610,19 +612,24 @@ static void test_isa_requests(void) {
     ASSERT_EQ_INT(attn_ctx_isa(ctx), ATTN_ISA_GENERIC);
     attn_ctx_free(ctx);
     ctx = make_ctx(ATTN_ISA_AUTO, 1);
-    ASSERT_EQ_INT(attn_ctx_isa(ctx), attn_isa_supported(ATTN_ISA_AVX512_BF16) ? ATTN_ISA_AVX512_BF16
+    ASSERT_EQ_INT(attn_ctx_isa(ctx), attn_isa_supported(ATTN_ISA_AMX_BF16)      ? ATTN_ISA_AMX_BF16
+                                     : attn_isa_supported(ATTN_ISA_AVX512_BF16) ? ATTN_ISA_AVX512_BF16
                                      : attn_isa_supported(ATTN_ISA_AVX512)    ? ATTN_ISA_AVX512
                                      : attn_isa_supported(ATTN_ISA_AVX2)      ? ATTN_ISA_AVX2
                                                                               : ATTN_ISA_GENERIC);
     // a table with bf16 dot products also runs every AVX-512 kernel: it is offered only with them
     if (attn_isa_supported(ATTN_ISA_AVX512_BF16)) ASSERT_TRUE(attn_isa_supported(ATTN_ISA_AVX512));
+    if (attn_isa_supported(ATTN_ISA_AMX_BF16)) ASSERT_TRUE(attn_isa_supported(ATTN_ISA_AVX512_BF16));
+    for (int isa = ATTN_ISA_AUTO; isa <= ATTN_ISA_AMX_BF16; isa++)
+        ASSERT_EQ_INT(attn_isa_bf16_dot((attn_isa)isa), isa == ATTN_ISA_AVX512_BF16 || isa == ATTN_ISA_AMX_BF16);
     attn_ctx_free(ctx);
     ctx = make_ctx(ATTN_ISA_REF, 1);
     ASSERT_EQ_INT(attn_ctx_isa(ctx), ATTN_ISA_REF);
     attn_ctx_free(ctx);
     ASSERT_TRUE(strcmp(attn_isa_name(ATTN_ISA_AVX2), "avx2") == 0);
     ASSERT_TRUE(strcmp(attn_isa_name(ATTN_ISA_AVX512_BF16), "avx512bf16") == 0);
-    for (attn_isa isa = ATTN_ISA_AVX2; isa <= ATTN_ISA_AVX512_BF16; isa++)
+    ASSERT_TRUE(strcmp(attn_isa_name(ATTN_ISA_AMX_BF16), "amxbf16") == 0);
+    for (attn_isa isa = ATTN_ISA_AVX2; isa <= ATTN_ISA_AMX_BF16; isa++)
         if (!attn_isa_supported(isa)) {
             attn_ctx_params p;
             attn_ctx_params_init(&p);

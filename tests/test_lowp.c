@@ -145,7 +145,7 @@ static double worst_fwd, worst_bwd; // largest error as a fraction of its bound
 // Whether the forward of p runs on the bf16 dot products on isa (attn.h: bf16 q, k and v, an even
 // head dim; the tests' key and value rows are contiguous).
 static bool on_dot(attn_isa isa, const problem *p) {
-    return isa == ATTN_ISA_AVX512_BF16 && p->qt == ATTN_DTYPE_BF16 && p->kvt == ATTN_DTYPE_BF16 && p->D % 2 == 0;
+    return attn_isa_bf16_dot(isa) && p->qt == ATTN_DTYPE_BF16 && p->kvt == ATTN_DTYPE_BF16 && p->D % 2 == 0;
 }
 
 static void check_forward(const problem *p, const data *x, const tensor *got, const tensor *ref, attn_isa isa) {

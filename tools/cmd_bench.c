@@ -27,8 +27,8 @@ static const char summary[] =
     "flops (the backward as 2.5 times).\n"
     "--dtype (sdpa) gives q, k, v, out and the gradients that element type (attn_sdpa_desc's dtypes) and\n"
     "measures, with the same threads, the peak of the instructions the kernels used for the products\n"
-    "(fp32 FMAs, 256- or 512-bit; bf16 tensors on avx512bf16: vdpbf16ps), printed with the\n"
-    "row's % of it.\n"
+    "(fp32 FMAs, 256- or 512-bit; bf16 tensors on avx512bf16: vdpbf16ps, on amxbf16: tdpbf16ps),\n"
+    "printed with the row's % of it.\n"
     "With --op mha, --dtype f16 or bf16 runs the module in that type (attn_mha_config.dtype: parameters,\n"
     "input and output of the type, float32 sums), with the same peak measurement.\n"
     "--dropout P (sdpa) applies dropout drawn from the counter-based Philox generator (dropout_rng =\n"
@@ -88,10 +88,11 @@ static void round_in_place(float *x, size_t n, attn_dtype dt) {
 }
 
 // The instructions the kernels of `isa` compute the attention's products with, for the peak: the bf16
-// dot products for SDPA on bf16 tensors on AVX512-BF16 (attn.h), float32 FMAs otherwise.
+// dot products for SDPA on bf16 tensors on AVX512-BF16 or AMX-BF16 (attn.h), float32 FMAs otherwise.
 static bool row_peak_kind(attn_isa isa, const bench_opts *o, attn_dtype dt, peak_kind *kind) {
     const bool dot = dt == ATTN_DTYPE_BF16 && strcmp(o->op, "sdpa") == 0 && o->D % 2 == 0;
-    if (isa == ATTN_ISA_AVX512_BF16) *kind = dot ? PEAK_DPBF16 : PEAK_FMA512;
+    if (isa == ATTN_ISA_AMX_BF16) *kind = dot ? PEAK_AMXBF16 : PEAK_FMA512;
+    else if (isa == ATTN_ISA_AVX512_BF16) *kind = dot ? PEAK_DPBF16 : PEAK_FMA512;
     else if (isa == ATTN_ISA_AVX512) *kind = PEAK_FMA512;
     else if (isa == ATTN_ISA_AVX2) *kind = PEAK_FMA256;
     else return false; // the portable kernels and the reference: no instruction to measure

@@ -68,7 +68,8 @@ struct attn__kernels {
                       const float *alpha, int rows, float *o, int64_t ldo);
     void (*dequant_rows)(attn_dtype dt, const void *x, float *y, int64_t n);
     // bf16 products on dot-product instructions (AVX512-BF16's vdpbf16ps: one float32 lane adds the
-    // two exact products of a pair of bf16 values); NULL in tables without them. A matrix "packed in
+    // two exact products of a pair of bf16 values; AMX-BF16's tdpbf16ps, the same on tiles); NULL in
+    // tables without them. A matrix "packed in
     // pairs" along its reduction index holds elements 2e and 2e+1 of that index side by side.
     //   gemm_bf16: C[m*ldc + n] = (rowscale ? rowscale[m] * C[m*ldc + n] : 0)
     //                             + scale * sum_{e < K2} A(m, e) . B(e, n)   (m < M, n < N)
@@ -115,6 +116,12 @@ void attn__gemm_bf16_avx512(const uint16_t *A, int64_t a_rs, int64_t a_ps, int M
 void attn__pack_pairs_bf16_avx512(const float *x, int64_t ld, int rows, int n, uint16_t *y);
 void attn__pair_rows_bf16_avx512(const uint16_t *x, int64_t ld, int rows, int cols, int n, uint16_t *y);
 void attn__round_bf16_avx512(const float *x, int64_t n, uint16_t *y);
+#endif
+#if defined(ATTN_HAVE_AMXBF16)
+// The "avx512bf16" table with gemm_bf16 on AMX-BF16 tiles (flash_kernels_amx.c).
+extern const attn__kernels attn__kernels_amxbf16;
+void attn__gemm_bf16_amx(const uint16_t *A, int64_t a_rs, int64_t a_ps, int M, int K2, const uint16_t *B, int64_t ldb,
+                         int N, float *C, int64_t ldc, const float *rowscale, float scale);
 #endif
 
 // The table for an ISA request (AUTO picks the best the CPU runs), or NULL if this build or this

@@ -1,10 +1,17 @@
 // dispatch.c - chooses a kernel table for a context's ISA request from what this build contains
 // and what the CPU supports. The CPU is asked through the compiler's cpuid cache (filled once,
 // read-only afterwards) and the cpuid instruction; nothing here keeps state of its own.
+#if defined(__linux__) && !defined(_GNU_SOURCE)
+#define _GNU_SOURCE // syscall(), for the AMX tile permission
+#endif
 #include "cpu/cpu.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #include <cpuid.h>
+#endif
+#if defined(ATTN_HAVE_AMXBF16) && !defined(ATTN_EMULATE_AVX512) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 static bool cpu_has_avx2_fma(void) {
@@ -43,6 +50,28 @@ static bool cpu_has_avx512_bf16(void) {
 #endif
 }
 
+// AMX-BF16: CPUID leaf 7 EDX bits 22 (AMX-BF16) and 24 (AMX-TILE), the OS saving the tile state
+// (XCR0 bits 17 and 18), and on Linux the process's permission to use it, which is asked for here
+// (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA: granted once for the whole process, kept by the
+// kernel; asking again is harmless). Without the permission the first tile instruction would fault.
+static bool cpu_has_amx_bf16(void) {
+#if defined(ATTN_EMULATE_AVX512)
+    return cpu_has_avx512_bf16();
+#elif defined(ATTN_HAVE_AMXBF16) && defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+    unsigned a, b, c, d;
+    if (!cpu_has_avx512_bf16() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    if ((d & (1u << 22)) == 0 || (d & (1u << 24)) == 0) return false;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || (c & (1u << 27)) == 0) return false; // OSXSAVE: xgetbv allowed
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) return false;
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+    return false;
+#endif
+}
+
 const attn__kernels *attn__kernels_for(attn_isa isa, bool *ok) {
     *ok = true;
     switch (isa) {
@@ -68,7 +97,16 @@ const attn__kernels *attn__kernels_for(attn_isa isa, bool *ok) {
 #endif
         *ok = false;
         return NULL;
+    case ATTN_ISA_AMX_BF16:
+#if defined(ATTN_HAVE_AMXBF16)
+        if (cpu_has_amx_bf16()) return &attn__kernels_amxbf16;
+#endif
+        *ok = false;
+        return NULL;
     case ATTN_ISA_AUTO:
+#if defined(ATTN_HAVE_AMXBF16)
+        if (cpu_has_amx_bf16()) return &attn__kernels_amxbf16;
+#endif
 #if defined(ATTN_HAVE_AVX512BF16)
         if (cpu_has_avx512_bf16()) return &attn__kernels_avx512bf16;
 #endif
@@ -98,9 +136,12 @@ const char *attn_isa_name(attn_isa isa) {
     case ATTN_ISA_AVX2: return "avx2";
     case ATTN_ISA_AVX512: return "avx512";
     case ATTN_ISA_AVX512_BF16: return "avx512bf16";
+    case ATTN_ISA_AMX_BF16: return "amxbf16";
     }
     return "?";
 }
+
+int attn_isa_bf16_dot(attn_isa isa) { return isa == ATTN_ISA_AVX512_BF16 || isa == ATTN_ISA_AMX_BF16; }
 
 attn_isa attn_ctx_isa(const attn_ctx *ctx) {
     if (ctx == NULL) return ATTN_ISA_AUTO;

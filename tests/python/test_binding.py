@@ -219,7 +219,7 @@ class TestAbi(unittest.TestCase):
         self.assertRegex(attn.__version__, r"^\d+\.\d+\.\d+$")
         self.assertGreaterEqual(attn.version_number(), 100)
         self.assertTrue(attn.isa_supported("ref"))
-        self.assertIn(attn.default_context().isa, ("ref", "generic", "avx2", "avx512", "avx512bf16"))
+        self.assertIn(attn.default_context().isa, ("ref", "generic", "avx2", "avx512", "avx512bf16", "amxbf16"))
         self.assertIsInstance(attn.has_blas(), bool)
 
     def test_missing_symbol(self):
@@ -255,7 +255,7 @@ class TestContext(unittest.TestCase):
         with self.assertRaises(attn.AttnError) as cm:
             attn.Context(isa="sse9")
         self.assertEqual(cm.exception.name, "ATTN_ERR_INVALID_ARG")
-        for isa in ("avx2", "avx512", "avx512bf16"):
+        for isa in ("avx2", "avx512", "avx512bf16", "amxbf16"):
             if not attn.isa_supported(isa):
                 with self.assertRaises(attn.AttnError) as cm:
                     attn.Context(isa=isa)
@@ -373,7 +373,7 @@ class TestSdpa(unittest.TestCase):
     def test_every_isa_and_thread_count(self):
         q, k, v = randn(self.rng, 2, 4, 33, 16), randn(self.rng, 2, 2, 40, 16), randn(self.rng, 2, 2, 40, 16)
         ro = ref_sdpa(q, k, v, causal="bottom_right")[0]
-        for isa in ("ref", "generic", "avx2", "avx512", "avx512bf16"):
+        for isa in ("ref", "generic", "avx2", "avx512", "avx512bf16", "amxbf16"):
             if not attn.isa_supported(isa):
                 continue
             with self.subTest(isa):

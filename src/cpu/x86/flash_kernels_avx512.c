@@ -448,3 +448,16 @@ const attn__kernels attn__kernels_avx512bf16 = {
     .round_bf16 = attn__round_bf16_avx512,
 };
 #endif
+
+#if defined(ATTN_HAVE_AMXBF16)
+// The "avx512bf16" table with its bf16 products on AMX tiles (flash_kernels_amx.c).
+const attn__kernels attn__kernels_amxbf16 = {
+    .name = "amxbf16",
+    .isa = ATTN_ISA_AMX_BF16,
+    AVX512_ENTRIES,
+    .gemm_bf16 = attn__gemm_bf16_amx,
+    .pack_pairs_bf16 = attn__pack_pairs_bf16_avx512,
+    .pair_rows_bf16 = attn__pair_rows_bf16_avx512,
+    .round_bf16 = attn__round_bf16_avx512,
+};
+#endif
