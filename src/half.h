@@ -50,8 +50,8 @@ static inline float attn__bf16_to_f32(uint16_t h) { return attn__bits_f32((uint3
 
 static inline uint16_t attn__f32_to_bf16(float f) {
     const uint32_t u = attn__f32_bits(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); // quiet NaN
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    const uint32_t nearest = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet_nan = (u >> 16) | 0x0040u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : nearest); // a select: loops vectorise
 }
 
 // x[i] = x[i] rounded to nearest even in dtype F16 (2) or BF16 (3) and back (exact), i < n: the
@@ -114,10 +114,17 @@ static inline void attn__gather(float *dst, const void *p, int dtype, int64_t of
 // Element off + i * stride of p (dtype F32, F16 or BF16) = scale * src[i * src_stride], i < n.
 static inline void attn__scatter(void *p, int dtype, int64_t off, int64_t stride, const float *src, int64_t src_stride,
                                  int64_t n, float scale) {
-    if (dtype == 0) // ATTN_DTYPE_F32
+    if (dtype == 0) { // ATTN_DTYPE_F32
         for (int64_t i = 0; i < n; i++) ((float *)p)[off + i * stride] = src[i * src_stride] * scale;
-    else
+    } else if (dtype == 3) { // ATTN_DTYPE_BF16: the contiguous case on its own, so that it vectorises
+        uint16_t *y = (uint16_t *)p + off;
+        if (stride == 1 && src_stride == 1)
+            for (int64_t i = 0; i < n; i++) y[i] = attn__f32_to_bf16(src[i] * scale);
+        else
+            for (int64_t i = 0; i < n; i++) y[i * stride] = attn__f32_to_bf16(src[i * src_stride] * scale);
+    } else {
         for (int64_t i = 0; i < n; i++) attn__elem_set(p, dtype, off + i * stride, src[i * src_stride] * scale);
+    }
 }
 
 #endif

@@ -117,14 +117,36 @@ bool attn__fwd_dot_applies(const attn__kernels *kn, const attn_sdpa_desc *d, con
            sh->D % 2 == 0 && d->k_stride[3] == 1 && (d->v_stride[3] == 1 || sh->Dv == 1);
 }
 
+// v * 2^k rounded to bf16, k the exponent of p2 = 2^k: the exponent field moved when v is normal and
+// stays so (exact), through float32 otherwise.
+static inline uint16_t bf16_times_pow2(uint16_t v, int k, float p2) {
+    const int ex = (v >> 7) & 0xff;
+    if (ex != 0 && ex != 0xff && ex + k >= 1 && ex + k <= 0xfe) return (uint16_t)(v + (k << 7));
+    return attn__f32_to_bf16(attn__bf16_to_f32(v) * p2);
+}
+
 void attn__pair_tile_bf16(const uint16_t *x, const int64_t s[4], int64_t b, int64_t h, int64_t i0, int64_t nr,
                           int64_t n, int64_t w, float p2, uint16_t *y) {
-    for (int64_t e = 0; e < n / 2; e++)
-        for (int64_t i = 0; i < w; i++)
-            for (int64_t t = 0; t < 2; t++) {
-                const uint16_t v = i < nr ? x[attn__offset4(s, b, h, i0 + i, 2 * e + t)] : 0;
-                y[2 * (e * w + i) + t] = p2 == 1.0f ? v : attn__f32_to_bf16(attn__bf16_to_f32(v) * p2);
+    int k;
+    frexpf(p2, &k);
+    k -= 1; // p2 = 2^k
+    for (int64_t i = 0; i < w; i++) {
+        if (i >= nr) { // padding columns
+            for (int64_t e = 0; e < n / 2; e++) y[2 * (e * w + i)] = y[2 * (e * w + i) + 1] = 0;
+            continue;
+        }
+        const uint16_t *row = x + attn__offset4(s, b, h, i0 + i, 0);
+        const int64_t es = s[3];
+        uint16_t *yi = y + 2 * i;
+        if (p2 == 1.0f) {
+            for (int64_t e = 0; e < n / 2; e++) yi[2 * e * w] = row[2 * e * es], yi[2 * e * w + 1] = row[(2 * e + 1) * es];
+        } else {
+            for (int64_t e = 0; e < n / 2; e++) {
+                yi[2 * e * w] = bf16_times_pow2(row[2 * e * es], k, p2);
+                yi[2 * e * w + 1] = bf16_times_pow2(row[(2 * e + 1) * es], k, p2);
             }
+        }
+    }
 }
 
 // The bf16 path's O += P V for a value tile holding NaN or inf: o[i*ldo + c] = alpha[i] o[i*ldo + c]
@@ -140,6 +162,21 @@ static void pv_rows_skipping_zeros(const uint16_t *v, int64_t vs_row, int nj, in
             for (int c = 0; c < Dv; c++) row[c] += p * attn__bf16_to_f32(v[(int64_t)j * vs_row + c]);
         }
     }
+}
+
+// Requests the lines of rows [j0, j0 + n) of a key or value head (n elements of type dt a row, rows
+// rs elements apart, elements contiguous) into L2: the next key tile's, while this one is computed,
+// so that heads larger than L2 stream from memory behind the arithmetic rather than stall it.
+static void prefetch_tile(const char *head, attn_dtype dt, int64_t rs, int64_t j0, int nj, int64_t n) {
+#if defined(__GNUC__)
+    const int64_t bytes = attn__kv_bytes(dt, n);
+    for (int j = 0; j < nj; j++) {
+        const char *row = head + attn__kv_bytes(dt, (j0 + j) * rs);
+        for (int64_t x = 0; x < bytes; x += 64) __builtin_prefetch(row + x, 0, 2);
+    }
+#else
+    (void)head, (void)dt, (void)rs, (void)j0, (void)nj, (void)n;
+#endif
 }
 
 static void flash_task(void *arg, int64_t task, int thread) {
@@ -179,8 +216,14 @@ static void flash_task(void *arg, int64_t task, int thread) {
     const int64_t j_begin = attn__keys_visible_from(d, sh, i0) / FLASH_BC * FLASH_BC; // whole tiles
     const char *kbase = (const char *)J->k + attn__kv_bytes(d->kv_dtype, attn__offset4(d->k_stride, b, hk, 0, 0));
     const char *vbase = (const char *)J->v + attn__kv_bytes(d->kv_dtype, attn__offset4(d->v_stride, b, hk, 0, 0));
+    const bool contiguous_rows = d->k_stride[3] == 1 && d->v_stride[3] == 1;
     for (int64_t j0 = j_begin; j0 < j_end; j0 += FLASH_BC) {
         const int nj = (int)(j_end - j0 < FLASH_BC ? j_end - j0 : FLASH_BC);
+        if (contiguous_rows && j0 + FLASH_BC < j_end) {
+            const int next = (int)(j_end - j0 - FLASH_BC < FLASH_BC ? j_end - j0 - FLASH_BC : FLASH_BC);
+            prefetch_tile(kbase, d->kv_dtype, d->k_stride[2], j0 + FLASH_BC, next, D);
+            prefetch_tile(vbase, d->kv_dtype, d->v_stride[2], j0 + FLASH_BC, next, Dv);
+        }
         // the key and value tiles as floats: in place, or converted from half precision
         const float *kt = (const float *)(kbase + attn__kv_bytes(d->kv_dtype, j0 * d->k_stride[2]));
         const float *vt = (const float *)(vbase + attn__kv_bytes(d->kv_dtype, j0 * d->v_stride[2]));
