@@ -561,6 +561,54 @@ static void test_bf16_primitives(void) {
                 const uint16_t want = r < 3 && c < 19 ? v[r * 23 + c] : 0;
                 if (w[2 * ((r / 2) * 32 + c) + r % 2] != want) FAIL("%s pair_rows_bf16 row %d col %d", kn->name, r, c);
             }
+        // transpose_pairs_bf16: 19 rows of 40 pairs (two blocks of 16 and 8 more) into 32 columns, times
+        // 2^k: exact moves of the exponent, and through float where values are or become subnormal,
+        // overflow, or are zero, inf or NaN
+        if (kn->transpose_pairs_bf16 != NULL) {
+            enum { TR = 19, TP = 40, TW = 32, TLD = 2 * TP + 6 };
+            uint16_t tx[TR * TLD], ty[TP * TW * 2];
+            for (int i = 0; i < TR * TLD; i++) tx[i] = bf16_of(rand_sym(&seed) * 8.0f);
+            tx[0] = 0x0001, tx[1] = 0x0080, tx[2] = 0x7f7f, tx[3] = 0x7fc1, tx[4] = 0xff80, tx[5] = 0x8000;
+            tx[TLD + 40] = 0x0003, tx[5 * TLD + 77] = 0x7f00; // in the remainder pairs
+            const int ks[3] = {0, -3, 5};
+            for (int ki = 0; ki < 3; ki++) {
+                memset(ty, 0xab, sizeof ty);
+                kn->transpose_pairs_bf16(tx, TLD, TR, TP, TW, ks[ki], ty);
+                for (int e = 0; e < TP; e++)
+                    for (int i = 0; i < TW; i++)
+                        for (int t = 0; t < 2; t++) {
+                            const uint16_t got = ty[2 * (e * TW + i) + t];
+                            if (i >= TR) {
+                                if (got != 0) FAIL("%s transpose_pairs_bf16 padding column %d: 0x%04x", kn->name, i, got);
+                                continue;
+                            }
+                            const double want = ldexp(f_of_bf16(tx[i * TLD + 2 * e + t]), ks[ki]);
+                            if (isnan(want)) ASSERT_TRUE(isnan(f_of_bf16(got)));
+                            else if (got != bf16_of((float)want))
+                                FAIL("%s transpose_pairs_bf16 k %d row %d pair %d.%d: 0x%04x, want 0x%04x", kn->name, ks[ki], i,
+                                     e, t, got, bf16_of((float)want));
+                        }
+            }
+        }
+        // scale_to_bf16: 37 values (two vectors and a tail) with ties, subnormal results, overflow and NaN
+        if (kn->scale_to_bf16 != NULL) {
+            float sx[37];
+            uint16_t sy[37];
+            for (int i = 0; i < 37; i++) sx[i] = rand_sym(&seed) * 4.0f;
+            sx[0] = 1.0f + 0x1p-8f, sx[1] = 1.0f + 3 * 0x1p-8f, sx[2] = 0x1p-130f, sx[3] = 3e38f, sx[4] = NAN;
+            sx[5] = -INFINITY, sx[6] = -0.0f, sx[7] = 0x1.8p-133f, sx[36] = 0x1p-128f;
+            const float scales[2] = {1.0f, 1.75f};
+            for (int si = 0; si < 2; si++) {
+                kn->scale_to_bf16(sx, 37, scales[si], sy);
+                for (int i = 0; i < 37; i++) {
+                    const float want = sx[i] * scales[si];
+                    if (isnan(want)) ASSERT_TRUE(isnan(f_of_bf16(sy[i])));
+                    else if (sy[i] != bf16_of(want))
+                        FAIL("%s scale_to_bf16 x[%d] = %a times %g: 0x%04x, want 0x%04x", kn->name, i, sx[i], scales[si],
+                             sy[i], bf16_of(want));
+                }
+            }
+        }
         // gemm_bf16 against double sums of the same pairs, A's pairs contiguous (a_ps = 2) or A itself
         // packed in pairs (a_rs = 2), sizes past one 32 x 32 block and past 128 pairs
         const int Ms[4] = {1, 7, 13, 40}, Ns[3] = {16, 32, 80}, K2s[4] = {1, 5, 40, 150};

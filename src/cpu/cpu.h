@@ -80,11 +80,18 @@ struct attn__kernels {
     //   pair_rows_bf16: y[2*((r/2)*n + c) + r%2] = x[r*ld + c], bf16 rows of cols values: 0 for
     //     cols <= c < n (a multiple of 16) and for the missing row of an odd count.
     //   round_bf16: y[i] = x[i] rounded to bf16 (to nearest even), n a multiple of 16.
+    //   transpose_pairs_bf16: y[2*(e*w + i) + t] = x[i*ld + 2e + t] * 2^k rounded to bf16 (to nearest
+    //     even; exact unless that leaves the normal range) for i < rows, 0 for rows <= i < w (a
+    //     multiple of 16), e < npairs: bf16 rows (elements contiguous) in pairs along the rows.
+    //   scale_to_bf16: y[i] = x[i] * scale (a float32 product) rounded to bf16 to nearest even, i < n,
+    //     subnormals included (the bits attn__f32_to_bf16 gives).
     void (*gemm_bf16)(const uint16_t *A, int64_t a_rs, int64_t a_ps, int M, int K2, const uint16_t *B, int64_t ldb,
                       int N, float *C, int64_t ldc, const float *rowscale, float scale);
     void (*pack_pairs_bf16)(const float *x, int64_t ld, int rows, int n, uint16_t *y);
     void (*pair_rows_bf16)(const uint16_t *x, int64_t ld, int rows, int cols, int n, uint16_t *y);
     void (*round_bf16)(const float *x, int64_t n, uint16_t *y);
+    void (*transpose_pairs_bf16)(const uint16_t *x, int64_t ld, int rows, int npairs, int w, int k, uint16_t *y);
+    void (*scale_to_bf16)(const float *x, int64_t n, float scale, uint16_t *y);
     // Dropout (src/philox.h): the Philox4x32-10 words w[word][l] of the counters {c0, i0 + l, c2, c3},
     // l < ATTN_PHILOX_LANES, under key {low, high 32 bits of seed}: one key group of a tile for that
     // many consecutive query rows.
@@ -116,6 +123,8 @@ void attn__gemm_bf16_avx512(const uint16_t *A, int64_t a_rs, int64_t a_ps, int M
 void attn__pack_pairs_bf16_avx512(const float *x, int64_t ld, int rows, int n, uint16_t *y);
 void attn__pair_rows_bf16_avx512(const uint16_t *x, int64_t ld, int rows, int cols, int n, uint16_t *y);
 void attn__round_bf16_avx512(const float *x, int64_t n, uint16_t *y);
+void attn__transpose_pairs_bf16_avx512(const uint16_t *x, int64_t ld, int rows, int npairs, int w, int k, uint16_t *y);
+void attn__scale_to_bf16_avx512(const float *x, int64_t n, float scale, uint16_t *y);
 #endif
 #if defined(ATTN_HAVE_AMXBF16)
 // The "avx512bf16" table with gemm_bf16 on AMX-BF16 tiles (flash_kernels_amx.c).

@@ -88,9 +88,10 @@ bool attn__fwd_dot_applies(const attn__kernels *kn, const attn_sdpa_desc *d, con
 
 // A tile of bf16 rows in pairs along the head dim, for the bf16 dot products: y (n/2 x w pairs),
 // y[2*(e*w + i) + t] = x[b, h, i0 + i, 2e + t] * p2 (x at element strides s; p2 a power of two, 1
-// copies) for i < nr, 0 for nr <= i < w (n even).
-void attn__pair_tile_bf16(const uint16_t *x, const int64_t s[4], int64_t b, int64_t h, int64_t i0, int64_t nr,
-                          int64_t n, int64_t w, float p2, uint16_t *y);
+// copies) for i < nr, 0 for nr <= i < w (n even, w a multiple of 16): the table's
+// transpose_pairs_bf16 for contiguous rows.
+void attn__pair_tile_bf16(const attn__kernels *kn, const uint16_t *x, const int64_t s[4], int64_t b, int64_t h,
+                          int64_t i0, int64_t nr, int64_t n, int64_t w, float p2, uint16_t *y);
 
 // Rows [0, nj) of a half-precision or block-quantised (Q8_0, Q4_0: es = 1, rs a multiple of 32) key
 // or value tile (row stride rs, element stride es) converted to floats, (nj, n) contiguous.

@@ -381,8 +381,8 @@ static void prep_rows_task(void *arg, int64_t bh, int thread) {
     const int64_t b = bh / sh->H, h = bh % sh->H;
     for (int64_t it = 0; J->dot && it < J->n_qtiles; it++) { // dot: the tiles in pairs (all finite)
         const int64_t i0 = it * BWD_BR, nq = sh->L - i0 < BWD_BR ? sh->L - i0 : BWD_BR, tile = bh * J->n_qtiles + it;
-        attn__pair_tile_bf16(J->q, d->q_stride, b, h, i0, nq, sh->D, BWD_BR, J->qp2, J->qp_all + tile * sh->D * BWD_BR);
-        attn__pair_tile_bf16(J->dout, d->o_stride, b, h, i0, nq, sh->Dv, BWD_BR, 1.0f,
+        attn__pair_tile_bf16(J->kn, J->q, d->q_stride, b, h, i0, nq, sh->D, BWD_BR, J->qp2, J->qp_all + tile * sh->D * BWD_BR);
+        attn__pair_tile_bf16(J->kn, J->dout, d->o_stride, b, h, i0, nq, sh->Dv, BWD_BR, 1.0f,
                              J->dop_all + tile * sh->Dv * BWD_BR);
         pair_along_rows(J->q, d->q_stride, b, h, i0, nq, sh->D, J->Dp, BWD_BR, J->qr_all + tile * BWD_BR * J->Dp);
         pair_along_rows(J->dout, d->o_stride, b, h, i0, nq, sh->Dv, J->Dvp, BWD_BR, J->dor_all + tile * BWD_BR * J->Dvp);

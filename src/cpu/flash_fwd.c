@@ -125,11 +125,15 @@ static inline uint16_t bf16_times_pow2(uint16_t v, int k, float p2) {
     return attn__f32_to_bf16(attn__bf16_to_f32(v) * p2);
 }
 
-void attn__pair_tile_bf16(const uint16_t *x, const int64_t s[4], int64_t b, int64_t h, int64_t i0, int64_t nr,
-                          int64_t n, int64_t w, float p2, uint16_t *y) {
+void attn__pair_tile_bf16(const attn__kernels *kn, const uint16_t *x, const int64_t s[4], int64_t b, int64_t h,
+                          int64_t i0, int64_t nr, int64_t n, int64_t w, float p2, uint16_t *y) {
     int k;
     frexpf(p2, &k);
     k -= 1; // p2 = 2^k
+    if (kn->transpose_pairs_bf16 != NULL && s[3] == 1) {
+        kn->transpose_pairs_bf16(x + attn__offset4(s, b, h, i0, 0), s[2], (int)nr, (int)(n / 2), (int)w, k, y);
+        return;
+    }
     for (int64_t i = 0; i < w; i++) {
         if (i >= nr) { // padding columns
             for (int64_t e = 0; e < n / 2; e++) y[2 * (e * w + i)] = y[2 * (e * w + i) + 1] = 0;
@@ -196,7 +200,7 @@ static void flash_task(void *arg, int64_t task, int thread) {
 
     if (dot) {
         // qp (D/2, brp pairs): the queries' bf16 elements times the power of two qp2
-        attn__pair_tile_bf16(J->q, d->q_stride, b, h, i0, nq, D, brp, J->qp2, t.qp);
+        attn__pair_tile_bf16(J->kn, J->q, d->q_stride, b, h, i0, nq, D, brp, J->qp2, t.qp);
         memset(t.o, 0, (size_t)brp * (size_t)t.dvp * sizeof(float));
     } else { // qt (D, brp) = q[b, h, i0:i0+nq, :]^T * scale * log2(e) as floats, zero padding columns
         for (int dd = 0; dd < D; dd++) {
@@ -265,7 +269,9 @@ static void flash_task(void *arg, int64_t task, int thread) {
         const float keep_scale = J->drop.on ? J->drop.keep_scale : 1.0f;
         const float inv = li > 0.0f ? keep_scale / li : (li == 0.0f ? 0.0f : li);
         const int64_t o = attn__offset4(d->o_stride, b, h, i0 + i, 0);
-        if (dot) attn__scatter(J->out, d->out_dtype, o, d->o_stride[3], t.o + (int64_t)i * t.dvp, 1, Dv, inv);
+        if (dot && d->out_dtype == ATTN_DTYPE_BF16 && d->o_stride[3] == 1 && J->kn->scale_to_bf16 != NULL)
+            J->kn->scale_to_bf16(t.o + (int64_t)i * t.dvp, Dv, inv, (uint16_t *)J->out + o);
+        else if (dot) attn__scatter(J->out, d->out_dtype, o, d->o_stride[3], t.o + (int64_t)i * t.dvp, 1, Dv, inv);
         else attn__scatter(J->out, d->out_dtype, o, d->o_stride[3], t.ot + i, brp, Dv, inv);
         if (J->lse != NULL)
             J->lse[bh * sh->L + i0 + i] =

@@ -446,6 +446,8 @@ const attn__kernels attn__kernels_avx512bf16 = {
     .pack_pairs_bf16 = attn__pack_pairs_bf16_avx512,
     .pair_rows_bf16 = attn__pair_rows_bf16_avx512,
     .round_bf16 = attn__round_bf16_avx512,
+    .transpose_pairs_bf16 = attn__transpose_pairs_bf16_avx512,
+    .scale_to_bf16 = attn__scale_to_bf16_avx512,
 };
 #endif
 
@@ -459,5 +461,7 @@ const attn__kernels attn__kernels_amxbf16 = {
     .pack_pairs_bf16 = attn__pack_pairs_bf16_avx512,
     .pair_rows_bf16 = attn__pair_rows_bf16_avx512,
     .round_bf16 = attn__round_bf16_avx512,
+    .transpose_pairs_bf16 = attn__transpose_pairs_bf16_avx512,
+    .scale_to_bf16 = attn__scale_to_bf16_avx512,
 };
 #endif

@@ -3,10 +3,12 @@
 // instruction, twice an FMA's), and the packing they read. Compiled with -mavx512f -mavx512bw
 // -mavx512bf16 for this file only; flash_kernels_avx512.c builds the "avx512bf16" table from the
 // AVX-512 kernels and these, chosen at run time on CPUs with AVX512-BF16 (cpu.h has the layouts).
+#include <math.h>
 #include <string.h>
 
 #include "cpu/cpu.h"
 #include "cpu/unroll.h"
+#include "half.h"
 #include "cpu/x86/simd512.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -128,4 +130,82 @@ void attn__round_bf16_avx512(const float *x, int64_t n, uint16_t *y) {
         const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_setzero_ps(), _mm512_loadu_ps(x + i));
         _mm256_storeu_si256((__m256i *)(y + i), _mm512_castsi512_si256((__m512i)h));
     }
+}
+
+// bf16 value h times 2^k rounded to bf16 (to nearest even), through float32.
+static uint16_t bf16_times_pow2_scalar(uint16_t h, int k) {
+    return attn__f32_to_bf16(ldexpf(attn__bf16_to_f32(h), k));
+}
+
+// The 32 bf16 values of v times 2^k: the exponent fields moved when every value is normal and stays
+// so (exact), else each through float32 (its 64 bytes given again in src).
+INLINE __m512i scale_row_pow2(__m512i v, int k, const uint16_t *src) {
+    if (k == 0) return v;
+    const int lo = k < 0 ? 1 - k : 1, hi = k > 0 ? 254 - k : 254;
+    const __m512i ex = _mm512_and_si512(_mm512_srli_epi16(v, 7), _mm512_set1_epi16(0xff));
+    const __mmask32 ok = _mm512_cmpge_epu16_mask(ex, _mm512_set1_epi16((short)lo)) &
+                         _mm512_cmple_epu16_mask(ex, _mm512_set1_epi16((short)hi));
+    if (ok == 0xffffffffu) return _mm512_add_epi16(v, _mm512_set1_epi16((short)(k * 128)));
+    uint16_t h[32];
+    for (int i = 0; i < 32; i++) h[i] = bf16_times_pow2_scalar(src[i], k);
+    return _mm512_loadu_si512((const void *)h);
+}
+
+// r[c] = column c of the 16 x 16 matrix of 32-bit elements whose row t is r[t].
+INLINE void transpose16_epi32(__m512i r[16]) {
+    __m512i t[16], u[16], v[16];
+ATTN_UNROLL
+    for (int j = 0; j < 16; j += 2)
+        t[j] = _mm512_unpacklo_epi32(r[j], r[j + 1]), t[j + 1] = _mm512_unpackhi_epi32(r[j], r[j + 1]);
+ATTN_UNROLL
+    for (int g = 0; g < 16; g += 4) { // u[g + c], 128-bit lane L: rows g..g+3 of column 4L + c
+        u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]), u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+        u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]), u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+    }
+ATTN_UNROLL
+    for (int c = 0; c < 4; c++) {
+        v[c] = _mm512_shuffle_i32x4(u[c], u[c + 4], 0x88), v[c + 4] = _mm512_shuffle_i32x4(u[c], u[c + 4], 0xdd);
+        v[c + 8] = _mm512_shuffle_i32x4(u[c + 8], u[c + 12], 0x88);
+        v[c + 12] = _mm512_shuffle_i32x4(u[c + 8], u[c + 12], 0xdd);
+    }
+ATTN_UNROLL
+    for (int c = 0; c < 8; c++)
+        r[c] = _mm512_shuffle_i32x4(v[c], v[c + 8], 0x88), r[c + 8] = _mm512_shuffle_i32x4(v[c], v[c + 8], 0xdd);
+}
+
+void attn__transpose_pairs_bf16_avx512(const uint16_t *x, int64_t ld, int rows, int npairs, int w, int k, uint16_t *y) {
+    const int e16 = npairs / 16 * 16;
+    for (int i0 = 0; i0 < w; i0 += 16) {
+        for (int e0 = 0; e0 < e16; e0 += 16) { // blocks of 16 rows x 16 pairs
+            __m512i r[16];
+            for (int t = 0; t < 16; t++) {
+                r[t] = _mm512_setzero_si512();
+                if (i0 + t >= rows) continue;
+                const uint16_t *src = x + (int64_t)(i0 + t) * ld + 2 * e0;
+                r[t] = scale_row_pow2(_mm512_loadu_si512((const void *)src), k, src);
+            }
+            transpose16_epi32(r);
+            for (int t = 0; t < 16; t++) _mm512_storeu_si512((void *)(y + 2 * ((int64_t)(e0 + t) * w + i0)), r[t]);
+        }
+        for (int i = i0; i < i0 + 16; i++) // the last pairs, fewer than 16
+            for (int e = e16; e < npairs; e++)
+                for (int t = 0; t < 2; t++)
+                    y[2 * ((int64_t)e * w + i) + t] = i < rows ? bf16_times_pow2_scalar(x[(int64_t)i * ld + 2 * e + t], k) : 0;
+    }
+}
+
+void attn__scale_to_bf16_avx512(const float *x, int64_t n, float scale, uint16_t *y) {
+    const __m512 s = _mm512_set1_ps(scale);
+    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff), abs = _mm512_set1_epi32(0x7fffffff);
+    const __m512i inf = _mm512_set1_epi32(0x7f800000), quiet = _mm512_set1_epi32(0x40);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) { // the integer rounding of attn__f32_to_bf16, 16 lanes at a time
+        const __m512i u = _mm512_castps_si512(_mm512_mul_ps(s, _mm512_loadu_ps(x + i)));
+        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(half, lsb)), 16);
+        const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, abs), inf); // both non-negative
+        r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), quiet);
+        _mm256_storeu_si256((__m256i *)(y + i), _mm512_cvtepi32_epi16(r));
+    }
+    for (; i < n; i++) y[i] = attn__f32_to_bf16(x[i] * scale);
 }

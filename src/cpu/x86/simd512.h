@@ -73,6 +73,16 @@ EMU_INLINE simde__m512 emu512_scalef_ps(simde__m512 a, simde__m512 b) {
     }
     return emu512_ps(fa);
 }
+// The low 16 bits of each 32-bit lane (vpmovdw; not in SIMDe 0.7).
+EMU_INLINE simde__m256i emu512_cvtepi32_epi16(simde__m512i a) {
+    uint32_t w[16];
+    uint16_t h[16];
+    memcpy(w, &a, sizeof w);
+    for (int i = 0; i < 16; i++) h[i] = (uint16_t)w[i];
+    simde__m256i r;
+    memcpy(&r, h, sizeof r);
+    return r;
+}
 // float to bfloat16 as vcvtne2ps2bf16 rounds: to nearest even, NaN kept quiet, denormals to zero.
 EMU_INLINE uint16_t emu_bf16_rne(float x) {
     uint32_t u;
@@ -97,6 +107,7 @@ EMU_INLINE simde__m512bh emu512_cvtne2ps_pbh(simde__m512 a, simde__m512 b) {
 #undef _mm512_mask_storeu_ps
 #undef _mm512_cvtph_ps
 #undef _mm512_cvtepu16_epi32
+#undef _mm512_cvtepi32_epi16
 #undef _mm512_cvtne2ps_pbh
 #undef _mm512_shuffle_f32x4
 #undef _mm512_scalef_ps
@@ -105,6 +116,7 @@ EMU_INLINE simde__m512bh emu512_cvtne2ps_pbh(simde__m512 a, simde__m512 b) {
 #define _mm512_mask_storeu_ps emu512_mask_storeu_ps
 #define _mm512_cvtph_ps emu512_cvtph_ps
 #define _mm512_cvtepu16_epi32 emu512_cvtepu16_epi32
+#define _mm512_cvtepi32_epi16 emu512_cvtepi32_epi16
 #define _mm512_cvtne2ps_pbh emu512_cvtne2ps_pbh
 #define _mm512_shuffle_f32x4 simde_mm512_shuffle_f32x4
 #define _mm512_scalef_ps emu512_scalef_ps
