@@ -609,6 +609,25 @@ static void test_bf16_primitives(void) {
                 }
             }
         }
+        // softmax_pairs_bf16 against softmax then pack_pairs_bf16: the same bits, for an odd key count
+        // and columns with hidden keys, a running maximum, and nothing seen yet
+        if (kn->softmax_pairs_bf16 != NULL) {
+            enum { SJ = 7, SB = 32 };
+            _Alignas(64) float s1[SJ * SB], s2[SJ * SB], m1[SB], m2[SB], l1[SB], l2[SB], a1[SB], a2[SB];
+            uint16_t p1[(SJ + 1) * SB], p2[(SJ + 1) * SB];
+            for (int i = 0; i < SJ * SB; i++) s1[i] = s2[i] = i % 11 == 3 ? -INFINITY : rand_sym(&seed) * 20.0f;
+            for (int i = 0; i < SB; i++) {
+                m1[i] = m2[i] = i % 4 == 0 ? -INFINITY : rand_sym(&seed) * 10.0f;
+                l1[i] = l2[i] = m1[i] == -INFINITY ? 0.0f : rand_unit(&seed) * 3.0f;
+            }
+            for (int i = 0; i < SJ; i++) s1[i * SB + 5] = s2[i * SB + 5] = -INFINITY; // a column hiding every key
+            memset(p1, 0xab, sizeof p1), memset(p2, 0xcd, sizeof p2);
+            kn->softmax(s1, SJ, SB, m1, l1, a1);
+            kn->pack_pairs_bf16(s1, SB, SJ, SB, p1);
+            kn->softmax_pairs_bf16(s2, SJ, SB, m2, l2, a2, p2);
+            ASSERT_TRUE(memcmp(p1, p2, sizeof(uint16_t) * (SJ + 1) * SB) == 0);
+            ASSERT_TRUE(memcmp(m1, m2, sizeof m1) == 0 && memcmp(l1, l2, sizeof l1) == 0 && memcmp(a1, a2, sizeof a1) == 0);
+        }
         // gemm_bf16 against double sums of the same pairs, A's pairs contiguous (a_ps = 2) or A itself
         // packed in pairs (a_rs = 2), sizes past one 32 x 32 block and past 128 pairs
         const int Ms[4] = {1, 7, 13, 40}, Ns[3] = {16, 32, 80}, K2s[4] = {1, 5, 40, 150};

@@ -247,14 +247,20 @@ static void flash_task(void *arg, int64_t task, int thread) {
         } else if (attn__tile_crosses_bounds(d, sh, i0, nq, j0, nj)) {
             if (!attn__bounds_tile(d, sh, brp, i0, nq, j0, nj, t.st)) continue;
         }
-        J->kn->softmax(t.st, nj, brp, t.m, t.l, t.alpha);
-        if (J->drop.on) // dropout: weights of dropped keys become 0 (after the row sums)
-            attn__dropout_tile(&J->drop, b, h, i0, nq, j0, nj, t.st, brp, 1.0f);
         const bool v_bad = J->v_bad[(b * sh->Hkv + hk) * J->n_kvtiles + j0 / FLASH_BC];
+        // bf16 dot products on finite values without dropout: the weights go straight into bf16 pairs
+        const bool fused = dot && !v_bad && !J->drop.on && J->kn->softmax_pairs_bf16 != NULL;
+        if (fused) {
+            J->kn->softmax_pairs_bf16(t.st, nj, brp, t.m, t.l, t.alpha, t.pp);
+        } else {
+            J->kn->softmax(t.st, nj, brp, t.m, t.l, t.alpha);
+            if (J->drop.on) // dropout: weights of dropped keys become 0 (after the row sums)
+                attn__dropout_tile(&J->drop, b, h, i0, nq, j0, nj, t.st, brp, 1.0f);
+        }
         if (dot && v_bad) {
             pv_rows_skipping_zeros((const uint16_t *)vt, vs_row, nj, Dv, t.st, brp, t.alpha, nq, t.o, t.dvp);
         } else if (dot) { // O (nq, dvp) = alpha O + P V: weights rounded to bf16, both paired along the keys
-            J->kn->pack_pairs_bf16(t.st, brp, nj, brp, t.pp);
+            if (!fused) J->kn->pack_pairs_bf16(t.st, brp, nj, brp, t.pp);
             J->kn->pair_rows_bf16((const uint16_t *)vt, vs_row, nj, Dv, t.dvp, t.vp);
             J->kn->gemm_bf16(t.pp, 2, 2 * (int64_t)brp, nq, (nj + 1) / 2, t.vp, t.dvp, t.dvp, t.o, t.dvp, t.alpha, 1.0f);
         } else if (v_bad) {

@@ -15,24 +15,9 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-// 2^x as p(f) * 2^n with the polynomial of attn__exp2f: within 1 ulp where the result is normal;
-// -inf and x <= -150 give 0 (results below 2^-126 are denormal, as the generic kernel's are 0),
-// x >= 129 and +inf give +inf (clamped first: inf - round(inf) would be NaN), NaN stays NaN (min and
-// max take x as their second operand).
-INLINE __m512 exp2_ps512(__m512 x) {
-    x = _mm512_min_ps(_mm512_set1_ps(129.0f), x);
-    x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);
-    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(0.00015353360504377633f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.0013398875016719103f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.00961843691766262f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.055503323674201965f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24022647738456726f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931471824645996f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
+// this file stores the softmax's weights as floats only (flash_kernels_avx512bf16.c adds the pairs)
+#define SOFTMAX512_STORE_PAIRS(pp, e0, e1) ((void)(pp), (void)(e0), (void)(e1))
+#include "cpu/x86/softmax512.h"
 
 static void exp2_avx512(const float *x, float *y, int64_t n) {
     int64_t i = 0;
@@ -129,41 +114,8 @@ static void softmax_compact(float *st, int nj, int br, float *m, float *l, float
 }
 
 static void softmax_avx512(float *st, int nj, int br, float *m, float *l, float *alpha) {
-    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
-    if (br < 16) {
-        softmax_compact(st, nj, br, m, l, alpha);
-        return;
-    }
-    for (int i0 = 0; i0 < br; i0 += 16) {
-        const __m512 m_old = _mm512_load_ps(m + i0);
-        __m512 mx0 = m_old, mx1 = m_old;
-        float *s = st + i0;
-        int j = 0;
-        for (; j + 2 <= nj; j += 2, s += 2 * br) {
-            mx0 = _mm512_max_ps(mx0, _mm512_load_ps(s));
-            mx1 = _mm512_max_ps(mx1, _mm512_load_ps(s + br));
-        }
-        if (j < nj) mx0 = _mm512_max_ps(mx0, _mm512_load_ps(s));
-        const __m512 mx = _mm512_max_ps(mx0, mx1);
-        const __m512 base = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ), _mm512_setzero_ps());
-        const __m512 a = exp2_ps512(_mm512_sub_ps(m_old, base));
-        __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0;
-        s = st + i0;
-        for (j = 0; j + 2 <= nj; j += 2, s += 2 * br) {
-            const __m512 e0 = exp2_ps512(_mm512_sub_ps(_mm512_load_ps(s), base));
-            const __m512 e1 = exp2_ps512(_mm512_sub_ps(_mm512_load_ps(s + br), base));
-            _mm512_store_ps(s, e0), _mm512_store_ps(s + br, e1);
-            sum0 = _mm512_add_ps(sum0, e0), sum1 = _mm512_add_ps(sum1, e1);
-        }
-        if (j < nj) {
-            const __m512 e0 = exp2_ps512(_mm512_sub_ps(_mm512_load_ps(s), base));
-            _mm512_store_ps(s, e0);
-            sum0 = _mm512_add_ps(sum0, e0);
-        }
-        _mm512_store_ps(alpha + i0, a);
-        _mm512_store_ps(l + i0, _mm512_fmadd_ps(a, _mm512_load_ps(l + i0), _mm512_add_ps(sum0, sum1)));
-        _mm512_store_ps(m + i0, mx);
-    }
+    if (br < 16) softmax_compact(st, nj, br, m, l, alpha);
+    else softmax512_tile(st, nj, br, m, l, alpha, NULL);
 }
 
 // ot[r][c*16 ..] = alpha * ot[r][..] + sum_j v[j][r] * st[j][c*16 ..] for R output rows, C registers.
@@ -448,6 +400,7 @@ const attn__kernels attn__kernels_avx512bf16 = {
     .round_bf16 = attn__round_bf16_avx512,
     .transpose_pairs_bf16 = attn__transpose_pairs_bf16_avx512,
     .scale_to_bf16 = attn__scale_to_bf16_avx512,
+    .softmax_pairs_bf16 = attn__softmax_pairs_bf16_avx512,
 };
 #endif
 
@@ -463,5 +416,6 @@ const attn__kernels attn__kernels_amxbf16 = {
     .round_bf16 = attn__round_bf16_avx512,
     .transpose_pairs_bf16 = attn__transpose_pairs_bf16_avx512,
     .scale_to_bf16 = attn__scale_to_bf16_avx512,
+    .softmax_pairs_bf16 = attn__softmax_pairs_bf16_avx512,
 };
 #endif

@@ -13,6 +13,17 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
+// vcvtne2ps2bf16 puts row r's 16 values in words 0-15 and row r+1's in 16-31; vpermw interleaves them.
+INLINE __m512i interleave_words(void) {
+    return _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
+                            19, 3, 18, 2, 17, 1, 16, 0);
+}
+
+// The weights e0 and e1 of two consecutive keys, 16 columns, as 16 bf16 pairs at pp (softmax512.h).
+#define SOFTMAX512_STORE_PAIRS(pp, e0, e1) \
+    _mm512_storeu_si512((void *)(pp), _mm512_permutexvar_epi16(interleave_words(), (__m512i)_mm512_cvtne2ps_pbh(e1, e0)))
+#include "cpu/x86/softmax512.h"
+
 // The same bits as pairs of bf16 (a vector cast: no instruction; memcpy made gcc bounce a register
 // through the stack in the 6 x 4 block's loop).
 INLINE __m512bh as_bh(__m512i x) { return (__m512bh)x; }
@@ -87,10 +98,12 @@ void attn__gemm_bf16_avx512(const uint16_t *A, int64_t a_rs, int64_t a_ps, int M
                   rowscale != NULL ? rowscale + m : NULL, scale, 1);
 }
 
+void attn__softmax_pairs_bf16_avx512(float *st, int nj, int br, float *m, float *l, float *alpha, uint16_t *pp) {
+    softmax512_tile(st, nj, br, m, l, alpha, pp);
+}
+
 void attn__pack_pairs_bf16_avx512(const float *x, int64_t ld, int rows, int n, uint16_t *y) {
-    // vcvtne2ps2bf16 puts row r's 16 values in words 0-15 and row r+1's in 16-31; vpermw interleaves
-    const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
-                                           6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i inter = interleave_words();
     for (int r = 0; r < rows; r += 2) {
         const float *x0 = x + (int64_t)r * ld, *x1 = x0 + ld;
         uint16_t *yr = y + (int64_t)r * n;

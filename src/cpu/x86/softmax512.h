@@ -1,0 +1,72 @@
+// softmax512.h - the AVX-512 exp2 and the online softmax of a key tile (cpu.h: softmax), shared by
+// flash_kernels_avx512.c and flash_kernels_avx512bf16.c. The latter also writes the weights as bf16
+// pairs for the dot products (softmax_pairs_bf16), which needs its instructions: the includer
+// defines SOFTMAX512_STORE_PAIRS(pp, e0, e1), storing the weights e0 and e1 of two consecutive
+// keys for 16 columns at pp (32 bf16, interleaved), and INLINE.
+#ifndef ATTN_CPU_X86_SOFTMAX512_H
+#define ATTN_CPU_X86_SOFTMAX512_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "cpu/x86/simd512.h"
+
+// 2^x as p(f) * 2^n with the polynomial of attn__exp2f: within 1 ulp where the result is normal;
+// -inf and x <= -150 give 0 (results below 2^-126 are denormal, as the generic kernel's are 0),
+// x >= 129 and +inf give +inf (clamped first: inf - round(inf) would be NaN), NaN stays NaN (min and
+// max take x as their second operand).
+INLINE __m512 exp2_ps512(__m512 x) {
+    x = _mm512_min_ps(_mm512_set1_ps(129.0f), x);
+    x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);
+    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(0.00015353360504377633f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.0013398875016719103f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.00961843691766262f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.055503323674201965f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24022647738456726f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931471824645996f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+// The softmax update of cpu.h for br a multiple of 16. With pp (not NULL) the weights go to pp as
+// bf16 pairs along the keys (pack_pairs_bf16's layout, (ceil(nj/2), br pairs); the pair of an odd
+// last key holds 0) instead of back into st; the row sums are of the float weights either way.
+INLINE void softmax512_tile(float *st, int nj, int br, float *m, float *l, float *alpha, uint16_t *pp) {
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+    for (int i0 = 0; i0 < br; i0 += 16) {
+        const __m512 m_old = _mm512_load_ps(m + i0);
+        __m512 mx0 = m_old, mx1 = m_old;
+        float *s = st + i0;
+        int j = 0;
+        for (; j + 2 <= nj; j += 2, s += 2 * br) {
+            mx0 = _mm512_max_ps(mx0, _mm512_load_ps(s));
+            mx1 = _mm512_max_ps(mx1, _mm512_load_ps(s + br));
+        }
+        if (j < nj) mx0 = _mm512_max_ps(mx0, _mm512_load_ps(s));
+        const __m512 mx = _mm512_max_ps(mx0, mx1);
+        const __m512 base = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ), _mm512_setzero_ps());
+        const __m512 a = exp2_ps512(_mm512_sub_ps(m_old, base));
+        __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0;
+        s = st + i0;
+        for (j = 0; j + 2 <= nj; j += 2, s += 2 * br) {
+            const __m512 e0 = exp2_ps512(_mm512_sub_ps(_mm512_load_ps(s), base));
+            const __m512 e1 = exp2_ps512(_mm512_sub_ps(_mm512_load_ps(s + br), base));
+            if (pp != NULL) SOFTMAX512_STORE_PAIRS(pp + 2 * ((int64_t)(j / 2) * br + i0), e0, e1);
+            else _mm512_store_ps(s, e0), _mm512_store_ps(s + br, e1);
+            sum0 = _mm512_add_ps(sum0, e0), sum1 = _mm512_add_ps(sum1, e1);
+        }
+        if (j < nj) {
+            const __m512 e0 = exp2_ps512(_mm512_sub_ps(_mm512_load_ps(s), base));
+            if (pp != NULL) SOFTMAX512_STORE_PAIRS(pp + 2 * ((int64_t)(j / 2) * br + i0), e0, _mm512_setzero_ps());
+            else _mm512_store_ps(s, e0);
+            sum0 = _mm512_add_ps(sum0, e0);
+        }
+        _mm512_store_ps(alpha + i0, a);
+        _mm512_store_ps(l + i0, _mm512_fmadd_ps(a, _mm512_load_ps(l + i0), _mm512_add_ps(sum0, sum1)));
+        _mm512_store_ps(m + i0, mx);
+    }
+}
+
+#endif
