@@ -121,7 +121,7 @@ bool attn__fwd_dot_applies(const attn__kernels *kn, const attn_sdpa_desc *d, con
 // stays so (exact), through float32 otherwise.
 static inline uint16_t bf16_times_pow2(uint16_t v, int k, float p2) {
     const int ex = (v >> 7) & 0xff;
-    if (ex != 0 && ex != 0xff && ex + k >= 1 && ex + k <= 0xfe) return (uint16_t)(v + (k << 7));
+    if (ex != 0 && ex != 0xff && ex + k >= 1 && ex + k <= 0xfe) return (uint16_t)(v + k * 128);
     return attn__f32_to_bf16(attn__bf16_to_f32(v) * p2);
 }
 
