@@ -309,7 +309,8 @@ static void test_unscaled_overflow(void) { // bf16 only: float16 cannot hold suc
     backward_problem(&p, 77u);
 }
 
-// The gradient bound of attn.h: |g - g_ref| <= 2 u_grad |g_ref| + tiny_grad + (4 u_out + 2^-14 + 4 delta) M + F,
+// The gradient bound of attn.h: |g - g_ref| <= 2 u_grad |g_ref| + tiny_grad + (4 u_out + 2^-14 + 4 delta
+// [+ delta / softcap]) M + F,
 // M the sum of the absolute values of the terms of g's sum (with |dP_ij - D_i| taken as |dP_ij| +
 // sum_t |dO_it O_it|), delta the largest row's. M from the reference's weights p (B, H, L, S).
 // F: the same sums with 2^-126 in place of each weight a row sees (weights under 2^-126 are flushed
@@ -359,7 +360,8 @@ static void check_grad(const problem *p, const data *x, const char *what, const 
     const double kmax = max_abs(&x->k), u = unit(p->gt);
     double delta = 0;
     for (int64_t r = 0; r < p->B * p->H * p->L; r++) delta = fmax(delta, row_delta(p, x, r, kmax, dot));
-    const double c = 4 * unit(p->ot) + 0x1p-14 + 4 * delta + (dot ? 0x1p-8 : 0.0);
+    const double c = 4 * unit(p->ot) + 0x1p-14 + 4 * delta + (p->softcap > 0 ? delta / p->softcap : 0.0) +
+                     (dot ? 0x1p-8 : 0.0);
     for (int64_t i = 0; i < ref->n; i++) {
         const double g = at(got, i), w = at(ref, i), bound = 2 * u * fabs(w) + tiny(p->gt) + c * mag[i] + flush[i];
         harness_checks++;
