@@ -6,6 +6,7 @@
 #ifndef ATTN_HALF_H
 #define ATTN_HALF_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -52,6 +53,16 @@ static inline uint16_t attn__f32_to_bf16(float f) {
     const uint32_t u = attn__f32_bits(f);
     const uint32_t nearest = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet_nan = (u >> 16) | 0x0040u;
     return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : nearest); // a select: loops vectorise
+}
+
+// v * 2^k rounded to bf16 (to nearest even): v itself for k = 0, the exponent field moved when v is
+// normal and stays so (exact), through float32 otherwise (subnormal, zero, inf or NaN, or a result
+// leaving the normal range).
+static inline uint16_t attn__bf16_times_pow2(uint16_t v, int k) {
+    if (k == 0) return v;
+    const int ex = (v >> 7) & 0xff;
+    if (ex != 0 && ex != 0xff && ex + k >= 1 && ex + k <= 0xfe) return (uint16_t)(v + k * 128);
+    return attn__f32_to_bf16(ldexpf(attn__bf16_to_f32(v), k));
 }
 
 // x[i] = x[i] rounded to nearest even in dtype F16 (2) or BF16 (3) and back (exact), i < n: the

@@ -117,14 +117,6 @@ bool attn__fwd_dot_applies(const attn__kernels *kn, const attn_sdpa_desc *d, con
            sh->D % 2 == 0 && d->k_stride[3] == 1 && (d->v_stride[3] == 1 || sh->Dv == 1);
 }
 
-// v * 2^k rounded to bf16, k the exponent of p2 = 2^k: the exponent field moved when v is normal and
-// stays so (exact), through float32 otherwise.
-static inline uint16_t bf16_times_pow2(uint16_t v, int k, float p2) {
-    const int ex = (v >> 7) & 0xff;
-    if (ex != 0 && ex != 0xff && ex + k >= 1 && ex + k <= 0xfe) return (uint16_t)(v + k * 128);
-    return attn__f32_to_bf16(attn__bf16_to_f32(v) * p2);
-}
-
 void attn__pair_tile_bf16(const attn__kernels *kn, const uint16_t *x, const int64_t s[4], int64_t b, int64_t h,
                           int64_t i0, int64_t nr, int64_t n, int64_t w, float p2, uint16_t *y) {
     int k;
@@ -142,13 +134,9 @@ void attn__pair_tile_bf16(const attn__kernels *kn, const uint16_t *x, const int6
         const uint16_t *row = x + attn__offset4(s, b, h, i0 + i, 0);
         const int64_t es = s[3];
         uint16_t *yi = y + 2 * i;
-        if (p2 == 1.0f) {
-            for (int64_t e = 0; e < n / 2; e++) yi[2 * e * w] = row[2 * e * es], yi[2 * e * w + 1] = row[(2 * e + 1) * es];
-        } else {
-            for (int64_t e = 0; e < n / 2; e++) {
-                yi[2 * e * w] = bf16_times_pow2(row[2 * e * es], k, p2);
-                yi[2 * e * w + 1] = bf16_times_pow2(row[(2 * e + 1) * es], k, p2);
-            }
+        for (int64_t e = 0; e < n / 2; e++) {
+            yi[2 * e * w] = attn__bf16_times_pow2(row[2 * e * es], k);
+            yi[2 * e * w + 1] = attn__bf16_times_pow2(row[(2 * e + 1) * es], k);
         }
     }
 }

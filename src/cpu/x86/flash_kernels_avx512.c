@@ -390,17 +390,21 @@ const attn__kernels attn__kernels_avx512 = {
 };
 
 #if defined(ATTN_HAVE_AVX512BF16)
+// The entries around gemm_bf16 of both tables with bf16 dot products (flash_kernels_avx512bf16.c).
+#define BF16_DOT_ENTRIES \
+    .pack_pairs_bf16 = attn__pack_pairs_bf16_avx512, \
+    .pair_rows_bf16 = attn__pair_rows_bf16_avx512, \
+    .round_bf16 = attn__round_bf16_avx512, \
+    .transpose_pairs_bf16 = attn__transpose_pairs_bf16_avx512, \
+    .scale_to_bf16 = attn__scale_to_bf16_avx512, \
+    .softmax_pairs_bf16 = attn__softmax_pairs_bf16_avx512
+
 const attn__kernels attn__kernels_avx512bf16 = {
     .name = "avx512bf16",
     .isa = ATTN_ISA_AVX512_BF16,
     AVX512_ENTRIES,
     .gemm_bf16 = attn__gemm_bf16_avx512,
-    .pack_pairs_bf16 = attn__pack_pairs_bf16_avx512,
-    .pair_rows_bf16 = attn__pair_rows_bf16_avx512,
-    .round_bf16 = attn__round_bf16_avx512,
-    .transpose_pairs_bf16 = attn__transpose_pairs_bf16_avx512,
-    .scale_to_bf16 = attn__scale_to_bf16_avx512,
-    .softmax_pairs_bf16 = attn__softmax_pairs_bf16_avx512,
+    BF16_DOT_ENTRIES,
 };
 #endif
 
@@ -411,11 +415,6 @@ const attn__kernels attn__kernels_amxbf16 = {
     .isa = ATTN_ISA_AMX_BF16,
     AVX512_ENTRIES,
     .gemm_bf16 = attn__gemm_bf16_amx,
-    .pack_pairs_bf16 = attn__pack_pairs_bf16_avx512,
-    .pair_rows_bf16 = attn__pair_rows_bf16_avx512,
-    .round_bf16 = attn__round_bf16_avx512,
-    .transpose_pairs_bf16 = attn__transpose_pairs_bf16_avx512,
-    .scale_to_bf16 = attn__scale_to_bf16_avx512,
-    .softmax_pairs_bf16 = attn__softmax_pairs_bf16_avx512,
+    BF16_DOT_ENTRIES,
 };
 #endif

@@ -145,11 +145,6 @@ void attn__round_bf16_avx512(const float *x, int64_t n, uint16_t *y) {
     }
 }
 
-// bf16 value h times 2^k rounded to bf16 (to nearest even), through float32.
-static uint16_t bf16_times_pow2_scalar(uint16_t h, int k) {
-    return attn__f32_to_bf16(ldexpf(attn__bf16_to_f32(h), k));
-}
-
 // The 32 bf16 values of v times 2^k: the exponent fields moved when every value is normal and stays
 // so (exact), else each through float32 (its 64 bytes given again in src).
 INLINE __m512i scale_row_pow2(__m512i v, int k, const uint16_t *src) {
@@ -160,7 +155,7 @@ INLINE __m512i scale_row_pow2(__m512i v, int k, const uint16_t *src) {
                          _mm512_cmple_epu16_mask(ex, _mm512_set1_epi16((short)hi));
     if (ok == 0xffffffffu) return _mm512_add_epi16(v, _mm512_set1_epi16((short)(k * 128)));
     uint16_t h[32];
-    for (int i = 0; i < 32; i++) h[i] = bf16_times_pow2_scalar(src[i], k);
+    for (int i = 0; i < 32; i++) h[i] = attn__bf16_times_pow2(src[i], k);
     return _mm512_loadu_si512((const void *)h);
 }
 
@@ -203,7 +198,7 @@ void attn__transpose_pairs_bf16_avx512(const uint16_t *x, int64_t ld, int rows, 
         for (int i = i0; i < i0 + 16; i++) // the last pairs, fewer than 16
             for (int e = e16; e < npairs; e++)
                 for (int t = 0; t < 2; t++)
-                    y[2 * ((int64_t)e * w + i) + t] = i < rows ? bf16_times_pow2_scalar(x[(int64_t)i * ld + 2 * e + t], k) : 0;
+                    y[2 * ((int64_t)e * w + i) + t] = i < rows ? attn__bf16_times_pow2(x[(int64_t)i * ld + 2 * e + t], k) : 0;
     }
 }
 
