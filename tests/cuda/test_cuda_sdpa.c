@@ -218,31 +218,40 @@ static void run_case(attn_cuda_ctx *ctx, attn_dtype t, int allow_options, int pa
 //    dS_ij q_i, dQ = scale sum_j dS_ij k_j carries a relative error up to u, and with random signs
 //    the error of the sum grows like the sum itself, so a few u of the largest gradient; 8u leaves a
 //    margin of 2-4 for sums that cancel. A wrong index or a lost term costs O(g).
-//  - both: plus the part that comes from out's rounding. The GPU takes D_i = dout_i . out_i from the
-//    forward's out, rounded to the element type, where the reference sums p dp in double from the
-//    weights; the difference dD_i = |dout_i . (out_i - rounded out_i)| (0 for F32) enters dS_ij as
-//    P_ij dD_i, so dq_i moves by at most scale dD_i max|k| (the weights of a row sum to 1) and dk_j
-//    of kv head hk by at most scale max|q| times the sum of dD_i over the rows of its heads.
+//  - both: plus the part that comes from out's rounding and D_i's float sums. The GPU takes
+//    D_i = dout_i . out_i from the forward's out, rounded to the element type, where the reference
+//    sums p dp in double from the weights; the difference |dout_i . (out_i - rounded out_i)| (0 for
+//    F32) enters dS_ij = P_ij (dP_ij - D_i) as P_ij dD_i, and so do the float32 sums of D_i and dP_ij
+//    (each of D terms: up to gamma = D 2^-24 of the sum of the terms' magnitudes, sum |dout| (|out| +
+//    max|v|) for both). So dq_i moves by at most scale dD_i max|k| (the weights of a row sum to 1)
+//    and dk_j of kv head hk by at most scale max|q| times the sum of dD_i over the rows of its heads.
+//    The float part matters where the gradients cancel exactly (one visible key per row: dS = 0 in
+//    exact arithmetic, so the relative tolerance is 0).
 // The second run must give the same bits, except dq of "flash" (float32 atomics: the order of the
 // additions changes between runs), which must then be within the tolerance. With bwd_check_ctx set,
 // the same backward on that context (the simple kernels) is compared with this one too.
 // dD of the row of out starting at `row` (D elements, `step` apart): |dout . (out - rounded out)|,
 // how far the GPU's rowdot (from out in the element type) is from the reference's.
-static double out_rounding_dd(const float *go, const float *ref, const float *o, int64_t row, int64_t D, int64_t step) {
-    double dd = 0;
-    for (int64_t e = 0; e < D; e++) dd += (double)go[row + e * step] * ((double)ref[row + e * step] - o[row + e * step]);
-    return fabs(dd);
+static double out_rounding_dd(const float *go, const float *ref, const float *o, double vmax, int64_t row, int64_t D,
+                              int64_t step) {
+    double dd = 0, mag = 0;
+    for (int64_t e = 0; e < D; e++) {
+        dd += (double)go[row + e * step] * ((double)ref[row + e * step] - o[row + e * step]);
+        mag += fabs((double)go[row + e * step]) * (fabs((double)o[row + e * step]) + vmax);
+    }
+    return fabs(dd) + (double)D * 0x1p-24 * mag;
 }
 
-// The out-rounding part of the tolerance above, per element of dq (which = 0: q's layout) or dk
-// (which = 1: k's layout). d holds the strides (o's those of q); packed batches are one row run.
+// The out-rounding and D_i part of the tolerance above, per element of dq (which = 0: q's layout) or
+// dk (which = 1: k's layout). d holds the strides (o's those of q); packed batches are one row run.
 static float *rounding_bound(const attn_sdpa_desc *d, const int64_t *cu_q, const int64_t *cu_k, const float *q,
-                             const float *k, const float *ref, const float *o, const float *go, int which) {
+                             const float *k, const float *v, const float *ref, const float *o, const float *go, int which) {
     const int64_t B = cu_q != NULL ? 1 : d->batch, H = d->n_heads, Hkv = d->n_kv_heads, D = d->head_dim;
     const int64_t L = cu_q != NULL ? cu_q[d->batch] : d->len_q, S = cu_q != NULL ? cu_k[d->batch] : d->len_kv;
     const double scale = d->scale != 0.0f ? d->scale : 1.0 / sqrt((double)D);
     const int64_t *qs = d->q_stride, *ks = d->k_stride;
-    double qmax = 0, kmax = 0;
+    const int64_t *vs = d->v_stride;
+    double qmax = 0, kmax = 0, vmax = 0;
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++)
             for (int64_t i = 0; i < L; i++)
@@ -250,7 +259,10 @@ static float *rounding_bound(const attn_sdpa_desc *d, const int64_t *cu_q, const
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < Hkv; h++)
             for (int64_t j = 0; j < S; j++)
-                for (int64_t e = 0; e < D; e++) kmax = fmax(kmax, fabs(k[b * ks[0] + h * ks[1] + j * ks[2] + e * ks[3]]));
+                for (int64_t e = 0; e < D; e++) {
+                    kmax = fmax(kmax, fabs(k[b * ks[0] + h * ks[1] + j * ks[2] + e * ks[3]]));
+                    vmax = fmax(vmax, fabs(v[b * vs[0] + h * vs[1] + j * vs[2] + e * vs[3]]));
+                }
     const int64_t n = which == 0 ? B * H * L * D : B * Hkv * S * D;
     float *t = calloc((size_t)n, sizeof(float));
     double *sum = calloc((size_t)(B * Hkv), sizeof(double)); // sum of dD over the rows of each (b, kv head)
@@ -259,7 +271,7 @@ static float *rounding_bound(const attn_sdpa_desc *d, const int64_t *cu_q, const
         for (int64_t h = 0; h < H; h++)
             for (int64_t i = 0; i < L; i++) {
                 const int64_t row = b * qs[0] + h * qs[1] + i * qs[2];
-                const double dd = out_rounding_dd(go, ref, o, row, D, qs[3]);
+                const double dd = out_rounding_dd(go, ref, o, vmax, row, D, qs[3]);
                 sum[b * Hkv + h / (H / Hkv)] += dd;
                 if (which == 0)
                     for (int64_t e = 0; e < D; e++) t[row + e * qs[3]] = (float)(1.01 * scale * dd * kmax);
@@ -315,7 +327,7 @@ static void check_backward(attn_cuda_ctx *ctx, attn_ctx *host, const attn_sdpa_d
             FAIL("%s backward kernel failed (seed %llu)", kname, (unsigned long long)seed);
         for (int i = 0; i < 3; i++) from_dev(g[run][i], dg[i], (size_t)n[i] * sizeof(float));
     }
-    float *extra[3] = {rounding_bound(rd, cu_q, cu_k, q, k, ref, o, go, 0), rounding_bound(rd, cu_q, cu_k, q, k, ref, o, go, 1), NULL};
+    float *extra[3] = {rounding_bound(rd, cu_q, cu_k, q, k, v, ref, o, go, 0), rounding_bound(rd, cu_q, cu_k, q, k, v, ref, o, go, 1), NULL};
     const int flash = strncmp(kname, "flash", 5) == 0, atomic = strcmp(kname, "flash") == 0;
     bwd_cases++, bwd_flash_cases += flash;
     static const char *names[3] = {"dq", "dk", "dv"};
@@ -469,13 +481,13 @@ static void test_backward_dmask(void) {
         if (st != ATTN_OK) FAIL("seed %llu: %s", (unsigned long long)seed, attn_cuda_ctx_last_error(ctx));
         if (cudaStreamSynchronize((cudaStream_t)attn_cuda_ctx_stream(ctx)) != cudaSuccess) FAIL("kernel failed (seed %llu)", (unsigned long long)seed);
         from_dev(gmask, d_dmask, (size_t)nm * 4);
-        // out's rounding (BF16): dS moves by P dD_i <= dD_i per cell; a mask element sums its cells
+        // out's rounding (BF16) and D_i's float sums: dS moves by P dD_i <= dD_i per cell; a mask element sums its cells
         double *slack = calloc((size_t)nm, sizeof(double));
         for (int64_t b = 0; b < B; b++)
             for (int64_t h = 0; h < H; h++)
                 for (int64_t i = 0; i < L; i++) {
                     const int64_t row = b * d.q_stride[0] + h * d.q_stride[1] + i * d.q_stride[2];
-                    const double dd = out_rounding_dd(go, ref_o, o, row, D, 1);
+                    const double dd = out_rounding_dd(go, ref_o, o, 1.0, row, D, 1); // |v| <= 1
                     for (int64_t j = 0; j < S; j++) slack[b * d.mask_stride[0] + h * d.mask_stride[1] + i * S + j] += dd;
                 }
         double mx = 0;
@@ -546,7 +558,9 @@ static void test_bad_arguments(void) {
     ASSERT_STATUS(attn_cuda_sdpa_fwd(ctx, &bad, a, a, a, out, NULL), ATTN_ERR_UNSUPPORTED);
     ASSERT_TRUE(strstr(attn_cuda_ctx_last_error(ctx), "PHILOX") != NULL);
     float *lse = dev_alloc(2 * 8 * sizeof(float)), dm;
-    ASSERT_STATUS(attn_cuda_sdpa_bwd(ctx, &d, a, a, a, out, a, lse, out, out, out, &dm), ATTN_ERR_UNSUPPORTED);
+    // dmask without a float mask (as attn_sdpa_bwd answers)
+    ASSERT_STATUS(attn_cuda_sdpa_bwd(ctx, &d, a, a, a, out, a, lse, out, out, out, &dm), ATTN_ERR_BAD_MASK);
+    ASSERT_TRUE(strstr(attn_cuda_ctx_last_error(ctx), "F32 attention mask") != NULL);
     ASSERT_STATUS(attn_cuda_sdpa_bwd(ctx, &d, a, a, a, out, NULL, lse, out, out, out, NULL), ATTN_ERR_INVALID_ARG);
     bad = d, bad.q_stride[2] = 0; // a gradient row would overwrite another
     ASSERT_STATUS(attn_cuda_sdpa_bwd(ctx, &bad, a, a, a, out, a, lse, out, out, out, NULL), ATTN_ERR_INVALID_ARG);
