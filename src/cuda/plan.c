@@ -55,7 +55,8 @@ size_t attn__cuda_simple_bwd_smem(const attn__cuda_sdpa_params *p) {
 }
 
 // Flash kernel: Q (Br rows) and STAGES tiles of K and V (Bc rows), rows padded by 8 elements. The
-// tile shapes are those of kernels/flash_traits.cuh (one table, copied here for the host).
+// tile shapes are those of kernels/flash_traits.cuh's 8-warp form (one table, copied here for the
+// host); its 4-warp ("wide") form has the same Br and key tiles no longer, so no more shared memory.
 typedef struct flash_shape {
     int d, br, bc, stages;
 } flash_shape;

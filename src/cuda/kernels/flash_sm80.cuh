@@ -1,5 +1,5 @@
 // flash_sm80.cuh - the tensor-core SDPA forward (FlashAttention-2's algorithm on mma.sync, sm_80+):
-// one block per 128 query rows of one (b, h), 8 warps of 16 rows each; keys and values stream
+// one block per 128 query rows of one (b, h), warps of 16 or 32 rows (flash_traits.cuh); keys and values stream
 // through shared memory in tiles of Bc rows (cp.async, two stages: the next tile loads while this
 // one is computed); per tile each warp computes S = Q K^T on tensor cores, applies the score rule
 // where the tile needs it (bounds, masks, ALiBi, soft cap: common.cuh), updates its rows' running
@@ -24,14 +24,18 @@
 namespace attn_cuda {
 
 // Dropout: whether the instance holds the Philox dropout code (run when p.dropout is set); the
-// instance without it keeps the generator's state out of its registers.
-template <typename T, int D, bool Dropout>
-__global__ void __launch_bounds__(FlashTraits<D>::kThreads, 1) flash_fwd_kernel(const P p) {
-    using Tr = FlashTraits<D>;
-    constexpr int Br = Tr::kBr, Bc = Tr::kBc, ST = Tr::kStages, NTH = Tr::kThreads;
+// instance without it keeps the generator's state out of its registers. Wide: the 4-warp form of
+// flash_traits.cuh, for calls with the bounds alone (no score rule per element) and no dropout.
+template <typename T, int D, bool Dropout, bool Wide>
+__global__ void __launch_bounds__(FlashTraits<D, Wide>::kThreads, FlashTraits<D, Wide>::kMinBlocks)
+    flash_fwd_kernel(const P p) {
+    static_assert(!(Wide && Dropout), "the wide form runs calls without dropout");
+    using Tr = FlashTraits<D, Wide>;
+    constexpr int Br = Tr::kBr, Bc = Tr::kBc, ST = Tr::kStages, NTH = Tr::kThreads, MW = Tr::kMW;
+    constexpr int WR = 16 * MW;     // query rows a warp
     constexpr int LD = D + 8;       // shared row pitch (elements)
     constexpr int CPR = D / 8;      // 16-byte chunks per row
-    constexpr int NT = Bc / 8;      // n-tiles of S per warp (8 keys each)
+    constexpr int NT = Bc / 8;      // n-tiles of S per m-tile (8 keys each)
     constexpr int KD = D / 16;      // k-steps of Q K^T
     constexpr int NO = D / 8;       // n-tiles of O (8 dims each)
     constexpr int KB = Bc / 16;     // k-steps of P V
@@ -55,10 +59,11 @@ __global__ void __launch_bounds__(FlashTraits<D>::kThreads, 1) flash_fwd_kernel(
     const int64_t full_lo = first_key(p, s, i_last), full_hi = end_key(p, s, i0);
     const int64_t n_begin = k_lo < k_hi ? k_lo / Bc : 0, n_end = k_lo < k_hi ? (k_hi + Bc - 1) / Bc : 0;
     const int n_tiles = (int)(n_end - n_begin);
-    const bool elementwise = has_elementwise(p);
+    const bool elementwise = !Wide && has_elementwise(p);
     const float scale_log2 = p.scale * kLog2e;
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
+    const int64_t iw = i0 + warp * WR; // the warp's first row; m-tile m holds rows iw + 16 m ..
     const T *gq = static_cast<const T *>(p.q), *gk = static_cast<const T *>(p.k), *gv = static_cast<const T *>(p.v);
 
     // ---- loads (every thread takes 16-byte chunks in turn) ----
@@ -85,11 +90,16 @@ __global__ void __launch_bounds__(FlashTraits<D>::kThreads, 1) flash_fwd_kernel(
         cp_async_commit(); // group st (group 0 also holds Q)
     }
 
-    float oacc[NO][4];
+    float oacc[MW][NO][4];
 #pragma unroll
-    for (int no = 0; no < NO; no++) oacc[no][0] = oacc[no][1] = oacc[no][2] = oacc[no][3] = 0.0f;
-    float row_m[2] = {-CUDART_INF_F, -CUDART_INF_F}, row_l[2] = {0.0f, 0.0f}; // rows g and g + 8
-    uint32_t qf[Tr::kQInRegs ? KD : 1][4];
+    for (int m = 0; m < MW; m++)
+#pragma unroll
+        for (int no = 0; no < NO; no++) oacc[m][no][0] = oacc[m][no][1] = oacc[m][no][2] = oacc[m][no][3] = 0.0f;
+    float row_m[MW][2], row_l[MW][2]; // rows g and g + 8 of each m-tile
+#pragma unroll
+    for (int m = 0; m < MW; m++) row_m[m][0] = row_m[m][1] = -CUDART_INF_F, row_l[m][0] = row_l[m][1] = 0.0f;
+    uint32_t qf[Tr::kQInRegs ? KD : 1][MW][4];
+    const T *q_s = sQ + warp * WR * LD;
 
     for (int t = 0; t < n_tiles; t++) {
         const int pre = t + ST - 1;
@@ -98,98 +108,112 @@ __global__ void __launch_bounds__(FlashTraits<D>::kThreads, 1) flash_fwd_kernel(
         cp_async_wait<ST - 1>(); // tile t (and Q) have landed for this thread ...
         __syncthreads();         // ... and for every thread
         const T *k_s = sK + (t % ST) * Bc * LD, *v_s = sV + (t % ST) * Bc * LD;
-        const T *q_s = sQ + warp * 16 * LD;
         if (Tr::kQInRegs && t == 0) {
 #pragma unroll
             for (int kk = 0; kk < (Tr::kQInRegs ? KD : 1); kk++)
-                ldsm_a(qf[kk], q_s, LD, 0, kk * 16, lane);
+#pragma unroll
+                for (int m = 0; m < MW; m++) ldsm_a(qf[kk][m], q_s, LD, m * 16, kk * 16, lane);
         }
 
-        // S = Q K^T for this warp's 16 rows and the tile's Bc keys
-        float sacc[NT][4];
+        // S = Q K^T for this warp's rows and the tile's Bc keys
+        float sacc[MW][NT][4];
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) sacc[nt][0] = sacc[nt][1] = sacc[nt][2] = sacc[nt][3] = 0.0f;
+        for (int m = 0; m < MW; m++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) sacc[m][nt][0] = sacc[m][nt][1] = sacc[m][nt][2] = sacc[m][nt][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) {
-            uint32_t a[4];
-            if (Tr::kQInRegs) {
-                a[0] = qf[Tr::kQInRegs ? kk : 0][0], a[1] = qf[Tr::kQInRegs ? kk : 0][1];
-                a[2] = qf[Tr::kQInRegs ? kk : 0][2], a[3] = qf[Tr::kQInRegs ? kk : 0][3];
-            } else {
-                ldsm_a(a, q_s, LD, 0, kk * 16, lane);
+            uint32_t a[MW][4];
+#pragma unroll
+            for (int m = 0; m < MW; m++) {
+                if (Tr::kQInRegs) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) a[m][e] = qf[Tr::kQInRegs ? kk : 0][m][e];
+                } else {
+                    ldsm_a(a[m], q_s, LD, m * 16, kk * 16, lane);
+                }
             }
-            mma_row<T, NT / 2, false>(sacc, a, k_s, LD, kk * 16, lane);
+            mma_rows<T, MW, NT / 2, false>(sacc, a, k_s, LD, kk * 16, lane);
         }
 
         // Scores in the log2 domain: scale only, or the whole rule where the tile needs it.
         const int64_t n0 = (n_begin + t) * Bc;
         const bool inside = n0 >= full_lo && n0 + Bc <= full_hi;
-        if (!elementwise && inside) {
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+        for (int m = 0; m < MW; m++) {
+            if (!elementwise && inside) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) sacc[nt][e] *= scale_log2;
-        } else if (!elementwise) { // bounds only (a causal diagonal, a window's edge, the ends)
-            const TileBounds tb = tile_bounds(p, s, i0 + warp * 16 + g, n0 + 2 * c);
+                for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+                    for (int e = 0; e < 4; e++) sacc[m][nt][e] *= scale_log2;
+            } else if (!elementwise) { // bounds only (a causal diagonal, a window's edge, the ends)
+                const TileBounds tb = tile_bounds(p, s, iw + m * 16 + g, n0 + 2 * c);
 #pragma unroll
-                for (int e = 0; e < 4; e++)
-                    sacc[nt][e] = tile_visible(tb, (e >> 1) * 8, nt * 8 + (e & 1)) ? sacc[nt][e] * scale_log2 : -CUDART_INF_F;
-        } else {
+                for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+                    for (int e = 0; e < 4; e++)
+                        sacc[m][nt][e] = tile_visible(tb, (e >> 1) * 8, nt * 8 + (e & 1)) ? sacc[m][nt][e] * scale_log2 : -CUDART_INF_F;
+            } else {
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int64_t i = i0 + warp * 16 + g + (e >> 1) * 8, j = n0 + nt * 8 + 2 * c + (e & 1);
-                    sacc[nt][e] = i < s.L && j < s.S ? score(p, s, sacc[nt][e], b, h, i, j) * kLog2e : -CUDART_INF_F;
-                }
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int64_t i = iw + m * 16 + g + (e >> 1) * 8, j = n0 + nt * 8 + 2 * c + (e & 1);
+                        sacc[m][nt][e] = i < s.L && j < s.S ? score(p, s, sacc[m][nt][e], b, h, i, j) * kLog2e : -CUDART_INF_F;
+                    }
+            }
         }
 
-        // Online softmax: rows g (elements 0, 1) and g + 8 (elements 2, 3); a row's 4 threads agree.
+        // Online softmax: rows g (elements 0, 1) and g + 8 (elements 2, 3) of each m-tile; a row's 4
+        // threads agree.
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float mx = -CUDART_INF_F;
+        for (int m = 0; m < MW; m++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(sacc[nt][2 * r], sacc[nt][2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(row_m[r], mx);
-            const float m_use = m_new == -CUDART_INF_F ? 0.0f : m_new; // no key seen yet: weights 0, not NaN
-            const float alpha = exp2f(row_m[r] - m_use);
-            row_m[r] = m_new;
-            float sum = 0.0f;
+            for (int r = 0; r < 2; r++) {
+                float mx = -CUDART_INF_F;
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                sacc[nt][2 * r] = exp2f(sacc[nt][2 * r] - m_use);
-                sacc[nt][2 * r + 1] = exp2f(sacc[nt][2 * r + 1] - m_use);
-                sum += sacc[nt][2 * r] + sacc[nt][2 * r + 1];
+                for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(sacc[m][nt][2 * r], sacc[m][nt][2 * r + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float m_new = fmaxf(row_m[m][r], mx);
+                const float m_use = m_new == -CUDART_INF_F ? 0.0f : m_new; // no key seen yet: weights 0, not NaN
+                const float alpha = exp2f(row_m[m][r] - m_use);
+                row_m[m][r] = m_new;
+                float sum = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    sacc[m][nt][2 * r] = exp2f(sacc[m][nt][2 * r] - m_use);
+                    sacc[m][nt][2 * r + 1] = exp2f(sacc[m][nt][2 * r + 1] - m_use);
+                    sum += sacc[m][nt][2 * r] + sacc[m][nt][2 * r + 1];
+                }
+                row_l[m][r] = row_l[m][r] * alpha + sum;
+#pragma unroll
+                for (int no = 0; no < NO; no++) oacc[m][no][2 * r] *= alpha, oacc[m][no][2 * r + 1] *= alpha;
             }
-            row_l[r] = row_l[r] * alpha + sum;
-#pragma unroll
-            for (int no = 0; no < NO; no++) oacc[no][2 * r] *= alpha, oacc[no][2 * r + 1] *= alpha;
-        }
 
         // Dropout after the row sums: a dropped weight adds nothing to O (keep_scale at the end). The
         // keys 2c, 2c + 1 of an n-tile share one Philox call (the words of an aligned group of four).
         if (Dropout && p.dropout) { // a run-time test too: the compiler then keeps the code as a branch
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+            for (int m = 0; m < MW; m++)
 #pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    bool k0, k1;
-                    dropout_kept_pair(p, b * p.H + h, i0 + warp * 16 + g + r * 8, n0 + nt * 8 + 2 * c, k0, k1);
-                    if (!k0) sacc[nt][2 * r] = 0.0f;
-                    if (!k1) sacc[nt][2 * r + 1] = 0.0f;
-                }
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        bool k0, k1;
+                        dropout_kept_pair(p, b * p.H + h, iw + m * 16 + g + r * 8, n0 + nt * 8 + 2 * c, k0, k1);
+                        if (!k0) sacc[m][nt][2 * r] = 0.0f;
+                        if (!k1) sacc[m][nt][2 * r + 1] = 0.0f;
+                    }
         }
 
         // O += P V: the S accumulators of two n-tiles are one A fragment (rounded to T).
 #pragma unroll
         for (int kb = 0; kb < KB; kb++) {
-            uint32_t a[4];
-            acc_to_a<T>(a, sacc[2 * kb], sacc[2 * kb + 1]);
-            mma_row<T, D / 16, true>(oacc, a, v_s, LD, kb * 16, lane);
+            uint32_t a[MW][4];
+#pragma unroll
+            for (int m = 0; m < MW; m++) acc_to_a<T>(a[m], sacc[m][2 * kb], sacc[m][2 * kb + 1]);
+            mma_rows<T, MW, D / 16, true>(oacc, a, v_s, LD, kb * 16, lane);
         }
         __syncthreads(); // the stage read here is the one the next iteration's prefetch overwrites
     }
@@ -197,51 +221,58 @@ __global__ void __launch_bounds__(FlashTraits<D>::kThreads, 1) flash_fwd_kernel(
     __syncthreads();
 
     // Normalise; lse; O through this warp's own Q rows in shared memory to 16-byte stores.
-    float inv[2];
+    T *so = sQ + warp * WR * LD;
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float l = row_l[r];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        inv[r] = l > 0.0f ? (Dropout && p.dropout ? p.keep_scale : 1.0f) / l : (l == 0.0f ? 0.0f : l); // NaN stays NaN
-        const int64_t i = i0 + warp * 16 + g + r * 8;
-        if (p.lse != nullptr && c == 0 && i < s.L) p.lse[lse_index(p, s, b, h, i)] = lse_of(row_m[r], l);
+    for (int m = 0; m < MW; m++) {
+        float inv[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float l = row_l[m][r];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            inv[r] = l > 0.0f ? (Dropout && p.dropout ? p.keep_scale : 1.0f) / l : (l == 0.0f ? 0.0f : l); // NaN stays NaN
+            const int64_t i = iw + m * 16 + g + r * 8;
+            if (p.lse != nullptr && c == 0 && i < s.L) p.lse[lse_index(p, s, b, h, i)] = lse_of(row_m[m][r], l);
+        }
+#pragma unroll
+        for (int no = 0; no < NO; no++)
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+                *reinterpret_cast<uint32_t *>(so + (m * 16 + g + r * 8) * LD + no * 8 + 2 * c) =
+                    pack2<T>(oacc[m][no][2 * r] * inv[r], oacc[m][no][2 * r + 1] * inv[r]);
     }
-    T *so = sQ + warp * 16 * LD;
-#pragma unroll
-    for (int no = 0; no < NO; no++)
-#pragma unroll
-        for (int r = 0; r < 2; r++)
-            *reinterpret_cast<uint32_t *>(so + (g + r * 8) * LD + no * 8 + 2 * c) =
-                pack2<T>(oacc[no][2 * r] * inv[r], oacc[no][2 * r + 1] * inv[r]);
     __syncwarp();
     T *gout = static_cast<T *>(p.out);
-    for (int ch = lane; ch < 16 * CPR; ch += 32) {
+    for (int ch = lane; ch < WR * CPR; ch += 32) {
         const int r = ch / CPR, col = (ch % CPR) * 8;
-        const int64_t i = i0 + warp * 16 + r;
+        const int64_t i = iw + r;
         if (i < s.L)
             *reinterpret_cast<uint4 *>(gout + o_row(p, s, b, h, i) + col) = *reinterpret_cast<const uint4 *>(so + r * LD + col);
     }
 }
 
-template <typename T, int D, bool Dropout> int flash_launch_as(const P &p, int64_t row_blocks, cudaStream_t stream) {
-    using Tr = FlashTraits<D>;
+template <typename T, int D, bool Dropout, bool Wide> int flash_launch_as(const P &p, int64_t row_blocks, cudaStream_t stream) {
+    using Tr = FlashTraits<D, Wide>;
+    static_assert(Tr::kBr == 128, "plan.c counts row blocks of 128 rows");
     const size_t smem = (size_t)(Tr::kBr + 2 * Tr::kStages * Tr::kBc) * (size_t)(D + 8) * sizeof(T);
     cudaError_t err =
-        cudaFuncSetAttribute(flash_fwd_kernel<T, D, Dropout>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        cudaFuncSetAttribute(flash_fwd_kernel<T, D, Dropout, Wide>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return err;
-    flash_fwd_kernel<T, D, Dropout><<<dim3((unsigned)(row_blocks * p.B * p.H)), Tr::kThreads, smem, stream>>>(p);
+    flash_fwd_kernel<T, D, Dropout, Wide><<<dim3((unsigned)(row_blocks * p.B * p.H)), Tr::kThreads, smem, stream>>>(p);
     return cudaGetLastError();
 }
 
-// Calls without dropout take the instance without its code (fewer registers: docs/cuda.md), except
-// at D = 256, where that instance spilled on sm_80 and the one kernel serves both.
+// Calls with the bounds alone and no dropout take the wide form; calls with dropout the instance
+// with its code, the others the one without it (fewer registers: docs/cuda.md). D = 256 has one
+// kernel for all (the instance without dropout spilled on sm_80; no wide form: O alone would take
+// 256 registers a thread).
 template <typename T, int D> int flash_launch(const P &p, int64_t row_blocks, cudaStream_t stream) {
     if constexpr (D == 256) {
-        return flash_launch_as<T, D, true>(p, row_blocks, stream);
+        return flash_launch_as<T, D, true, false>(p, row_blocks, stream);
     } else {
-        return p.dropout ? flash_launch_as<T, D, true>(p, row_blocks, stream)
-                         : flash_launch_as<T, D, false>(p, row_blocks, stream);
+        if (p.dropout) return flash_launch_as<T, D, true, false>(p, row_blocks, stream);
+        if (attn__cuda_elementwise(&p)) return flash_launch_as<T, D, false, false>(p, row_blocks, stream);
+        return flash_launch_as<T, D, false, true>(p, row_blocks, stream);
     }
 }
 

@@ -1,23 +1,35 @@
-// flash_traits.cuh - tile shapes of the tensor-core forward per head dim: 8 warps of 16 query rows
-// (Br = 128), key tiles of Bc rows in two shared-memory stages, Q kept in registers when it fits.
-// Registers per thread: O is D/2 floats, S is Bc/2 floats, Q fragments D/4 words; Bc shrinks as D
-// grows so the sum stays under 255 without spills (ptxas -v: docs/cuda-notes.md). Shared memory:
+// flash_traits.cuh - tile shapes of the tensor-core forward per head dim, Br = 128 query rows a
+// block in both forms:
+//  - FlashTraits<D, false>: 8 warps of one m-tile (16 rows) each; every call can run it (masks,
+//    ALiBi, soft cap, dropout: the whole score rule in one instance);
+//  - FlashTraits<D, true> ("wide"): 4 warps of two m-tiles (32 rows) each, for calls with the bounds
+//    alone and no dropout. A warp's two m-tiles share each K and V fragment it loads from shared
+//    memory (ldmatrix), which halves those bytes per tensor-core product (FlashAttention-2's 4 warps
+//    of 32 rows); two blocks an SM keep 8 warps an SM.
+// Key tiles of Bc rows in two shared-memory stages, Q in registers when it fits. Registers per
+// thread: O is kMW * D/2 floats, S is kMW * Bc/2 floats, Q fragments kMW * D/4 words in registers;
+// the shapes keep the sum, with the addressing, near 255 (ptxas -v: docs/cuda.md). Shared memory:
 // (Br + 2 * 2 * Bc) * (D + 8) * 2 bytes; plan.c keeps a copy of this table for the host.
 #ifndef ATTN_CUDA_FLASH_TRAITS_CUH
 #define ATTN_CUDA_FLASH_TRAITS_CUH
 
 namespace attn_cuda {
 
-template <int D> struct FlashTraits;
-template <int Bc_, bool QInRegs> struct FlashTile {
-    static constexpr int kWarps = 8, kThreads = 32 * kWarps, kBr = 16 * kWarps, kBc = Bc_, kStages = 2;
+template <int Warps, int MW, int Bc_, bool QInRegs> struct FlashTile {
+    static constexpr int kWarps = Warps, kMW = MW, kThreads = 32 * kWarps, kBr = 16 * kMW * kWarps, kBc = Bc_,
+                         kStages = 2, kMinBlocks = kWarps == 4 ? 2 : 1;
     static constexpr bool kQInRegs = QInRegs;
 };
-template <> struct FlashTraits<32> : FlashTile<128, true> {};
-template <> struct FlashTraits<64> : FlashTile<128, true> {};
-template <> struct FlashTraits<96> : FlashTile<64, true> {};
-template <> struct FlashTraits<128> : FlashTile<64, true> {};
-template <> struct FlashTraits<256> : FlashTile<32, false> {};
+template <int D, bool Wide> struct FlashTraits;
+template <> struct FlashTraits<32, false> : FlashTile<8, 1, 128, true> {};
+template <> struct FlashTraits<64, false> : FlashTile<8, 1, 128, true> {};
+template <> struct FlashTraits<96, false> : FlashTile<8, 1, 64, true> {};
+template <> struct FlashTraits<128, false> : FlashTile<8, 1, 64, true> {};
+template <> struct FlashTraits<256, false> : FlashTile<8, 1, 32, false> {};
+template <> struct FlashTraits<32, true> : FlashTile<4, 2, 64, true> {};
+template <> struct FlashTraits<64, true> : FlashTile<4, 2, 64, true> {};
+template <> struct FlashTraits<96, true> : FlashTile<4, 2, 64, false> {};
+template <> struct FlashTraits<128, true> : FlashTile<4, 2, 64, false> {};
 
 // The tensor-core backward (flash_bwd_sm80.cuh), 4 warps. dK/dV kernel: a block per key tile of
 // kBc = 64 rows (16 per warp), query tiles of kBr rows (64 for D = 32, else 32); per thread dK and dV

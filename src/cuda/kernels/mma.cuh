@@ -119,6 +119,26 @@ __device__ __forceinline__ void mma_row(float (*acc)[4], const uint32_t a[4], co
     }
 }
 
+// The same for MW rows of products sharing each B fragment: acc[m][2 j], acc[m][2 j + 1] += a[m]
+// times B's n-tiles 2 j, 2 j + 1, one ldmatrix for the MW tensor-core products of each n-tile.
+template <typename T, int MW, int NP, bool kn, int NACC>
+__device__ __forceinline__ void mma_rows(float (*acc)[NACC][4], const uint32_t (*a)[4], const T *s, int ld, int k0,
+                                         int lane) {
+#pragma unroll
+    for (int j = 0; j < NP; j++) {
+        uint32_t b[4];
+        if (kn)
+            ldsm_b_kn(b, s, ld, j * 16, k0, lane);
+        else
+            ldsm_b_nk(b, s, ld, j * 16, k0, lane);
+#pragma unroll
+        for (int m = 0; m < MW; m++) {
+            mma16816<T>(acc[m][2 * j], a[m], b[0], b[1]);
+            mma16816<T>(acc[m][2 * j + 1], a[m], b[2], b[3]);
+        }
+    }
+}
+
 } // namespace attn_cuda
 
 #endif
