@@ -2,10 +2,13 @@
 // block in both forms:
 //  - FlashTraits<D, false>: 8 warps of one m-tile (16 rows) each; every call can run it (masks,
 //    ALiBi, soft cap, dropout: the whole score rule in one instance);
-//  - FlashTraits<D, true> ("wide"): 4 warps of two m-tiles (32 rows) each, for calls with the bounds
-//    alone and no dropout. A warp's two m-tiles share each K and V fragment it loads from shared
-//    memory (ldmatrix), which halves those bytes per tensor-core product (FlashAttention-2's 4 warps
-//    of 32 rows); two blocks an SM keep 8 warps an SM.
+//  - FlashTraits<D, true> ("wide", D = 32 and 64): 4 warps of two m-tiles (32 rows) each, for calls
+//    with the bounds alone and no dropout. A warp's two m-tiles share each K and V fragment it loads
+//    from shared memory (ldmatrix), which halves those bytes per tensor-core product
+//    (FlashAttention-2's 4 warps of 32 rows); two blocks an SM keep 8 warps an SM. On an H100 it ran
+//    D = 64 11-17% faster than the 8-warp form; at D = 128 (Q then read from shared memory, O alone
+//    128 registers, 156 bytes of spills) it was 0-7% slower, so D = 96 and 128 keep the 8-warp form
+//    (docs/cuda-tuning.md).
 // Key tiles of Bc rows in two shared-memory stages, Q in registers when it fits. Registers per
 // thread: O is kMW * D/2 floats, S is kMW * Bc/2 floats, Q fragments kMW * D/4 words in registers;
 // the shapes keep the sum, with the addressing, near 255 (ptxas -v: docs/cuda.md). Shared memory:
@@ -28,8 +31,6 @@ template <> struct FlashTraits<128, false> : FlashTile<8, 1, 64, true> {};
 template <> struct FlashTraits<256, false> : FlashTile<8, 1, 32, false> {};
 template <> struct FlashTraits<32, true> : FlashTile<4, 2, 64, true> {};
 template <> struct FlashTraits<64, true> : FlashTile<4, 2, 64, true> {};
-template <> struct FlashTraits<96, true> : FlashTile<4, 2, 64, false> {};
-template <> struct FlashTraits<128, true> : FlashTile<4, 2, 64, false> {};
 
 // The tensor-core backward (flash_bwd_sm80.cuh), 4 warps. dK/dV kernel: a block per key tile of
 // kBc = 64 rows (16 per warp), query tiles of kBr rows (64 for D = 32, else 32); per thread dK and dV
