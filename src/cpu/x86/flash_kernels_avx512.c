@@ -11,6 +11,7 @@
 #include "cpu/unroll.h"
 #include "cpu/x86/decode_prefetch.h"
 #include "cpu/x86/quant_kernels.h"
+#include "cpu/x86/sum512.h"
 #include "half.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -207,26 +208,6 @@ INLINE __m512 load_kv16(const void *p, attn_dtype dt, int64_t i, int n) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); // bfloat16
 }
 
-// a + b with a's and b's 128-bit quarters picked by the shuffle constants ia and ib.
-#define ADD_QUARTERS(a, b, ia, ib) _mm512_add_ps(_mm512_shuffle_f32x4(a, b, ia), _mm512_shuffle_f32x4(a, b, ib))
-
-// The sums of the 16 lanes of each of x[0..15] in one vector, lane i the sum of x[i]: the halves
-// and then quarters of pairs of vectors added (two levels), then the four lanes of each quarter.
-// Every x[i] is summed in the same order whatever its index.
-INLINE __m512 sum16(const __m512 x[16]) {
-    __m512 y[8], z[4];
-    for (int p = 0; p < 8; p++) { // y[p]: quarters 0, 1 from x[a], 2, 3 from x[a + 4], each half-summed
-        const int a = (p % 2) * 8 + p / 2;
-        y[p] = ADD_QUARTERS(x[a], x[a + 4], _MM_SHUFFLE(1, 0, 1, 0), _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int c = 0; c < 4; c++) // z[c]: quarter t holds x[c + 4t]'s four partial sums
-        z[c] = ADD_QUARTERS(y[2 * c], y[2 * c + 1], _MM_SHUFFLE(2, 0, 2, 0), _MM_SHUFFLE(3, 1, 3, 1));
-    const __m512 u01 = _mm512_add_ps(_mm512_unpacklo_ps(z[0], z[1]), _mm512_unpackhi_ps(z[0], z[1]));
-    const __m512 u23 = _mm512_add_ps(_mm512_unpacklo_ps(z[2], z[3]), _mm512_unpackhi_ps(z[2], z[3]));
-    return _mm512_add_ps(_mm512_shuffle_ps(u01, u23, _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_ps(u01, u23, _MM_SHUFFLE(3, 2, 3, 2)));
-}
-
 // Four query rows against four keys at a time (16 accumulators; each q vector loaded once for the
 // four keys, each key vector once for the four rows), 16 lanes of d per step, the 16 dot products
 // reduced together by sum16. A tile's last keys (nj not a multiple of 4) repeat its last key, and
@@ -378,9 +359,9 @@ static void half_to_f32_avx512(attn_dtype dt, const uint16_t *x, float *y, int64
     .qk_rows = qk_rows_avx512, \
     .pv_rows = pv_rows_avx512, \
     .half_to_f32 = half_to_f32_avx512, \
-    .qk_rows_q = attn__qk_rows_q_avx2, \
-    .pv_rows_q = attn__pv_rows_q_avx2, \
-    .dequant_rows = attn__dequant_rows_avx2, \
+    .qk_rows_q = attn__qk_rows_q_avx512, \
+    .pv_rows_q = attn__pv_rows_q_avx512, \
+    .dequant_rows = attn__dequant_rows_avx512, \
     .philox_lanes = attn__philox_lanes_avx2
 
 const attn__kernels attn__kernels_avx512 = {

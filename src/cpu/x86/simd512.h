@@ -60,6 +60,32 @@ EMU_INLINE simde__m512i emu512_cvtepu16_epi32(simde__m256i h) {
     memcpy(&r, w, sizeof r);
     return r;
 }
+// The 16 bytes of b sign- or zero-extended to 16 int32 lanes, and int32 lanes converted to float.
+EMU_INLINE simde__m512i emu512_cvtepi8_epi32(simde__m128i b) {
+    int8_t u[16];
+    int32_t w[16];
+    memcpy(u, &b, sizeof u);
+    for (int i = 0; i < 16; i++) w[i] = u[i];
+    simde__m512i r;
+    memcpy(&r, w, sizeof r);
+    return r;
+}
+EMU_INLINE simde__m512i emu512_cvtepu8_epi32(simde__m128i b) {
+    uint8_t u[16];
+    uint32_t w[16];
+    memcpy(u, &b, sizeof u);
+    for (int i = 0; i < 16; i++) w[i] = u[i];
+    simde__m512i r;
+    memcpy(&r, w, sizeof r);
+    return r;
+}
+EMU_INLINE simde__m512 emu512_cvtepi32_ps(simde__m512i a) {
+    int32_t w[16];
+    float f[16];
+    memcpy(w, &a, sizeof w);
+    for (int i = 0; i < 16; i++) f[i] = (float)w[i];
+    return emu512_ps(f);
+}
 // a * 2^floor(b) per lane, overflowing only where the result does (SIMDe 0.7 multiplies by 2^b,
 // which overflows first for results just under the largest float).
 EMU_INLINE simde__m512 emu512_scalef_ps(simde__m512 a, simde__m512 b) {
@@ -116,6 +142,9 @@ EMU_INLINE simde__m512bh emu512_cvtne2ps_pbh(simde__m512 a, simde__m512 b) {
 #define _mm512_mask_storeu_ps emu512_mask_storeu_ps
 #define _mm512_cvtph_ps emu512_cvtph_ps
 #define _mm512_cvtepu16_epi32 emu512_cvtepu16_epi32
+#define _mm512_cvtepi8_epi32 emu512_cvtepi8_epi32
+#define _mm512_cvtepu8_epi32 emu512_cvtepu8_epi32
+#define _mm512_cvtepi32_ps emu512_cvtepi32_ps
 #define _mm512_cvtepi32_epi16 emu512_cvtepi32_epi16
 #define _mm512_cvtne2ps_pbh emu512_cvtne2ps_pbh
 #define _mm512_shuffle_f32x4 simde_mm512_shuffle_f32x4

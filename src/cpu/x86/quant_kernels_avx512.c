@@ -1,0 +1,185 @@
+// quant_kernels_avx512.c - the decode row kernels of cpu.h (qk_rows_q, pv_rows_q, dequant_rows) for
+// Q8_0 and Q4_0 keys and values with AVX-512F and F16C (16 floats a register; compiled with those
+// flags for this file only), in both AVX-512 tables. The arithmetic of quant_kernels_avx2.c at
+// twice the width, with the 32 registers used for more keys a pass:
+//  - a block's 32 quants are two vectors of 16. Q8_0: sign-extended to int32 and converted. Q4_0:
+//    the low nibbles of its 16 bytes are values 0-15, the high ones 16-31; each nibble n becomes the
+//    float n - 8 by one permute of a 16-entry table (vpermps reads the low 4 bits of each index, so
+//    the low nibbles need no mask);
+//  - qk_rows: four query rows against four keys a pass (16 accumulators, each block's eight query
+//    vectors loaded once for the four keys), each key vector multiplied by its block's scale d
+//    (exact, as in the AVX2 kernel: the products and sums are those of the float kernels on the
+//    dequantised values, summed 16 lanes wide), the 16 dot products reduced together (sum16);
+//  - pv_rows: per block of 32 columns, each key's four weights times the block's scale first
+//    (p * d), then the block's two vectors over the keys (8 accumulators).
+// Prefetch (decode_prefetch.h): qk_rows requests each key row's lines DECODE_PF_BYTES ahead as it
+// starts the row; pv_rows requests each block's lines a key tile (FLASH_BC rows) on.
+#include "cpu/x86/simd512.h"
+
+#include "cpu/cpu.h"
+#include "cpu/x86/decode_prefetch.h"
+#include "cpu/x86/quant_kernels.h"
+#include "cpu/x86/sum512.h"
+#include "half.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE int block_bytes(attn_dtype dt) { return dt == ATTN_DTYPE_Q8_0 ? ATTN_Q8_0_BYTES : ATTN_Q4_0_BYTES; }
+
+// The block holding element `off` (a multiple of 32) of a dt tensor.
+INLINE const uint8_t *block_at(const void *p, attn_dtype dt, int64_t off) {
+    return (const uint8_t *)p + off / ATTN_QBLOCK * block_bytes(dt);
+}
+
+// The scale d of the block at b (its first two bytes, float16), as a float.
+INLINE float scale_f(const uint8_t *b) {
+    uint16_t h;
+    __builtin_memcpy(&h, b, 2);
+    return _cvtsh_ss(h);
+}
+
+// The 32 values of the block at b as floats, not yet multiplied by its scale: 0-15 in lo, 16-31 in hi.
+INLINE void load_block(attn_dtype dt, const uint8_t *b, __m512 *lo, __m512 *hi) {
+    if (dt == ATTN_DTYPE_Q8_0) {
+        *lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2))));
+        *hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18))));
+    } else {
+        const __m512 table = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+        const __m512i n = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)));
+        *lo = _mm512_permutexvar_ps(n, table);
+        *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(n, 4), table);
+    }
+}
+
+// Requests the lines of the `bytes` bytes from p, `ahead` bytes on, into L2.
+INLINE void prefetch_bytes(const uint8_t *p, int64_t ahead, int bytes) {
+    for (int x = 0; x < bytes; x += 64) _mm_prefetch((const char *)p + ahead + x, _MM_HINT_T1);
+    _mm_prefetch((const char *)p + ahead + bytes - 1, _MM_HINT_T1); // the last line, where it starts past x
+}
+
+// Four query rows against four keys per pass; a tile's last keys (nj not a multiple of 4) repeat
+// its last key, and every key's sum is the same whatever its place in the group.
+INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const float *q, int rows,
+                         float *s, int64_t s_r, int64_t s_j) {
+    const int row_bytes = D / ATTN_QBLOCK * block_bytes(dt);
+    for (int r0 = 0; r0 < rows; r0 += 4) {
+        const int nr = rows - r0 < 4 ? rows - r0 : 4;
+        const float *q0 = q + (int64_t)r0 * D, *q1 = q0 + (nr > 1 ? D : 0), *q2 = q0 + (nr > 2 ? 2 * D : 0),
+                    *q3 = q0 + (nr > 3 ? 3 * D : 0);
+        for (int j = 0; j < nj; j += 4) {
+            const uint8_t *kb[4];
+            for (int c = 0; c < 4; c++) {
+                kb[c] = block_at(k, dt, (int64_t)(j + c < nj ? j + c : nj - 1) * ks_row);
+                if (r0 == 0) prefetch_bytes(kb[c], DECODE_PF_BYTES, row_bytes);
+            }
+            // accumulators in named variables (an array is kept in memory across the loop)
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            __m512 c0 = a0, c1 = a0, c2 = a0, c3 = a0, e0 = a0, e1 = a0, e2 = a0, e3 = a0;
+            for (int d0 = 0; d0 < D; d0 += ATTN_QBLOCK) {
+                const int64_t boff = d0 / ATTN_QBLOCK * block_bytes(dt);
+                const __m512 x0 = _mm512_loadu_ps(q0 + d0), y0 = _mm512_loadu_ps(q0 + d0 + 16);
+                const __m512 x1 = _mm512_loadu_ps(q1 + d0), y1 = _mm512_loadu_ps(q1 + d0 + 16);
+                const __m512 x2 = _mm512_loadu_ps(q2 + d0), y2 = _mm512_loadu_ps(q2 + d0 + 16);
+                const __m512 x3 = _mm512_loadu_ps(q3 + d0), y3 = _mm512_loadu_ps(q3 + d0 + 16);
+#define KEY_STEP(c, v0, v1, v2, v3)                                                                                      \
+    do {                                                                                                                 \
+        __m512 lo, hi;                                                                                                   \
+        load_block(dt, kb[c] + boff, &lo, &hi);                                                                          \
+        const __m512 sc = _mm512_set1_ps(scale_f(kb[c] + boff));                                                         \
+        lo = _mm512_mul_ps(lo, sc), hi = _mm512_mul_ps(hi, sc);                                                          \
+        v0 = _mm512_fmadd_ps(hi, y0, _mm512_fmadd_ps(lo, x0, v0)), v1 = _mm512_fmadd_ps(hi, y1, _mm512_fmadd_ps(lo, x1, v1)); \
+        v2 = _mm512_fmadd_ps(hi, y2, _mm512_fmadd_ps(lo, x2, v2)), v3 = _mm512_fmadd_ps(hi, y3, _mm512_fmadd_ps(lo, x3, v3)); \
+    } while (0)
+                KEY_STEP(0, a0, a1, a2, a3);
+                KEY_STEP(1, b0, b1, b2, b3);
+                KEY_STEP(2, c0, c1, c2, c3);
+                KEY_STEP(3, e0, e1, e2, e3);
+#undef KEY_STEP
+            }
+            const __m512 acc[16] = {a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, e0, e1, e2, e3};
+            const __m512 sums = sum16(acc); // lane 4c + r: key j + c, row r0 + r
+            const int nk = nj - j < 4 ? nj - j : 4;
+            float *sj = s + (int64_t)r0 * s_r + (int64_t)j * s_j;
+            if (nr == 4 && s_r == 1 && s_j == 4 && nk == 4) { // the compact tile of four rows
+                _mm512_storeu_ps(sj, sums);
+            } else {
+                float out[16];
+                _mm512_storeu_ps(out, sums);
+                for (int c = 0; c < nk; c++)
+                    for (int r = 0; r < nr; r++) sj[c * s_j + r * s_r] = out[4 * c + r];
+            }
+        }
+    }
+}
+
+void attn__qk_rows_q_avx512(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const float *q, int rows,
+                            float *s, int64_t s_r, int64_t s_j) {
+    if (dt == ATTN_DTYPE_Q8_0) qk_rows_impl(ATTN_DTYPE_Q8_0, k, ks_row, nj, D, q, rows, s, s_r, s_j);
+    else qk_rows_impl(ATTN_DTYPE_Q4_0, k, ks_row, nj, D, q, rows, s, s_r, s_j);
+}
+
+#define PV_KEYS FLASH_BC // keys whose scaled weights are held at once
+
+// Four rows (pp: their weights in the tile, pp[0..3], advancing by ldp) and nj <= PV_KEYS keys, a
+// block of 32 columns at a time: first each key's four weights times the block's scale (w), then
+// the block's two vectors over the keys; the sums are added to the rows of o, scaled by alpha when
+// `scale_o`.
+INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pp,
+                         int64_t ldp, const float *alpha, bool scale_o, int nr, bool prefetch, float *o, int64_t ldo) {
+    const int64_t row_bytes = vs_row / ATTN_QBLOCK * block_bytes(dt), pf = FLASH_BC * row_bytes;
+    float w[PV_KEYS][4] __attribute__((aligned(16)));
+    for (int e = 0; e < Dv; e += ATTN_QBLOCK) {
+        const uint8_t *b = block_at(v, dt, e);
+        for (int j = 0; j < nj; j++)
+            _mm_store_ps(w[j], _mm_mul_ps(_mm_loadu_ps(pp + (int64_t)j * ldp), _mm_set1_ps(scale_f(b + (int64_t)j * row_bytes))));
+        __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
+        const uint8_t *bj = b;
+        for (int j = 0; j < nj; j++, bj += row_bytes) {
+            if (prefetch) prefetch_bytes(bj, pf, block_bytes(dt));
+            __m512 lo, hi;
+            load_block(dt, bj, &lo, &hi);
+            const __m512 w0 = _mm512_set1_ps(w[j][0]), w1 = _mm512_set1_ps(w[j][1]);
+            c0 = _mm512_fmadd_ps(w0, lo, c0), c1 = _mm512_fmadd_ps(w0, hi, c1);
+            c2 = _mm512_fmadd_ps(w1, lo, c2), c3 = _mm512_fmadd_ps(w1, hi, c3);
+            const __m512 w2 = _mm512_set1_ps(w[j][2]), w3 = _mm512_set1_ps(w[j][3]);
+            c4 = _mm512_fmadd_ps(w2, lo, c4), c5 = _mm512_fmadd_ps(w2, hi, c5);
+            c6 = _mm512_fmadd_ps(w3, lo, c6), c7 = _mm512_fmadd_ps(w3, hi, c7);
+        }
+        const __m512 c[8] = {c0, c1, c2, c3, c4, c5, c6, c7};
+        for (int r = 0; r < nr; r++) {
+            float *orow = o + (int64_t)r * ldo + e;
+            const __m512 a = _mm512_set1_ps(scale_o ? alpha[r] : 1.0f);
+            _mm512_storeu_ps(orow, _mm512_fmadd_ps(a, _mm512_loadu_ps(orow), c[2 * r]));
+            _mm512_storeu_ps(orow + 16, _mm512_fmadd_ps(a, _mm512_loadu_ps(orow + 16), c[2 * r + 1]));
+        }
+    }
+}
+
+// Four rows at a time, PV_KEYS keys at a time (the decode tiles have at most that many: one pass).
+void attn__pv_rows_q_avx512(attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pt, int64_t ldp,
+                            const float *alpha, int rows, float *o, int64_t ldo) {
+    for (int r0 = 0; r0 < rows; r0 += 4) {
+        const int nr = rows - r0 < 4 ? rows - r0 : 4;
+        for (int j0 = 0; j0 < nj; j0 += PV_KEYS) {
+            const int n = nj - j0 < PV_KEYS ? nj - j0 : PV_KEYS;
+            const void *vj = block_at(v, dt, (int64_t)j0 * vs_row);
+            const float *pj = pt + (int64_t)j0 * ldp + r0;
+            if (dt == ATTN_DTYPE_Q8_0)
+                pv_rows_impl(ATTN_DTYPE_Q8_0, vj, vs_row, n, Dv, pj, ldp, alpha + r0, j0 == 0, nr, r0 == 0, o + (int64_t)r0 * ldo, ldo);
+            else
+                pv_rows_impl(ATTN_DTYPE_Q4_0, vj, vs_row, n, Dv, pj, ldp, alpha + r0, j0 == 0, nr, r0 == 0, o + (int64_t)r0 * ldo, ldo);
+        }
+    }
+}
+
+void attn__dequant_rows_avx512(attn_dtype dt, const void *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i += ATTN_QBLOCK) {
+        const uint8_t *b = block_at(x, dt, i);
+        const __m512 d = _mm512_set1_ps(scale_f(b));
+        __m512 lo, hi;
+        if (dt == ATTN_DTYPE_Q8_0) load_block(ATTN_DTYPE_Q8_0, b, &lo, &hi);
+        else load_block(ATTN_DTYPE_Q4_0, b, &lo, &hi);
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(lo, d));
+        _mm512_storeu_ps(y + i + 16, _mm512_mul_ps(hi, d));
+    }
+}

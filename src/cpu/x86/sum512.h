@@ -1,0 +1,26 @@
+// sum512.h - the sums of the lanes of 16 AVX-512 vectors at once (sum16), for the row kernels'
+// dot products (flash_kernels_avx512.c, quant_kernels_avx512.c). Include after simd512.h.
+#ifndef ATTN_CPU_X86_SUM512_H
+#define ATTN_CPU_X86_SUM512_H
+
+// a + b with a's and b's 128-bit quarters picked by the shuffle constants ia and ib.
+#define ADD_QUARTERS(a, b, ia, ib) _mm512_add_ps(_mm512_shuffle_f32x4(a, b, ia), _mm512_shuffle_f32x4(a, b, ib))
+
+// The sums of the 16 lanes of each of x[0..15] in one vector, lane i the sum of x[i]: the halves
+// and then quarters of pairs of vectors added (two levels), then the four lanes of each quarter.
+// Every x[i] is summed in the same order whatever its index.
+static inline __attribute__((always_inline)) __m512 sum16(const __m512 x[16]) {
+    __m512 y[8], z[4];
+    for (int p = 0; p < 8; p++) { // y[p]: quarters 0, 1 from x[a], 2, 3 from x[a + 4], each half-summed
+        const int a = (p % 2) * 8 + p / 2;
+        y[p] = ADD_QUARTERS(x[a], x[a + 4], _MM_SHUFFLE(1, 0, 1, 0), _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int c = 0; c < 4; c++) // z[c]: quarter t holds x[c + 4t]'s four partial sums
+        z[c] = ADD_QUARTERS(y[2 * c], y[2 * c + 1], _MM_SHUFFLE(2, 0, 2, 0), _MM_SHUFFLE(3, 1, 3, 1));
+    const __m512 u01 = _mm512_add_ps(_mm512_unpacklo_ps(z[0], z[1]), _mm512_unpackhi_ps(z[0], z[1]));
+    const __m512 u23 = _mm512_add_ps(_mm512_unpacklo_ps(z[2], z[3]), _mm512_unpackhi_ps(z[2], z[3]));
+    return _mm512_add_ps(_mm512_shuffle_ps(u01, u23, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(u01, u23, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+#endif
