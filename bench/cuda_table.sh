@@ -39,7 +39,7 @@ sed 's/[{}",]//g' "$tmp" | awk '{ for (i = 1; i < NF; i++) v[$i] = $(i + 1);
     printf "%-8s %-6s %-6s %-7s %-26s %10.3f %10.1f\n", v["backward:"] == "true" ? "fwd+bwd" : "fwd", v["D:"], v["L:"],
            v["causal:"], v["kernel:"], v["median_ms:"], v["tflops:"] }'
 # decoding against a KV cache: B=8, H=32, Hkv=8, D=128, contiguous and paged (16- and 64-token pages)
-for S in 4096 32768; do
+for S in 4096 32768 131072; do
     for page in 0 16 64; do
         "$attn" bench --device cuda --op decode --dtype bf16 --batch 8 --heads 32 --kv-heads 8 --head-dim 128 \
             --len-kv "$S" --page-size "$page" --json | tail -n 1 >> "$dec"

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """attn's CUDA SDPA forward (and backward) beside PyTorch's SDPA backends, in one process, on one GPU.
 
-    python3 bench/run_bench_cuda.py [--build build] [--quick] [--backward] [--rounds 20] [--json out.json]
-                                    [--plot out.png]
+    python3 bench/run_bench_cuda.py [--build build] [--quick] [--backward] [--decode] [--rounds 20]
+                                    [--json out.json] [--plot out.png]
     python3 bench/run_bench_cuda.py --replot results.json --plot out.png   (no GPU needed)
 
 For each shape of the targets (B*L = 16384 tokens, H*D = 2048, D in {64, 128}, L in {1024, 4096,
@@ -14,8 +14,11 @@ measured bf16 GEMM rate (torch.matmul, 8192^3) and the device-to-device copy ban
 is compared with FLASH_ATTENTION's once per shape. With --backward each shape also gets a row of
 forward + backward per run (attn_cuda_sdpa_fwd with lse, then attn_cuda_sdpa_bwd; torch's SDPA
 forward, then autograd's backward from the same dout) counted as 3.5 times the forward's flops, and
-attn's dq compared with FLASH_ATTENTION's. Needs torch with CUDA and a GPU; without one it says so
-and exits 2.
+attn's dq compared with FLASH_ATTENTION's. With --decode it adds the decoding target's rows: one new
+token against S cached keys (B=8, H=32, Hkv=8, D=128, S in {4096, 32768, 131072}, bf16), attn's
+attn_cuda_sdpa_fwd (len_q 1, the kv heads shared by their groups) beside each backend's
+scaled_dot_product_attention(..., enable_gqa=True), in GB/s of K and V read, attn's output compared
+with FLASH_ATTENTION's. Needs torch with CUDA and a GPU; without one it says so and exits 2.
 """
 import argparse
 import ctypes
@@ -124,6 +127,58 @@ def backward_row(torch, F, lib, ctx, d, sets, causal, flops, backends, rounds):
     return res
 
 
+def decode_rows(torch, F, lib, ctx, Desc, backends, rounds):
+    """One decoding step (a new token per sequence) at each S: attn beside each backend, GB/s of K and V."""
+    B, H, Hkv, D = 8, 32, 8, 128
+    rows = []
+    for S in (4096, 32768, 131072):
+        nsets = 4 if S <= 32768 else 2  # 4.3 GB of K and V a set at S = 131072
+        sets = [[torch.randn(B, H, 1, D, device="cuda", dtype=torch.bfloat16),
+                 torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16),
+                 torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16)] for _ in range(nsets)]
+        outs = [torch.empty_like(st[0]) for st in sets]
+        d = Desc()
+        lib.attn_sdpa_desc_init(ctypes.byref(d))
+        d.batch, d.n_heads, d.n_kv_heads, d.len_q, d.len_kv, d.head_dim = B, H, Hkv, 1, S, D
+        d.q_stride[:] = d.o_stride[:] = [H * D, D, D, 1]
+        d.k_stride[:] = d.v_stride[:] = [Hkv * S * D, S * D, D, 1]
+        d.q_dtype = d.kv_dtype = d.out_dtype = 3  # ATTN_DTYPE_BF16
+        name = ctypes.c_char_p()
+        lib.attn_cuda_sdpa_kernel_name(ctx, ctypes.byref(d), ctypes.byref(name))
+
+        def run_attn(i):
+            q, k, v = sets[i % nsets]
+            st = lib.attn_cuda_sdpa_fwd(ctx, ctypes.byref(d), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                        outs[i % nsets].data_ptr(), None)
+            if st != 0:
+                raise RuntimeError(lib.attn_cuda_ctx_last_error(ctx).decode())
+
+        gb = B * Hkv * S * D * 2 * 2 / 1e9
+        res = dict(B=B, H=H, Hkv=Hkv, D=D, S=S, kernel=name.value.decode() if name.value else "?")
+        res["attn"] = gb / (time_cuda(torch, run_attn, rounds) * 1e-3)
+        for bname, be in backends:
+            try:
+                with torch.nn.attention.sdpa_kernel([be]):
+                    ms = time_cuda(torch, lambda i: F.scaled_dot_product_attention(*sets[i % nsets], enable_gqa=True),
+                                   rounds)
+                res[bname] = gb / (ms * 1e-3)
+            except RuntimeError as exc:  # a backend that refuses GQA or the shape
+                res[bname] = None
+                res[bname + "_error"] = str(exc).splitlines()[0]
+        try:
+            with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.FLASH_ATTENTION]):
+                want = F.scaled_dot_product_attention(*sets[0], enable_gqa=True)
+            run_attn(0)
+            torch.cuda.synchronize()
+            res["max_abs_diff_vs_flash"] = float((outs[0].float() - want.float()).abs().max())
+        except RuntimeError:
+            res["max_abs_diff_vs_flash"] = None
+        rows.append(res)
+        del sets, outs
+        torch.cuda.empty_cache()
+    return rows
+
+
 def plot_png(result, path):
     """TFLOP/s against L, one panel per head dim, attn and each backend, forward solid and causal
     dashed (and forward + backward beside, when the rows have it). Returns False without matplotlib."""
@@ -168,6 +223,7 @@ def main():
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
     ap.add_argument("--quick", action="store_true", help="L in {1024, 4096} only")
     ap.add_argument("--backward", action="store_true", help="also forward + backward rows")
+    ap.add_argument("--decode", action="store_true", help="also the decoding rows (B=8 H=32 Hkv=8 D=128)")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--plot", help="draw TFLOP/s against L into this PNG (needs matplotlib)")
@@ -259,9 +315,20 @@ def main():
             print("%-34s %s %s %s %s  %s" % ("B=%d H=%d L=%d D=%d%s" % (res["B"], res["H"], res["L"], res["D"],
                                                                          " causal" if res["causal"] else ""),
                                             fmt(b["attn"]), fmt(b["flash"]), fmt(b["cudnn"]), fmt(b["efficient"]), ratio))
+    dec = []
+    if args.decode:
+        dec = decode_rows(torch, F, lib, ctx, Desc, backends, args.rounds)
+        print("\n%-34s %9s %9s %9s %9s  %s  %s" % ("decode (bf16, GB/s of K and V)", "attn", "flash", "cudnn", "efficient",
+                                                    "attn/flash", "attn kernel"))
+        for r in dec:
+            fmt = lambda x: "%9.0f" % x if x is not None else "%9s" % "-"
+            ratio = "%.2f" % (r["attn"] / r["flash"]) if r.get("flash") else "-"
+            print("%-34s %s %s %s %s  %-10s  %s" % ("B=%d H=%d Hkv=%d D=%d S=%d" % (r["B"], r["H"], r["Hkv"], r["D"], r["S"]),
+                                                  fmt(r["attn"]), fmt(r["flash"]), fmt(r["cudnn"]), fmt(r["efficient"]),
+                                                  ratio, r["kernel"]))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(header=head, rows=rows), f, indent=1)
+            json.dump(dict(header=head, rows=rows, decode=dec), f, indent=1)
     if args.plot:
         plot_png(dict(header=head, rows=rows), args.plot)
     return 0
