@@ -148,7 +148,7 @@ test-cuda: all
 # contiguous and paged KV caches, the backward in both modes and the module (cuBLASLt). A GPU must
 # be visible (a skipped case fails).
 SANITIZER ?= compute-sanitizer
-SANITIZE_CASES = test_cuda_sdpa:test_bad_arguments test_cuda_sdpa:test_options_auto test_cuda_sdpa:test_varlen_auto \
+SANITIZE_CASES = test_cuda_sdpa:test_bad_arguments test_cuda_sdpa:test_allocator test_cuda_sdpa:test_options_auto test_cuda_sdpa:test_varlen_auto \
 	test_cuda_sdpa:test_decode test_cuda_kv_cache:test_against_reference test_cuda_sdpa:test_backward \
 	test_cuda_sdpa:test_backward_deterministic test_cuda_sdpa:test_backward_dmask test_cuda_mha:test_f32_against_cpu
 test-cuda-sanitize: all

@@ -74,6 +74,22 @@ typedef enum attn_cuda_kernels {
                                      they do not apply */
 } attn_cuda_kernels;
 
+/**
+ * Device memory hooks (attn_cuda_ctx_params.allocator): every device allocation the library makes
+ * for a context (its workspace, KV caches and modules created on it: storage, parameters, scratch)
+ * goes through them, e.g. to a framework's caching allocator. alloc returns `size` bytes of device
+ * memory of the context's device, usable by work enqueued on `stream` afterwards, or NULL
+ * (ATTN_ERR_OUT_OF_MEMORY, nothing else changed); free gives back a pointer alloc returned, the
+ * work enqueued on `stream` before it being the last to use it. Both NULL (the default):
+ * cudaMallocAsync / cudaFreeAsync on the stream for the workspace and modules' scratch, cudaMalloc /
+ * cudaFree for caches and parameters. One set and not the other: ATTN_ERR_INVALID_ARG.
+ */
+typedef struct attn_cuda_allocator {
+    void *(*alloc)(void *user, size_t size, attn_cuda_stream stream);
+    void (*free)(void *user, void *ptr, attn_cuda_stream stream);
+    void *user;
+} attn_cuda_allocator;
+
 typedef struct attn_cuda_ctx_params {
     int device;                /* CUDA device ordinal (default 0) */
     attn_cuda_stream stream;   /* stream the work is enqueued on; NULL = the default stream */
@@ -83,6 +99,7 @@ typedef struct attn_cuda_ctx_params {
                                   adding into it with float32 atomics; predicted cost in docs/cuda.md).
                                   Default 0: atomics, which sum dQ in a run-dependent order. The simple
                                   kernels are deterministic either way. */
+    attn_cuda_allocator allocator; /* device memory hooks (above); all NULL = the CUDA runtime's */
 } attn_cuda_ctx_params;
 
 typedef struct attn_cuda_ctx attn_cuda_ctx;
@@ -97,7 +114,8 @@ typedef struct attn_cuda_device_props {
     char arch_built[64];       /* the architectures this library carries machine code for, e.g. "80-real;90a-real" */
 } attn_cuda_device_props;
 
-/** Fills `params` with the defaults (device 0, default stream, AUTO, not deterministic). */
+/** Fills `params` with the defaults (device 0, default stream, AUTO, not deterministic, the CUDA
+ *  runtime's allocations). */
 ATTN_CUDA_API void attn_cuda_ctx_params_init(attn_cuda_ctx_params *params);
 /**
  * Whether `device` can run this library, with the reason when it cannot in msg, one line (msg may be
@@ -109,8 +127,9 @@ ATTN_CUDA_API attn_status attn_cuda_probe(int device, char *msg, size_t msg_size
 /**
  * Creates a context on params->device (NULL params: the defaults). Makes that device current on
  * the calling thread (cudaSetDevice).
- * @return ATTN_OK and *ctx; ATTN_ERR_DEVICE (see attn_cuda_probe for the reason), ATTN_ERR_INVALID_ARG,
- *         ATTN_ERR_OUT_OF_MEMORY; *ctx = NULL on failure.
+ * @return ATTN_OK and *ctx; ATTN_ERR_DEVICE (see attn_cuda_probe for the reason), ATTN_ERR_INVALID_ARG
+ *         (bad kernels value or device, half an allocator, a stream of another device: see
+ *         attn_cuda_ctx_set_stream), ATTN_ERR_OUT_OF_MEMORY; *ctx = NULL on failure.
  */
 ATTN_CUDA_API attn_status attn_cuda_ctx_create(const attn_cuda_ctx_params *params, attn_cuda_ctx **ctx);
 /** Frees a context and the workspace it owns (after the context's stream has finished with it:
@@ -119,7 +138,9 @@ ATTN_CUDA_API void attn_cuda_ctx_free(attn_cuda_ctx *ctx);
 /** @return the message of the last failure on this context ("" if none). */
 ATTN_CUDA_API const char *attn_cuda_ctx_last_error(const attn_cuda_ctx *ctx);
 /** Enqueues later work on `stream`. The caller orders the old stream's work before the new one's
- *  (the context's workspace is reused across calls). */
+ *  (the context's workspace is reused across calls). A stream of another device than the
+ *  context's is refused (ATTN_ERR_INVALID_ARG, the stream unchanged), as cudaStreamGetDevice tells;
+ *  NULL (the legacy default stream) is always accepted. */
 ATTN_CUDA_API attn_status attn_cuda_ctx_set_stream(attn_cuda_ctx *ctx, attn_cuda_stream stream);
 ATTN_CUDA_API attn_cuda_stream attn_cuda_ctx_stream(const attn_cuda_ctx *ctx);
 /** Describes the context's device. */

@@ -1,6 +1,6 @@
 // ctx.c - libattn_cuda's contexts: the device check, the stream, the workspace and the last error.
 // Nothing here synchronises the device or the stream: the owned workspace is allocated and freed
-// stream-ordered (cudaMallocAsync / cudaFreeAsync).
+// stream-ordered (cudaMallocAsync / cudaFreeAsync, or the caller's hooks: mem.c).
 #include "ctx.h"
 
 #include <stdint.h>
@@ -61,13 +61,30 @@ attn_status attn_cuda_probe(int device, char *msg, size_t msg_size) {
     return st;
 }
 
+// A stream given for `device`'s work must be of that device (cudaStreamGetDevice); NULL, the legacy
+// default stream, follows the current device.
+static attn_status check_stream(attn__cuda_err *e, int device, cudaStream_t stream) {
+    if (stream == NULL) return ATTN_OK;
+    int dev = -1;
+    const cudaError_t err = cudaStreamGetDevice(stream, &dev);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError(); // not sticky: clear it
+        return attn__cuda_device_fail(e, err, "cuda: the stream's device (cudaStreamGetDevice)");
+    }
+    if (dev != device)
+        return attn__cuda_fail(e, ATTN_ERR_INVALID_ARG, "cuda: the stream belongs to device %d, the context to device %d",
+                               dev, device);
+    return ATTN_OK;
+}
+
 attn_status attn_cuda_ctx_create(const attn_cuda_ctx_params *params, attn_cuda_ctx **out) {
     if (out == NULL) return ATTN_ERR_INVALID_ARG;
     *out = NULL;
     attn_cuda_ctx_params pr;
     attn_cuda_ctx_params_init(&pr);
     if (params != NULL) pr = *params;
-    if (pr.kernels < ATTN_CUDA_KERNELS_AUTO || pr.kernels > ATTN_CUDA_KERNELS_SM80 || pr.device < 0)
+    if (pr.kernels < ATTN_CUDA_KERNELS_AUTO || pr.kernels > ATTN_CUDA_KERNELS_SM80 || pr.device < 0 ||
+        (pr.allocator.alloc == NULL) != (pr.allocator.free == NULL))
         return ATTN_ERR_INVALID_ARG;
     attn_cuda_ctx *ctx = calloc(1, sizeof *ctx);
     if (ctx == NULL) return ATTN_ERR_OUT_OF_MEMORY;
@@ -75,12 +92,13 @@ attn_status attn_cuda_ctx_create(const attn_cuda_ctx_params *params, attn_cuda_c
     attn_ctx_params_init(&hp);
     attn_status st = attn_ctx_create(&hp, &ctx->err.host);
     if (st == ATTN_OK) st = probe(&ctx->err, pr.device, &ctx->dev);
+    if (st == ATTN_OK) st = check_stream(&ctx->err, pr.device, (cudaStream_t)pr.stream);
     if (st != ATTN_OK) {
         attn_cuda_ctx_free(ctx);
         return st;
     }
     ctx->device = pr.device, ctx->stream = (cudaStream_t)pr.stream, ctx->kernels = pr.kernels;
-    ctx->deterministic = pr.deterministic != 0;
+    ctx->deterministic = pr.deterministic != 0, ctx->mem = pr.allocator;
     int pageable = 0;
     if (cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, pr.device) == cudaSuccess)
         ctx->pageable_ok = pageable != 0;
@@ -90,7 +108,7 @@ attn_status attn_cuda_ctx_create(const attn_cuda_ctx_params *params, attn_cuda_c
 
 void attn_cuda_ctx_free(attn_cuda_ctx *ctx) {
     if (ctx == NULL) return;
-    if (ctx->ws != NULL && !ctx->ws_external) cudaFreeAsync(ctx->ws, ctx->stream);
+    if (!ctx->ws_external) attn__cuda_mem_free(&ctx->mem, ctx->ws, ctx->stream, true);
     attn_ctx_free(ctx->err.host);
     free(ctx);
 }
@@ -99,6 +117,7 @@ const char *attn_cuda_ctx_last_error(const attn_cuda_ctx *ctx) { return ctx != N
 
 attn_status attn_cuda_ctx_set_stream(attn_cuda_ctx *ctx, attn_cuda_stream stream) {
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
+    ATTN__CU_TRY(check_stream(&ctx->err, ctx->device, (cudaStream_t)stream));
     ctx->stream = (cudaStream_t)stream;
     return ATTN_OK;
 }
@@ -126,7 +145,7 @@ attn_status attn_cuda_ctx_device(const attn_cuda_ctx *ctx, attn_cuda_device_prop
 }
 
 static void drop_owned(attn_cuda_ctx *ctx) {
-    if (ctx->ws != NULL && !ctx->ws_external) cudaFreeAsync(ctx->ws, ctx->stream);
+    if (!ctx->ws_external) attn__cuda_mem_free(&ctx->mem, ctx->ws, ctx->stream, true);
     ctx->ws = NULL, ctx->ws_size = 0, ctx->ws_external = false;
 }
 
@@ -144,7 +163,7 @@ static attn_status grow(attn_cuda_ctx *ctx, size_t size) {
     if (ctx->ws_size >= size) return ATTN_OK;
     drop_owned(ctx);
     void *p = NULL;
-    const cudaError_t err = cudaMallocAsync(&p, size, ctx->stream);
+    const cudaError_t err = (cudaError_t)attn__cuda_mem_alloc(&ctx->mem, &p, size, ctx->stream, true);
     if (err == cudaErrorMemoryAllocation)
         return attn__cuda_fail(&ctx->err, ATTN_ERR_OUT_OF_MEMORY, "cuda: a workspace of %zu bytes cannot be had", size);
     if (err != cudaSuccess) return attn__cuda_device_fail(&ctx->err, err, "cuda: cudaMallocAsync (workspace)");

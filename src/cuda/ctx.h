@@ -18,7 +18,14 @@ struct attn_cuda_ctx {
     size_t ws_size;
     bool ws_external;
     bool pageable_ok;           // the device reads pageable host memory (HMM / ATS systems)
+    attn_cuda_allocator mem;    // device memory hooks (mem.c); alloc NULL: the CUDA runtime's
 };
+
+// Device memory through a context's hooks (attn_cuda_allocator; mem.c): `bytes` on `stream`
+// (ordered: cudaMallocAsync without hooks, else cudaMalloc). NULL hooks' failures are CUDA errors;
+// a hook's NULL is cudaErrorMemoryAllocation. attn__cuda_mem_free takes the same `ordered`.
+int attn__cuda_mem_alloc(const attn_cuda_allocator *mem, void **p, size_t bytes, cudaStream_t stream, bool ordered);
+void attn__cuda_mem_free(const attn_cuda_allocator *mem, void *p, cudaStream_t stream, bool ordered);
 
 // A failed CUDA call as ATTN_ERR_DEVICE with "<what>: <CUDA error name>: <description>".
 attn_status attn__cuda_device_fail(attn__cuda_err *e, int cuda_error, const char *what);

@@ -21,6 +21,8 @@ struct attn_cuda_kv_cache {
     int32_t *page_table;     // device (B, max_pages), or NULL
     int64_t *len;            // host (B)
     int64_t *d_len;          // device (B)
+    attn_cuda_allocator mem; // the creating context's hooks, and its stream then
+    cudaStream_t mem_stream;
 };
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -31,7 +33,9 @@ void attn_cuda_kv_cache_config_init(attn_cuda_kv_cache_config *cfg) {
 
 void attn_cuda_kv_cache_free(attn_cuda_kv_cache *c) {
     if (c == NULL) return;
-    cudaFree(c->k), cudaFree(c->v), cudaFree(c->page_table), cudaFree(c->d_len);
+    attn__cuda_mem_free(&c->mem, c->k, c->mem_stream, false), attn__cuda_mem_free(&c->mem, c->v, c->mem_stream, false);
+    attn__cuda_mem_free(&c->mem, c->page_table, c->mem_stream, false);
+    attn__cuda_mem_free(&c->mem, c->d_len, c->mem_stream, false);
     free(c->len);
     free(c);
 }
@@ -56,20 +60,21 @@ attn_status attn_cuda_kv_cache_create(attn_cuda_ctx *ctx, const attn_cuda_kv_cac
         return attn__cuda_fail(e, ATTN_ERR_OVERFLOW, "cuda kv_cache: the sizes overflow");
     attn_cuda_kv_cache *c = calloc(1, sizeof *c);
     if (c == NULL) return attn__cuda_fail(e, ATTN_ERR_OUT_OF_MEMORY, "cuda kv_cache: out of host memory");
-    c->cfg = *cfg, c->cfg.head_dim_v = Dv, c->max_pages = pages;
+    c->cfg = *cfg, c->cfg.head_dim_v = Dv, c->max_pages = pages, c->mem = ctx->mem, c->mem_stream = ctx->stream;
     c->len = calloc((size_t)B, sizeof(int64_t));
     const size_t es = attn_dtype_size(cfg->dtype);
     cudaError_t err = c->len != NULL ? cudaSuccess : cudaErrorMemoryAllocation;
-    if (err == cudaSuccess) err = cudaMalloc(&c->k, (size_t)nk * es);
-    if (err == cudaSuccess) err = cudaMalloc(&c->v, (size_t)nv * es);
-    if (err == cudaSuccess) err = cudaMalloc((void **)&c->d_len, (size_t)B * sizeof(int64_t));
+    if (err == cudaSuccess) err = (cudaError_t)attn__cuda_mem_alloc(&c->mem, &c->k, (size_t)nk * es, c->mem_stream, false);
+    if (err == cudaSuccess) err = (cudaError_t)attn__cuda_mem_alloc(&c->mem, &c->v, (size_t)nv * es, c->mem_stream, false);
+    if (err == cudaSuccess) err = (cudaError_t)attn__cuda_mem_alloc(&c->mem, (void **)&c->d_len, (size_t)B * sizeof(int64_t), c->mem_stream, false);
     if (err == cudaSuccess) err = cudaMemset(c->d_len, 0, (size_t)B * sizeof(int64_t));
     if (err == cudaSuccess && ps > 0) {
         int32_t *table = malloc((size_t)(B * pages) * sizeof(int32_t));
         if (table == NULL || B * pages > INT32_MAX) err = cudaErrorMemoryAllocation;
         for (int64_t b = 0; err == cudaSuccess && b < B; b++)
             for (int64_t p = 0; p < pages; p++) table[b * pages + p] = (int32_t)(p * B + b);
-        if (err == cudaSuccess) err = cudaMalloc((void **)&c->page_table, (size_t)(B * pages) * sizeof(int32_t));
+        if (err == cudaSuccess)
+            err = (cudaError_t)attn__cuda_mem_alloc(&c->mem, (void **)&c->page_table, (size_t)(B * pages) * sizeof(int32_t), c->mem_stream, false);
         if (err == cudaSuccess)
             err = cudaMemcpy(c->page_table, table, (size_t)(B * pages) * sizeof(int32_t), cudaMemcpyHostToDevice);
         free(table);

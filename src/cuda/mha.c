@@ -37,14 +37,16 @@ struct attn_cuda_mha {
     void *scratch;
     size_t scratch_size;
     cudaStream_t scratch_stream;
+    attn_cuda_allocator mem; // the creating context's hooks, and its stream then (the parameters')
+    cudaStream_t mem_stream;
 };
 
 // ---- the module -----------------------------------------------------------------------------------
 
 void attn_cuda_mha_free(attn_cuda_mha *m) {
     if (m == NULL) return;
-    for (int i = 0; i < m->n_params; i++) cudaFree(m->data[i]);
-    if (m->scratch != NULL) cudaFreeAsync(m->scratch, m->scratch_stream);
+    for (int i = 0; i < m->n_params; i++) attn__cuda_mem_free(&m->mem, m->data[i], m->mem_stream, false);
+    attn__cuda_mem_free(&m->mem, m->scratch, m->scratch_stream, true);
     attn__cuda_blas_close(m->blas);
     free(m);
 }
@@ -69,7 +71,7 @@ attn_status attn_cuda_mha_create(attn_cuda_ctx *ctx, attn_mha *host, attn_cuda_m
     attn_cuda_mha *m = calloc(1, sizeof *m);
     if (m == NULL) return attn__cuda_fail(e, ATTN_ERR_OUT_OF_MEMORY, "cuda mha: out of host memory");
     m->cfg = *cfg, m->E = cfg->embed_dim, m->H = cfg->num_heads, m->hd = cfg->embed_dim / cfg->num_heads;
-    m->dt = cfg->dtype;
+    m->dt = cfg->dtype, m->mem = ctx->mem, m->mem_stream = ctx->stream;
     attn_status st = ATTN_OK;
     for (int i = 0; i < n && st == ATTN_OK; i++) {
         attn_dtype pdt;
@@ -79,10 +81,13 @@ attn_status attn_cuda_mha_create(attn_cuda_ctx *ctx, attn_mha *host, attn_cuda_m
         int64_t numel = 1;
         for (int d = 0; d < m->ndim[i]; d++) numel *= m->shape[i][d];
         const size_t bytes = (size_t)numel * attn_dtype_size(pdt);
-        cudaError_t err = cudaMalloc(&m->data[i], bytes);
+        cudaError_t err = (cudaError_t)attn__cuda_mem_alloc(&m->mem, &m->data[i], bytes, m->mem_stream, false);
         if (err == cudaSuccess) err = cudaMemcpy(m->data[i], src, bytes, cudaMemcpyHostToDevice);
         m->n_params = i + 1;
-        if (err != cudaSuccess) st = attn__cuda_device_fail(e, err, "cuda mha: copying the parameters");
+        if (err == cudaErrorMemoryAllocation)
+            st = attn__cuda_fail(e, ATTN_ERR_OUT_OF_MEMORY, "cuda mha: %zu bytes for %s cannot be had", bytes, m->names[i]);
+        else if (err != cudaSuccess)
+            st = attn__cuda_device_fail(e, err, "cuda mha: copying the parameters");
     }
     if (st == ATTN_OK) st = attn__cuda_blas_open(e, &m->blas);
     if (st != ATTN_OK) {
@@ -242,9 +247,9 @@ static void describe(const attn_cuda_mha *m, const attn_cuda_mha_args *args, con
 // Module-owned device scratch of at least `bytes`, grown stream-ordered on the context's stream.
 static attn_status scratch(attn_cuda_ctx *ctx, attn_cuda_mha *m, size_t bytes, unsigned char **out) {
     if (m->scratch_size < bytes) {
-        if (m->scratch != NULL) cudaFreeAsync(m->scratch, m->scratch_stream);
+        attn__cuda_mem_free(&m->mem, m->scratch, m->scratch_stream, true);
         m->scratch = NULL, m->scratch_size = 0;
-        const cudaError_t err = cudaMallocAsync(&m->scratch, bytes, ctx->stream);
+        const cudaError_t err = (cudaError_t)attn__cuda_mem_alloc(&m->mem, &m->scratch, bytes, ctx->stream, true);
         if (err == cudaErrorMemoryAllocation)
             return attn__cuda_fail(&ctx->err, ATTN_ERR_OUT_OF_MEMORY, "cuda mha: %zu bytes of scratch cannot be had", bytes);
         if (err != cudaSuccess) return attn__cuda_device_fail(&ctx->err, err, "cuda mha: cudaMallocAsync");

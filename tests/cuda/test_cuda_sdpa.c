@@ -509,6 +509,26 @@ static void test_backward_dmask(void) {
     attn_cuda_ctx_free(ctx);
 }
 
+// Device memory hooks that count, and fail the allocation numbered fail_at (from 0; -1: none).
+typedef struct counting_mem {
+    int calls, fail_at, allocs, frees;
+} counting_mem;
+static void *counting_alloc(void *user, size_t size, attn_cuda_stream stream) {
+    counting_mem *m = user;
+    (void)stream;
+    if (m->calls++ == m->fail_at) return NULL;
+    void *p = NULL;
+    if (cudaMalloc(&p, size) != cudaSuccess) return NULL;
+    m->allocs++;
+    return p;
+}
+static void counting_free(void *user, void *p, attn_cuda_stream stream) {
+    counting_mem *m = user;
+    (void)stream;
+    m->frees++;
+    cudaFree(p);
+}
+
 // Without a GPU: ATTN_ERR_DEVICE, no context, a message naming the cause. With one: a context.
 static void test_context_without_gpu(void) {
     char why[256] = "unchanged";
@@ -533,6 +553,9 @@ static void test_context_without_gpu(void) {
     attn_cuda_ctx_params_init(&p);
     p.device = -1;
     ASSERT_STATUS(attn_cuda_ctx_create(&p, &ctx), ATTN_ERR_INVALID_ARG);
+    p.device = 0, p.allocator.alloc = counting_alloc; // half an allocator: refused before the device is asked
+    ASSERT_STATUS(attn_cuda_ctx_create(&p, &ctx), ATTN_ERR_INVALID_ARG);
+    ASSERT_TRUE(ctx == NULL);
     ASSERT_STATUS(attn_cuda_ctx_create(NULL, NULL), ATTN_ERR_INVALID_ARG);
     attn_cuda_ctx_free(NULL);
     ASSERT_TRUE(strcmp(attn_cuda_ctx_last_error(NULL), "") == 0);
@@ -590,8 +613,111 @@ static void test_bad_arguments(void) {
     attn_cuda_ctx_free(ctx);
 }
 
+// The caller's allocator (attn_cuda_ctx_params.allocator): the workspace, KV caches and modules
+// allocate through it; an injected failure is ATTN_ERR_OUT_OF_MEMORY with a message, writes
+// nothing and leaks nothing, and the next call works. Streams: one of the context's device is
+// taken (a second GPU, when there is one, checks that its streams are refused).
+static void test_allocator(void) {
+    attn_cuda_ctx *probe_ctx = gpu_ctx(ATTN_CUDA_KERNELS_AUTO); // skips without a GPU
+    attn_cuda_ctx_free(probe_ctx);
+    counting_mem cm = {0, -1, 0, 0};
+    attn_cuda_ctx_params p;
+    attn_cuda_ctx_params_init(&p);
+    p.allocator.alloc = counting_alloc, p.allocator.free = counting_free, p.allocator.user = &cm;
+    attn_cuda_ctx *ctx = NULL;
+    ASSERT_OK(attn_cuda_ctx_create(&p, &ctx));
+    // the workspace: a packed batch needs one for its offsets
+    attn_sdpa_desc d;
+    attn_sdpa_desc_init(&d);
+    d.batch = 1, d.n_heads = 2, d.len_q = 8, d.len_kv = 8, d.head_dim = 64;
+    const int64_t st4[4] = {0, 8 * 64, 64, 1}, cu[2] = {0, 8};
+    memcpy(d.q_stride, st4, sizeof st4), memcpy(d.k_stride, st4, sizeof st4), memcpy(d.v_stride, st4, sizeof st4);
+    memcpy(d.o_stride, st4, sizeof st4);
+    d.q_dtype = d.kv_dtype = d.out_dtype = ATTN_DTYPE_BF16;
+    const size_t n = 2 * 8 * 64 * 2;
+    void *a = dev_alloc(n), *out = dev_alloc(n);
+    cudaMemset(a, 0, n), cudaMemset(out, 0xab, n);
+    cm.fail_at = cm.calls;
+    ASSERT_STATUS(attn_cuda_sdpa_varlen_fwd(ctx, &d, cu, cu, a, a, a, out, NULL), ATTN_ERR_OUT_OF_MEMORY);
+    ASSERT_TRUE(strstr(attn_cuda_ctx_last_error(ctx), "workspace") != NULL);
+    ASSERT_OK(cudaDeviceSynchronize() == cudaSuccess ? ATTN_OK : ATTN_ERR_DEVICE);
+    unsigned char *h = malloc(n);
+    from_dev(h, out, n);
+    for (size_t i = 0; i < n; i++)
+        if (h[i] != 0xab) FAIL("byte %zu of out was written by a call whose workspace failed", i);
+    free(h);
+    cm.fail_at = -1;
+    ASSERT_OK(attn_cuda_sdpa_varlen_fwd(ctx, &d, cu, cu, a, a, a, out, NULL));
+    ASSERT_TRUE(cm.allocs >= 1);
+    // a paged KV cache: its allocations fail one after the other, then it is made
+    attn_cuda_kv_cache_config kc;
+    attn_cuda_kv_cache_config_init(&kc);
+    kc.batch = 2, kc.n_kv_heads = 2, kc.head_dim = 64, kc.capacity = 100, kc.page_size = 16, kc.dtype = ATTN_DTYPE_BF16;
+    int made = 0;
+    for (int k = 0; k < 16 && !made; k++) {
+        attn_cuda_kv_cache *c = (attn_cuda_kv_cache *)&cm; // must be overwritten
+        const int live = cm.allocs - cm.frees;
+        cm.fail_at = cm.calls + k;
+        const attn_status st = attn_cuda_kv_cache_create(ctx, &kc, &c);
+        if (st == ATTN_OK) {
+            made = 1;
+            ASSERT_TRUE(k >= 3); // the storage of k and v, the lengths and the page table
+            attn_cuda_kv_cache_free(c);
+        } else {
+            ASSERT_STATUS(st, ATTN_ERR_OUT_OF_MEMORY);
+            ASSERT_TRUE(c == NULL && strlen(attn_cuda_ctx_last_error(ctx)) > 0);
+        }
+        if (cm.allocs - cm.frees != live) FAIL("kv cache (failing allocation %d): %d device allocations leaked", k, cm.allocs - cm.frees - live);
+    }
+    ASSERT_TRUE(made);
+    // the module: its parameters
+    attn_mha_config mc;
+    attn_mha_config_init(&mc, 32, 2);
+    attn_ctx *cpu = NULL;
+    ASSERT_OK(attn_ctx_create(NULL, &cpu));
+    attn_mha *host = NULL;
+    ASSERT_OK(attn_mha_create(cpu, &mc, &host));
+    for (int k = 0; k < 2; k++) {
+        attn_cuda_mha *m = NULL;
+        const int live = cm.allocs - cm.frees;
+        cm.fail_at = cm.calls + k;
+        ASSERT_STATUS(attn_cuda_mha_create(ctx, host, &m), ATTN_ERR_OUT_OF_MEMORY);
+        ASSERT_TRUE(m == NULL && strstr(attn_cuda_ctx_last_error(ctx), "cannot be had") != NULL);
+        if (cm.allocs - cm.frees != live) FAIL("module (failing allocation %d): allocations leaked", k);
+    }
+    cm.fail_at = -1;
+    attn_mha_free(host);
+    attn_ctx_free(cpu);
+    // streams
+    cudaStream_t s = NULL;
+    if (cudaStreamCreate(&s) != cudaSuccess) FAIL("cudaStreamCreate");
+    ASSERT_OK(attn_cuda_ctx_set_stream(ctx, (attn_cuda_stream)s));
+    ASSERT_OK(attn_cuda_sdpa_varlen_fwd(ctx, &d, cu, cu, a, a, a, out, NULL));
+    int ndev = 0;
+    cudaGetDeviceCount(&ndev);
+    if (ndev > 1) {
+        cudaStream_t other = NULL;
+        cudaSetDevice(1);
+        if (cudaStreamCreate(&other) != cudaSuccess) FAIL("cudaStreamCreate on device 1");
+        cudaSetDevice(0);
+        ASSERT_STATUS(attn_cuda_ctx_set_stream(ctx, (attn_cuda_stream)other), ATTN_ERR_INVALID_ARG);
+        ASSERT_TRUE(attn_cuda_ctx_stream(ctx) == (attn_cuda_stream)s);
+        cudaStreamDestroy(other);
+    } else {
+        fprintf(stderr, "    one GPU: a stream of another device is not tried\n");
+    }
+    if (cudaStreamSynchronize(s) != cudaSuccess) FAIL("the stream failed");
+    ASSERT_OK(attn_cuda_ctx_set_stream(ctx, NULL));
+    cudaStreamDestroy(s);
+    attn_cuda_ctx_free(ctx);
+    ASSERT_OK(cudaDeviceSynchronize() == cudaSuccess ? ATTN_OK : ATTN_ERR_DEVICE);
+    if (cm.allocs != cm.frees) FAIL("%d allocations, %d frees", cm.allocs, cm.frees);
+    cudaFree(a), cudaFree(out);
+}
+
 int main(int argc, char **argv) {
     static const harness_case cases[] = {HARNESS_CASE(test_context_without_gpu), HARNESS_CASE(test_bad_arguments),
+                                         HARNESS_CASE(test_allocator),
                                          HARNESS_CASE(test_plain_auto),          HARNESS_CASE(test_options_auto),
                                          HARNESS_CASE(test_options_simple),      HARNESS_CASE(test_varlen_auto),
                                          HARNESS_CASE(test_backward),            HARNESS_CASE(test_backward_varlen),

@@ -26,9 +26,10 @@ _found = []
 _local = threading.local()
 
 
-class _CtxParams(ctypes.Structure):  # attn_cuda_ctx_params
+class _CtxParams(ctypes.Structure):  # attn_cuda_ctx_params (attn_cuda_ctx_params_init fills all of it)
     _fields_ = [("device", ctypes.c_int), ("stream", ctypes.c_void_p), ("kernels", ctypes.c_int),
-                ("deterministic", ctypes.c_int)]
+                ("deterministic", ctypes.c_int),
+                ("alloc", ctypes.c_void_p), ("free", ctypes.c_void_p), ("alloc_user", ctypes.c_void_p)]  # allocator
 
 
 def _candidates():
