@@ -78,9 +78,11 @@ typedef enum attn_cuda_kernels {
  * Device memory hooks (attn_cuda_ctx_params.allocator): every device allocation the library makes
  * for a context (its workspace, KV caches and modules created on it: storage, parameters, scratch)
  * goes through them, e.g. to a framework's caching allocator. alloc returns `size` bytes of device
- * memory of the context's device, usable by work enqueued on `stream` afterwards, or NULL
- * (ATTN_ERR_OUT_OF_MEMORY, nothing else changed); free gives back a pointer alloc returned, the
- * work enqueued on `stream` before it being the last to use it. Both NULL (the default):
+ * memory of the context's device that any stream may use from then on (as cudaMalloc's, or a
+ * caching allocator's block for `stream`), or NULL (ATTN_ERR_OUT_OF_MEMORY, nothing else changed);
+ * free gives back a pointer alloc returned while work enqueued on `stream` may still be using it
+ * (a caching allocator reuses it after that work, as for a block recorded on the stream; a plain
+ * cudaFree waits). Both NULL (the default):
  * cudaMallocAsync / cudaFreeAsync on the stream for the workspace and modules' scratch, cudaMalloc /
  * cudaFree for caches and parameters. One set and not the other: ATTN_ERR_INVALID_ARG.
  */
