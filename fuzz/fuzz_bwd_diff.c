@@ -353,6 +353,15 @@ static bool sdpa_bwd_bounds(const sdpa_problem *P, const float *noise, const flo
                     const double g = fabs((double)dout[off4(d->o_stride, b, h, i, t)]);
                     rowdot_mag += g * fabs(o);
                     double oerr = U * fabs(o) + out_round_abs; /* a subnormal out's rounding is absolute */
+                    if (!own_forward) { /* the reference's out: float weights times the float dropout
+                                         * noise (2 U each, of the terms' magnitudes, where out's terms
+                                         * may cancel), then summed in double and rounded (U |o|) */
+                        for (int64_t j = 0; j < S; j++) {
+                            if (!term[j]) continue;
+                            const double cj = c_row != NULL ? (double)c_row[j] : 1.0;
+                            oerr += 2.0 * U * cj * pw[j] * fabs((double)P->v[off4(d->v_stride, b, hk, j, t)]);
+                        }
+                    }
                     if (own_forward) { /* the forward's weights are off by its own exponent error */
                         for (int64_t j = 0; j < S; j++) {
                             if (!term[j]) continue;
