@@ -392,11 +392,12 @@ static bool sdpa_bwd_bounds(const sdpa_problem *P, const float *noise, const flo
                     const double dS_err = dP * fabs(dp[j] - pdp) + p_hi * (ddp + rowdot_err) + 2.0 * U * dS_mag;
                     /* through the soft cap to q.k: times 1 - tanh^2(z), z = s / c, which the kernels'
                      * tanh gets within about 16 U at their z; the float score's error e moves the
-                     * factor by 2 |tanh z| (1 - tanh^2 z) e / c more (a small cap amplifies it) */
-                    const double th_j = sqrt(fmax(0.0, 1.0 - dc[j]));
-                    const double cap_err = d->softcap > 0.0f ? 16.0 * U + 2.0 * th_j * dc[j] * ((double)(D + 4) * U * sm[j] + 2.0 * U) /
-                                                                                (double)d->softcap
-                                                             : 0.0;
+                     * factor by at most 0.77 e / c more (attn.h: the largest slope of 1 - tanh^2,
+                     * not the slope at z: a score error past the cap, e / c >> 1, can move it from 1
+                     * to 0, and it never moves by more than 1) */
+                    const double cap_err = d->softcap > 0.0f
+                                               ? 16.0 * U + fmin(1.0, 0.77 * ((double)(D + 4) * U * sm[j] + 2.0 * U) / (double)d->softcap)
+                                               : 0.0;
                     const double dSq_mag = dS_mag * (dc[j] + cap_err), dSq_err = dS_err * dc[j] + dS_mag * cap_err;
                     for (int64_t t = 0; t < D; t++) {
                         const double kk = fabs((double)P->k[off4(d->k_stride, b, hk, j, t)]);
