@@ -247,14 +247,7 @@ INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int
             const __m512 sums = sum16(acc); // lane 4c + r: key j + c, row r0 + r
             const int nk = nj - j < 4 ? nj - j : 4;
             float *sj = s + (int64_t)r0 * s_r + (int64_t)j * s_j;
-            if (nr == 4 && s_r == 1 && s_j == 4 && nk == 4) { // the compact tile of four rows
-                _mm512_storeu_ps(sj, sums);
-            } else {
-                float out[16];
-                _mm512_storeu_ps(out, sums);
-                for (int c = 0; c < nk; c++)
-                    for (int r = 0; r < nr; r++) sj[c * s_j + r * s_r] = out[4 * c + r];
-            }
+            store_sums16(sums, sj, s_r, s_j, nr, nk);
         }
     }
 }

@@ -1,7 +1,10 @@
-// sum512.h - the sums of the lanes of 16 AVX-512 vectors at once (sum16), for the row kernels'
-// dot products (flash_kernels_avx512.c, quant_kernels_avx512.c). Include after simd512.h.
+// sum512.h - the sums of the lanes of 16 AVX-512 vectors at once (sum16) and their store into a
+// score tile (store_sums16), for the row kernels' dot products (flash_kernels_avx512.c,
+// quant_kernels_avx512.c). Include after simd512.h.
 #ifndef ATTN_CPU_X86_SUM512_H
 #define ATTN_CPU_X86_SUM512_H
+
+#include <stdint.h>
 
 // a + b with a's and b's 128-bit quarters picked by the shuffle constants ia and ib.
 #define ADD_QUARTERS(a, b, ia, ib) _mm512_add_ps(_mm512_shuffle_f32x4(a, b, ia), _mm512_shuffle_f32x4(a, b, ib))
@@ -21,6 +24,20 @@ static inline __attribute__((always_inline)) __m512 sum16(const __m512 x[16]) {
     const __m512 u23 = _mm512_add_ps(_mm512_unpacklo_ps(z[2], z[3]), _mm512_unpackhi_ps(z[2], z[3]));
     return _mm512_add_ps(_mm512_shuffle_ps(u01, u23, _MM_SHUFFLE(1, 0, 1, 0)),
                          _mm512_shuffle_ps(u01, u23, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+// The dot products of nk <= 4 keys with nr <= 4 query rows, lane 4c + r of sums (key c, row r),
+// into sj[c * s_j + r * s_r]: one store for the compact tile of four rows (s_r 1, s_j 4).
+static inline __attribute__((always_inline)) void store_sums16(__m512 sums, float *sj, int64_t s_r, int64_t s_j,
+                                                              int nr, int nk) {
+    if (nr == 4 && s_r == 1 && s_j == 4 && nk == 4) {
+        _mm512_storeu_ps(sj, sums);
+        return;
+    }
+    float out[16];
+    _mm512_storeu_ps(out, sums);
+    for (int c = 0; c < nk; c++)
+        for (int r = 0; r < nr; r++) sj[c * s_j + r * s_r] = out[4 * c + r];
 }
 
 #endif
