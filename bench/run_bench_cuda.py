@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """attn's CUDA SDPA forward (and backward) beside PyTorch's SDPA backends, in one process, on one GPU.
 
-    python3 bench/run_bench_cuda.py [--build build] [--quick] [--backward] [--decode] [--rounds 20]
+    python3 bench/run_bench_cuda.py [--build build] [--quick] [--backward] [--decode | --decode-only] [--rounds 20]
                                     [--json out.json] [--plot out.png]
     python3 bench/run_bench_cuda.py --replot results.json --plot out.png   (no GPU needed)
 
@@ -18,7 +18,8 @@ attn's dq compared with FLASH_ATTENTION's. With --decode it adds the decoding ta
 token against S cached keys (B=8, H=32, Hkv=8, D=128, S in {4096, 32768, 131072}, bf16), attn's
 attn_cuda_sdpa_fwd (len_q 1, the kv heads shared by their groups) beside each backend's
 scaled_dot_product_attention(..., enable_gqa=True), in GB/s of K and V read, attn's output compared
-with FLASH_ATTENTION's. Needs torch with CUDA and a GPU; without one it says so and exits 2.
+with FLASH_ATTENTION's (--decode-only: those rows alone). Needs torch with CUDA and a GPU; without
+one it says so and exits 2.
 """
 import argparse
 import ctypes
@@ -224,6 +225,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="L in {1024, 4096} only")
     ap.add_argument("--backward", action="store_true", help="also forward + backward rows")
     ap.add_argument("--decode", action="store_true", help="also the decoding rows (B=8 H=32 Hkv=8 D=128)")
+    ap.add_argument("--decode-only", action="store_true", help="the decoding rows alone")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--plot", help="draw TFLOP/s against L into this PNG (needs matplotlib)")
@@ -259,7 +261,7 @@ def main():
                 ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
     rows = []
     print("%-34s %9s %9s %9s %9s  %s" % ("shape (bf16, TFLOP/s)", "attn", "flash", "cudnn", "efficient", "attn/flash"))
-    for s in shapes(args.quick):
+    for s in [] if args.decode_only else shapes(args.quick):
         B, H, L, D, causal = s["B"], s["H"], s["L"], s["D"], s["causal"]
         sets = [[torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3)] for _ in range(4)]
         outs = [torch.empty_like(st[0]) for st in sets]
@@ -316,7 +318,7 @@ def main():
                                                                          " causal" if res["causal"] else ""),
                                             fmt(b["attn"]), fmt(b["flash"]), fmt(b["cudnn"]), fmt(b["efficient"]), ratio))
     dec = []
-    if args.decode:
+    if args.decode or args.decode_only:
         dec = decode_rows(torch, F, lib, ctx, Desc, backends, args.rounds)
         print("\n%-34s %9s %9s %9s %9s  %s  %s" % ("decode (bf16, GB/s of K and V)", "attn", "flash", "cudnn", "efficient",
                                                     "attn/flash", "attn kernel"))

@@ -193,7 +193,7 @@ attn_status attn_cuda_kv_cache_attend(attn_cuda_ctx *ctx, const attn_cuda_kv_cac
     attn_sdpa_desc d = *desc;
     d.len_kv = longest;
     memcpy(d.k_stride, c->k_stride, sizeof d.k_stride), memcpy(d.v_stride, c->v_stride, sizeof d.v_stride);
-    const attn__cuda_seqs seqs = {cu_seqlens_q, cu_k};
+    const attn__cuda_seqs seqs = {cu_seqlens_q, cu_k, cf->page_size};
     attn__cuda_sdpa_plan plan;
     attn_status st = attn__cuda_plan_sdpa(e, &ctx->dev, ctx->kernels, &d, &seqs, q, c->k, c->v, out, &plan);
     if (st == ATTN_OK) {

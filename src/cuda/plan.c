@@ -200,9 +200,11 @@ attn_status attn__cuda_plan_sdpa(attn__cuda_err *e, const attn__cuda_device *dev
         (size_t)(rows * p->D) * sizeof(float) <= dev->smem_optin)
         kern = ATTN__CU_KERNEL_DECODE;
     // ... its vector form: BF16/F16 throughout, D = Dv of 64 or 128 read 16 bytes at a time, the
-    // bounds alone (no masks, ALiBi, soft cap or dropout), at most 4 rows per kv head
+    // bounds alone (no masks, ALiBi, soft cap or dropout), at most 4 rows per kv head, and pages (of
+    // a paged cache) that hold whole steps of a warp's keys (1024 / D: 8 or 16)
     if (kern == ATTN__CU_KERNEL_DECODE && rows <= 4 && p->D == p->Dv && (p->D == 64 || p->D == 128) &&
-        flash_operands(p, dev, kernels, true, q, k, v) && !attn__cuda_elementwise(p) && !p->dropout)
+        flash_operands(p, dev, kernels, true, q, k, v) && !attn__cuda_elementwise(p) && !p->dropout &&
+        (seqs == NULL || seqs->page_size % (1024 / p->D) == 0))
         kern = ATTN__CU_KERNEL_DECODE_VEC;
     if (kern == ATTN__CU_KERNEL_SIMPLE && attn__cuda_simple_smem(p) > dev->smem_optin)
         return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda sdpa: head dims %lld/%lld need more shared memory than the device has",
@@ -217,8 +219,11 @@ attn_status attn__cuda_plan_sdpa(attn__cuda_err *e, const attn__cuda_device *dev
     size_t used = 0;
     if (packed) plan->ws_cu = attn__cuda_ws_take(&used, (size_t)(2 * (p->B + 1)) * sizeof(int64_t));
     if (kern == ATTN__CU_KERNEL_DECODE || kern == ATTN__CU_KERNEL_DECODE_VEC) {
-        // about 32 warps per SM in all: splits of at least 32 keys, a multiple of 32
-        const int64_t heads = p->B * p->Hkv, want = ceil_div((int64_t)(dev->sm_count > 0 ? dev->sm_count : 1) * 32, heads);
+        // splits of at least 32 keys, a multiple of 32, at most as many warps in all as the device
+        // holds at once: the vector form's 168 registers a thread fit 12 warps an SM (3 blocks of
+        // 4), so one wave of long splits; the general form 32 warps an SM (two waves)
+        const int64_t per_sm = kern == ATTN__CU_KERNEL_DECODE_VEC ? 12 : 32;
+        const int64_t heads = p->B * p->Hkv, want = (int64_t)(dev->sm_count > 0 ? dev->sm_count : 1) * per_sm / heads;
         int64_t keys = ceil_div(p->S, want < 1 ? 1 : want);
         keys = ceil_div(keys < 32 ? 32 : keys, 32) * 32;
         plan->split_keys = keys, plan->n_splits = ceil_div(p->S, keys), plan->decode_rows = (int)rows;

@@ -52,6 +52,7 @@ const char *attn__cuda_kernel_name(attn__cuda_kernel k);
 // The sizes of each sequence of a call, on the host (what the device arrays will hold).
 typedef struct attn__cuda_seqs {
     const int64_t *cu_q, *cu_k; // host (B + 1) or NULL (both given for a packed batch)
+    int64_t page_size;          // a paged KV cache's tokens per page; 0: keys in sequence order
 } attn__cuda_seqs;
 
 // A planned SDPA call: the parameters with every pointer but the tensors' set at launch, the

@@ -108,7 +108,7 @@ attn_status attn_cuda_sdpa_varlen_fwd_workspace_size(attn_cuda_ctx *ctx, const a
                                                      size_t *bytes) {
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
     if (bytes == NULL) return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda sdpa_varlen: bytes is NULL");
-    const attn__cuda_seqs seqs = {cu_seqlens_q, cu_seqlens_k};
+    const attn__cuda_seqs seqs = {cu_seqlens_q, cu_seqlens_k, 0};
     attn__cuda_sdpa_plan plan;
     ATTN__CU_TRY(plan_call(ctx, desc, &seqs, NULL, NULL, NULL, NULL, &plan));
     *bytes = plan.ws_bytes;
@@ -120,7 +120,7 @@ attn_status attn_cuda_sdpa_varlen_fwd(attn_cuda_ctx *ctx, const attn_sdpa_desc *
                                       void *out, float *lse) {
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
     ATTN__CU_TRY(check_tensors(ctx, desc, q, k, v, out, lse));
-    const attn__cuda_seqs seqs = {cu_seqlens_q, cu_seqlens_k};
+    const attn__cuda_seqs seqs = {cu_seqlens_q, cu_seqlens_k, 0};
     attn__cuda_sdpa_plan plan;
     ATTN__CU_TRY(plan_call(ctx, desc, &seqs, q, k, v, out, &plan));
     return run(ctx, &plan, &seqs, q, k, v, out, lse);
@@ -209,7 +209,7 @@ attn_status attn_cuda_sdpa_varlen_bwd_workspace_size(attn_cuda_ctx *ctx, const a
                                                      size_t *bytes) {
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
     if (bytes == NULL) return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda sdpa_varlen_bwd: bytes is NULL");
-    const attn__cuda_seqs seqs = {cu_seqlens_q, cu_seqlens_k};
+    const attn__cuda_seqs seqs = {cu_seqlens_q, cu_seqlens_k, 0};
     attn__cuda_sdpa_plan plan;
     ATTN__CU_TRY(plan_bwd(ctx, desc, &seqs, false, NULL, &plan));
     *bytes = plan.ws_bytes;
@@ -222,7 +222,7 @@ attn_status attn_cuda_sdpa_varlen_bwd(attn_cuda_ctx *ctx, const attn_sdpa_desc *
                                       void *dv) {
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
     ATTN__CU_TRY(check_bwd_tensors(ctx, desc, q, k, v, out, dout, lse, dq, dk, dv));
-    const attn__cuda_seqs seqs = {cu_seqlens_q, cu_seqlens_k};
+    const attn__cuda_seqs seqs = {cu_seqlens_q, cu_seqlens_k, 0};
     attn__cuda_sdpa_plan plan;
     const attn__cuda_bwd_tensors t = {q, k, v, out, dout};
     ATTN__CU_TRY(plan_bwd(ctx, desc, &seqs, false, &t, &plan));

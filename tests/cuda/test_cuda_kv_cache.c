@@ -2,9 +2,9 @@
 // different lengths appended in several steps, each step's attend (1 to 3 new queries per sequence,
 // bottom-right causal, GQA, BF16/F16/F32, head dims 40, 64, 128) against the CPU's
 // attn_sdpa_varlen_fwd on the same rows packed (tolerance 4u max|v|, 1e-5 for F32); a paged cache
-// (pages of 16 and 64 tokens, not adjacent in the pool) and a contiguous one holding the same rows
-// give the same bits; capacity errors leave the cache as it was. Without a GPU the cases report
-// themselves skipped (ATTN_CUDA_REQUIRE_GPU turns that into a failure).
+// (pages of 1, 3, 16, 24 or 64 tokens, not adjacent in the pool) and a contiguous one holding the
+// same rows give the same bits; capacity errors leave the cache as it was. Without a GPU the cases
+// report themselves skipped (ATTN_CUDA_REQUIRE_GPU turns that into a failure).
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
@@ -30,7 +30,8 @@ static void run_case(attn_cuda_ctx *g) {
     cfg.batch = B, cfg.n_kv_heads = Hkv, cfg.head_dim = D, cfg.capacity = CAP, cfg.dtype = t;
     attn_cuda_kv_cache *flat = NULL, *paged = NULL;
     ASSERT_OK(attn_cuda_kv_cache_create(g, &cfg, &flat));
-    cfg.page_size = pick(2) ? 16 : 64;
+    static const int64_t page_sizes[5] = {1, 3, 16, 24, 64}; // below, across and above a warp's 8-key step
+    cfg.page_size = page_sizes[pick(5)];
     ASSERT_OK(attn_cuda_kv_cache_create(g, &cfg, &paged));
     // the host's copy of every sequence's rows, as floats of the type's values: (B, CAP, Hkv, D)
     float *hk = calloc((size_t)(B * CAP * Hkv * D), 4), *hv = calloc((size_t)(B * CAP * Hkv * D), 4);

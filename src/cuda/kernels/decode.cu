@@ -142,7 +142,9 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_split_kernel(const P p,
 // value rows in flight a warp); the scores of a key are summed over its G lanes by shuffles. Each
 // group of G lanes keeps the online softmax of its own keys (one rescale per U steps), and the
 // groups merge at the end into the split's (m, l, acc), written as decode_split_kernel writes them.
-template <typename T, int D, int ROWS>
+// PAGED: keys through a paged cache's page table (one entry a step). 168 registers a thread with 4
+// rows (sm_90a): 12 warps an SM, which the planner's split count assumes.
+template <typename T, int D, int ROWS, bool PAGED>
 __global__ void __launch_bounds__(32 * kDecWarps) decode_vec_kernel(const P p, int64_t split_keys, int64_t n_splits,
                                                                    int R, float *part) {
     constexpr int G = D / 8, KPW = 32 / G, U = 4;
@@ -155,9 +157,11 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_vec_kernel(const P p, i
     const T *gk = static_cast<const T *>(p.k), *gv = static_cast<const T *>(p.v);
 
     // the rows: query i of head h (row r = (h - hk group) L + i), this lane's 8 elements of it times
-    // scale log2(e), and the keys [klo, khi] its bounds let it see
+    // scale log2(e), and the keys [klo, khi] its bounds let it see; kmin..kmax lie in the bounds of
+    // every row of the call (a row past R or past the sequence's queries, never read, has klo > khi
+    // and scores its zero query in a step inside kmin..kmax)
     float q[ROWS][8], m[ROWS], l[ROWS], acc[ROWS][8];
-    int64_t klo[ROWS], khi[ROWS];
+    int64_t klo[ROWS], khi[ROWS], kmin = 0, kmax = INT64_MAX;
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
         m[r] = -CUDART_INF_F, l[r] = 0.0f, klo[r] = 0, khi[r] = -1;
@@ -171,21 +175,49 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_vec_kernel(const P p, i
 #pragma unroll
             for (int e = 0; e < 8; e++) q[r][e] = to_float<T>(x[e]) * (p.scale * kLog2e);
             klo[r] = first_key(p, s, i), khi[r] = end_key(p, s, i) - 1;
+            kmin = max(kmin, klo[r]), kmax = min(kmax, khi[r]);
         }
     }
+    // Key jj[u] = j0 + u KPW + kg of each of the U steps: the step's first row, then KPW rows on per
+    // u. A paged cache's pages hold whole steps (the planner's condition: page_size a multiple of
+    // KPW U, and splits start at multiples of 32), so a step's keys lie in one page: its page-table
+    // entry is loaded a step ahead (no dependent load before a key's own), its row in the page
+    // counted along. A step whose keys all lie in kmin..kmax (and below j_hi) skips the per-key
+    // bound test.
+    const int32_t *pt = PAGED ? p.page_table + b * p.max_pages : nullptr;
+    int64_t pg = 0, pr = 0; // the step's page (index in the table) and first row in it
+    int32_t ent = 0;        // its entry
+    if constexpr (PAGED) {
+        pg = j_lo / p.page_size, pr = j_lo % p.page_size;
+        if (j_lo < j_hi) ent = __ldg(pt + pg);
+    }
+    const int64_t klane = hk * p.k_stride[1] + kg * p.k_stride[2] + e0 +
+                          (PAGED ? 0 : b * p.k_stride[0] + s.k_row0 * p.k_stride[2]);
+    const int64_t vlane = hk * p.v_stride[1] + kg * p.v_stride[2] + e0 +
+                          (PAGED ? 0 : b * p.v_stride[0] + s.k_row0 * p.v_stride[2]);
+    const int64_t kstep = KPW * p.k_stride[2], vstep = KPW * p.v_stride[2];
+    kmax = min(kmax, j_hi - 1);
     for (int64_t j0 = j_lo; j0 < j_hi; j0 += KPW * U) {
+        const T *pk = gk + klane + (PAGED ? ent * p.k_stride[0] + pr * p.k_stride[2] : j0 * p.k_stride[2]);
+        const T *pv = gv + vlane + (PAGED ? ent * p.v_stride[0] + pr * p.v_stride[2] : j0 * p.v_stride[2]);
         uint4 kr[U], vr[U];
         int64_t jj[U];
 #pragma unroll
         for (int u = 0; u < U; u++) { // every load of the U steps first
             jj[u] = j0 + u * KPW + kg;
             if (jj[u] < j_hi) {
-                kr[u] = __ldg(reinterpret_cast<const uint4 *>(gk + kv_row(p, p.k_stride, s, b, hk, jj[u]) + e0));
-                vr[u] = __ldg(reinterpret_cast<const uint4 *>(gv + kv_row(p, p.v_stride, s, b, hk, jj[u]) + e0));
+                kr[u] = __ldg(reinterpret_cast<const uint4 *>(pk + u * kstep));
+                vr[u] = __ldg(reinterpret_cast<const uint4 *>(pv + u * vstep));
             } else {
                 kr[u] = make_uint4(0, 0, 0, 0), vr[u] = make_uint4(0, 0, 0, 0);
             }
         }
+        if constexpr (PAGED) {
+            pr += KPW * U;
+            if (pr == p.page_size) pr = 0, pg++;
+            if (j0 + KPW * U < j_hi) ent = __ldg(pt + pg);
+        }
+        const bool inside = j0 >= kmin && j0 + KPW * U - 1 <= kmax; // the same for the whole warp
         float sc[U][ROWS];
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -200,8 +232,15 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_vec_kernel(const P p, i
                 for (int e = 0; e < 8; e++) d = fmaf(q[r][e], kf[e], d);
 #pragma unroll
                 for (int o = G / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-                sc[u][r] = jj[u] < j_hi && jj[u] >= klo[r] && jj[u] <= khi[r] ? d : -CUDART_INF_F;
+                sc[u][r] = d;
             }
+        }
+        if (!inside) {
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int r = 0; r < ROWS; r++)
+                    if (!(jj[u] < j_hi && jj[u] >= klo[r] && jj[u] <= khi[r])) sc[u][r] = -CUDART_INF_F;
         }
         float vf[U][8];
 #pragma unroll
@@ -273,7 +312,8 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_combine_kernel(const P 
     for (int64_t t = lane; t < n_splits; t += 32) M = fmaxf(M, base[t * tstride]);
     M = warp_max(M);
     // splits 32 at a time: lane t's weight 2^(m - M) (0 for a split that saw nothing), handed round by
-    // shuffles; each lane sums its elements e = lane + 32 k of the value rows (independent loads)
+    // shuffles; each lane sums its elements e = lane + 32 k of the value rows, the rows of 4 splits
+    // in flight (in split order, so the sums are those of one split at a time)
     float L = 0.0f, a[8];
 #pragma unroll
     for (int k = 0; k < 8; k++) a[k] = 0.0f;
@@ -283,12 +323,21 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_combine_kernel(const P 
         const float w = mt != -CUDART_INF_F ? exp2f(mt - M) : 0.0f;
         if (t < n_splits) L += w * base[t * tstride + 1];
         const int n = (int)min((int64_t)32, n_splits - t0);
-        for (int u = 0; u < n; u++) {
-            const float wu = __shfl_sync(0xffffffffu, w, u);
-            const float *row = base + (t0 + u) * tstride + 2;
+        for (int u0 = 0; u0 < n; u0 += 4) { // the rows of 4 splits loaded before any is summed
+            float wu[4], x[4][8];
 #pragma unroll
-            for (int k = 0; k < 8; k++)
-                if (lane + 32 * k < p.Dv && wu != 0.0f) a[k] += wu * row[lane + 32 * k];
+            for (int v = 0; v < 4; v++) {
+                wu[v] = __shfl_sync(0xffffffffu, w, (u0 + v) & 31);
+                const float *row = base + (t0 + u0 + v) * tstride + 2;
+#pragma unroll
+                for (int k = 0; k < 8; k++)
+                    x[v][k] = u0 + v < n && lane + 32 * k < p.Dv && wu[v] != 0.0f ? row[lane + 32 * k] : 0.0f;
+            }
+#pragma unroll
+            for (int v = 0; v < 4; v++)
+#pragma unroll
+                for (int k = 0; k < 8; k++)
+                    if (wu[v] != 0.0f) a[k] += wu[v] * x[v][k];
         }
     }
     L = warp_sum(L);
@@ -320,18 +369,26 @@ static int split_by_lanes(const P &p, int64_t split_keys, int64_t n_splits, int 
     return cudaErrorInvalidValue; // 16 rows of 256 dims: the planner keeps them off (128 accumulators a lane)
 }
 
-template <typename T, int D>
+template <typename T, int D, bool PAGED>
 static int vec_launch(const P &p, int64_t split_keys, int64_t n_splits, int R, float *part, cudaStream_t stream) {
     const int64_t blocks = (n_splits + kDecWarps - 1) / kDecWarps * p.B * p.Hkv;
-    if (R <= 1) decode_vec_kernel<T, D, 1><<<dim3((unsigned)blocks), 32 * kDecWarps, 0, stream>>>(p, split_keys, n_splits, R, part);
-    else decode_vec_kernel<T, D, 4><<<dim3((unsigned)blocks), 32 * kDecWarps, 0, stream>>>(p, split_keys, n_splits, R, part);
+    if (R <= 1)
+        decode_vec_kernel<T, D, 1, PAGED><<<dim3((unsigned)blocks), 32 * kDecWarps, 0, stream>>>(p, split_keys, n_splits, R, part);
+    else
+        decode_vec_kernel<T, D, 4, PAGED><<<dim3((unsigned)blocks), 32 * kDecWarps, 0, stream>>>(p, split_keys, n_splits, R, part);
     return cudaGetLastError();
+}
+
+template <typename T, int D>
+static int vec_by_paging(const P &p, int64_t split_keys, int64_t n_splits, int R, float *part, cudaStream_t stream) {
+    return p.page_table != nullptr ? vec_launch<T, D, true>(p, split_keys, n_splits, R, part, stream)
+                                   : vec_launch<T, D, false>(p, split_keys, n_splits, R, part, stream);
 }
 
 template <typename T>
 static int vec_by_dim(const P &p, int64_t split_keys, int64_t n_splits, int R, float *part, cudaStream_t stream) {
-    return p.D == 64 ? vec_launch<T, 64>(p, split_keys, n_splits, R, part, stream)
-                     : vec_launch<T, 128>(p, split_keys, n_splits, R, part, stream);
+    return p.D == 64 ? vec_by_paging<T, 64>(p, split_keys, n_splits, R, part, stream)
+                     : vec_by_paging<T, 128>(p, split_keys, n_splits, R, part, stream);
 }
 
 } // namespace attn_cuda
