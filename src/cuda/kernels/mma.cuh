@@ -103,24 +103,9 @@ template <typename T> __device__ __forceinline__ void acc_to_a(uint32_t a[4], co
     a[2] = pack2<T>(hi[0], hi[1]), a[3] = pack2<T>(hi[2], hi[3]);
 }
 
-// acc[2 j], acc[2 j + 1] += a times B's n-tiles 2 j, 2 j + 1 (j < NP) of an array stored (k, n)
-// (kn = true) or (n, k), over the 16 k's from k0: a row of 16 x 8 products.
-template <typename T, int NP, bool kn>
-__device__ __forceinline__ void mma_row(float (*acc)[4], const uint32_t a[4], const T *s, int ld, int k0, int lane) {
-#pragma unroll
-    for (int j = 0; j < NP; j++) {
-        uint32_t b[4];
-        if (kn)
-            ldsm_b_kn(b, s, ld, j * 16, k0, lane);
-        else
-            ldsm_b_nk(b, s, ld, j * 16, k0, lane);
-        mma16816<T>(acc[2 * j], a, b[0], b[1]);
-        mma16816<T>(acc[2 * j + 1], a, b[2], b[3]);
-    }
-}
-
-// The same for MW rows of products sharing each B fragment: acc[m][2 j], acc[m][2 j + 1] += a[m]
-// times B's n-tiles 2 j, 2 j + 1, one ldmatrix for the MW tensor-core products of each n-tile.
+// acc[m][2 j], acc[m][2 j + 1] += a[m] times B's n-tiles 2 j, 2 j + 1 (j < NP) of an array stored
+// (k, n) (kn = true) or (n, k), over the 16 k's from k0, for MW rows of 16 x 8 products sharing each
+// B fragment: one ldmatrix for the MW tensor-core products of each n-tile.
 template <typename T, int MW, int NP, bool kn, int NACC>
 __device__ __forceinline__ void mma_rows(float (*acc)[NACC][4], const uint32_t (*a)[4], const T *s, int ld, int k0,
                                          int lane) {
@@ -137,6 +122,13 @@ __device__ __forceinline__ void mma_rows(float (*acc)[NACC][4], const uint32_t (
             mma16816<T>(acc[m][2 * j + 1], a[m], b[2], b[3]);
         }
     }
+}
+
+// One row of them: acc[2 j], acc[2 j + 1] += a times B's n-tiles 2 j, 2 j + 1.
+template <typename T, int NP, bool kn>
+__device__ __forceinline__ void mma_row(float (*acc)[4], const uint32_t a[4], const T *s, int ld, int k0, int lane) {
+    mma_rows<T, 1, NP, kn, 2 * NP>(reinterpret_cast<float (*)[2 * NP][4]>(acc), reinterpret_cast<const uint32_t (*)[4]>(a), s,
+                                   ld, k0, lane);
 }
 
 } // namespace attn_cuda
