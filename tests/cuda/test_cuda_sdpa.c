@@ -561,6 +561,17 @@ static void test_context_without_gpu(void) {
     ASSERT_TRUE(strcmp(attn_cuda_ctx_last_error(NULL), "") == 0);
 }
 
+// After the stream's work: every one of the n bytes of the device array out still 0xab (its fill
+// before a call that must write nothing, named by `what`).
+static void expect_untouched(const void *out, size_t n, const char *what) {
+    ASSERT_OK(cudaDeviceSynchronize() == cudaSuccess ? ATTN_OK : ATTN_ERR_DEVICE);
+    unsigned char *h = malloc(n);
+    from_dev(h, out, n);
+    for (size_t i = 0; i < n; i++)
+        if (h[i] != 0xab) FAIL("byte %zu of out was written by %s", i, what);
+    free(h);
+}
+
 // Bad arguments: a status, a message, and nothing launched (the poisoned output stays as it was).
 static void test_bad_arguments(void) {
     attn_cuda_ctx *ctx = gpu_ctx(ATTN_CUDA_KERNELS_AUTO);
@@ -602,12 +613,7 @@ static void test_bad_arguments(void) {
     attn_sdpa_desc vd = d;
     vd.q_stride[0] = vd.k_stride[0] = vd.v_stride[0] = vd.o_stride[0] = 0;
     ASSERT_STATUS(attn_cuda_sdpa_varlen_fwd(ctx, &vd, cu, cu, a, a, a, out, NULL), ATTN_ERR_WORKSPACE);
-    ASSERT_OK(cudaDeviceSynchronize() == cudaSuccess ? ATTN_OK : ATTN_ERR_DEVICE);
-    unsigned char *h = malloc(n);
-    from_dev(h, out, n);
-    for (size_t i = 0; i < n; i++)
-        if (h[i] != 0xab) FAIL("byte %zu of out was written by a rejected call", i);
-    free(h);
+    expect_untouched(out, n, "a rejected call");
     ASSERT_OK(attn_cuda_ctx_set_workspace(ctx, NULL, 0));
     cudaFree(a), cudaFree(out), cudaFree(ws), cudaFree(lse);
     attn_cuda_ctx_free(ctx);
@@ -640,12 +646,7 @@ static void test_allocator(void) {
     cm.fail_at = cm.calls;
     ASSERT_STATUS(attn_cuda_sdpa_varlen_fwd(ctx, &d, cu, cu, a, a, a, out, NULL), ATTN_ERR_OUT_OF_MEMORY);
     ASSERT_TRUE(strstr(attn_cuda_ctx_last_error(ctx), "workspace") != NULL);
-    ASSERT_OK(cudaDeviceSynchronize() == cudaSuccess ? ATTN_OK : ATTN_ERR_DEVICE);
-    unsigned char *h = malloc(n);
-    from_dev(h, out, n);
-    for (size_t i = 0; i < n; i++)
-        if (h[i] != 0xab) FAIL("byte %zu of out was written by a call whose workspace failed", i);
-    free(h);
+    expect_untouched(out, n, "a call whose workspace failed");
     cm.fail_at = -1;
     ASSERT_OK(attn_cuda_sdpa_varlen_fwd(ctx, &d, cu, cu, a, a, a, out, NULL));
     ASSERT_TRUE(cm.allocs >= 1);
