@@ -19,24 +19,11 @@
 #include "cpu/cpu.h"
 #include "cpu/x86/decode_prefetch.h"
 #include "cpu/x86/quant_kernels.h"
+#include "cpu/x86/quant_rows.h"
 #include "cpu/x86/sum512.h"
 #include "half.h"
 
-#define INLINE static inline __attribute__((always_inline))
 
-INLINE int block_bytes(attn_dtype dt) { return dt == ATTN_DTYPE_Q8_0 ? ATTN_Q8_0_BYTES : ATTN_Q4_0_BYTES; }
-
-// The block holding element `off` (a multiple of 32) of a dt tensor.
-INLINE const uint8_t *block_at(const void *p, attn_dtype dt, int64_t off) {
-    return (const uint8_t *)p + off / ATTN_QBLOCK * block_bytes(dt);
-}
-
-// The scale d of the block at b (its first two bytes, float16), as a float.
-INLINE float scale_f(const uint8_t *b) {
-    uint16_t h;
-    __builtin_memcpy(&h, b, 2);
-    return _cvtsh_ss(h);
-}
 
 // The 32 values of the block at b as floats, not yet multiplied by its scale: 0-15 in lo, 16-31 in hi.
 INLINE void load_block(attn_dtype dt, const uint8_t *b, __m512 *lo, __m512 *hi) {
@@ -107,11 +94,8 @@ INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int
 
 void attn__qk_rows_q_avx512(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const float *q, int rows,
                             float *s, int64_t s_r, int64_t s_j) {
-    if (dt == ATTN_DTYPE_Q8_0) qk_rows_impl(ATTN_DTYPE_Q8_0, k, ks_row, nj, D, q, rows, s, s_r, s_j);
-    else qk_rows_impl(ATTN_DTYPE_Q4_0, k, ks_row, nj, D, q, rows, s, s_r, s_j);
+    qk_rows_q(dt, k, ks_row, nj, D, q, rows, s, s_r, s_j);
 }
-
-#define PV_KEYS FLASH_BC // keys whose scaled weights are held at once
 
 // Four rows (pp: their weights in the tile, pp[0..3], advancing by ldp) and nj <= PV_KEYS keys, a
 // block of 32 columns at a time: first each key's four weights times the block's scale (w), then
@@ -148,21 +132,9 @@ INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int
     }
 }
 
-// Four rows at a time, PV_KEYS keys at a time (the decode tiles have at most that many: one pass).
 void attn__pv_rows_q_avx512(attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pt, int64_t ldp,
                             const float *alpha, int rows, float *o, int64_t ldo) {
-    for (int r0 = 0; r0 < rows; r0 += 4) {
-        const int nr = rows - r0 < 4 ? rows - r0 : 4;
-        for (int j0 = 0; j0 < nj; j0 += PV_KEYS) {
-            const int n = nj - j0 < PV_KEYS ? nj - j0 : PV_KEYS;
-            const void *vj = block_at(v, dt, (int64_t)j0 * vs_row);
-            const float *pj = pt + (int64_t)j0 * ldp + r0;
-            if (dt == ATTN_DTYPE_Q8_0)
-                pv_rows_impl(ATTN_DTYPE_Q8_0, vj, vs_row, n, Dv, pj, ldp, alpha + r0, j0 == 0, nr, r0 == 0, o + (int64_t)r0 * ldo, ldo);
-            else
-                pv_rows_impl(ATTN_DTYPE_Q4_0, vj, vs_row, n, Dv, pj, ldp, alpha + r0, j0 == 0, nr, r0 == 0, o + (int64_t)r0 * ldo, ldo);
-        }
-    }
+    pv_rows_q(dt, v, vs_row, nj, Dv, pt, ldp, alpha, rows, o, ldo);
 }
 
 void attn__dequant_rows_avx512(attn_dtype dt, const void *x, float *y, int64_t n) {
