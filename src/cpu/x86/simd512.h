@@ -51,34 +51,21 @@ EMU_INLINE simde__m512 emu512_cvtph_ps(simde__m256i h) {
     memcpy(f, &lo, 32), memcpy(f + 8, &hi, 32);
     return emu512_ps(f);
 }
-EMU_INLINE simde__m512i emu512_cvtepu16_epi32(simde__m256i h) {
-    uint16_t u[16];
-    uint32_t w[16];
-    memcpy(u, &h, sizeof u);
-    for (int i = 0; i < 16; i++) w[i] = u[i];
-    simde__m512i r;
-    memcpy(&r, w, sizeof r);
-    return r;
-}
-// The 16 bytes of b sign- or zero-extended to 16 int32 lanes, and int32 lanes converted to float.
-EMU_INLINE simde__m512i emu512_cvtepi8_epi32(simde__m128i b) {
-    int8_t u[16];
-    int32_t w[16];
-    memcpy(u, &b, sizeof u);
-    for (int i = 0; i < 16; i++) w[i] = u[i];
-    simde__m512i r;
-    memcpy(&r, w, sizeof r);
-    return r;
-}
-EMU_INLINE simde__m512i emu512_cvtepu8_epi32(simde__m128i b) {
-    uint8_t u[16];
-    uint32_t w[16];
-    memcpy(u, &b, sizeof u);
-    for (int i = 0; i < 16; i++) w[i] = u[i];
-    simde__m512i r;
-    memcpy(&r, w, sizeof r);
-    return r;
-}
+// The 16 narrow lanes of x (T: uint16_t, int8_t or uint8_t) zero- or sign-extended, as T is, to 16
+// int32 lanes (vpmovzxwd, vpmovsxbd, vpmovzxbd); and int32 lanes converted to float.
+#define EMU512_WIDEN_EPI32(name, T, In)             \
+    EMU_INLINE simde__m512i name(In x) {            \
+        T u[16];                                    \
+        int32_t w[16];                              \
+        memcpy(u, &x, sizeof u);                    \
+        for (int i = 0; i < 16; i++) w[i] = u[i];   \
+        simde__m512i r;                             \
+        memcpy(&r, w, sizeof r);                    \
+        return r;                                   \
+    }
+EMU512_WIDEN_EPI32(emu512_cvtepu16_epi32, uint16_t, simde__m256i)
+EMU512_WIDEN_EPI32(emu512_cvtepi8_epi32, int8_t, simde__m128i)
+EMU512_WIDEN_EPI32(emu512_cvtepu8_epi32, uint8_t, simde__m128i)
 EMU_INLINE simde__m512 emu512_cvtepi32_ps(simde__m512i a) {
     int32_t w[16];
     float f[16];
