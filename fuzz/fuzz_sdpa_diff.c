@@ -60,7 +60,7 @@ static double overwrite_blocks(pair *p, attn_kv_cache *const kc[3], attn_dtype d
         }
         free(bytes);
         const double f = fabs(half_value(ATTN_DTYPE_F16, sc)) * (dt == ATTN_DTYPE_Q8_0 ? 128.0 : 8.0);
-        mag = isnan(f) || isnan(mag) ? NAN : fmax(mag, f);
+        mag = !isfinite(f) || isnan(mag) ? NAN : fmax(mag, f); /* an infinite scale too: not finite */
     }
     return mag;
 }

@@ -186,8 +186,9 @@ static inline bool fuzz_prod(int n, const int64_t *v, int64_t *out) {
 static inline bool fuzz_close(float a, float b, double rel, double abs_tol) {
     if (isnan(a) || isnan(b)) return isnan(a) && isnan(b);
     if (isinf(a) || isinf(b)) return a == b;
-    if (a == b) return true; /* also under infinite tolerances, where rel * 0 would be NaN */
-    return fabs((double)a - (double)b) <= abs_tol + rel * fabs((double)b);
+    if (a == b) return true;
+    /* b = 0 takes no relative part: under an infinite tolerance rel * 0 would be NaN */
+    return fabs((double)a - (double)b) <= abs_tol + (b == 0.0f ? 0.0 : rel * fabs((double)b));
 }
 
 #endif /* ATTN_FUZZ_UTIL_H */
