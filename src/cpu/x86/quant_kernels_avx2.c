@@ -1,6 +1,7 @@
 // quant_kernels_avx2.c - the decode row kernels of cpu.h (qk_rows_q, pv_rows_q, dequant_rows) for
 // Q8_0 and Q4_0 keys and values, with AVX2, FMA3 and F16C (compiled with those flags for this file
-// only). The AVX2 and AVX-512 tables both use them.
+// only). The AVX2 and AVX-512 tables both use them. The block helpers and the loops around the
+// kernels (per element type, rows and key tiles) are quant_rows.h's, shared with the AVX-512 file.
 //
 // Blocks are dequantised in registers as they are loaded: 8 quants at a time are widened to int32
 // and converted to float (Q4_0: the low nibbles of the block's 16 bytes are its values 0..15, the
@@ -23,7 +24,6 @@
 #include "cpu/x86/quant_kernels.h"
 #include "cpu/x86/quant_rows.h"
 #include "half.h"
-
 
 // The scale d of the block at b, broadcast.
 INLINE __m256 scale_of(const uint8_t *b) { return _mm256_set1_ps(scale_f(b)); }

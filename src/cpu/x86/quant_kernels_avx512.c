@@ -14,6 +14,7 @@
 //    (p * d), then the block's two vectors over the keys (8 accumulators).
 // Prefetch (decode_prefetch.h): qk_rows requests each key row's lines DECODE_PF_BYTES ahead as it
 // starts the row; pv_rows requests each block's lines a key tile (FLASH_BC rows) on.
+// The block helpers and the loops around these kernels are quant_rows.h's.
 #include "cpu/x86/simd512.h"
 
 #include "cpu/cpu.h"
@@ -22,8 +23,6 @@
 #include "cpu/x86/quant_rows.h"
 #include "cpu/x86/sum512.h"
 #include "half.h"
-
-
 
 // The 32 values of the block at b as floats, not yet multiplied by its scale: 0-15 in lo, 16-31 in hi.
 INLINE void load_block(attn_dtype dt, const uint8_t *b, __m512 *lo, __m512 *hi) {
