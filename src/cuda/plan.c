@@ -201,7 +201,7 @@ attn_status attn__cuda_plan_sdpa(attn__cuda_err *e, const attn__cuda_device *dev
         kern = ATTN__CU_KERNEL_DECODE;
     // ... its vector form: BF16/F16 throughout, D = Dv of 64 or 128 read 16 bytes at a time, the
     // bounds alone (no masks, ALiBi, soft cap or dropout), at most 4 rows per kv head, and pages (of
-    // a paged cache) that hold whole steps of a warp's keys (1024 / D: 8 or 16)
+    // a paged cache) that hold whole passes of a warp's loop (1024 / D keys: 8 or 16)
     if (kern == ATTN__CU_KERNEL_DECODE && rows <= 4 && p->D == p->Dv && (p->D == 64 || p->D == 128) &&
         flash_operands(p, dev, kernels, true, q, k, v) && !attn__cuda_elementwise(p) && !p->dropout &&
         (seqs == NULL || seqs->page_size % (1024 / p->D) == 0))

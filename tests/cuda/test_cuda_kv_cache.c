@@ -30,7 +30,7 @@ static void run_case(attn_cuda_ctx *g) {
     cfg.batch = B, cfg.n_kv_heads = Hkv, cfg.head_dim = D, cfg.capacity = CAP, cfg.dtype = t;
     attn_cuda_kv_cache *flat = NULL, *paged = NULL;
     ASSERT_OK(attn_cuda_kv_cache_create(g, &cfg, &flat));
-    static const int64_t page_sizes[5] = {1, 3, 16, 24, 64}; // below, across and above a warp's 8-key step
+    static const int64_t page_sizes[5] = {1, 3, 16, 24, 64}; // below, across and above decode-vec's 8-key pass
     cfg.page_size = page_sizes[pick(5)];
     ASSERT_OK(attn_cuda_kv_cache_create(g, &cfg, &paged));
     // the host's copy of every sequence's rows, as floats of the type's values: (B, CAP, Hkv, D)

@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_split_kernel(const P p,
 // value rows in flight a warp); the scores of a key are summed over its G lanes by shuffles. Each
 // group of G lanes keeps the online softmax of its own keys (one rescale per U steps), and the
 // groups merge at the end into the split's (m, l, acc), written as decode_split_kernel writes them.
-// PAGED: keys through a paged cache's page table (one entry a step). 168 registers a thread with 4
+// PAGED: keys through a paged cache's page table (one entry a pass). 168 registers a thread with 4
 // rows (sm_90a): 12 warps an SM, which the planner's split count assumes.
 template <typename T, int D, int ROWS, bool PAGED>
 __global__ void __launch_bounds__(32 * kDecWarps) decode_vec_kernel(const P p, int64_t split_keys, int64_t n_splits,
@@ -178,14 +178,14 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_vec_kernel(const P p, i
             kmin = max(kmin, klo[r]), kmax = min(kmax, khi[r]);
         }
     }
-    // Key jj[u] = j0 + u KPW + kg of each of the U steps: the step's first row, then KPW rows on per
-    // u. A paged cache's pages hold whole steps (the planner's condition: page_size a multiple of
-    // KPW U, and splits start at multiples of 32), so a step's keys lie in one page: its page-table
-    // entry is loaded a step ahead (no dependent load before a key's own), its row in the page
-    // counted along. A step whose keys all lie in kmin..kmax (and below j_hi) skips the per-key
-    // bound test.
+    // A pass of the loop takes U steps, KPW U keys: key jj[u] = j0 + u KPW + kg, addressed from the
+    // pass's first row, KPW rows on per u. A paged cache's pages hold whole passes (the planner's
+    // condition: page_size a multiple of KPW U; splits start at multiples of 32), so a pass's keys
+    // lie in one page: its page-table entry is loaded a pass ahead (no dependent load before a
+    // key's own), its row in the page counted along. A pass whose keys all lie in kmin..kmax (and
+    // below j_hi) skips the per-key bound test.
     const int32_t *pt = PAGED ? p.page_table + b * p.max_pages : nullptr;
-    int64_t pg = 0, pr = 0; // the step's page (index in the table) and first row in it
+    int64_t pg = 0, pr = 0; // the pass's page (index in the table) and first row in it
     int32_t ent = 0;        // its entry
     if constexpr (PAGED) {
         pg = j_lo / p.page_size, pr = j_lo % p.page_size;
