@@ -432,13 +432,14 @@ static void diff_sdpa_raw(pair *p) {
         for (int64_t h = 0; h < H; h++) {
             const int64_t hk = h / G;
             double kmax = 0.0, vmax = 0.0; /* over the kv head's finite values */
-            bool kv_nonfinite = false;
+            bool kv_nonfinite = false, k_nonfinite = false;
             for (int64_t j = 0; j < S; j++) {
                 const float *kr = k + b * d.k_stride[0] + hk * d.k_stride[1] + j * d.k_stride[2];
                 const float *vr = v + b * d.v_stride[0] + hk * d.v_stride[1] + j * d.v_stride[2];
-                for (int64_t t = 0; t < D; t++) kv_nonfinite |= !isfinite(kr[t]), kmax = isfinite(kr[t]) ? fmax(kmax, fabs((double)kr[t])) : kmax;
+                for (int64_t t = 0; t < D; t++) k_nonfinite |= !isfinite(kr[t]), kmax = isfinite(kr[t]) ? fmax(kmax, fabs((double)kr[t])) : kmax;
                 for (int64_t t = 0; t < Dv; t++) kv_nonfinite |= !isfinite(vr[t]), vmax = isfinite(vr[t]) ? fmax(vmax, fabs((double)vr[t])) : vmax;
             }
+            kv_nonfinite |= k_nonfinite;
             for (int64_t i = 0; i < L; i++) {
                 const float *qr = q + b * d.q_stride[0] + h * d.q_stride[1] + i * d.q_stride[2];
                 double qsum = 0.0, qmax = 1.0;
@@ -448,7 +449,11 @@ static void diff_sdpa_raw(pair *p) {
                         qmax = isfinite(qr[t]) ? fmax(qmax, fabs((double)qr[t])) : qmax;
                 const double delta = (double)(D + 2) * 0x1p-24 * scale * qsum * kmax + 0x1p-22 * (double)d.softcap +
                                      (dot ? 0x1p-126 * scale * qsum + 0x1p-125 * (double)D * kmax : 0.0);
-                const double smag = d.softcap > 0.0f ? fmin((double)d.softcap, scale * qsum * kmax) : scale * qsum * kmax;
+                /* the scores' magnitude: an infinite q or k element makes a score infinite, which the
+                 * soft cap turns into +-cap (the finite elements' sums alone miss it) */
+                const double smag = d.softcap > 0.0f ? (q_nonfinite || k_nonfinite ? (double)d.softcap
+                                                                                   : fmin((double)d.softcap, scale * qsum * kmax))
+                                                     : scale * qsum * kmax;
                 const bool seen_nonfinite = q_nonfinite || kv_nonfinite; /* the row may see one */
                 /* attn.h: |scale * q| past about 2.3e38 makes the fused kernels' row NaN */
                 const bool in_range = scale * qsum * kmax < (double)FLT_MAX / 16.0 && vmax * (double)S < (double)FLT_MAX / 16.0 &&
