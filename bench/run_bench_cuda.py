@@ -231,6 +231,8 @@ def main():
     ap.add_argument("--plot", help="draw TFLOP/s against L into this PNG (needs matplotlib)")
     ap.add_argument("--replot", metavar="JSON", help="no run: draw --plot from the results of an earlier --json")
     args = ap.parse_args()
+    if args.decode_only and args.plot and not args.replot:
+        ap.error("--plot draws the prefill rows, which --decode-only leaves out")
     if args.replot:
         if not args.plot:
             print("run_bench_cuda.py: --replot needs --plot PNG", file=sys.stderr)
@@ -260,8 +262,10 @@ def main():
     backends = [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
                 ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
     rows = []
-    print("%-34s %9s %9s %9s %9s  %s" % ("shape (bf16, TFLOP/s)", "attn", "flash", "cudnn", "efficient", "attn/flash"))
-    for s in [] if args.decode_only else shapes(args.quick):
+    prefill = [] if args.decode_only else shapes(args.quick)
+    if prefill:
+        print("%-34s %9s %9s %9s %9s  %s" % ("shape (bf16, TFLOP/s)", "attn", "flash", "cudnn", "efficient", "attn/flash"))
+    for s in prefill:
         B, H, L, D, causal = s["B"], s["H"], s["L"], s["D"], s["causal"]
         sets = [[torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3)] for _ in range(4)]
         outs = [torch.empty_like(st[0]) for st in sets]
