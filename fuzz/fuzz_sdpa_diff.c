@@ -113,7 +113,6 @@ static void diff_kv_cache(pair *p) {
         fill(p, q, B * H * L * D, amp);
         const double written = unit > 1 ? overwrite_blocks(p, kc, dt, B * Hkv, cap, D, Dv, S) : 0.0;
         raw_all = isnan(raw_all) || isnan(written) ? NAN : fmax(raw_all, written);
-        const double raw = raw_all;
         attn_status st[3];
         for (int i = 0; i < p->n; i++) {
             o[i] = new_floats(B * H * L * Dv), lse[i] = new_floats(B * H * L);
@@ -129,7 +128,7 @@ static void diff_kv_cache(pair *p) {
                 FUZZ_CHECK(memcmp((const char *)s0 + (size_t)bh * head, (const char *)s1 + (size_t)bh * head, filled) == 0,
                            "the caches hold different keys in %s", problem);
             /* magnitudes of what the rows sum (a dequantised value is at most the block's largest) */
-            const double mk = isnan(raw) ? amp : fmax(amp, raw), ds = 4.0 * (double)(D + 8) * U * (double)D * mk * max_abs(q, B * H * L * D) / sqrt((double)D);
+            const double mk = isnan(raw_all) ? amp : fmax(amp, raw_all), ds = 4.0 * (double)(D + 8) * U * (double)D * mk * max_abs(q, B * H * L * D) / sqrt((double)D);
             loose_nonfinite = true; /* specials: the flush of tiny weights may differ (see above) */
             const tol t = {REL_TOL + 4.0 * ds, ABS_TOL * (1.0 + mk) + mk * (3.0 * ds + 4.0 * (double)(S + 8) * U)};
             for (int i = 1; i < p->n; i++) {
