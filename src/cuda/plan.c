@@ -220,8 +220,9 @@ attn_status attn__cuda_plan_sdpa(attn__cuda_err *e, const attn__cuda_device *dev
     if (packed) plan->ws_cu = attn__cuda_ws_take(&used, (size_t)(2 * (p->B + 1)) * sizeof(int64_t));
     if (kern == ATTN__CU_KERNEL_DECODE || kern == ATTN__CU_KERNEL_DECODE_VEC) {
         // splits of at least 32 keys, a multiple of 32, at most as many warps in all as the device
-        // holds at once: the vector form's 168 registers a thread fit 12 warps an SM (3 blocks of
-        // 4), so one wave of long splits; the general form 32 warps an SM (two waves)
+        // holds at once: the vector form's launch bounds (at most 168 registers a thread) fit 12
+        // warps an SM (3 blocks of 4), so one wave of long splits; the general form 32 warps an SM
+        // (two waves)
         const int64_t per_sm = kern == ATTN__CU_KERNEL_DECODE_VEC ? 12 : 32;
         const int64_t heads = p->B * p->Hkv, want = (int64_t)(dev->sm_count > 0 ? dev->sm_count : 1) * per_sm / heads;
         int64_t keys = ceil_div(p->S, want < 1 ? 1 : want);

@@ -54,6 +54,22 @@ __device__ __forceinline__ float warp_max(float x) {
     return x;
 }
 
+// Programmatic dependent launch (sm_90+; nothing on older devices, and nothing when the grid was
+// launched without the attribute): a kernel launched with it may start before the previous kernel of
+// its stream has finished; pdl_wait() blocks until that kernel has completed and its writes are
+// visible, so it comes before a kernel's first global read or write. pdl_release() lets the next
+// such kernel be launched once every block of this grid has called it (or exited).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Block `bid` of a grid of `tiles` row tiles for each (b, head) of `heads` heads, the tiles of one
 // (b, head) consecutive: which tile, head and batch it is.
 struct RowBlock {

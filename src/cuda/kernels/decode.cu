@@ -12,6 +12,9 @@
 // the workspace.
 // Pass 2 (decode_combine_kernel): one warp per query row merges its splits: M = max m, out =
 // sum 2^(m - M) acc / sum 2^(m - M) l (times keep_scale with dropout), lse = (M + log2 l) ln 2.
+// On sm_90 both passes are launched as programmatic dependents (common.cuh, pdl_wait): pass 2's
+// blocks start as pass 1's blocks leave and wait there for its results, and pass 1 of the next call
+// in the stream is set up while this call's pass 2 runs.
 #include <cuda_runtime.h>
 
 #include "../launch.h"
@@ -58,6 +61,8 @@ template <int ROWS, int PL>
 __global__ void __launch_bounds__(32 * kDecWarps) decode_split_kernel(const P p, int64_t split_keys, int64_t n_splits,
                                                                      int R, float *part) {
     extern __shared__ float q_s[]; // (R, D) query rows times scale * log2(e) (raw with the whole score rule)
+    pdl_wait();
+    pdl_release();
     const int lane = threadIdx.x % 32;
     const SplitHead w = split_head(p, n_splits);
     const int64_t b = w.b, hk = w.hk;
@@ -142,12 +147,15 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_split_kernel(const P p,
 // value rows in flight a warp); the scores of a key are summed over its G lanes by shuffles. Each
 // group of G lanes keeps the online softmax of its own keys (one rescale per U steps), and the
 // groups merge at the end into the split's (m, l, acc), written as decode_split_kernel writes them.
-// PAGED: keys through a paged cache's page table (one entry a pass). 168 registers a thread with 4
-// rows (sm_90a): 12 warps an SM, which the planner's split count assumes.
+// PAGED: keys through a paged cache's page table (one entry a pass). At most 168 registers a thread
+// (3 blocks an SM, held by the launch bounds; 4 rows use all of them on sm_90a): 12 warps an SM,
+// which the planner's split count assumes.
 template <typename T, int D, int ROWS, bool PAGED>
-__global__ void __launch_bounds__(32 * kDecWarps) decode_vec_kernel(const P p, int64_t split_keys, int64_t n_splits,
+__global__ void __launch_bounds__(32 * kDecWarps, 3) decode_vec_kernel(const P p, int64_t split_keys, int64_t n_splits,
                                                                    int R, float *part) {
     constexpr int G = D / 8, KPW = 32 / G, U = 4;
+    pdl_wait();
+    pdl_release();
     const int lane = threadIdx.x % 32, kg = lane / G, e0 = (lane % G) * 8;
     const SplitHead w = split_head(p, n_splits);
     const int64_t split = warp_split(n_splits), b = w.b, hk = w.hk;
@@ -294,9 +302,14 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_vec_kernel(const P p, i
     }
 }
 
-// One warp per query row (b, h, i): the splits merged, out and lse written.
+// One warp per query row (b, h, i): the splits merged, out and lse written. The rows of kMergeAhead
+// splits are loaded before any is summed (the loads of one row of elements a split: L2 latency per
+// kMergeAhead splits).
+constexpr int kMergeAhead = 8;
 __global__ void __launch_bounds__(32 * kDecWarps) decode_combine_kernel(const P p, int64_t n_splits, int R,
                                                                        const float *part) {
+    pdl_wait();
+    pdl_release();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t row = (int64_t)blockIdx.x * kDecWarps + warp; // (b, hk, r)
     if (row >= p.B * p.Hkv * R) return;
@@ -312,8 +325,8 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_combine_kernel(const P 
     for (int64_t t = lane; t < n_splits; t += 32) M = fmaxf(M, base[t * tstride]);
     M = warp_max(M);
     // splits 32 at a time: lane t's weight 2^(m - M) (0 for a split that saw nothing), handed round by
-    // shuffles; each lane sums its elements e = lane + 32 k of the value rows, the rows of 4 splits
-    // in flight (in split order, so the sums are those of one split at a time)
+    // shuffles; each lane sums its elements e = lane + 32 k of the value rows, the rows of kMergeAhead
+    // splits in flight (in split order, so the sums are those of one split at a time)
     float L = 0.0f, a[8];
 #pragma unroll
     for (int k = 0; k < 8; k++) a[k] = 0.0f;
@@ -323,10 +336,10 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_combine_kernel(const P 
         const float w = mt != -CUDART_INF_F ? exp2f(mt - M) : 0.0f;
         if (t < n_splits) L += w * base[t * tstride + 1];
         const int n = (int)min((int64_t)32, n_splits - t0);
-        for (int u0 = 0; u0 < n; u0 += 4) { // the rows of 4 splits loaded before any is summed
-            float wu[4], x[4][8];
+        for (int u0 = 0; u0 < n; u0 += kMergeAhead) { // the rows of kMergeAhead splits loaded before any is summed
+            float wu[kMergeAhead], x[kMergeAhead][8];
 #pragma unroll
-            for (int v = 0; v < 4; v++) {
+            for (int v = 0; v < kMergeAhead; v++) {
                 wu[v] = __shfl_sync(0xffffffffu, w, (u0 + v) & 31);
                 const float *row = base + (t0 + u0 + v) * tstride + 2;
 #pragma unroll
@@ -334,7 +347,7 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_combine_kernel(const P 
                     x[v][k] = u0 + v < n && lane + 32 * k < p.Dv && wu[v] != 0.0f ? row[lane + 32 * k] : 0.0f;
             }
 #pragma unroll
-            for (int v = 0; v < 4; v++)
+            for (int v = 0; v < kMergeAhead; v++)
 #pragma unroll
                 for (int k = 0; k < 8; k++)
                     if (wu[v] != 0.0f) a[k] += wu[v] * x[v][k];
@@ -349,63 +362,78 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_combine_kernel(const P 
     if (p.lse != nullptr && lane == 0) p.lse[lse_index(p, s, b, h, i)] = lse_of(M, L);
 }
 
+// Where a launch goes: the stream, and whether as a programmatic dependent (sm_90 and above).
+struct Where {
+    cudaStream_t stream;
+    bool pdl;
+};
+
+// kernel<<<blocks, 32 kDecWarps, smem, at.stream>>>(args...), with the programmatic-dependent
+// attribute where at.pdl.
+template <typename... K, typename... A>
+static int launch(const Where &at, void (*kernel)(K...), int64_t blocks, size_t smem, A... args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)blocks), cfg.blockDim = dim3(32 * kDecWarps), cfg.dynamicSmemBytes = smem;
+    cfg.stream = at.stream, cfg.attrs = attr, cfg.numAttrs = at.pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
 template <int ROWS, int PL>
-static int split_launch(const P &p, int64_t split_keys, int64_t n_splits, int R, float *part, cudaStream_t stream) {
+static int split_launch(const P &p, int64_t split_keys, int64_t n_splits, int R, float *part, const Where &at) {
     const size_t smem = (size_t)R * (size_t)p.D * sizeof(float);
     cudaError_t err = cudaFuncSetAttribute(decode_split_kernel<ROWS, PL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            (int)smem);
     if (err != cudaSuccess) return err;
     const int64_t blocks = (n_splits + kDecWarps - 1) / kDecWarps * p.B * p.Hkv;
-    decode_split_kernel<ROWS, PL><<<dim3((unsigned)blocks), 32 * kDecWarps, smem, stream>>>(p, split_keys, n_splits, R, part);
-    return cudaGetLastError();
+    return launch(at, decode_split_kernel<ROWS, PL>, blocks, smem, p, split_keys, n_splits, R, part);
 }
 
 template <int ROWS>
-static int split_by_lanes(const P &p, int64_t split_keys, int64_t n_splits, int R, float *part, cudaStream_t stream) {
+static int split_by_lanes(const P &p, int64_t split_keys, int64_t n_splits, int R, float *part, const Where &at) {
     const int64_t dmax = p.D > p.Dv ? p.D : p.Dv;
-    if (dmax <= 64) return split_launch<ROWS, 2>(p, split_keys, n_splits, R, part, stream);
-    if (dmax <= 128) return split_launch<ROWS, 4>(p, split_keys, n_splits, R, part, stream);
-    if constexpr (ROWS <= 4) return split_launch<ROWS, 8>(p, split_keys, n_splits, R, part, stream);
+    if (dmax <= 64) return split_launch<ROWS, 2>(p, split_keys, n_splits, R, part, at);
+    if (dmax <= 128) return split_launch<ROWS, 4>(p, split_keys, n_splits, R, part, at);
+    if constexpr (ROWS <= 4) return split_launch<ROWS, 8>(p, split_keys, n_splits, R, part, at);
     return cudaErrorInvalidValue; // 16 rows of 256 dims: the planner keeps them off (128 accumulators a lane)
 }
 
 template <typename T, int D, bool PAGED>
-static int vec_launch(const P &p, int64_t split_keys, int64_t n_splits, int R, float *part, cudaStream_t stream) {
+static int vec_launch(const P &p, int64_t split_keys, int64_t n_splits, int R, float *part, const Where &at) {
     const int64_t blocks = (n_splits + kDecWarps - 1) / kDecWarps * p.B * p.Hkv;
-    if (R <= 1)
-        decode_vec_kernel<T, D, 1, PAGED><<<dim3((unsigned)blocks), 32 * kDecWarps, 0, stream>>>(p, split_keys, n_splits, R, part);
-    else
-        decode_vec_kernel<T, D, 4, PAGED><<<dim3((unsigned)blocks), 32 * kDecWarps, 0, stream>>>(p, split_keys, n_splits, R, part);
-    return cudaGetLastError();
+    return R <= 1 ? launch(at, decode_vec_kernel<T, D, 1, PAGED>, blocks, 0, p, split_keys, n_splits, R, part)
+                  : launch(at, decode_vec_kernel<T, D, 4, PAGED>, blocks, 0, p, split_keys, n_splits, R, part);
 }
 
 template <typename T, int D>
-static int vec_by_paging(const P &p, int64_t split_keys, int64_t n_splits, int R, float *part, cudaStream_t stream) {
-    return p.page_table != nullptr ? vec_launch<T, D, true>(p, split_keys, n_splits, R, part, stream)
-                                   : vec_launch<T, D, false>(p, split_keys, n_splits, R, part, stream);
+static int vec_by_paging(const P &p, int64_t split_keys, int64_t n_splits, int R, float *part, const Where &at) {
+    return p.page_table != nullptr ? vec_launch<T, D, true>(p, split_keys, n_splits, R, part, at)
+                                   : vec_launch<T, D, false>(p, split_keys, n_splits, R, part, at);
 }
 
 template <typename T>
-static int vec_by_dim(const P &p, int64_t split_keys, int64_t n_splits, int R, float *part, cudaStream_t stream) {
-    return p.D == 64 ? vec_by_paging<T, 64>(p, split_keys, n_splits, R, part, stream)
-                     : vec_by_paging<T, 128>(p, split_keys, n_splits, R, part, stream);
+static int vec_by_dim(const P &p, int64_t split_keys, int64_t n_splits, int R, float *part, const Where &at) {
+    return p.D == 64 ? vec_by_paging<T, 64>(p, split_keys, n_splits, R, part, at)
+                     : vec_by_paging<T, 128>(p, split_keys, n_splits, R, part, at);
 }
 
 } // namespace attn_cuda
 
 extern "C" int attn__cuda_launch_decode(const attn__cuda_sdpa_params *p, int vec, int64_t split_keys, int64_t n_splits,
-                                        int rows, float *part, cudaStream_t stream) {
+                                        int rows, float *part, int pdl, cudaStream_t stream) {
     using namespace attn_cuda;
+    const Where at = {stream, pdl != 0};
     int err;
     if (vec) // the planner's conditions: BF16 or F16 throughout, D = Dv in {64, 128}, rows <= 4
-        err = p->q_dtype == ATTN__CU_BF16 ? vec_by_dim<__nv_bfloat16>(*p, split_keys, n_splits, rows, part, stream)
-                                          : vec_by_dim<__half>(*p, split_keys, n_splits, rows, part, stream);
-    else if (rows <= 1) err = split_by_lanes<1>(*p, split_keys, n_splits, rows, part, stream);
-    else if (rows <= 4) err = split_by_lanes<4>(*p, split_keys, n_splits, rows, part, stream);
-    else err = split_by_lanes<16>(*p, split_keys, n_splits, rows, part, stream);
+        err = p->q_dtype == ATTN__CU_BF16 ? vec_by_dim<__nv_bfloat16>(*p, split_keys, n_splits, rows, part, at)
+                                          : vec_by_dim<__half>(*p, split_keys, n_splits, rows, part, at);
+    else if (rows <= 1) err = split_by_lanes<1>(*p, split_keys, n_splits, rows, part, at);
+    else if (rows <= 4) err = split_by_lanes<4>(*p, split_keys, n_splits, rows, part, at);
+    else err = split_by_lanes<16>(*p, split_keys, n_splits, rows, part, at);
     if (err != cudaSuccess) return err;
     const int64_t rows_total = p->B * p->Hkv * rows;
-    decode_combine_kernel<<<dim3((unsigned)((rows_total + kDecWarps - 1) / kDecWarps)), 32 * kDecWarps, 0, stream>>>(
-        *p, n_splits, rows, part);
-    return cudaGetLastError();
+    return launch(at, decode_combine_kernel, (rows_total + kDecWarps - 1) / kDecWarps, 0, *p, n_splits, rows,
+                  (const float *)part);
 }
