@@ -101,24 +101,39 @@ __device__ __forceinline__ Seq seq_of(const P &p, int64_t b) {
     return s;
 }
 
-// Element offsets of row starts: q and out (b, h, query i), k and v (b, kv head hk, key j).
+// Element offsets of row starts: q and out (b, h, query i), k and v (b, kv head hk, key j). Each is
+// a base of the sequence and head (the *_base helpers, computed once by loops over many rows) plus
+// the row's part (*_at).
+__device__ __forceinline__ int64_t q_base(const P &p, const Seq &s, int64_t b, int64_t h) {
+    return b * p.q_stride[0] + h * p.q_stride[1] + s.q_row0 * p.q_stride[2];
+}
+__device__ __forceinline__ int64_t o_base(const P &p, const Seq &s, int64_t b, int64_t h) {
+    return b * p.o_stride[0] + h * p.o_stride[1] + s.q_row0 * p.o_stride[2];
+}
 __device__ __forceinline__ int64_t q_row(const P &p, const Seq &s, int64_t b, int64_t h, int64_t i) {
-    return b * p.q_stride[0] + h * p.q_stride[1] + (s.q_row0 + i) * p.q_stride[2];
+    return q_base(p, s, b, h) + i * p.q_stride[2];
 }
 __device__ __forceinline__ int64_t o_row(const P &p, const Seq &s, int64_t b, int64_t h, int64_t i) {
-    return b * p.o_stride[0] + h * p.o_stride[1] + (s.q_row0 + i) * p.o_stride[2];
+    return o_base(p, s, b, h) + i * p.o_stride[2];
 }
 __device__ __forceinline__ int64_t lse_index(const P &p, const Seq &s, int64_t b, int64_t h, int64_t i) {
     return b * p.lse_stride[0] + h * p.lse_stride[1] + (s.q_row0 + i) * p.lse_stride[2];
 }
-// A key or value row (st: k_stride or v_stride); through the page table of a paged cache.
-__device__ __forceinline__ int64_t kv_row(const P &p, const int64_t st[4], const Seq &s, int64_t b, int64_t hk,
-                                          int64_t j) {
+// A key or value row (st: k_stride or v_stride); through the page table of a paged cache (the base
+// is then the head's offset inside a page).
+__device__ __forceinline__ int64_t kv_base(const P &p, const int64_t st[4], const Seq &s, int64_t b, int64_t hk) {
+    return p.page_table != nullptr ? hk * st[1] : b * st[0] + hk * st[1] + s.k_row0 * st[2];
+}
+__device__ __forceinline__ int64_t kv_at(const P &p, const int64_t st[4], int64_t base, int64_t b, int64_t j) {
     if (p.page_table != nullptr) {
         const int64_t page = p.page_table[b * p.max_pages + j / p.page_size];
-        return page * st[0] + hk * st[1] + (j % p.page_size) * st[2];
+        return page * st[0] + base + (j % p.page_size) * st[2];
     }
-    return b * st[0] + hk * st[1] + (s.k_row0 + j) * st[2];
+    return base + j * st[2];
+}
+__device__ __forceinline__ int64_t kv_row(const P &p, const int64_t st[4], const Seq &s, int64_t b, int64_t hk,
+                                          int64_t j) {
+    return kv_at(p, st, kv_base(p, st, s, b, hk), b, j);
 }
 
 // ---- the score rule (attn.h) --------------------------------------------------------------------

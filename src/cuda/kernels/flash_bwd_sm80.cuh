@@ -74,7 +74,6 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dkdv
     constexpr int Bc = Tr::kBc, Br = Tr::kBr, NTH = Tr::kThreads;
     constexpr int LD = D + 8;              // shared row pitch of K, V, Q, dO (elements)
     constexpr int LDS = Br + 8;            // shared row pitch of dS^T
-    constexpr int CPR = D / 8;             // 16-byte chunks per row
     constexpr int NQ = Br / 8;             // n-tiles of S^T and dP^T per warp (8 queries each)
     constexpr int KD = D / 16;             // k-steps over the head dim
     constexpr int ND = D / 8;              // n-tiles of dK and dV
@@ -112,22 +111,15 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dkdv
     const T *gq = static_cast<const T *>(p.q), *gk = static_cast<const T *>(p.k), *gv = static_cast<const T *>(p.v);
     const T *gdo = static_cast<const T *>(p.dout);
 
-    for (int ch = tid; ch < Bc * CPR; ch += NTH) {
-        const int r = ch / CPR, col = (ch % CPR) * 8;
-        const int64_t j = j0 + r;
-        const bool ok = j < s.S;
-        cp_async16(sK + r * LD + col, gk + (ok ? kv_row(p, p.k_stride, s, b, hk, j) : 0) + col, ok);
-        cp_async16(sV + r * LD + col, gv + (ok ? kv_row(p, p.v_stride, s, b, hk, j) : 0) + col, ok);
+    {
+        const int64_t kb = kv_base(p, p.k_stride, s, b, hk), vb = kv_base(p, p.v_stride, s, b, hk);
+        cp_async_tile<Bc, D, NTH, LD>(sK, gk, j0, s.S, tid, [&](int64_t j) { return kv_at(p, p.k_stride, kb, b, j); });
+        cp_async_tile<Bc, D, NTH, LD>(sV, gv, j0, s.S, tid, [&](int64_t j) { return kv_at(p, p.v_stride, vb, b, j); });
     }
     auto load_q = [&](int it) {
         const int64_t h = hk * p.group + it / m_tiles, i0 = (m_begin + it % m_tiles) * Br;
-        for (int ch = tid; ch < Br * CPR; ch += NTH) {
-            const int r = ch / CPR, col = (ch % CPR) * 8;
-            const int64_t i = i0 + r;
-            const bool ok = i < s.L;
-            cp_async16(sQ + r * LD + col, gq + (ok ? q_row(p, s, b, h, i) : 0) + col, ok);
-            cp_async16(sdO + r * LD + col, gdo + (ok ? o_row(p, s, b, h, i) : 0) + col, ok);
-        }
+        cp_async_tile_strided<Br, D, NTH, LD>(sQ, gq + q_base(p, s, b, h) + i0 * p.q_stride[2], p.q_stride[2], s.L - i0, tid);
+        cp_async_tile_strided<Br, D, NTH, LD>(sdO, gdo + o_base(p, s, b, h) + i0 * p.o_stride[2], p.o_stride[2], s.L - i0, tid);
         for (int r = tid; r < Br; r += NTH) {
             const int64_t i = i0 + r;
             const bool ok = i < s.L;
@@ -243,7 +235,7 @@ template <typename T, int D>
 __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dq_kernel(const P p) {
     using Tr = FlashBwdTraits<D>;
     constexpr int Br = Tr::kBrQ, Bc = Tr::kBcQ, ST = Tr::kStagesQ, NTH = Tr::kThreads;
-    constexpr int LD = D + 8, CPR = D / 8;
+    constexpr int LD = D + 8;
     constexpr int NT = Bc / 8;   // n-tiles of S and dP per warp (8 keys each)
     constexpr int KD = D / 16;   // k-steps of Q K^T and dO V^T
     constexpr int NO = D / 8;    // n-tiles of dQ
@@ -272,22 +264,18 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dq_k
     const T *gq = static_cast<const T *>(p.q), *gk = static_cast<const T *>(p.k), *gv = static_cast<const T *>(p.v);
     const T *gdo = static_cast<const T *>(p.dout);
 
-    for (int ch = tid; ch < Br * CPR; ch += NTH) {
-        const int r = ch / CPR, col = (ch % CPR) * 8;
-        const int64_t i = i0 + r;
-        const bool ok = i < s.L;
-        cp_async16(sQ + r * LD + col, gq + (ok ? q_row(p, s, b, h, i) : 0) + col, ok);
-        cp_async16(sdO + r * LD + col, gdo + (ok ? o_row(p, s, b, h, i) : 0) + col, ok);
-    }
+    cp_async_tile_strided<Br, D, NTH, LD>(sQ, gq + q_base(p, s, b, h) + i0 * p.q_stride[2], p.q_stride[2], s.L - i0, tid);
+    cp_async_tile_strided<Br, D, NTH, LD>(sdO, gdo + o_base(p, s, b, h) + i0 * p.o_stride[2], p.o_stride[2], s.L - i0, tid);
+    const int64_t kb = kv_base(p, p.k_stride, s, b, hk), vb = kv_base(p, p.v_stride, s, b, hk);
     auto load_kv = [&](int64_t tile, int stage) {
-        T *dk = sK + stage * Bc * LD, *dv = sV + stage * Bc * LD;
         const int64_t n0 = tile * Bc;
-        for (int ch = tid; ch < Bc * CPR; ch += NTH) {
-            const int r = ch / CPR, col = (ch % CPR) * 8;
-            const int64_t j = n0 + r;
-            const bool ok = j < s.S;
-            cp_async16(dk + r * LD + col, gk + (ok ? kv_row(p, p.k_stride, s, b, hk, j) : 0) + col, ok);
-            cp_async16(dv + r * LD + col, gv + (ok ? kv_row(p, p.v_stride, s, b, hk, j) : 0) + col, ok);
+        T *dk = sK + stage * Bc * LD, *dv = sV + stage * Bc * LD;
+        if (p.page_table == nullptr) {
+            cp_async_tile_strided<Bc, D, NTH, LD>(dk, gk + kb + n0 * p.k_stride[2], p.k_stride[2], s.S - n0, tid);
+            cp_async_tile_strided<Bc, D, NTH, LD>(dv, gv + vb + n0 * p.v_stride[2], p.v_stride[2], s.S - n0, tid);
+        } else {
+            cp_async_tile<Bc, D, NTH, LD>(dk, gk, n0, s.S, tid, [&](int64_t j) { return kv_at(p, p.k_stride, kb, b, j); });
+            cp_async_tile<Bc, D, NTH, LD>(dv, gv, n0, s.S, tid, [&](int64_t j) { return kv_at(p, p.v_stride, vb, b, j); });
         }
     };
 #pragma unroll

@@ -66,22 +66,18 @@ __global__ void __launch_bounds__(FlashTraits<D, Wide>::kThreads, FlashTraits<D,
     const int64_t iw = i0 + warp * WR; // the warp's first row; m-tile m holds rows iw + 16 m ..
     const T *gq = static_cast<const T *>(p.q), *gk = static_cast<const T *>(p.k), *gv = static_cast<const T *>(p.v);
 
-    // ---- loads (every thread takes 16-byte chunks in turn) ----
-    for (int ch = tid; ch < Br * CPR; ch += NTH) {
-        const int r = ch / CPR, col = (ch % CPR) * 8;
-        const int64_t i = i0 + r;
-        const bool ok = i < s.L;
-        cp_async16(sQ + r * LD + col, gq + (ok ? q_row(p, s, b, h, i) : 0) + col, ok);
-    }
-    auto load_kv = [&](int64_t tile, int stage) {
-        T *dk = sK + stage * Bc * LD, *dv = sV + stage * Bc * LD;
+    // ---- loads (16-byte chunks, every thread its own; rows from the (b, h) bases) ----
+    const int64_t kb = kv_base(p, p.k_stride, s, b, hk), vb = kv_base(p, p.v_stride, s, b, hk);
+    cp_async_tile_strided<Br, D, NTH, LD>(sQ, gq + q_base(p, s, b, h) + i0 * p.q_stride[2], p.q_stride[2], s.L - i0, tid);
+    auto load_kv = [&](int64_t tile, int stage) { // rows past the sequence are zero-filled, never read
         const int64_t n0 = tile * Bc;
-        for (int ch = tid; ch < Bc * CPR; ch += NTH) {
-            const int r = ch / CPR, col = (ch % CPR) * 8;
-            const int64_t j = n0 + r;
-            const bool ok = j < s.S; // rows past the sequence are zero-filled, never read
-            cp_async16(dk + r * LD + col, gk + (ok ? kv_row(p, p.k_stride, s, b, hk, j) : 0) + col, ok);
-            cp_async16(dv + r * LD + col, gv + (ok ? kv_row(p, p.v_stride, s, b, hk, j) : 0) + col, ok);
+        T *dk = sK + stage * Bc * LD, *dv = sV + stage * Bc * LD;
+        if (p.page_table == nullptr) {
+            cp_async_tile_strided<Bc, D, NTH, LD>(dk, gk + kb + n0 * p.k_stride[2], p.k_stride[2], s.S - n0, tid);
+            cp_async_tile_strided<Bc, D, NTH, LD>(dv, gv + vb + n0 * p.v_stride[2], p.v_stride[2], s.S - n0, tid);
+        } else {
+            cp_async_tile<Bc, D, NTH, LD>(dk, gk, n0, s.S, tid, [&](int64_t j) { return kv_at(p, p.k_stride, kb, b, j); });
+            cp_async_tile<Bc, D, NTH, LD>(dv, gv, n0, s.S, tid, [&](int64_t j) { return kv_at(p, p.v_stride, vb, b, j); });
         }
     };
 #pragma unroll

@@ -1,5 +1,6 @@
 // mma.cuh - the sm_80 instructions the tensor-core kernels use, one inline-asm wrapper each:
-// cp.async (16- and 4-byte global -> shared copies, zero-filled when the source is out of range),
+// cp.async (16- and 4-byte global -> shared copies, zero-filled when the source is out of range, and
+// a tile of rows copied by a block in 16-byte chunks),
 // ldmatrix (8x8 b16 tiles from shared memory into mma fragments, plain and transposed) and
 // mma.sync m16n8k16 with float32 accumulators (bf16 and f16 operands).
 //
@@ -30,6 +31,48 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool va
 __device__ __forceinline__ void cp_async4(void *smem, const void *gmem, bool valid) {
     const int n = valid ? 4 : 0;
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(n) : "memory");
+}
+// cp.async of a tile of ROWS rows of D elements (T) into shared memory at a row pitch of LD elements
+// by the NTH threads of a block: thread tid copies the 16-byte chunks ch = tid + u NTH (tile row
+// ch / (D / 8), column 8 (ch % (D / 8))), the loop over u unrolled. Tile row r is source row
+// j = row0 + r, at src + at(j) elements; rows with j >= n_rows are zero-filled, nothing read.
+template <int ROWS, int D, int NTH, int LD, typename T, typename At>
+__device__ __forceinline__ void cp_async_tile(T *dst, const T *src, int64_t row0, int64_t n_rows, int tid, At at) {
+    constexpr int CPR = D / 8, N = (ROWS * CPR + NTH - 1) / NTH;
+#pragma unroll
+    for (int u = 0; u < N; u++) {
+        const int ch = tid + u * NTH;
+        if (ROWS * CPR % NTH != 0 && ch >= ROWS * CPR) break;
+        const int r = ch / CPR, col = ch % CPR * 8;
+        const int64_t j = row0 + r;
+        const bool ok = j < n_rows;
+        cp_async16(dst + r * LD + col, src + (ok ? at(j) : 0) + col, ok);
+    }
+}
+// The same for a tile of a strided tensor: tile row r at first + r * step (elements), rows r >= rows
+// zero-filled. When every thread's chunks lie in one column (NTH a multiple of D / 8), thread tid
+// copies rows tid / (D / 8) + u NTH / (D / 8): one address a tile and a constant step a chunk, and
+// no per-row test in a whole tile (rows >= ROWS).
+template <int ROWS, int D, int NTH, int LD, typename T>
+__device__ __forceinline__ void cp_async_tile_strided(T *dst, const T *first, int64_t step, int64_t rows, int tid) {
+    constexpr int CPR = D / 8, N = ROWS * CPR / NTH, RS = NTH / CPR;
+    if constexpr (NTH % CPR == 0 && ROWS * CPR % NTH == 0) {
+        const int r0 = tid / CPR, col = tid % CPR * 8;
+        const T *g = first + r0 * step + col;
+        T *d = dst + r0 * LD + col;
+        if (rows >= ROWS) {
+#pragma unroll
+            for (int u = 0; u < N; u++) cp_async16(d + u * RS * LD, g + u * RS * step, true);
+        } else {
+#pragma unroll
+            for (int u = 0; u < N; u++) {
+                const bool ok = r0 + u * RS < rows;
+                cp_async16(d + u * RS * LD, ok ? g + u * RS * step : first, ok);
+            }
+        }
+    } else {
+        cp_async_tile<ROWS, D, NTH, LD>(dst, first, 0, rows, tid, [&](int64_t r) { return r * step; });
+    }
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are still in flight.
