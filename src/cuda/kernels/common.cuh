@@ -21,6 +21,16 @@ using P = attn__cuda_sdpa_params;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// 2^x on the special-function unit, results below 2^-126 flushed to zero (ex2.approx.ftz: one
+// instruction, where exp2f adds a range test and two multiplies for subnormal results). For softmax
+// weights, whose row maximum is 2^0: a weight below 2^-126 adds nothing a float sum can hold.
+// exp2_ftz(-inf) = 0, NaN stays NaN.
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // ---- element types ------------------------------------------------------------------------------
 __device__ __forceinline__ float load_as_float(const void *base, int32_t dtype, int64_t off) {
     if (dtype == ATTN__CU_BF16) return __bfloat162float(static_cast<const __nv_bfloat16 *>(base)[off]);

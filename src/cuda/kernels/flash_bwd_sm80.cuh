@@ -52,7 +52,7 @@ __device__ __forceinline__ void bwd_element(const P &p, const Seq &s, bool need,
     } else {
         x = -CUDART_INF_F;
     }
-    const float pr = exp2f(x - lse2);
+    const float pr = exp2_ftz(x - lse2);
     float dp = dpv, pd = pr;
     if (p.dropout) {
         dp = kept ? dp * p.keep_scale : 0.0f;

@@ -173,13 +173,13 @@ __global__ void __launch_bounds__(FlashTraits<D, Wide>::kThreads, FlashTraits<D,
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                 const float m_new = fmaxf(row_m[m][r], mx);
                 const float m_use = m_new == -CUDART_INF_F ? 0.0f : m_new; // no key seen yet: weights 0, not NaN
-                const float alpha = exp2f(row_m[m][r] - m_use);
+                const float alpha = exp2_ftz(row_m[m][r] - m_use);
                 row_m[m][r] = m_new;
                 float sum = 0.0f;
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
-                    sacc[m][nt][2 * r] = exp2f(sacc[m][nt][2 * r] - m_use);
-                    sacc[m][nt][2 * r + 1] = exp2f(sacc[m][nt][2 * r + 1] - m_use);
+                    sacc[m][nt][2 * r] = exp2_ftz(sacc[m][nt][2 * r] - m_use);
+                    sacc[m][nt][2 * r + 1] = exp2_ftz(sacc[m][nt][2 * r + 1] - m_use);
                     sum += sacc[m][nt][2 * r] + sacc[m][nt][2 * r + 1];
                 }
                 row_l[m][r] = row_l[m][r] * alpha + sum;
