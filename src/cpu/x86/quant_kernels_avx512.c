@@ -2,18 +2,19 @@
 // Q8_0 and Q4_0 keys and values with AVX-512F and F16C (16 floats a register; compiled with those
 // flags for this file only), in both AVX-512 tables. The arithmetic of quant_kernels_avx2.c at
 // twice the width, with the 32 registers used for more keys a pass:
-//  - a block's 32 quants are two vectors of 16. Q8_0: sign-extended to int32 and converted. Q4_0:
-//    the low nibbles of its 16 bytes are values 0-15, the high ones 16-31; each nibble n becomes the
-//    float n - 8 by one permute of a 16-entry table (vpermps reads the low 4 bits of each index, so
-//    the low nibbles need no mask);
+//  - a block's 32 quants are two vectors of 16, times the block's scale d (load_block_scaled). Q8_0:
+//    sign-extended to int32, converted, multiplied by d. Q4_0: the low nibbles of its 16 bytes are
+//    values 0-15, the high ones 16-31; each nibble n becomes (n - 8) d by one permute of a 16-entry
+//    table scaled by d. Both products are exact (at most 8 + 11 significant bits), as in the AVX2
+//    kernel: the dequantised values themselves;
 //  - qk_rows: four query rows against four keys a pass (16 accumulators, each block's eight query
-//    vectors loaded once for the four keys), each key vector multiplied by its block's scale d
-//    (exact, as in the AVX2 kernel: the products and sums are those of the float kernels on the
-//    dequantised values, summed 16 lanes wide), the 16 dot products reduced together (sum16);
-//  - pv_rows: per block of 32 columns, each key's four weights times the block's scale first
-//    (p * d), then the block's two vectors over the keys (8 accumulators).
+//    vectors loaded once for the four keys), the products and sums those of the float kernels on the
+//    dequantised values, summed 16 lanes wide, the 16 dot products reduced together (sum16);
+//  - pv_rows: two blocks (64 columns) a pass, each key's four weights broadcast once and each block's
+//    values multiplied by its scale (Q4_0: the table scaled, then permuted), 16 accumulators (the
+//    AVX2 kernel scales the weights instead, a block at a time).
 // Prefetch (decode_prefetch.h): qk_rows requests each key row's lines DECODE_PF_BYTES ahead as it
-// starts the row; pv_rows requests each block's lines a key tile (FLASH_BC rows) on.
+// starts the row; pv_rows requests each pass's two blocks' lines a key tile (FLASH_BC rows) on.
 // The block helpers and the loops around these kernels are quant_rows.h's.
 #include "cpu/x86/simd512.h"
 
@@ -24,13 +25,19 @@
 #include "cpu/x86/sum512.h"
 #include "half.h"
 
-// The 32 values of the block at b as floats, not yet multiplied by its scale: 0-15 in lo, 16-31 in hi.
-INLINE void load_block(attn_dtype dt, const uint8_t *b, __m512 *lo, __m512 *hi) {
+// The block at b times its scale d: values 0-15 in lo, 16-31 in hi. d is broadcast as float16 and
+// converted in the vector (vpbroadcastw, vcvtph2ps); Q8_0's values are converted and multiplied,
+// Q4_0's 16-entry table (the nibble n gives n - 8) is scaled once and permuted (vpermps reads the
+// low 4 bits of each index, so the low nibbles need no mask).
+INLINE void load_block_scaled(attn_dtype dt, const uint8_t *b, __m512 *lo, __m512 *hi) {
+    uint16_t h;
+    __builtin_memcpy(&h, b, 2);
+    const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)h));
     if (dt == ATTN_DTYPE_Q8_0) {
-        *lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2))));
-        *hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18))));
+        *lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)))), d);
+        *hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18)))), d);
     } else {
-        const __m512 table = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+        const __m512 table = _mm512_mul_ps(_mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7), d);
         const __m512i n = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)));
         *lo = _mm512_permutexvar_ps(n, table);
         *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(n, 4), table);
@@ -70,9 +77,7 @@ INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int
 #define KEY_STEP(c, v0, v1, v2, v3)                                                                                      \
     do {                                                                                                                 \
         __m512 lo, hi;                                                                                                   \
-        load_block(dt, kb[c] + boff, &lo, &hi);                                                                          \
-        const __m512 sc = _mm512_set1_ps(scale_f(kb[c] + boff));                                                         \
-        lo = _mm512_mul_ps(lo, sc), hi = _mm512_mul_ps(hi, sc);                                                          \
+        load_block_scaled(dt, kb[c] + boff, &lo, &hi);                                                                   \
         v0 = _mm512_fmadd_ps(hi, y0, _mm512_fmadd_ps(lo, x0, v0)), v1 = _mm512_fmadd_ps(hi, y1, _mm512_fmadd_ps(lo, x1, v1)); \
         v2 = _mm512_fmadd_ps(hi, y2, _mm512_fmadd_ps(lo, x2, v2)), v3 = _mm512_fmadd_ps(hi, y3, _mm512_fmadd_ps(lo, x3, v3)); \
     } while (0)
@@ -96,37 +101,46 @@ void attn__qk_rows_q_avx512(attn_dtype dt, const void *k, int64_t ks_row, int nj
     qk_rows_q(dt, k, ks_row, nj, D, q, rows, s, s_r, s_j);
 }
 
-// Four rows (pp: their weights in the tile, pp[0..3], advancing by ldp) and nj <= PV_KEYS keys, a
-// block of 32 columns at a time: first each key's four weights times the block's scale (w), then
-// the block's two vectors over the keys; the sums are added to the rows of o, scaled by alpha when
-// `scale_o`.
+// Four rows (pp: their weights in the tile, pp[0..3], advancing by ldp) and nj <= PV_KEYS keys, two
+// blocks (64 columns) at a time: per key the four weights broadcast once, each block's values
+// scaled by its d, 16 accumulators (row r: block 0 in c[4r], c[4r + 1], block 1 in c[4r + 2],
+// c[4r + 3]); the sums are added to the rows of o, scaled by alpha when `scale_o`. An odd last
+// block is computed twice in its pass and stored once.
 INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pp,
                          int64_t ldp, const float *alpha, bool scale_o, int nr, bool prefetch, float *o, int64_t ldo) {
     const int64_t row_bytes = vs_row / ATTN_QBLOCK * block_bytes(dt), pf = FLASH_BC * row_bytes;
-    float w[PV_KEYS][4] __attribute__((aligned(16)));
-    for (int e = 0; e < Dv; e += ATTN_QBLOCK) {
+    const int bb = block_bytes(dt);
+    for (int e = 0; e < Dv; e += 2 * ATTN_QBLOCK) {
+        const bool two = e + ATTN_QBLOCK < Dv;
         const uint8_t *b = block_at(v, dt, e);
-        for (int j = 0; j < nj; j++)
-            _mm_store_ps(w[j], _mm_mul_ps(_mm_loadu_ps(pp + (int64_t)j * ldp), _mm_set1_ps(scale_f(b + (int64_t)j * row_bytes))));
+        const int off1 = two ? bb : 0; // the second block's place in a row
+        // accumulators in named variables (an array is kept in memory across the loop)
         __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
+        __m512 c8 = c0, c9 = c0, c10 = c0, c11 = c0, c12 = c0, c13 = c0, c14 = c0, c15 = c0;
         const uint8_t *bj = b;
         for (int j = 0; j < nj; j++, bj += row_bytes) {
-            if (prefetch) prefetch_bytes(bj, pf, block_bytes(dt));
+            if (prefetch) prefetch_bytes(bj, pf, bb + off1);
+            const float *pj = pp + (int64_t)j * ldp;
+            const __m512 w0 = _mm512_set1_ps(pj[0]), w1 = _mm512_set1_ps(pj[1]), w2 = _mm512_set1_ps(pj[2]),
+                         w3 = _mm512_set1_ps(pj[3]);
             __m512 lo, hi;
-            load_block(dt, bj, &lo, &hi);
-            const __m512 w0 = _mm512_set1_ps(w[j][0]), w1 = _mm512_set1_ps(w[j][1]);
+            load_block_scaled(dt, bj, &lo, &hi);
             c0 = _mm512_fmadd_ps(w0, lo, c0), c1 = _mm512_fmadd_ps(w0, hi, c1);
-            c2 = _mm512_fmadd_ps(w1, lo, c2), c3 = _mm512_fmadd_ps(w1, hi, c3);
-            const __m512 w2 = _mm512_set1_ps(w[j][2]), w3 = _mm512_set1_ps(w[j][3]);
-            c4 = _mm512_fmadd_ps(w2, lo, c4), c5 = _mm512_fmadd_ps(w2, hi, c5);
-            c6 = _mm512_fmadd_ps(w3, lo, c6), c7 = _mm512_fmadd_ps(w3, hi, c7);
+            c4 = _mm512_fmadd_ps(w1, lo, c4), c5 = _mm512_fmadd_ps(w1, hi, c5);
+            c8 = _mm512_fmadd_ps(w2, lo, c8), c9 = _mm512_fmadd_ps(w2, hi, c9);
+            c12 = _mm512_fmadd_ps(w3, lo, c12), c13 = _mm512_fmadd_ps(w3, hi, c13);
+            load_block_scaled(dt, bj + off1, &lo, &hi);
+            c2 = _mm512_fmadd_ps(w0, lo, c2), c3 = _mm512_fmadd_ps(w0, hi, c3);
+            c6 = _mm512_fmadd_ps(w1, lo, c6), c7 = _mm512_fmadd_ps(w1, hi, c7);
+            c10 = _mm512_fmadd_ps(w2, lo, c10), c11 = _mm512_fmadd_ps(w2, hi, c11);
+            c14 = _mm512_fmadd_ps(w3, lo, c14), c15 = _mm512_fmadd_ps(w3, hi, c15);
         }
-        const __m512 c[8] = {c0, c1, c2, c3, c4, c5, c6, c7};
+        const __m512 c[16] = {c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15};
         for (int r = 0; r < nr; r++) {
             float *orow = o + (int64_t)r * ldo + e;
             const __m512 a = _mm512_set1_ps(scale_o ? alpha[r] : 1.0f);
-            _mm512_storeu_ps(orow, _mm512_fmadd_ps(a, _mm512_loadu_ps(orow), c[2 * r]));
-            _mm512_storeu_ps(orow + 16, _mm512_fmadd_ps(a, _mm512_loadu_ps(orow + 16), c[2 * r + 1]));
+            for (int x = 0; x < (two ? 4 : 2); x++)
+                _mm512_storeu_ps(orow + 16 * x, _mm512_fmadd_ps(a, _mm512_loadu_ps(orow + 16 * x), c[4 * r + x]));
         }
     }
 }
@@ -139,11 +153,10 @@ void attn__pv_rows_q_avx512(attn_dtype dt, const void *v, int64_t vs_row, int nj
 void attn__dequant_rows_avx512(attn_dtype dt, const void *x, float *y, int64_t n) {
     for (int64_t i = 0; i < n; i += ATTN_QBLOCK) {
         const uint8_t *b = block_at(x, dt, i);
-        const __m512 d = _mm512_set1_ps(scale_f(b));
         __m512 lo, hi;
-        if (dt == ATTN_DTYPE_Q8_0) load_block(ATTN_DTYPE_Q8_0, b, &lo, &hi);
-        else load_block(ATTN_DTYPE_Q4_0, b, &lo, &hi);
-        _mm512_storeu_ps(y + i, _mm512_mul_ps(lo, d));
-        _mm512_storeu_ps(y + i + 16, _mm512_mul_ps(hi, d));
+        if (dt == ATTN_DTYPE_Q8_0) load_block_scaled(ATTN_DTYPE_Q8_0, b, &lo, &hi);
+        else load_block_scaled(ATTN_DTYPE_Q4_0, b, &lo, &hi);
+        _mm512_storeu_ps(y + i, lo);
+        _mm512_storeu_ps(y + i + 16, hi);
     }
 }
