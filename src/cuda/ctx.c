@@ -50,6 +50,7 @@ static attn_status probe(attn__cuda_err *e, int device, attn__cuda_device *dev) 
     dev->cc_major = prop.major, dev->cc_minor = prop.minor;
     dev->sm_count = prop.multiProcessorCount;
     dev->smem_optin = prop.sharedMemPerBlockOptin;
+    dev->decode_pdl = attn__cuda_decode_pdl() != 0;
     return ATTN_OK;
 }
 

@@ -39,9 +39,14 @@ int attn__cuda_launch_flash_bwd(const attn__cuda_sdpa_params *p, int determinist
 // kernels/decode.cu: split-KV decoding for `rows` (group * L <= 16) query rows per kv head: splits of
 // split_keys keys into `part` (the plan's partial results; vec: the vector kernel, on the planner's
 // conditions for it), then their combination into out and lse. pdl: both launched as programmatic
-// dependents (the device's compute capability 9.0 or above).
+// dependents (only where attn__cuda_decode_pdl() says the loaded code waits for its predecessor).
 int attn__cuda_launch_decode(const attn__cuda_sdpa_params *p, int vec, int64_t split_keys, int64_t n_splits, int rows,
                              float *part, int pdl, cudaStream_t stream);
+
+// kernels/decode.cu: 1 when the decode kernels the current device loads were compiled for sm_90 or
+// later (their PTX version: code JIT-compiled from compute_80 PTX lacks the griddepcontrol wait, so
+// a programmatic launch would let it read before its predecessor's writes), else 0.
+int attn__cuda_decode_pdl(void);
 
 // kernels/kv_append.cu: the rows of one append written into the cache.
 int attn__cuda_launch_kv_append(const attn__cuda_kv_append *a, cudaStream_t stream);

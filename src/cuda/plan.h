@@ -38,6 +38,7 @@ typedef struct attn__cuda_device {
     int cc_major, cc_minor;
     int sm_count;
     size_t smem_optin; // largest dynamic shared memory per block
+    bool decode_pdl;   // the loaded decode kernels were compiled for sm_90 or later (programmatic launch)
 } attn__cuda_device;
 
 typedef enum attn__cuda_kernel {

@@ -8,8 +8,8 @@
 #include "plan.h"
 
 // An H100 (sm_90, 132 SMs, 227 KiB of shared memory per block) and an A100 (sm_80, 163 KiB).
-static const attn__cuda_device h100 = {9, 0, 132, 232448};
-static const attn__cuda_device a100 = {8, 0, 108, 166912};
+static const attn__cuda_device h100 = {9, 0, 132, 232448, true};
+static const attn__cuda_device a100 = {8, 0, 108, 166912, false};
 
 static attn_ctx *cpu_ctx(void) {
     attn_ctx *ctx = NULL;

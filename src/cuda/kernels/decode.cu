@@ -421,6 +421,12 @@ static int vec_by_dim(const P &p, int64_t split_keys, int64_t n_splits, int R, f
 
 } // namespace attn_cuda
 
+extern "C" int attn__cuda_decode_pdl(void) {
+    cudaFuncAttributes a;
+    if (cudaFuncGetAttributes(&a, attn_cuda::decode_combine_kernel) != cudaSuccess) return 0;
+    return a.ptxVersion >= 90;
+}
+
 extern "C" int attn__cuda_launch_decode(const attn__cuda_sdpa_params *p, int vec, int64_t split_keys, int64_t n_splits,
                                         int rows, float *part, int pdl, cudaStream_t stream) {
     using namespace attn_cuda;
