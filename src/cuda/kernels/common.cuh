@@ -13,6 +13,7 @@
 
 #include "../../philox.h"
 #include "../sdpa_params.h"
+#include "mma.cuh"
 
 namespace attn_cuda {
 
@@ -144,6 +145,20 @@ __device__ __forceinline__ int64_t kv_at(const P &p, const int64_t st[4], int64_
 __device__ __forceinline__ int64_t kv_row(const P &p, const int64_t st[4], const Seq &s, int64_t b, int64_t hk,
                                           int64_t j) {
     return kv_at(p, st, kv_base(p, st, s, b, hk), b, j);
+}
+// cp.async of keys and values n0 .. n0 + ROWS of sequence b into shared memory at dk and dv (mma.cuh's
+// tile copies; kb, vb: kv_base of their (b, kv head)): a cache in sequence order as strided tiles, a
+// paged one row by row through its page table. Rows past the sequence are zero-filled.
+template <int ROWS, int D, int NTH, int LD, typename T>
+__device__ __forceinline__ void cp_async_kv_tiles(T *dk, T *dv, const T *gk, const T *gv, const P &p, int64_t kb,
+                                                  int64_t vb, const Seq &s, int64_t b, int64_t n0, int tid) {
+    if (p.page_table == nullptr) {
+        cp_async_tile_strided<ROWS, D, NTH, LD>(dk, gk + kb + n0 * p.k_stride[2], p.k_stride[2], s.S - n0, tid);
+        cp_async_tile_strided<ROWS, D, NTH, LD>(dv, gv + vb + n0 * p.v_stride[2], p.v_stride[2], s.S - n0, tid);
+    } else {
+        cp_async_tile<ROWS, D, NTH, LD>(dk, gk, n0, s.S, tid, [&](int64_t j) { return kv_at(p, p.k_stride, kb, b, j); });
+        cp_async_tile<ROWS, D, NTH, LD>(dv, gv, n0, s.S, tid, [&](int64_t j) { return kv_at(p, p.v_stride, vb, b, j); });
+    }
 }
 
 // ---- the score rule (attn.h) --------------------------------------------------------------------

@@ -70,15 +70,7 @@ __global__ void __launch_bounds__(FlashTraits<D, Wide>::kThreads, FlashTraits<D,
     const int64_t kb = kv_base(p, p.k_stride, s, b, hk), vb = kv_base(p, p.v_stride, s, b, hk);
     cp_async_tile_strided<Br, D, NTH, LD>(sQ, gq + q_base(p, s, b, h) + i0 * p.q_stride[2], p.q_stride[2], s.L - i0, tid);
     auto load_kv = [&](int64_t tile, int stage) { // rows past the sequence are zero-filled, never read
-        const int64_t n0 = tile * Bc;
-        T *dk = sK + stage * Bc * LD, *dv = sV + stage * Bc * LD;
-        if (p.page_table == nullptr) {
-            cp_async_tile_strided<Bc, D, NTH, LD>(dk, gk + kb + n0 * p.k_stride[2], p.k_stride[2], s.S - n0, tid);
-            cp_async_tile_strided<Bc, D, NTH, LD>(dv, gv + vb + n0 * p.v_stride[2], p.v_stride[2], s.S - n0, tid);
-        } else {
-            cp_async_tile<Bc, D, NTH, LD>(dk, gk, n0, s.S, tid, [&](int64_t j) { return kv_at(p, p.k_stride, kb, b, j); });
-            cp_async_tile<Bc, D, NTH, LD>(dv, gv, n0, s.S, tid, [&](int64_t j) { return kv_at(p, p.v_stride, vb, b, j); });
-        }
+        cp_async_kv_tiles<Bc, D, NTH, LD>(sK + stage * Bc * LD, sV + stage * Bc * LD, gk, gv, p, kb, vb, s, b, tile * Bc, tid);
     };
 #pragma unroll
     for (int st = 0; st < ST - 1; st++) {
