@@ -336,11 +336,16 @@ static void test_half_error_bound(void) {
 static void test_non_finite_and_fully_masked(void) {
     // causal 2 (bottom-right, L < S): the last key is seen by the last query only, so an inf in its
     // value must reach that row alone although its key tile is shared with rows that hide it.
+    // The inf in the last value also with float16 and bfloat16 values (each type's scan of the value
+    // tiles for non-finite elements).
+    const attn_dtype dts[3] = {ATTN_DTYPE_F32, ATTN_DTYPE_F16, ATTN_DTYPE_BF16};
     for (int poison = 1; poison <= 3; poison++)
-        for (int causal = 0; causal <= 2; causal++) {
-            problem p = {1, 2, 2, 70, 130, 16, 16, (attn_causal)causal, 0, poison == 2 ? 1 : 0, 0.0f, 0.0, poison, NO_EXT};
-            check_problem(&p, 31u + (uint32_t)(poison * 2 + causal));
-        }
+        for (int causal = 0; causal <= 2; causal++)
+            for (int t = 0; t < (poison == 2 ? 3 : 1); t++) {
+                problem p = {1, 2, 2, 70, 130, 16, 16, (attn_causal)causal, 0, poison == 2 ? 1 : 0, 0.0f, 0.0, poison, NO_EXT};
+                p.kvdt = dts[t];
+                check_problem(&p, 31u + (uint32_t)(poison * 2 + causal));
+            }
     fprintf(stderr, "    %ld kernel runs compared with the reference\n", compared);
 }
 

@@ -294,19 +294,33 @@ static bool f32_row_nonfinite(const float *row, int64_t n) {
     return all != 0;
 }
 
+// The same for a contiguous row of n bfloat16 or float16 values: `exp` holds the type's exponent bits
+// (0x7f80 or 0x7c00).
+static bool u16_row_nonfinite(const uint16_t *row, int64_t n, uint16_t exp) {
+    uint32_t all = 0;
+    for (int64_t t = 0; t < n; t++) all |= (uint32_t)((row[t] & exp) == exp);
+    return all != 0;
+}
+
 static void vscan_task(void *arg, int64_t task, int thread) {
     (void)thread;
     const vscan_job *J = arg;
     const attn_sdpa_desc *d = J->d;
     const int64_t b = task / J->sh->Hkv, hk = task % J->sh->Hkv, Dv = J->sh->Dv;
-    const bool dense_f32 = d->kv_dtype == ATTN_DTYPE_F32 && (d->v_stride[3] == 1 || Dv == 1);
+    // dense rows of a float type by their bits; other layouts and the block-quantised types per element
+    const bool dense = d->v_stride[3] == 1 || Dv == 1;
+    const uint16_t exp16 = d->kv_dtype == ATTN_DTYPE_BF16 ? 0x7f80 : d->kv_dtype == ATTN_DTYPE_F16 ? 0x7c00 : 0;
     for (int64_t tile = 0; tile < J->n_kvtiles; tile++) {
         uint8_t bad = 0;
         const int64_t j_end = (tile + 1) * FLASH_BC < J->sh->S ? (tile + 1) * FLASH_BC : J->sh->S;
         for (int64_t j = tile * FLASH_BC; j < j_end && !bad; j++) {
             const int64_t row = attn__offset4(d->v_stride, b, hk, j, 0);
-            if (dense_f32) {
+            if (dense && d->kv_dtype == ATTN_DTYPE_F32) {
                 bad = f32_row_nonfinite((const float *)J->v + row, Dv);
+                continue;
+            }
+            if (dense && exp16 != 0) {
+                bad = u16_row_nonfinite((const uint16_t *)J->v + row, Dv, exp16);
                 continue;
             }
             for (int64_t t = 0; t < Dv; t++) bad |= !isfinite(attn__kv_at(J->v, d->kv_dtype, row + t * d->v_stride[3]));
