@@ -72,8 +72,9 @@ size_t attn__fwd_tiles_layout(const attn__sdpa_shape *sh, const attn_sdpa_desc *
 // stride es; block types: es = 1, rs a multiple of the block) as floats (nj, n) contiguous.
 void attn__half_tile(const attn__kernels *kn, attn_dtype dt, const void *src, int64_t rs, int64_t es, int nj,
                      int64_t n, float *dst) {
+    const size_t row_bytes = attn__kv_bytes(dt, rs); // rows rs elements apart (a whole number of blocks)
     for (int j = 0; j < nj; j++) {
-        const void *r = (const char *)src + attn__kv_bytes(dt, (int64_t)j * rs);
+        const void *r = (const char *)src + (size_t)j * row_bytes;
         float *o = dst + (int64_t)j * n;
         if (attn__is_block_dtype(dt))
             kn->dequant_rows(dt, r, o, n);
@@ -162,8 +163,9 @@ static void pv_rows_skipping_zeros(const uint16_t *v, int64_t vs_row, int nj, in
 static void prefetch_tile(const char *head, attn_dtype dt, int64_t rs, int64_t j0, int nj, int64_t n) {
 #if defined(__GNUC__)
     const int64_t bytes = attn__kv_bytes(dt, n);
+    const size_t row_bytes = attn__kv_bytes(dt, rs);
     for (int j = 0; j < nj; j++) {
-        const char *row = head + attn__kv_bytes(dt, (j0 + j) * rs);
+        const char *row = head + (size_t)(j0 + j) * row_bytes;
         for (int64_t x = 0; x < bytes; x += 64) __builtin_prefetch(row + x, 0, 2);
     }
 #else
