@@ -367,9 +367,11 @@ typedef struct prep_job {
 // a tile's rows paired.
 static void pair_along_rows(const uint16_t *x, const int64_t s[4], int64_t b, int64_t h, int64_t i0, int64_t nr,
                             int64_t n, int64_t w, int64_t rows, uint16_t *y) {
-    for (int64_t i = 0; i < rows; i++)
-        for (int64_t c = 0; c < w; c++)
-            y[2 * ((i / 2) * w + c) + i % 2] = i < nr && c < n ? x[attn__offset4(s, b, h, i0 + i, c)] : 0;
+    for (int64_t i = 0; i < rows; i++) {
+        const uint16_t *xr = i < nr ? x + attn__offset4(s, b, h, i0 + i, 0) : NULL; // the row, once
+        uint16_t *yr = y + 2 * (i / 2) * w + i % 2;
+        for (int64_t c = 0; c < w; c++) yr[2 * c] = xr != NULL && c < n ? xr[c * s[3]] : 0;
+    }
 }
 
 static void prep_rows_task(void *arg, int64_t bh, int thread) {
