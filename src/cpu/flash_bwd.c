@@ -364,9 +364,16 @@ typedef struct prep_job {
 } prep_job;
 
 // y (rows/2 x w pairs): y[2*((i/2)*w + c) + i%2] = x[b, h, i0 + i, c] for i < nr and c < n, 0 elsewhere:
-// a tile's rows paired.
-static void pair_along_rows(const uint16_t *x, const int64_t s[4], int64_t b, int64_t h, int64_t i0, int64_t nr,
-                            int64_t n, int64_t w, int64_t rows, uint16_t *y) {
+// a tile's rows paired (contiguous rows by the kernel table's pair_rows_bf16, the padding rows
+// zeroed after them).
+static void pair_along_rows(const attn__kernels *kn, const uint16_t *x, const int64_t s[4], int64_t b, int64_t h,
+                            int64_t i0, int64_t nr, int64_t n, int64_t w, int64_t rows, uint16_t *y) {
+    if (kn->pair_rows_bf16 != NULL && s[3] == 1 && nr > 0) {
+        kn->pair_rows_bf16(x + attn__offset4(s, b, h, i0, 0), s[2], (int)nr, (int)n, (int)w, y);
+        const int64_t done = (nr + 1) / 2 * 2; // rows written, the odd last one's partner included
+        memset(y + done * w, 0, (size_t)((rows - done) * w) * sizeof *y);
+        return;
+    }
     for (int64_t i = 0; i < rows; i++) {
         const uint16_t *xr = i < nr ? x + attn__offset4(s, b, h, i0 + i, 0) : NULL; // the row, once
         uint16_t *yr = y + 2 * (i / 2) * w + i % 2;
@@ -386,8 +393,8 @@ static void prep_rows_task(void *arg, int64_t bh, int thread) {
         attn__pair_tile_bf16(J->kn, J->q, d->q_stride, b, h, i0, nq, sh->D, BWD_BR, J->qp2, J->qp_all + tile * sh->D * BWD_BR);
         attn__pair_tile_bf16(J->kn, J->dout, d->o_stride, b, h, i0, nq, sh->Dv, BWD_BR, 1.0f,
                              J->dop_all + tile * sh->Dv * BWD_BR);
-        pair_along_rows(J->q, d->q_stride, b, h, i0, nq, sh->D, J->Dp, BWD_BR, J->qr_all + tile * BWD_BR * J->Dp);
-        pair_along_rows(J->dout, d->o_stride, b, h, i0, nq, sh->Dv, J->Dvp, BWD_BR, J->dor_all + tile * BWD_BR * J->Dvp);
+        pair_along_rows(J->kn, J->q, d->q_stride, b, h, i0, nq, sh->D, J->Dp, BWD_BR, J->qr_all + tile * BWD_BR * J->Dp);
+        pair_along_rows(J->kn, J->dout, d->o_stride, b, h, i0, nq, sh->Dv, J->Dvp, BWD_BR, J->dor_all + tile * BWD_BR * J->Dvp);
         J->q_bad[tile] = 0;
     }
     // every query tile of the head transposed (and scaled), and every dout tile transposed
@@ -442,7 +449,7 @@ static void prep_tiles_task(void *arg, int64_t task, int thread) {
     const int64_t b = bhk / sh->Hkv, hk = bhk % sh->Hkv;
     const int64_t j_end = (jt + 1) * BWD_BC < sh->S ? (jt + 1) * BWD_BC : sh->S;
     if (P->J->dot) { // the key rows paired (all finite)
-        pair_along_rows(P->J->kb, d->k_stride, b, hk, jt * BWD_BC, j_end - jt * BWD_BC, sh->D, P->J->Dp, BWD_BC,
+        pair_along_rows(P->J->kn, P->J->kb, d->k_stride, b, hk, jt * BWD_BC, j_end - jt * BWD_BC, sh->D, P->J->Dp, BWD_BC,
                         P->J->kr_all + task * BWD_BC * P->J->Dp);
         P->kv_bad[task] = 0;
         return;
