@@ -3,7 +3,7 @@
 // through the public API, on random shapes and options (GQA, both causal alignments, windows,
 // ALiBi, soft-capping, masks, key padding, Dk != Dv, odd sizes), the forward, the backward, packed
 // batches and the KV cache; the error bounds of attn.h on adversarial inputs (large logits, long
-// rows); identical bits for every thread count.
+// rows); identical bits for every thread count, and whatever the scratch held before a backward.
 #include <float.h>
 #include <stdbool.h>
 
@@ -394,6 +394,20 @@ static void run_bwd(attn_ctx *ctx, const data *x, const tensor *out, const float
         FAIL("sdpa_bwd on %s: %s", attn_isa_name(attn_ctx_isa(ctx)), attn_ctx_last_error(ctx));
 }
 
+// run_bwd with the context's scratch in a caller workspace filled with 0xff bytes (NaN in every float
+// type) first: the gradients must not depend on what the scratch held.
+static void run_bwd_on_poisoned_scratch(attn_ctx *ctx, const data *x, const tensor *out, const float *lse, grads *g) {
+    size_t need = 0;
+    ASSERT_EQ_INT(attn_sdpa_bwd_workspace_size(ctx, &x->d, 0, &need), ATTN_OK);
+    char *ws = malloc(need + 1);
+    if (ws == NULL) FAIL("out of memory");
+    memset(ws, 0xff, need + 1);
+    ASSERT_EQ_INT(attn_ctx_set_workspace(ctx, ws, need + 1), ATTN_OK);
+    run_bwd(ctx, x, out, lse, g);
+    ASSERT_EQ_INT(attn_ctx_set_workspace(ctx, NULL, 0), ATTN_OK);
+    free(ws);
+}
+
 static void backward_problem(const problem *p, uint32_t seed) {
     data x = make_data(p, seed);
     const int64_t no = p->B * p->H * p->L * p->Dv, nl = p->B * p->H * p->L;
@@ -417,7 +431,6 @@ static void backward_problem(const problem *p, uint32_t seed) {
         attn_ctx *c1 = test_ctx(isas[ii], 1), *c3 = test_ctx(isas[ii], 3);
         run_bwd(c1, &x, &out, lse, &g1);
         run_bwd(c3, &x, &out, lse, &g2);
-        attn_ctx_free(c1), attn_ctx_free(c3);
         check_grad(p, &x, "dq", &g1.dq, &ref.dq, mag.dq, mag.fdq, isas[ii]);
         check_grad(p, &x, "dk", &g1.dk, &ref.dk, mag.dk, mag.fdk, isas[ii]);
         check_grad(p, &x, "dv", &g1.dv, &ref.dv, mag.dv, mag.fdv, isas[ii]);
@@ -425,6 +438,11 @@ static void backward_problem(const problem *p, uint32_t seed) {
         if (memcmp(g1.dq.p, g2.dq.p, (size_t)g1.dq.n * es) != 0 || memcmp(g1.dk.p, g2.dk.p, (size_t)g1.dk.n * es) != 0 ||
             memcmp(g1.dv.p, g2.dv.p, (size_t)g1.dv.n * es) != 0)
             FAIL("%s: 3 threads give other gradient bits than 1", attn_isa_name(isas[ii]));
+        run_bwd_on_poisoned_scratch(c3, &x, &out, lse, &g2);
+        if (memcmp(g1.dq.p, g2.dq.p, (size_t)g1.dq.n * es) != 0 || memcmp(g1.dk.p, g2.dk.p, (size_t)g1.dk.n * es) != 0 ||
+            memcmp(g1.dv.p, g2.dv.p, (size_t)g1.dv.n * es) != 0)
+            FAIL("%s: scratch filled with NaN first gives other gradient bits", attn_isa_name(isas[ii]));
+        attn_ctx_free(c1), attn_ctx_free(c3);
         compared++;
     }
     free_grads(&ref), free_grads(&g1), free_grads(&g2);
