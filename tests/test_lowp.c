@@ -177,6 +177,20 @@ static void run_fwd(attn_ctx *ctx, const data *x, tensor *out, float *lse) {
         FAIL("sdpa_fwd on %s: %s", attn_isa_name(attn_ctx_isa(ctx)), attn_ctx_last_error(ctx));
 }
 
+// run_fwd with the context's scratch in a caller workspace filled with 0xff bytes (NaN in every float
+// type) first: the results must not depend on what the scratch held.
+static void run_fwd_on_poisoned_scratch(attn_ctx *ctx, const data *x, tensor *out, float *lse) {
+    size_t need = 0;
+    ASSERT_EQ_INT(attn_sdpa_fwd_workspace_size(ctx, &x->d, &need), ATTN_OK);
+    char *ws = malloc(need + 1);
+    if (ws == NULL) FAIL("out of memory");
+    memset(ws, 0xff, need + 1);
+    ASSERT_EQ_INT(attn_ctx_set_workspace(ctx, ws, need + 1), ATTN_OK);
+    run_fwd(ctx, x, out, lse);
+    ASSERT_EQ_INT(attn_ctx_set_workspace(ctx, NULL, 0), ATTN_OK);
+    free(ws);
+}
+
 // The forward of x (made from p) on every instruction set against the reference.
 static void forward_data(const problem *p, data *xp) {
     data x = *xp;
@@ -191,15 +205,15 @@ static void forward_data(const problem *p, data *xp) {
     for (int ii = 0; ii < n; ii++) {
         attn_ctx *c1 = test_ctx(isas[ii], 1), *c3 = test_ctx(isas[ii], 3);
         run_fwd(c1, &x, &o1, l1);
-        run_fwd(c3, &x, &o2, l2);
+        run_fwd_on_poisoned_scratch(c3, &x, &o2, l2);
         attn_ctx_free(c1), attn_ctx_free(c3);
         check_forward(p, &x, &o1, &ref, isas[ii]);
         for (int64_t i = 0; i < nl; i++) // lse stays float32: the float32 kernels' accuracy
             if (!(lr[i] == l1[i] || fabs(lr[i] - l1[i]) <= 1e-4 * (1 + fabs(lr[i]))))
                 FAIL("%s: lse[%lld] %.8g, reference %.8g", attn_isa_name(isas[ii]), (long long)i, l1[i], lr[i]);
         if (memcmp(o1.p, o2.p, (size_t)no * attn_dtype_size(p->ot)) != 0 || memcmp(l1, l2, (size_t)nl * 4) != 0)
-            FAIL("%s: 3 threads give other bits than 1 (L%lld S%lld)", attn_isa_name(isas[ii]), (long long)p->L,
-                 (long long)p->S);
+            FAIL("%s: 3 threads (scratch filled with NaN first) give other bits than 1 (L%lld S%lld)",
+                 attn_isa_name(isas[ii]), (long long)p->L, (long long)p->S);
         compared++;
     }
     free(ref.p), free(o1.p), free(o2.p), free(lr), free(l1), free(l2);
