@@ -421,8 +421,10 @@ typedef struct attn_sdpa_desc {
      * so every row is whole blocks: value (b, h, s, t) lies in block o / 32 of the tensor, o =
      * b*stride[0] + h*stride[1] + s*stride[2] + t, at byte (o / 32) * attn_dtype_size(kv_dtype);
      * ATTN_ERR_INVALID_ARG otherwise. Scores are float32 sums of products with the dequantised keys
-     * (q * d, exact); in the weighted sum of the values the fused kernels multiply each weight by
-     * the block's scale d first and then by q (one float32 rounding more per product). Against the float32 k and v they were quantised from, a row's output differs
+     * (q * d, exact); in the weighted sum of the values the AVX2 kernels multiply each weight by
+     * the block's scale d first and then by q (one float32 rounding more per product), the AVX-512
+     * ones each weight by the exact q * d. Against the float32 k and v they were quantised from, a
+     * row's output differs
      * by at most (exp(2 delta) * (1 + c) - 1) * max|v| + exp(2 delta) * a, plus float32 rounding,
      * with delta = scale * sum_t |q_t| * (c * max|k| + a), max over the row's kv head, and c, a the
      * per-value bound of attn_convert (Q8_0: c = 1/254 + 2^-11 + 2^-20, a = 2^-18; Q4_0: c = 1/8 +
