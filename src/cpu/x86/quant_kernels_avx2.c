@@ -26,11 +26,7 @@
 #include "half.h"
 
 // The scale d of the block at b, broadcast: as float16 (vpbroadcastw), then converted in the vector.
-INLINE __m256 scale_of(const uint8_t *b) {
-    uint16_t h;
-    __builtin_memcpy(&h, b, 2);
-    return _mm256_cvtph_ps(_mm_set1_epi16((short)h));
-}
+INLINE __m256 scale_of(const uint8_t *b) { return _mm256_cvtph_ps(_mm_set1_epi16((short)scale_bits(b))); }
 
 // Values 8c .. 8c + 7 (c < 4) of the block at b as floats, not yet multiplied by its scale.
 INLINE __m256 load8_unscaled(attn_dtype dt, const uint8_t *b, int c) {

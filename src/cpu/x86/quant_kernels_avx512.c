@@ -30,9 +30,7 @@
 // Q4_0's 16-entry table (the nibble n gives n - 8) is scaled once and permuted (vpermps reads the
 // low 4 bits of each index, so the low nibbles need no mask).
 INLINE void load_block_scaled(attn_dtype dt, const uint8_t *b, __m512 *lo, __m512 *hi) {
-    uint16_t h;
-    __builtin_memcpy(&h, b, 2);
-    const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)h));
+    const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)scale_bits(b)));
     if (dt == ATTN_DTYPE_Q8_0) {
         *lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)))), d);
         *hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18)))), d);

@@ -22,12 +22,15 @@ INLINE const uint8_t *block_at(const void *p, attn_dtype dt, int64_t off) {
     return (const uint8_t *)p + off / ATTN_QBLOCK * block_bytes(dt);
 }
 
-// The scale d of the block at b (its first two bytes, float16), as a float.
-INLINE float scale_f(const uint8_t *b) {
+// The scale d of the block at b: its first two bytes, the float16's bits.
+INLINE uint16_t scale_bits(const uint8_t *b) {
     uint16_t h;
     __builtin_memcpy(&h, b, 2);
-    return _cvtsh_ss(h);
+    return h;
 }
+
+// The scale d of the block at b as a float.
+INLINE float scale_f(const uint8_t *b) { return _cvtsh_ss(scale_bits(b)); }
 
 // The including file's kernels. qk_rows_impl: s[r s_r + j s_j] = q row r . key row j (rows <= 4 at a
 // time inside) for nj keys of D elements, rows of ks_row elements. pv_rows_impl: four rows' (nr of
