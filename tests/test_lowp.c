@@ -177,18 +177,29 @@ static void run_fwd(attn_ctx *ctx, const data *x, tensor *out, float *lse) {
         FAIL("sdpa_fwd on %s: %s", attn_isa_name(attn_ctx_isa(ctx)), attn_ctx_last_error(ctx));
 }
 
-// run_fwd with the context's scratch in a caller workspace filled with 0xff bytes (NaN in every float
-// type) first: the results must not depend on what the scratch held.
-static void run_fwd_on_poisoned_scratch(attn_ctx *ctx, const data *x, tensor *out, float *lse) {
-    size_t need = 0;
-    ASSERT_EQ_INT(attn_sdpa_fwd_workspace_size(ctx, &x->d, &need), ATTN_OK);
+// The context's scratch moved to a caller workspace of `need` bytes filled with 0xff (NaN in every
+// float type), so a result that reads scratch before writing it shows; poisoned_scratch_end gives
+// the context its own scratch back and frees the buffer.
+static char *poisoned_scratch(attn_ctx *ctx, size_t need) {
     char *ws = malloc(need + 1);
     if (ws == NULL) FAIL("out of memory");
     memset(ws, 0xff, need + 1);
     ASSERT_EQ_INT(attn_ctx_set_workspace(ctx, ws, need + 1), ATTN_OK);
-    run_fwd(ctx, x, out, lse);
+    return ws;
+}
+
+static void poisoned_scratch_end(attn_ctx *ctx, char *ws) {
     ASSERT_EQ_INT(attn_ctx_set_workspace(ctx, NULL, 0), ATTN_OK);
     free(ws);
+}
+
+// run_fwd on poisoned scratch: the results must not depend on what the scratch held.
+static void run_fwd_on_poisoned_scratch(attn_ctx *ctx, const data *x, tensor *out, float *lse) {
+    size_t need = 0;
+    ASSERT_EQ_INT(attn_sdpa_fwd_workspace_size(ctx, &x->d, &need), ATTN_OK);
+    char *ws = poisoned_scratch(ctx, need);
+    run_fwd(ctx, x, out, lse);
+    poisoned_scratch_end(ctx, ws);
 }
 
 // The forward of x (made from p) on every instruction set against the reference.
@@ -408,18 +419,13 @@ static void run_bwd(attn_ctx *ctx, const data *x, const tensor *out, const float
         FAIL("sdpa_bwd on %s: %s", attn_isa_name(attn_ctx_isa(ctx)), attn_ctx_last_error(ctx));
 }
 
-// run_bwd with the context's scratch in a caller workspace filled with 0xff bytes (NaN in every float
-// type) first: the gradients must not depend on what the scratch held.
+// run_bwd on poisoned scratch: the gradients must not depend on what the scratch held.
 static void run_bwd_on_poisoned_scratch(attn_ctx *ctx, const data *x, const tensor *out, const float *lse, grads *g) {
     size_t need = 0;
     ASSERT_EQ_INT(attn_sdpa_bwd_workspace_size(ctx, &x->d, 0, &need), ATTN_OK);
-    char *ws = malloc(need + 1);
-    if (ws == NULL) FAIL("out of memory");
-    memset(ws, 0xff, need + 1);
-    ASSERT_EQ_INT(attn_ctx_set_workspace(ctx, ws, need + 1), ATTN_OK);
+    char *ws = poisoned_scratch(ctx, need);
     run_bwd(ctx, x, out, lse, g);
-    ASSERT_EQ_INT(attn_ctx_set_workspace(ctx, NULL, 0), ATTN_OK);
-    free(ws);
+    poisoned_scratch_end(ctx, ws);
 }
 
 static void backward_problem(const problem *p, uint32_t seed) {
