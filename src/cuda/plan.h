@@ -33,7 +33,7 @@ attn_status attn__cuda_fail(attn__cuda_err *e, attn_status st, const char *fmt, 
 #endif
     ;
 
-// What the planner needs to know of the device.
+// What the planner (and, for decode_pdl, the decode launch) needs to know of the device.
 typedef struct attn__cuda_device {
     int cc_major, cc_minor;
     int sm_count;

@@ -12,7 +12,8 @@
 // the workspace.
 // Pass 2 (decode_combine_kernel): one warp per query row merges its splits: M = max m, out =
 // sum 2^(m - M) acc / sum 2^(m - M) l (times keep_scale with dropout), lse = (M + log2 l) ln 2.
-// On sm_90 both passes are launched as programmatic dependents (common.cuh, pdl_wait): pass 2's
+// Where the loaded code was compiled for sm_90 or later (attn__cuda_decode_pdl, launch.h) both
+// passes are launched as programmatic dependents (common.cuh, pdl_wait): pass 2's
 // blocks start as pass 1's blocks leave and wait there for its results, and pass 1 of the next call
 // in the stream is set up while this call's pass 2 runs.
 #include <cuda_runtime.h>
@@ -362,7 +363,7 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_combine_kernel(const P 
     if (p.lse != nullptr && lane == 0) p.lse[lse_index(p, s, b, h, i)] = lse_of(M, L);
 }
 
-// Where a launch goes: the stream, and whether as a programmatic dependent (sm_90 and above).
+// Where a launch goes: the stream, and whether as a programmatic dependent (attn__cuda_decode_pdl).
 struct Where {
     cudaStream_t stream;
     bool pdl;
