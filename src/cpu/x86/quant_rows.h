@@ -1,5 +1,5 @@
-// quant_rows.h - what quant_kernels_avx2.c and quant_kernels_avx512.c share: a Q8_0 / Q4_0 block's
-// size, place and scale, and the loops around their row kernels (the element type made a constant
+// quant_rows.h - what quant_kernels_avx2.c and quant_kernels_avx512.c share: the block helpers
+// (quant_block.h) and the loops around their row kernels (the element type made a constant
 // for each call; pv_rows four rows and a key tile at a time). Each file defines qk_rows_impl and
 // pv_rows_impl (declared below) for its vector width and wraps qk_rows_q and pv_rows_q in its
 // entry points. Include after <immintrin.h> with F16C enabled.
@@ -11,26 +11,8 @@
 
 #include "attn.h"
 #include "cpu/cpu.h"
+#include "cpu/x86/quant_block.h"
 #include "half.h"
-
-#define INLINE static inline __attribute__((always_inline))
-
-INLINE int block_bytes(attn_dtype dt) { return dt == ATTN_DTYPE_Q8_0 ? ATTN_Q8_0_BYTES : ATTN_Q4_0_BYTES; }
-
-// The block holding element `off` (a multiple of 32) of a dt tensor.
-INLINE const uint8_t *block_at(const void *p, attn_dtype dt, int64_t off) {
-    return (const uint8_t *)p + off / ATTN_QBLOCK * block_bytes(dt);
-}
-
-// The scale d of the block at b: its first two bytes, the float16's bits.
-INLINE uint16_t scale_bits(const uint8_t *b) {
-    uint16_t h;
-    __builtin_memcpy(&h, b, 2);
-    return h;
-}
-
-// The scale d of the block at b as a float.
-INLINE float scale_f(const uint8_t *b) { return _cvtsh_ss(scale_bits(b)); }
 
 // The including file's kernels. qk_rows_impl: s[r s_r + j s_j] = q row r . key row j (rows <= 4 at a
 // time inside) for nj keys of D elements, rows of ks_row elements. pv_rows_impl: four rows' (nr of
@@ -45,7 +27,7 @@ INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int
 
 // cpu.h's qk_rows_q: the kernel instantiated for each element type.
 INLINE void qk_rows_q(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const float *q, int rows, float *s,
-                      int64_t s_r, int64_t s_j) {
+                      int64_t s_r, int64_t s_j) { // q: the float rows (these tables have no prep_q)
     if (dt == ATTN_DTYPE_Q8_0) qk_rows_impl(ATTN_DTYPE_Q8_0, k, ks_row, nj, D, q, rows, s, s_r, s_j);
     else qk_rows_impl(ATTN_DTYPE_Q4_0, k, ks_row, nj, D, q, rows, s, s_r, s_j);
 }
