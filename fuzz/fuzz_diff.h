@@ -44,6 +44,25 @@ static inline int fuzz_on_dot(const attn_ctx *ctx, const attn_sdpa_desc *d) {
            (d->v_stride[3] == 1 || d->head_dim_v == 1) && d->weights_mode == ATTN_WEIGHTS_NONE;
 }
 
+/* Whether the few-row decode kernels of ctx may run d with the query rounded to int8 and the
+ * weights to bf16 (attn.h, attn_sdpa_desc.kv_dtype: Q4_0 on the bf16 ISAs). */
+static inline int fuzz_on_q4_dot(const attn_ctx *ctx, attn_dtype kv_dtype) {
+    return attn_isa_bf16_dot(attn_ctx_isa(ctx)) && kv_dtype == ATTN_DTYPE_Q4_0;
+}
+
+/* attn.h's delta_q of a query row (n values at stride st, scale applied to it) against keys of
+ * largest magnitude kmax: the int8 rounding's score error, 0 beyond the bf16 ISAs' Q4_0 kernels. */
+static inline double fuzz_q4_delta(int q4dot, const float *qr, int64_t n, int64_t st, double scale, double kmax) {
+    if (!q4dot) return 0.0;
+    double msum = 0.0;
+    for (int64_t t0 = 0; t0 < n; t0 += 32) {
+        double m = 0.0;
+        for (int64_t t = t0; t < t0 + 32 && t < n; t++) m = isfinite(qr[t * st]) ? fmax(m, fabs((double)qr[t * st])) : m;
+        msum += 32.0 * m;
+    }
+    return (scale * (1.0 / 254 + 0x1p-20) * msum + 0x1p-96 * (double)n) * kmax;
+}
+
 /*
  * Tolerances. The reference accumulates in double; the fused kernels and the projections' GEMM in
  * float, so a score s = scale * q.k legitimately differs by up to about D * 2^-24 * |scale| *

@@ -27,8 +27,8 @@
  * whole blocks of 32 for the last two), filled by the same appends of values with specials
  * (NaN and infinities make their quantised blocks NaN), and attends with bottom-right causal
  * masking, optionally a key padding mask and a window: the caches must hold the same bytes, and
- * the results agree as SDPA's do (both sides compute on the same stored values), raw blocks (see
- * overwrite_blocks) included.
+ * the results agree as SDPA's do (both sides compute on the same stored values; Q4_0 on the bf16
+ * ISAs within attn.h's bound for its rounded query), raw blocks (see overwrite_blocks) included.
  */
 /*
  * Now and then (from the pair's generator, so the input decodes as before) a few stored Q8_0/Q4_0
@@ -129,11 +129,16 @@ static void diff_kv_cache(pair *p) {
                            "the caches hold different keys in %s", problem);
             /* magnitudes of what the rows sum (a dequantised value is at most the block's largest) */
             const double mk = isnan(raw_all) ? amp : fmax(amp, raw_all), ds = 4.0 * (double)(D + 8) * U * (double)D * mk * max_abs(q, B * H * L * D) / sqrt((double)D);
+            /* Q4_0 on the bf16 ISAs: attn.h's delta_q (m_b <= max|q|) and the weights' bf16 rounding */
+            const double dq = fuzz_on_q4_dot(p->ctx[0], dt) ? ((double)D * max_abs(q, B * H * L * D) / sqrt((double)D) *
+                                                                   (1.0 / 254 + 0x1p-20) + 0x1p-96 * (double)D) * mk
+                                                              : 0.0;
+            const double wq = dq > 0.0 ? mk * (expm1(2.0 * dq) + 0x1p-8 * exp(2.0 * dq)) + (double)S * 0x1p-122 : 0.0;
             loose_nonfinite = true; /* specials: the flush of tiny weights may differ (see above) */
-            const tol t = {REL_TOL + 4.0 * ds, ABS_TOL * (1.0 + mk) + mk * (3.0 * ds + 4.0 * (double)(S + 8) * U)};
-            for (int i = 1; i < p->n; i++) {
+            const tol t = {REL_TOL + 4.0 * ds, ABS_TOL * (1.0 + mk) + mk * (3.0 * ds + 4.0 * (double)(S + 8) * U) + wq};
+            for (int i = 1; i < p->n; i++) { /* [2] runs [0]'s kernels: the same rounding */
                 compare_run(p, i, o[0], o[i], B * H * L * Dv, t, "kv cache out");
-                compare_run(p, i, lse[0], lse[i], B * H * L, (tol){REL_TOL + 4.0 * ds, ABS_TOL + 4.0 * ds}, "kv cache lse");
+                compare_run(p, i, lse[0], lse[i], B * H * L, (tol){REL_TOL + 4.0 * ds, ABS_TOL + 4.0 * ds + dq}, "kv cache lse");
             }
             loose_nonfinite = false;
         }
@@ -347,7 +352,9 @@ static float *dequantise(attn_dtype dt, const uint8_t *x, int64_t n) {
  *   |out - out_ref| <= 2 u_o |out_ref| + t_o + (exp(2 delta) - 1 + 2^-16) max_j |v_j|,
  *   delta = (D + 2) 2^-24 scale sum_t |q_t| max_j |k_j|_inf + 2^-22 softcap,
  * and on the bf16 dot products (attn_isa_bf16_dot, bf16 q, k and v, even D) 2^-8 more beside
- * 2^-16, 2^-126 scale sum_t |q_t| + 2^-125 D max_j |k_j|_inf more in delta and S 2^-125 more in all.
+ * 2^-16, 2^-126 scale sum_t |q_t| + 2^-125 D max_j |k_j|_inf more in delta and S 2^-125 more in all;
+ * with Q4_0 on the bf16 ISAs (fuzz_on_q4_dot: the query rounded to int8) attn.h's delta_q more in
+ * delta, 2^-8 exp(2 delta) beside 2^-16 and S 2^-122 more in all.
  * Rows that see a NaN or infinite key or value (a NaN or infinite scale makes its block's values
  * NaN or +-inf: q * d), or whose q holds one, must be non-finite in the same places on both sides
  * (unless the scores span more than the flush of tiny weights, see loose_nonfinite); rows that see
@@ -425,7 +432,9 @@ static void diff_sdpa_raw(pair *p) {
     const double t_o = d.out_dtype == ATTN_DTYPE_BF16 ? 0x1p-133 : d.out_dtype == ATTN_DTYPE_F16 ? 0x1p-24 : 0x1p-149;
     const double o_max = d.out_dtype == ATTN_DTYPE_F16 ? 65504.0 : 0x1.fep127; /* BF16's largest; F32 near it */
     const bool dot = fuzz_on_dot(p->ctx[0], &d);
-    const double eps = dot ? 0x1p-8 + 0x1p-16 : 0x1p-16, flushed = dot ? (double)S * 0x1p-125 : 0.0;
+    const int q4dot = fuzz_on_q4_dot(p->ctx[0], d.kv_dtype); /* the query rounded to int8, weights to bf16 */
+    const double eps = dot ? 0x1p-8 + 0x1p-16 : 0x1p-16,
+                 flushed = dot ? (double)S * 0x1p-125 : q4dot ? (double)S * 0x1p-122 : 0.0;
     const double scale = d.scale != 0.0f ? fabs((double)d.scale) : 1.0 / sqrt((double)D);
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++) {
@@ -447,7 +456,9 @@ static void diff_sdpa_raw(pair *p) {
                     q_nonfinite |= !isfinite(qr[t]), qsum += isfinite(qr[t]) ? fabs((double)qr[t]) : 0.0,
                         qmax = isfinite(qr[t]) ? fmax(qmax, fabs((double)qr[t])) : qmax;
                 const double delta = (double)(D + 2) * 0x1p-24 * scale * qsum * kmax + 0x1p-22 * (double)d.softcap +
-                                     (dot ? 0x1p-126 * scale * qsum + 0x1p-125 * (double)D * kmax : 0.0);
+                                     (dot ? 0x1p-126 * scale * qsum + 0x1p-125 * (double)D * kmax : 0.0) +
+                                     fuzz_q4_delta(q4dot, qr, D, d.q_stride[3], scale, kmax);
+                const double u_w = q4dot ? 0x1p-8 * exp(2.0 * delta) : 0.0; /* the weights' bf16 rounding */
                 /* the scores' magnitude: an infinite q or k element makes a score infinite, which the
                  * soft cap turns into +-cap (the finite elements' sums alone miss it) */
                 const double smag = d.softcap > 0.0f ? (q_nonfinite || k_nonfinite ? (double)d.softcap
@@ -472,7 +483,7 @@ static void diff_sdpa_raw(pair *p) {
                                    "out[%lld]: kernels %g, reference %g in %s", (long long)o, (double)a, (double)r, problem);
                         continue;
                     }
-                    const double bound = 2.0 * u_o * fabs((double)r) + t_o + (expm1(2.0 * delta) + eps) * vmax + flushed;
+                    const double bound = 2.0 * u_o * fabs((double)r) + t_o + (expm1(2.0 * delta) + eps + u_w) * vmax + flushed;
                     FUZZ_CHECK(fabs((double)a - (double)r) <= bound || !isfinite(bound) || !in_range,
                                "out[%lld]: kernels %.9g, reference %.9g, beyond attn.h's bound %g in %s", (long long)o,
                                (double)a, (double)r, bound, problem);

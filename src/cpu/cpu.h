@@ -17,6 +17,10 @@
 
 #define ATTN_TILE_BR_ALIGN 16 // tile widths are multiples of this
 
+// Bytes prep_q may write for rows query rows of D values (a 64-byte header, then 4 bytes a value,
+// or 256 a row and group of 128 values).
+#define ATTN_QPREP_BYTES(rows, D) (64 + (size_t)(rows) * ((size_t)(D) * 4 + 256))
+
 #define ATTN_PHILOX_LANES 16
 
 struct attn__kernels {
@@ -62,8 +66,13 @@ struct attn__kernels {
     // The block types Q8_0 and Q4_0 (attn.h; blocks of 32 values along the rows, ks_row and vs_row
     // multiples of 32, D and Dv too): qk_rows_q and pv_rows_q compute what qk_rows and pv_rows do,
     // dequantising in registers; dequant_rows writes n values (a multiple of 32) of x as floats.
-    void (*qk_rows_q)(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const float *q, int rows, float *s,
+    // prep_q (NULL in tables whose qk_rows_q reads the float rows) writes the rows (rows, D) of q
+    // in the form its table's qk_rows_q reads, into ATTN_QPREP_BYTES(rows, D) bytes at out (64-byte
+    // aligned), once for a block of queries; qk_rows_q's q is then out (else the float rows). The
+    // bf16 tables' Q4_0 kernels round q to int8 there (quant_kernels_avx512bf16.c).
+    void (*qk_rows_q)(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const void *q, int rows, float *s,
                       int64_t s_r, int64_t s_j);
+    void (*prep_q)(attn_dtype dt, const float *q, int rows, int D, void *out);
     void (*pv_rows_q)(attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pt, int64_t ldp,
                       const float *alpha, int rows, float *o, int64_t ldo);
     void (*dequant_rows)(attn_dtype dt, const void *x, float *y, int64_t n);

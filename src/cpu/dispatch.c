@@ -36,7 +36,9 @@ static bool cpu_has_avx512(void) {
 #endif
 }
 
-// AVX512-BF16 (CPUID leaf 7 subleaf 1, EAX bit 5) and AVX512-BW (leaf 7, EBX bit 30) for vpermw.
+// AVX512-BF16 (CPUID leaf 7 subleaf 1, EAX bit 5), with AVX512-BW (leaf 7, EBX bit 30) for vpermw,
+// AVX512-VL (EBX bit 31) and AVX512-VNNI (ECX bit 11) for the Q4_0 kernels of the bf16 tables (every
+// CPU with AVX512-BF16 so far has all three).
 static bool cpu_has_avx512_bf16(void) {
 #if defined(ATTN_EMULATE_AVX512)
     return cpu_has_avx512();
@@ -44,7 +46,7 @@ static bool cpu_has_avx512_bf16(void) {
     unsigned a, b, c, d, a1, b1, c1, d1;
     if (!cpu_has_avx512() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || !__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1))
         return false;
-    return (b & (1u << 30)) != 0 && (a1 & (1u << 5)) != 0;
+    return (b & (1u << 30)) != 0 && (b & (1u << 31)) != 0 && (c & (1u << 11)) != 0 && (a1 & (1u << 5)) != 0;
 #else
     return false;
 #endif

@@ -71,7 +71,8 @@ typedef struct decode_job {
     size_t part_floats; // floats per item
     bool narrow;        // the row-major products (see above)
     char *scratch;
-    size_t per_thread, narrow_off; // narrow: offset of (NARROW_ROWS, Dv) O and (NARROW_ROWS, D) q
+    size_t per_thread, narrow_off; // narrow: offset of (NARROW_ROWS, Dv) O and (NARROW_ROWS, D) q,
+    size_t prep_off;               // and of q as the kernel table's prep_q writes it (block types)
 } decode_job;
 
 // The narrow path applies: few rows, keys feature-major (position stride 1), values row-major.
@@ -129,13 +130,20 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
     const int64_t c_end = c_begin + DECODE_CHUNK < J->keys.end ? c_begin + DECODE_CHUNK : J->keys.end;
     const char *kbase = (const char *)J->k + attn__kv_bytes(d->kv_dtype, attn__offset4(d->k_stride, b, hk, 0, 0));
     const char *vbase = (const char *)J->v + attn__kv_bytes(d->kv_dtype, attn__offset4(d->v_stride, b, hk, 0, 0));
-    // narrow: q row by row (rows, D), O (rows, Dv)
+    // narrow: q row by row (rows, D), O (rows, Dv); qk_rows_q reads qq (q or what prep_q made of it)
     float *qr = NULL, *orow = NULL;
+    const void *qq = NULL;
     if (J->narrow) {
         char *mine = J->scratch + (size_t)thread * J->per_thread + J->narrow_off;
         orow = (float *)mine, qr = orow + NARROW_ROWS * Dv;
         for (int r = 0; r < rows; r++)
             for (int dd = 0; dd < D; dd++) qr[(int64_t)r * D + dd] = t.qt[(int64_t)dd * brp + r];
+        qq = qr;
+        if (quant && J->kn->prep_q != NULL) {
+            void *prep = J->scratch + (size_t)thread * J->per_thread + J->prep_off;
+            J->kn->prep_q(d->kv_dtype, qr, rows, D, prep);
+            qq = prep;
+        }
         memset(orow, 0, (size_t)rows * (size_t)Dv * sizeof(float));
         memset(t.st, 0, (size_t)FLASH_BC * (size_t)ld * sizeof(float)); // padding columns stay 0
     }
@@ -146,7 +154,8 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
         const float *kt = kraw, *vt = vraw; // as floats (converted tiles for half precision)
         int64_t ks_row = d->k_stride[2], ks_d = d->k_stride[3], vs_row = d->v_stride[2], vs_d = d->v_stride[3];
         if (J->narrow) { // S^T (nj, ld) = K Q^T, dot products along the key rows
-            (quant ? J->kn->qk_rows_q : J->kn->qk_rows)(d->kv_dtype, kraw, ks_row, nj, D, qr, rows, t.st, 1, ld);
+            if (quant) J->kn->qk_rows_q(d->kv_dtype, kraw, ks_row, nj, D, qq, rows, t.st, 1, ld);
+            else J->kn->qk_rows(d->kv_dtype, kraw, ks_row, nj, D, qr, rows, t.st, 1, ld);
         } else {
             if (half) {
                 attn__half_tile(J->kn, d->kv_dtype, kraw, ks_row, ks_d, nj, D, t.kf);
@@ -253,7 +262,7 @@ static void merge_task(void *arg, int64_t bhk, int thread) {
 typedef struct decode_layout {
     float *part;
     char *scratch;
-    size_t per_thread, part_floats, narrow_off;
+    size_t per_thread, part_floats, narrow_off, prep_off;
 } decode_layout;
 
 static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d, char *base,
@@ -265,9 +274,13 @@ static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn
     dl->part = attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * keys.n_chunks) * dl->part_floats * sizeof(float));
     const size_t align = ATTN_ALIGN - 1;
     dl->per_thread = (attn__fwd_tiles_layout(sh, d, brp, false, NULL, NULL) + align) & ~align;
-    dl->narrow_off = dl->per_thread;
-    if (narrow_applies(sh, d)) // O (rows, Dv), q (rows, D)
+    dl->narrow_off = dl->prep_off = dl->per_thread;
+    if (narrow_applies(sh, d)) { // O (rows, Dv), q (rows, D), then q for prep_q (block types)
         dl->per_thread += ((size_t)NARROW_ROWS * (size_t)(sh->Dv + sh->D) * sizeof(float) + align) & ~align;
+        dl->prep_off = dl->per_thread;
+        if (attn__is_block_dtype(d->kv_dtype) && ctx->kernels->prep_q != NULL)
+            dl->per_thread += (ATTN_QPREP_BYTES(NARROW_ROWS, sh->D) + align) & ~align;
+    }
     dl->scratch = attn__arena_take(&a, dl->per_thread * (size_t)attn__pool_threads(ctx->pool));
     return a.used;
 }
@@ -285,7 +298,7 @@ void attn__decode_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_s
         .d = d, .sh = sh, .kn = ctx->kernels, .q = q, .k = k, .v = v, .out = out, .lse = lse,
         .brp = brp_of(sh), .keys = keys_of(sh, d), .qscale = (float)((double)sh->scale * LOG2E),
         .part = dl.part, .part_floats = dl.part_floats, .narrow = narrow_applies(sh, d), .scratch = dl.scratch,
-        .per_thread = dl.per_thread, .narrow_off = dl.narrow_off,
+        .per_thread = dl.per_thread, .narrow_off = dl.narrow_off, .prep_off = dl.prep_off,
     };
     // q k^T and p v: 2 (D + Dv) flops per query row and key
     attn__pool *pool = attn__pool_for(ctx->pool, 2.0 * (double)(sh->B * sh->H * sh->L) * (double)sh->S *

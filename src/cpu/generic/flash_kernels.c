@@ -117,6 +117,11 @@ static void qk_rows_generic(attn_dtype dt, const void *k, int64_t ks_row, int nj
         }
 }
 
+static void qk_rows_q_generic(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const void *q, int rows,
+                              float *s, int64_t s_r, int64_t s_j) {
+    qk_rows_generic(dt, k, ks_row, nj, D, q, rows, s, s_r, s_j);
+}
+
 static void pv_rows_generic(attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pt,
                             int64_t ldp, const float *alpha, int rows, float *o, int64_t ldo) {
     for (int r = 0; r < rows; r++) {
@@ -153,7 +158,7 @@ const attn__kernels attn__kernels_generic = {
     .qk_rows = qk_rows_generic,
     .pv_rows = pv_rows_generic,
     .half_to_f32 = half_to_f32_generic,
-    .qk_rows_q = qk_rows_generic, // attn__kv_at reads every type
+    .qk_rows_q = qk_rows_q_generic, // attn__kv_at reads every type
     .pv_rows_q = pv_rows_generic,
     .dequant_rows = attn__dequantize,
     .philox_lanes = philox_lanes_generic,

@@ -341,7 +341,7 @@ static void half_to_f32_avx512(attn_dtype dt, const uint16_t *x, float *y, int64
     }
 }
 
-// The entries of both AVX-512 tables.
+// The entries of the three AVX-512 tables (the bf16 ones have Q4_0 decode kernels of their own).
 #define AVX512_ENTRIES \
     .gemm = gemm_avx512, \
     .softmax = softmax_avx512, \
@@ -352,8 +352,6 @@ static void half_to_f32_avx512(attn_dtype dt, const uint16_t *x, float *y, int64
     .qk_rows = qk_rows_avx512, \
     .pv_rows = pv_rows_avx512, \
     .half_to_f32 = half_to_f32_avx512, \
-    .qk_rows_q = attn__qk_rows_q_avx512, \
-    .pv_rows_q = attn__pv_rows_q_avx512, \
     .dequant_rows = attn__dequant_rows_avx512, \
     .philox_lanes = attn__philox_lanes_avx2
 
@@ -361,17 +359,23 @@ const attn__kernels attn__kernels_avx512 = {
     .name = "avx512",
     .isa = ATTN_ISA_AVX512,
     AVX512_ENTRIES,
+    .qk_rows_q = attn__qk_rows_q_avx512,
+    .pv_rows_q = attn__pv_rows_q_avx512,
 };
 
 #if defined(ATTN_HAVE_AVX512BF16)
-// The entries around gemm_bf16 of both tables with bf16 dot products (flash_kernels_avx512bf16.c).
+// The entries around gemm_bf16 of both tables with bf16 dot products (flash_kernels_avx512bf16.c),
+// and their decode kernels for Q4_0 on VNNI and bf16 dot products (quant_kernels_avx512bf16.c).
 #define BF16_DOT_ENTRIES \
     .pack_pairs_bf16 = attn__pack_pairs_bf16_avx512, \
     .pair_rows_bf16 = attn__pair_rows_bf16_avx512, \
     .round_bf16 = attn__round_bf16_avx512, \
     .transpose_pairs_bf16 = attn__transpose_pairs_bf16_avx512, \
     .scale_to_bf16 = attn__scale_to_bf16_avx512, \
-    .softmax_pairs_bf16 = attn__softmax_pairs_bf16_avx512
+    .softmax_pairs_bf16 = attn__softmax_pairs_bf16_avx512, \
+    .qk_rows_q = attn__qk_rows_q_avx512bf16, \
+    .pv_rows_q = attn__pv_rows_q_avx512bf16, \
+    .prep_q = attn__prep_q_avx512bf16
 
 const attn__kernels attn__kernels_avx512bf16 = {
     .name = "avx512bf16",

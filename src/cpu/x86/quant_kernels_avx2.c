@@ -94,7 +94,7 @@ INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int
     }
 }
 
-void attn__qk_rows_q_avx2(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const float *q, int rows,
+void attn__qk_rows_q_avx2(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const void *q, int rows,
                           float *s, int64_t s_r, int64_t s_j) {
     qk_rows_q(dt, k, ks_row, nj, D, q, rows, s, s_r, s_j);
 }

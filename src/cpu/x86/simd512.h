@@ -115,6 +115,58 @@ EMU_INLINE simde__m512bh emu512_cvtne2ps_pbh(simde__m512 a, simde__m512 b) {
     return r;
 }
 
+// The intrinsics of the Q4_0 kernels (quant_kernels_avx512bf16.c) that SIMDe 0.7 lacks: masked
+// byte loads (touching only the selected bytes), widening and narrowing, reductions, rounding.
+EMU_INLINE simde__m512i emu512_maskz_loadu_epi8(simde__mmask64 k, const void *p) {
+    uint8_t b[64];
+    for (int i = 0; i < 64; i++) b[i] = (k >> i) & 1u ? ((const uint8_t *)p)[i] : 0;
+    simde__m512i r;
+    memcpy(&r, b, sizeof r);
+    return r;
+}
+EMU_INLINE simde__m512i emu512_cvtepu8_epi16(simde__m256i x) {
+    uint8_t u[32];
+    uint16_t w[32];
+    memcpy(u, &x, sizeof u);
+    for (int i = 0; i < 32; i++) w[i] = u[i];
+    simde__m512i r;
+    memcpy(&r, w, sizeof r);
+    return r;
+}
+EMU_INLINE simde__m128i emu512_cvtepi32_epi8(simde__m512i a) { // vpmovdb: the low byte of each lane
+    uint32_t w[16];
+    uint8_t b[16];
+    memcpy(w, &a, sizeof w);
+    for (int i = 0; i < 16; i++) b[i] = (uint8_t)w[i];
+    simde__m128i r;
+    memcpy(&r, b, sizeof r);
+    return r;
+}
+EMU_INLINE simde__m512i emu512_cvt_roundps_epi32(simde__m512 a, int rounding) { // to nearest even only
+    (void)rounding;
+    float f[16];
+    int32_t w[16];
+    memcpy(f, &a, sizeof f);
+    for (int i = 0; i < 16; i++) w[i] = f[i] == f[i] && fabsf(f[i]) < 0x1p31f ? (int32_t)nearbyintf(f[i]) : INT32_MIN;
+    simde__m512i r;
+    memcpy(&r, w, sizeof r);
+    return r;
+}
+EMU_INLINE float emu512_reduce_max_ps(simde__m512 a) {
+    float f[16];
+    memcpy(f, &a, sizeof f);
+    float m = f[0];
+    for (int i = 1; i < 16; i++) m = f[i] > m ? f[i] : m;
+    return m;
+}
+EMU_INLINE int32_t emu512_reduce_add_epi32(simde__m512i a) {
+    int32_t w[16];
+    memcpy(w, &a, sizeof w);
+    uint32_t s = 0;
+    for (int i = 0; i < 16; i++) s += (uint32_t)w[i];
+    return (int32_t)s;
+}
+
 #undef _mm512_mask_loadu_ps
 #undef _mm512_maskz_loadu_ps
 #undef _mm512_mask_storeu_ps
@@ -124,6 +176,12 @@ EMU_INLINE simde__m512bh emu512_cvtne2ps_pbh(simde__m512 a, simde__m512 b) {
 #undef _mm512_cvtne2ps_pbh
 #undef _mm512_shuffle_f32x4
 #undef _mm512_scalef_ps
+#undef _mm512_maskz_loadu_epi8
+#undef _mm512_cvtepu8_epi16
+#undef _mm512_cvtepi32_epi8
+#undef _mm512_cvt_roundps_epi32
+#undef _mm512_reduce_max_ps
+#undef _mm512_reduce_add_epi32
 #define _mm512_mask_loadu_ps emu512_mask_loadu_ps
 #define _mm512_maskz_loadu_ps emu512_maskz_loadu_ps
 #define _mm512_mask_storeu_ps emu512_mask_storeu_ps
@@ -136,6 +194,12 @@ EMU_INLINE simde__m512bh emu512_cvtne2ps_pbh(simde__m512 a, simde__m512 b) {
 #define _mm512_cvtne2ps_pbh emu512_cvtne2ps_pbh
 #define _mm512_shuffle_f32x4 simde_mm512_shuffle_f32x4
 #define _mm512_scalef_ps emu512_scalef_ps
+#define _mm512_maskz_loadu_epi8 emu512_maskz_loadu_epi8
+#define _mm512_cvtepu8_epi16 emu512_cvtepu8_epi16
+#define _mm512_cvtepi32_epi8 emu512_cvtepi32_epi8
+#define _mm512_cvt_roundps_epi32 emu512_cvt_roundps_epi32
+#define _mm512_reduce_max_ps emu512_reduce_max_ps
+#define _mm512_reduce_add_epi32 emu512_reduce_add_epi32
 #endif
 
 #endif
