@@ -110,17 +110,19 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
     attn__fwd_tiles t;
     attn__fwd_tiles_layout(sh, d, brp, false, &t, J->scratch + (size_t)thread * J->per_thread);
 
-    // qt (D, brp): column g * L + i = q[b, hk * group + g, i, :] * scale * log2(e)
-    for (int dd = 0; dd < D; dd++) {
-        float *row = t.qt + (int64_t)dd * brp;
-        for (int64_t g = 0; g < sh->group; g++) {
-            const float *src = J->q + attn__offset4(d->q_stride, b, hk * sh->group + g, 0, dd);
-            for (int64_t i = 0; i < L; i++) row[g * L + i] = src[i * d->q_stride[2]] * J->qscale;
+    // qt (D, brp): column g * L + i = q[b, hk * group + g, i, :] * scale * log2(e) (narrow: qr below)
+    if (!J->narrow) {
+        for (int dd = 0; dd < D; dd++) {
+            float *row = t.qt + (int64_t)dd * brp;
+            for (int64_t g = 0; g < sh->group; g++) {
+                const float *src = J->q + attn__offset4(d->q_stride, b, hk * sh->group + g, 0, dd);
+                for (int64_t i = 0; i < L; i++) row[g * L + i] = src[i * d->q_stride[2]] * J->qscale;
+            }
+            for (int r = rows; r < brp; r++) row[r] = 0.0f;
         }
-        for (int r = rows; r < brp; r++) row[r] = 0.0f;
+        memset(t.ot, 0, (size_t)Dv * (size_t)brp * sizeof(float));
     }
     for (int r = 0; r < brp; r++) t.m[r] = -INFINITY, t.l[r] = 0.0f;
-    memset(t.ot, 0, (size_t)Dv * (size_t)brp * sizeof(float));
 
     const bool masked = d->mask != NULL || d->key_padding_mask != NULL;
     const bool transform = d->softcap > 0.0f || d->alibi_slopes != NULL;
@@ -136,8 +138,10 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
     if (J->narrow) {
         char *mine = J->scratch + (size_t)thread * J->per_thread + J->narrow_off;
         orow = (float *)mine, qr = orow + NARROW_ROWS * Dv;
-        for (int r = 0; r < rows; r++)
-            for (int dd = 0; dd < D; dd++) qr[(int64_t)r * D + dd] = t.qt[(int64_t)dd * brp + r];
+        for (int r = 0; r < rows; r++) { // row g * L + i: the column of qt above
+            const float *src = J->q + attn__offset4(d->q_stride, b, hk * sh->group + r / L, r % L, 0);
+            for (int dd = 0; dd < D; dd++) qr[(int64_t)r * D + dd] = src[dd * d->q_stride[3]] * J->qscale;
+        }
         qq = qr;
         if (quant && J->kn->prep_q != NULL) {
             void *prep = J->scratch + (size_t)thread * J->per_thread + J->prep_off;
