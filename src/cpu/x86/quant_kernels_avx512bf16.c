@@ -139,26 +139,41 @@ INLINE __m512 group_scales(__m512i z0, __m512i sw) {
     return _mm512_add_ps(d, _mm512_sub_ps(d, d));
 }
 
-// Key row x's group at x (the group's blocks and load masks in sp) against four query rows' groups
-// p0..p3: row r's sums added to a[r], 16 lanes (four a block).
-INLINE void key_group(const uint8_t *x, group_span sp, const q4_query *p0, const q4_query *p1, const q4_query *p2,
-                      const q4_query *p3, __m512i nw, __m512i sw, __m512 *a0, __m512 *a1, __m512 *a2, __m512 *a3) {
+// The word indices putting block b's scale of key c (word 9b of its group) at word 4b + c, for keys
+// 0 and 1 (from two rows' first 64 bytes) and for keys 2 and 3.
+static __m512i key_scale_words(int c0) {
+    uint16_t w[32] = {0};
+    for (int b = 0; b < GROUP_BLOCKS; b++) w[4 * b + c0] = (uint16_t)(9 * b), w[4 * b + c0 + 1] = (uint16_t)(32 + 9 * b);
+    return _mm512_loadu_si512(w);
+}
+
+// Four key rows' groups at x[c] (the group's blocks and load masks in sp) against four query rows'
+// groups p[r]: acc[r] lane 4b + c gains row r's sum with key c over block b. Each key's int32 lanes
+// (four a block) are summed with its three neighbours' in two unpack levels before the float
+// conversion and the scales d_k d_q, which then apply to four keys at once.
+INLINE void keys_group(const uint8_t *const x[4], group_span sp, const q4_query *const p[4], __m512i nw, __m512i s01,
+                       __m512i s23, __m512 acc[4]) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i z0 = _mm512_maskz_loadu_epi8(sp.m0, x), z1 = _mm512_maskz_loadu_epi8(sp.m1, x + 64);
-    const __m512i nib = _mm512_permutex2var_epi16(z0, nw, z1);
-    const __m512i klo = _mm512_and_si512(nib, m4), khi = _mm512_and_si512(_mm512_srli_epi16(nib, 4), m4);
-    const __m512 dk = group_scales(z0, sw);
-#define ROW(p, a)                                                                                                      \
-    do {                                                                                                               \
-        const __m512i i = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_loadu_si512(p->init), klo, _mm512_loadu_si512(p->lo)), \
-                                              khi, _mm512_loadu_si512(p->hi));                                          \
-        *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(dk, _mm512_loadu_ps(p->dq)), *a);                     \
-    } while (0)
-    ROW(p0, a0);
-    ROW(p1, a1);
-    ROW(p2, a2);
-    ROW(p3, a3);
-#undef ROW
+    __m512i klo[4], khi[4], z0[4];
+    for (int c = 0; c < 4; c++) {
+        z0[c] = _mm512_maskz_loadu_epi8(sp.m0, x[c]);
+        const __m512i nib = _mm512_permutex2var_epi16(z0[c], nw, _mm512_maskz_loadu_epi8(sp.m1, x[c] + 64));
+        klo[c] = _mm512_and_si512(nib, m4), khi[c] = _mm512_and_si512(_mm512_srli_epi16(nib, 4), m4);
+    }
+    // lane 4b + c: key c's scale of block b, plus d - d (NaN for an infinite scale)
+    const __m512i dw = _mm512_mask_blend_epi16(0xCCCCCCCCu, _mm512_permutex2var_epi16(z0[0], s01, z0[1]),
+                                               _mm512_permutex2var_epi16(z0[2], s23, z0[3]));
+    const __m512 d = _mm512_cvtph_ps(_mm512_castsi512_si256(dw)), dk = _mm512_add_ps(d, _mm512_sub_ps(d, d));
+    for (int r = 0; r < 4; r++) {
+        const __m512i init = _mm512_loadu_si512(p[r]->init), lo = _mm512_loadu_si512(p[r]->lo), hi = _mm512_loadu_si512(p[r]->hi);
+        __m512i a[4];
+        for (int c = 0; c < 4; c++) a[c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(init, klo[c], lo), khi[c], hi);
+        // per 128-bit lane (block): (k0, k1, k0, k1) half sums, then (k0, k1, k2, k3) whole ones
+        const __m512i x01 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[0], a[1]), _mm512_unpackhi_epi32(a[0], a[1]));
+        const __m512i x23 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2], a[3]), _mm512_unpackhi_epi32(a[2], a[3]));
+        const __m512i y = _mm512_add_epi32(_mm512_unpacklo_epi64(x01, x23), _mm512_unpackhi_epi64(x01, x23));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(y), _mm512_mul_ps(dk, _mm512_loadu_ps(p[r]->dq)), acc[r]);
+    }
 }
 
 void attn__qk_rows_q_avx512bf16(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const void *q, int rows,
@@ -170,41 +185,38 @@ void attn__qk_rows_q_avx512bf16(attn_dtype dt, const void *k, int64_t ks_row, in
     }
     const int nb = D / ATTN_QBLOCK, G = groups_of(D), row_bytes = nb * Q4_BYTES;
     const int64_t stride = ks_row / ATTN_QBLOCK * Q4_BYTES;
-    const __m512i nw = nibble_words(), sw = scale_words();
+    const __m512i nw = nibble_words(), s01 = key_scale_words(0), s23 = key_scale_words(2);
+    const __m512i to_key_major = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     const q4_query *qq = (const q4_query *)(h + 1);
     for (int r0 = 0; r0 < rows; r0 += 4) {
         const int nr = rows - r0 < 4 ? rows - r0 : 4;
-        // missing rows repeat the first
-        const q4_query *q0 = qq + (int64_t)r0 * G, *q1 = q0 + (nr > 1 ? G : 0), *q2 = q0 + (nr > 2 ? 2 * G : 0),
-                       *q3 = q0 + (nr > 3 ? 3 * G : 0);
+        const q4_query *qr[4]; // missing rows repeat the first
+        for (int r = 0; r < 4; r++) qr[r] = qq + (int64_t)(r0 + (r < nr ? r : 0)) * G;
         for (int j = 0; j < nj; j += 4) {
             // a tile's last keys (nj not a multiple of 4) repeat its last key
-            const uint8_t *x0 = (const uint8_t *)k + (int64_t)j * stride;
-            const uint8_t *x1 = j + 1 < nj ? x0 + stride : x0, *x2 = j + 2 < nj ? x1 + stride : x1;
-            const uint8_t *x3 = j + 3 < nj ? x2 + stride : x2;
-            if (r0 == 0) {
-                const uint8_t *xs[4] = {x0, x1, x2, x3};
-                for (int c = 0; c < 4; c++) {
-                    _mm_prefetch((const char *)xs[c] + DECODE_PF_BYTES, _MM_HINT_T1);
-                    _mm_prefetch((const char *)xs[c] + DECODE_PF_BYTES + row_bytes - 1, _MM_HINT_T1);
-                    for (int e = 64; e < row_bytes - 1; e += 64) _mm_prefetch((const char *)xs[c] + DECODE_PF_BYTES + e, _MM_HINT_T1);
+            const uint8_t *x[4];
+            for (int c = 0; c < 4; c++) {
+                x[c] = (const uint8_t *)k + (int64_t)(j + c < nj ? j + c : nj - 1) * stride;
+                if (r0 == 0) {
+                    _mm_prefetch((const char *)x[c] + DECODE_PF_BYTES, _MM_HINT_T1);
+                    _mm_prefetch((const char *)x[c] + DECODE_PF_BYTES + row_bytes - 1, _MM_HINT_T1);
+                    for (int e = 64; e < row_bytes - 1; e += 64) _mm_prefetch((const char *)x[c] + DECODE_PF_BYTES + e, _MM_HINT_T1);
                 }
             }
-            // accumulators in named variables (an array is kept in memory across the loop)
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-            __m512 c0 = a0, c1 = a0, c2 = a0, c3 = a0, e0 = a0, e1 = a0, e2 = a0, e3 = a0;
+            __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
             for (int g = 0; g < G; g++) {
-                const group_span sp = span_of(nb, g);
                 const int64_t off = (int64_t)g * GROUP_BYTES;
-                key_group(x0 + off, sp, q0 + g, q1 + g, q2 + g, q3 + g, nw, sw, &a0, &a1, &a2, &a3);
-                key_group(x1 + off, sp, q0 + g, q1 + g, q2 + g, q3 + g, nw, sw, &b0, &b1, &b2, &b3);
-                key_group(x2 + off, sp, q0 + g, q1 + g, q2 + g, q3 + g, nw, sw, &c0, &c1, &c2, &c3);
-                key_group(x3 + off, sp, q0 + g, q1 + g, q2 + g, q3 + g, nw, sw, &e0, &e1, &e2, &e3);
+                const uint8_t *const xg[4] = {x[0] + off, x[1] + off, x[2] + off, x[3] + off};
+                const q4_query *const pg[4] = {qr[0] + g, qr[1] + g, qr[2] + g, qr[3] + g};
+                keys_group(xg, span_of(nb, g), pg, nw, s01, s23, acc);
             }
-            const __m512 acc[16] = {a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, e0, e1, e2, e3};
-            const __m512 sums = sum16(acc); // lane 4c + r: key j + c, row r0 + r
+            // acc[r] lane 4b + c -> the sum over b, lane 4c + r (row-major quarters, then transposed)
+            const __m512 p01 = ADD_QUARTERS(acc[0], acc[1], _MM_SHUFFLE(1, 0, 1, 0), _MM_SHUFFLE(3, 2, 3, 2));
+            const __m512 p23 = ADD_QUARTERS(acc[2], acc[3], _MM_SHUFFLE(1, 0, 1, 0), _MM_SHUFFLE(3, 2, 3, 2));
+            const __m512 rows4 = ADD_QUARTERS(p01, p23, _MM_SHUFFLE(2, 0, 2, 0), _MM_SHUFFLE(3, 1, 3, 1));
             const int nk = nj - j < 4 ? nj - j : 4;
-            store_sums16(sums, s + (int64_t)r0 * s_r + (int64_t)j * s_j, s_r, s_j, nr, nk);
+            store_sums16(_mm512_permutexvar_ps(to_key_major, rows4), s + (int64_t)r0 * s_r + (int64_t)j * s_j, s_r, s_j,
+                         nr, nk);
         }
     }
 }
