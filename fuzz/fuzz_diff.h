@@ -45,15 +45,15 @@ static inline int fuzz_on_dot(const attn_ctx *ctx, const attn_sdpa_desc *d) {
 }
 
 /* Whether the few-row decode kernels of ctx may run d with the query rounded to int8 and the
- * weights to bf16 (attn.h, attn_sdpa_desc.kv_dtype: Q4_0 on the bf16 ISAs). */
-static inline int fuzz_on_q4_dot(const attn_ctx *ctx, attn_dtype kv_dtype) {
-    return attn_isa_bf16_dot(attn_ctx_isa(ctx)) && kv_dtype == ATTN_DTYPE_Q4_0;
+ * weights to bf16 (attn.h, attn_sdpa_desc.kv_dtype: Q8_0 and Q4_0 on the bf16 ISAs). */
+static inline int fuzz_on_int8_dot(const attn_ctx *ctx, attn_dtype kv_dtype) {
+    return attn_isa_bf16_dot(attn_ctx_isa(ctx)) && (kv_dtype == ATTN_DTYPE_Q8_0 || kv_dtype == ATTN_DTYPE_Q4_0);
 }
 
 /* attn.h's delta_q of a query row (n values at stride st, scale applied to it) against keys of
- * largest magnitude kmax: the int8 rounding's score error, 0 beyond the bf16 ISAs' Q4_0 kernels. */
-static inline double fuzz_q4_delta(int q4dot, const float *qr, int64_t n, int64_t st, double scale, double kmax) {
-    if (!q4dot) return 0.0;
+ * largest magnitude kmax: the int8 rounding's score error, 0 beyond the bf16 ISAs' block kernels. */
+static inline double fuzz_int8_delta(int i8dot, const float *qr, int64_t n, int64_t st, double scale, double kmax) {
+    if (!i8dot) return 0.0;
     double msum = 0.0;
     for (int64_t t0 = 0; t0 < n; t0 += 32) {
         double m = 0.0;

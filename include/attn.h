@@ -429,21 +429,21 @@ typedef struct attn_sdpa_desc {
      * with delta = scale * sum_t |q_t| * (c * max|k| + a), max over the row's kv head, and c, a the
      * per-value bound of attn_convert (Q8_0: c = 1/254 + 2^-11 + 2^-20, a = 2^-18; Q4_0: c = 1/8 +
      * 2^-10, a = 2^-21) (tested, with large logits and outliers). The query is not quantised,
-     * except by the Q4_0 decode kernels of ATTN_ISA_AVX512_BF16 and ATTN_ISA_AMX_BF16 (the few-row
+     * except by the decode kernels of ATTN_ISA_AVX512_BF16 and ATTN_ISA_AMX_BF16 (the few-row
      * decoding path: a GQA group's queries, at most 8, against rows of contiguous blocks), which
      * run q . k on AVX512-VNNI's 8-bit dot products and P V on vdpbf16ps, as ggml rounds its query
-     * for Q4_0: each query row (scaled by scale * log2(e)) is rounded to int8 per block of 32 with
-     * a float scale max|q_b| / 127 (a block below 2^-96 in magnitude becomes 0; a query holding a
-     * NaN or an infinity is left in float32), and each weight times its key's block scale d is
-     * rounded to bf16 (to nearest even; vdpbf16ps flushes products below 2^-126 to 0) before
-     * meeting the values' q - 8, which bf16 holds exactly. Against the reference on the same
+     * to Q8_0 for these types: each query row (scaled by scale * log2(e)) is rounded to int8 per
+     * block of 32 with a float scale max|q_b| / 127 (a block below 2^-96 in magnitude becomes 0; a
+     * query holding a NaN or an infinity is left in float32), and each weight times its key's
+     * block scale d is rounded to bf16 (to nearest even; vdpbf16ps flushes products below 2^-126
+     * to 0) before meeting the values' quants (Q8_0's q, Q4_0's q - 8: exact in bf16). Against the reference on the same
      * stored blocks (k', v' the dequantised values, S keys) a row of those kernels then differs by
      * at most (exp(2 delta_q) * (1 + 2^-8) - 1) * max|v'| + S * 2^-122, plus float32 rounding,
      * with delta_q = (scale * (1/254 + 2^-20) * sum_b 32 m_b + 2^-96 D) * max|k'| and m_b the
      * largest |q_t| of the row's block b (D / 32 blocks), and its lse by at most delta_q; against
      * the float32 k and v the bound above holds with delta + delta_q for delta, (1 + c) (1 + 2^-8)
-     * for 1 + c and S * 2^-122 added (both tested; about 1.4 times faster in decoding than the
-     * float kernels, BENCHMARKS.md). A key block with an infinite scale
+     * for 1 + c and S * 2^-122 added (both tested; in decoding, Q4_0 about 1.5 and Q8_0 about 1.25
+     * times as fast as the float kernels, BENCHMARKS.md). A key block with an infinite scale
      * makes its key's score NaN there (the float kernels: +-inf or NaN). ATTN_ISA_AVX512 runs
      * the float kernels on the same CPUs.
      * Half values and blocks the caller wrote are read as they are, whatever their bits: a half is

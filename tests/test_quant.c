@@ -305,18 +305,17 @@ static double stored_value(attn_dtype dt, const void *p, int64_t off) {
     return model_value(dt, (const uint8_t *)p + (size_t)(off / QK) * attn_dtype_size(dt), (int)(off % QK));
 }
 
-// Whether ctx's kernels run d on attn.h's Q4_0 decode kernels of the bf16 ISAs, which round the
-// query to int8 (a GQA group's queries, at most 8, against rows of contiguous blocks).
-static bool q4_rounds(const attn_ctx *ctx, const attn_sdpa_desc *d) {
+// Whether ctx's kernels run d (of a block type) on attn.h's decode kernels of the bf16 ISAs, which
+// round the query to int8 (a GQA group's queries, at most 8, against rows of contiguous blocks).
+static bool q_rounds(const attn_ctx *ctx, const attn_sdpa_desc *d) {
     const int64_t group = d->n_heads / (d->n_kv_heads != 0 ? d->n_kv_heads : d->n_heads);
-    return attn_isa_bf16_dot(attn_ctx_isa(ctx)) && d->kv_dtype == ATTN_DTYPE_Q4_0 && group * d->len_q <= 8 &&
-           d->k_stride[3] == 1 && d->v_stride[3] == 1;
+    return attn_isa_bf16_dot(attn_ctx_isa(ctx)) && group * d->len_q <= 8 && d->k_stride[3] == 1 && d->v_stride[3] == 1;
 }
 
 // A model of that rounding: q times scale * log2(e) in float (the kernels' scaled query), each
 // block of 32 rounded to int8 with d = max / 127 (nearest even; a block below 2^-96 to 0), and
 // back to q's units: what the reference gives on it, the kernels give up to the weights' rounding.
-static void model_q4_query(const float *q, int64_t n, int64_t D, float scale, float *qm) {
+static void model_rounded_query(const float *q, int64_t n, int64_t D, float scale, float *qm) {
     const float c = (float)((double)scale * 1.4426950408889634);
     for (int64_t r = 0; r < n; r += D)
         for (int64_t t0 = r; t0 < r + D; t0 += QK) {
@@ -327,14 +326,15 @@ static void model_q4_query(const float *q, int64_t n, int64_t D, float scale, fl
         }
 }
 
-// The Q4_0 kernels of ctx (on d, with k and v the stored blocks of d's strides, len_kv and
-// n_kv_heads) against the reference: o and lse (lse may be NULL) of every row, with float32
-// rounding's 2e-6 + 2e-5 max|v'|. Where the query is rounded (q4_rounds): against the reference
-// on model_q4_query's query within the weights' bf16 rounding (2^-8 max|v'| + S 2^-122), and
+// The block-type (dt) kernels of ctx (on d, with k and v the stored blocks of d's strides, len_kv
+// and n_kv_heads) against the reference: o and lse (lse may be NULL) of every row, with float32
+// rounding's 2e-6 + 2e-5 max|v'|. Where the query is rounded (q_rounds): against the reference on
+// model_rounded_query's query within the weights' bf16 rounding (2^-8 max|v'| + S 2^-122), and
 // against the reference on q within attn.h's bound, delta_q with qstep (1/254; 0 for queries
 // int8 holds exactly) for 1/254; elsewhere against the reference on q.
-static void assert_q4_kernels(const char *what, const attn_ctx *ctx, const attn_sdpa_desc *d, const float *q,
-                              const void *k, const void *v, const float *o, const float *lse, double qstep) {
+static void assert_block_kernels(const char *what, attn_dtype dt, const attn_ctx *ctx, const attn_sdpa_desc *d,
+                                 const float *q, const void *k, const void *v, const float *o, const float *lse,
+                                 double qstep) {
     const int64_t B = d->batch, H = d->n_heads, Hkv = d->n_kv_heads, L = d->len_q, S = d->len_kv, D = d->head_dim;
     const int64_t Dv = d->head_dim_v != 0 ? d->head_dim_v : D, nq = B * H * L * D, no = B * H * L * Dv;
     const float scale = d->scale != 0.0f ? d->scale : (float)(1.0 / sqrt((double)D));
@@ -346,10 +346,10 @@ static void assert_q4_kernels(const char *what, const attn_ctx *ctx, const attn_
             for (int64_t i = 0; i < L; i++)
                 for (int64_t t = 0; t < D; t++)
                     qc[((b * H + h) * L + i) * D + t] = q[b * d->q_stride[0] + h * d->q_stride[1] + i * d->q_stride[2] + t * d->q_stride[3]];
-    model_q4_query(qc, nq, D, scale, qm);
+    model_rounded_query(qc, nq, D, scale, qm);
     attn_sdpa_desc r = *d;
-    r.kv_dtype = ATTN_DTYPE_Q4_0;
-    const bool rounds = q4_rounds(ctx, &r);
+    r.kv_dtype = dt;
+    const bool rounds = q_rounds(ctx, &r);
     attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, L, D, r.q_stride);
     attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, L, Dv, r.o_stride);
     attn_ctx *ref = test_ctx(ATTN_ISA_REF, 1);
@@ -362,10 +362,10 @@ static void assert_q4_kernels(const char *what, const attn_ctx *ctx, const attn_
             double kmax = 0.0, vmax = 0.0;
             for (int64_t j = 0; j < S; j++) {
                 for (int64_t t = 0; t < D; t++)
-                    kmax = fmax(kmax, fabs(stored_value(ATTN_DTYPE_Q4_0, k, b * d->k_stride[0] + hk * d->k_stride[1] +
+                    kmax = fmax(kmax, fabs(stored_value(dt, k, b * d->k_stride[0] + hk * d->k_stride[1] +
                                                                                 j * d->k_stride[2] + t)));
                 for (int64_t t = 0; t < Dv; t++)
-                    vmax = fmax(vmax, fabs(stored_value(ATTN_DTYPE_Q4_0, v, b * d->v_stride[0] + hk * d->v_stride[1] +
+                    vmax = fmax(vmax, fabs(stored_value(dt, v, b * d->v_stride[0] + hk * d->v_stride[1] +
                                                                                 j * d->v_stride[2] + t)));
             }
             for (int64_t i = 0; i < L; i++) {
@@ -457,12 +457,12 @@ static void test_cache_kernels(void) {
                             char what[96];
                             snprintf(what, sizeof what, "%s %s T=%d S=%lld L=%lld opt %d", attn_dtype_name(dt),
                                      attn_isa_name(isas[ii]), threads, (long long)S, (long long)L, opt);
-                            if (dt == ATTN_DTYPE_Q4_0 && attn_isa_bf16_dot(isas[ii])) { // the query rounded
+                            if (attn_isa_bf16_dot(isas[ii])) { // the query rounded
                                 attn_sdpa_desc r = d;
                                 void *ks, *vs;
                                 attn_kv_cache_storage(kc, &ks, r.k_stride, &vs, r.v_stride);
                                 r.n_kv_heads = Hkv, r.len_kv = S;
-                                assert_q4_kernels(what, ctx, &r, q, ks, vs, o1, l1, 1.0 / 254);
+                                assert_block_kernels(what, dt, ctx, &r, q, ks, vs, o1, l1, 1.0 / 254);
                             } else {
                                 harness_assert_close(__FILE__, __LINE__, what, o1, o2, B * H * L * Dv, 2e-6, 2e-5);
                                 harness_assert_close(__FILE__, __LINE__, what, l1, l2, B * H * L, 2e-6, 2e-5);
@@ -512,7 +512,7 @@ static void test_attention_bound(void) {
                     mk = fmax(mk, fabs((double)k[hk * S * D + e])), mv = fmax(mv, fabs((double)v[hk * S * D + e]));
                 for (int64_t e = 0; e < D; e++) sq += fabs((double)q[h * D + e]);
                 double delta = scale * sq * (c * mk + a), u = 0.0, flush = 0.0;
-                if (dt == ATTN_DTYPE_Q4_0 && attn_isa_bf16_dot(attn_ctx_isa(ctx))) { // the query rounded
+                if (attn_isa_bf16_dot(attn_ctx_isa(ctx))) { // the query rounded
                     double msum = 0.0;
                     for (int64_t t0 = 0; t0 < D; t0 += QK) {
                         double m = 0.0;
@@ -562,8 +562,8 @@ static void test_direct_sdpa(void) {
         attn_ctx *ctx = test_ctx(ATTN_ISA_AUTO, 2), *ref = test_ctx(ATTN_ISA_REF, 1);
         ASSERT_OK(attn_sdpa_fwd(ctx, &d, q, k, v, o1, NULL, NULL));
         ASSERT_OK(attn_sdpa_fwd(ref, &d, q, k, v, o2, NULL, NULL));
-        if (dt == ATTN_DTYPE_Q4_0 && attn_isa_bf16_dot(attn_ctx_isa(ctx))) // the query rounded (attn.h)
-            assert_q4_kernels("direct Q4_0", ctx, &d, q, k, v, o1, NULL, 1.0 / 254);
+        if (attn_isa_bf16_dot(attn_ctx_isa(ctx))) // the query rounded (attn.h)
+            assert_block_kernels("direct", dt, ctx, &d, q, k, v, o1, NULL, 1.0 / 254);
         else
             ASSERT_CLOSE(o1, o2, B * H * L * Dv, 2e-6, 2e-5);
         // the reference on the dequantised values gives the same
@@ -583,12 +583,12 @@ static void test_direct_sdpa(void) {
         memcpy(p.o_stride, po, sizeof po);
         ASSERT_OK(attn_sdpa_varlen_fwd(ctx, &p, cu_q, cu_k, q, k, v, o1, NULL));
         ASSERT_OK(attn_sdpa_varlen_fwd(ref, &p, cu_q, cu_k, q, k, v, o2, NULL));
-        if (dt == ATTN_DTYPE_Q4_0 && attn_isa_bf16_dot(attn_ctx_isa(ctx))) {
+        if (attn_isa_bf16_dot(attn_ctx_isa(ctx))) {
             for (int s = 0; s < 2; s++) { // each sequence as a batch of one
                 attn_sdpa_desc one = p;
                 one.batch = 1, one.len_q = cu_q[s + 1] - cu_q[s], one.len_kv = cu_k[s + 1] - cu_k[s];
                 const int64_t o_at = cu_q[s] * H * Dv;
-                assert_q4_kernels("varlen Q4_0", ctx, &one, q + cu_q[s] * H * D, (const char *)k + qbytes(dt, cu_k[s] * Hkv * D),
+                assert_block_kernels("varlen", dt, ctx, &one, q + cu_q[s] * H * D, (const char *)k + qbytes(dt, cu_k[s] * Hkv * D),
                                   (const char *)v + qbytes(dt, cu_k[s] * Hkv * Dv), o1 + o_at, NULL, 1.0 / 254);
             }
         } else {
@@ -600,7 +600,7 @@ static void test_direct_sdpa(void) {
         float *o3 = malloc((size_t)(2 * H * Dv) * 4);
         ASSERT_OK(attn_sdpa_fwd(ref, &one, q + H * D, (const char *)k + qbytes(dt, 64 * Hkv * D),
                                 (const char *)v + qbytes(dt, 64 * Hkv * Dv), o3, NULL, NULL));
-        if (!(dt == ATTN_DTYPE_Q4_0 && attn_isa_bf16_dot(attn_ctx_isa(ctx)))) ASSERT_CLOSE(o1 + H * Dv, o3, 2 * H * Dv, 2e-6, 2e-5);
+        if (!attn_isa_bf16_dot(attn_ctx_isa(ctx))) ASSERT_CLOSE(o1 + H * Dv, o3, 2 * H * Dv, 2e-6, 2e-5);
         else ASSERT_CLOSE(o2 + H * Dv, o3, 2 * H * Dv, 2e-6, 2e-5); // the references agree
         free(o3);
         // refused: head dims that are not whole blocks, values not contiguous, rows off a block
@@ -623,43 +623,43 @@ static void test_direct_sdpa(void) {
     }
 }
 
-// The Q4_0 decode kernels of the bf16 ISAs on queries of integers whose every block holds +-127:
-// int8 holds them exactly, so the kernels differ from the reference only by the weights' bf16
-// rounding (2^-8), sharper than the general bound (a 1% error in the weights fails here).
-static void test_q4_dot_exact_query(void) {
+// The decode kernels of the bf16 ISAs for both block types on queries of integers whose every
+// block holds +-127: int8 holds them exactly, so the kernels differ from the reference only by the
+// weights' bf16 rounding (2^-8), sharper than the general bound (a 1% error in the weights fails).
+static void test_exact_query(void) {
     const attn_isa isas[2] = {ATTN_ISA_AVX512_BF16, ATTN_ISA_AMX_BF16};
     uint32_t seed = 41;
     int ran = 0;
-    for (int ii = 0; ii < 2; ii++) {
-        if (!attn_isa_supported(isas[ii])) continue;
-        attn_ctx *ctx = test_ctx(isas[ii], 2);
-        const int64_t B = 1, Hkv = 2, H = 8, D = 128, Dv = 96, S = 777;
-        attn_kv_cache *kc = make_cache(ctx, B, Hkv, D, Dv, S, ATTN_DTYPE_Q4_0);
-        float *k = randu(B * Hkv * S * D, 2.0f, &seed), *v = randu(B * Hkv * S * Dv, 1.0f, &seed);
-        for (int64_t i = 0; i < B * Hkv * S * Dv; i++) v[i] += 2.0f; // one sign: the output near max|v|
-        ASSERT_OK(attn_kv_cache_append(ctx, kc, S, k, NULL, v, NULL));
-        float *q = malloc((size_t)(B * H * D) * 4), *o1 = malloc((size_t)(B * H * Dv) * 4), *o2 = malloc((size_t)(B * H * Dv) * 4);
-        float *l1 = malloc((size_t)(B * H) * 4), *l2 = malloc((size_t)(B * H) * 4);
-        for (int64_t i = 0; i < B * H * D; i++)
-            q[i] = i % QK == (i / QK) % QK ? ((i / QK) % 2 ? 127.0f : -127.0f) : (float)((int)(lcg(&seed) % 255) - 127);
-        attn_sdpa_desc d;
-        attn_sdpa_desc_init(&d);
-        d.batch = B, d.n_heads = H, d.len_q = 1, d.head_dim = D, d.head_dim_v = Dv, d.scale = 2e-3f;
-        d.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
-        attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, 1, D, d.q_stride);
-        attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, 1, Dv, d.o_stride);
-        ASSERT_OK(attn_kv_cache_attend(ctx, kc, &d, q, o1, l1));
-        ref_on_storage(kc, &d, q, o2, l2);
-        attn_sdpa_desc r = d;
-        void *ks, *vs;
-        attn_kv_cache_storage(kc, &ks, r.k_stride, &vs, r.v_stride);
-        r.n_kv_heads = Hkv, r.len_kv = S;
-        assert_q4_kernels(attn_isa_name(isas[ii]), ctx, &r, q, ks, vs, o1, l1, 0.0);
-        free(k), free(v), free(q), free(o1), free(o2), free(l1), free(l2);
-        attn_kv_cache_free(kc);
-        attn_ctx_free(ctx);
-        ran++;
-    }
+    for (int ii = 0; ii < 2; ii++)
+        for (int t = 0; t < 2 && attn_isa_supported(isas[ii]); t++) {
+            const attn_dtype dt = qtypes[t];
+            attn_ctx *ctx = test_ctx(isas[ii], 2);
+            const int64_t B = 1, Hkv = 2, H = 8, D = 128, Dv = 96, S = 777;
+            attn_kv_cache *kc = make_cache(ctx, B, Hkv, D, Dv, S, dt);
+            float *k = randu(B * Hkv * S * D, 2.0f, &seed), *v = randu(B * Hkv * S * Dv, 1.0f, &seed);
+            for (int64_t i = 0; i < B * Hkv * S * Dv; i++) v[i] += 2.0f; // one sign: the output near max|v|
+            ASSERT_OK(attn_kv_cache_append(ctx, kc, S, k, NULL, v, NULL));
+            float *q = malloc((size_t)(B * H * D) * 4), *o = malloc((size_t)(B * H * Dv) * 4), *l = malloc((size_t)(B * H) * 4);
+            for (int64_t i = 0; i < B * H * D; i++)
+                q[i] = i % QK == (i / QK) % QK ? ((i / QK) % 2 ? 127.0f : -127.0f) : (float)((int)(lcg(&seed) % 255) - 127);
+            attn_sdpa_desc d;
+            attn_sdpa_desc_init(&d);
+            d.batch = B, d.n_heads = H, d.len_q = 1, d.head_dim = D, d.head_dim_v = Dv, d.scale = 2e-3f;
+            d.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+            attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, 1, D, d.q_stride);
+            attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, 1, Dv, d.o_stride);
+            ASSERT_OK(attn_kv_cache_attend(ctx, kc, &d, q, o, l));
+            void *ks, *vs;
+            attn_kv_cache_storage(kc, &ks, d.k_stride, &vs, d.v_stride);
+            d.n_kv_heads = Hkv, d.len_kv = S;
+            char what[64];
+            snprintf(what, sizeof what, "%s %s", attn_dtype_name(dt), attn_isa_name(isas[ii]));
+            assert_block_kernels(what, dt, ctx, &d, q, ks, vs, o, l, 0.0);
+            free(k), free(v), free(q), free(o), free(l);
+            attn_kv_cache_free(kc);
+            attn_ctx_free(ctx);
+            ran++;
+        }
     if (ran == 0) SKIP("this CPU has no AVX512-BF16");
 }
 
@@ -691,7 +691,7 @@ static void test_module_cached(void) {
 int main(int argc, char **argv) {
     static const harness_case cases[] = {
         HARNESS_CASE(test_ggml_bytes),     HARNESS_CASE(test_value_bound),     HARNESS_CASE(test_cache_storage),
-        HARNESS_CASE(test_cache_kernels),  HARNESS_CASE(test_attention_bound), HARNESS_CASE(test_direct_sdpa), HARNESS_CASE(test_q4_dot_exact_query),
+        HARNESS_CASE(test_cache_kernels),  HARNESS_CASE(test_attention_bound), HARNESS_CASE(test_direct_sdpa), HARNESS_CASE(test_exact_query),
         HARNESS_CASE(test_module_cached),
     };
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));

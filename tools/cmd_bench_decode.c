@@ -16,12 +16,12 @@ static const char summary[] =
     "Times attn_kv_cache_attend for one new query per head (B, H, 1, D) against a cache of S positions\n"
     "(B, Hkv, S, D) of the given type, filled with standard normal keys and values (q8_0 and q4_0:\n"
     "quantised in blocks of 32 along D, which must be a multiple of 32). Before timing, the result is\n"
-    "compared with the scalar reference on the same stored values (--no-check skips it; q4_0 on the\n"
-    "bf16 ISAs, whose kernels round the query to int8, within attn.h's bound for that). Prints the\n"
-    "median of R steps after one warm-up and the effective bandwidth, the bytes of K and V the kernels\n"
-    "read per step over the median: B*Hkv*S*2*D*bytes(kv-dtype), with 34/32 bytes per value for q8_0\n"
-    "and 18/32 for q4_0 (scales included); --json ends the output with one JSON object (median_ms,\n"
-    "gbps, ...).\n"
+    "compared with the scalar reference on the same stored values (--no-check skips it; q8_0 and q4_0\n"
+    "on the bf16 ISAs, whose kernels round the query to int8, within attn.h's bound for that). Prints\n"
+    "the median of R steps after one warm-up and the effective bandwidth, the bytes of K and V the\n"
+    "kernels read per step over the median: B*Hkv*S*2*D*bytes(kv-dtype), with 34/32 bytes per value\n"
+    "for q8_0 and 18/32 for q4_0 (scales included); --json ends the output with one JSON object\n"
+    "(median_ms, gbps, ...).\n"
     "Defaults: B=1, H=32, Hkv=8, S=4096, D=128, f32, 1 thread, R=50.";
 
 static double now(void) {
@@ -51,23 +51,26 @@ static attn_status fill(attn_ctx *ctx, attn_kv_cache *kc, int64_t B, int64_t Hkv
     return st;
 }
 
-// The largest magnitude of a Q4_0 value of kv head hk (every value is at most 8 |d| of its block).
-static double q4_head_max(const void *x, const int64_t st[4], int64_t b, int64_t hk, int64_t S, int64_t D) {
+// The largest magnitude of a value of kv head hk of a block type (Q8_0 values are at most 127 |d|
+// of their block, Q4_0 ones 8 |d|).
+static double block_head_max(attn_dtype dt, const void *x, const int64_t st[4], int64_t b, int64_t hk, int64_t S,
+                             int64_t D) {
+    const double most = dt == ATTN_DTYPE_Q8_0 ? 127.0 : 8.0;
     double m = 0.0;
     for (int64_t j = 0; j < S; j++)
         for (int64_t t = 0; t < D; t += 32) {
-            const uint8_t *blk = (const uint8_t *)x + (b * st[0] + hk * st[1] + j * st[2] + t) / 32 * 18;
+            const uint8_t *blk = (const uint8_t *)x + (b * st[0] + hk * st[1] + j * st[2] + t) / 32 * attn_dtype_size(dt);
             uint16_t h;
             memcpy(&h, blk, 2);
             float f;
             attn_convert(ATTN_DTYPE_F32, &f, ATTN_DTYPE_F16, &h, 1);
-            m = fmax(m, 8.0 * fabs((double)f));
+            m = fmax(m, most * fabs((double)f));
         }
     return m;
 }
 
 // The reference on the cache's own storage (the same rounded values), relative error of `out`;
-// with q_rounded (Q4_0 on the bf16 ISAs: the query rounded to int8), the error beyond attn.h's
+// with q_rounded (Q8_0 and Q4_0 on the bf16 ISAs: the query rounded to int8), the error beyond attn.h's
 // bound for that rounding.
 static attn_status check(const attn_sdpa_desc *d, attn_kv_cache *kc, const float *q, const float *out, bool q_rounded,
                          double *worst) {
@@ -97,7 +100,7 @@ static attn_status check(const attn_sdpa_desc *d, attn_kv_cache *kc, const float
                 for (int64_t t = t0; t < t0 + 32; t++) m = fmax(m, fabs((double)q[row * D + t]));
                 msum += 32.0 * m;
             }
-            const double kmax = q4_head_max(k, r.k_stride, b, hk, r.len_kv, D), vmax = q4_head_max(v, r.v_stride, b, hk, r.len_kv, D);
+            const double kmax = block_head_max(c->dtype, k, r.k_stride, b, hk, r.len_kv, D), vmax = block_head_max(c->dtype, v, r.v_stride, b, hk, r.len_kv, D);
             const double dq = ((1.0 / sqrt((double)D)) * (1.0 / 254 + ldexp(1, -20)) * msum + ldexp(1, -96) * (double)D) * kmax;
             allowed = (exp(2 * dq) * (1 + ldexp(1, -8)) - 1) * vmax + (double)r.len_kv * ldexp(1, -122);
         }
@@ -171,7 +174,7 @@ int cmd_bench_decode(int argc, char **argv) {
         goto done;
     }
     double check_err = -1;
-    const bool q_rounded = dt == ATTN_DTYPE_Q4_0 && attn_isa_bf16_dot(attn_ctx_isa(ctx)); // attn.h, kv_dtype
+    const bool q_rounded = (dt == ATTN_DTYPE_Q8_0 || dt == ATTN_DTYPE_Q4_0) && attn_isa_bf16_dot(attn_ctx_isa(ctx));
     if (!no_check) {
         if ((st = check(&d, kc, q, out, q_rounded, &check_err)) != ATTN_OK) {
             cli_error("bench", EXIT_FAILURE_RUN, "reference check: %s", attn_strerror(st));

@@ -37,8 +37,8 @@ static bool cpu_has_avx512(void) {
 }
 
 // AVX512-BF16 (CPUID leaf 7 subleaf 1, EAX bit 5), with AVX512-BW (leaf 7, EBX bit 30) for vpermw,
-// AVX512-VL (EBX bit 31) and AVX512-VNNI (ECX bit 11) for the Q4_0 kernels of the bf16 tables (every
-// CPU with AVX512-BF16 so far has all three).
+// AVX512-VL (EBX bit 31) and AVX512-VNNI (ECX bit 11) for the block-type decode kernels of the
+// bf16 tables (every CPU with AVX512-BF16 so far has all three).
 static bool cpu_has_avx512_bf16(void) {
 #if defined(ATTN_EMULATE_AVX512)
     return cpu_has_avx512();

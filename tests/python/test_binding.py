@@ -823,9 +823,7 @@ class TestKVCache(unittest.TestCase):
                     self.assertTrue(np.all(err <= c * m + a), dtype)
                     self.assertTrue(np.any(err > 0), dtype)
                 want = attn.sdpa(q, cache.keys(), cache.values(), causal="bottom_right")
-                if dtype == "q8_0":
-                    close(self, cache.attend(q), want, rtol=1e-5, atol=1e-5, what=dtype)
-                else:  # the bf16 ISAs round the query to int8 per block (attn.h, kv_dtype)
+                if True:  # the bf16 ISAs round the query to int8 per block (attn.h, kv_dtype)
                     kd, vd = cache.keys(), cache.values()
                     scale = 1 / np.sqrt(D)
                     m = np.abs(np.asarray(q, np.float64)).reshape(B, H, 2, D // 32, 32).max(axis=-1)
@@ -835,6 +833,8 @@ class TestKVCache(unittest.TestCase):
                     bound = (np.exp(2 * dq)[..., None] * (1 + 2 ** -8) - 1) * vmax + T * 2 ** -122
                     err = np.abs(np.asarray(cache.attend(q), np.float64) - want)
                     self.assertTrue(np.all(err <= bound + 1e-5 * (1 + np.abs(want))), dtype)
+                    if attn.default_context().isa not in ("avx512bf16", "amxbf16"):  # float kernels
+                        close(self, cache.attend(q), want, rtol=1e-5, atol=1e-5, what=dtype)
         with self.assertRaises(attn.AttnError):
             attn.KVCache(1, 1, 48, 8, dtype="q8_0")  # head_dim not a multiple of 32
 

@@ -341,7 +341,7 @@ static void half_to_f32_avx512(attn_dtype dt, const uint16_t *x, float *y, int64
     }
 }
 
-// The entries of the three AVX-512 tables (the bf16 ones have Q4_0 decode kernels of their own).
+// The entries of the three AVX-512 tables (the bf16 ones have block-type decode kernels of their own).
 #define AVX512_ENTRIES \
     .gemm = gemm_avx512, \
     .softmax = softmax_avx512, \
@@ -365,7 +365,7 @@ const attn__kernels attn__kernels_avx512 = {
 
 #if defined(ATTN_HAVE_AVX512BF16)
 // The entries around gemm_bf16 of both tables with bf16 dot products (flash_kernels_avx512bf16.c),
-// and their decode kernels for Q4_0 on VNNI and bf16 dot products (quant_kernels_avx512bf16.c).
+// and their decode kernels for Q8_0 and Q4_0 on VNNI and bf16 dot products (quant_kernels_avx512bf16.c).
 #define BF16_DOT_ENTRIES \
     .pack_pairs_bf16 = attn__pack_pairs_bf16_avx512, \
     .pair_rows_bf16 = attn__pair_rows_bf16_avx512, \
