@@ -86,16 +86,19 @@ EMU_INLINE simde__m512 emu512_scalef_ps(simde__m512 a, simde__m512 b) {
     }
     return emu512_ps(fa);
 }
-// The low 16 bits of each 32-bit lane (vpmovdw; not in SIMDe 0.7).
-EMU_INLINE simde__m256i emu512_cvtepi32_epi16(simde__m512i a) {
-    uint32_t w[16];
-    uint16_t h[16];
-    memcpy(w, &a, sizeof w);
-    for (int i = 0; i < 16; i++) h[i] = (uint16_t)w[i];
-    simde__m256i r;
-    memcpy(&r, h, sizeof r);
-    return r;
-}
+// The low bits (T: uint16_t or uint8_t) of each 32-bit lane (vpmovdw, vpmovdb; not in SIMDe 0.7).
+#define EMU512_NARROW_EPI32(name, T, Out)           \
+    EMU_INLINE Out name(simde__m512i a) {           \
+        uint32_t w[16];                             \
+        T n[16];                                    \
+        memcpy(w, &a, sizeof w);                    \
+        for (int i = 0; i < 16; i++) n[i] = (T)w[i];\
+        Out r;                                      \
+        memcpy(&r, n, sizeof r);                    \
+        return r;                                   \
+    }
+EMU512_NARROW_EPI32(emu512_cvtepi32_epi16, uint16_t, simde__m256i)
+EMU512_NARROW_EPI32(emu512_cvtepi32_epi8, uint8_t, simde__m128i)
 // float to bfloat16 as vcvtne2ps2bf16 rounds: to nearest even, NaN kept quiet, denormals to zero.
 EMU_INLINE uint16_t emu_bf16_rne(float x) {
     uint32_t u;
@@ -116,7 +119,7 @@ EMU_INLINE simde__m512bh emu512_cvtne2ps_pbh(simde__m512 a, simde__m512 b) {
 }
 
 // The intrinsics of the Q4_0 kernels (quant_kernels_avx512bf16.c) that SIMDe 0.7 lacks: masked
-// byte loads (touching only the selected bytes), widening and narrowing, reductions, rounding.
+// byte loads (touching only the selected bytes), widening, reductions, rounding.
 EMU_INLINE simde__m512i emu512_maskz_loadu_epi8(simde__mmask64 k, const void *p) {
     uint8_t b[64];
     for (int i = 0; i < 64; i++) b[i] = (k >> i) & 1u ? ((const uint8_t *)p)[i] : 0;
@@ -131,15 +134,6 @@ EMU_INLINE simde__m512i emu512_cvtepu8_epi16(simde__m256i x) {
     for (int i = 0; i < 32; i++) w[i] = u[i];
     simde__m512i r;
     memcpy(&r, w, sizeof r);
-    return r;
-}
-EMU_INLINE simde__m128i emu512_cvtepi32_epi8(simde__m512i a) { // vpmovdb: the low byte of each lane
-    uint32_t w[16];
-    uint8_t b[16];
-    memcpy(w, &a, sizeof w);
-    for (int i = 0; i < 16; i++) b[i] = (uint8_t)w[i];
-    simde__m128i r;
-    memcpy(&r, b, sizeof r);
     return r;
 }
 EMU_INLINE simde__m512i emu512_cvt_roundps_epi32(simde__m512 a, int rounding) { // to nearest even only
