@@ -39,6 +39,21 @@
  * not finite.
  */
 static uint8_t *raw_blocks(pair *p, attn_dtype dt, int64_t n, int special_rate);
+static float *dequantise(attn_dtype dt, const uint8_t *x, int64_t n);
+
+/* The largest finite magnitude among the first S of each of the `rows` rows (cap positions of
+ * width values, blocks of type dt) of a cache's keys or values; non-finite values are skipped. */
+static double finite_max_stored(attn_dtype dt, const void *x, int64_t rows, int64_t cap, int64_t width, int64_t S) {
+    float *f = dequantise(dt, x, rows * cap * width);
+    double m = 0.0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t e = 0; e < S * width; e++) {
+            const float y = f[r * cap * width + e];
+            if (isfinite(y)) m = fmax(m, fabs((double)y));
+        }
+    free(f);
+    return m;
+}
 
 static double overwrite_blocks(pair *p, attn_kv_cache *const kc[3], attn_dtype dt, int64_t rows, int64_t cap,
                          int64_t D, int64_t Dv, int64_t S) {
@@ -129,11 +144,17 @@ static void diff_kv_cache(pair *p) {
                            "the caches hold different keys in %s", problem);
             /* magnitudes of what the rows sum (a dequantised value is at most the block's largest) */
             const double mk = isnan(raw_all) ? amp : fmax(amp, raw_all), ds = 4.0 * (double)(D + 8) * U * (double)D * mk * max_abs(q, B * H * L * D) / sqrt((double)D);
-            /* block types on the bf16 ISAs: attn.h's delta_q (m_b <= max|q|), the weights' bf16 rounding */
-            const double dq = fuzz_on_int8_dot(p->ctx[0], dt) ? ((double)D * max_abs(q, B * H * L * D) / sqrt((double)D) *
-                                                                   (1.0 / 254 + 0x1p-20) + 0x1p-96 * (double)D) * mk
-                                                              : 0.0;
-            const double wq = dq > 0.0 ? mk * (expm1(2.0 * dq) + 0x1p-8 * exp(2.0 * dq)) + (double)S * 0x1p-122 : 0.0;
+            /* block types on the bf16 ISAs: attn.h's delta_q (m_b <= max|q|) and the weights' bf16
+             * rounding, with the stored keys' and values' largest finite magnitudes (raw blocks
+             * included: mk leaves them out once one is not finite) */
+            double dq = 0.0, wq = 0.0;
+            if (fuzz_on_int8_dot(p->ctx[0], dt)) {
+                void *ks, *vs;
+                attn_kv_cache_storage(kc[0], &ks, NULL, &vs, NULL);
+                const double kf = finite_max_stored(dt, ks, B * Hkv, cap, D, S), vf = finite_max_stored(dt, vs, B * Hkv, cap, Dv, S);
+                dq = ((double)D * max_abs(q, B * H * L * D) / sqrt((double)D) * (1.0 / 254 + 0x1p-20) + 0x1p-96 * (double)D) * kf;
+                wq = vf * (expm1(2.0 * dq) + 0x1p-8 * exp(2.0 * dq)) + (double)S * 0x1p-122;
+            }
             loose_nonfinite = true; /* specials: the flush of tiny weights may differ (see above) */
             const tol t = {REL_TOL + 4.0 * ds, ABS_TOL * (1.0 + mk) + mk * (3.0 * ds + 4.0 * (double)(S + 8) * U) + wq};
             for (int i = 1; i < p->n; i++) { /* [2] runs [0]'s kernels: the same rounding */
