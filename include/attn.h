@@ -263,7 +263,8 @@ ATTN_API int attn_isa_supported(attn_isa isa);
 /** @return "auto", "ref", "generic", "avx2", "avx512", "avx512bf16", "amxbf16" or "?". */
 ATTN_API const char *attn_isa_name(attn_isa isa);
 /** @return whether `isa` multiplies bf16 tensors on bf16 dot products (AVX512_BF16 and AMX_BF16),
- * whose error bounds attn_sdpa_desc.q_dtype and grad_dtype give beside float32's. */
+ * whose error bounds attn_sdpa_desc.q_dtype and grad_dtype give beside float32's; those sets also
+ * decode Q8_0 and Q4_0 caches on 8-bit and bf16 dot products (attn_sdpa_desc.kv_dtype). */
 ATTN_API int attn_isa_bf16_dot(attn_isa isa);
 
 /**
