@@ -70,8 +70,8 @@ static double block_head_max(attn_dtype dt, const void *x, const int64_t st[4], 
 }
 
 // The reference on the cache's own storage (the same rounded values), relative error of `out`;
-// with q_rounded (Q8_0 and Q4_0 on the bf16 ISAs: the query rounded to int8), the error beyond attn.h's
-// bound for that rounding.
+// with q_rounded (Q8_0 and Q4_0 on the bf16 ISAs: the query rounded to int8), the error beyond
+// attn.h's bound for that rounding.
 static attn_status check(const attn_sdpa_desc *d, attn_kv_cache *kc, const float *q, const float *out, bool q_rounded,
                          double *worst) {
     attn_ctx_params p;
@@ -91,16 +91,22 @@ static attn_status check(const attn_sdpa_desc *d, attn_kv_cache *kc, const float
     *worst = 0;
     const int64_t D = d->head_dim, group = d->n_heads / c->n_kv_heads;
     double allowed = 0.0; // the row's: attn.h (kv_dtype), (exp(2 delta_q) (1 + 2^-8) - 1) max|v'| + S 2^-122
+    double kmax = 0.0, vmax = 0.0; // of the kv head (b, hk) = `head`, a group's rows in a row
+    int64_t head = -1;
     for (int64_t i = 0; st == ATTN_OK && i < n; i++) {
         if (q_rounded && i % D == 0) {
             const int64_t row = i / D, b = row / d->n_heads, hk = row % d->n_heads / group;
+            if (b * c->n_kv_heads + hk != head) {
+                head = b * c->n_kv_heads + hk;
+                kmax = block_head_max(c->dtype, k, r.k_stride, b, hk, r.len_kv, D);
+                vmax = block_head_max(c->dtype, v, r.v_stride, b, hk, r.len_kv, D);
+            }
             double msum = 0.0;
             for (int64_t t0 = 0; t0 < D; t0 += 32) {
                 double m = 0.0;
                 for (int64_t t = t0; t < t0 + 32; t++) m = fmax(m, fabs((double)q[row * D + t]));
                 msum += 32.0 * m;
             }
-            const double kmax = block_head_max(c->dtype, k, r.k_stride, b, hk, r.len_kv, D), vmax = block_head_max(c->dtype, v, r.v_stride, b, hk, r.len_kv, D);
             const double dq = ((1.0 / sqrt((double)D)) * (1.0 / 254 + ldexp(1, -20)) * msum + ldexp(1, -96) * (double)D) * kmax;
             allowed = (exp(2 * dq) * (1 + ldexp(1, -8)) - 1) * vmax + (double)r.len_kv * ldexp(1, -122);
         }
