@@ -38,9 +38,9 @@
 #include "cpu/x86/sum512.h"
 #include "half.h"
 
-// Per type: a block's bytes, and the blocks of a row that fill the 64-byte vectors of one q.k step
-// (a "group"): Q4_0 4 (128 values: 64 bytes of low nibbles, 64 of high ones), Q8_0 2 (64 values).
-INLINE int bbytes(attn_dtype dt) { return dt == ATTN_DTYPE_Q8_0 ? ATTN_Q8_0_BYTES : ATTN_Q4_0_BYTES; }
+// Per type, the blocks of a row that fill the 64-byte vectors of one q.k step (a "group"): Q4_0 4
+// (128 values: 64 bytes of low nibbles, 64 of high ones), Q8_0 2 (64 values). A block's bytes:
+// quant_block.h's block_bytes.
 INLINE int qk_blocks(attn_dtype dt) { return dt == ATTN_DTYPE_Q8_0 ? 2 : 4; }
 #define PV_BLOCKS 4 // blocks whose weights pv_rows pairs at once
 
@@ -70,7 +70,7 @@ INLINE __mmask64 bytes_mask(int n) { return n >= 64 ? ~(__mmask64)0 : n <= 0 ? 0
 INLINE group_span span_of(attn_dtype dt, int nb, int first, int per) {
     group_span s;
     s.blocks = nb - first < per ? nb - first : per;
-    const int bytes = s.blocks * bbytes(dt);
+    const int bytes = s.blocks * block_bytes(dt);
     s.m0 = bytes_mask(bytes), s.m1 = bytes_mask(bytes - 64);
     return s;
 }
@@ -133,7 +133,7 @@ void attn__prep_q_avx512bf16(attn_dtype dt, const float *q, int rows, int D, voi
 // The word indices gathering a group's quants from its two 64-byte loads (word i of the result:
 // Q4_0 block i / 8's bytes 2.. (word 9b + 1 + i % 8), Q8_0 block i / 16's (word 17b + 1 + i % 16)).
 INLINE __m512i quant_words(attn_dtype dt) {
-    const int per = 32 / qk_blocks(dt), half = bbytes(dt) / 2;
+    const int per = 32 / qk_blocks(dt), half = block_bytes(dt) / 2;
     uint16_t w[32];
     for (int i = 0; i < 32; i++) w[i] = (uint16_t)(half * (i / per) + 1 + i % per);
     return _mm512_loadu_si512(w);
@@ -142,7 +142,7 @@ INLINE __m512i quant_words(attn_dtype dt) {
 // The word indices putting the scale of the block of 128-bit lane l of key c (Q4_0 block l, Q8_0
 // block l / 2) at word 4l + c, for keys c0 and c0 + 1 (from two rows' first 64 bytes).
 INLINE __m512i key_scale_words(attn_dtype dt, int c0) {
-    const int half = bbytes(dt) / 2, per = 4 / qk_blocks(dt); // 128-bit lanes a block
+    const int half = block_bytes(dt) / 2, per = 4 / qk_blocks(dt); // 128-bit lanes a block
     uint16_t w[32] = {0};
     for (int l = 0; l < 4; l++) w[4 * l + c0] = (uint16_t)(half * (l / per)), w[4 * l + c0 + 1] = (uint16_t)(32 + half * (l / per));
     return _mm512_loadu_si512(w);
@@ -188,8 +188,8 @@ INLINE void keys_group(const attn_dtype dt, const uint8_t *const x[4], group_spa
 
 INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const q_group *qg,
                          int rows, float *s, int64_t s_r, int64_t s_j) {
-    const int nb = D / ATTN_QBLOCK, G = groups_of(dt, D), per = qk_blocks(dt), row_bytes = nb * bbytes(dt);
-    const int64_t stride = ks_row / ATTN_QBLOCK * bbytes(dt), group_bytes = (int64_t)per * bbytes(dt);
+    const int nb = D / ATTN_QBLOCK, G = groups_of(dt, D), per = qk_blocks(dt), row_bytes = nb * block_bytes(dt);
+    const int64_t stride = ks_row / ATTN_QBLOCK * block_bytes(dt), group_bytes = (int64_t)per * block_bytes(dt);
     const __m512i qw = quant_words(dt), s01 = key_scale_words(dt, 0), s23 = key_scale_words(dt, 2);
     const __m512i to_key_major = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     for (int r0 = 0; r0 < rows; r0 += 4) {
@@ -239,7 +239,7 @@ void attn__qk_rows_q_avx512bf16(attn_dtype dt, const void *k, int64_t ks_row, in
 INLINE void pair_weights(const attn_dtype dt, const uint8_t *v, int64_t stride, int nj, const float *pp, int64_t ldp,
                          group_span sp, uint32_t (*w)[16]) {
     uint16_t sw[32] = {0}, iw[32]; // lane 4b + r: block b's scale word; pairs: word 2i from key 2jp's lane i
-    for (int i = 0; i < 16; i++) sw[i] = (uint16_t)(i / 4 * bbytes(dt) / 2);
+    for (int i = 0; i < 16; i++) sw[i] = (uint16_t)(i / 4 * block_bytes(dt) / 2);
     for (int i = 0; i < 16; i++) iw[2 * i] = (uint16_t)i, iw[2 * i + 1] = (uint16_t)(16 + i);
     const __m512i sidx = _mm512_loadu_si512(sw), ilv = _mm512_loadu_si512(iw);
     for (int j = 0; j < nj; j += 2) {
@@ -287,7 +287,7 @@ INLINE void pv_pass(const attn_dtype dt, const uint8_t *v, int64_t stride, int n
     __m512 c[16];
     for (int x = 0; x < 16; x++) c[x] = _mm512_setzero_ps();
     const int64_t pf = FLASH_BC * stride;
-    const int bb_bytes = bbytes(dt);
+    const int bb_bytes = block_bytes(dt);
     for (int j = 0; j < nj; j += 2) {
         const uint8_t *rx = v + (int64_t)j * stride + goff + (int64_t)b0 * bb_bytes;
         const uint8_t *ry = j + 1 < nj ? rx + stride : rx; // weight 0 for the missing partner
@@ -322,7 +322,7 @@ INLINE void pv_pass(const attn_dtype dt, const uint8_t *v, int64_t stride, int n
 INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pp,
                          int64_t ldp, const float *alpha, bool scale_o, int nr, bool prefetch, float *o, int64_t ldo) {
     const int nb = Dv / ATTN_QBLOCK;
-    const int64_t stride = vs_row / ATTN_QBLOCK * bbytes(dt);
+    const int64_t stride = vs_row / ATTN_QBLOCK * block_bytes(dt);
     uint32_t w[FLASH_BC / 2][16];
     uint16_t tw[32]; // Q4_0: bf16 of n - 8 for the index n (mod 16); Q8_0: high words of two floats
     for (int i = 0; i < 32; i++)
@@ -330,7 +330,7 @@ INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int
     const __m512i table = _mm512_loadu_si512(tw);
     for (int g0 = 0; g0 < nb; g0 += PV_BLOCKS) {
         const group_span sp = span_of(dt, nb, g0, PV_BLOCKS);
-        const int64_t goff = (int64_t)g0 * bbytes(dt);
+        const int64_t goff = (int64_t)g0 * block_bytes(dt);
         pair_weights(dt, (const uint8_t *)v + goff, stride, nj, pp, ldp, sp, w);
         for (int b0 = 0; b0 < sp.blocks; b0 += 2) {
             const int col0 = (g0 + b0) * ATTN_QBLOCK;
@@ -348,7 +348,7 @@ void attn__pv_rows_q_avx512bf16(attn_dtype dt, const void *v, int64_t vs_row, in
         const int nr = rows - r0 < 4 ? rows - r0 : 4;
         for (int j0 = 0; j0 < nj; j0 += FLASH_BC) {
             const int n = nj - j0 < FLASH_BC ? nj - j0 : FLASH_BC;
-            const uint8_t *vj = (const uint8_t *)v + (int64_t)j0 * (vs_row / ATTN_QBLOCK) * bbytes(dt);
+            const uint8_t *vj = (const uint8_t *)v + (int64_t)j0 * (vs_row / ATTN_QBLOCK) * block_bytes(dt);
             const float *pj = pt + (int64_t)j0 * ldp + r0;
             float *orow = o + (int64_t)r0 * ldo;
             if (dt == ATTN_DTYPE_Q4_0)
