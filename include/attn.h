@@ -436,9 +436,10 @@ typedef struct attn_sdpa_desc {
      * to Q8_0 for these types: each query row (scaled by scale * log2(e)) is rounded to int8 per
      * block of 32 with a float scale max|q_b| / 127 (a block below 2^-96 in magnitude becomes 0; a
      * query holding a NaN or an infinity is left in float32), and each weight times its key's
-     * block scale d is rounded to bf16 (to nearest even; vdpbf16ps flushes products below 2^-126
-     * to 0) before meeting the values' quants (Q8_0's q, Q4_0's q - 8: exact in bf16). Against the reference on the same
-     * stored blocks (k', v' the dequantised values, S keys) a row of those kernels then differs by
+     * block scale d is rounded to bf16 (to nearest even; vdpbf16ps takes one below 2^-126 as 0)
+     * before meeting the values' quants (Q8_0's q, Q4_0's q - 8: exact in bf16). Against the
+     * reference on the same stored blocks (k', v' the dequantised values, S keys) a row of those
+     * kernels then differs by
      * at most (exp(2 delta_q) * (1 + 2^-8) - 1) * max|v'| + S * 2^-122, plus float32 rounding,
      * with delta_q = (scale * (1/254 + 2^-20) * sum_b 32 m_b + 2^-96 D) * max|k'| and m_b the
      * largest |q_t| of the row's block b (D / 32 blocks), and its lse by at most delta_q; against
