@@ -33,8 +33,8 @@
 
 #include "cpu/cpu.h"
 #include "cpu/x86/decode_prefetch.h"
-#include "cpu/x86/quant_block.h"
 #include "cpu/x86/quant_kernels.h"
+#include "cpu/x86/quant_rows.h"
 #include "cpu/x86/sum512.h"
 #include "half.h"
 
@@ -186,7 +186,7 @@ INLINE void keys_group(const attn_dtype dt, const uint8_t *const x[4], group_spa
     }
 }
 
-INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const q_group *qg,
+INLINE void qk_rows_int8(const attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const q_group *qg,
                          int rows, float *s, int64_t s_r, int64_t s_j) {
     const int nb = D / ATTN_QBLOCK, G = groups_of(dt, D), per = qk_blocks(dt), row_bytes = nb * block_bytes(dt);
     const int64_t stride = ks_row / ATTN_QBLOCK * block_bytes(dt), group_bytes = (int64_t)per * block_bytes(dt);
@@ -225,12 +225,18 @@ INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int
     }
 }
 
+// quant_rows.h's q.k of float rows (its qk_rows_q): a query left in float32 takes the float kernel.
+INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const float *q, int rows,
+                         float *s, int64_t s_r, int64_t s_j) {
+    attn__qk_rows_q_avx512(dt, k, ks_row, nj, D, q, rows, s, s_r, s_j);
+}
+
 void attn__qk_rows_q_avx512bf16(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const void *q, int rows,
                                 float *s, int64_t s_r, int64_t s_j) {
     const prep_header *h = q;
-    if (!h->quantised) attn__qk_rows_q_avx512(dt, k, ks_row, nj, D, h + 1, rows, s, s_r, s_j);
-    else if (dt == ATTN_DTYPE_Q4_0) qk_rows_impl(ATTN_DTYPE_Q4_0, k, ks_row, nj, D, (const q_group *)(h + 1), rows, s, s_r, s_j);
-    else qk_rows_impl(ATTN_DTYPE_Q8_0, k, ks_row, nj, D, (const q_group *)(h + 1), rows, s, s_r, s_j);
+    if (!h->quantised) qk_rows_q(dt, k, ks_row, nj, D, (const float *)(h + 1), rows, s, s_r, s_j);
+    else if (dt == ATTN_DTYPE_Q4_0) qk_rows_int8(ATTN_DTYPE_Q4_0, k, ks_row, nj, D, (const q_group *)(h + 1), rows, s, s_r, s_j);
+    else qk_rows_int8(ATTN_DTYPE_Q8_0, k, ks_row, nj, D, (const q_group *)(h + 1), rows, s, s_r, s_j);
 }
 
 // The weights of four rows (pp[j * ldp + r]) times each key's block scales for PV_BLOCKS blocks
@@ -317,13 +323,13 @@ INLINE void pv_pass(const attn_dtype dt, const uint8_t *v, int64_t stride, int n
     }
 }
 
-// Four rows' weights pp (advancing by ldp a key) and nj <= FLASH_BC keys, PV_BLOCKS blocks at a
-// time: their paired weights, then passes of two blocks (one for an odd last block).
+// quant_rows.h's pv_rows_impl: four rows' weights pp (advancing by ldp a key) and nj <= PV_KEYS keys,
+// PV_BLOCKS blocks at a time: their paired weights, then passes of two blocks (one for an odd last).
 INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pp,
                          int64_t ldp, const float *alpha, bool scale_o, int nr, bool prefetch, float *o, int64_t ldo) {
     const int nb = Dv / ATTN_QBLOCK;
     const int64_t stride = vs_row / ATTN_QBLOCK * block_bytes(dt);
-    uint32_t w[FLASH_BC / 2][16];
+    uint32_t w[PV_KEYS / 2][16];
     uint16_t tw[32]; // Q4_0: bf16 of n - 8 for the index n (mod 16); Q8_0: high words of two floats
     for (int i = 0; i < 32; i++)
         tw[i] = dt == ATTN_DTYPE_Q4_0 ? attn__f32_to_bf16((float)((i & 15) - 8)) : (uint16_t)(i % 2 ? 32 + i : i + 1);
@@ -344,17 +350,5 @@ INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int
 
 void attn__pv_rows_q_avx512bf16(attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pt,
                                 int64_t ldp, const float *alpha, int rows, float *o, int64_t ldo) {
-    for (int r0 = 0; r0 < rows; r0 += 4) {
-        const int nr = rows - r0 < 4 ? rows - r0 : 4;
-        for (int j0 = 0; j0 < nj; j0 += FLASH_BC) {
-            const int n = nj - j0 < FLASH_BC ? nj - j0 : FLASH_BC;
-            const uint8_t *vj = (const uint8_t *)v + (int64_t)j0 * (vs_row / ATTN_QBLOCK) * block_bytes(dt);
-            const float *pj = pt + (int64_t)j0 * ldp + r0;
-            float *orow = o + (int64_t)r0 * ldo;
-            if (dt == ATTN_DTYPE_Q4_0)
-                pv_rows_impl(ATTN_DTYPE_Q4_0, vj, vs_row, n, Dv, pj, ldp, alpha + r0, j0 == 0, nr, r0 == 0, orow, ldo);
-            else
-                pv_rows_impl(ATTN_DTYPE_Q8_0, vj, vs_row, n, Dv, pj, ldp, alpha + r0, j0 == 0, nr, r0 == 0, orow, ldo);
-        }
-    }
+    pv_rows_q(dt, v, vs_row, nj, Dv, pt, ldp, alpha, rows, o, ldo);
 }

@@ -1,8 +1,9 @@
-// quant_rows.h - what quant_kernels_avx2.c and quant_kernels_avx512.c share: the block helpers
-// (quant_block.h) and the loops around their row kernels (the element type made a constant
-// for each call; pv_rows four rows and a key tile at a time). Each file defines qk_rows_impl and
-// pv_rows_impl (declared below) for its vector width and wraps qk_rows_q and pv_rows_q in its
-// entry points. Include after <immintrin.h> with F16C enabled.
+// quant_rows.h - what the Q8_0 / Q4_0 kernel files (quant_kernels_avx2.c, quant_kernels_avx512.c,
+// quant_kernels_avx512bf16.c) share: the block helpers (quant_block.h) and the loops around their
+// row kernels (the element type made a constant for each call; pv_rows four rows and a key tile at
+// a time). Each file defines qk_rows_impl (q.k of float query rows) and pv_rows_impl (declared
+// below) and wraps qk_rows_q and pv_rows_q in its entry points. Include after <immintrin.h> (or
+// simd512.h) with F16C enabled.
 #ifndef ATTN_CPU_X86_QUANT_ROWS_H
 #define ATTN_CPU_X86_QUANT_ROWS_H
 
