@@ -22,6 +22,14 @@ static inline uint32_t attn__f32_bits(float f) {
     return u;
 }
 
+// Whether n contiguous floats hold an infinity or a NaN (all exponent bits set), in integer
+// operations the compiler vectorises.
+static inline int attn__f32_any_nonfinite(const float *x, int64_t n) {
+    uint32_t any = 0;
+    for (int64_t i = 0; i < n; i++) any |= (uint32_t)((attn__f32_bits(x[i]) & 0x7f800000u) == 0x7f800000u);
+    return any != 0;
+}
+
 static inline float attn__f16_to_f32(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
     if (exp == 0x1f) return attn__bits_f32(sign | 0x7f800000u | (man << 13)); // inf, NaN (payload kept)

@@ -85,15 +85,9 @@ static bool tile_not_finite(const float *x, int64_t rs, int64_t es, int nj, int6
     uint32_t any = 0;
     for (int j = 0; j < nj; j++) {
         const float *r = x + (int64_t)j * rs;
-        if (es == 1) {
-            for (int64_t c = 0; c < n; c++) { // exponent all ones: inf or NaN
-                uint32_t u;
-                memcpy(&u, &r[c], sizeof u);
-                any |= (u & 0x7f800000u) == 0x7f800000u;
-            }
-        } else {
+        if (es == 1) any |= (uint32_t)attn__f32_any_nonfinite(r, n);
+        else
             for (int64_t c = 0; c < n; c++) any |= !isfinite(r[c * es]);
-        }
     }
     return any != 0;
 }
@@ -215,13 +209,7 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
     else
         for (int r = 0; r < rows; r++)
             for (int e = 0; e < Dv; e++) po[(int64_t)r * Dv + e] = t.ot[(int64_t)e * brp + r];
-    uint32_t any = 0; // an exponent of all ones: NaN or inf
-    for (int64_t e = 0; e < (int64_t)rows * Dv; e++) {
-        uint32_t u;
-        memcpy(&u, &po[e], sizeof u);
-        any |= (u & 0x7f800000u) == 0x7f800000u;
-    }
-    return any == 0;
+    return !attn__f32_any_nonfinite(po, (int64_t)rows * Dv);
 }
 
 static void decode_task(void *arg, int64_t task, int thread) {

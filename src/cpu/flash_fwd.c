@@ -284,20 +284,9 @@ typedef struct vscan_job {
     uint8_t *v_bad;
 } vscan_job;
 
-// Whether a contiguous row of n float32 values holds an infinity or a NaN (all exponent bits set),
-// in integer operations the compiler vectorises.
-static bool f32_row_nonfinite(const float *row, int64_t n) {
-    uint32_t all = 0;
-    for (int64_t t = 0; t < n; t++) {
-        uint32_t u;
-        memcpy(&u, &row[t], sizeof u);
-        all |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
-    }
-    return all != 0;
-}
-
-// The same for a contiguous row of n bfloat16 or float16 values: `exp` holds the type's exponent bits
-// (0x7f80 or 0x7c00).
+// Whether a contiguous row of n bfloat16 or float16 values holds an infinity or a NaN (as
+// half.h's attn__f32_any_nonfinite for floats): `exp` holds the type's exponent bits (0x7f80 or
+// 0x7c00).
 static bool u16_row_nonfinite(const uint16_t *row, int64_t n, uint16_t exp) {
     uint32_t all = 0;
     for (int64_t t = 0; t < n; t++) all |= (uint32_t)((row[t] & exp) == exp);
@@ -318,7 +307,7 @@ static void vscan_task(void *arg, int64_t task, int thread) {
         for (int64_t j = tile * FLASH_BC; j < j_end && !bad; j++) {
             const int64_t row = attn__offset4(d->v_stride, b, hk, j, 0);
             if (dense && d->kv_dtype == ATTN_DTYPE_F32) {
-                bad = f32_row_nonfinite((const float *)J->v + row, Dv);
+                bad = attn__f32_any_nonfinite((const float *)J->v + row, Dv);
                 continue;
             }
             if (dense && exp16 != 0) {

@@ -101,13 +101,7 @@ typedef struct prep_header {
 
 void attn__prep_q_avx512bf16(attn_dtype dt, const float *q, int rows, int D, void *out) {
     prep_header *h = out;
-    uint32_t special = 0; // an exponent of all ones: NaN or inf
-    for (int64_t i = 0; i < (int64_t)rows * D; i++) {
-        uint32_t u;
-        memcpy(&u, &q[i], sizeof u);
-        special |= (u & 0x7f800000u) == 0x7f800000u;
-    }
-    h->quantised = !special;
+    h->quantised = !attn__f32_any_nonfinite(q, (int64_t)rows * D);
     if (!h->quantised) {
         memcpy(h + 1, q, (size_t)rows * (size_t)D * sizeof(float));
         return;
