@@ -305,6 +305,18 @@ static double stored_value(attn_dtype dt, const void *p, int64_t off) {
     return model_value(dt, (const uint8_t *)p + (size_t)(off / QK) * attn_dtype_size(dt), (int)(off % QK));
 }
 
+// attn.h's delta_q (kv_dtype) of a query row q (D values) against stored keys of largest magnitude
+// kmax, with qstep for the query's rounding step (1/254; 0 for queries int8 holds exactly).
+static double delta_q(const float *q, int64_t D, double scale, double qstep, double kmax) {
+    double msum = 0.0; // sum over blocks of 32 times the block's largest |q|
+    for (int64_t t0 = 0; t0 < D; t0 += QK) {
+        double m = 0.0;
+        for (int64_t t = t0; t < t0 + QK; t++) m = fmax(m, fabs((double)q[t]));
+        msum += QK * m;
+    }
+    return (scale * (qstep + ldexp(1, -20)) * msum + ldexp(1, -96) * (double)D) * kmax;
+}
+
 // Whether ctx's kernels run d (of a block type) on attn.h's decode kernels of the bf16 ISAs, which
 // round the query to int8 (a GQA group's queries, at most 8, against rows of contiguous blocks).
 static bool q_rounds(const attn_ctx *ctx, const attn_sdpa_desc *d) {
@@ -370,13 +382,7 @@ static void assert_block_kernels(const char *what, attn_dtype dt, const attn_ctx
             }
             for (int64_t i = 0; i < L; i++) {
                 const int64_t row = (b * H + h) * L + i;
-                double msum = 0.0; // sum over blocks of 32 times the block's largest |q|
-                for (int64_t t0 = 0; t0 < D; t0 += QK) {
-                    double m = 0.0;
-                    for (int64_t t = t0; t < t0 + QK; t++) m = fmax(m, fabs((double)qc[row * D + t]));
-                    msum += QK * m;
-                }
-                const double dq = rounds ? ((double)fabsf(scale) * (qstep + ldexp(1, -20)) * msum + ldexp(1, -96) * (double)D) * kmax : 0.0;
+                const double dq = rounds ? delta_q(qc + row * D, D, (double)fabsf(scale), qstep, kmax) : 0.0;
                 const double u = rounds ? ldexp(1, -8) : 0.0, flush = rounds ? (double)S * ldexp(1, -122) : 0.0;
                 const double bound = (exp(2 * dq) * (1 + u) - 1) * vmax + flush + 2e-6 + 2e-5 * vmax;
                 for (int64_t e = 0; e < Dv; e++) {
@@ -513,14 +519,8 @@ static void test_attention_bound(void) {
                 for (int64_t e = 0; e < D; e++) sq += fabs((double)q[h * D + e]);
                 double delta = scale * sq * (c * mk + a), u = 0.0, flush = 0.0;
                 if (attn_isa_bf16_dot(attn_ctx_isa(ctx))) { // the query rounded
-                    double msum = 0.0;
-                    for (int64_t t0 = 0; t0 < D; t0 += QK) {
-                        double m = 0.0;
-                        for (int64_t x = t0; x < t0 + QK; x++) m = fmax(m, fabs((double)q[h * D + x]));
-                        msum += QK * m;
-                    }
                     const double mks = (1 + c) * mk + a; // the stored keys' largest magnitude, at most
-                    delta += (scale * (1.0 / 254 + ldexp(1, -20)) * msum + ldexp(1, -96) * (double)D) * mks;
+                    delta += delta_q(q + h * D, D, scale, 1.0 / 254, mks);
                     u = ldexp(1, -8), flush = (double)S * ldexp(1, -122);
                 }
                 const double bound = (exp(2 * delta) * (1 + c) * (1 + u) - 1) * mv + exp(2 * delta) * a + flush + 1e-5 * mv;
