@@ -14,12 +14,17 @@
 //   dS = P (dP' - D) times the soft cap's 1 - tanh^2   (dP' = dP with the mask and 1 / (1 - p))
 //   dV += P'^T dO, dK += dS^T Q                        (mma; P' and dS rounded to T first)
 // and, in the default (atomic) mode, dS^T goes to shared memory and dQ += dS K (mma) is added to
-// the float32 accumulator p.dq_acc with atomicAdd (a later kernel scales and converts it). dK
-// (times scale) and dV are written once, in grad_dtype, summed over the group's heads.
+// the float32 accumulator p.dq_acc with atomicAdd (8-byte red.global.add.v2.f32 on sm_90; a later
+// kernel scales and converts it). dK (times scale) and dV are written once, in grad_dtype, summed
+// over the group's heads.
 //
 // flash_bwd_dq_kernel (deterministic mode): one block per 64 query rows of one (b, h), 4 warps of
 // 16 rows, the forward's layout; key tiles in order (cp.async, two stages), recomputing S and dP,
 // dQ += dS K in registers; written once (times scale). No atomics anywhere: the same bits every run.
+//
+// Both kernels come in two instances per (T, D), with and without the dropout code (Dropout), and
+// each tile's scores take the cheapest rule it allows (bwd_scores: scale alone, the bounds, or the
+// whole score rule), so a call without masks runs an element loop of a few instructions a score.
 //
 // Rows past the sequence are zero-filled in shared memory and get lse = +inf (no weight); a row the
 // masks hide wholly (lse = -inf) too. Preconditions (plan.c): q, k, v, out, dout of type T (bf16 or
@@ -35,31 +40,52 @@
 
 namespace attn_cuda {
 
-// One element of the backward, from its raw products sv = q . k and dpv = dout . v: sv becomes the
-// weight the forward used for the output (P', dropout applied: dV's factor), dpv the score's
-// gradient over scale (dS: dK's and dQ's factor). lse2: the row's lse times log2 e (+inf: no weight);
-// di: the row's dout . out; need: apply the whole score rule (else scale only, -inf where `visible`,
-// the bounds' verdict, is false); kept: the mask's bit.
-__device__ __forceinline__ void bwd_element(const P &p, const Seq &s, bool need, bool visible, float &sv, float &dpv,
-                                            int64_t b, int64_t h, int64_t i, int64_t j, float lse2, float di,
-                                            bool kept) {
-    float x, f = 1.0f;
-    if (!need) {
-        x = visible ? sv * (p.scale * kLog2e) : -CUDART_INF_F;
-    } else if (i < s.L && j < s.S) {
-        f = softcap_dfactor(p, sv);
-        x = score(p, s, sv, b, h, i, j) * kLog2e;
-    } else {
-        x = -CUDART_INF_F;
-    }
+// The score of one element in the log2 domain under the whole score rule (masks, ALiBi, soft cap,
+// bounds: common.cuh) from its raw product sv = q . k, -inf past the sequence's ends; f: the soft
+// cap's factor 1 - tanh^2 for dS (1 without a cap).
+__device__ __forceinline__ float bwd_score_log2(const P &p, const Seq &s, float sv, int64_t b, int64_t h, int64_t i,
+                                                int64_t j, float &f) {
+    if (i >= s.L || j >= s.S) return -CUDART_INF_F;
+    f = softcap_dfactor(p, sv);
+    return score(p, s, sv, b, h, i, j) * kLog2e;
+}
+
+// One element of the backward from its score x (log2 domain, -inf: no weight) and its raw product
+// dpv = dout . v: sv becomes the weight the forward used for the output (P', dropout applied: dV's
+// factor), dpv the score's gradient over scale (dS: dK's and dQ's factor). lse2: the row's lse times
+// log2 e (+inf: no weight); di: the row's dout . out; f: the soft cap's factor; kept: the mask's bit.
+template <bool Dropout>
+__device__ __forceinline__ void bwd_element(const P &p, float x, float f, float lse2, float di, bool kept, float &sv,
+                                            float &dpv) {
     const float pr = exp2_ftz(x - lse2);
     float dp = dpv, pd = pr;
-    if (p.dropout) {
+    if (Dropout && p.dropout) {
         dp = kept ? dp * p.keep_scale : 0.0f;
         pd = kept ? pr * p.keep_scale : 0.0f;
     }
     sv = pd;
     dpv = pr * (dp - di) * f;
+}
+
+// The scores of a warp's tile, by the cheapest rule the tile allows: scale alone where every element
+// lies inside the bounds and the call has no element-wise term; the bounds tested in 32-bit
+// tile-relative arithmetic (TileBounds, computed only then) where it has none but the tile crosses
+// them; else the whole rule. Each branch covers the whole tile, so no element carries the others'
+// code. each(score_of) runs the tile's element loop with score_of(n, e, sv, f) -> x; visible(tb, n, e)
+// is an element's bounds verdict, rule(n, e, sv, f) its score under the whole rule. Split = false
+// sends the tiles inside the bounds through the bounds' branch too (one copy of the element loop
+// fewer: the instances with dropout, whose loop is long, spill less).
+template <bool Split, typename Each, typename Bounds, typename Visible, typename Rule>
+__device__ __forceinline__ void bwd_scores(bool elementwise, bool inside, float sl2, Each each, Bounds bounds,
+                                           Visible visible, Rule rule) {
+    if (Split && !elementwise && inside) {
+        each([&](int, int, float sv, float &) { return sv * sl2; });
+    } else if (!elementwise) {
+        const TileBounds tb = bounds();
+        each([&](int n, int e, float sv, float &) { return visible(tb, n, e) ? sv * sl2 : -CUDART_INF_F; });
+    } else {
+        each([&](int n, int e, float sv, float &f) { return rule(n, e, sv, f); });
+    }
 }
 
 // A row's lse in the log2 domain as the kernels use it: +inf for rows past the sequence and rows
@@ -68,7 +94,7 @@ __device__ __forceinline__ float lse_log2(float lse, bool valid) {
     return valid && lse != -CUDART_INF_F ? lse * kLog2e : CUDART_INF_F;
 }
 
-template <typename T, int D>
+template <typename T, int D, bool Dropout>
 __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dkdv_kernel(const P p) {
     using Tr = FlashBwdTraits<D>;
     constexpr int Bc = Tr::kBc, Br = Tr::kBr, NTH = Tr::kThreads;
@@ -81,7 +107,7 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dkdv
     constexpr int RG = Br / 16;            // dQ: warps split the tile into RG row groups ...
     constexpr int DSL = Tr::kWarps / RG;   // ... times DSL slices of the head dim
     constexpr int DW = D / DSL;
-    static_assert(Bc == 16 * Tr::kWarps && DW % 16 == 0, "tile shapes");
+    static_assert(Bc == 16 * Tr::kWarps && DW % 16 == 0 && Br <= NTH, "tile shapes");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T *sK = reinterpret_cast<T *>(smem_raw);               // (Bc, LD)
     T *sV = sK + Bc * LD;                                  // (Bc, LD)
@@ -116,19 +142,19 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dkdv
         cp_async_tile<Bc, D, NTH, LD>(sK, gk, j0, s.S, tid, [&](int64_t j) { return kv_at(p, p.k_stride, kb, b, j); });
         cp_async_tile<Bc, D, NTH, LD>(sV, gv, j0, s.S, tid, [&](int64_t j) { return kv_at(p, p.v_stride, vb, b, j); });
     }
-    auto load_q = [&](int it) {
-        const int64_t h = hk * p.group + it / m_tiles, i0 = (m_begin + it % m_tiles) * Br;
+    auto load_q = [&](int hq, int mi) { // head hq of the group, query tile m_begin + mi
+        const int64_t h = hk * p.group + hq, i0 = (m_begin + mi) * Br;
         cp_async_tile_strided<Br, D, NTH, LD>(sQ, gq + q_base(p, s, b, h) + i0 * p.q_stride[2], p.q_stride[2], s.L - i0, tid);
         cp_async_tile_strided<Br, D, NTH, LD>(sdO, gdo + o_base(p, s, b, h) + i0 * p.o_stride[2], p.o_stride[2], s.L - i0, tid);
-        for (int r = tid; r < Br; r += NTH) {
-            const int64_t i = i0 + r;
+        if (tid < Br) { // one row a thread (Br <= NTH)
+            const int64_t i = i0 + tid;
             const bool ok = i < s.L;
             const int64_t li = ok ? lse_index(p, s, b, h, i) : 0;
-            cp_async4(sLse + r, p.lse + li, ok);
-            cp_async4(sDi + r, p.rowdot + li, ok);
+            cp_async4(sLse + tid, p.lse + li, ok);
+            cp_async4(sDi + tid, p.rowdot + li, ok);
         }
     };
-    if (n_iters > 0) load_q(0);
+    if (n_iters > 0) load_q(0, 0);
     cp_async_commit(); // K, V and the first query tile
 
     float dv[ND][4], dk[ND][4];
@@ -137,8 +163,9 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dkdv
 #pragma unroll
         for (int e = 0; e < 4; e++) dv[n][e] = dk[n][e] = 0.0f;
 
-    for (int it = 0; it < n_iters; it++) {
-        const int64_t h = hk * p.group + it / m_tiles, i0 = (m_begin + it % m_tiles) * Br;
+    const float sl2 = p.scale * kLog2e;
+    for (int it = 0, hq = 0, mi = 0; it < n_iters; it++) { // (hq, mi): this iteration's head and query tile
+        const int64_t h = hk * p.group + hq, i0 = (m_begin + mi) * Br;
         cp_async_wait<0>(); // this query tile (and K, V) have landed for this thread ...
         __syncthreads();    // ... and for every thread
 
@@ -158,21 +185,32 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dkdv
         }
 
         // P' and dS, element (key kr0 + g + (e >> 1) 8, query 2c + (e & 1) of n-tile n)
-        const bool inside = tile_inside(p, s, i0, Br, j0, Bc), need = elementwise;
-        const TileBounds tb = tile_bounds(p, s, i0 + 2 * c, j0 + kr0 + g); // rows: queries, cols: keys
         const int64_t bh = b * p.H + h;
+        auto each = [&](auto score_of) {
 #pragma unroll
-        for (int n = 0; n < NQ; n++) {
-            bool kept[4] = {true, true, true, true};
-            if (p.dropout) dropout_kept_keymajor(p, bh, i0 + n * 8, j0 + kr0, lane, kept);
+            for (int n = 0; n < NQ; n++) {
+                bool kept[4] = {true, true, true, true};
+                if (Dropout && p.dropout) dropout_kept_keymajor(p, bh, i0 + n * 8, j0 + kr0, lane, kept);
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int ql = n * 8 + 2 * c + (e & 1);
-                const int64_t i = i0 + ql, j = j0 + kr0 + g + (e >> 1) * 8;
-                const bool vis = inside || tile_visible(tb, n * 8 + (e & 1), (e >> 1) * 8);
-                bwd_element(p, s, need, vis, sacc[n][e], dpacc[n][e], b, h, i, j, lse_log2(sLse[ql], i < s.L), sDi[ql], kept[e]);
+                for (int q2 = 0; q2 < 2; q2++) { // the thread's two queries of the n-tile
+                    const int ql = n * 8 + 2 * c + q2;
+                    const float lse2 = lse_log2(sLse[ql], i0 + ql < s.L), di = sDi[ql];
+#pragma unroll
+                    for (int e = q2; e < 4; e += 2) {
+                        float f = 1.0f;
+                        const float x = score_of(n, e, sacc[n][e], f);
+                        bwd_element<Dropout>(p, x, f, lse2, di, kept[e], sacc[n][e], dpacc[n][e]);
+                    }
+                }
             }
-        }
+        };
+        bwd_scores<!Dropout>(
+            elementwise, tile_inside(p, s, i0, Br, j0, Bc), sl2, each,
+            [&] { return tile_bounds(p, s, i0 + 2 * c, j0 + kr0 + g); }, // rows: queries, cols: keys
+            [&](const TileBounds &tb, int n, int e) { return tile_visible(tb, n * 8 + (e & 1), (e >> 1) * 8); },
+            [&](int n, int e, float sv, float &f) {
+                return bwd_score_log2(p, s, sv, b, h, i0 + n * 8 + 2 * c + (e & 1), j0 + kr0 + g + (e >> 1) * 8, f);
+            });
 
         // dV += P'^T dO and dK += dS^T Q: the accumulators of two n-tiles are one A fragment.
 #pragma unroll
@@ -191,7 +229,8 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dkdv
             }
         }
         __syncthreads(); // every warp is done with Q, dO, lse, D of this tile, and dS^T is whole
-        if (it + 1 < n_iters) load_q(it + 1); // the next tile loads while dQ is computed
+        if (++mi == m_tiles) mi = 0, hq++;
+        if (it + 1 < n_iters) load_q(hq, mi); // the next tile loads while dQ is computed
         cp_async_commit();
 
         if (atomic) { // dQ += dS K: warp (rg, ds) takes query rows 16 rg.. and head dims DW ds..
@@ -212,8 +251,12 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dkdv
                 float *row = p.dq_acc + lse_index(p, s, b, h, i) * D + ds * DW + 2 * c;
 #pragma unroll
                 for (int n = 0; n < DW / 8; n++) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 // one 8-byte reduction (red.global.add.v2.f32)
+                    atomicAdd(reinterpret_cast<float2 *>(row + n * 8), make_float2(dq[n][2 * r], dq[n][2 * r + 1]));
+#else
                     atomicAdd(row + n * 8, dq[n][2 * r]);
                     atomicAdd(row + n * 8 + 1, dq[n][2 * r + 1]);
+#endif
                 }
             }
         }
@@ -231,7 +274,7 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dkdv
         }
 }
 
-template <typename T, int D>
+template <typename T, int D, bool Dropout>
 __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dq_kernel(const P p) {
     using Tr = FlashBwdTraits<D>;
     constexpr int Br = Tr::kBrQ, Bc = Tr::kBcQ, ST = Tr::kStagesQ, NTH = Tr::kThreads;
@@ -290,6 +333,7 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dq_k
 #pragma unroll
     for (int n = 0; n < NO; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
 
+    const float sl2 = p.scale * kLog2e;
     for (int t = 0; t < n_tiles; t++) {
         const int pre = t + ST - 1;
         if (pre < n_tiles) load_kv(n_begin + pre, pre % ST);
@@ -315,23 +359,30 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dq_k
 
         // dS, element (row g + (e >> 1) 8, key 2c + (e & 1) of n-tile n)
         const int64_t n0 = (n_begin + t) * Bc;
-        const bool inside = tile_inside(p, s, i0, Br, n0, Bc), need = elementwise;
-        const TileBounds tb = tile_bounds(p, s, i0 + warp * 16 + g, n0 + 2 * c);
+        auto each = [&](auto score_of) {
 #pragma unroll
-        for (int n = 0; n < NT; n++) {
-            bool kept[4] = {true, true, true, true};
-            if (p.dropout) {
+            for (int n = 0; n < NT; n++) {
+                bool kept[4] = {true, true, true, true};
+                if (Dropout && p.dropout) {
 #pragma unroll
-                for (int r = 0; r < 2; r++)
-                    dropout_kept_pair(p, bh, i0 + warp * 16 + g + r * 8, n0 + n * 8 + 2 * c, kept[2 * r], kept[2 * r + 1]);
+                    for (int r = 0; r < 2; r++)
+                        dropout_kept_pair(p, bh, i0 + warp * 16 + g + r * 8, n0 + n * 8 + 2 * c, kept[2 * r], kept[2 * r + 1]);
+                }
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float f = 1.0f;
+                    const float x = score_of(n, e, sacc[n][e], f);
+                    bwd_element<Dropout>(p, x, f, lse2[e >> 1], di[e >> 1], kept[e], sacc[n][e], dpacc[n][e]);
+                }
             }
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int64_t i = i0 + warp * 16 + g + (e >> 1) * 8, j = n0 + n * 8 + 2 * c + (e & 1);
-                const bool vis = inside || tile_visible(tb, (e >> 1) * 8, n * 8 + (e & 1));
-                bwd_element(p, s, need, vis, sacc[n][e], dpacc[n][e], b, h, i, j, lse2[e >> 1], di[e >> 1], kept[e]);
-            }
-        }
+        };
+        bwd_scores<!Dropout>(
+            elementwise, tile_inside(p, s, i0, Br, n0, Bc), sl2, each,
+            [&] { return tile_bounds(p, s, i0 + warp * 16 + g, n0 + 2 * c); },
+            [&](const TileBounds &tb, int n, int e) { return tile_visible(tb, (e >> 1) * 8, n * 8 + (e & 1)); },
+            [&](int n, int e, float sv, float &f) {
+                return bwd_score_log2(p, s, sv, b, h, i0 + warp * 16 + g + (e >> 1) * 8, n0 + n * 8 + 2 * c + (e & 1), f);
+            });
 
         // dQ += dS K
 #pragma unroll
@@ -364,21 +415,29 @@ template <int D> constexpr size_t flash_bwd_dq_smem() {
 }
 
 // dK and dV (and dQ: into p.dq_acc in the atomic mode, directly with `deterministic`).
-template <typename T, int D> int flash_bwd_launch(const P &p, int deterministic, cudaStream_t stream) {
+template <typename T, int D, bool Dropout> int flash_bwd_launch_as(const P &p, int deterministic, cudaStream_t stream) {
     using Tr = FlashBwdTraits<D>;
     const size_t smem_kv = flash_bwd_dkdv_smem<D>();
-    cudaError_t err = cudaFuncSetAttribute(flash_bwd_dkdv_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv);
+    cudaError_t err =
+        cudaFuncSetAttribute(flash_bwd_dkdv_kernel<T, D, Dropout>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv);
     if (err != cudaSuccess) return err;
     const int64_t key_tiles = (p.S + Tr::kBc - 1) / Tr::kBc;
-    flash_bwd_dkdv_kernel<T, D><<<dim3((unsigned)(key_tiles * p.B * p.Hkv)), Tr::kThreads, smem_kv, stream>>>(p);
+    flash_bwd_dkdv_kernel<T, D, Dropout><<<dim3((unsigned)(key_tiles * p.B * p.Hkv)), Tr::kThreads, smem_kv, stream>>>(p);
     if (deterministic) {
         const size_t smem_q = flash_bwd_dq_smem<D>();
-        err = cudaFuncSetAttribute(flash_bwd_dq_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q);
+        err = cudaFuncSetAttribute(flash_bwd_dq_kernel<T, D, Dropout>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q);
         if (err != cudaSuccess) return err;
         const int64_t q_tiles = (p.L + Tr::kBrQ - 1) / Tr::kBrQ;
-        flash_bwd_dq_kernel<T, D><<<dim3((unsigned)(q_tiles * p.B * p.H)), Tr::kThreads, smem_q, stream>>>(p);
+        flash_bwd_dq_kernel<T, D, Dropout><<<dim3((unsigned)(q_tiles * p.B * p.H)), Tr::kThreads, smem_q, stream>>>(p);
     }
     return cudaGetLastError();
+}
+
+// Calls with dropout take the instances with its code, the others those without it (fewer registers
+// and no per-element test), as the forward's.
+template <typename T, int D> int flash_bwd_launch(const P &p, int deterministic, cudaStream_t stream) {
+    return p.dropout ? flash_bwd_launch_as<T, D, true>(p, deterministic, stream)
+                     : flash_bwd_launch_as<T, D, false>(p, deterministic, stream);
 }
 
 } // namespace attn_cuda
