@@ -66,6 +66,10 @@ void attn__decode_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_s
 // first key any query from `first_query` on may see, under the causal mask and the local window.
 int64_t attn__keys_visible_until(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t last_query);
 int64_t attn__keys_visible_from(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t first_query);
+// The first query of [i0, i0 + nq) that sees key jj under the causal and window bounds' upper edge
+// (hi(i) >= jj), as i - i0; nq when none does. The queries after it see jj too, up to the window's
+// lower edge.
+int attn__first_query_seeing(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i0, int nq, int64_t jj);
 // True when the causal or window bounds cut through the tile (some of its scores are hidden).
 bool attn__tile_crosses_bounds(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i0, int nq, int64_t j0,
                                int nj);

@@ -173,6 +173,41 @@ static void prefetch_tile(const char *head, attn_dtype dt, int64_t rs, int64_t j
 #endif
 }
 
+// The bf16 products of a tile that the causal or window bounds cut through, without the parts they
+// hide, in groups of TRIM_ROWS rows (a multiple of the AVX-512 kernel's 6-row block): S^T's key rows
+// from the first 16-query block in which a query sees the group's first key (attn__bounds_tile
+// writes -inf over the columns before, unread), and O's query rows over the key pairs from the first
+// key the group's first query sees to the last its last query sees (the weights outside are 0, and
+// a row that sees no key of the tile keeps its running max, so alpha = 1 and the skipped update
+// would leave it unchanged). The same sums as the whole tile: exact.
+#define TRIM_ROWS 24
+
+static void qk_bf16_trimmed(const flash_job *J, const uint16_t *kt, int64_t ks_row, int nj, const attn__fwd_tiles *t,
+                            int64_t i0, int nq, int64_t j0) {
+    const int D = (int)J->sh->D, brp = J->brp;
+    for (int r = 0; r < nj; r += TRIM_ROWS) {
+        const int rows = nj - r < TRIM_ROWS ? nj - r : TRIM_ROWS;
+        const int c0 = attn__first_query_seeing(J->d, J->sh, i0, nq, j0 + r) / 16 * 16;
+        if (c0 >= brp) continue; // nq = brp queries and none sees these keys: all -inf
+        J->kn->gemm_bf16(kt + (int64_t)r * ks_row, ks_row, 2, rows, D / 2, t->qp + 2 * c0, brp, brp - c0,
+                         t->st + (int64_t)r * brp + c0, brp, NULL, J->qrest);
+    }
+}
+
+static void pv_bf16_trimmed(const flash_job *J, int nj, const attn__fwd_tiles *t, int64_t i0, int nq, int64_t j0) {
+    const int brp = J->brp, K2 = (nj + 1) / 2;
+    for (int r = 0; r < nq; r += TRIM_ROWS) {
+        const int rows = nq - r < TRIM_ROWS ? nq - r : TRIM_ROWS;
+        const int64_t lo = attn__keys_visible_from(J->d, J->sh, i0 + r) - j0;
+        const int64_t hi = attn__keys_visible_until(J->d, J->sh, i0 + r + rows - 1) - j0;
+        const int p0 = lo <= 0 ? 0 : (int)(lo / 2), p1 = hi >= nj ? K2 : hi <= 0 ? 0 : (int)((hi + 1) / 2);
+        if (p1 <= p0) continue;
+        J->kn->gemm_bf16(t->pp + 2 * r + (int64_t)p0 * 2 * brp, 2, 2 * (int64_t)brp, rows, p1 - p0,
+                         t->vp + (int64_t)p0 * 2 * t->dvp, t->dvp, t->dvp, t->o + (int64_t)r * t->dvp, t->dvp,
+                         t->alpha + r, 1.0f);
+    }
+}
+
 static void flash_task(void *arg, int64_t task, int thread) {
     const flash_job *J = arg;
     const attn_sdpa_desc *d = J->d;
@@ -227,14 +262,19 @@ static void flash_task(void *arg, int64_t task, int thread) {
             attn__half_tile(J->kn, d->kv_dtype, vt, vs_row, vs_d, nj, Dv, t.vf);
             kt = t.kf, vt = t.vf, ks_row = D, ks_d = 1, vs_row = Dv, vs_d = 1;
         }
-        if (dot) // S^T (nj, brp) = scale log2(e) K Q^T, the key rows' pairs read in place
+        // the bounds alone hide some of this tile's scores: the bf16 products skip what they hide
+        const bool bounded = !masked && attn__tile_crosses_bounds(d, sh, i0, nq, j0, nj);
+        const bool trim = dot && bounded && !transform;
+        if (trim)
+            qk_bf16_trimmed(J, (const uint16_t *)kt, ks_row, nj, &t, i0, nq, j0);
+        else if (dot) // S^T (nj, brp) = scale log2(e) K Q^T, the key rows' pairs read in place
             J->kn->gemm_bf16((const uint16_t *)kt, ks_row, 2, nj, D / 2, t.qp, brp, brp, t.st, brp, NULL, J->qrest);
         else
             attn__qk(J->kn, kt, ks_row, ks_d, nj, D, t.qt, brp, t.st);
         if (transform) attn__score_transform(J->kn, d, sh, brp, h, i0, nq, j0, nj, t.st, t.th);
         if (masked) {
             if (!attn__mask_tile(d, sh, brp, b, h, i0, nq, j0, nj, t.st)) continue; // every score hidden: nothing to add
-        } else if (attn__tile_crosses_bounds(d, sh, i0, nq, j0, nj)) {
+        } else if (bounded) {
             if (!attn__bounds_tile(d, sh, brp, i0, nq, j0, nj, t.st)) continue;
         }
         const bool v_bad = J->v_bad[(b * sh->Hkv + hk) * J->n_kvtiles + j0 / FLASH_BC];
@@ -252,7 +292,10 @@ static void flash_task(void *arg, int64_t task, int thread) {
         } else if (dot) { // O (nq, dvp) = alpha O + P V: weights rounded to bf16, both paired along the keys
             if (!fused) J->kn->pack_pairs_bf16(t.st, brp, nj, brp, t.pp);
             J->kn->pair_rows_bf16((const uint16_t *)vt, vs_row, nj, Dv, t.dvp, t.vp);
-            J->kn->gemm_bf16(t.pp, 2, 2 * (int64_t)brp, nq, (nj + 1) / 2, t.vp, t.dvp, t.dvp, t.o, t.dvp, t.alpha, 1.0f);
+            if (trim)
+                pv_bf16_trimmed(J, nj, &t, i0, nq, j0);
+            else
+                J->kn->gemm_bf16(t.pp, 2, 2 * (int64_t)brp, nq, (nj + 1) / 2, t.vp, t.dvp, t.dvp, t.o, t.dvp, t.alpha, 1.0f);
         } else if (v_bad) {
             attn__pv_skipping_zeros(vt, vs_row, vs_d, nj, Dv, t.st, brp, t.alpha, t.ot);
         } else {

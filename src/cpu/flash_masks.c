@@ -41,6 +41,13 @@ int64_t attn__keys_visible_from(const attn_sdpa_desc *d, const attn__sdpa_shape 
     return lo <= 0 ? 0 : lo > sh->S ? sh->S : lo;
 }
 
+int attn__first_query_seeing(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i0, int nq, int64_t jj) {
+    const int64_t h0 = hi_of(d, sh, 0); // hi(i) = i + h0: both edges it takes the lesser of move with i
+    if (h0 == INT64_MAX) return 0;
+    const int64_t f = jj - h0 - i0;
+    return f <= 0 ? 0 : f >= nq ? nq : (int)f;
+}
+
 bool attn__tile_crosses_bounds(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i0, int nq, int64_t j0,
                                int nj) {
     if (d->causal == ATTN_CAUSAL_NONE && !d->use_window) return false;
