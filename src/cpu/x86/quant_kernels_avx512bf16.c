@@ -180,9 +180,11 @@ INLINE void keys_group(const attn_dtype dt, const uint8_t *const x[4], group_spa
     }
 }
 
-INLINE void qk_rows_int8(const attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const q_group *qg,
-                         int rows, float *s, int64_t s_r, int64_t s_j) {
-    const int nb = D / ATTN_QBLOCK, G = groups_of(dt, D), per = qk_blocks(dt), row_bytes = nb * block_bytes(dt);
+// G: groups_of(dt, D), a constant for the common head sizes (qk_rows_groups) so that the compiler
+// keeps the query's groups in registers across the keys.
+INLINE void qk_rows_int8(const attn_dtype dt, const void *k, int64_t ks_row, int nj, const int D, const int G,
+                         const q_group *qg, int rows, float *s, int64_t s_r, int64_t s_j) {
+    const int nb = D / ATTN_QBLOCK, per = qk_blocks(dt), row_bytes = nb * block_bytes(dt);
     const int64_t stride = ks_row / ATTN_QBLOCK * block_bytes(dt), group_bytes = (int64_t)per * block_bytes(dt);
     const __m512i qw = quant_words(dt), s01 = key_scale_words(dt, 0), s23 = key_scale_words(dt, 2);
     const __m512i to_key_major = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
@@ -225,12 +227,20 @@ INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int
     attn__qk_rows_q_avx512(dt, k, ks_row, nj, D, q, rows, s, s_r, s_j);
 }
 
+// qk_rows_int8 with D (and so the group count) a constant for D = 64 and 128, else read at run time.
+INLINE void qk_rows_groups(const attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const q_group *qg,
+                           int rows, float *s, int64_t s_r, int64_t s_j) {
+    if (D == 128) qk_rows_int8(dt, k, ks_row, nj, 128, groups_of(dt, 128), qg, rows, s, s_r, s_j);
+    else if (D == 64) qk_rows_int8(dt, k, ks_row, nj, 64, groups_of(dt, 64), qg, rows, s, s_r, s_j);
+    else qk_rows_int8(dt, k, ks_row, nj, D, groups_of(dt, D), qg, rows, s, s_r, s_j);
+}
+
 void attn__qk_rows_q_avx512bf16(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const void *q, int rows,
                                 float *s, int64_t s_r, int64_t s_j) {
     const prep_header *h = q;
     if (!h->quantised) qk_rows_q(dt, k, ks_row, nj, D, (const float *)(h + 1), rows, s, s_r, s_j);
-    else if (dt == ATTN_DTYPE_Q4_0) qk_rows_int8(ATTN_DTYPE_Q4_0, k, ks_row, nj, D, (const q_group *)(h + 1), rows, s, s_r, s_j);
-    else qk_rows_int8(ATTN_DTYPE_Q8_0, k, ks_row, nj, D, (const q_group *)(h + 1), rows, s, s_r, s_j);
+    else if (dt == ATTN_DTYPE_Q4_0) qk_rows_groups(ATTN_DTYPE_Q4_0, k, ks_row, nj, D, (const q_group *)(h + 1), rows, s, s_r, s_j);
+    else qk_rows_groups(ATTN_DTYPE_Q8_0, k, ks_row, nj, D, (const q_group *)(h + 1), rows, s, s_r, s_j);
 }
 
 // The weights of four rows (pp[j * ldp + r]) times each key's block scales for PV_BLOCKS blocks
