@@ -615,23 +615,76 @@ static void test_bf16_primitives(void) {
             }
         }
         // softmax_pairs_bf16 against softmax then pack_pairs_bf16: the same bits, for an odd key count
-        // and columns with hidden keys, a running maximum, and nothing seen yet
+        // and columns with hidden keys, a running maximum, and nothing seen yet; then with spans of
+        // keys per 16 columns (the scores outside them -inf): odd and even ends, an empty span, a
+        // span of one key, the whole tile
         if (kn->softmax_pairs_bf16 != NULL) {
             enum { SJ = 7, SB = 32 };
-            _Alignas(64) float s1[SJ * SB], s2[SJ * SB], m1[SB], m2[SB], l1[SB], l2[SB], a1[SB], a2[SB];
-            uint16_t p1[(SJ + 1) * SB], p2[(SJ + 1) * SB];
-            for (int i = 0; i < SJ * SB; i++) s1[i] = s2[i] = i % 11 == 3 ? -INFINITY : rand_sym(&seed) * 20.0f;
-            for (int i = 0; i < SB; i++) {
-                m1[i] = m2[i] = i % 4 == 0 ? -INFINITY : rand_sym(&seed) * 10.0f;
-                l1[i] = l2[i] = m1[i] == -INFINITY ? 0.0f : rand_unit(&seed) * 3.0f;
+            const int32_t spans[4][4] = {{2, 5, 1, 7}, {0, 0, 6, 7}, {3, 4, 0, 7}, {4, 6, 3, 3}};
+            for (int sv = 0; sv <= 4; sv++) { // sv == 4: no span
+                const int32_t *span = sv < 4 ? spans[sv] : NULL;
+                _Alignas(64) float s1[SJ * SB], s2[SJ * SB], m1[SB], m2[SB], l1[SB], l2[SB], a1[SB], a2[SB];
+                uint16_t p1[(SJ + 1) * SB], p2[(SJ + 1) * SB];
+                for (int i = 0; i < SJ * SB; i++) s1[i] = s2[i] = i % 11 == 3 ? -INFINITY : rand_sym(&seed) * 20.0f;
+                for (int i = 0; i < SB; i++) {
+                    m1[i] = m2[i] = i % 4 == 0 ? -INFINITY : rand_sym(&seed) * 10.0f;
+                    l1[i] = l2[i] = m1[i] == -INFINITY ? 0.0f : rand_unit(&seed) * 3.0f;
+                }
+                for (int i = 0; i < SJ; i++) s1[i * SB + 5] = s2[i * SB + 5] = -INFINITY; // a column hiding every key
+                for (int j = 0; j < SJ && span != NULL; j++)
+                    for (int i = 0; i < SB; i++)
+                        if (j < span[2 * (i / 16)] || j >= span[2 * (i / 16) + 1]) s1[j * SB + i] = s2[j * SB + i] = -INFINITY;
+                memset(p1, 0xab, sizeof p1), memset(p2, 0xcd, sizeof p2);
+                kn->softmax(s1, SJ, SB, m1, l1, a1);
+                kn->pack_pairs_bf16(s1, SB, SJ, SB, p1);
+                kn->softmax_pairs_bf16(s2, SJ, SB, m2, l2, a2, p2, span);
+                ASSERT_TRUE(memcmp(p1, p2, sizeof(uint16_t) * (SJ + 1) * SB) == 0);
+                ASSERT_TRUE(memcmp(m1, m2, sizeof m1) == 0 && memcmp(l1, l2, sizeof l1) == 0 && memcmp(a1, a2, sizeof a1) == 0);
             }
-            for (int i = 0; i < SJ; i++) s1[i * SB + 5] = s2[i * SB + 5] = -INFINITY; // a column hiding every key
-            memset(p1, 0xab, sizeof p1), memset(p2, 0xcd, sizeof p2);
-            kn->softmax(s1, SJ, SB, m1, l1, a1);
-            kn->pack_pairs_bf16(s1, SB, SJ, SB, p1);
-            kn->softmax_pairs_bf16(s2, SJ, SB, m2, l2, a2, p2);
-            ASSERT_TRUE(memcmp(p1, p2, sizeof(uint16_t) * (SJ + 1) * SB) == 0);
-            ASSERT_TRUE(memcmp(m1, m2, sizeof m1) == 0 && memcmp(l1, l2, sizeof l1) == 0 && memcmp(a1, a2, sizeof a1) == 0);
+            // every running max finite: columns 0-15's scores pass theirs by at most 8 (the first try
+            // stands: m kept, alpha 1, weights 2^(s - m) within bf16's rounding, l their sum added),
+            // one of columns 16-31 passes its max by more (the same bits as softmax then pack); with
+            // keys [1, 6) of columns 0-15 in a span
+            for (int sv = 0; sv < 2; sv++) {
+                const int32_t span[4] = {1, 6, 0, SJ};
+                _Alignas(64) float s1[SJ * SB], s2[SJ * SB], m1[SB], m2[SB], l1[SB], l2[SB], a1[SB], a2[SB];
+                uint16_t p1[(SJ + 1) * SB], p2[(SJ + 1) * SB];
+                for (int i = 0; i < SB; i++) m1[i] = m2[i] = rand_sym(&seed) * 10.0f, l1[i] = l2[i] = 1.0f + rand_unit(&seed);
+                for (int j = 0; j < SJ; j++)
+                    for (int i = 0; i < SB; i++) {
+                        float sc = m1[i] + 8.0f - 30.0f * rand_unit(&seed);
+                        if (j == 2 && i == 17) sc = m1[i] + 8.5f;
+                        if (j == 3 && i == 4) sc = m1[i] + 8.0f; // at the limit
+                        if (j == 5 && i == 6) sc = -INFINITY;
+                        if (sv == 1 && i < 16 && (j < span[0] || j >= span[1])) sc = -INFINITY;
+                        s1[j * SB + i] = s2[j * SB + i] = sc;
+                    }
+                memset(p1, 0xab, sizeof p1), memset(p2, 0xcd, sizeof p2);
+                kn->softmax(s1, SJ, SB, m1, l1, a1);
+                kn->pack_pairs_bf16(s1, SB, SJ, SB, p1);
+                const float m_old[16] = {m2[0], m2[1], m2[2], m2[3], m2[4], m2[5], m2[6], m2[7], m2[8], m2[9], m2[10],
+                                         m2[11], m2[12], m2[13], m2[14], m2[15]};
+                const float l_old[16] = {l2[0], l2[1], l2[2], l2[3], l2[4], l2[5], l2[6], l2[7], l2[8], l2[9], l2[10],
+                                         l2[11], l2[12], l2[13], l2[14], l2[15]};
+                kn->softmax_pairs_bf16(s2, SJ, SB, m2, l2, a2, p2, sv == 1 ? span : NULL);
+                for (int i = 0; i < 16; i++) {
+                    ASSERT_TRUE(m2[i] == m_old[i] && a2[i] == 1.0f);
+                    double sum = 0.0;
+                    for (int j = 0; j < SJ + 1; j++) {
+                        const double want = j < SJ ? exp2((double)s2[j * SB + i] - (double)m_old[i]) : 0.0;
+                        const double got = f_of_bf16(p2[2 * ((j / 2) * SB + i) + j % 2]);
+                        sum += want;
+                        if (!(fabs(got - want) <= 0x1p-8 * want))
+                            FAIL("%s softmax_pairs_bf16 first try: column %d key %d: %.9g, want %.9g", kn->name, i, j, got, want);
+                    }
+                    if (!(fabs((double)l2[i] - ((double)l_old[i] + sum)) <= 1e-6 * ((double)l_old[i] + sum)))
+                        FAIL("%s softmax_pairs_bf16 first try: l of column %d %.9g, want %.9g", kn->name, i, (double)l2[i],
+                             (double)l_old[i] + sum);
+                }
+                for (int j = 0; j < (SJ + 1) / 2; j++)
+                    ASSERT_TRUE(memcmp(p1 + 2 * (j * SB + 16), p2 + 2 * (j * SB + 16), 16 * 2 * sizeof(uint16_t)) == 0);
+                ASSERT_TRUE(memcmp(m1 + 16, m2 + 16, 64) == 0 && memcmp(l1 + 16, l2 + 16, 64) == 0 && memcmp(a1 + 16, a2 + 16, 64) == 0);
+            }
         }
         // gemm_bf16 against double sums of the same pairs, A's pairs contiguous (a_ps = 2) or A itself
         // packed in pairs (a_rs = 2), sizes past one 32 x 32 block and past 128 pairs

@@ -93,7 +93,9 @@ struct attn__kernels {
     //     even; exact unless that leaves the normal range) for i < rows, 0 for rows <= i < w (a
     //     multiple of 16), e < npairs: bf16 rows (elements contiguous) in pairs along the rows.
     //   softmax_pairs_bf16: softmax (above) for br a multiple of 16 whose weights go, rounded to bf16,
-    //     to y in pack_pairs_bf16's layout (y (ceil(nj/2), br pairs)) instead of back into st.
+    //     to y in pack_pairs_bf16's layout (y (ceil(nj/2), br pairs)) instead of back into st. span
+    //     (NULL: every key) holds, for columns 16c to 16c + 15, keys [span[2c], span[2c + 1]) outside
+    //     which their scores are all -inf: the kernel skips those keys (their weights written 0).
     //   scale_to_bf16: y[i] = x[i] * scale (a float32 product) rounded to bf16 to nearest even, i < n,
     //     subnormals included (the bits attn__f32_to_bf16 gives).
     void (*gemm_bf16)(const uint16_t *A, int64_t a_rs, int64_t a_ps, int M, int K2, const uint16_t *B, int64_t ldb,
@@ -103,7 +105,8 @@ struct attn__kernels {
     void (*round_bf16)(const float *x, int64_t n, uint16_t *y);
     void (*transpose_pairs_bf16)(const uint16_t *x, int64_t ld, int rows, int npairs, int w, int k, uint16_t *y);
     void (*scale_to_bf16)(const float *x, int64_t n, float scale, uint16_t *y);
-    void (*softmax_pairs_bf16)(float *st, int nj, int br, float *m, float *l, float *alpha, uint16_t *y);
+    void (*softmax_pairs_bf16)(float *st, int nj, int br, float *m, float *l, float *alpha, uint16_t *y,
+                               const int32_t *span);
     // Dropout (src/philox.h): the Philox4x32-10 words w[word][l] of the counters {c0, i0 + l, c2, c3},
     // l < ATTN_PHILOX_LANES, under key {low, high 32 bits of seed}: one key group of a tile for that
     // many consecutive query rows.
@@ -137,7 +140,8 @@ void attn__pair_rows_bf16_avx512(const uint16_t *x, int64_t ld, int rows, int co
 void attn__round_bf16_avx512(const float *x, int64_t n, uint16_t *y);
 void attn__transpose_pairs_bf16_avx512(const uint16_t *x, int64_t ld, int rows, int npairs, int w, int k, uint16_t *y);
 void attn__scale_to_bf16_avx512(const float *x, int64_t n, float scale, uint16_t *y);
-void attn__softmax_pairs_bf16_avx512(float *st, int nj, int br, float *m, float *l, float *alpha, uint16_t *pp);
+void attn__softmax_pairs_bf16_avx512(float *st, int nj, int br, float *m, float *l, float *alpha, uint16_t *pp,
+                                     const int32_t *span);
 #endif
 #if defined(ATTN_HAVE_AMXBF16)
 // The "avx512bf16" table with gemm_bf16 on AMX-BF16 tiles (flash_kernels_amx.c).

@@ -116,7 +116,7 @@ static void softmax_compact(float *st, int nj, int br, float *m, float *l, float
 
 static void softmax_avx512(float *st, int nj, int br, float *m, float *l, float *alpha) {
     if (br < 16) softmax_compact(st, nj, br, m, l, alpha);
-    else softmax512_tile(st, nj, br, m, l, alpha, NULL);
+    else softmax512_tile(st, nj, br, m, l, alpha, NULL, NULL);
 }
 
 // ot[r][c*16 ..] = alpha * ot[r][..] + sum_j v[j][r] * st[j][c*16 ..] for R output rows, C registers.

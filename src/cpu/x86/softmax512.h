@@ -11,12 +11,11 @@
 
 #include "cpu/x86/simd512.h"
 
-// 2^x as p(f) * 2^n with the polynomial of attn__exp2f: within 1 ulp where the result is normal;
-// -inf and x <= -150 give 0 (results below 2^-126 are denormal, as the generic kernel's are 0),
-// x >= 129 and +inf give +inf (clamped first: inf - round(inf) would be NaN), NaN stays NaN (min and
-// max take x as their second operand).
-INLINE __m512 exp2_ps512(__m512 x) {
-    x = _mm512_min_ps(_mm512_set1_ps(129.0f), x);
+// exp2_ps512 (below) without its upper clamp, for x finite, -inf or NaN (+inf gives NaN; x >= 129
+// gives +inf as there): the softmax's arguments, scores less a base no smaller than them or, in
+// softmax512_tile's first try, less the running max, where a score more than 8 larger (so +inf)
+// makes the tile start over.
+INLINE __m512 exp2_ps512_upto129(__m512 x) {
     x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(x, n);
@@ -30,41 +29,89 @@ INLINE __m512 exp2_ps512(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+// 2^x as p(f) * 2^n with the polynomial of attn__exp2f: within 1 ulp where the result is normal;
+// -inf and x <= -150 give 0 (results below 2^-126 are denormal, as the generic kernel's are 0),
+// x >= 129 and +inf give +inf (clamped first: inf - round(inf) would be NaN), NaN stays NaN (min and
+// max take x as their second operand).
+INLINE __m512 exp2_ps512(__m512 x) { return exp2_ps512_upto129(_mm512_min_ps(_mm512_set1_ps(129.0f), x)); }
+
+// The weights 2^(s - base) of 16 columns (st + i0, rows br apart) for keys [jb, je) of nj (jb even),
+// into pp as pairs (0 for the pairs outside) or back into st (pp NULL: jb = 0, je = nj); returns
+// their sum (the even keys' and the odd keys' summed apart, then added) and *seen the largest
+// score read (base where none is larger).
+INLINE __m512 softmax512_exps(float *st, int i0, int br, int jb, int je, int nj, __m512 base, uint16_t *pp,
+                              __m512 *seen) {
+    __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0, mx0 = base, mx1 = base;
+    int j = 0;
+    for (; j < jb; j += 2) SOFTMAX512_STORE_PAIRS(pp + 2 * ((int64_t)(j / 2) * br + i0), sum0, sum0);
+    float *s = st + i0 + (int64_t)jb * br;
+    for (; j + 2 <= je; j += 2, s += 2 * br) {
+        const __m512 x0 = _mm512_load_ps(s), x1 = _mm512_load_ps(s + br);
+        mx0 = _mm512_max_ps(mx0, x0), mx1 = _mm512_max_ps(mx1, x1);
+        const __m512 e0 = exp2_ps512_upto129(_mm512_sub_ps(x0, base)), e1 = exp2_ps512_upto129(_mm512_sub_ps(x1, base));
+        if (pp != NULL) SOFTMAX512_STORE_PAIRS(pp + 2 * ((int64_t)(j / 2) * br + i0), e0, e1);
+        else _mm512_store_ps(s, e0), _mm512_store_ps(s + br, e1);
+        sum0 = _mm512_add_ps(sum0, e0), sum1 = _mm512_add_ps(sum1, e1);
+    }
+    if (j < je) { // an odd last key: its partner is past nj or hidden (weight 0)
+        const __m512 x0 = _mm512_load_ps(s);
+        mx0 = _mm512_max_ps(mx0, x0);
+        const __m512 e0 = exp2_ps512_upto129(_mm512_sub_ps(x0, base));
+        if (pp != NULL) SOFTMAX512_STORE_PAIRS(pp + 2 * ((int64_t)(j / 2) * br + i0), e0, _mm512_setzero_ps());
+        else _mm512_store_ps(s, e0);
+        sum0 = _mm512_add_ps(sum0, e0);
+        j += 2;
+    }
+    for (; j < nj; j += 2) SOFTMAX512_STORE_PAIRS(pp + 2 * ((int64_t)(j / 2) * br + i0), _mm512_setzero_ps(), _mm512_setzero_ps());
+    *seen = _mm512_max_ps(mx0, mx1);
+    return _mm512_add_ps(sum0, sum1);
+}
+
+// How far (log2) a tile's scores may pass the running max before softmax512_tile's pairs take a new
+// base: weights up to 2^8, exact in float32 and as wide as bf16 holds them.
+#define SOFTMAX512_LAZY_MAX 8.0f
+
 // The softmax update of cpu.h for br a multiple of 16. With pp (not NULL) the weights go to pp as
 // bf16 pairs along the keys (pack_pairs_bf16's layout, (ceil(nj/2), br pairs); the pair of an odd
 // last key holds 0) instead of back into st; the row sums are of the float weights either way.
-INLINE void softmax512_tile(float *st, int nj, int br, float *m, float *l, float *alpha, uint16_t *pp) {
+// span (with pp only; NULL: every key) holds for each 16 columns c the keys [span[2c], span[2c+1])
+// outside which their scores are -inf: those keys' max and exp are skipped and their pairs written
+// 0 (exp2(-inf) = 0, and adding 0 leaves the sums as they are).
+// With pp, 16 columns whose running maxima are all finite first take them as the base, in one pass
+// (as FlashAttention-4 rescales only when the max grows by enough): where no score passes its
+// column's max by more than SOFTMAX512_LAZY_MAX, m stays, alpha is 1 and l gains the sums; else the
+// pass is redone on the tile's max as below. Either base gives the same softmax: the weights and l
+// are scaled alike, and the weights' bf16 rounding is relative.
+INLINE void softmax512_tile(float *st, int nj, int br, float *m, float *l, float *alpha, uint16_t *pp,
+                            const int32_t *span) {
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
     for (int i0 = 0; i0 < br; i0 += 16) {
+        const int jb = span != NULL ? span[i0 / 8] / 2 * 2 : 0, je = span != NULL ? span[i0 / 8 + 1] : nj;
         const __m512 m_old = _mm512_load_ps(m + i0);
+        __m512 seen;
+        if (pp != NULL && _mm512_cmp_ps_mask(m_old, neg_inf, _CMP_EQ_OQ) == 0) {
+            const __m512 sum = softmax512_exps(st, i0, br, jb, je, nj, m_old, pp, &seen);
+            const __m512 limit = _mm512_add_ps(m_old, _mm512_set1_ps(SOFTMAX512_LAZY_MAX));
+            if (_mm512_cmp_ps_mask(seen, limit, _CMP_GT_OQ) == 0) {
+                _mm512_store_ps(alpha + i0, _mm512_set1_ps(1.0f));
+                _mm512_store_ps(l + i0, _mm512_add_ps(_mm512_load_ps(l + i0), sum));
+                continue;
+            }
+        }
         __m512 mx0 = m_old, mx1 = m_old;
-        float *s = st + i0;
-        int j = 0;
-        for (; j + 2 <= nj; j += 2, s += 2 * br) {
+        float *s = st + i0 + (int64_t)jb * br;
+        int j = jb;
+        for (; j + 2 <= je; j += 2, s += 2 * br) {
             mx0 = _mm512_max_ps(mx0, _mm512_load_ps(s));
             mx1 = _mm512_max_ps(mx1, _mm512_load_ps(s + br));
         }
-        if (j < nj) mx0 = _mm512_max_ps(mx0, _mm512_load_ps(s));
+        if (j < je) mx0 = _mm512_max_ps(mx0, _mm512_load_ps(s));
         const __m512 mx = _mm512_max_ps(mx0, mx1);
         const __m512 base = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ), _mm512_setzero_ps());
         const __m512 a = exp2_ps512(_mm512_sub_ps(m_old, base));
-        __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0;
-        s = st + i0;
-        for (j = 0; j + 2 <= nj; j += 2, s += 2 * br) {
-            const __m512 e0 = exp2_ps512(_mm512_sub_ps(_mm512_load_ps(s), base));
-            const __m512 e1 = exp2_ps512(_mm512_sub_ps(_mm512_load_ps(s + br), base));
-            if (pp != NULL) SOFTMAX512_STORE_PAIRS(pp + 2 * ((int64_t)(j / 2) * br + i0), e0, e1);
-            else _mm512_store_ps(s, e0), _mm512_store_ps(s + br, e1);
-            sum0 = _mm512_add_ps(sum0, e0), sum1 = _mm512_add_ps(sum1, e1);
-        }
-        if (j < nj) {
-            const __m512 e0 = exp2_ps512(_mm512_sub_ps(_mm512_load_ps(s), base));
-            if (pp != NULL) SOFTMAX512_STORE_PAIRS(pp + 2 * ((int64_t)(j / 2) * br + i0), e0, _mm512_setzero_ps());
-            else _mm512_store_ps(s, e0);
-            sum0 = _mm512_add_ps(sum0, e0);
-        }
+        const __m512 sum = softmax512_exps(st, i0, br, jb, je, nj, base, pp, &seen);
         _mm512_store_ps(alpha + i0, a);
-        _mm512_store_ps(l + i0, _mm512_fmadd_ps(a, _mm512_load_ps(l + i0), _mm512_add_ps(sum0, sum1)));
+        _mm512_store_ps(l + i0, _mm512_fmadd_ps(a, _mm512_load_ps(l + i0), sum));
         _mm512_store_ps(m + i0, mx);
     }
 }
