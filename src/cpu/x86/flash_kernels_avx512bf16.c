@@ -184,6 +184,9 @@ ATTN_UNROLL
 
 void attn__transpose_pairs_bf16_avx512(const uint16_t *x, int64_t ld, int rows, int npairs, int w, int k, uint16_t *y) {
     const int e16 = npairs / 16 * 16;
+    // every line requested first: the blocks below each wait for 16 rows' loads
+    for (int i = 0; i < rows; i++)
+        for (int b = 0; b < 4 * npairs; b += 64) _mm_prefetch((const char *)(x + (int64_t)i * ld) + b, _MM_HINT_T0);
     for (int i0 = 0; i0 < w; i0 += 16) {
         for (int e0 = 0; e0 < e16; e0 += 16) { // blocks of 16 rows x 16 pairs
             __m512i r[16];
