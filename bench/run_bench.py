@@ -4,7 +4,8 @@
 
 1. Compiles bench/peak.c and measures the fp32 FMA peak of the machine (AVX2 and, when present,
    AVX-512) with the same number of threads, and bench/triad.c, a STREAM-like triad that measures
-   the memory bandwidth with the same number of threads.
+   the memory bandwidth with the same number of threads (again before each round's decode rows,
+   which are compared with the median of those passes: this virtual machine's bandwidth drifts).
 2. For every shape, runs `attn bench --json` and bench/torch_bench.py (with OMP_NUM_THREADS,
    OPENBLAS_NUM_THREADS and glibc's malloc kept warm, so PyTorch runs at its best) one after the
    other, for --rounds rounds, and keeps the median of each side. The shapes are the attention
@@ -248,6 +249,7 @@ def main():
     results = {i: {} for i in range(len(todo))}
     dec = decode_shapes()
     dec_results = {i: {} for i in range(len(dec))}
+    beside_decode = []  # the triad's GB/s just before each round's decode rows
     for rnd in range(args.rounds):
         for i, sh in enumerate(todo):
             if sh.get("memory") and rnd > 0:
@@ -277,6 +279,9 @@ def main():
                 elif "median_ms" in res:
                     r.setdefault("torch2", []).append(res)
                     log(f"round {rnd + 1}   torch {res['torch']} sdpa: {res['median_ms']:.2f} ms")
+        if dec:
+            beside_decode.append(measure_triad(args.threads)["gbps"])
+            log(f"round {rnd + 1} triad {beside_decode[-1]} GB/s")
         for i, sh in enumerate(dec):
             r = dec_results[i]
             for isa in isas:
@@ -289,6 +294,9 @@ def main():
             res = run_json(torch_decode_cmd(args.torch, sh), env=env)
             r.setdefault("torch", []).append(res)
             log(f"round {rnd + 1}   torch {res['torch']} decode: {res['median_ms']:.3f} ms")
+    if beside_decode:
+        triad["start_gbps"], triad["beside_decode_gbps"] = triad["gbps"], beside_decode
+        triad["gbps"] = statistics.median(beside_decode)
     with open(os.path.join(ROOT, "bench", "results.json"), "w") as fh:
         json.dump({"machine": info, "rounds": args.rounds, "peak": peak, "triad": triad, "gemm": gemm, "shapes": todo,
                    "results": {str(k): v for k, v in results.items()}, "decode_shapes": dec,
@@ -335,7 +343,10 @@ def write_report(args, info, peak, todo, results, isas, gemm, triad, dec, dec_re
       "set the row used.\n")
     w(f"**Memory bandwidth** (bench/triad.c, a STREAM-like triad a = b + s·c over three {triad['mib_per_array']} MiB "
       f"float32 arrays, {triad['threads']} threads, best of 10 passes, 12 bytes counted per element as STREAM does): "
-      f"{triad['gbps']:.1f} GB/s. The decode rows are measured against it.\n")
+      + (f"{triad['gbps']:.1f} GB/s, the median of the passes run just before each round's decode rows "
+         f"({', '.join(f'{g:.1f}' for g in triad['beside_decode_gbps'])}; {triad['start_gbps']:.1f} at the run's start). "
+         if triad.get("beside_decode_gbps") else f"{triad['gbps']:.1f} GB/s. ")
+      + "The decode rows are measured against it.\n")
     w("GFLOP/s count 4·B·H·L·S·D for attention (halved when causal: only the unmasked half is work) and add "
       "8·B·L·E² for the four projections of the MHA module. PyTorch's attention core is `(q @ k^T) * scale`, "
       "`masked_fill` of a prepared causal mask, `softmax`, `@ v`; its MHA is `nn.MultiheadAttention` without "
