@@ -212,11 +212,11 @@ static void pv_bf16_trimmed(const flash_job *J, int nj, const attn__fwd_tiles *t
 // span[2c + 1]) of the tile that any of them sees (none for columns past nq), for softmax_pairs_bf16.
 static void visible_spans(const flash_job *J, int64_t i0, int nq, int64_t j0, int nj, int32_t *span) {
     for (int c = 0; c < J->brp / ATTN_TILE_BR_ALIGN; c++) {
-        const int first = c * ATTN_TILE_BR_ALIGN, last = first + ATTN_TILE_BR_ALIGN - 1 < nq ? first + ATTN_TILE_BR_ALIGN - 1 : nq - 1;
+        const int first = c * ATTN_TILE_BR_ALIGN, n = nq - first < ATTN_TILE_BR_ALIGN ? nq - first : ATTN_TILE_BR_ALIGN;
         int64_t lo = 0, hi = 0;
-        if (first < nq) {
+        if (n > 0) {
             lo = attn__keys_visible_from(J->d, J->sh, i0 + first) - j0;
-            hi = attn__keys_visible_until(J->d, J->sh, i0 + last) - j0;
+            hi = attn__keys_visible_until(J->d, J->sh, i0 + first + n - 1) - j0;
             lo = lo < 0 ? 0 : lo > nj ? nj : lo;
             hi = hi < lo ? lo : hi > nj ? nj : hi;
         }
@@ -297,7 +297,7 @@ static void flash_task(void *arg, int64_t task, int thread) {
         // bf16 dot products on finite values without dropout: the weights go straight into bf16 pairs
         const bool fused = dot && !v_bad && !J->drop.on && J->kn->softmax_pairs_bf16 != NULL;
         if (fused) { // on a trimmed tile, each 16 columns' exps over the keys they see
-            int32_t span[2 * FLASH_BR / ATTN_TILE_BR_ALIGN];
+            int32_t span[2 * ((FLASH_BR + ATTN_TILE_BR_ALIGN - 1) / ATTN_TILE_BR_ALIGN)]; // brp / 16 pairs
             if (trim) visible_spans(J, i0, nq, j0, nj, span);
             J->kn->softmax_pairs_bf16(t.st, nj, brp, t.m, t.l, t.alpha, t.pp, trim ? span : NULL);
         } else {
