@@ -182,6 +182,15 @@ static void prefetch_tile(const char *head, attn_dtype dt, int64_t rs, int64_t j
 // would leave it unchanged). The same sums as the whole tile: exact.
 #define TRIM_ROWS 24
 
+// The keys [*lo, *hi) of the tile's nj from j0 that any of the n queries from q0 sees under the
+// causal and window bounds, relative to j0 and clamped to the tile (*lo == *hi: none).
+static void tile_keys_seen(const flash_job *J, int64_t q0, int n, int64_t j0, int nj, int *lo, int *hi) {
+    const int64_t a = attn__keys_visible_from(J->d, J->sh, q0) - j0;
+    const int64_t b = attn__keys_visible_until(J->d, J->sh, q0 + n - 1) - j0;
+    *lo = a < 0 ? 0 : a > nj ? nj : (int)a;
+    *hi = b < *lo ? *lo : b > nj ? nj : (int)b;
+}
+
 static void qk_bf16_trimmed(const flash_job *J, const uint16_t *kt, int64_t ks_row, int nj, const attn__fwd_tiles *t,
                             int64_t i0, int nq, int64_t j0) {
     const int D = (int)J->sh->D, brp = J->brp;
@@ -195,13 +204,13 @@ static void qk_bf16_trimmed(const flash_job *J, const uint16_t *kt, int64_t ks_r
 }
 
 static void pv_bf16_trimmed(const flash_job *J, int nj, const attn__fwd_tiles *t, int64_t i0, int nq, int64_t j0) {
-    const int brp = J->brp, K2 = (nj + 1) / 2;
+    const int brp = J->brp;
     for (int r = 0; r < nq; r += TRIM_ROWS) {
         const int rows = nq - r < TRIM_ROWS ? nq - r : TRIM_ROWS;
-        const int64_t lo = attn__keys_visible_from(J->d, J->sh, i0 + r) - j0;
-        const int64_t hi = attn__keys_visible_until(J->d, J->sh, i0 + r + rows - 1) - j0;
-        const int p0 = lo <= 0 ? 0 : (int)(lo / 2), p1 = hi >= nj ? K2 : hi <= 0 ? 0 : (int)((hi + 1) / 2);
-        if (p1 <= p0) continue;
+        int lo, hi;
+        tile_keys_seen(J, i0 + r, rows, j0, nj, &lo, &hi);
+        if (lo == hi) continue;
+        const int p0 = lo / 2, p1 = (hi + 1) / 2;
         J->kn->gemm_bf16(t->pp + 2 * r + (int64_t)p0 * 2 * brp, 2, 2 * (int64_t)brp, rows, p1 - p0,
                          t->vp + (int64_t)p0 * 2 * t->dvp, t->dvp, t->dvp, t->o + (int64_t)r * t->dvp, t->dvp,
                          t->alpha + r, 1.0f);
@@ -213,14 +222,9 @@ static void pv_bf16_trimmed(const flash_job *J, int nj, const attn__fwd_tiles *t
 static void visible_spans(const flash_job *J, int64_t i0, int nq, int64_t j0, int nj, int32_t *span) {
     for (int c = 0; c < J->brp / ATTN_TILE_BR_ALIGN; c++) {
         const int first = c * ATTN_TILE_BR_ALIGN, n = nq - first < ATTN_TILE_BR_ALIGN ? nq - first : ATTN_TILE_BR_ALIGN;
-        int64_t lo = 0, hi = 0;
-        if (n > 0) {
-            lo = attn__keys_visible_from(J->d, J->sh, i0 + first) - j0;
-            hi = attn__keys_visible_until(J->d, J->sh, i0 + first + n - 1) - j0;
-            lo = lo < 0 ? 0 : lo > nj ? nj : lo;
-            hi = hi < lo ? lo : hi > nj ? nj : hi;
-        }
-        span[2 * c] = (int32_t)lo, span[2 * c + 1] = (int32_t)hi;
+        int lo = 0, hi = 0;
+        if (n > 0) tile_keys_seen(J, i0 + first, n, j0, nj, &lo, &hi);
+        span[2 * c] = lo, span[2 * c + 1] = hi;
     }
 }
 
