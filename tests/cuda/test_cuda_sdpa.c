@@ -90,6 +90,10 @@ static void check_backward(attn_cuda_ctx *ctx, attn_ctx *host, const attn_sdpa_d
                            attn_dtype t, int64_t nq, int64_t nk, int64_t nl, uint64_t seed);
 
 static int decode_shapes; // the cases' shapes: decoding (1 or 2 queries, up to 3000 keys)
+// When set, scores rise along the keys by about this many log2 units a 64-key tile (positive queries,
+// keys growing along the sequence; the scale negative in half the cases, the keys then falling): the
+// flash forward's running max then moves on (steep) or stays within its slack (gentle) tile after tile.
+static double rising_slope;
 
 static void run_case(attn_cuda_ctx *ctx, attn_dtype t, int allow_options, int packed, int backward) {
     static const int64_t dims[] = {32, 64, 96, 128, 256, 40};
@@ -156,6 +160,17 @@ static void run_case(attn_cuda_ctx *ctx, attn_dtype t, int allow_options, int pa
     if (!q || !k || !v || !ref || !got || !ref_lse || !got_lse) FAIL("out of memory");
     for (int64_t i = 0; i < nq; i++) q[i] = 2.0f * urand() - 1.0f;
     for (int64_t i = 0; i < nk; i++) k[i] = 2.0f * urand() - 1.0f, v[i] = 2.0f * urand() - 1.0f;
+    if (rising_slope != 0) {
+        if (pick(2) == 0) d.scale = -(d.scale != 0 ? d.scale : 1.0f / sqrtf((float)D));
+        const double sc = d.scale != 0 ? d.scale : 1.0 / sqrt((double)D);
+        const double c = rising_slope / (sc * (double)D * 0.75 * 64 * 1.4426950408889634); // q averages 0.75
+        for (int64_t i = 0; i < nq; i++) q[i] = 0.5f + 0.5f * urand();
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < Hkv; h++)
+                for (int64_t j = 0; j < S; j++)
+                    for (int64_t e = 0; e < D; e++)
+                        k[b * d.k_stride[0] + h * d.k_stride[1] + j * d.k_stride[2] + e * d.k_stride[3]] = (float)(c * (double)j) + 0.1f * (2.0f * urand() - 1.0f);
+    }
     void *dq = upload(q, nq, t), *dk = upload(k, nk, t), *dv = upload(v, nk, t);
     const size_t esz = attn_dtype_size(t);
     void *dout = dev_alloc((size_t)nq * esz);
@@ -407,6 +422,18 @@ static void test_decode(void) { // split-KV decoding (every option, packed batch
     decode_shapes = 0;
 }
 static void test_backward_varlen(void) { backward_cases(ATTN_CUDA_KERNELS_AUTO, 0, 1, 0); }
+// Scores rising along the keys, gently and steeply, with and without the options: the forward's
+// running max kept within its slack or taken anew (flash_sm80.cuh), the scale folded into the
+// exponent or not (a negative scale).
+static void test_rising_scores(void) {
+    static const double slopes[] = {0.5, 4, 12, 40};
+    for (int s = 0; s < 4; s++) {
+        rising_slope = slopes[s];
+        cases_of(ATTN_CUDA_KERNELS_AUTO, 0, 0, 0);
+        cases_of(ATTN_CUDA_KERNELS_AUTO, 1, 0, 0);
+    }
+    rising_slope = 0;
+}
 
 // The float mask's gradient (dmask) against attn_sdpa_bwd's on the reference: random F32 and BF16
 // cases (GQA, causal, soft cap, Philox dropout), the mask (L, S) broadcast over B and H or full
@@ -724,6 +751,7 @@ int main(int argc, char **argv) {
                                          HARNESS_CASE(test_backward),            HARNESS_CASE(test_backward_varlen),
                                          HARNESS_CASE(test_backward_simple),     HARNESS_CASE(test_backward_flash_vs_simple),
                                          HARNESS_CASE(test_backward_deterministic),
-                                         HARNESS_CASE(test_decode),              HARNESS_CASE(test_backward_dmask)};
+                                         HARNESS_CASE(test_decode),              HARNESS_CASE(test_backward_dmask),
+                                         HARNESS_CASE(test_rising_scores)};
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
 }

@@ -21,6 +21,9 @@ using P = attn__cuda_sdpa_params;
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+// How far (log2 units) a score may pass its row's running max before the forward's online softmax
+// takes a new max (and rescales the row's output and sum): weights up to 2^8 (flash_sm80.cuh).
+constexpr float kRescaleSlack = 8.0f;
 
 // 2^x on the special-function unit, results below 2^-126 flushed to zero (ex2.approx.ftz: one
 // instruction, where exp2f adds a range test and two multiplies for subnormal results). For softmax

@@ -61,6 +61,10 @@ __global__ void __launch_bounds__(FlashTraits<D, Wide>::kThreads, FlashTraits<D,
     const int n_tiles = (int)(n_end - n_begin);
     const bool elementwise = !Wide && has_elementwise(p);
     const float scale_log2 = p.scale * kLog2e;
+    // A positive scale multiplies each weight's exponent (one FMA with the max) instead of each score;
+    // pre_scale multiplies the scores of tiles that cross the bounds, fs the exponent.
+    const bool fold = !elementwise && scale_log2 > 0.0f;
+    const float pre_scale = fold ? 1.0f : scale_log2, fs = fold ? scale_log2 : 1.0f;
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
     const int64_t iw = i0 + warp * WR; // the warp's first row; m-tile m holds rows iw + 16 m ..
@@ -124,23 +128,27 @@ __global__ void __launch_bounds__(FlashTraits<D, Wide>::kThreads, FlashTraits<D,
             mma_rows<T, MW, NT / 2, false>(sacc, a, k_s, LD, kk * 16, lane);
         }
 
-        // Scores in the log2 domain: scale only, or the whole rule where the tile needs it.
+        // Scores: on tiles inside the bounds the dot products as they are when the scale is folded
+        // into the exponent below (fold: a positive scale), else times the scale; -inf outside the
+        // bounds on tiles that cross them; the whole rule (log2 domain) where the call needs it.
         const int64_t n0 = (n_begin + t) * Bc;
         const bool inside = n0 >= full_lo && n0 + Bc <= full_hi;
 #pragma unroll
         for (int m = 0; m < MW; m++) {
             if (!elementwise && inside) {
+                if (!fold) {
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++)
+                    for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) sacc[m][nt][e] *= scale_log2;
+                        for (int e = 0; e < 4; e++) sacc[m][nt][e] *= scale_log2;
+                }
             } else if (!elementwise) { // bounds only (a causal diagonal, a window's edge, the ends)
                 const TileBounds tb = tile_bounds(p, s, iw + m * 16 + g, n0 + 2 * c);
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                     for (int e = 0; e < 4; e++)
-                        sacc[m][nt][e] = tile_visible(tb, (e >> 1) * 8, nt * 8 + (e & 1)) ? sacc[m][nt][e] * scale_log2 : -CUDART_INF_F;
+                        sacc[m][nt][e] = tile_visible(tb, (e >> 1) * 8, nt * 8 + (e & 1)) ? sacc[m][nt][e] * pre_scale : -CUDART_INF_F;
             } else {
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
@@ -152,8 +160,14 @@ __global__ void __launch_bounds__(FlashTraits<D, Wide>::kThreads, FlashTraits<D,
             }
         }
 
-        // Online softmax: rows g (elements 0, 1) and g + 8 (elements 2, 3) of each m-tile; a row's 4
-        // threads agree.
+        // Online softmax, weights exp2(s * fs - m): rows g (elements 0, 1) and g + 8 (elements 2, 3)
+        // of each m-tile; a row's 4 threads agree. A row keeps its running max m while no score of
+        // the tile passes it by more than kRescaleSlack (its weights then at most 2^8, within fp32's
+        // and bf16's range, and the output the same once divided by the sum): the warp rescales O
+        // and the sums only when one of its rows needs a new max (FlashAttention-4's conditional
+        // rescaling; after the first tiles seldom).
+        float tile_max[MW][2];
+        bool grow = false;
 #pragma unroll
         for (int m = 0; m < MW; m++)
 #pragma unroll
@@ -163,20 +177,35 @@ __global__ void __launch_bounds__(FlashTraits<D, Wide>::kThreads, FlashTraits<D,
                 for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(sacc[m][nt][2 * r], sacc[m][nt][2 * r + 1]));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float m_new = fmaxf(row_m[m][r], mx);
-                const float m_use = m_new == -CUDART_INF_F ? 0.0f : m_new; // no key seen yet: weights 0, not NaN
-                const float alpha = exp2_ftz(row_m[m][r] - m_use);
-                row_m[m][r] = m_new;
+                tile_max[m][r] = mx * fs;
+                grow |= tile_max[m][r] > row_m[m][r] + kRescaleSlack;
+            }
+        if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+            for (int m = 0; m < MW; m++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const float m_new = fmaxf(row_m[m][r], tile_max[m][r]);
+                    const float alpha = exp2_ftz(row_m[m][r] - (m_new == -CUDART_INF_F ? 0.0f : m_new));
+                    row_m[m][r] = m_new;
+                    row_l[m][r] *= alpha;
+#pragma unroll
+                    for (int no = 0; no < NO; no++) oacc[m][no][2 * r] *= alpha, oacc[m][no][2 * r + 1] *= alpha;
+                }
+        }
+#pragma unroll
+        for (int m = 0; m < MW; m++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const float m_use = row_m[m][r] == -CUDART_INF_F ? 0.0f : row_m[m][r]; // no key seen yet: weights 0, not NaN
                 float sum = 0.0f;
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
-                    sacc[m][nt][2 * r] = exp2_ftz(sacc[m][nt][2 * r] - m_use);
-                    sacc[m][nt][2 * r + 1] = exp2_ftz(sacc[m][nt][2 * r + 1] - m_use);
+                    sacc[m][nt][2 * r] = exp2_ftz(fmaf(sacc[m][nt][2 * r], fs, -m_use));
+                    sacc[m][nt][2 * r + 1] = exp2_ftz(fmaf(sacc[m][nt][2 * r + 1], fs, -m_use));
                     sum += sacc[m][nt][2 * r] + sacc[m][nt][2 * r + 1];
                 }
-                row_l[m][r] = row_l[m][r] * alpha + sum;
-#pragma unroll
-                for (int no = 0; no < NO; no++) oacc[m][no][2 * r] *= alpha, oacc[m][no][2 * r + 1] *= alpha;
+                row_l[m][r] += sum;
             }
 
         // Dropout after the row sums: a dropped weight adds nothing to O (keep_scale at the end). The
