@@ -280,15 +280,15 @@ template <typename T, int D, bool Dropout, bool Wide> int flash_launch_as(const 
 }
 
 // Calls with dropout take the instance with its code, the others the one without it (fewer
-// registers: docs/cuda.md); at D = 32 and 64, calls with the bounds alone and no dropout take the
-// wide form (flash_traits.cuh). D = 256 has one kernel for all (the instance without dropout
+// registers: docs/cuda.md); at D = 32, 64 and 128, calls with the bounds alone and no dropout take
+// the wide form (flash_traits.cuh). D = 256 has one kernel for all (the instance without dropout
 // spilled on sm_80).
 template <typename T, int D> int flash_launch(const P &p, int64_t row_blocks, cudaStream_t stream) {
     if constexpr (D == 256) {
         return flash_launch_as<T, D, true, false>(p, row_blocks, stream);
     } else {
         if (p.dropout) return flash_launch_as<T, D, true, false>(p, row_blocks, stream);
-        if constexpr (D <= 64) {
+        if constexpr (kFlashWide<D>) {
             if (!attn__cuda_elementwise(&p)) return flash_launch_as<T, D, false, true>(p, row_blocks, stream);
         }
         return flash_launch_as<T, D, false, false>(p, row_blocks, stream);

@@ -2,12 +2,13 @@
 // block in both forms:
 //  - FlashTraits<D, false>: 8 warps of one m-tile (16 rows) each; every call can run it (masks,
 //    ALiBi, soft cap, dropout: the whole score rule in one instance);
-//  - FlashTraits<D, true> ("wide", D = 32 and 64): 4 warps of two m-tiles (32 rows) each, for calls
-//    with the bounds alone and no dropout. A warp's two m-tiles share each K and V fragment it loads
-//    from shared memory (ldmatrix), which halves those bytes per tensor-core product
-//    (FlashAttention-2's 4 warps of 32 rows); two blocks an SM keep 8 warps an SM. On an H100 it ran
-//    D = 64 11-17% faster than the 8-warp form; at D = 128 (Q then read from shared memory, O alone
-//    128 registers, 156 bytes of spills) it was 0-7% slower, so D = 96 and 128 keep the 8-warp form
+//  - FlashTraits<D, true> ("wide", D = 32, 64 and 128: kFlashWide): 4 warps of two m-tiles (32 rows)
+//    each, for calls with the bounds alone and no dropout. A warp's two m-tiles share each K and V
+//    fragment it loads from shared memory (ldmatrix), which halves those bytes per tensor-core
+//    product (FlashAttention-2's 4 warps of 32 rows); two blocks an SM keep 8 warps an SM. At
+//    D = 128, O alone takes 128 registers a thread: Q is read from shared memory and the key tiles
+//    are 32 rows (S 32 registers; with 64, 96 bytes of spills). On an H100 the wide form ran D = 64
+//    11-17% and D = 128 16-20% faster than the 8-warp form; D = 96 keeps the 8-warp form
 //    (docs/cuda-tuning.md).
 // Key tiles of Bc rows in two shared-memory stages, Q in registers when it fits. Registers per
 // thread: O is kMW * D/2 floats, S is kMW * Bc/2 floats, Q fragments kMW * D/4 words in registers;
@@ -31,6 +32,9 @@ template <> struct FlashTraits<128, false> : FlashTile<8, 1, 64, true> {};
 template <> struct FlashTraits<256, false> : FlashTile<8, 1, 32, false> {};
 template <> struct FlashTraits<32, true> : FlashTile<4, 2, 64, true> {};
 template <> struct FlashTraits<64, true> : FlashTile<4, 2, 64, true> {};
+template <> struct FlashTraits<128, true> : FlashTile<4, 2, 32, false> {};
+// The head dims with a wide form.
+template <int D> constexpr bool kFlashWide = D == 32 || D == 64 || D == 128;
 
 // The tensor-core backward (flash_bwd_sm80.cuh), 4 warps. dK/dV kernel: a block per key tile of
 // kBc = 64 rows (16 per warp), query tiles of kBr rows (64 for D = 32, else 32); per thread dK and dV
