@@ -489,6 +489,8 @@ static void diff_sdpa_raw(pair *p) {
                 /* attn.h: |scale * q| past about 2.3e38 makes the fused kernels' row NaN */
                 const bool in_range = scale * qsum * kmax < (double)FLT_MAX / 16.0 && vmax * (double)S < (double)FLT_MAX / 16.0 &&
                                       scale * qmax <= (double)FLT_MAX / 4.0;
+                /* attn.h's bound on |kernels - reference| for an output of size |r|: 2 u_o |r| + spread */
+                const double spread = t_o + (expm1(2.0 * delta) + eps + u_w) * vmax + flushed;
                 for (int64_t e = 0; e < Dv; e++) {
                     const int64_t o = b * d.o_stride[0] + h * d.o_stride[1] + i * d.o_stride[2] + e;
                     const float a = out[0][o], r = out[1][o];
@@ -499,12 +501,17 @@ static void diff_sdpa_raw(pair *p) {
                                    "out[%lld] = %g (kernels), %g (reference) from finite inputs in %s", (long long)o,
                                    (double)a, (double)r, problem);
                         const bool same = fuzz_close(a, r, 0.0, 0.0);
-                        const bool overflow = fabs((double)(isfinite(a) ? a : r)) >= o_max; /* rounded either way */
+                        /* rounded either way: the finite side at the type's largest value, or within the
+                         * bound of a value the type cannot hold while the other side is that infinity */
+                        const float fin = isfinite(a) ? a : r, other = isfinite(a) ? r : a;
+                        const double f = fabs((double)fin);
+                        const bool overflow = f >= o_max || (isinf(other) && signbit(other) == signbit(fin) &&
+                                                             f + 2.0 * u_o * f + spread >= o_max);
                         FUZZ_CHECK(same || overflow || !in_range || 2.0 * smag > 80.0,
                                    "out[%lld]: kernels %g, reference %g in %s", (long long)o, (double)a, (double)r, problem);
                         continue;
                     }
-                    const double bound = 2.0 * u_o * fabs((double)r) + t_o + (expm1(2.0 * delta) + eps + u_w) * vmax + flushed;
+                    const double bound = 2.0 * u_o * fabs((double)r) + spread;
                     FUZZ_CHECK(fabs((double)a - (double)r) <= bound || !isfinite(bound) || !in_range,
                                "out[%lld]: kernels %.9g, reference %.9g, beyond attn.h's bound %g in %s", (long long)o,
                                (double)a, (double)r, bound, problem);
