@@ -141,7 +141,16 @@ static double dot_round;
  * infinite, and are not compared. 0: no such limit (dv, dmask). */
 static double grad_unscale;
 
-static void compare_grad(const float *a, const float *r, const grad_bound *g, bool whole_extent, const char *what) {
+/* The largest finite value of a gradient's type. */
+static double type_largest(attn_dtype t) {
+    return t == ATTN_DTYPE_F16 ? 65504.0 : t == ATTN_DTYPE_BF16 ? 0x1.fep127 : (double)FLT_MAX;
+}
+
+/* t: the type the kernels stored the gradient in. A result the type cannot hold rounds to an
+ * infinity: one side infinite is within the tolerance where the other side's interval reaches the
+ * type's largest value with that sign. */
+static void compare_grad(const float *a, const float *r, const grad_bound *g, bool whole_extent, attn_dtype t,
+                         const char *what) {
     int64_t last = -1; /* the view's last element */
     for (int64_t e = 0; e < g->n; e++)
         if (g->reached[e]) last = e;
@@ -164,6 +173,11 @@ static void compare_grad(const float *a, const float *r, const grad_bound *g, bo
         }
         const double tol_abs = ABS_TOL * g->mag[e] + 2.0 * g->err[e];
         if (!isfinite(tol_abs) || g->mag[e] * grad_unscale > (double)FLT_MAX / 16.0) continue;
+        if (isinf(a[e]) != isinf(r[e]) && !isnan(a[e]) && !isnan(r[e])) {
+            const float fin = isinf(a[e]) ? r[e] : a[e], inf = isinf(a[e]) ? a[e] : r[e];
+            const double reach = tol_abs + UNDERFLOW_TOL + grad_round_abs + (REL_TOL + grad_round_rel) * fabs((double)fin);
+            if (inf > 0 ? (double)fin + reach >= type_largest(t) : (double)fin - reach <= -type_largest(t)) continue;
+        }
         FUZZ_CHECK(fuzz_close(a[e], r[e], REL_TOL + grad_round_rel, tol_abs + UNDERFLOW_TOL + grad_round_abs),
                    "%s[%lld]: kernels %.9g, reference %.9g (tolerance %g + %g |ref|, magnitude %g) in %s", what,
                    (long long)e, (double)a[e], (double)r[e], tol_abs, REL_TOL, g->mag[e], problem);
@@ -188,9 +202,8 @@ static void widen(float *x, int64_t n, attn_dtype t, const uint8_t *reached) {
  * them: an element stored in a half type (t) may round to infinity where its bound (mag + err)
  * reaches the type's largest value (float16: 65504, from inputs of +-1e3 as well). */
 static void check_finite_grad(const float *x, const grad_bound *g, attn_dtype t, int c, const char *what) {
-    const double largest = t == ATTN_DTYPE_F16 ? 65504.0 : t == ATTN_DTYPE_BF16 ? 0x1.fep127 : (double)FLT_MAX;
     for (int64_t e = 0; e < g->n; e++)
-        FUZZ_CHECK(!g->reached[e] || isfinite(x[e]) || g->mag[e] + g->err[e] >= largest,
+        FUZZ_CHECK(!g->reached[e] || isfinite(x[e]) || g->mag[e] + g->err[e] >= type_largest(t),
                    "%s[%lld] = %g from finite, moderate inputs (context %d; its bound %g) in %s", what, (long long)e,
                    (double)x[e], c, g->mag[e] + g->err[e], problem);
 }
@@ -360,11 +373,14 @@ static bool sdpa_bwd_bounds(const sdpa_problem *P, const float *noise, const flo
                     double oerr = U * fabs(o) + out_round_abs; /* a subnormal out's rounding is absolute */
                     if (!own_forward) { /* the reference's out: float weights times the float dropout
                                          * noise (2 U each, of the terms' magnitudes, where out's terms
-                                         * may cancel), then summed in double and rounded (U |o|) */
+                                         * may cancel), then summed in double and rounded (U |o|); a
+                                         * weight past float's range (below about 2^-149) is 0 there,
+                                         * where the backward's reference sums p dp from double
+                                         * weights (FLUSH, the kernels' margin, bounds it) */
                         for (int64_t j = 0; j < S; j++) {
                             if (!term[j]) continue;
                             const double cj = c_row != NULL ? (double)c_row[j] : 1.0;
-                            oerr += 2.0 * U * cj * pw[j] * fabs((double)P->v[off4(d->v_stride, b, hk, j, t)]);
+                            oerr += cj * (2.0 * U * pw[j] + FLUSH) * fabs((double)P->v[off4(d->v_stride, b, hk, j, t)]);
                         }
                     }
                     if (own_forward) { /* the forward's weights are off by its own exponent error */
@@ -618,11 +634,11 @@ static void bwd_sdpa(pair *p) {
     const bool float_range = fabs(P.scale) * (qmax > 1.0 ? qmax : 1.0) > (double)FLT_MAX / 4.0;
     if (!float_range && !overflow) {
         grad_unscale = 1.0 / fabs(P.scale);
-        compare_grad(dq[0], dq[1], &gb.dq, false, "dq");
-        compare_grad(dk[0], dk[1], &gb.dk, false, "dk");
+        compare_grad(dq[0], dq[1], &gb.dq, false, gt, "dq");
+        compare_grad(dk[0], dk[1], &gb.dk, false, gt, "dk");
         grad_unscale = 0.0;
-        compare_grad(dv[0], dv[1], &gb.dv, false, "dv");
-        if (want_dmask) compare_grad(dm[0], dm[1], &gb.dm, true, "dmask");
+        compare_grad(dv[0], dv[1], &gb.dv, false, gt, "dv");
+        if (want_dmask) compare_grad(dm[0], dm[1], &gb.dm, true, ATTN_DTYPE_F32, "dmask");
     }
     if (p->n == 3) {
         compare_bits(dq[0], dq[2], cq, "dq");
