@@ -67,6 +67,20 @@ INLINE __m512 softmax512_exps(float *st, int i0, int br, int jb, int je, int nj,
     return _mm512_add_ps(sum0, sum1);
 }
 
+// The largest of m_old and the scores of 16 columns (st + i0, rows br apart) for keys [jb, je): the
+// maxima in softmax512_exps's order, so the same bits as its *seen for base m_old.
+INLINE __m512 softmax512_max(const float *st, int i0, int br, int jb, int je, __m512 m_old) {
+    __m512 mx0 = m_old, mx1 = m_old;
+    const float *s = st + i0 + (int64_t)jb * br;
+    int j = jb;
+    for (; j + 2 <= je; j += 2, s += 2 * br) {
+        mx0 = _mm512_max_ps(mx0, _mm512_load_ps(s));
+        mx1 = _mm512_max_ps(mx1, _mm512_load_ps(s + br));
+    }
+    if (j < je) mx0 = _mm512_max_ps(mx0, _mm512_load_ps(s));
+    return _mm512_max_ps(mx0, mx1);
+}
+
 // How far (log2) a tile's scores may pass the running max before softmax512_tile's pairs take a new
 // base: weights up to 2^8, exact in float32 and as wide as bf16 holds them.
 #define SOFTMAX512_LAZY_MAX 8.0f
@@ -89,7 +103,8 @@ INLINE void softmax512_tile(float *st, int nj, int br, float *m, float *l, float
         const int jb = span != NULL ? span[i0 / 8] / 2 * 2 : 0, je = span != NULL ? span[i0 / 8 + 1] : nj;
         const __m512 m_old = _mm512_load_ps(m + i0);
         __m512 seen;
-        if (pp != NULL && _mm512_cmp_ps_mask(m_old, neg_inf, _CMP_EQ_OQ) == 0) {
+        const bool first_try = pp != NULL && _mm512_cmp_ps_mask(m_old, neg_inf, _CMP_EQ_OQ) == 0;
+        if (first_try) {
             const __m512 sum = softmax512_exps(st, i0, br, jb, je, nj, m_old, pp, &seen);
             const __m512 limit = _mm512_add_ps(m_old, _mm512_set1_ps(SOFTMAX512_LAZY_MAX));
             if (_mm512_cmp_ps_mask(seen, limit, _CMP_GT_OQ) == 0) {
@@ -98,15 +113,8 @@ INLINE void softmax512_tile(float *st, int nj, int br, float *m, float *l, float
                 continue;
             }
         }
-        __m512 mx0 = m_old, mx1 = m_old;
-        float *s = st + i0 + (int64_t)jb * br;
-        int j = jb;
-        for (; j + 2 <= je; j += 2, s += 2 * br) {
-            mx0 = _mm512_max_ps(mx0, _mm512_load_ps(s));
-            mx1 = _mm512_max_ps(mx1, _mm512_load_ps(s + br));
-        }
-        if (j < je) mx0 = _mm512_max_ps(mx0, _mm512_load_ps(s));
-        const __m512 mx = _mm512_max_ps(mx0, mx1);
+        // the tile's max: a first try that failed has read it already
+        const __m512 mx = first_try ? seen : softmax512_max(st, i0, br, jb, je, m_old);
         const __m512 base = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ), _mm512_setzero_ps());
         const __m512 a = exp2_ps512(_mm512_sub_ps(m_old, base));
         const __m512 sum = softmax512_exps(st, i0, br, jb, je, nj, base, pp, &seen);
