@@ -18,8 +18,8 @@
 #define ATTN_TILE_BR_ALIGN 16 // tile widths are multiples of this
 
 // Bytes prep_q may write for rows query rows of D values (a 64-byte header, then 4 bytes a value,
-// or 256 a row and group of 128 values).
-#define ATTN_QPREP_BYTES(rows, D) (64 + (size_t)(rows) * ((size_t)(D) * 4 + 256))
+// or 640 a row and group of 64 or 128 values, one group past D / 64).
+#define ATTN_QPREP_BYTES(rows, D) (64 + (size_t)(rows) * ((size_t)(D) * 10 + 640))
 
 #define ATTN_PHILOX_LANES 16
 

@@ -6,15 +6,17 @@
 // A float32 kernel spends 7 instructions dequantising a block for its 8 FMAs with the four query
 // rows of a GQA group (quant_kernels_avx512.c); here:
 //  - prep_q rounds each query row to int8 per block of 32, with a float scale d_q = max|q| / 127,
-//    as ggml rounds its query to Q8_0 for these types, laid out like the keys' quants (q_group). A
-//    group of a key row (Q4_0: four blocks, 72 bytes, as 64 bytes of low and 64 of high nibbles;
-//    Q8_0: two blocks, 68 bytes, as 64 quants flipped to q + 128) is gathered by one vpermt2w, and
-//    vpdpbusd (64 unsigned x signed byte products an instruction, four summed a lane) meets it
-//    with the query bytes; the -8 of Q4_0's n - 8 and the -128 of Q8_0's flip start the lanes, as
-//    -8 or -128 times the block's query sum. Four keys' int32 lanes are summed per block in two
-//    unpack levels, then converted and multiplied by d_k d_q. A query holding a NaN or an infinity
-//    stays float (prep_header) and goes to the float kernel, whose scores match the reference's in
-//    which keys they make infinite;
+//    as ggml rounds its query to Q8_0 for these types, laid out for the steps below (q_group). Four
+//    keys go at once: each key's group of a row (Q4_0: four blocks, 72 bytes; Q8_0: two blocks, 68
+//    bytes) is gathered by one vpermt2w, and a transpose of the four keys' 128-bit quarters makes
+//    step vectors whose lane 4l + c holds key l's bytes for column c (one block's), split into low
+//    and high nibbles (Q4_0) or flipped to q + 128 (Q8_0). vpdpbusd (64 unsigned x signed byte
+//    products an instruction, four summed a lane) meets each step with the query bytes of its
+//    columns, repeated for the four keys, so the lanes need no sums across them: one conversion
+//    and one multiply by d_k d_q a row serve four keys, and the columns are added once, at the end.
+//    The -8 of Q4_0's n - 8 and the -128 of Q8_0's flip start the lanes, as -8 or -128 times the
+//    column's query sum. A query holding a NaN or an infinity stays float (prep_header) and goes
+//    to the float kernel, whose scores match the reference's in which keys they make infinite;
 //  - pv_rows multiplies each weight by its key's block scale and rounds the product to bf16 (as
 //    FlashAttention rounds P before P V), and the values (Q4_0's n - 8, Q8_0's q: exact in bf16)
 //    are built for two keys at once as interleaved pairs (Q4_0: unpack, widen, a 32-entry vpermw
@@ -39,19 +41,30 @@
 #include "half.h"
 
 // Per type, the blocks of a row that fill the 64-byte vectors of one q.k step (a "group"): Q4_0 4
-// (128 values: 64 bytes of low nibbles, 64 of high ones), Q8_0 2 (64 values). A block's bytes:
+// (128 values: 64 bytes holding a low and a high nibble each), Q8_0 2 (64 values). A block's bytes:
 // quant_block.h's block_bytes.
 INLINE int qk_blocks(attn_dtype dt) { return dt == ATTN_DTYPE_Q8_0 ? 2 : 4; }
 #define PV_BLOCKS 4 // blocks whose weights pv_rows pairs at once
 
-// One query row's group as prep_q lays it out, in the order of the keys' quants: Q4_0, byte 16b + i
-// of a is the int8 query value 32b + i (i < 16) and of b value 32b + 16 + i (the low and high
-// nibbles' values); Q8_0, byte i of a is value i (b unused). init holds, in the block's first
-// lane (4 lanes a block for Q4_0, 8 for Q8_0), -8 (Q4_0) or -128 (Q8_0) times the block's sum of
-// int8 values: vpdpbusd multiplies unsigned bytes, the nibbles n for n - 8, the Q8_0 quants q
-// flipped to q + 128. dq holds each block's scale in all its lanes. Blocks past the row's end are 0.
+// The lanes of a q.k step: four keys l, four "columns" c each, lane 4l + c (key l in 128-bit lane l).
+// A group's 64 quant bytes are 16 dwords of 4 bytes; step t (0..3) puts dword key_dword(t, c) of
+// key l in lane 4l + c, so that every lane meets the same query bytes for all four keys: Q4_0,
+// column c is block c and step t its dword t (values 4t.. in the low nibbles, 16 + 4t.. in the high
+// ones); Q8_0, column c is block c / 2, dword 2t + c % 2 (values 4(2t + c % 2)..). A lane sums its
+// column's products over the steps, so no lane holds two blocks and no sums cross lanes until the
+// keys' scores are complete.
+INLINE int key_dword(attn_dtype dt, int t, int c) { return dt == ATTN_DTYPE_Q8_0 ? 8 * (c / 2) + 2 * t + c % 2 : 4 * c + t; }
+INLINE int column_block(attn_dtype dt, int c) { return dt == ATTN_DTYPE_Q8_0 ? c / 2 : c; }
+// vpdpbusd steps a row and group: Q4_0 8 (the low nibbles' four, then the high ones'), Q8_0 4
+INLINE int qk_steps(attn_dtype dt) { return dt == ATTN_DTYPE_Q8_0 ? 4 : 8; }
+
+// One query row's group as prep_q lays it out: q[s] holds the 16 int8 query bytes of step s (byte
+// 4c + i: the value that column c's byte i meets), broadcast to the four keys' 128-bit lanes; init[c]
+// is -8 (Q4_0) or -128 (Q8_0) times the sum of column c's bytes over the steps (vpdpbusd multiplies
+// unsigned bytes: the nibbles n for n - 8, the Q8_0 quants q flipped to q + 128), dq[c] the scale
+// of column c's block. Blocks past the row's end are 0.
 typedef struct q_group {
-    int8_t a[64], b[64];
+    int8_t q[8][64];
     int32_t init[16];
     float dq[16];
 } __attribute__((aligned(64))) q_group;
@@ -77,8 +90,8 @@ INLINE group_span span_of(attn_dtype dt, int nb, int first, int per) {
 
 // One block of 32 query values rounded to int8: d = max|x| / 127 and q = x / d to nearest even; a
 // block whose largest magnitude is below 2^-96 becomes zeros (1/d would overflow for the smallest
-// ones). The values are finite (prep_q keeps a query with NaN or inf as floats). Returns the sum of q.
-static int32_t quantise_block(const float *x, int8_t q[32], float *dq) {
+// ones). The values are finite (prep_q keeps a query with NaN or inf as floats).
+static void quantise_block(const float *x, int8_t q[32], float *dq) {
     const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
     const bool ok = amax >= 0x1p-96f;
@@ -88,7 +101,6 @@ static int32_t quantise_block(const float *x, int8_t q[32], float *dq) {
     const __m512i i1 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(x1, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(i0));
     _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(i1));
-    return _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
 }
 
 // The prepared query: a header saying which form follows, then the rows. A query holding a NaN or
@@ -106,39 +118,53 @@ void attn__prep_q_avx512bf16(attn_dtype dt, const float *q, int rows, int D, voi
         memcpy(h + 1, q, (size_t)rows * (size_t)D * sizeof(float));
         return;
     }
-    const int G = groups_of(dt, D), nb = D / ATTN_QBLOCK, per = qk_blocks(dt), lanes = 16 / per;
+    const int G = groups_of(dt, D), nb = D / ATTN_QBLOCK, per = qk_blocks(dt), dwords = ATTN_QBLOCK / 4;
     q_group *qg = (q_group *)(h + 1);
     for (int r = 0; r < rows; r++)
         for (int g = 0; g < G; g++) {
             q_group *p = qg + (int64_t)r * G + g;
             memset(p, 0, sizeof *p);
-            for (int b = 0; b < span_of(dt, nb, per * g, per).blocks; b++) {
-                int8_t v[32];
-                float d;
-                const int32_t sum = quantise_block(q + (int64_t)r * D + (int64_t)(per * g + b) * ATTN_QBLOCK, v, &d);
-                if (dt == ATTN_DTYPE_Q4_0) memcpy(p->a + 16 * b, v, 16), memcpy(p->b + 16 * b, v + 16, 16);
-                else memcpy(p->a + 32 * b, v, 32);
-                p->init[lanes * b] = (dt == ATTN_DTYPE_Q4_0 ? -8 : -128) * sum;
-                for (int t = 0; t < lanes; t++) p->dq[lanes * b + t] = d;
+            int8_t v[4][32] = {{0}}; // the group's blocks, rounded
+            float d[4] = {0};
+            for (int b = 0; b < span_of(dt, nb, per * g, per).blocks; b++)
+                quantise_block(q + (int64_t)r * D + (int64_t)(per * g + b) * ATTN_QBLOCK, v[b], &d[b]);
+            for (int c = 0; c < 4; c++) {
+                const int blk = column_block(dt, c);
+                int32_t sum = 0;
+                for (int s = 0; s < qk_steps(dt); s++) {
+                    // Q4_0's step s reads value dword s of its block (the high nibbles' from s = 4 on)
+                    const int dw = dt == ATTN_DTYPE_Q4_0 ? s : key_dword(dt, s, c) % dwords;
+                    for (int i = 0; i < 4; i++) {
+                        sum += v[blk][4 * dw + i];
+                        for (int l = 0; l < 4; l++) p->q[s][16 * l + 4 * c + i] = v[blk][4 * dw + i];
+                    }
+                }
+                for (int l = 0; l < 4; l++) p->init[4 * l + c] = (dt == ATTN_DTYPE_Q4_0 ? -8 : -128) * sum, p->dq[4 * l + c] = d[blk];
             }
         }
 }
 
-// The word indices gathering a group's quants from its two 64-byte loads (word i of the result:
-// Q4_0 block i / 8's bytes 2.. (word 9b + 1 + i % 8), Q8_0 block i / 16's (word 17b + 1 + i % 16)).
-INLINE __m512i quant_words(attn_dtype dt) {
-    const int per = 32 / qk_blocks(dt), half = block_bytes(dt) / 2;
+// The word indices gathering a key's group from its two 64-byte loads in q.k's order: dword 4t + c
+// of the result is the group's quant dword key_dword(t, c) (block b's quants start at byte 2 of the
+// block: word b * block_bytes / 2 + 1).
+INLINE __m512i key_words(attn_dtype dt) {
+    const int half = block_bytes(dt) / 2, per_block = ATTN_QBLOCK / (dt == ATTN_DTYPE_Q8_0 ? 4 : 8);
     uint16_t w[32];
-    for (int i = 0; i < 32; i++) w[i] = (uint16_t)(half * (i / per) + 1 + i % per);
+    for (int t = 0; t < 4; t++)
+        for (int c = 0; c < 4; c++) {
+            const int d = key_dword(dt, t, c), word = half * (d / per_block) + 1 + 2 * (d % per_block);
+            w[2 * (4 * t + c)] = (uint16_t)word, w[2 * (4 * t + c) + 1] = (uint16_t)(word + 1);
+        }
     return _mm512_loadu_si512(w);
 }
 
-// The word indices putting the scale of the block of 128-bit lane l of key c (Q4_0 block l, Q8_0
-// block l / 2) at word 4l + c, for keys c0 and c0 + 1 (from two rows' first 64 bytes).
-INLINE __m512i key_scale_words(attn_dtype dt, int c0) {
-    const int half = block_bytes(dt) / 2, per = 4 / qk_blocks(dt); // 128-bit lanes a block
+// The word indices putting the scale of column c's block of keys l0 and l0 + 1 (from their first 64
+// bytes) at words 4l + c.
+INLINE __m512i key_scale_words(attn_dtype dt, int l0) {
+    const int half = block_bytes(dt) / 2;
     uint16_t w[32] = {0};
-    for (int l = 0; l < 4; l++) w[4 * l + c0] = (uint16_t)(half * (l / per)), w[4 * l + c0 + 1] = (uint16_t)(32 + half * (l / per));
+    for (int c = 0; c < 4; c++)
+        w[4 * l0 + c] = (uint16_t)(half * column_block(dt, c)), w[4 * l0 + 4 + c] = (uint16_t)(32 + half * column_block(dt, c));
     return _mm512_loadu_si512(w);
 }
 
@@ -146,48 +172,52 @@ INLINE __m512i key_scale_words(attn_dtype dt, int c0) {
 INLINE __m512 nan_if_infinite(__m512 d) { return _mm512_add_ps(d, _mm512_sub_ps(d, d)); }
 
 // Four key rows' groups at x[c] (the group's blocks and load masks in sp) against four query rows'
-// groups p[r]: acc[r] lane 4l + c gains row r's sum with key c over 128-bit lane l's values. Each
-// key's int32 lanes are summed with its three neighbours' in two unpack levels before the float
-// conversion and the scales d_k d_q, which then apply to four keys at once.
+// groups p[r]: acc[r] lane 4l + c gains row r's products with key l over column c. Each key's group
+// is gathered in step order (kw), the four keys' 128-bit quarters transposed so that vector t holds
+// step t of every key, then split into nibbles (Q4_0) or flipped (Q8_0); each row's steps meet
+// them with its broadcast query bytes, and one float conversion and one multiply by d_k d_q apply
+// to four keys at once.
 INLINE void keys_group(const attn_dtype dt, const uint8_t *const x[4], group_span sp, const q_group *const p[4],
-                       __m512i qw, __m512i s01, __m512i s23, __m512 acc[4]) {
+                       __m512i kw, __m512i s01, __m512i s23, __m512 acc[4]) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
-    __m512i klo[4], khi[4], z0[4];
-    for (int c = 0; c < 4; c++) {
-        z0[c] = _mm512_maskz_loadu_epi8(sp.m0, x[c]);
-        const __m512i k = _mm512_permutex2var_epi16(z0[c], qw, _mm512_maskz_loadu_epi8(sp.m1, x[c] + 64));
-        if (dt == ATTN_DTYPE_Q4_0) klo[c] = _mm512_and_si512(k, m4), khi[c] = _mm512_and_si512(_mm512_srli_epi16(k, 4), m4);
-        else klo[c] = _mm512_xor_si512(k, flip), khi[c] = klo[c]; // q + 128, unsigned
+    __m512i kc[4], z0[4], k[8];
+    for (int l = 0; l < 4; l++) {
+        z0[l] = _mm512_maskz_loadu_epi8(sp.m0, x[l]);
+        kc[l] = _mm512_permutex2var_epi16(z0[l], kw, _mm512_maskz_loadu_epi8(sp.m1, x[l] + 64));
     }
-    // lane 4l + c: key c's scale for 128-bit lane l
-    const __m512i dw = _mm512_mask_blend_epi16(0xCCCCCCCCu, _mm512_permutex2var_epi16(z0[0], s01, z0[1]),
+    // quarter t of kc[l] -> quarter l of step t
+    const __m512i a = _mm512_shuffle_i32x4(kc[0], kc[1], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512i b = _mm512_shuffle_i32x4(kc[0], kc[1], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512i c = _mm512_shuffle_i32x4(kc[2], kc[3], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512i d = _mm512_shuffle_i32x4(kc[2], kc[3], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512i st[4] = {_mm512_shuffle_i32x4(a, c, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_i32x4(a, c, _MM_SHUFFLE(3, 1, 3, 1)),
+                           _mm512_shuffle_i32x4(b, d, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_i32x4(b, d, _MM_SHUFFLE(3, 1, 3, 1))};
+    for (int t = 0; t < 4; t++) {
+        if (dt == ATTN_DTYPE_Q4_0) k[t] = _mm512_and_si512(st[t], m4), k[4 + t] = _mm512_and_si512(_mm512_srli_epi16(st[t], 4), m4);
+        else k[t] = _mm512_xor_si512(st[t], flip); // q + 128, unsigned
+    }
+    // lane 4l + c: key l's scale for column c
+    const __m512i dw = _mm512_mask_blend_epi16(0xFF00u, _mm512_permutex2var_epi16(z0[0], s01, z0[1]),
                                                _mm512_permutex2var_epi16(z0[2], s23, z0[3]));
     const __m512 dk = nan_if_infinite(_mm512_cvtph_ps(_mm512_castsi512_si256(dw)));
     for (int r = 0; r < 4; r++) {
-        const __m512i init = _mm512_loadu_si512(p[r]->init), qa = _mm512_loadu_si512(p[r]->a);
-        __m512i a[4];
-        if (dt == ATTN_DTYPE_Q4_0) {
-            const __m512i qb = _mm512_loadu_si512(p[r]->b);
-            for (int c = 0; c < 4; c++) a[c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(init, klo[c], qa), khi[c], qb);
-        } else {
-            for (int c = 0; c < 4; c++) a[c] = _mm512_dpbusd_epi32(init, klo[c], qa);
+        __m512i e = _mm512_load_si512(p[r]->init), o = _mm512_setzero_si512(); // two chains: even and odd steps
+        for (int s = 0; s < qk_steps(dt); s += 2) {
+            e = _mm512_dpbusd_epi32(e, k[s], _mm512_load_si512(p[r]->q[s]));
+            o = _mm512_dpbusd_epi32(o, k[s + 1], _mm512_load_si512(p[r]->q[s + 1]));
         }
-        // per 128-bit lane: (k0, k1, k0, k1) half sums, then (k0, k1, k2, k3) whole ones
-        const __m512i x01 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[0], a[1]), _mm512_unpackhi_epi32(a[0], a[1]));
-        const __m512i x23 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2], a[3]), _mm512_unpackhi_epi32(a[2], a[3]));
-        const __m512i y = _mm512_add_epi32(_mm512_unpacklo_epi64(x01, x23), _mm512_unpackhi_epi64(x01, x23));
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(y), _mm512_mul_ps(dk, _mm512_loadu_ps(p[r]->dq)), acc[r]);
+        const __m512 dq = _mm512_load_ps(p[r]->dq);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(e, o)), _mm512_mul_ps(dk, dq), acc[r]);
     }
 }
 
 // G: groups_of(dt, D), a constant for the common head sizes (qk_rows_groups) so that the compiler
-// keeps the query's groups in registers across the keys.
+// unrolls the groups.
 INLINE void qk_rows_int8(const attn_dtype dt, const void *k, int64_t ks_row, int nj, const int D, const int G,
                          const q_group *qg, int rows, float *s, int64_t s_r, int64_t s_j) {
     const int nb = D / ATTN_QBLOCK, per = qk_blocks(dt), row_bytes = nb * block_bytes(dt);
     const int64_t stride = ks_row / ATTN_QBLOCK * block_bytes(dt), group_bytes = (int64_t)per * block_bytes(dt);
-    const __m512i qw = quant_words(dt), s01 = key_scale_words(dt, 0), s23 = key_scale_words(dt, 2);
-    const __m512i to_key_major = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512i kw = key_words(dt), s01 = key_scale_words(dt, 0), s23 = key_scale_words(dt, 2);
     for (int r0 = 0; r0 < rows; r0 += 4) {
         const int nr = rows - r0 < 4 ? rows - r0 : 4;
         const q_group *qr[4]; // missing rows repeat the first
@@ -208,15 +238,15 @@ INLINE void qk_rows_int8(const attn_dtype dt, const void *k, int64_t ks_row, int
                 const int64_t off = (int64_t)g * group_bytes;
                 const uint8_t *const xg[4] = {x[0] + off, x[1] + off, x[2] + off, x[3] + off};
                 const q_group *const pg[4] = {qr[0] + g, qr[1] + g, qr[2] + g, qr[3] + g};
-                keys_group(dt, xg, span_of(dt, nb, per * g, per), pg, qw, s01, s23, acc);
+                keys_group(dt, xg, span_of(dt, nb, per * g, per), pg, kw, s01, s23, acc);
             }
-            // acc[r] lane 4l + c -> the sum over l, lane 4c + r (row-major quarters, then transposed)
-            const __m512 p01 = ADD_QUARTERS(acc[0], acc[1], _MM_SHUFFLE(1, 0, 1, 0), _MM_SHUFFLE(3, 2, 3, 2));
-            const __m512 p23 = ADD_QUARTERS(acc[2], acc[3], _MM_SHUFFLE(1, 0, 1, 0), _MM_SHUFFLE(3, 2, 3, 2));
-            const __m512 rows4 = ADD_QUARTERS(p01, p23, _MM_SHUFFLE(2, 0, 2, 0), _MM_SHUFFLE(3, 1, 3, 1));
+            // acc[r] lane 4l + c -> the sum over c, lane 4l + r: (c0 + c2) + (c1 + c3) in each quarter
+            const __m512 x01 = _mm512_add_ps(_mm512_unpacklo_ps(acc[0], acc[1]), _mm512_unpackhi_ps(acc[0], acc[1]));
+            const __m512 x23 = _mm512_add_ps(_mm512_unpacklo_ps(acc[2], acc[3]), _mm512_unpackhi_ps(acc[2], acc[3]));
+            const __m512 sums = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x01), _mm512_castps_pd(x23))),
+                                              _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x01), _mm512_castps_pd(x23))));
             const int nk = nj - j < 4 ? nj - j : 4;
-            store_sums16(_mm512_permutexvar_ps(to_key_major, rows4), s + (int64_t)r0 * s_r + (int64_t)j * s_j, s_r, s_j,
-                         nr, nk);
+            store_sums16(sums, s + (int64_t)r0 * s_r + (int64_t)j * s_j, s_r, s_j, nr, nk);
         }
     }
 }
