@@ -58,11 +58,12 @@ INLINE int column_block(attn_dtype dt, int c) { return dt == ATTN_DTYPE_Q8_0 ? c
 // vpdpbusd steps a row and group: Q4_0 8 (the low nibbles' four, then the high ones'), Q8_0 4
 INLINE int qk_steps(attn_dtype dt) { return dt == ATTN_DTYPE_Q8_0 ? 4 : 8; }
 
-// One query row's group as prep_q lays it out: q[s] holds the 16 int8 query bytes of step s (byte
-// 4c + i: the value that column c's byte i meets), broadcast to the four keys' 128-bit lanes; init[c]
-// is -8 (Q4_0) or -128 (Q8_0) times the sum of column c's bytes over the steps (vpdpbusd multiplies
-// unsigned bytes: the nibbles n for n - 8, the Q8_0 quants q flipped to q + 128), dq[c] the scale
-// of column c's block. Blocks past the row's end are 0.
+// One query row's group as prep_q lays it out, each field repeated in the four keys' 128-bit
+// quarters (lane or byte offset 16l): q[s] holds the 16 int8 query bytes of step s (byte 4c + i: the
+// value that column c's byte i meets; Q8_0 uses steps 0-3), init[c] -8 (Q4_0) or -128 (Q8_0) times
+// the sum of column c's bytes over the steps (vpdpbusd multiplies unsigned bytes: the nibbles n for
+// n - 8, the Q8_0 quants q flipped to q + 128), dq[c] the scale of column c's block. Blocks past the
+// row's end are 0.
 typedef struct q_group {
     int8_t q[8][64];
     int32_t init[16];
@@ -123,24 +124,27 @@ void attn__prep_q_avx512bf16(attn_dtype dt, const float *q, int rows, int D, voi
     for (int r = 0; r < rows; r++)
         for (int g = 0; g < G; g++) {
             q_group *p = qg + (int64_t)r * G + g;
-            memset(p, 0, sizeof *p);
             int8_t v[4][32] = {{0}}; // the group's blocks, rounded
             float d[4] = {0};
             for (int b = 0; b < span_of(dt, nb, per * g, per).blocks; b++)
                 quantise_block(q + (int64_t)r * D + (int64_t)(per * g + b) * ATTN_QBLOCK, v[b], &d[b]);
+            int32_t step[8][4], init[4]; // step s's bytes 4c..4c+3: a dword of column c's block
+            float dq[4];
             for (int c = 0; c < 4; c++) {
                 const int blk = column_block(dt, c);
                 int32_t sum = 0;
                 for (int s = 0; s < qk_steps(dt); s++) {
                     // Q4_0's step s reads value dword s of its block (the high nibbles' from s = 4 on)
                     const int dw = dt == ATTN_DTYPE_Q4_0 ? s : key_dword(dt, s, c) % dwords;
-                    for (int i = 0; i < 4; i++) {
-                        sum += v[blk][4 * dw + i];
-                        for (int l = 0; l < 4; l++) p->q[s][16 * l + 4 * c + i] = v[blk][4 * dw + i];
-                    }
+                    memcpy(&step[s][c], v[blk] + 4 * dw, 4);
+                    for (int i = 0; i < 4; i++) sum += v[blk][4 * dw + i];
                 }
-                for (int l = 0; l < 4; l++) p->init[4 * l + c] = (dt == ATTN_DTYPE_Q4_0 ? -8 : -128) * sum, p->dq[4 * l + c] = d[blk];
+                init[c] = (dt == ATTN_DTYPE_Q4_0 ? -8 : -128) * sum, dq[c] = d[blk];
             }
+            for (int s = 0; s < qk_steps(dt); s++) // the same bytes for the four keys' quarters
+                _mm512_store_si512(p->q[s], _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)step[s])));
+            _mm512_store_si512(p->init, _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)init)));
+            _mm512_store_ps(p->dq, _mm512_broadcast_f32x4(_mm_loadu_ps(dq)));
         }
 }
 
