@@ -179,8 +179,8 @@ INLINE __m512 nan_if_infinite(__m512 d) { return _mm512_add_ps(d, _mm512_sub_ps(
 // groups p[r]: acc[r] lane 4l + c gains row r's products with key l over column c. Each key's group
 // is gathered in step order (kw), the four keys' 128-bit quarters transposed so that vector t holds
 // step t of every key, then split into nibbles (Q4_0) or flipped (Q8_0); each row's steps meet
-// them with its broadcast query bytes, and one float conversion and one multiply by d_k d_q apply
-// to four keys at once.
+// them with its query bytes (repeated for the four keys), and one float conversion and one multiply
+// by d_k d_q apply to four keys at once.
 INLINE void keys_group(const attn_dtype dt, const uint8_t *const x[4], group_span sp, const q_group *const p[4],
                        __m512i kw, __m512i s01, __m512i s23, __m512 acc[4]) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
