@@ -244,11 +244,8 @@ INLINE void qk_rows_int8(const attn_dtype dt, const void *k, int64_t ks_row, int
                 const q_group *const pg[4] = {qr[0] + g, qr[1] + g, qr[2] + g, qr[3] + g};
                 keys_group(dt, xg, span_of(dt, nb, per * g, per), pg, kw, s01, s23, acc);
             }
-            // acc[r] lane 4l + c -> the sum over c, lane 4l + r: (c0 + c2) + (c1 + c3) in each quarter
-            const __m512 x01 = _mm512_add_ps(_mm512_unpacklo_ps(acc[0], acc[1]), _mm512_unpackhi_ps(acc[0], acc[1]));
-            const __m512 x23 = _mm512_add_ps(_mm512_unpacklo_ps(acc[2], acc[3]), _mm512_unpackhi_ps(acc[2], acc[3]));
-            const __m512 sums = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x01), _mm512_castps_pd(x23))),
-                                              _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x01), _mm512_castps_pd(x23))));
+            // acc[r] lane 4l + c -> the sum over c, lane 4l + r
+            const __m512 sums = quarter_sums4(acc);
             const int nk = nj - j < 4 ? nj - j : 4;
             store_sums16(sums, s + (int64_t)r0 * s_r + (int64_t)j * s_j, s_r, s_j, nr, nk);
         }

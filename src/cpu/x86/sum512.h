@@ -1,6 +1,7 @@
-// sum512.h - the sums of the lanes of 16 AVX-512 vectors at once (sum16) and their store into a
-// score tile (store_sums16), for the row kernels' dot products (flash_kernels_avx512.c,
-// quant_kernels_avx512.c). Include after simd512.h.
+// sum512.h - the sums of the lanes of 16 AVX-512 vectors at once (sum16; quarter_sums4, its last
+// level) and their store into a score tile (store_sums16), for the row kernels' dot products
+// (flash_kernels_avx512.c, quant_kernels_avx512.c, quant_kernels_avx512bf16.c). Include after
+// simd512.h.
 #ifndef ATTN_CPU_X86_SUM512_H
 #define ATTN_CPU_X86_SUM512_H
 
@@ -8,6 +9,15 @@
 
 // a + b with a's and b's 128-bit quarters picked by the shuffle constants ia and ib.
 #define ADD_QUARTERS(a, b, ia, ib) _mm512_add_ps(_mm512_shuffle_f32x4(a, b, ia), _mm512_shuffle_f32x4(a, b, ib))
+
+// The sums of each 128-bit quarter's four lanes of z[0..3] in one vector: lane 4q + i sums quarter
+// q of z[i], as (lane 0 + lane 2) + (lane 1 + lane 3).
+static inline __attribute__((always_inline)) __m512 quarter_sums4(const __m512 z[4]) {
+    const __m512 u01 = _mm512_add_ps(_mm512_unpacklo_ps(z[0], z[1]), _mm512_unpackhi_ps(z[0], z[1]));
+    const __m512 u23 = _mm512_add_ps(_mm512_unpacklo_ps(z[2], z[3]), _mm512_unpackhi_ps(z[2], z[3]));
+    return _mm512_add_ps(_mm512_shuffle_ps(u01, u23, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(u01, u23, _MM_SHUFFLE(3, 2, 3, 2)));
+}
 
 // The sums of the 16 lanes of each of x[0..15] in one vector, lane i the sum of x[i]: the halves
 // and then quarters of pairs of vectors added (two levels), then the four lanes of each quarter.
@@ -20,10 +30,7 @@ static inline __attribute__((always_inline)) __m512 sum16(const __m512 x[16]) {
     }
     for (int c = 0; c < 4; c++) // z[c]: quarter t holds x[c + 4t]'s four partial sums
         z[c] = ADD_QUARTERS(y[2 * c], y[2 * c + 1], _MM_SHUFFLE(2, 0, 2, 0), _MM_SHUFFLE(3, 1, 3, 1));
-    const __m512 u01 = _mm512_add_ps(_mm512_unpacklo_ps(z[0], z[1]), _mm512_unpackhi_ps(z[0], z[1]));
-    const __m512 u23 = _mm512_add_ps(_mm512_unpacklo_ps(z[2], z[3]), _mm512_unpackhi_ps(z[2], z[3]));
-    return _mm512_add_ps(_mm512_shuffle_ps(u01, u23, _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_ps(u01, u23, _MM_SHUFFLE(3, 2, 3, 2)));
+    return quarter_sums4(z);
 }
 
 // The dot products of nk <= 4 keys with nr <= 4 query rows, lane 4c + r of sums (key c, row r),
