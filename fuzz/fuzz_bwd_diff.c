@@ -173,12 +173,13 @@ static void compare_grad(const float *a, const float *r, const grad_bound *g, bo
         }
         const double tol_abs = ABS_TOL * g->mag[e] + 2.0 * g->err[e];
         if (!isfinite(tol_abs) || g->mag[e] * grad_unscale > (double)FLT_MAX / 16.0) continue;
+        const double rel = REL_TOL + grad_round_rel, abs_tol = tol_abs + UNDERFLOW_TOL + grad_round_abs;
         if (isinf(a[e]) != isinf(r[e]) && !isnan(a[e]) && !isnan(r[e])) {
             const float fin = isinf(a[e]) ? r[e] : a[e], inf = isinf(a[e]) ? a[e] : r[e];
-            const double reach = tol_abs + UNDERFLOW_TOL + grad_round_abs + (REL_TOL + grad_round_rel) * fabs((double)fin);
+            const double reach = abs_tol + rel * fabs((double)fin);
             if (inf > 0 ? (double)fin + reach >= type_largest(t) : (double)fin - reach <= -type_largest(t)) continue;
         }
-        FUZZ_CHECK(fuzz_close(a[e], r[e], REL_TOL + grad_round_rel, tol_abs + UNDERFLOW_TOL + grad_round_abs),
+        FUZZ_CHECK(fuzz_close(a[e], r[e], rel, abs_tol),
                    "%s[%lld]: kernels %.9g, reference %.9g (tolerance %g + %g |ref|, magnitude %g) in %s", what,
                    (long long)e, (double)a[e], (double)r[e], tol_abs, REL_TOL, g->mag[e], problem);
     }
