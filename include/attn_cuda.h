@@ -314,9 +314,13 @@ ATTN_CUDA_API attn_status attn_cuda_kv_cache_attend(attn_cuda_ctx *ctx, const at
  * the module's type), the heads read in place as column blocks by attn_cuda_sdpa_fwd (scale
  * 1/sqrt(head_dim) on the scores), out_proj on cuBLASLt. Inputs and outputs are device tensors of
  * the module's type, (L, N, E) or (N, L, E) with batch_first, or (L, E) unbatched, contiguous;
- * masks as attn_mha_args says, on the device. Not on the GPU (ATTN_ERR_UNSUPPORTED): kdim or vdim
- * other than E, add_bias_kv, add_zero_attn, the attention weights (need_weights must be 0), dropout
- * from the context's generator (the GPU's is Philox, from the seed and offset of the arguments).
+ * masks as attn_mha_args says, on the device. kdim and vdim other than E (separate q/k/v weights;
+ * key and value then of widths kdim and vdim), add_bias_kv and add_zero_attn as on the CPU (the keys
+ * they add after the inputs' stay visible: the masks are widened to them on the device, in the
+ * module's scratch or the training forward's saved buffer).
+ * Not on the GPU (ATTN_ERR_UNSUPPORTED): the attention weights (need_weights must be 0), dropout
+ * from the context's generator (the GPU's is Philox, from the seed and offset of the arguments);
+ * attn_cuda_mha_forward_cached needs kdim = vdim = E and no added keys (as attn_mha_forward_cached).
  * cuBLASLt is opened at run time (libcublasLt.so.13, .so.12, .so, or $ATTN_CUBLASLT_LIBRARY):
  * without it attn_cuda_mha_create answers ATTN_ERR_UNSUPPORTED. A module is used on one stream
  * (it keeps a scratch buffer allocated on the context's stream).

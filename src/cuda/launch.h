@@ -55,6 +55,15 @@ int attn__cuda_launch_kv_append(const attn__cuda_kv_append *a, cudaStream_t stre
 int attn__cuda_launch_colsum(const void *x, int32_t dtype, int64_t rows, int64_t cols, int64_t ld, float *out,
                              cudaStream_t stream);
 
+// kernels/mha_rows.cu: rows_put writes `rows` rows of `width` bytes, `pitch` bytes apart from dst, each
+// a copy of src (width bytes) or zeros when src is NULL; mask_widen writes (rows, S2) elements of
+// `elem` bytes: column j < S from src's row r (src_pitch elements a row), zero from S on, or, with src
+// NULL, the bool causal mask of query r % L (1 where S > j > r % L).
+int attn__cuda_launch_rows_put(void *dst, int64_t rows, int64_t pitch, const void *src, int64_t width,
+                               cudaStream_t stream);
+int attn__cuda_launch_mask_widen(void *dst, const void *src, int64_t src_pitch, int64_t rows, int64_t L, int64_t S,
+                                 int64_t S2, int64_t elem, cudaStream_t stream);
+
 // kernels/simple.cu: whether this build carries code the current device can run (a kernel's
 // attributes are queried, which loads its module): 0 (cudaSuccess) or the CUDA error.
 int attn__cuda_kernels_loadable(void);

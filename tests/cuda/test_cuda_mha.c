@@ -1,12 +1,13 @@
 // test_cuda_mha.c - nn.MultiheadAttention on the GPU (attn_cuda_mha_*) against the CPU module
 // (attn_mha_*) holding the same parameters, through the public APIs: random configurations (self,
-// cross and key = value attention, batch_first, unbatched, bias or not, causal, bool and float
-// masks of 2 and 3 dimensions, key padding masks), forward, training forward and backward (every
+// cross and key = value attention, batch_first, unbatched, bias or not, kdim and vdim other than E
+// (separate q/k/v weights), add_bias_kv, add_zero_attn, causal, bool and float masks of 2 and 3
+// dimensions, key padding masks), forward, training forward and backward (every
 // parameter's and input's gradient), F32 within 1e-4 of the largest element and BF16 within 2^-5
 // (the GPU rounds the projections and the intermediate gradients to bfloat16, the CPU keeps
 // them in float32); Philox dropout: the same seed and offset give the same bits, another offset
 // another mask; the parameters copied back; decoding with a device cache (contiguous and paged)
-// against the CPU module's cached forward. Without a GPU: argument checks, and the GPU cases
+// against the CPU module's cached forward, which refuses the modules it cannot serve. Without a GPU: argument checks, and the GPU cases
 // report themselves skipped (ATTN_CUDA_REQUIRE_GPU makes that a failure, as make test-cuda sets).
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -37,10 +38,17 @@ static void close_to(const char *what, const float *got, const float *want, int6
 static void run_case(attn_cuda_ctx *g, attn_dtype dt, int use_dropout) {
     const uint64_t seed = rng;
     const int64_t H = 1 + pick(4), hd = (int64_t)8 << pick(3), E = H * hd;
+    const int kind = pick(3); // 0 self, 1 cross, 2 key = value
     attn_mha_config cfg;
     attn_mha_config_init(&cfg, E, H);
     cfg.bias = pick(4) != 0, cfg.batch_first = pick(2), cfg.dtype = dt;
     cfg.dropout = use_dropout ? 0.25 : 0.0;
+    if (kind != 0 && pick(2) == 0) { // separate q/k/v weights: the key's and value's widths (equal when key = value)
+        cfg.kdim = 8 * (1 + pick(6));
+        cfg.vdim = kind == 2 ? cfg.kdim : 8 * (1 + pick(6));
+    }
+    cfg.add_bias_kv = pick(3) == 0, cfg.add_zero_attn = pick(3) == 0;
+    const int64_t kd = cfg.kdim != 0 ? cfg.kdim : E, vd = cfg.vdim != 0 ? cfg.vdim : E;
     attn_ctx *cpu = NULL;
     ASSERT_OK(attn_ctx_create(NULL, &cpu));
     attn_generator_seed(attn_ctx_generator(cpu), seed);
@@ -51,18 +59,19 @@ static void run_case(attn_cuda_ctx *g, attn_dtype dt, int use_dropout) {
     if (cs == ATTN_ERR_UNSUPPORTED) SKIP("%s", attn_cuda_ctx_last_error(g)); // no cuBLASLt on this machine
     ASSERT_OK(cs);
 
-    const int unbatched = pick(5) == 0, kind = pick(3); // 0 self, 1 cross, 2 key = value
+    const int unbatched = pick(5) == 0;
     const int64_t N = unbatched ? 1 : 1 + pick(3), L = 1 + pick(40), S = kind == 0 ? L : 1 + pick(40);
     const size_t es = attn_dtype_size(dt);
-    const int64_t nq = N * L * E, nk = N * S * E;
-    float *xq = malloc((size_t)nq * 4), *xk = malloc((size_t)nk * 4), *xv = malloc((size_t)nk * 4);
+    const int64_t nq = N * L * E, nk = N * S * kd, nv = N * S * vd;
+    float *xq = malloc((size_t)nq * 4), *xk = malloc((size_t)nk * 4), *xv = malloc((size_t)nv * 4);
     for (int64_t i = 0; i < nq; i++) xq[i] = urand();
-    for (int64_t i = 0; i < nk; i++) xk[i] = urand(), xv[i] = urand();
-    void *hq = malloc((size_t)nq * es), *hk = malloc((size_t)nk * es), *hv = malloc((size_t)nk * es);
+    for (int64_t i = 0; i < nk; i++) xk[i] = urand();
+    for (int64_t i = 0; i < nv; i++) xv[i] = urand();
+    void *hq = malloc((size_t)nq * es), *hk = malloc((size_t)nk * es), *hv = malloc((size_t)nv * es);
     ASSERT_OK(attn_convert(dt, hq, ATTN_DTYPE_F32, xq, nq));
     ASSERT_OK(attn_convert(dt, hk, ATTN_DTYPE_F32, xk, nk));
-    ASSERT_OK(attn_convert(dt, hv, ATTN_DTYPE_F32, xv, nk));
-    void *dq_in = up(hq, (size_t)nq * es), *dk_in = up(hk, (size_t)nk * es), *dv_in = up(hv, (size_t)nk * es);
+    ASSERT_OK(attn_convert(dt, hv, ATTN_DTYPE_F32, xv, nv));
+    void *dq_in = up(hq, (size_t)nq * es), *dk_in = up(hk, (size_t)nk * es), *dv_in = up(hv, (size_t)nv * es);
 
     attn_mha_args ca;
     attn_mha_args_init(&ca);
@@ -130,8 +139,8 @@ static void run_case(attn_cuda_ctx *g, attn_dtype dt, int use_dropout) {
         for (int d = 0; d < ndim; d++) pn[i] *= shape[d];
         dparams[i] = up(NULL, (size_t)pn[i] * 4), hparams[i] = malloc((size_t)pn[i] * 4);
     }
-    void *gdq = up(NULL, (size_t)nq * es), *gdk = kind == 1 ? up(NULL, (size_t)nk * es) : NULL;
-    void *gdv = kind == 1 ? up(NULL, (size_t)nk * es) : NULL;
+    void *gdq = up(NULL, (size_t)nq * es), *gdk = kind != 0 ? up(NULL, (size_t)nk * es) : NULL;
+    void *gdv = kind == 1 ? up(NULL, (size_t)nv * es) : NULL;
     ASSERT_OK(attn_cuda_mha_forward_train(g, dev, &ga, dout_buf, saved, sbytes));
     if (attn_cuda_mha_backward(g, dev, &ga, saved, sbytes, dgo, gdq, gdk, gdv, dparams) != ATTN_OK)
         FAIL("seed %llu: backward: %s", (unsigned long long)seed, attn_cuda_ctx_last_error(g));
@@ -139,12 +148,12 @@ static void run_case(attn_cuda_ctx *g, attn_dtype dt, int use_dropout) {
         size_t hbytes = 0;
         ASSERT_OK(attn_mha_saved_size(cpu, host, &ca, &hbytes));
         void *hsaved = malloc(hbytes);
-        void *hdq = malloc((size_t)nq * es), *hdk = kind == 1 ? malloc((size_t)nk * es) : NULL;
-        void *hdv = kind == 1 ? malloc((size_t)nk * es) : NULL;
+        void *hdq = malloc((size_t)nq * es), *hdk = kind != 0 ? malloc((size_t)nk * es) : NULL;
+        void *hdv = kind == 1 ? malloc((size_t)nv * es) : NULL;
         ASSERT_OK(attn_mha_forward_train(cpu, host, &ca, hout, NULL, hsaved, hbytes));
         ASSERT_OK(attn_mha_backward(cpu, host, &ca, hsaved, hbytes, hgo, hdq, hdk, hdv, hparams));
         void *grads[3][2] = {{gdq, hdq}, {gdk, hdk}, {gdv, hdv}};
-        const int64_t gn[3] = {nq, nk, nk};
+        const int64_t gn[3] = {nq, nk, nv};
         static const char *gname[3] = {"dquery", "dkey", "dvalue"};
         for (int x = 0; x < 3; x++) {
             if (grads[x][0] == NULL) continue;
@@ -205,9 +214,37 @@ static void test_dropout_repeatable(void) {
 }
 
 // Decoding: a prompt then single tokens through attn_cuda_mha_forward_cached with a contiguous and
-// a paged device cache, against attn_mha_forward_cached with a CPU cache (F32, 1e-4 of the largest).
+// a paged device cache, against attn_mha_forward_cached with a CPU cache (F32, 1e-4 of the largest);
+// modules with separate q/k/v weights or added keys refused, as the CPU refuses them.
 static void test_cached_against_cpu(void) {
     attn_cuda_ctx *g = gpu_ctx();
+    for (int opt = 0; opt < 3; opt++) {
+        attn_mha_config cfg;
+        attn_mha_config_init(&cfg, 32, 4);
+        if (opt == 0) cfg.kdim = 16;
+        if (opt == 1) cfg.add_bias_kv = 1;
+        if (opt == 2) cfg.add_zero_attn = 1;
+        attn_ctx *cpu = NULL;
+        ASSERT_OK(attn_ctx_create(NULL, &cpu));
+        attn_mha *host = NULL;
+        ASSERT_OK(attn_mha_create(cpu, &cfg, &host));
+        attn_cuda_mha *dev = NULL;
+        const attn_status cs = attn_cuda_mha_create(g, host, &dev);
+        if (cs == ATTN_ERR_UNSUPPORTED) SKIP("%s", attn_cuda_ctx_last_error(g));
+        ASSERT_OK(cs);
+        attn_cuda_kv_cache_config dc;
+        attn_cuda_kv_cache_config_init(&dc);
+        dc.batch = 1, dc.n_kv_heads = 4, dc.head_dim = 8, dc.capacity = 8, dc.dtype = ATTN_DTYPE_F32;
+        attn_cuda_kv_cache *dcache = NULL;
+        ASSERT_OK(attn_cuda_kv_cache_create(g, &dc, &dcache));
+        void *dx = up(NULL, 32 * 4), *dout = up(NULL, 32 * 4);
+        ASSERT_STATUS(attn_cuda_mha_forward_cached(g, dev, dcache, dx, 1, 1, dout), ATTN_ERR_UNSUPPORTED);
+        cudaFree(dx), cudaFree(dout);
+        attn_cuda_kv_cache_free(dcache);
+        attn_cuda_mha_free(dev);
+        attn_mha_free(host);
+        attn_ctx_free(cpu);
+    }
     for (int paged = 0; paged < 2; paged++) {
         const uint64_t seed = rng;
         const int64_t E = 64, H = 4, N = 2, steps[4] = {5, 1, 1, 3};
