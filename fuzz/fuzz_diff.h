@@ -44,14 +44,19 @@ static inline int fuzz_on_dot(const attn_ctx *ctx, const attn_sdpa_desc *d) {
            (d->v_stride[3] == 1 || d->head_dim_v == 1) && d->weights_mode == ATTN_WEIGHTS_NONE;
 }
 
-/* Whether the few-row decode kernels of ctx may run d with the query rounded to int8 and the
- * weights to bf16 (attn.h, attn_sdpa_desc.kv_dtype: Q8_0 and Q4_0 on the bf16 ISAs). */
-static inline int fuzz_on_int8_dot(const attn_ctx *ctx, attn_dtype kv_dtype) {
-    return attn_isa_bf16_dot(attn_ctx_isa(ctx)) && (kv_dtype == ATTN_DTYPE_Q8_0 || kv_dtype == ATTN_DTYPE_Q4_0);
+/* Whether the few-row decode kernels of ctx may run d with the query rounded to int8 (attn.h,
+ * attn_sdpa_desc.kv_dtype: Q8_0 and Q4_0 on attn_isa_int8_query's ISAs); fuzz_int8_weights: and
+ * the weights to bf16 (the bf16 ISAs among them). */
+static inline int fuzz_on_int8_query(const attn_ctx *ctx, attn_dtype kv_dtype) {
+    return attn_isa_int8_query(attn_ctx_isa(ctx)) && (kv_dtype == ATTN_DTYPE_Q8_0 || kv_dtype == ATTN_DTYPE_Q4_0);
+}
+
+static inline int fuzz_int8_weights(const attn_ctx *ctx, attn_dtype kv_dtype) {
+    return fuzz_on_int8_query(ctx, kv_dtype) && attn_isa_bf16_dot(attn_ctx_isa(ctx));
 }
 
 /* attn.h's delta_q of a query row (n values at stride st, scale applied to it) against keys of
- * largest magnitude kmax: the int8 rounding's score error, 0 beyond the bf16 ISAs' block kernels. */
+ * largest magnitude kmax: the int8 rounding's score error, 0 beyond the int8 block kernels. */
 static inline double fuzz_int8_delta(int i8dot, const float *qr, int64_t n, int64_t st, double scale, double kmax) {
     if (!i8dot) return 0.0;
     double msum = 0.0;

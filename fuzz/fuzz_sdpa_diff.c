@@ -144,16 +144,17 @@ static void diff_kv_cache(pair *p) {
                            "the caches hold different keys in %s", problem);
             /* magnitudes of what the rows sum (a dequantised value is at most the block's largest) */
             const double mk = isnan(raw_all) ? amp : fmax(amp, raw_all), ds = 4.0 * (double)(D + 8) * U * (double)D * mk * max_abs(q, B * H * L * D) / sqrt((double)D);
-            /* block types on the bf16 ISAs: attn.h's delta_q (m_b <= max|q|) and the weights' bf16
-             * rounding, with the stored keys' and values' largest finite magnitudes (raw blocks
-             * included: mk leaves them out once one is not finite) */
+            /* block types on the int8 ISAs: attn.h's delta_q (m_b <= max|q|) and on the bf16 ones
+             * the weights' bf16 rounding, with the stored keys' and values' largest finite
+             * magnitudes (raw blocks included: mk leaves them out once one is not finite) */
             double dq = 0.0, wq = 0.0;
-            if (fuzz_on_int8_dot(p->ctx[0], dt)) {
+            if (fuzz_on_int8_query(p->ctx[0], dt)) {
                 void *ks, *vs;
                 attn_kv_cache_storage(kc[0], &ks, NULL, &vs, NULL);
                 const double kf = finite_max_stored(dt, ks, B * Hkv, cap, D, S), vf = finite_max_stored(dt, vs, B * Hkv, cap, Dv, S);
                 dq = ((double)D * max_abs(q, B * H * L * D) / sqrt((double)D) * (1.0 / 254 + 0x1p-20) + 0x1p-96 * (double)D) * kf;
-                wq = vf * (expm1(2.0 * dq) + 0x1p-8 * exp(2.0 * dq)) + (double)S * 0x1p-122;
+                const int w8 = fuzz_int8_weights(p->ctx[0], dt);
+                wq = vf * (expm1(2.0 * dq) + (w8 ? 0x1p-8 * exp(2.0 * dq) : 0.0)) + (w8 ? (double)S * 0x1p-122 : 0.0);
             }
             loose_nonfinite = true; /* specials: the flush of tiny weights may differ (see above) */
             const tol t = {REL_TOL + 4.0 * ds, ABS_TOL * (1.0 + mk) + mk * (3.0 * ds + 4.0 * (double)(S + 8) * U) + wq};
@@ -374,8 +375,8 @@ static float *dequantise(attn_dtype dt, const uint8_t *x, int64_t n) {
  *   delta = (D + 2) 2^-24 scale sum_t |q_t| max_j |k_j|_inf + 2^-22 softcap,
  * and on the bf16 dot products (attn_isa_bf16_dot, bf16 q, k and v, even D) 2^-8 more beside
  * 2^-16, 2^-126 scale sum_t |q_t| + 2^-125 D max_j |k_j|_inf more in delta and S 2^-125 more in all;
- * with Q8_0 and Q4_0 on the bf16 ISAs (fuzz_on_int8_dot: the query rounded to int8) attn.h's delta_q more in
- * delta, 2^-8 exp(2 delta) beside 2^-16 and S 2^-122 more in all.
+ * with Q8_0 and Q4_0 on the int8 ISAs (fuzz_on_int8_query: the query rounded to int8) attn.h's delta_q more in
+ * delta, and on the bf16 ones (fuzz_int8_weights) 2^-8 exp(2 delta) beside 2^-16 and S 2^-122 more in all.
  * Rows that see a NaN or infinite key or value (a NaN or infinite scale makes its block's values
  * NaN or +-inf: q * d), or whose q holds one, must be non-finite in the same places on both sides
  * (unless the scores span more than the flush of tiny weights, see loose_nonfinite); rows that see
@@ -453,9 +454,10 @@ static void diff_sdpa_raw(pair *p) {
     const double t_o = d.out_dtype == ATTN_DTYPE_BF16 ? 0x1p-133 : d.out_dtype == ATTN_DTYPE_F16 ? 0x1p-24 : 0x1p-149;
     const double o_max = d.out_dtype == ATTN_DTYPE_F16 ? 65504.0 : 0x1.fep127; /* BF16's largest; F32 near it */
     const bool dot = fuzz_on_dot(p->ctx[0], &d);
-    const int i8dot = fuzz_on_int8_dot(p->ctx[0], d.kv_dtype); /* the query rounded to int8, weights to bf16 */
+    const int i8dot = fuzz_on_int8_query(p->ctx[0], d.kv_dtype); /* the query rounded to int8 */
+    const int i8w = fuzz_int8_weights(p->ctx[0], d.kv_dtype);    /* and the weights to bf16 */
     const double eps = dot ? 0x1p-8 + 0x1p-16 : 0x1p-16,
-                 flushed = dot ? (double)S * 0x1p-125 : i8dot ? (double)S * 0x1p-122 : 0.0;
+                 flushed = dot ? (double)S * 0x1p-125 : i8w ? (double)S * 0x1p-122 : 0.0;
     const double scale = d.scale != 0.0f ? fabs((double)d.scale) : 1.0 / sqrt((double)D);
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++) {
@@ -479,7 +481,7 @@ static void diff_sdpa_raw(pair *p) {
                 const double delta = (double)(D + 2) * 0x1p-24 * scale * qsum * kmax + 0x1p-22 * (double)d.softcap +
                                      (dot ? 0x1p-126 * scale * qsum + 0x1p-125 * (double)D * kmax : 0.0) +
                                      fuzz_int8_delta(i8dot, qr, D, d.q_stride[3], scale, kmax);
-                const double u_w = i8dot ? 0x1p-8 * exp(2.0 * delta) : 0.0; /* the weights' bf16 rounding */
+                const double u_w = i8w ? 0x1p-8 * exp(2.0 * delta) : 0.0; /* the weights' bf16 rounding */
                 /* the scores' magnitude: an infinite q or k element makes a score infinite, which the
                  * soft cap turns into +-cap (the finite elements' sums alone miss it) */
                 const double smag = d.softcap > 0.0f ? (q_nonfinite || k_nonfinite ? (double)d.softcap

@@ -266,6 +266,10 @@ ATTN_API const char *attn_isa_name(attn_isa isa);
  * whose error bounds attn_sdpa_desc.q_dtype and grad_dtype give beside float32's; those sets also
  * decode Q8_0 and Q4_0 caches on 8-bit and bf16 dot products (attn_sdpa_desc.kv_dtype). */
 ATTN_API int attn_isa_bf16_dot(attn_isa isa);
+/** @return whether the few-row decode kernels of `isa` round the query to int8 for Q8_0 and Q4_0
+ * caches and meet the quants in 8-bit products (AVX2 and the bf16 ISAs; the bound is
+ * attn_sdpa_desc.kv_dtype's), as ggml rounds its activations for these types. */
+ATTN_API int attn_isa_int8_query(attn_isa isa);
 
 /**
  * @return 1 when this build computes projections through CBLAS (found at build time: option
@@ -430,24 +434,26 @@ typedef struct attn_sdpa_desc {
      * with delta = scale * sum_t |q_t| * (c * max|k| + a), max over the row's kv head, and c, a the
      * per-value bound of attn_convert (Q8_0: c = 1/254 + 2^-11 + 2^-20, a = 2^-18; Q4_0: c = 1/8 +
      * 2^-10, a = 2^-21) (tested, with large logits and outliers). The query is not quantised,
-     * except by the decode kernels of ATTN_ISA_AVX512_BF16 and ATTN_ISA_AMX_BF16 (the few-row
-     * decoding path: a GQA group's queries, at most 8, against rows of contiguous blocks), which
-     * run q . k on AVX512-VNNI's 8-bit dot products and P V on vdpbf16ps, as ggml rounds its query
-     * to Q8_0 for these types: each query row (scaled by scale * log2(e)) is rounded to int8 per
-     * block of 32 with a float scale max|q_b| / 127 (a block below 2^-96 in magnitude becomes 0; a
-     * query holding a NaN or an infinity is left in float32), and each weight times its key's
-     * block scale d is rounded to bf16 (to nearest even; vdpbf16ps takes one below 2^-126 as 0)
-     * before meeting the values' quants (Q8_0's q, Q4_0's q - 8: exact in bf16). Against the
-     * reference on the same stored blocks (k', v' the dequantised values, S keys) a row of those
-     * kernels then differs by
-     * at most (exp(2 delta_q) * (1 + 2^-8) - 1) * max|v'| + S * 2^-122, plus float32 rounding,
-     * with delta_q = (scale * (1/254 + 2^-20) * sum_b 32 m_b + 2^-96 D) * max|k'| and m_b the
-     * largest |q_t| of the row's block b (D / 32 blocks), and its lse by at most delta_q; against
-     * the float32 k and v the bound above holds with delta + delta_q for delta, (1 + c) (1 + 2^-8)
-     * for 1 + c and S * 2^-122 added (both tested; in decoding, Q4_0 about 1.5 and Q8_0 about 1.25
-     * times as fast as the float kernels, BENCHMARKS.md). A key block with an infinite scale
-     * makes its key's score NaN there (the float kernels: +-inf or NaN). ATTN_ISA_AVX512 runs
-     * the float kernels on the same CPUs.
+     * except by the decode kernels of the ISAs of attn_isa_int8_query (ATTN_ISA_AVX2,
+     * ATTN_ISA_AVX512_BF16 and ATTN_ISA_AMX_BF16; the few-row decoding path: a GQA group's
+     * queries, at most 8, against rows of contiguous blocks), which run q . k on 8-bit products
+     * (AVX2's vpmaddubsw, AVX512-VNNI's vpdpbusd), as ggml rounds its query to Q8_0 for these
+     * types: each query row (scaled by scale * log2(e)) is rounded to int8 per block of 32 with a
+     * float scale max|q_b| / 127 (a block below 2^-96 in magnitude becomes 0; a query holding a NaN
+     * or an infinity is left in float32). Those of the bf16 ISAs also run P V on vdpbf16ps: each
+     * weight times its key's block scale d is rounded to bf16 (to nearest even; vdpbf16ps takes one
+     * below 2^-126 as 0) before meeting the values' quants (Q8_0's q, Q4_0's q - 8: exact in bf16);
+     * AVX2's P V is its float kernel's. Against the reference on the same stored blocks (k', v' the
+     * dequantised values, S keys) a row of those kernels then differs by at most
+     * (exp(2 delta_q) * (1 + u) - 1) * max|v'| + f, plus float32 rounding, with u = 2^-8 and
+     * f = S * 2^-122 on the bf16 ISAs (0 and 0 on AVX2), delta_q = (scale * (1/254 + 2^-20) *
+     * sum_b 32 m_b + 2^-96 D) * max|k'| and m_b the largest |q_t| of the row's block b (D / 32
+     * blocks), and its lse by at most delta_q; against the float32 k and v the bound above holds
+     * with delta + delta_q for delta, (1 + c) (1 + u) for 1 + c and f added (both tested; in
+     * decoding on AVX512-BF16, Q4_0 about 1.5 and Q8_0 about 1.25 times as fast as the float
+     * kernels, on AVX2 about 1.5 and 1.15 times, BENCHMARKS.md). A key block with an infinite
+     * scale makes its key's score NaN there (the float kernels: +-inf or NaN). ATTN_ISA_AVX512
+     * runs the float kernels on AVX-512 CPUs, ATTN_ISA_GENERIC on any.
      * Half values and blocks the caller wrote are read as they are, whatever their bits: a half is
      * its IEEE value (subnormals, infinities and NaN included) and a block's value is q * d in
      * float, so a NaN scale makes all 32 values NaN, an infinite one makes them +-inf (NaN where

@@ -747,6 +747,9 @@ static void test_isa_requests(void) {
     if (attn_isa_supported(ATTN_ISA_AMX_BF16)) ASSERT_TRUE(attn_isa_supported(ATTN_ISA_AVX512_BF16));
     for (int isa = ATTN_ISA_AUTO; isa <= ATTN_ISA_AMX_BF16; isa++)
         ASSERT_EQ_INT(attn_isa_bf16_dot((attn_isa)isa), isa == ATTN_ISA_AVX512_BF16 || isa == ATTN_ISA_AMX_BF16);
+    for (int isa = ATTN_ISA_AUTO; isa <= ATTN_ISA_AMX_BF16; isa++)
+        ASSERT_EQ_INT(attn_isa_int8_query((attn_isa)isa),
+                      isa == ATTN_ISA_AVX2 || isa == ATTN_ISA_AVX512_BF16 || isa == ATTN_ISA_AMX_BF16);
     attn_ctx_free(ctx);
     ctx = make_ctx(ATTN_ISA_REF, 1);
     ASSERT_EQ_INT(attn_ctx_isa(ctx), ATTN_ISA_REF);

@@ -317,12 +317,16 @@ static double delta_q(const float *q, int64_t D, double scale, double qstep, dou
     return (scale * (qstep + ldexp(1, -20)) * msum + ldexp(1, -96) * (double)D) * kmax;
 }
 
-// Whether ctx's kernels run d (of a block type) on attn.h's decode kernels of the bf16 ISAs, which
-// round the query to int8 (a GQA group's queries, at most 8, against rows of contiguous blocks).
+// Whether ctx's kernels run d (of a block type) on attn.h's decode kernels of attn_isa_int8_query's
+// ISAs, which round the query to int8 (a GQA group's queries, at most 8, against rows of contiguous
+// blocks).
 static bool q_rounds(const attn_ctx *ctx, const attn_sdpa_desc *d) {
     const int64_t group = d->n_heads / (d->n_kv_heads != 0 ? d->n_kv_heads : d->n_heads);
-    return attn_isa_bf16_dot(attn_ctx_isa(ctx)) && group * d->len_q <= 8 && d->k_stride[3] == 1 && d->v_stride[3] == 1;
+    return attn_isa_int8_query(attn_ctx_isa(ctx)) && group * d->len_q <= 8 && d->k_stride[3] == 1 && d->v_stride[3] == 1;
 }
+
+// attn.h's u of those kernels' weights: 2^-8 where they are rounded to bf16 (the bf16 ISAs), else 0.
+static double weights_u(const attn_ctx *ctx) { return attn_isa_bf16_dot(attn_ctx_isa(ctx)) ? ldexp(1, -8) : 0.0; }
 
 // A model of that rounding: q times scale * log2(e) in float (the kernels' scaled query), each
 // block of 32 rounded to int8 with d = max / 127 (nearest even; a block below 2^-96 to 0), and
@@ -341,9 +345,9 @@ static void model_rounded_query(const float *q, int64_t n, int64_t D, float scal
 // The block-type (dt) kernels of ctx (on d, with k and v the stored blocks of d's strides, len_kv
 // and n_kv_heads) against the reference: o and lse (lse may be NULL) of every row, with float32
 // rounding's 2e-6 + 2e-5 max|v'|. Where the query is rounded (q_rounds): against the reference on
-// model_rounded_query's query within the weights' bf16 rounding (2^-8 max|v'| + S 2^-122), and
-// against the reference on q within attn.h's bound, delta_q with qstep (1/254; 0 for queries
-// int8 holds exactly) for 1/254; elsewhere against the reference on q.
+// model_rounded_query's query within the weights' rounding (bf16 ISAs: 2^-8 max|v'| + S 2^-122;
+// AVX2 none), and against the reference on q within attn.h's bound, delta_q with qstep (1/254; 0
+// for queries int8 holds exactly) for 1/254; elsewhere against the reference on q.
 static void assert_block_kernels(const char *what, attn_dtype dt, const attn_ctx *ctx, const attn_sdpa_desc *d,
                                  const float *q, const void *k, const void *v, const float *o, const float *lse,
                                  double qstep) {
@@ -383,7 +387,7 @@ static void assert_block_kernels(const char *what, attn_dtype dt, const attn_ctx
             for (int64_t i = 0; i < L; i++) {
                 const int64_t row = (b * H + h) * L + i;
                 const double dq = rounds ? delta_q(qc + row * D, D, (double)fabsf(scale), qstep, kmax) : 0.0;
-                const double u = rounds ? ldexp(1, -8) : 0.0, flush = rounds ? (double)S * ldexp(1, -122) : 0.0;
+                const double u = rounds ? weights_u(ctx) : 0.0, flush = u > 0.0 ? (double)S * ldexp(1, -122) : 0.0;
                 const double bound = (exp(2 * dq) * (1 + u) - 1) * vmax + flush + 2e-6 + 2e-5 * vmax;
                 for (int64_t e = 0; e < Dv; e++) {
                     const float got = o[b * d->o_stride[0] + h * d->o_stride[1] + i * d->o_stride[2] + e * d->o_stride[3]];
@@ -463,7 +467,7 @@ static void test_cache_kernels(void) {
                             char what[96];
                             snprintf(what, sizeof what, "%s %s T=%d S=%lld L=%lld opt %d", attn_dtype_name(dt),
                                      attn_isa_name(isas[ii]), threads, (long long)S, (long long)L, opt);
-                            if (attn_isa_bf16_dot(isas[ii])) { // the query rounded
+                            if (attn_isa_int8_query(isas[ii])) { // the query rounded
                                 attn_sdpa_desc r = d;
                                 void *ks, *vs;
                                 attn_kv_cache_storage(kc, &ks, r.k_stride, &vs, r.v_stride);
@@ -482,16 +486,19 @@ static void test_cache_kernels(void) {
         }
 }
 
-// The bound of attn.h (kv_dtype) on every row: the quantised cache against the float keys and
-// values it was filled from, on moderate and large logits and on outliers.
+// The bound of attn.h (kv_dtype) on every row, on every kernel table the CPU runs: the quantised
+// cache against the float keys and values it was filled from, on moderate and large logits and on
+// outliers.
 static void test_attention_bound(void) {
     uint32_t seed = 23;
-    for (int t = 0; t < 2; t++)
+    const attn_isa isas[5] = {ATTN_ISA_GENERIC, ATTN_ISA_AVX2, ATTN_ISA_AVX512, ATTN_ISA_AVX512_BF16, ATTN_ISA_AMX_BF16};
+    for (int ii = 0; ii < 5; ii++)
+    for (int t = 0; t < 2 && attn_isa_supported(isas[ii]); t++)
         for (int mode = 0; mode < 3; mode++) {
             const attn_dtype dt = qtypes[t];
             const double c = dt == ATTN_DTYPE_Q8_0 ? 1.0 / 254 + ldexp(1, -11) + ldexp(1, -20) : 1.0 / 8 + ldexp(1, -10);
             const double a = dt == ATTN_DTYPE_Q8_0 ? ldexp(1, -18) : ldexp(1, -21);
-            attn_ctx *ctx = test_ctx(ATTN_ISA_AUTO, 2), *ref = test_ctx(ATTN_ISA_REF, 1);
+            attn_ctx *ctx = test_ctx(isas[ii], 2), *ref = test_ctx(ATTN_ISA_REF, 1);
             const int64_t H = 4, Hkv = 2, D = 64, S = 700;
             const float qmag = mode == 1 ? 6.0f : 1.0f; // mode 1: large logits
             float *k = randu(Hkv * S * D, 1.0f, &seed), *v = randu(Hkv * S * D, 1.0f, &seed);
@@ -518,18 +525,18 @@ static void test_attention_bound(void) {
                     mk = fmax(mk, fabs((double)k[hk * S * D + e])), mv = fmax(mv, fabs((double)v[hk * S * D + e]));
                 for (int64_t e = 0; e < D; e++) sq += fabs((double)q[h * D + e]);
                 double delta = scale * sq * (c * mk + a), u = 0.0, flush = 0.0;
-                if (attn_isa_bf16_dot(attn_ctx_isa(ctx))) { // the query rounded
+                if (attn_isa_int8_query(attn_ctx_isa(ctx))) { // the query rounded
                     const double mks = (1 + c) * mk + a; // the stored keys' largest magnitude, at most
                     delta += delta_q(q + h * D, D, scale, 1.0 / 254, mks);
-                    u = ldexp(1, -8), flush = (double)S * ldexp(1, -122);
+                    u = weights_u(ctx), flush = u > 0.0 ? (double)S * ldexp(1, -122) : 0.0;
                 }
                 const double bound = (exp(2 * delta) * (1 + c) * (1 + u) - 1) * mv + exp(2 * delta) * a + flush + 1e-5 * mv;
                 for (int64_t e = 0; e < D; e++) {
                     const double err = fabs((double)oq[h * D + e] - (double)of[h * D + e]);
                     harness_checks++;
                     if (!(err <= bound))
-                        FAIL("%s mode %d: head %lld error %.3g over the bound %.3g", attn_dtype_name(dt), mode,
-                             (long long)h, err, bound);
+                        FAIL("%s %s mode %d: head %lld error %.3g over the bound %.3g", attn_dtype_name(dt),
+                             attn_isa_name(isas[ii]), mode, (long long)h, err, bound);
                 }
             }
             free(k), free(v), free(q), free(oq), free(of);
@@ -562,7 +569,7 @@ static void test_direct_sdpa(void) {
         attn_ctx *ctx = test_ctx(ATTN_ISA_AUTO, 2), *ref = test_ctx(ATTN_ISA_REF, 1);
         ASSERT_OK(attn_sdpa_fwd(ctx, &d, q, k, v, o1, NULL, NULL));
         ASSERT_OK(attn_sdpa_fwd(ref, &d, q, k, v, o2, NULL, NULL));
-        if (attn_isa_bf16_dot(attn_ctx_isa(ctx))) // the query rounded (attn.h)
+        if (attn_isa_int8_query(attn_ctx_isa(ctx))) // the query rounded (attn.h)
             assert_block_kernels("direct", dt, ctx, &d, q, k, v, o1, NULL, 1.0 / 254);
         else
             ASSERT_CLOSE(o1, o2, B * H * L * Dv, 2e-6, 2e-5);
@@ -583,7 +590,7 @@ static void test_direct_sdpa(void) {
         memcpy(p.o_stride, po, sizeof po);
         ASSERT_OK(attn_sdpa_varlen_fwd(ctx, &p, cu_q, cu_k, q, k, v, o1, NULL));
         ASSERT_OK(attn_sdpa_varlen_fwd(ref, &p, cu_q, cu_k, q, k, v, o2, NULL));
-        if (attn_isa_bf16_dot(attn_ctx_isa(ctx))) {
+        if (attn_isa_int8_query(attn_ctx_isa(ctx))) {
             for (int s = 0; s < 2; s++) { // each sequence as a batch of one
                 attn_sdpa_desc one = p;
                 one.batch = 1, one.len_q = cu_q[s + 1] - cu_q[s], one.len_kv = cu_k[s + 1] - cu_k[s];
@@ -600,7 +607,7 @@ static void test_direct_sdpa(void) {
         float *o3 = malloc((size_t)(2 * H * Dv) * 4);
         ASSERT_OK(attn_sdpa_fwd(ref, &one, q + H * D, (const char *)k + qbytes(dt, 64 * Hkv * D),
                                 (const char *)v + qbytes(dt, 64 * Hkv * Dv), o3, NULL, NULL));
-        if (!attn_isa_bf16_dot(attn_ctx_isa(ctx))) ASSERT_CLOSE(o1 + H * Dv, o3, 2 * H * Dv, 2e-6, 2e-5);
+        if (!attn_isa_int8_query(attn_ctx_isa(ctx))) ASSERT_CLOSE(o1 + H * Dv, o3, 2 * H * Dv, 2e-6, 2e-5);
         else ASSERT_CLOSE(o2 + H * Dv, o3, 2 * H * Dv, 2e-6, 2e-5); // the references agree
         free(o3);
         // refused: head dims that are not whole blocks, values not contiguous, rows off a block
@@ -623,14 +630,15 @@ static void test_direct_sdpa(void) {
     }
 }
 
-// The decode kernels of the bf16 ISAs for both block types on queries of integers whose every
-// block holds +-127: int8 holds them exactly, so the kernels differ from the reference only by the
-// weights' bf16 rounding (2^-8), sharper than the general bound (a 1% error in the weights fails).
+// The decode kernels of attn_isa_int8_query's ISAs for both block types on queries of integers
+// whose every block holds +-127: int8 holds them exactly, so the kernels differ from the reference
+// only by the weights' bf16 rounding (2^-8; AVX2's float weights: float32 rounding), sharper than
+// the general bound (a 1% error in the weights fails).
 static void test_exact_query(void) {
-    const attn_isa isas[2] = {ATTN_ISA_AVX512_BF16, ATTN_ISA_AMX_BF16};
+    const attn_isa isas[3] = {ATTN_ISA_AVX2, ATTN_ISA_AVX512_BF16, ATTN_ISA_AMX_BF16};
     uint32_t seed = 41;
     int ran = 0;
-    for (int ii = 0; ii < 2; ii++)
+    for (int ii = 0; ii < 3; ii++)
         for (int t = 0; t < 2 && attn_isa_supported(isas[ii]); t++) {
             const attn_dtype dt = qtypes[t];
             attn_ctx *ctx = test_ctx(isas[ii], 2);
@@ -660,7 +668,7 @@ static void test_exact_query(void) {
             attn_ctx_free(ctx);
             ran++;
         }
-    if (ran == 0) SKIP("this CPU has no AVX512-BF16");
+    if (ran == 0) SKIP("this CPU has no AVX2");
 }
 
 // The module's cached forward on a quantised cache follows the float forward within the bound's

@@ -70,8 +70,9 @@ static double block_head_max(attn_dtype dt, const void *x, const int64_t st[4], 
 }
 
 // The reference on the cache's own storage (the same rounded values), relative error of `out`;
-// with q_rounded (Q8_0 and Q4_0 on the bf16 ISAs: the query rounded to int8), the error beyond
-// attn.h's bound for that rounding.
+// with q_rounded (Q8_0 and Q4_0 on attn_isa_int8_query's ISAs: the query rounded to int8), the
+// error beyond attn.h's bound for that rounding (the bf16 ISAs', whose weights' rounding the AVX2
+// kernels do not add: a bound for both).
 static attn_status check(const attn_sdpa_desc *d, attn_kv_cache *kc, const float *q, const float *out, bool q_rounded,
                          double *worst) {
     attn_ctx_params p;
@@ -180,7 +181,7 @@ int cmd_bench_decode(int argc, char **argv) {
         goto done;
     }
     double check_err = -1;
-    const bool q_rounded = (dt == ATTN_DTYPE_Q8_0 || dt == ATTN_DTYPE_Q4_0) && attn_isa_bf16_dot(attn_ctx_isa(ctx));
+    const bool q_rounded = (dt == ATTN_DTYPE_Q8_0 || dt == ATTN_DTYPE_Q4_0) && attn_isa_int8_query(attn_ctx_isa(ctx));
     if (!no_check) {
         if ((st = check(&d, kc, q, out, q_rounded, &check_err)) != ATTN_OK) {
             cli_error("bench", EXIT_FAILURE_RUN, "reference check: %s", attn_strerror(st));

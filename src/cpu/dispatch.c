@@ -145,6 +145,8 @@ const char *attn_isa_name(attn_isa isa) {
 
 int attn_isa_bf16_dot(attn_isa isa) { return isa == ATTN_ISA_AVX512_BF16 || isa == ATTN_ISA_AMX_BF16; }
 
+int attn_isa_int8_query(attn_isa isa) { return isa == ATTN_ISA_AVX2 || attn_isa_bf16_dot(isa); }
+
 attn_isa attn_ctx_isa(const attn_ctx *ctx) {
     if (ctx == NULL) return ATTN_ISA_AUTO;
     return ctx->kernels != NULL ? ctx->kernels->isa : ATTN_ISA_REF;

@@ -453,6 +453,7 @@ const attn__kernels attn__kernels_avx2 = {
     .half_to_f32 = half_to_f32_avx2,
     .qk_rows_q = attn__qk_rows_q_avx2,
     .pv_rows_q = attn__pv_rows_q_avx2,
+    .prep_q = attn__prep_q_avx2,
     .dequant_rows = attn__dequant_rows_avx2,
     .philox_lanes = attn__philox_lanes_avx2,
 };

@@ -1,39 +1,58 @@
-// quant_kernels_avx2.c - the decode row kernels of cpu.h (qk_rows_q, pv_rows_q, dequant_rows) for
-// Q8_0 and Q4_0 keys and values, with AVX2, FMA3 and F16C (compiled with those flags for this file
-// only). The AVX2 and AVX-512 tables both use them. The block helpers and the loops around the
-// kernels (per element type, rows and key tiles) are quant_rows.h's, shared with the AVX-512 file.
+// quant_kernels_avx2.c - the decode row kernels of cpu.h (prep_q, qk_rows_q, pv_rows_q,
+// dequant_rows) for Q8_0 and Q4_0 keys and values in the AVX2 table, with AVX2, FMA3 and F16C
+// (compiled with those flags for this file only). The block helpers and the loops around pv_rows
+// (per element type, rows and key tiles) are quant_rows.h's, shared with the AVX-512 files.
 //
-// Blocks are dequantised in registers as they are loaded: 8 quants at a time are widened to int32
-// and converted to float (Q4_0: the low nibbles of the block's 16 bytes are its values 0..15, the
-// high ones 16..31). qk_rows multiplies them by the block's scale d (exact: q * d needs at most 19
-// bits), so its products and sums are those of the float kernels on the dequantised values; it runs
-// four query rows against two keys per pass (8 accumulators, each key vector loaded once for the
-// four rows; the half-precision kernel's three keys leave no register for the scales). pv_rows instead folds d
-// into the weights: per block of 32 columns it first forms each key's four weights times the
-// block's scale (p * d, one rounding more than p * (q * d); the error bound of attn.h allows it),
-// then runs the block's two halves of 16 columns over the keys with unscaled values (8
-// accumulators: four rows, two vectors), which takes the scale's conversion and two multiplies
-// out of every key's step.
+// q.k runs on 8-bit products, as the bf16 tables' (quant_kernels_avx512bf16.c, whose step layout
+// quant_steps.h holds for both) and as ggml rounds its query for these types: prep_q rounds each
+// query row to int8 per block of 32 (d_q = max|q| / 127), laid out per step; two keys go at once,
+// each block's quants of both keys loaded into the two 128-bit lanes and transposed by dwords
+// (Q4_0) or qwords (Q8_0) into step vectors whose lane 4l + c holds key l's bytes for column c (one
+// block's), so that the lanes need no sums across them until the row's end; vpmaddubsw (unsigned
+// times signed bytes, pairs summed) meets them with the query bytes: Q4_0's nibbles n as they are
+// (the -8 of n - 8 as -8 times the column's query sum), Q8_0's quants as |q| against the query
+// bytes given q's sign; one conversion and one multiply by d_k d_q a row serve two keys and four
+// columns. A query holding a NaN or an infinity stays float (prep_header) and goes to the float
+// q.k below (8 quants at a time widened to int32, converted to float and multiplied by the
+// block's scale d: q * d is exact, so its products are those of the float kernels on the
+// dequantised values; four query rows against two keys a pass). attn.h gives the bound of the
+// query's rounding (attn_isa_int8_query); a block with an infinite or NaN scale makes its key's
+// score NaN (d_k + (d_k - d_k)).
+//
+// pv_rows folds d into the weights: per block of 32 columns it first forms each key's four weights
+// times the block's scale (p * d, one rounding more than p * (q * d); the error bound of attn.h
+// allows it), then runs the block's two halves of 16 columns over the keys with the quants as floats
+// (8 accumulators: four rows, two vectors; Q4_0's n - 8 as the sum over n less 8 times the sum of
+// the weights), which takes the scale's conversion and two multiplies out of every key's step.
 //
 // Prefetch (see decode_prefetch.h): qk_rows requests each key row's lines DECODE_PF_BYTES ahead as
 // it reads the row; each pv_rows pass requests the half-block it reads, FLASH_BC rows on.
 #include <immintrin.h>
+#include <stdbool.h>
+#include <string.h>
 
 #include "cpu/cpu.h"
 #include "cpu/x86/decode_prefetch.h"
 #include "cpu/x86/quant_kernels.h"
 #include "cpu/x86/quant_rows.h"
+#include "cpu/x86/quant_steps.h"
 #include "half.h"
 
 // The scale d of the block at b, broadcast: as float16 (vpbroadcastw), then converted in the vector.
 INLINE __m256 scale_of(const uint8_t *b) { return _mm256_cvtph_ps(_mm_set1_epi16((short)scale_bits(b))); }
 
+// The quants 8c .. 8c + 7 (c < 4) of the block at b as floats: Q8_0's q, Q4_0's nibbles n (the
+// values without the -8 of n - 8).
+INLINE __m256 load8_quants(attn_dtype dt, const uint8_t *b, int c) {
+    if (dt == ATTN_DTYPE_Q8_0) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * c))));
+    const __m256i n = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * (c % 2))));
+    return _mm256_cvtepi32_ps(c < 2 ? _mm256_and_si256(n, _mm256_set1_epi32(15)) : _mm256_srli_epi32(n, 4));
+}
+
 // Values 8c .. 8c + 7 (c < 4) of the block at b as floats, not yet multiplied by its scale.
 INLINE __m256 load8_unscaled(attn_dtype dt, const uint8_t *b, int c) {
-    if (dt == ATTN_DTYPE_Q8_0) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * c))));
-    __m256i n = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * (c % 2))));
-    n = c < 2 ? _mm256_and_si256(n, _mm256_set1_epi32(15)) : _mm256_srli_epi32(n, 4);
-    return _mm256_cvtepi32_ps(_mm256_sub_epi32(n, _mm256_set1_epi32(8)));
+    const __m256 x = load8_quants(dt, b, c);
+    return dt == ATTN_DTYPE_Q4_0 ? _mm256_sub_ps(x, _mm256_set1_ps(8.0f)) : x;
 }
 
 // Values 8c .. 8c + 7 (c < 4) of the block at b, its scale d broadcast in `d`, as floats.
@@ -94,22 +113,212 @@ INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int
     }
 }
 
+// ---- q.k on 8-bit products --------------------------------------------------------------------
+
+// One query row's group as prep_q lays it out (quant_steps.h's layout, two keys a vector: key l in
+// lanes 4l .. 4l + 3), each field repeated in both keys' 128-bit lanes: q[s] the 16 query bytes of
+// step s (byte 4c + i: the value that column c's byte i meets; Q8_0 uses steps 0-3), init[c] -8
+// times the sum of column c's bytes over the steps (Q4_0, for the n of n - 8; Q8_0 0), dq[c] the
+// scale of column c's block. Blocks past the row's end are 0.
+typedef struct q_group {
+    int8_t q[8][32];
+    int32_t init[8];
+    float dq[8];
+} __attribute__((aligned(32))) q_group;
+
+// One block of 32 query values rounded to int8: d = max|x| / 127 and q = x * (127 / max|x|) to
+// nearest even; a block whose largest magnitude is below 2^-96 becomes zeros. The values are finite.
+static void quantise_block(const float *x, int8_t q[32], float *dq) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v[4], m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(x + 8 * i), m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    const bool ok = amax >= 0x1p-96f;
+    *dq = ok ? amax / 127.0f : 0.0f;
+    const __m256 id = _mm256_set1_ps(ok ? 127.0f / amax : 0.0f);
+    __m256i n[4];
+    for (int i = 0; i < 4; i++)
+        n[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    // the packs interleave the 128-bit lanes: dwords 0, 4, 1, 5, ... after both
+    const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
+    _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+void attn__prep_q_avx2(attn_dtype dt, const float *q, int rows, int D, void *out) {
+    prep_header *h = out;
+    h->quantised = !attn__f32_any_nonfinite(q, (int64_t)rows * D);
+    if (!h->quantised) {
+        memcpy(h + 1, q, (size_t)rows * (size_t)D * sizeof(float));
+        return;
+    }
+    const int G = groups_of(dt, D), nb = D / ATTN_QBLOCK, per = qk_blocks(dt);
+    q_group *qg = (q_group *)(h + 1);
+    for (int r = 0; r < rows; r++)
+        for (int g = 0; g < G; g++) {
+            q_group *p = qg + (int64_t)r * G + g;
+            int8_t v[4][32] = {{0}}; // the group's blocks, rounded
+            float d[4] = {0};
+            for (int b = 0; b < per && per * g + b < nb; b++)
+                quantise_block(q + (int64_t)r * D + (int64_t)(per * g + b) * ATTN_QBLOCK, v[b], &d[b]);
+            int32_t step[8][4], init[4];
+            float dq[4];
+            group_query(dt, (const int8_t(*)[32])v, d, step, init, dq);
+            for (int c = 0; c < 4; c++) init[c] *= dt == ATTN_DTYPE_Q4_0 ? -8 : 0;
+            for (int s = 0; s < qk_steps(dt); s++) // the same bytes for both keys' lanes
+                _mm256_store_si256((__m256i *)p->q[s], _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)step[s])));
+            _mm256_store_si256((__m256i *)p->init, _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)init)));
+            _mm256_store_ps(p->dq, _mm256_broadcast_ps((const __m128 *)dq));
+        }
+}
+
+// d + (d - d): NaN for an infinite or NaN scale d, else d.
+INLINE __m256 nan_if_infinite(__m256 d) { return _mm256_add_ps(d, _mm256_sub_ps(d, d)); }
+
+// 16 bytes of key 0 at a and of key 1 at b (zeros where a is NULL): a vector with each in its lane.
+INLINE __m256i load_pair(const uint8_t *a, const uint8_t *b) {
+    if (a == NULL) return _mm256_setzero_si256();
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                                   _mm_loadu_si128((const __m128i *)b), 1);
+}
+
+// The scales of the two keys' blocks, lane 4l + c: key l's block of column c (0 past the row's end;
+// NaN for an infinite or NaN scale), as floats.
+INLINE __m256 pair_scales(const attn_dtype dt, const uint8_t *x0, const uint8_t *x1, int blocks) {
+    uint64_t w[2] = {0, 0};
+    for (int c = 0; c < 4; c++) {
+        const int b = column_block(dt, c);
+        if (b < blocks)
+            w[0] |= (uint64_t)scale_bits(x0 + b * block_bytes(dt)) << (16 * c),
+            w[1] |= (uint64_t)scale_bits(x1 + b * block_bytes(dt)) << (16 * c);
+    }
+    return nan_if_infinite(_mm256_cvtph_ps(_mm_set_epi64x((long long)w[1], (long long)w[0])));
+}
+
+// Two keys' groups (x0, x1: the group's first block; `blocks` of them in the row) against four
+// query rows' groups p[r]: acc[r] lane 4l + c gains row r's products with key l over column c.
+// Each block's 16 quant bytes (Q4_0) or two halves (Q8_0) of both keys are loaded into the two
+// lanes, transposed by dwords (or qwords) into the step vectors, split into nibbles (Q4_0) or
+// taken as |q| (Q8_0, the query bytes given q's sign: vpmaddubsw multiplies unsigned by signed
+// bytes); each row's steps meet them with its query bytes in vpmaddubsw, whose pair sums Q4_0
+// adds in 16 bits over its 8 steps (at most 8 * 2 * 15 * 127 = 30480) and Q8_0 in 32 after
+// vpmaddwd (a pair reaches 2 * 128 * 127); then one conversion and one multiply by d_k d_q a row.
+INLINE void keys_group(const attn_dtype dt, const uint8_t *x0, const uint8_t *x1, int blocks, const q_group *const p[4],
+                       __m256 acc[4]) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int bb = block_bytes(dt);
+    __m256i k[8], st[4];
+    if (dt == ATTN_DTYPE_Q4_0) {
+        __m256i x[4];
+        for (int b = 0; b < 4; b++) x[b] = load_pair(b < blocks ? x0 + b * bb + 2 : NULL, x1 + b * bb + 2);
+        const __m256i t01l = _mm256_unpacklo_epi32(x[0], x[1]), t01h = _mm256_unpackhi_epi32(x[0], x[1]);
+        const __m256i t23l = _mm256_unpacklo_epi32(x[2], x[3]), t23h = _mm256_unpackhi_epi32(x[2], x[3]);
+        st[0] = _mm256_unpacklo_epi64(t01l, t23l), st[1] = _mm256_unpackhi_epi64(t01l, t23l);
+        st[2] = _mm256_unpacklo_epi64(t01h, t23h), st[3] = _mm256_unpackhi_epi64(t01h, t23h);
+        const __m256i m4 = _mm256_set1_epi8(0x0F);
+        for (int t = 0; t < 4; t++) k[t] = _mm256_and_si256(st[t], m4), k[4 + t] = _mm256_and_si256(_mm256_srli_epi16(st[t], 4), m4);
+    } else {
+        __m256i lo[2], hi[2];
+        for (int b = 0; b < 2; b++) {
+            lo[b] = load_pair(b < blocks ? x0 + b * bb + 2 : NULL, x1 + b * bb + 2);
+            hi[b] = load_pair(b < blocks ? x0 + b * bb + 18 : NULL, x1 + b * bb + 18);
+        }
+        st[0] = _mm256_unpacklo_epi64(lo[0], lo[1]), st[1] = _mm256_unpackhi_epi64(lo[0], lo[1]);
+        st[2] = _mm256_unpacklo_epi64(hi[0], hi[1]), st[3] = _mm256_unpackhi_epi64(hi[0], hi[1]);
+        for (int t = 0; t < 4; t++) k[t] = _mm256_abs_epi8(st[t]);
+    }
+    const __m256 dk = pair_scales(dt, x0, x1, blocks);
+    for (int r = 0; r < 4; r++) {
+        __m256i i32;
+        if (dt == ATTN_DTYPE_Q4_0) {
+            __m256i a = _mm256_maddubs_epi16(k[0], _mm256_load_si256((const __m256i *)p[r]->q[0]));
+            for (int s = 1; s < 8; s++)
+                a = _mm256_add_epi16(a, _mm256_maddubs_epi16(k[s], _mm256_load_si256((const __m256i *)p[r]->q[s])));
+            i32 = _mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_load_si256((const __m256i *)p[r]->init));
+        } else {
+            i32 = _mm256_setzero_si256();
+            for (int t = 0; t < 4; t++) {
+                const __m256i qs = _mm256_sign_epi8(_mm256_load_si256((const __m256i *)p[r]->q[t]), st[t]);
+                i32 = _mm256_add_epi32(i32, _mm256_madd_epi16(_mm256_maddubs_epi16(k[t], qs), ones));
+            }
+        }
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_mul_ps(dk, _mm256_load_ps(p[r]->dq)), acc[r]);
+    }
+}
+
+// The scores of nr rows (lane r) of nk keys (key c in half c of h) at s[c s_j + r s_r].
+INLINE void store_pair(__m256 h, float *s, int64_t s_r, int64_t s_j, int nr, int nk) {
+    if (s_r == 1 && nr == 4) { // the decode tiles' layout: a key's rows side by side
+        _mm_storeu_ps(s, _mm256_castps256_ps128(h));
+        if (nk > 1) _mm_storeu_ps(s + s_j, _mm256_extractf128_ps(h, 1));
+        return;
+    }
+    if (s_r == 1) {
+        const __m128i m = _mm_cmpgt_epi32(_mm_set1_epi32(nr), _mm_setr_epi32(0, 1, 2, 3));
+        _mm_maskstore_ps(s, m, _mm256_castps256_ps128(h));
+        if (nk > 1) _mm_maskstore_ps(s + s_j, m, _mm256_extractf128_ps(h, 1));
+        return;
+    }
+    float out[8];
+    _mm256_storeu_ps(out, h);
+    for (int c = 0; c < nk; c++)
+        for (int r = 0; r < nr; r++) s[c * s_j + r * s_r] = out[4 * c + r];
+}
+
+// q.k of the prepared rows (G groups a row) against nj keys, two keys a pass (a tile's odd last key
+// repeats).
+INLINE void qk_rows_int8(const attn_dtype dt, const void *k, int64_t ks_row, int nj, const int D, const int G,
+                         const q_group *qg, int rows, float *s, int64_t s_r, int64_t s_j) {
+    const int nb = D / ATTN_QBLOCK, per = qk_blocks(dt), row_bytes = nb * block_bytes(dt);
+    for (int r0 = 0; r0 < rows; r0 += 4) {
+        const int nr = rows - r0 < 4 ? rows - r0 : 4;
+        const q_group *qr[4]; // missing rows repeat the first
+        for (int r = 0; r < 4; r++) qr[r] = qg + (int64_t)(r0 + (r < nr ? r : 0)) * G;
+        for (int j = 0; j < nj; j += 2) {
+            const uint8_t *x0 = block_at(k, dt, (int64_t)j * ks_row);
+            const uint8_t *x1 = block_at(k, dt, (int64_t)(j + 1 < nj ? j + 1 : nj - 1) * ks_row);
+            if (r0 == 0) prefetch_row(x0, row_bytes), prefetch_row(x1, row_bytes);
+            __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+            for (int g = 0; g < G; g++) {
+                const int64_t off = (int64_t)g * per * block_bytes(dt);
+                const q_group *const pg[4] = {qr[0] + g, qr[1] + g, qr[2] + g, qr[3] + g};
+                keys_group(dt, x0 + off, x1 + off, nb - per * g, pg, acc);
+            }
+            // acc[r] lane 4l + c -> the sum over c: lane r of key 0 (low half), of key 1 (high half)
+            const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+            store_pair(h, s + (int64_t)r0 * s_r + (int64_t)j * s_j, s_r, s_j, nr, nj - j < 2 ? nj - j : 2);
+        }
+    }
+}
+
+// qk_rows_int8 with D (and so the group count) a constant for D = 64 and 128, else read at run time.
+INLINE void qk_rows_groups(const attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const q_group *qg,
+                           int rows, float *s, int64_t s_r, int64_t s_j) {
+    if (D == 128) qk_rows_int8(dt, k, ks_row, nj, 128, groups_of(dt, 128), qg, rows, s, s_r, s_j);
+    else if (D == 64) qk_rows_int8(dt, k, ks_row, nj, 64, groups_of(dt, 64), qg, rows, s, s_r, s_j);
+    else qk_rows_int8(dt, k, ks_row, nj, D, groups_of(dt, D), qg, rows, s, s_r, s_j);
+}
+
 void attn__qk_rows_q_avx2(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const void *q, int rows,
                           float *s, int64_t s_r, int64_t s_j) {
-    qk_rows_q(dt, k, ks_row, nj, D, q, rows, s, s_r, s_j);
+    const prep_header *h = q;
+    if (!h->quantised) qk_rows_q(dt, k, ks_row, nj, D, (const float *)(h + 1), rows, s, s_r, s_j);
+    else if (dt == ATTN_DTYPE_Q4_0) qk_rows_groups(ATTN_DTYPE_Q4_0, k, ks_row, nj, D, (const q_group *)(h + 1), rows, s, s_r, s_j);
+    else qk_rows_groups(ATTN_DTYPE_Q8_0, k, ks_row, nj, D, (const q_group *)(h + 1), rows, s, s_r, s_j);
 }
 
 // Half h (columns 16h .. 16h + 15) of one block of the value rows (b: key 0's block, the next
 // key's row_bytes on) for four rows with the weights w (the block's scale folded in): per key two
-// vectors of values and the four weights broadcast, eight accumulators, left in c[0..7] (row r:
-// c[2r], c[2r + 1]).
+// vectors of quants (load8_quants: Q4_0's -8 is pv_rows_impl's) and the four weights broadcast,
+// eight accumulators, left in c[0..7] (row r: c[2r], c[2r + 1]).
 INLINE void pv_half(const attn_dtype dt, const int h, const uint8_t *b, int64_t row_bytes, int nj,
                     const float (*w)[4], bool prefetch, __m256 c[8]) {
     __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
     const int64_t pf = FLASH_BC * row_bytes; // the same columns, a tile on
     for (int j = 0; j < nj; j++, b += row_bytes) {
         if (prefetch) _mm_prefetch((const char *)b + pf + 2 + 16 * h, _MM_HINT_T1);
-        const __m256 v0 = load8_unscaled(dt, b, 2 * h), v1 = load8_unscaled(dt, b, 2 * h + 1);
+        const __m256 v0 = load8_quants(dt, b, 2 * h), v1 = load8_quants(dt, b, 2 * h + 1);
         const __m256 w0 = _mm256_broadcast_ss(&w[j][0]), w1 = _mm256_broadcast_ss(&w[j][1]),
                      w2 = _mm256_broadcast_ss(&w[j][2]), w3 = _mm256_broadcast_ss(&w[j][3]);
         c0 = _mm256_fmadd_ps(w0, v0, c0), c1 = _mm256_fmadd_ps(w0, v1, c1);
@@ -122,23 +331,31 @@ INLINE void pv_half(const attn_dtype dt, const int h, const uint8_t *b, int64_t 
 
 // Four rows (pp: their weights in the tile, pp[0..3], advancing by ldp) and nj <= PV_KEYS keys, a
 // block of 32 columns at a time: first each key's four weights times the block's scale (w), then
-// the block's two halves; the sums are added to the rows of o, scaled by alpha when `scale_o`.
+// the block's two halves on the quants; Q4_0's n - 8 as the sum over the nibbles n less 8 times
+// the sum of the weights (ws); the sums are added to the rows of o, scaled by alpha when `scale_o`.
 INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pp,
                          int64_t ldp, const float *alpha, bool scale_o, int nr, bool prefetch, float *o, int64_t ldo) {
     const int64_t row_bytes = vs_row / ATTN_QBLOCK * block_bytes(dt);
     float w[PV_KEYS][4] __attribute__((aligned(16)));
     for (int e = 0; e < Dv; e += ATTN_QBLOCK) {
         const uint8_t *b = block_at(v, dt, e);
-        for (int j = 0; j < nj; j++)
-            _mm_store_ps(w[j], _mm_mul_ps(_mm_loadu_ps(pp + (int64_t)j * ldp), _mm_set1_ps(scale_f(b + (int64_t)j * row_bytes))));
+        __m128 ws = _mm_setzero_ps();
+        for (int j = 0; j < nj; j++) {
+            const __m128 x = _mm_mul_ps(_mm_loadu_ps(pp + (int64_t)j * ldp), _mm_set1_ps(scale_f(b + (int64_t)j * row_bytes)));
+            _mm_store_ps(w[j], x);
+            ws = _mm_add_ps(ws, x);
+        }
+        float wsum[4];
+        _mm_storeu_ps(wsum, _mm_mul_ps(ws, _mm_set1_ps(dt == ATTN_DTYPE_Q4_0 ? 8.0f : 0.0f)));
         __m256 c[16];
         pv_half(dt, 0, b, row_bytes, nj, (const float (*)[4])w, prefetch, c);
         pv_half(dt, 1, b, row_bytes, nj, (const float (*)[4])w, prefetch, c + 8);
         for (int r = 0; r < nr; r++) {
             float *orow = o + (int64_t)r * ldo + e;
-            const __m256 a = _mm256_set1_ps(scale_o ? alpha[r] : 1.0f);
+            const __m256 a = _mm256_set1_ps(scale_o ? alpha[r] : 1.0f), m = _mm256_set1_ps(wsum[r]);
             for (int x = 0; x < 4; x++) // column vector x: half x / 2, its vector x % 2
-                _mm256_storeu_ps(orow + 8 * x, _mm256_fmadd_ps(a, _mm256_loadu_ps(orow + 8 * x), c[8 * (x / 2) + 2 * r + x % 2]));
+                _mm256_storeu_ps(orow + 8 * x, _mm256_fmadd_ps(a, _mm256_loadu_ps(orow + 8 * x),
+                                                               _mm256_sub_ps(c[8 * (x / 2) + 2 * r + x % 2], m)));
         }
     }
 }

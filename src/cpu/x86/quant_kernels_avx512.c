@@ -1,7 +1,8 @@
 // quant_kernels_avx512.c - the decode row kernels of cpu.h (qk_rows_q, pv_rows_q, dequant_rows) for
 // Q8_0 and Q4_0 keys and values with AVX-512F and F16C (16 floats a register; compiled with those
-// flags for this file only), in both AVX-512 tables. The arithmetic of quant_kernels_avx2.c at
-// twice the width, with the 32 registers used for more keys a pass:
+// flags for this file only), in the AVX-512 table (and as the float path of the bf16 tables). The
+// arithmetic of quant_kernels_avx2.c's float kernels at twice the width, with the 32 registers
+// used for more keys a pass:
 //  - a block's 32 quants are two vectors of 16, times the block's scale d (load_block_scaled). Q8_0:
 //    sign-extended to int32, converted, multiplied by d. Q4_0: the low nibbles of its 16 bytes are
 //    values 0-15, the high ones 16-31; each nibble n becomes (n - 8) d by one permute of a 16-entry

@@ -37,29 +37,15 @@
 #include "cpu/x86/decode_prefetch.h"
 #include "cpu/x86/quant_kernels.h"
 #include "cpu/x86/quant_rows.h"
+#include "cpu/x86/quant_steps.h"
 #include "cpu/x86/sum512.h"
 #include "half.h"
 
-// Per type, the blocks of a row that fill the 64-byte vectors of one q.k step (a "group"): Q4_0 4
-// (128 values: 64 bytes holding a low and a high nibble each), Q8_0 2 (64 values). A block's bytes:
-// quant_block.h's block_bytes.
-INLINE int qk_blocks(attn_dtype dt) { return dt == ATTN_DTYPE_Q8_0 ? 2 : 4; }
 #define PV_BLOCKS 4 // blocks whose weights pv_rows pairs at once
 
-// The lanes of a q.k step: four keys l, four "columns" c each, lane 4l + c (key l in 128-bit lane l).
-// A group's 64 quant bytes are 16 dwords of 4 bytes; step t (0..3) puts dword key_dword(t, c) of
-// key l in lane 4l + c, so that every lane meets the same query bytes for all four keys: Q4_0,
-// column c is block c and step t its dword t (values 4t.. in the low nibbles, 16 + 4t.. in the high
-// ones); Q8_0, column c is block c / 2, dword 2t + c % 2 (values 4(2t + c % 2)..). A lane sums its
-// column's products over the steps, so no lane holds two blocks and no sums cross lanes until the
-// keys' scores are complete.
-INLINE int key_dword(attn_dtype dt, int t, int c) { return dt == ATTN_DTYPE_Q8_0 ? 8 * (c / 2) + 2 * t + c % 2 : 4 * c + t; }
-INLINE int column_block(attn_dtype dt, int c) { return dt == ATTN_DTYPE_Q8_0 ? c / 2 : c; }
-// vpdpbusd steps a row and group: Q4_0 8 (the low nibbles' four, then the high ones'), Q8_0 4
-INLINE int qk_steps(attn_dtype dt) { return dt == ATTN_DTYPE_Q8_0 ? 4 : 8; }
-
-// One query row's group as prep_q lays it out, each field repeated in the four keys' 128-bit
-// quarters (lane or byte offset 16l): q[s] holds the 16 int8 query bytes of step s (byte 4c + i: the
+// One query row's group as prep_q lays it out (quant_steps.h's layout, four keys a vector: key l
+// in lanes 4l .. 4l + 3), each field repeated in the four keys' 128-bit quarters (lane or byte
+// offset 16l): q[s] holds the 16 int8 query bytes of step s (byte 4c + i: the
 // value that column c's byte i meets; Q8_0 uses steps 0-3), init[c] -8 (Q4_0) or -128 (Q8_0) times
 // the sum of column c's bytes over the steps (vpdpbusd multiplies unsigned bytes: the nibbles n for
 // n - 8, the Q8_0 quants q flipped to q + 128), dq[c] the scale of column c's block. Blocks past the
@@ -69,8 +55,6 @@ typedef struct q_group {
     int32_t init[16];
     float dq[16];
 } __attribute__((aligned(64))) q_group;
-
-INLINE int groups_of(attn_dtype dt, int D) { return (D / ATTN_QBLOCK + qk_blocks(dt) - 1) / qk_blocks(dt); }
 
 // The blocks of a group of at most `per` blocks starting at block first of a row of nb, and the byte
 // masks of its two 64-byte loads.
@@ -104,14 +88,9 @@ static void quantise_block(const float *x, int8_t q[32], float *dq) {
     _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(i1));
 }
 
-// The prepared query: a header saying which form follows, then the rows. A query holding a NaN or
-// an infinity keeps its float rows (the float kernel then gives the float kernels' results: an
-// infinite element makes each score +-inf or NaN, as the reference's).
-typedef struct prep_header {
-    int32_t quantised;
-    uint8_t pad[60];
-} prep_header;
-
+// The prepared query: a header saying which form follows (quant_rows.h), then the rows. A query
+// holding a NaN or an infinity keeps its float rows (the float kernel then gives the float kernels'
+// results: an infinite element makes each score +-inf or NaN, as the reference's).
 void attn__prep_q_avx512bf16(attn_dtype dt, const float *q, int rows, int D, void *out) {
     prep_header *h = out;
     h->quantised = !attn__f32_any_nonfinite(q, (int64_t)rows * D);
@@ -119,7 +98,7 @@ void attn__prep_q_avx512bf16(attn_dtype dt, const float *q, int rows, int D, voi
         memcpy(h + 1, q, (size_t)rows * (size_t)D * sizeof(float));
         return;
     }
-    const int G = groups_of(dt, D), nb = D / ATTN_QBLOCK, per = qk_blocks(dt), dwords = ATTN_QBLOCK / 4;
+    const int G = groups_of(dt, D), nb = D / ATTN_QBLOCK, per = qk_blocks(dt);
     q_group *qg = (q_group *)(h + 1);
     for (int r = 0; r < rows; r++)
         for (int g = 0; g < G; g++) {
@@ -128,19 +107,10 @@ void attn__prep_q_avx512bf16(attn_dtype dt, const float *q, int rows, int D, voi
             float d[4] = {0};
             for (int b = 0; b < span_of(dt, nb, per * g, per).blocks; b++)
                 quantise_block(q + (int64_t)r * D + (int64_t)(per * g + b) * ATTN_QBLOCK, v[b], &d[b]);
-            int32_t step[8][4], init[4]; // step s's bytes 4c..4c+3: a dword of column c's block
+            int32_t step[8][4], init[4];
             float dq[4];
-            for (int c = 0; c < 4; c++) {
-                const int blk = column_block(dt, c);
-                int32_t sum = 0;
-                for (int s = 0; s < qk_steps(dt); s++) {
-                    // Q4_0's step s reads value dword s of its block (the high nibbles' from s = 4 on)
-                    const int dw = dt == ATTN_DTYPE_Q4_0 ? s : key_dword(dt, s, c) % dwords;
-                    memcpy(&step[s][c], v[blk] + 4 * dw, 4);
-                    for (int i = 0; i < 4; i++) sum += v[blk][4 * dw + i];
-                }
-                init[c] = (dt == ATTN_DTYPE_Q4_0 ? -8 : -128) * sum, dq[c] = d[blk];
-            }
+            group_query(dt, (const int8_t(*)[32])v, d, step, init, dq);
+            for (int c = 0; c < 4; c++) init[c] *= dt == ATTN_DTYPE_Q4_0 ? -8 : -128;
             for (int s = 0; s < qk_steps(dt); s++) // the same bytes for the four keys' quarters
                 _mm512_store_si512(p->q[s], _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)step[s])));
             _mm512_store_si512(p->init, _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)init)));

@@ -1,0 +1,57 @@
+// quant_steps.h - the layout of the int8 q.k that the decode kernels of quant_kernels_avx2.c (the
+// AVX2 table: vpmaddubsw, two keys a vector) and quant_kernels_avx512bf16.c (the bf16 tables:
+// vpdpbusd, four keys a vector) share: a row's blocks in groups, each group's quant bytes as step
+// vectors whose 128-bit lanes hold one key each, and the query bytes prep_q lays out to meet them.
+// Include after quant_block.h.
+#ifndef ATTN_CPU_X86_QUANT_STEPS_H
+#define ATTN_CPU_X86_QUANT_STEPS_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "attn.h"
+#include "cpu/x86/quant_block.h"
+
+// The start of what prep_q writes: whether the rows that follow are in the int8 form of the file
+// or are the float rows (a query holding a NaN or an infinity keeps them, for the float kernel,
+// whose scores match the reference's in which keys they make infinite).
+typedef struct prep_header {
+    int32_t quantised;
+    uint8_t pad[60];
+} prep_header;
+
+// Per type, the blocks of a row that fill one key's 64 bytes of a q.k group: Q4_0 4 (128 values:
+// 64 bytes holding a low and a high nibble each), Q8_0 2 (64 values).
+INLINE int qk_blocks(attn_dtype dt) { return dt == ATTN_DTYPE_Q8_0 ? 2 : 4; }
+
+INLINE int groups_of(attn_dtype dt, int D) { return (D / ATTN_QBLOCK + qk_blocks(dt) - 1) / qk_blocks(dt); }
+
+// The lanes of a q.k step within a key's 128 bits: four "columns" c. A group's 64 quant bytes are
+// 16 dwords of 4 bytes; step t (0..3) puts dword key_dword(t, c) of the key in column c, so that a
+// column meets the same query bytes for every key: Q4_0, column c is block c and step t its dword t
+// (values 4t.. in the low nibbles, 16 + 4t.. in the high ones); Q8_0, column c is block c / 2,
+// dword 2t + c % 2 (values 4(2t + c % 2)..). A column sums its products over the steps, so no lane
+// holds two blocks and no sums cross lanes until the keys' scores are complete.
+INLINE int key_dword(attn_dtype dt, int t, int c) { return dt == ATTN_DTYPE_Q8_0 ? 8 * (c / 2) + 2 * t + c % 2 : 4 * c + t; }
+INLINE int column_block(attn_dtype dt, int c) { return dt == ATTN_DTYPE_Q8_0 ? c / 2 : c; }
+// Steps a row and group: Q4_0 8 (the low nibbles' four, then the high ones'), Q8_0 4.
+INLINE int qk_steps(attn_dtype dt) { return dt == ATTN_DTYPE_Q8_0 ? 4 : 8; }
+
+// One query row's group from its blocks rounded to int8 (v[b], scale d[b]; blocks past the row's
+// end all 0): step[s][c] the 4 query bytes that column c's key dword meets at step s, sum[c] the
+// sum of column c's bytes over the steps, dq[c] the scale of column c's block.
+static inline void group_query(attn_dtype dt, const int8_t v[4][32], const float d[4], int32_t step[8][4],
+                               int32_t sum[4], float dq[4]) {
+    for (int c = 0; c < 4; c++) {
+        const int blk = column_block(dt, c);
+        sum[c] = 0, dq[c] = d[blk];
+        for (int s = 0; s < qk_steps(dt); s++) {
+            // Q4_0's step s reads value dword s of its block (the high nibbles' from s = 4 on)
+            const int dw = dt == ATTN_DTYPE_Q4_0 ? s : key_dword(dt, s, c) % (ATTN_QBLOCK / 4);
+            memcpy(&step[s][c], v[blk] + 4 * dw, 4);
+            for (int i = 0; i < 4; i++) sum[c] += v[blk][4 * dw + i];
+        }
+    }
+}
+
+#endif
