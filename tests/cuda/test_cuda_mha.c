@@ -35,6 +35,18 @@ static void close_to(const char *what, const float *got, const float *want, int6
     harness_checks++;
 }
 
+// A CPU module of cfg (its parameters drawn by a context seeded with seed) and its copy on the GPU;
+// without cuBLASLt the case is skipped.
+static void module_pair(attn_cuda_ctx *g, const attn_mha_config *cfg, uint64_t seed, attn_ctx **cpu, attn_mha **host,
+                        attn_cuda_mha **dev) {
+    ASSERT_OK(attn_ctx_create(NULL, cpu));
+    attn_generator_seed(attn_ctx_generator(*cpu), seed);
+    ASSERT_OK(attn_mha_create(*cpu, cfg, host));
+    const attn_status cs = attn_cuda_mha_create(g, *host, dev);
+    if (cs == ATTN_ERR_UNSUPPORTED) SKIP("%s", attn_cuda_ctx_last_error(g));
+    ASSERT_OK(cs);
+}
+
 static void run_case(attn_cuda_ctx *g, attn_dtype dt, int use_dropout) {
     const uint64_t seed = rng;
     const int64_t H = 1 + pick(4), hd = (int64_t)8 << pick(3), E = H * hd;
@@ -50,14 +62,9 @@ static void run_case(attn_cuda_ctx *g, attn_dtype dt, int use_dropout) {
     cfg.add_bias_kv = pick(3) == 0, cfg.add_zero_attn = pick(3) == 0;
     const int64_t kd = cfg.kdim != 0 ? cfg.kdim : E, vd = cfg.vdim != 0 ? cfg.vdim : E;
     attn_ctx *cpu = NULL;
-    ASSERT_OK(attn_ctx_create(NULL, &cpu));
-    attn_generator_seed(attn_ctx_generator(cpu), seed);
     attn_mha *host = NULL;
-    ASSERT_OK(attn_mha_create(cpu, &cfg, &host));
     attn_cuda_mha *dev = NULL;
-    const attn_status cs = attn_cuda_mha_create(g, host, &dev);
-    if (cs == ATTN_ERR_UNSUPPORTED) SKIP("%s", attn_cuda_ctx_last_error(g)); // no cuBLASLt on this machine
-    ASSERT_OK(cs);
+    module_pair(g, &cfg, seed, &cpu, &host, &dev);
 
     const int unbatched = pick(5) == 0;
     const int64_t N = unbatched ? 1 : 1 + pick(3), L = 1 + pick(40), S = kind == 0 ? L : 1 + pick(40);
@@ -225,13 +232,9 @@ static void test_cached_against_cpu(void) {
         if (opt == 1) cfg.add_bias_kv = 1;
         if (opt == 2) cfg.add_zero_attn = 1;
         attn_ctx *cpu = NULL;
-        ASSERT_OK(attn_ctx_create(NULL, &cpu));
         attn_mha *host = NULL;
-        ASSERT_OK(attn_mha_create(cpu, &cfg, &host));
         attn_cuda_mha *dev = NULL;
-        const attn_status cs = attn_cuda_mha_create(g, host, &dev);
-        if (cs == ATTN_ERR_UNSUPPORTED) SKIP("%s", attn_cuda_ctx_last_error(g));
-        ASSERT_OK(cs);
+        module_pair(g, &cfg, rng, &cpu, &host, &dev);
         attn_cuda_kv_cache_config dc;
         attn_cuda_kv_cache_config_init(&dc);
         dc.batch = 1, dc.n_kv_heads = 4, dc.head_dim = 8, dc.capacity = 8, dc.dtype = ATTN_DTYPE_F32;
@@ -252,13 +255,9 @@ static void test_cached_against_cpu(void) {
         attn_mha_config_init(&cfg, E, H);
         cfg.batch_first = pick(2);
         attn_ctx *cpu = NULL;
-        ASSERT_OK(attn_ctx_create(NULL, &cpu));
         attn_mha *host = NULL;
-        ASSERT_OK(attn_mha_create(cpu, &cfg, &host));
         attn_cuda_mha *dev = NULL;
-        const attn_status cs = attn_cuda_mha_create(g, host, &dev);
-        if (cs == ATTN_ERR_UNSUPPORTED) SKIP("%s", attn_cuda_ctx_last_error(g));
-        ASSERT_OK(cs);
+        module_pair(g, &cfg, seed, &cpu, &host, &dev);
         attn_kv_cache_config hc;
         attn_kv_cache_config_init(&hc);
         hc.batch = N, hc.n_kv_heads = H, hc.head_dim = E / H, hc.capacity = 32;

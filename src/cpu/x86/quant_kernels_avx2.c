@@ -146,31 +146,23 @@ static void quantise_block(const float *x, int8_t q[32], float *dq) {
     _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
+// One row's group in q_group form (prep_rows' store): the bytes of each step, -8 times the column
+// sums (Q4_0; Q8_0 0) and the scales, repeated in both keys' lanes.
+static void store_group(attn_dtype dt, void *groups, int64_t index, const int32_t step[8][4], const int32_t sum[4],
+                        const float dq[4]) {
+    q_group *p = (q_group *)groups + index;
+    int32_t init[4];
+    for (int c = 0; c < 4; c++) init[c] = (dt == ATTN_DTYPE_Q4_0 ? -8 : 0) * sum[c];
+    for (int s = 0; s < qk_steps(dt); s++)
+        _mm256_store_si256((__m256i *)p->q[s], _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)step[s])));
+    _mm256_store_si256((__m256i *)p->init, _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)init)));
+    _mm256_store_ps(p->dq, _mm256_broadcast_ps((const __m128 *)dq));
+}
+
+// The prepared query (quant_steps.h's prep_rows; a query holding a NaN or an infinity keeps its
+// float rows, for the float q.k).
 void attn__prep_q_avx2(attn_dtype dt, const float *q, int rows, int D, void *out) {
-    prep_header *h = out;
-    h->quantised = !attn__f32_any_nonfinite(q, (int64_t)rows * D);
-    if (!h->quantised) {
-        memcpy(h + 1, q, (size_t)rows * (size_t)D * sizeof(float));
-        return;
-    }
-    const int G = groups_of(dt, D), nb = D / ATTN_QBLOCK, per = qk_blocks(dt);
-    q_group *qg = (q_group *)(h + 1);
-    for (int r = 0; r < rows; r++)
-        for (int g = 0; g < G; g++) {
-            q_group *p = qg + (int64_t)r * G + g;
-            int8_t v[4][32] = {{0}}; // the group's blocks, rounded
-            float d[4] = {0};
-            for (int b = 0; b < per && per * g + b < nb; b++)
-                quantise_block(q + (int64_t)r * D + (int64_t)(per * g + b) * ATTN_QBLOCK, v[b], &d[b]);
-            int32_t step[8][4], init[4];
-            float dq[4];
-            group_query(dt, (const int8_t(*)[32])v, d, step, init, dq);
-            for (int c = 0; c < 4; c++) init[c] *= dt == ATTN_DTYPE_Q4_0 ? -8 : 0;
-            for (int s = 0; s < qk_steps(dt); s++) // the same bytes for both keys' lanes
-                _mm256_store_si256((__m256i *)p->q[s], _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)step[s])));
-            _mm256_store_si256((__m256i *)p->init, _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)init)));
-            _mm256_store_ps(p->dq, _mm256_broadcast_ps((const __m128 *)dq));
-        }
+    prep_rows(dt, q, rows, D, out, quantise_block, store_group);
 }
 
 // d + (d - d): NaN for an infinite or NaN scale d, else d.

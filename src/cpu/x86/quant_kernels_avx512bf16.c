@@ -88,34 +88,24 @@ static void quantise_block(const float *x, int8_t q[32], float *dq) {
     _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(i1));
 }
 
-// The prepared query: a header saying which form follows (quant_rows.h), then the rows. A query
-// holding a NaN or an infinity keeps its float rows (the float kernel then gives the float kernels'
-// results: an infinite element makes each score +-inf or NaN, as the reference's).
+// One row's group in q_group form (prep_rows' store): the bytes of each step, -8 or -128 times the
+// column sums and the scales, repeated in the four keys' quarters.
+static void store_group(attn_dtype dt, void *groups, int64_t index, const int32_t step[8][4], const int32_t sum[4],
+                        const float dq[4]) {
+    q_group *p = (q_group *)groups + index;
+    int32_t init[4];
+    for (int c = 0; c < 4; c++) init[c] = (dt == ATTN_DTYPE_Q4_0 ? -8 : -128) * sum[c];
+    for (int s = 0; s < qk_steps(dt); s++)
+        _mm512_store_si512(p->q[s], _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)step[s])));
+    _mm512_store_si512(p->init, _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)init)));
+    _mm512_store_ps(p->dq, _mm512_broadcast_f32x4(_mm_loadu_ps(dq)));
+}
+
+// The prepared query (quant_steps.h's prep_rows): a header saying which form follows, then the
+// rows. A query holding a NaN or an infinity keeps its float rows (the float kernel then gives the
+// float kernels' results: an infinite element makes each score +-inf or NaN, as the reference's).
 void attn__prep_q_avx512bf16(attn_dtype dt, const float *q, int rows, int D, void *out) {
-    prep_header *h = out;
-    h->quantised = !attn__f32_any_nonfinite(q, (int64_t)rows * D);
-    if (!h->quantised) {
-        memcpy(h + 1, q, (size_t)rows * (size_t)D * sizeof(float));
-        return;
-    }
-    const int G = groups_of(dt, D), nb = D / ATTN_QBLOCK, per = qk_blocks(dt);
-    q_group *qg = (q_group *)(h + 1);
-    for (int r = 0; r < rows; r++)
-        for (int g = 0; g < G; g++) {
-            q_group *p = qg + (int64_t)r * G + g;
-            int8_t v[4][32] = {{0}}; // the group's blocks, rounded
-            float d[4] = {0};
-            for (int b = 0; b < span_of(dt, nb, per * g, per).blocks; b++)
-                quantise_block(q + (int64_t)r * D + (int64_t)(per * g + b) * ATTN_QBLOCK, v[b], &d[b]);
-            int32_t step[8][4], init[4];
-            float dq[4];
-            group_query(dt, (const int8_t(*)[32])v, d, step, init, dq);
-            for (int c = 0; c < 4; c++) init[c] *= dt == ATTN_DTYPE_Q4_0 ? -8 : -128;
-            for (int s = 0; s < qk_steps(dt); s++) // the same bytes for the four keys' quarters
-                _mm512_store_si512(p->q[s], _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)step[s])));
-            _mm512_store_si512(p->init, _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)init)));
-            _mm512_store_ps(p->dq, _mm512_broadcast_f32x4(_mm_loadu_ps(dq)));
-        }
+    prep_rows(dt, q, rows, D, out, quantise_block, store_group);
 }
 
 // The word indices gathering a key's group from its two 64-byte loads in q.k's order: dword 4t + c

@@ -54,4 +54,35 @@ static inline void group_query(attn_dtype dt, const int8_t v[4][32], const float
     }
 }
 
+// What prep_q of both files writes at out: the header, then (a query holding a NaN or an infinity
+// aside: its float rows) each row's groups in turn, group g of row r the file's layout at index
+// r G + g: its blocks rounded by `quantise` (the file's vector form of attn.h's rounding: d =
+// max|x| / 127, x * (127 / max|x|) to nearest even, zeros below 2^-96), group_query's bytes, column
+// sums and scales handed to `store`.
+typedef void (*quantise_fn)(const float *x, int8_t q[32], float *dq);
+typedef void (*store_group_fn)(attn_dtype dt, void *groups, int64_t index, const int32_t step[8][4], const int32_t sum[4],
+                               const float dq[4]);
+
+INLINE void prep_rows(attn_dtype dt, const float *q, int rows, int D, void *out, quantise_fn quantise,
+                      store_group_fn store) {
+    prep_header *h = out;
+    h->quantised = !attn__f32_any_nonfinite(q, (int64_t)rows * D);
+    if (!h->quantised) {
+        memcpy(h + 1, q, (size_t)rows * (size_t)D * sizeof(float));
+        return;
+    }
+    const int G = groups_of(dt, D), nb = D / ATTN_QBLOCK, per = qk_blocks(dt);
+    for (int r = 0; r < rows; r++)
+        for (int g = 0; g < G; g++) {
+            int8_t v[4][32] = {{0}}; // the group's blocks, rounded
+            float d[4] = {0};
+            for (int b = 0; b < per && per * g + b < nb; b++)
+                quantise(q + (int64_t)r * D + (int64_t)(per * g + b) * ATTN_QBLOCK, v[b], &d[b]);
+            int32_t step[8][4], sum[4];
+            float dq[4];
+            group_query(dt, (const int8_t(*)[32])v, d, step, sum, dq);
+            store(dt, h + 1, (int64_t)r * G + g, (const int32_t(*)[4])step, sum, dq);
+        }
+}
+
 #endif
