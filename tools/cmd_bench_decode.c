@@ -17,11 +17,11 @@ static const char summary[] =
     "(B, Hkv, S, D) of the given type, filled with standard normal keys and values (q8_0 and q4_0:\n"
     "quantised in blocks of 32 along D, which must be a multiple of 32). Before timing, the result is\n"
     "compared with the scalar reference on the same stored values (--no-check skips it; q8_0 and q4_0\n"
-    "on the bf16 ISAs, whose kernels round the query to int8, within attn.h's bound for that). Prints\n"
-    "the median of R steps after one warm-up and the effective bandwidth, the bytes of K and V the\n"
-    "kernels read per step over the median: B*Hkv*S*2*D*bytes(kv-dtype), with 34/32 bytes per value\n"
-    "for q8_0 and 18/32 for q4_0 (scales included); --json ends the output with one JSON object\n"
-    "(median_ms, gbps, ...).\n"
+    "on avx2 and the bf16 ISAs, whose kernels round the query to int8, within attn.h's bound for\n"
+    "that). Prints the median of R steps after one warm-up and the effective bandwidth, the bytes of\n"
+    "K and V the kernels read per step over the median: B*Hkv*S*2*D*bytes(kv-dtype), with 34/32 bytes\n"
+    "per value for q8_0 and 18/32 for q4_0 (scales included); --json ends the output with one JSON\n"
+    "object (median_ms, gbps, ...).\n"
     "Defaults: B=1, H=32, Hkv=8, S=4096, D=128, f32, 1 thread, R=50.";
 
 static double now(void) {
