@@ -451,7 +451,7 @@ typedef struct attn_sdpa_desc {
      * blocks), and its lse by at most delta_q; against the float32 k and v the bound above holds
      * with delta + delta_q for delta, (1 + c) (1 + u) for 1 + c and f added (both tested; in
      * decoding on AVX512-BF16, Q4_0 about 1.5 and Q8_0 about 1.25 times as fast as the float
-     * kernels, on AVX2 about 1.5 and 1.15 times, BENCHMARKS.md). A key block with an infinite
+     * kernels, on AVX2 about 1.4 and 1.1 times, BENCHMARKS.md). A key block with an infinite
      * scale makes its key's score NaN there (the float kernels: +-inf or NaN). ATTN_ISA_AVX512
      * runs the float kernels on AVX-512 CPUs, ATTN_ISA_GENERIC on any.
      * Half values and blocks the caller wrote are read as they are, whatever their bits: a half is
