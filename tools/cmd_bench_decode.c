@@ -71,9 +71,10 @@ static double block_head_max(attn_dtype dt, const void *x, const int64_t st[4], 
 
 // The reference on the cache's own storage (the same rounded values), relative error of `out`;
 // with q_rounded (Q8_0 and Q4_0 on attn_isa_int8_query's ISAs: the query rounded to int8), the
-// error beyond attn.h's bound for that rounding (the bf16 ISAs', whose weights' rounding the AVX2
-// kernels do not add: a bound for both).
+// error beyond attn.h's bound for that rounding, with the weights' bf16 rounding where w_rounded
+// (the bf16 ISAs).
 static attn_status check(const attn_sdpa_desc *d, attn_kv_cache *kc, const float *q, const float *out, bool q_rounded,
+                         bool w_rounded,
                          double *worst) {
     attn_ctx_params p;
     attn_ctx_params_init(&p);
@@ -91,7 +92,8 @@ static attn_status check(const attn_sdpa_desc *d, attn_kv_cache *kc, const float
     st = want != NULL ? attn_sdpa_fwd(ref, &r, q, k, v, want, NULL, NULL) : ATTN_ERR_OUT_OF_MEMORY;
     *worst = 0;
     const int64_t D = d->head_dim, group = d->n_heads / c->n_kv_heads;
-    double allowed = 0.0; // the row's: attn.h (kv_dtype), (exp(2 delta_q) (1 + 2^-8) - 1) max|v'| + S 2^-122
+    double allowed = 0.0; // the row's: attn.h (kv_dtype), (exp(2 delta_q) (1 + u) - 1) max|v'| + f
+    const double u = w_rounded ? ldexp(1, -8) : 0.0, f = w_rounded ? (double)r.len_kv * ldexp(1, -122) : 0.0;
     double kmax = 0.0, vmax = 0.0; // of the kv head (b, hk) = `head`, a group's rows in a row
     int64_t head = -1;
     for (int64_t i = 0; st == ATTN_OK && i < n; i++) {
@@ -109,7 +111,7 @@ static attn_status check(const attn_sdpa_desc *d, attn_kv_cache *kc, const float
                 msum += 32.0 * m;
             }
             const double dq = ((1.0 / sqrt((double)D)) * (1.0 / 254 + ldexp(1, -20)) * msum + ldexp(1, -96) * (double)D) * kmax;
-            allowed = (exp(2 * dq) * (1 + ldexp(1, -8)) - 1) * vmax + (double)r.len_kv * ldexp(1, -122);
+            allowed = (exp(2 * dq) * (1 + u) - 1) * vmax + f;
         }
         const double e = fmax(0.0, fabs((double)out[i] - want[i]) - allowed) / (1e-3 + fabs((double)want[i]));
         if (!(e <= *worst)) *worst = e;
@@ -183,7 +185,8 @@ int cmd_bench_decode(int argc, char **argv) {
     double check_err = -1;
     const bool q_rounded = (dt == ATTN_DTYPE_Q8_0 || dt == ATTN_DTYPE_Q4_0) && attn_isa_int8_query(attn_ctx_isa(ctx));
     if (!no_check) {
-        if ((st = check(&d, kc, q, out, q_rounded, &check_err)) != ATTN_OK) {
+        if ((st = check(&d, kc, q, out, q_rounded, q_rounded && attn_isa_bf16_dot(attn_ctx_isa(ctx)), &check_err)) !=
+            ATTN_OK) {
             cli_error("bench", EXIT_FAILURE_RUN, "reference check: %s", attn_strerror(st));
             goto done;
         }
