@@ -649,7 +649,14 @@ typedef struct attn_kv_cache_config {
 
 /** Zeroes `cfg` (dtype F32). */
 ATTN_API void attn_kv_cache_config_init(attn_kv_cache_config *cfg);
-/** Allocates a cache (through ctx's allocator) of length 0. */
+/**
+ * Allocates a cache (through ctx's allocator) of length 0. With the system allocator (params'
+ * allocator left {NULL, NULL, NULL}), keys or values of 2 MiB or more start on a 2 MiB boundary
+ * and, on Linux, are advised for transparent huge pages (madvise MADV_HUGEPAGE; it takes effect
+ * where /sys/kernel/mm/transparent_hugepage/enabled is "madvise" or "always"): a decoding step
+ * reads the whole cache, and with 4 KiB pages its TLB misses cost about 10-20% of the step at long
+ * lengths (BENCHMARKS.md). A caller's allocator is asked for the usual alignment only.
+ */
 ATTN_API attn_status attn_kv_cache_create(attn_ctx *ctx, const attn_kv_cache_config *cfg, attn_kv_cache **cache);
 /** Frees a cache; NULL is allowed. */
 ATTN_API void attn_kv_cache_free(attn_kv_cache *cache);

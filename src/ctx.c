@@ -1,8 +1,15 @@
 // ctx.c - the context: allocator, generator, error message, scratch memory; checked size math.
+#if defined(__linux__) && !defined(_DEFAULT_SOURCE)
+#define _DEFAULT_SOURCE // madvise(), for the huge pages of attn__alloc_large
+#endif
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "cpu/cpu.h"
 #include "internal.h"
@@ -61,6 +68,16 @@ attn_status attn__alloc(attn_ctx *ctx, size_t size, void **out) {
 }
 
 void attn__free(attn_ctx *ctx, void *p) { attn__free_with(&ctx->alloc, p); }
+
+attn_status attn__alloc_large(attn_ctx *ctx, size_t size, void **out) {
+    if (ctx->alloc.alloc != system_alloc || size < ATTN_HUGE_PAGE) return attn__alloc(ctx, size, out);
+    *out = system_alloc(NULL, size, ATTN_HUGE_PAGE);
+    if (*out == NULL) return attn__fail(ctx, ATTN_ERR_OUT_OF_MEMORY, "could not allocate %zu bytes", size);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    (void)madvise(*out, size, MADV_HUGEPAGE); // advice only: without transparent huge pages it changes nothing
+#endif
+    return ATTN_OK;
+}
 
 attn_status attn__workspace(attn_ctx *ctx, size_t size, void **out) {
     if (size <= ctx->ws_size && (ctx->ws != NULL || size == 0)) {

@@ -64,6 +64,12 @@ void attn__free_with(const attn_allocator *a, void *p);
 // Same through ctx->alloc, recording an error message on failure.
 attn_status attn__alloc(attn_ctx *ctx, size_t size, void **out);
 void attn__free(attn_ctx *ctx, void *p);
+// attn__alloc for a large buffer that is read whole again and again (a KV cache), freed with
+// attn__free: with the system allocator, one of ATTN_HUGE_PAGE bytes or more starts on an
+// ATTN_HUGE_PAGE boundary and, on Linux, is advised for transparent huge pages (madvise
+// MADV_HUGEPAGE), so that streaming it takes fewer TLB misses. A caller's allocator decides alone.
+#define ATTN_HUGE_PAGE ((size_t)2 << 20)
+attn_status attn__alloc_large(attn_ctx *ctx, size_t size, void **out);
 // Returns ctx scratch of at least `size` bytes in *out (grows the owned buffer if needed).
 attn_status attn__workspace(attn_ctx *ctx, size_t size, void **out);
 

@@ -63,8 +63,8 @@ attn_status attn_kv_cache_create(attn_ctx *ctx, const attn_kv_cache_config *cfg,
     ATTN_RETURN_IF_ERR(attn__alloc(ctx, sizeof *kc, (void **)&kc));
     memset(kc, 0, sizeof *kc);
     kc->alloc = ctx->alloc, kc->cfg = c;
-    attn_status st = attn__alloc(ctx, kb, &kc->k);
-    if (st == ATTN_OK) st = attn__alloc(ctx, vb, &kc->v);
+    attn_status st = attn__alloc_large(ctx, kb, &kc->k);
+    if (st == ATTN_OK) st = attn__alloc_large(ctx, vb, &kc->v);
     if (st != ATTN_OK) {
         attn_kv_cache_free(kc);
         return st;

@@ -2,8 +2,11 @@
 // cache unchanged, truncate/reset (speculative roll-back), attend against attn_sdpa_fwd on the
 // same keys and values with bottom-right causal masking (GQA, half precision, several appends),
 // and the module's cached forward against attn_mha_forward with causal masking over the whole
-// sequence at every decoding step (1e-5).
+// sequence at every decoding step (1e-5); large storage on 2 MiB boundaries, advised for
+// transparent huge pages on Linux, and a caller's allocator used as it is.
 #include <math.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -254,9 +257,99 @@ static void test_module_decoding(void) {
     attn_ctx_free(ctx);
 }
 
+// The transparent-huge-page mode in the system's brackets ("always", "madvise" or "never"), or ""
+// where the file is missing (not Linux, or a kernel without THP).
+static void thp_mode(char mode[16]) {
+    mode[0] = '\0';
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (f == NULL) return;
+    char line[128] = {0};
+    if (fgets(line, sizeof line, f) != NULL) {
+        const char *a = strchr(line, '['), *b = a != NULL ? strchr(a, ']') : NULL;
+        if (b != NULL && b - a - 1 < 16) memcpy(mode, a + 1, (size_t)(b - a - 1)), mode[b - a - 1] = '\0';
+    }
+    fclose(f);
+}
+
+// /proc/self/smaps' THPeligible of the mapping holding p: 1 or 0, -1 where it is not reported.
+static int thp_eligible(const void *p) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (f == NULL) return -1;
+    char line[1024];
+    int inside = 0, got = -1;
+    while (got < 0 && fgets(line, sizeof line, f) != NULL) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && line[strspn(line, "0123456789abcdef")] == '-')
+            inside = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        else if (inside && strncmp(line, "THPeligible:", 12) == 0)
+            got = atoi(line + 12);
+    }
+    fclose(f);
+    return got;
+}
+
+typedef struct alloc_log {
+    size_t largest_align; // the largest alignment asked for
+    long live;
+} alloc_log;
+
+static void *logged_alloc(void *user, size_t size, size_t align) {
+    alloc_log *l = user;
+    if (align > l->largest_align) l->largest_align = align;
+    void *p = NULL;
+    if (posix_memalign(&p, align, size) != 0) return NULL;
+    l->live++;
+    return p;
+}
+
+static void logged_free(void *user, void *p) {
+    ((alloc_log *)user)->live--;
+    free(p);
+}
+
+// With the system allocator a cache's K and V of 2 MiB or more start on 2 MiB boundaries and, where
+// the kernel offers transparent huge pages on request ("madvise"), are eligible for them; a
+// caller's allocator is asked for the usual alignment and nothing more.
+static void test_large_storage(void) {
+    attn_ctx *ctx = test_ctx(ATTN_ISA_AUTO, 1);
+    const int64_t B = 1, Hkv = 2, D = 128, cap = 4096; // 4 MiB each in float32
+    attn_kv_cache *kc = make_cache(ctx, B, Hkv, D, cap, ATTN_DTYPE_F32);
+    void *k, *v;
+    int64_t ks[4], vs[4];
+    attn_kv_cache_storage(kc, &k, ks, &v, vs);
+    harness_checks++;
+    if ((uintptr_t)k % (2u << 20) != 0 || (uintptr_t)v % (2u << 20) != 0) FAIL("cache storage %p, %p not on 2 MiB boundaries", k, v);
+    char mode[16];
+    thp_mode(mode);
+    if (strcmp(mode, "madvise") == 0) { // only the library's advice makes the mapping eligible
+        const int ek = thp_eligible(k), ev = thp_eligible(v);
+        harness_checks++;
+        if (ek == 0 || ev == 0) FAIL("cache storage not advised for huge pages (THPeligible %d, %d)", ek, ev);
+    }
+    uint32_t seed = 3;
+    float *x = randn(B * Hkv * 5 * D, &seed);
+    ASSERT_OK(attn_kv_cache_append(ctx, kc, 5, x, NULL, x, NULL));
+    ASSERT_TRUE(memcmp(k, x, (size_t)D * sizeof(float)) == 0); // position 0 of head 0, stored as given
+    free(x);
+    attn_kv_cache_free(kc);
+    attn_ctx_free(ctx);
+
+    alloc_log log = {0, 0};
+    attn_ctx_params p;
+    attn_ctx_params_init(&p);
+    p.allocator = (attn_allocator){logged_alloc, logged_free, &log};
+    ASSERT_OK(attn_ctx_create(&p, &ctx));
+    kc = make_cache(ctx, B, Hkv, D, cap, ATTN_DTYPE_F32);
+    ASSERT_TRUE(log.largest_align < (2u << 20));
+    attn_kv_cache_free(kc);
+    attn_ctx_free(ctx);
+    ASSERT_TRUE(log.live == 0);
+}
+
 int main(int argc, char **argv) {
     static const harness_case cases[] = {
         HARNESS_CASE(test_storage_and_errors),
+        HARNESS_CASE(test_large_storage),
         HARNESS_CASE(test_attend),
         HARNESS_CASE(test_module_decoding),
     };
