@@ -234,30 +234,51 @@ void attn__qk_rows_q_avx512bf16(attn_dtype dt, const void *k, int64_t ks_row, in
     else qk_rows_groups(ATTN_DTYPE_Q8_0, k, ks_row, nj, D, (const q_group *)(h + 1), rows, s, s_r, s_j);
 }
 
+// Where pv_pass finds the weights that pair_weights wrote for keys 4g.. 4g + 3: w[g][h] dword
+// 8 (b % 2) + 2 r + i holds (key 4g + 2i, key 4g + 2i + 1)'s weights of row r for block b = 2h + b % 2.
+typedef uint32_t pv_weights[2][16];
+
 // The weights of four rows (pp[j * ldp + r]) times each key's block scales for PV_BLOCKS blocks
-// from the row's byte v, rounded to bf16 and paired along the keys: w[jp][4b + r] holds (key 2jp,
-// key 2jp + 1)'s weights of row r for block b (an odd last key's partner 0).
+// from the row's byte v, rounded to bf16 and paired along the keys (keys past nj weigh 0), four keys
+// at a time: their 16 scales gathered into one vector (Q4_0: the four scales of a group lie in a
+// key's first 64 bytes, one vpermw each; Q8_0: two loads and vpermt2w), converted once, and the
+// four keys' weights transposed to lanes 4r + l so that vcvtne2ps2bf16 pairs adjacent keys.
 INLINE void pair_weights(const attn_dtype dt, const uint8_t *v, int64_t stride, int nj, const float *pp, int64_t ldp,
-                         group_span sp, uint32_t (*w)[16]) {
-    uint16_t sw[32] = {0}, iw[32]; // lane 4b + r: block b's scale word; pairs: word 2i from key 2jp's lane i
-    for (int i = 0; i < 16; i++) sw[i] = (uint16_t)(i / 4 * block_bytes(dt) / 2);
-    for (int i = 0; i < 16; i++) iw[2 * i] = (uint16_t)i, iw[2 * i + 1] = (uint16_t)(16 + i);
-    const __m512i sidx = _mm512_loadu_si512(sw), ilv = _mm512_loadu_si512(iw);
-    for (int j = 0; j < nj; j += 2) {
-        __m512 x[2];
-        for (int c = 0; c < 2; c++) {
-            if (j + c == nj) {
-                x[c] = _mm512_setzero_ps();
-                break;
-            }
-            const uint8_t *row = v + (int64_t)(j + c) * stride;
-            const __m512i z = _mm512_permutex2var_epi16(_mm512_maskz_loadu_epi8(sp.m0, row), sidx,
-                                                        _mm512_maskz_loadu_epi8(sp.m1, row + 64));
-            const __m512 d = nan_if_infinite(_mm512_cvtph_ps(_mm512_castsi512_si256(z)));
-            x[c] = _mm512_mul_ps(_mm512_broadcast_f32x4(_mm_loadu_ps(pp + (int64_t)(j + c) * ldp)), d);
+                         group_span sp, pv_weights *w) {
+    uint16_t sw[32] = {0}; // word 4l + b: block b's scale word of a key's loads
+    int32_t tr[16], db[4][16];
+    for (int i = 0; i < 16; i++) sw[i] = (uint16_t)(i % 4 * block_bytes(dt) / 2);
+    for (int r = 0; r < 4; r++)
+        for (int l = 0; l < 4; l++) {
+            tr[4 * r + l] = 4 * l + r; // the weights' lanes 4l + r -> 4r + l
+            for (int b = 0; b < 4; b++) db[b][4 * r + l] = 4 * l + b;
         }
-        const __m512i b = (__m512i)_mm512_cvtne2ps_pbh(x[1], x[0]);
-        _mm512_storeu_si512((void *)w[j / 2], _mm512_permutexvar_epi16(ilv, b));
+    const __m512i sidx = _mm512_loadu_si512(sw), tidx = _mm512_loadu_si512(tr);
+    for (int j = 0; j < nj; j += 4) {
+        const int nk = nj - j < 4 ? nj - j : 4;
+        __m512i dw = _mm512_setzero_si512();
+        for (int l = 0; l < nk; l++) {
+            const uint8_t *row = v + (int64_t)(j + l) * stride;
+            const __mmask32 mine = (__mmask32)0xF << (4 * l);
+            if (dt == ATTN_DTYPE_Q4_0)
+                dw = _mm512_mask_permutexvar_epi16(dw, mine, sidx, _mm512_maskz_loadu_epi8(sp.m0, row));
+            else
+                dw = _mm512_mask_mov_epi16(dw, mine, _mm512_permutex2var_epi16(_mm512_maskz_loadu_epi8(sp.m0, row), sidx,
+                                                                               _mm512_maskz_loadu_epi8(sp.m1, row + 64)));
+        }
+        const __m512 d = nan_if_infinite(_mm512_cvtph_ps(_mm512_castsi512_si256(dw))); // lane 4l + b
+        __m512 p; // lane 4l + r: key j + l's weight of row r
+        if (ldp == 4) p = _mm512_maskz_loadu_ps((__mmask16)((1u << (4 * nk)) - 1), pp + (int64_t)j * 4);
+        else {
+            p = _mm512_setzero_ps();
+            for (int l = 0; l < nk; l++)
+                p = _mm512_mask_broadcast_f32x4(p, (__mmask16)(0xFu << (4 * l)), _mm_loadu_ps(pp + (int64_t)(j + l) * ldp));
+        }
+        p = _mm512_permutexvar_ps(tidx, p);
+        __m512 x[4]; // keys past nj: p and d both 0
+        for (int b = 0; b < 4; b++) x[b] = _mm512_mul_ps(p, _mm512_permutexvar_ps(_mm512_loadu_si512(db[b]), d));
+        _mm512_storeu_si512((void *)w[j / 4][0], (__m512i)_mm512_cvtne2ps_pbh(x[1], x[0]));
+        _mm512_storeu_si512((void *)w[j / 4][1], (__m512i)_mm512_cvtne2ps_pbh(x[3], x[2]));
     }
 }
 
@@ -283,7 +304,7 @@ INLINE void value_pairs(const attn_dtype dt, const uint8_t *x, const uint8_t *y,
 // One pass over nj keys for nbp (1 or 2) blocks from block b0 of the PV_BLOCKS at byte goff of each
 // row: c[8 bb + 2 r + x] sums row r's columns 16x.. of block b0 + bb; then added to o.
 INLINE void pv_pass(const attn_dtype dt, const uint8_t *v, int64_t stride, int nj, int64_t goff, int b0, const int nbp,
-                    const uint32_t (*w)[16], __m512i table, const float *alpha, bool scale_o, int nr, bool prefetch,
+                    const pv_weights *w, __m512i table, const float *alpha, bool scale_o, int nr, bool prefetch,
                     float *o, int64_t ldo, int col0) {
     __m512 c[16];
     for (int x = 0; x < 16; x++) c[x] = _mm512_setzero_ps();
@@ -299,9 +320,10 @@ INLINE void pv_pass(const attn_dtype dt, const uint8_t *v, int64_t stride, int n
         for (int bb = 0; bb < nbp; bb++) {
             __m512bh lo, hi;
             value_pairs(dt, rx + bb * bb_bytes + 2, ry + bb * bb_bytes + 2, table, &lo, &hi);
-            const uint32_t *wj = w[j / 2] + 4 * (b0 + bb);
+            const int b = b0 + bb;
+            const uint32_t *wj = w[j / 4][b / 2] + 8 * (b % 2) + (j / 2) % 2;
             for (int r = 0; r < 4; r++) {
-                const __m512bh wr = (__m512bh)_mm512_set1_epi32((int)wj[r]);
+                const __m512bh wr = (__m512bh)_mm512_set1_epi32((int)wj[2 * r]);
                 c[8 * bb + 2 * r] = _mm512_dpbf16_ps(c[8 * bb + 2 * r], lo, wr);
                 c[8 * bb + 2 * r + 1] = _mm512_dpbf16_ps(c[8 * bb + 2 * r + 1], hi, wr);
             }
@@ -324,7 +346,7 @@ INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int
                          int64_t ldp, const float *alpha, bool scale_o, int nr, bool prefetch, float *o, int64_t ldo) {
     const int nb = Dv / ATTN_QBLOCK;
     const int64_t stride = vs_row / ATTN_QBLOCK * block_bytes(dt);
-    uint32_t w[PV_KEYS / 2][16];
+    pv_weights w[(PV_KEYS + 3) / 4];
     uint16_t tw[32]; // Q4_0: bf16 of n - 8 for the index n (mod 16); Q8_0: high words of two floats
     for (int i = 0; i < 32; i++)
         tw[i] = dt == ATTN_DTYPE_Q4_0 ? attn__f32_to_bf16((float)((i & 15) - 8)) : (uint16_t)(i % 2 ? 32 + i : i + 1);
@@ -336,9 +358,9 @@ INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int
         for (int b0 = 0; b0 < sp.blocks; b0 += 2) {
             const int col0 = (g0 + b0) * ATTN_QBLOCK;
             if (b0 + 1 < sp.blocks)
-                pv_pass(dt, v, stride, nj, goff, b0, 2, (const uint32_t(*)[16])w, table, alpha, scale_o, nr, prefetch, o, ldo, col0);
+                pv_pass(dt, v, stride, nj, goff, b0, 2, (const pv_weights *)w, table, alpha, scale_o, nr, prefetch, o, ldo, col0);
             else
-                pv_pass(dt, v, stride, nj, goff, b0, 1, (const uint32_t(*)[16])w, table, alpha, scale_o, nr, prefetch, o, ldo, col0);
+                pv_pass(dt, v, stride, nj, goff, b0, 1, (const pv_weights *)w, table, alpha, scale_o, nr, prefetch, o, ldo, col0);
         }
     }
 }
