@@ -218,20 +218,9 @@ INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int
     attn__qk_rows_q_avx512(dt, k, ks_row, nj, D, q, rows, s, s_r, s_j);
 }
 
-// qk_rows_int8 with D (and so the group count) a constant for D = 64 and 128, else read at run time.
-INLINE void qk_rows_groups(const attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const q_group *qg,
-                           int rows, float *s, int64_t s_r, int64_t s_j) {
-    if (D == 128) qk_rows_int8(dt, k, ks_row, nj, 128, groups_of(dt, 128), qg, rows, s, s_r, s_j);
-    else if (D == 64) qk_rows_int8(dt, k, ks_row, nj, 64, groups_of(dt, 64), qg, rows, s, s_r, s_j);
-    else qk_rows_int8(dt, k, ks_row, nj, D, groups_of(dt, D), qg, rows, s, s_r, s_j);
-}
-
 void attn__qk_rows_q_avx512bf16(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const void *q, int rows,
                                 float *s, int64_t s_r, int64_t s_j) {
-    const prep_header *h = q;
-    if (!h->quantised) qk_rows_q(dt, k, ks_row, nj, D, (const float *)(h + 1), rows, s, s_r, s_j);
-    else if (dt == ATTN_DTYPE_Q4_0) qk_rows_groups(ATTN_DTYPE_Q4_0, k, ks_row, nj, D, (const q_group *)(h + 1), rows, s, s_r, s_j);
-    else qk_rows_groups(ATTN_DTYPE_Q8_0, k, ks_row, nj, D, (const q_group *)(h + 1), rows, s, s_r, s_j);
+    qk_rows_prepared(dt, k, ks_row, nj, D, q, rows, s, s_r, s_j);
 }
 
 // Where pv_pass finds the weights that pair_weights wrote for keys 4g.. 4g + 3: w[g][h] dword

@@ -1,8 +1,9 @@
 // quant_steps.h - the layout of the int8 q.k that the decode kernels of quant_kernels_avx2.c (the
 // AVX2 table: vpmaddubsw, two keys a vector) and quant_kernels_avx512bf16.c (the bf16 tables:
 // vpdpbusd, four keys a vector) share: a row's blocks in groups, each group's quant bytes as step
-// vectors whose 128-bit lanes hold one key each, and the query bytes prep_q lays out to meet them.
-// Include after quant_block.h.
+// vectors whose 128-bit lanes hold one key each, the query bytes prep_q lays out to meet them, and
+// the qk_rows_q entry both files share (qk_rows_prepared). Include after <immintrin.h> (or
+// simd512.h); the including file defines struct q_group and qk_rows_int8 (declared below).
 #ifndef ATTN_CPU_X86_QUANT_STEPS_H
 #define ATTN_CPU_X86_QUANT_STEPS_H
 
@@ -11,6 +12,7 @@
 
 #include "attn.h"
 #include "cpu/x86/quant_block.h"
+#include "cpu/x86/quant_rows.h"
 
 // The start of what prep_q writes: whether the rows that follow are in the int8 form of the file
 // or are the float rows (a query holding a NaN or an infinity keeps them, for the float kernel,
@@ -83,6 +85,31 @@ INLINE void prep_rows(attn_dtype dt, const float *q, int rows, int D, void *out,
             group_query(dt, (const int8_t(*)[32])v, d, step, sum, dq);
             store(dt, h + 1, (int64_t)r * G + g, (const int32_t(*)[4])step, sum, dq);
         }
+}
+
+// The including file's layout of one query row's group (prep_q's store) and its int8 q.k: the
+// prepared rows qg (G groups a row) against nj key rows of D elements (ks_row apart), scores at
+// s[r s_r + j s_j].
+typedef struct q_group q_group;
+INLINE void qk_rows_int8(const attn_dtype dt, const void *k, int64_t ks_row, int nj, const int D, const int G,
+                         const q_group *qg, int rows, float *s, int64_t s_r, int64_t s_j);
+
+// qk_rows_int8 with D (and so the group count) a constant for D = 64 and 128, else read at run time.
+INLINE void qk_rows_groups(const attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const q_group *qg,
+                           int rows, float *s, int64_t s_r, int64_t s_j) {
+    if (D == 128) qk_rows_int8(dt, k, ks_row, nj, 128, groups_of(dt, 128), qg, rows, s, s_r, s_j);
+    else if (D == 64) qk_rows_int8(dt, k, ks_row, nj, 64, groups_of(dt, 64), qg, rows, s, s_r, s_j);
+    else qk_rows_int8(dt, k, ks_row, nj, D, groups_of(dt, D), qg, rows, s, s_r, s_j);
+}
+
+// cpu.h's qk_rows_q for a table with prep_q: q is what prep_q wrote; its float rows (a query with
+// a NaN or an infinity) go to quant_rows.h's float kernel, its int8 groups to qk_rows_int8.
+INLINE void qk_rows_prepared(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const void *q, int rows,
+                             float *s, int64_t s_r, int64_t s_j) {
+    const prep_header *h = q;
+    if (!h->quantised) qk_rows_q(dt, k, ks_row, nj, D, (const float *)(h + 1), rows, s, s_r, s_j);
+    else if (dt == ATTN_DTYPE_Q4_0) qk_rows_groups(ATTN_DTYPE_Q4_0, k, ks_row, nj, D, (const q_group *)(h + 1), rows, s, s_r, s_j);
+    else qk_rows_groups(ATTN_DTYPE_Q8_0, k, ks_row, nj, D, (const q_group *)(h + 1), rows, s, s_r, s_j);
 }
 
 #endif
