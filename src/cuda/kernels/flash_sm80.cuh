@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include "common.cuh"
+#include "flash_softmax.cuh"
 #include "flash_traits.cuh"
 #include "mma.cuh"
 
@@ -34,7 +35,6 @@ __global__ void __launch_bounds__(FlashTraits<D, Wide>::kThreads, FlashTraits<D,
     constexpr int Br = Tr::kBr, Bc = Tr::kBc, ST = Tr::kStages, NTH = Tr::kThreads, MW = Tr::kMW;
     constexpr int WR = 16 * MW;     // query rows a warp
     constexpr int LD = D + 8;       // shared row pitch (elements)
-    constexpr int CPR = D / 8;      // 16-byte chunks per row
     constexpr int NT = Bc / 8;      // n-tiles of S per m-tile (8 keys each)
     constexpr int KD = D / 16;      // k-steps of Q K^T
     constexpr int NO = D / 8;       // n-tiles of O (8 dims each)
@@ -128,85 +128,11 @@ __global__ void __launch_bounds__(FlashTraits<D, Wide>::kThreads, FlashTraits<D,
             mma_rows<T, MW, NT / 2, false>(sacc, a, k_s, LD, kk * 16, lane);
         }
 
-        // Scores: on tiles inside the bounds the dot products as they are when the scale is folded
-        // into the exponent below (fold: a positive scale), else times the scale; -inf outside the
-        // bounds on tiles that cross them; the whole rule (log2 domain) where the call needs it.
+        // Scores (flash_softmax.cuh), then the online softmax leaves the tile's weights in sacc.
         const int64_t n0 = (n_begin + t) * Bc;
         const bool inside = n0 >= full_lo && n0 + Bc <= full_hi;
-#pragma unroll
-        for (int m = 0; m < MW; m++) {
-            if (!elementwise && inside) {
-                if (!fold) {
-#pragma unroll
-                    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) sacc[m][nt][e] *= scale_log2;
-                }
-            } else if (!elementwise) { // bounds only (a causal diagonal, a window's edge, the ends)
-                const TileBounds tb = tile_bounds(p, s, iw + m * 16 + g, n0 + 2 * c);
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        sacc[m][nt][e] = tile_visible(tb, (e >> 1) * 8, nt * 8 + (e & 1)) ? sacc[m][nt][e] * pre_scale : -CUDART_INF_F;
-            } else {
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int64_t i = iw + m * 16 + g + (e >> 1) * 8, j = n0 + nt * 8 + 2 * c + (e & 1);
-                        sacc[m][nt][e] = i < s.L && j < s.S ? score(p, s, sacc[m][nt][e], b, h, i, j) * kLog2e : -CUDART_INF_F;
-                    }
-            }
-        }
-
-        // Online softmax, weights exp2(s * fs - m): rows g (elements 0, 1) and g + 8 (elements 2, 3)
-        // of each m-tile; a row's 4 threads agree. A row keeps its running max m while no score of
-        // the tile passes it by more than kRescaleSlack (its weights then at most 2^8, within fp32's
-        // and bf16's range, and the output the same once divided by the sum): the warp rescales O
-        // and the sums only when one of its rows needs a new max (FlashAttention-4's conditional
-        // rescaling; after the first tiles seldom).
-        float tile_max[MW][2];
-        bool grow = false;
-#pragma unroll
-        for (int m = 0; m < MW; m++)
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float mx = -CUDART_INF_F;
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(sacc[m][nt][2 * r], sacc[m][nt][2 * r + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                tile_max[m][r] = mx * fs;
-                grow |= tile_max[m][r] > row_m[m][r] + kRescaleSlack;
-            }
-        if (__any_sync(0xffffffffu, grow)) {
-#pragma unroll
-            for (int m = 0; m < MW; m++)
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    const float m_new = fmaxf(row_m[m][r], tile_max[m][r]);
-                    const float alpha = exp2_ftz(row_m[m][r] - (m_new == -CUDART_INF_F ? 0.0f : m_new));
-                    row_m[m][r] = m_new;
-                    row_l[m][r] *= alpha;
-#pragma unroll
-                    for (int no = 0; no < NO; no++) oacc[m][no][2 * r] *= alpha, oacc[m][no][2 * r + 1] *= alpha;
-                }
-        }
-#pragma unroll
-        for (int m = 0; m < MW; m++)
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const float m_use = row_m[m][r] == -CUDART_INF_F ? 0.0f : row_m[m][r]; // no key seen yet: weights 0, not NaN
-                float sum = 0.0f;
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    sacc[m][nt][2 * r] = exp2_ftz(fmaf(sacc[m][nt][2 * r], fs, -m_use));
-                    sacc[m][nt][2 * r + 1] = exp2_ftz(fmaf(sacc[m][nt][2 * r + 1], fs, -m_use));
-                    sum += sacc[m][nt][2 * r] + sacc[m][nt][2 * r + 1];
-                }
-                row_l[m][r] += sum;
-            }
+        tile_scores<MW, NT>(sacc, p, s, b, h, iw, n0, inside, elementwise, fold, scale_log2, pre_scale, g, c);
+        tile_softmax<MW, NT, NO>(sacc, oacc, row_m, row_l, fs);
 
         // Dropout after the row sums: a dropped weight adds nothing to O (keep_scale at the end). The
         // keys 2c, 2c + 1 of an n-tile share one Philox call (the words of an aligned group of four).
@@ -238,34 +164,8 @@ __global__ void __launch_bounds__(FlashTraits<D, Wide>::kThreads, FlashTraits<D,
     __syncthreads();
 
     // Normalise; lse; O through this warp's own Q rows in shared memory to 16-byte stores.
-    T *so = sQ + warp * WR * LD;
-#pragma unroll
-    for (int m = 0; m < MW; m++) {
-        float inv[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float l = row_l[m][r];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            inv[r] = l > 0.0f ? (Dropout && p.dropout ? p.keep_scale : 1.0f) / l : (l == 0.0f ? 0.0f : l); // NaN stays NaN
-            const int64_t i = iw + m * 16 + g + r * 8;
-            if (p.lse != nullptr && c == 0 && i < s.L) p.lse[lse_index(p, s, b, h, i)] = lse_of(row_m[m][r], l);
-        }
-#pragma unroll
-        for (int no = 0; no < NO; no++)
-#pragma unroll
-            for (int r = 0; r < 2; r++)
-                *reinterpret_cast<uint32_t *>(so + (m * 16 + g + r * 8) * LD + no * 8 + 2 * c) =
-                    pack2<T>(oacc[m][no][2 * r] * inv[r], oacc[m][no][2 * r + 1] * inv[r]);
-    }
-    __syncwarp();
-    T *gout = static_cast<T *>(p.out);
-    for (int ch = lane; ch < WR * CPR; ch += 32) {
-        const int r = ch / CPR, col = (ch % CPR) * 8;
-        const int64_t i = iw + r;
-        if (i < s.L)
-            *reinterpret_cast<uint4 *>(gout + o_row(p, s, b, h, i) + col) = *reinterpret_cast<const uint4 *>(so + r * LD + col);
-    }
+    store_rows<T, MW, NO, LD>(oacc, row_m, row_l, Dropout && p.dropout ? p.keep_scale : 1.0f, p, s, b, h, iw,
+                              sQ + warp * WR * LD, lane);
 }
 
 template <typename T, int D, bool Dropout, bool Wide> int flash_launch_as(const P &p, int64_t row_blocks, cudaStream_t stream) {

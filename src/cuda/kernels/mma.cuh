@@ -49,27 +49,39 @@ __device__ __forceinline__ void cp_async_tile(T *dst, const T *src, int64_t row0
         cp_async16(dst + r * LD + col, src + (ok ? at(j) : 0) + col, ok);
     }
 }
-// The same for a tile of a strided tensor: tile row r at first + r * step (elements), rows r >= rows
-// zero-filled. When every thread's chunks lie in one column (NTH a multiple of D / 8), thread tid
-// copies rows tid / (D / 8) + u NTH / (D / 8): one address a tile and a constant step a chunk, and
-// no per-row test in a whole tile (rows >= ROWS).
+// Where a tile's rows lie in shared memory: Lay::at(r, col) is the element offset of row r, column col
+// (a multiple of 8). PitchRows: rows LD elements apart (wgmma.cuh has the 128-byte-swizzled form).
+template <int LD> struct PitchRows {
+    __device__ __forceinline__ static int at(int r, int col) { return r * LD + col; }
+};
+// cp.async of a tile of a strided tensor: tile row r at first + r * step (elements), rows r >= rows
+// zero-filled, into the layout Lay, by NTH threads whose chunks each lie in one column (NTH a
+// multiple of D / 8): thread tid copies rows tid / (D / 8) + u NTH / (D / 8), one address a tile
+// and a constant step a chunk, and no per-row test in a whole tile (rows >= ROWS).
+template <int ROWS, int D, int NTH, typename Lay, typename T>
+__device__ __forceinline__ void cp_async_rows(T *dst, const T *first, int64_t step, int64_t rows, int tid) {
+    constexpr int CPR = D / 8, N = ROWS * CPR / NTH, RS = NTH / CPR;
+    static_assert(NTH % CPR == 0 && ROWS * CPR % NTH == 0, "each thread's chunks in one column");
+    const int r0 = tid / CPR, col = tid % CPR * 8;
+    const T *g = first + r0 * step + col;
+    if (rows >= ROWS) {
+#pragma unroll
+        for (int u = 0; u < N; u++) cp_async16(dst + Lay::at(r0 + u * RS, col), g + u * RS * step, true);
+    } else {
+#pragma unroll
+        for (int u = 0; u < N; u++) {
+            const bool ok = r0 + u * RS < rows;
+            cp_async16(dst + Lay::at(r0 + u * RS, col), ok ? g + u * RS * step : first, ok);
+        }
+    }
+}
+// The same at a row pitch of LD elements for any NTH (cp_async_tile's per-chunk form when the
+// chunks do not fall in columns).
 template <int ROWS, int D, int NTH, int LD, typename T>
 __device__ __forceinline__ void cp_async_tile_strided(T *dst, const T *first, int64_t step, int64_t rows, int tid) {
-    constexpr int CPR = D / 8, N = ROWS * CPR / NTH, RS = NTH / CPR;
+    constexpr int CPR = D / 8;
     if constexpr (NTH % CPR == 0 && ROWS * CPR % NTH == 0) {
-        const int r0 = tid / CPR, col = tid % CPR * 8;
-        const T *g = first + r0 * step + col;
-        T *d = dst + r0 * LD + col;
-        if (rows >= ROWS) {
-#pragma unroll
-            for (int u = 0; u < N; u++) cp_async16(d + u * RS * LD, g + u * RS * step, true);
-        } else {
-#pragma unroll
-            for (int u = 0; u < N; u++) {
-                const bool ok = r0 + u * RS < rows;
-                cp_async16(d + u * RS * LD, ok ? g + u * RS * step : first, ok);
-            }
-        }
+        cp_async_rows<ROWS, D, NTH, PitchRows<LD>>(dst, first, step, rows, tid);
     } else {
         cp_async_tile<ROWS, D, NTH, LD>(dst, first, 0, rows, tid, [&](int64_t r) { return r * step; });
     }
