@@ -1,7 +1,8 @@
 #!/bin/sh
 # cuda_table.sh ATTN: attn bench --device cuda on the target shapes (bf16, B*L = 16384, H*D = 2048,
-# D in {64, 128}, L in {1024, 4096, 16384}, causal and not; forward + backward too, and with the
-# deterministic backward at L = 4096), then one short table of TFLOP/s.
+# D in {64, 128}, L in {1024, 4096, 16384}, causal and not; the forward with --kernels sm90 too;
+# forward + backward too, and with the deterministic backward at L = 4096), then one short table of
+# TFLOP/s.
 # Used by make test-cuda; bench/run_bench_cuda.py sets the same shapes beside PyTorch.
 set -eu
 attn=$1
@@ -13,6 +14,15 @@ for D in 64 128; do
         for causal in "" --causal; do
             "$attn" bench --device cuda --dtype bf16 --batch $((16384 / L)) --heads $((2048 / D)) --len-q "$L" \
                 --head-dim "$D" $causal --json | tail -n 1 >> "$tmp"
+        done
+    done
+done
+# the Hopper forward (--kernels sm90: warpgroup MMA; elsewhere the same kernels as above)
+for D in 64 128; do
+    for L in 1024 4096 16384; do
+        for causal in "" --causal; do
+            "$attn" bench --device cuda --dtype bf16 --batch $((16384 / L)) --heads $((2048 / D)) --len-q "$L" \
+                --head-dim "$D" $causal --kernels sm90 --json | tail -n 1 >> "$tmp"
         done
     done
 done

@@ -81,7 +81,18 @@ def load_attn_cuda(build):
     lib.attn_cuda_sdpa_kernel_name.argtypes = [ctypes.c_void_p, ctypes.POINTER(_lib.SdpaDesc),
                                                ctypes.POINTER(ctypes.c_char_p)]
     lib.attn_sdpa_desc_init = _lib.lib.attn_sdpa_desc_init
+    lib.attn_cuda_ctx_params_init.argtypes = [ctypes.c_void_p]
     return lib, _lib.SdpaDesc
+
+
+class CtxParams(ctypes.Structure):
+    """attn_cuda_ctx_params (attn_cuda.h), for the kernel choice."""
+    _fields_ = [("device", ctypes.c_int), ("stream", ctypes.c_void_p), ("kernels", ctypes.c_int),
+                ("deterministic", ctypes.c_int), ("alloc", ctypes.c_void_p), ("free", ctypes.c_void_p),
+                ("user", ctypes.c_void_p)]
+
+
+KERNELS = {"auto": 0, "simple": 1, "sm80": 2, "sm90": 3}  # attn_cuda_kernels
 
 
 def backward_row(torch, F, lib, ctx, d, sets, causal, flops, backends, rounds):
@@ -227,6 +238,8 @@ def main():
     ap.add_argument("--decode", action="store_true", help="also the decoding rows (B=8 H=32 Hkv=8 D=128)")
     ap.add_argument("--decode-only", action="store_true", help="the decoding rows alone")
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--kernels", choices=sorted(KERNELS), default="auto",
+                    help="attn's kernel choice (attn_cuda_kernels; sm90: the warpgroup-MMA forward)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--plot", help="draw TFLOP/s against L into this PNG (needs matplotlib)")
     ap.add_argument("--replot", metavar="JSON", help="no run: draw --plot from the results of an earlier --json")
@@ -255,7 +268,10 @@ def main():
     print("# measured: bf16 GEMM %(bf16_gemm_tflops)s TFLOP/s, copy %(copy_gbps)s GB/s" % head)
     lib, Desc = load_attn_cuda(args.build)
     ctx = ctypes.c_void_p()
-    if lib.attn_cuda_ctx_create(None, ctypes.byref(ctx)) != 0:
+    params = CtxParams()
+    lib.attn_cuda_ctx_params_init(ctypes.byref(params))
+    params.kernels = KERNELS[args.kernels]
+    if lib.attn_cuda_ctx_create(ctypes.byref(params), ctypes.byref(ctx)) != 0:
         print("run_bench_cuda.py: attn_cuda_ctx_create failed", file=sys.stderr)
         return 1
     lib.attn_cuda_ctx_set_stream(ctx, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))

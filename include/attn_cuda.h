@@ -70,8 +70,11 @@ typedef enum attn_cuda_kernels {
     ATTN_CUDA_KERNELS_AUTO = 0,
     ATTN_CUDA_KERNELS_SIMPLE = 1, /* the simple kernel for every call: float32 arithmetic, one warp per
                                      query row, any head dim, every option (the fallback and the check) */
-    ATTN_CUDA_KERNELS_SM80 = 2    /* the mma.sync (sm_80) kernels even on Hopper; the simple kernel where
+    ATTN_CUDA_KERNELS_SM80 = 2,   /* the mma.sync (sm_80) kernels even on Hopper; the simple kernel where
                                      they do not apply */
+    ATTN_CUDA_KERNELS_SM90 = 3    /* as SM80, and on a device of compute capability 9.x the forward on
+                                     Hopper's warpgroup MMA ("flash-sm90") where it applies; AUTO does
+                                     not choose it yet (docs/cuda.md: its state) */
 } attn_cuda_kernels;
 
 /**
@@ -168,6 +171,10 @@ ATTN_CUDA_API attn_status attn_cuda_ctx_reserve(attn_cuda_ctx *ctx, size_t size)
  *  - "flash": tensor cores (mma.sync, sm_80 and later) for q, k, v and out all BF16 or all F16,
  *    head_dim = head_dim_v in {32, 64, 96, 128, 256}, unit stride along D and 16-byte aligned
  *    pointers and row strides (multiples of 8 elements);
+ *  - "flash-sm90": with ATTN_CUDA_KERNELS_SM90 on compute capability 9.x, the "flash" calls with
+ *    head_dim 64 or 128, no mask, key padding mask, ALiBi, soft cap or dropout, and keys in
+ *    sequence order (no page table): warpgroup MMA (wgmma, sm_90a) reading K and V from shared
+ *    memory;
  *  - "decode": split-KV decoding (flash-decoding) when a kv head has at most 16 query rows
  *    (n_heads / n_kv_heads * len_q <= 16: one or a few new tokens), head dims up to 256 (128 above
  *    4 rows), any element types and strides, every option; with the AUTO kernel choice;
@@ -387,7 +394,8 @@ ATTN_CUDA_API attn_status attn_cuda_mha_forward_cached(attn_cuda_ctx *ctx, attn_
 ATTN_CUDA_API attn_status attn_cuda_sdpa_bwd_kernel_name(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc,
                                                          const char **name);
 
-/** The kernel the context would run for `desc`: "flash", "decode" or "simple" (*name static). */
+/** The kernel the context would run for `desc`: "flash", "flash-sm90", "decode" or "simple" (*name
+ *  static). */
 ATTN_CUDA_API attn_status attn_cuda_sdpa_kernel_name(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc,
                                                      const char **name);
 

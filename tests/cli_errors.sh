@@ -76,6 +76,8 @@ expect 2 "bench --dropout with the module" -- $attn bench --op mha --dropout 0.1
 expect 2 "bench --device cuda --dropout out of range" -- $attn bench --device cuda --backward --dropout 1.5
 expect 2 "bench --device cuda --op mha with a bad embed dim" -- $attn bench --device cuda --op mha --embed-dim 30 --heads 4
 expect 2 "bench --device cuda --backward of a decode" -- $attn bench --device cuda --op decode --backward
+expect 2 "bench --device cuda --kernels unknown" -- $attn bench --device cuda --kernels sm75
+expect 2 "bench --device cuda --kernels of a decode" -- $attn bench --device cuda --op decode --kernels sm90
 
 if [ "$failures" -ne 0 ]; then echo "$failures failures"; exit 1; fi
 echo "all CLI error checks passed"

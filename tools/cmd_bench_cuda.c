@@ -19,13 +19,14 @@ static const char *summary =
     "usage: attn bench --device cuda [--op sdpa|decode|mha] [--dtype bf16|f16|f32] [--batch B] [--heads H]\n"
     "                  [--kv-heads Hkv] [--len-q L] [--len-kv S] [--head-dim D] [--causal] [--backward]\n"
     "                  [--deterministic] [--dropout P] [--page-size P] [--repeat R] [--warmup W] [--sets N]\n"
-    "                  [--json]\n"
+    "                  [--kernels auto|simple|sm80|sm90] [--json]\n"
     "Times libattn_cuda on GPU 0 with CUDA events: the median of R runs after W warm-up runs, the inputs\n"
     "rotating over N sets. --op sdpa (q (B, H, L, D), k and v (B, Hkv, S, D), contiguous) reports ms and\n"
     "TFLOP/s (4 B H D times the visible (query, key) pairs); with --backward each run is the forward and\n"
     "the backward, counted as 3.5 times the forward's flops; the kernel column names the forward's and the\n"
     "backward's (fwd+bwd), --deterministic sets the context's deterministic flag (the backward's dQ\n"
-    "without atomics). --dropout P draws Philox dropout (seed 1).\n"
+    "without atomics). --dropout P draws Philox dropout (seed 1). --kernels sets the context's kernel\n"
+    "choice (attn_cuda_kernels; sm90: the warpgroup-MMA forward where it applies, AUTO does not take it yet).\n"
     "--op mha times attn_cuda_mha_forward (with --backward forward_train and backward) on self-attention\n"
     "(L, B, E) inputs, E = H * D (--embed-dim to set it), heads H, causal with --causal; TFLOP/s counts\n"
     "the projections (8 B L E^2) beside the attention (3x both with --backward).\n"
@@ -34,13 +35,18 @@ static const char *summary =
     "it reports GB/s of K and V read. See docs/cuda.md and bench/run_bench_cuda.py.";
 
 typedef struct cuda_bench_opts {
-    const char *device, *op, *dtype;
+    const char *device, *op, *dtype, *kernels;
     int64_t B, H, Hkv, L, S, D, E, page_size, repeat, warmup, sets;
     double dropout;
     bool causal, json, backward, deterministic;
+    int kernel_choice; // attn_cuda_kernels' value of --kernels
 } cuda_bench_opts;
 
 #ifdef ATTN_HAVE_CUDA
+_Static_assert(ATTN_CUDA_KERNELS_AUTO == 0 && ATTN_CUDA_KERNELS_SIMPLE == 1 && ATTN_CUDA_KERNELS_SM80 == 2 &&
+                   ATTN_CUDA_KERNELS_SM90 == 3,
+               "--kernels' names in attn_cuda_kernels' order");
+
 static int cmp_float(const void *a, const void *b) {
     const float x = *(const float *)a, y = *(const float *)b;
     return (x > y) - (x < y);
@@ -112,6 +118,7 @@ static int run_sdpa(const cuda_bench_opts *o, attn_dtype dt) {
     attn_cuda_ctx_params cp;
     attn_cuda_ctx_params_init(&cp);
     cp.deterministic = o->deterministic;
+    cp.kernels = (attn_cuda_kernels)o->kernel_choice;
     attn_status st = attn_cuda_ctx_create(&cp, &ctx);
     if (st != ATTN_OK) return cli_error("bench", EXIT_FAILURE_RUN, "--device cuda: %s", attn_strerror(st));
     attn_sdpa_desc d;
@@ -369,7 +376,7 @@ done:
 
 int cmd_bench_cuda(int argc, char **argv) {
     cuda_bench_opts o = {.device = "cuda", .op = "sdpa", .dtype = "bf16", .B = 1, .H = 16, .Hkv = 0, .L = 4096, .S = 0,
-                         .D = 128, .repeat = 20, .warmup = 5, .sets = 4};
+                         .D = 128, .repeat = 20, .warmup = 5, .sets = 4, .kernels = "auto"};
     arg_spec specs[] = {
         {"--device", ARG_STRING, &o.device, "cuda", "the GPU path (this summary)", false, false},
         {"--op", ARG_STRING, &o.op, "sdpa|decode|mha", "what to time (default sdpa)", false, false},
@@ -389,6 +396,7 @@ int cmd_bench_cuda(int argc, char **argv) {
         {"--repeat", ARG_INT, &o.repeat, "R", "timed runs (default 20)", false, false},
         {"--warmup", ARG_INT, &o.warmup, "W", "untimed runs first (default 5)", false, false},
         {"--sets", ARG_INT, &o.sets, "N", "input sets the runs rotate over (default 4)", false, false},
+        {"--kernels", ARG_STRING, &o.kernels, "K", "sdpa: auto, simple, sm80 or sm90 (default auto)", false, false},
         {"--json", ARG_FLAG, &o.json, NULL, "end with a JSON object on one line", false, false},
     };
     int rc = args_parse("bench", summary, argc, argv, specs, (int)(sizeof specs / sizeof specs[0]));
@@ -412,6 +420,12 @@ int cmd_bench_cuda(int argc, char **argv) {
     if (o.E == 0) o.E = o.H * o.D;
     if (o.E < 1 || o.E % o.H != 0) return cli_error("bench", EXIT_USAGE, "--embed-dim must be a multiple of --heads");
     if (o.page_size > 0 && strcmp(o.op, "decode") != 0) return cli_error("bench", EXIT_USAGE, "--page-size applies to --op decode");
+    static const char *const kernel_names[] = {"auto", "simple", "sm80", "sm90"}; // attn_cuda_kernels' order
+    o.kernel_choice = -1;
+    for (int i = 0; i < 4; i++)
+        if (strcmp(o.kernels, kernel_names[i]) == 0) o.kernel_choice = i;
+    if (o.kernel_choice < 0) return cli_error("bench", EXIT_USAGE, "--kernels must be auto, simple, sm80 or sm90, not '%s'", o.kernels);
+    if (o.kernel_choice != 0 && !sdpa) return cli_error("bench", EXIT_USAGE, "--kernels applies to --op sdpa");
 #ifdef ATTN_HAVE_CUDA
     return mha ? run_mha(&o, dt) : sdpa ? run_sdpa(&o, dt) : run_decode(&o, dt);
 #else

@@ -51,6 +51,9 @@ static attn_status probe(attn__cuda_err *e, int device, attn__cuda_device *dev) 
     dev->sm_count = prop.multiProcessorCount;
     dev->smem_optin = prop.sharedMemPerBlockOptin;
     dev->decode_pdl = attn__cuda_decode_pdl() != 0;
+    // the runtime loads a build's sm_90a code on a 9.0 device (an exact match); elsewhere the Hopper
+    // forward's kernel has no body (kernels/wgmma.cuh)
+    dev->flash_sm90 = prop.major == 9 && prop.minor == 0 && strstr(ATTN_CUDA_ARCHS, "90a") != NULL;
     return ATTN_OK;
 }
 
@@ -84,7 +87,7 @@ attn_status attn_cuda_ctx_create(const attn_cuda_ctx_params *params, attn_cuda_c
     attn_cuda_ctx_params pr;
     attn_cuda_ctx_params_init(&pr);
     if (params != NULL) pr = *params;
-    if (pr.kernels < ATTN_CUDA_KERNELS_AUTO || pr.kernels > ATTN_CUDA_KERNELS_SM80 || pr.device < 0 ||
+    if (pr.kernels < ATTN_CUDA_KERNELS_AUTO || pr.kernels > ATTN_CUDA_KERNELS_SM90 || pr.device < 0 ||
         (pr.allocator.alloc == NULL) != (pr.allocator.free == NULL))
         return ATTN_ERR_INVALID_ARG;
     attn_cuda_ctx *ctx = calloc(1, sizeof *ctx);

@@ -20,6 +20,8 @@ int attn__cuda_launch_simple(const attn__cuda_sdpa_params *p, int64_t row_blocks
 // F16 and head dim 32, 64, 96, 128 or 256, one instance per (type, dim) generated from
 // kernels/flash_inst.cu.in. Other combinations return cudaErrorInvalidValue.
 int attn__cuda_launch_flash(const attn__cuda_sdpa_params *p, int64_t row_blocks, cudaStream_t stream);
+// The Hopper forward (kernels/flash_sm90.cuh): BF16 or F16, D = 64 or 128, on compute capability 9.x.
+int attn__cuda_launch_flash_sm90(const attn__cuda_sdpa_params *p, int64_t row_blocks, cudaStream_t stream);
 
 // kernels/simple_bwd.cu: the simple backward (rowdot, dq, dk and dv kernels in turn) for a plan
 // whose dout, rowdot (workspace), dq, dk, dv and lse (the forward's) are set.

@@ -31,6 +31,7 @@ const char *attn__cuda_kernel_name(attn__cuda_kernel k) {
     case ATTN__CU_KERNEL_FLASH: return "flash";
     case ATTN__CU_KERNEL_DECODE: return "decode";
     case ATTN__CU_KERNEL_DECODE_VEC: return "decode-vec";
+    case ATTN__CU_KERNEL_FLASH_SM90: return "flash-sm90";
     }
     return "?";
 }
@@ -73,6 +74,13 @@ size_t attn__cuda_flash_smem(int head_dim) {
     const flash_shape *f = flash_shape_of(head_dim);
     if (f == NULL) return 0;
     return (size_t)(f->br + 2 * f->stages * f->bc) * (size_t)(f->d + 8) * 2;
+}
+
+// Hopper forward (kernels/flash_sm90.cuh): Q (128 rows) and two stages of K and V tiles of 128 rows,
+// unpadded (128-byte swizzle), and 1024 bytes to align them; head dims 64 and 128.
+size_t attn__cuda_flash_sm90_smem(int head_dim) {
+    if (head_dim != 64 && head_dim != 128) return 0;
+    return (size_t)(128 + 2 * 2 * 128) * (size_t)head_dim * 2 + 1024;
 }
 
 // Tensor-core backward: the tile shapes of kernels/flash_traits.cuh's FlashBwdTraits (copied here):
@@ -193,6 +201,12 @@ attn_status attn__cuda_plan_sdpa(attn__cuda_err *e, const attn__cuda_device *dev
     if (flash_operands(p, dev, kernels, fast_dim(p->D), q, k, v) && vec_view(p->o_stride, out) &&
         attn__cuda_flash_smem((int)p->D) <= dev->smem_optin)
         kern = ATTN__CU_KERNEL_FLASH;
+    // ... on Hopper when asked (ATTN_CUDA_KERNELS_SM90, a build with sm_90a code): the warpgroup-MMA
+    // form for its head dims, the bounds alone, no dropout and keys in sequence order
+    const size_t sm90_smem = attn__cuda_flash_sm90_smem((int)p->D);
+    if (kern == ATTN__CU_KERNEL_FLASH && kernels == ATTN_CUDA_KERNELS_SM90 && dev->flash_sm90 && sm90_smem != 0 &&
+        sm90_smem <= dev->smem_optin && !attn__cuda_elementwise(p) && !p->dropout && (seqs == NULL || seqs->page_size == 0))
+        kern = ATTN__CU_KERNEL_FLASH_SM90;
     // Few query rows per kv head (decoding): split-KV, every row of a group in one warp. 16 rows of
     // head dims above 128 would hold 128 accumulators a lane: those stay on the other kernels.
     const int64_t rows = p->group * p->L, dmax = p->D > p->Dv ? p->D : p->Dv;
@@ -210,7 +224,7 @@ attn_status attn__cuda_plan_sdpa(attn__cuda_err *e, const attn__cuda_device *dev
         return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda sdpa: head dims %lld/%lld need more shared memory than the device has",
                                (long long)p->D, (long long)p->Dv);
     plan->kernel = kern;
-    const int64_t tile = kern == ATTN__CU_KERNEL_FLASH ? flash_shape_of(p->D)->br : 4;
+    const int64_t tile = kern == ATTN__CU_KERNEL_FLASH ? flash_shape_of(p->D)->br : kern == ATTN__CU_KERNEL_FLASH_SM90 ? 128 : 4;
     plan->row_blocks = ceil_div(p->L, tile);
     if (plan->row_blocks > INT32_MAX / (p->B * p->H))
         return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda sdpa: %lld x %lld x %lld blocks exceed the grid's limit",

@@ -39,13 +39,15 @@ typedef struct attn__cuda_device {
     int sm_count;
     size_t smem_optin; // largest dynamic shared memory per block
     bool decode_pdl;   // the loaded decode kernels were compiled for sm_90 or later (programmatic launch)
+    bool flash_sm90;   // compute capability 9.0 and the library carries sm_90a machine code (the Hopper forward)
 } attn__cuda_device;
 
 typedef enum attn__cuda_kernel {
     ATTN__CU_KERNEL_SIMPLE = 0,
     ATTN__CU_KERNEL_FLASH = 1,
     ATTN__CU_KERNEL_DECODE = 2,    // split-KV decoding (kernels/decode.cu): few query rows per kv head
-    ATTN__CU_KERNEL_DECODE_VEC = 3 // the same, 16-byte rows of BF16/F16 at D = Dv in {64, 128}, bounds only
+    ATTN__CU_KERNEL_DECODE_VEC = 3, // the same, 16-byte rows of BF16/F16 at D = Dv in {64, 128}, bounds only
+    ATTN__CU_KERNEL_FLASH_SM90 = 4  // the forward on warpgroup MMA (kernels/flash_sm90.cuh), compute capability 9.x
 } attn__cuda_kernel;
 
 const char *attn__cuda_kernel_name(attn__cuda_kernel k);
@@ -107,6 +109,7 @@ const char *attn__cuda_bwd_kernel_name(const attn__cuda_sdpa_plan *plan);
 // Dynamic shared memory of the kernels (bytes), from the plan.
 size_t attn__cuda_simple_smem(const attn__cuda_sdpa_params *p);
 size_t attn__cuda_flash_smem(int head_dim);
+size_t attn__cuda_flash_sm90_smem(int head_dim); // 0: no instance
 size_t attn__cuda_simple_bwd_smem(const attn__cuda_sdpa_params *p);
 // The tensor-core backward's (the larger of its two kernels' with `deterministic`); 0: no instance.
 size_t attn__cuda_flash_bwd_smem(int head_dim, bool deterministic);

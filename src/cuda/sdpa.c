@@ -68,6 +68,8 @@ static attn_status run(attn_cuda_ctx *ctx, attn__cuda_sdpa_plan *plan, const att
     int err;
     if (plan->kernel == ATTN__CU_KERNEL_FLASH)
         err = attn__cuda_launch_flash(p, plan->row_blocks, ctx->stream);
+    else if (plan->kernel == ATTN__CU_KERNEL_FLASH_SM90)
+        err = attn__cuda_launch_flash_sm90(p, plan->row_blocks, ctx->stream);
     else if (plan->kernel == ATTN__CU_KERNEL_DECODE || plan->kernel == ATTN__CU_KERNEL_DECODE_VEC)
         err = attn__cuda_launch_decode(p, plan->kernel == ATTN__CU_KERNEL_DECODE_VEC, plan->split_keys, plan->n_splits,
                                        plan->decode_rows, (float *)(ws + plan->ws_part), ctx->dev.decode_pdl,

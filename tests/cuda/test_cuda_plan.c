@@ -7,9 +7,10 @@
 #include "harness.h"
 #include "plan.h"
 
-// An H100 (sm_90, 132 SMs, 227 KiB of shared memory per block) and an A100 (sm_80, 163 KiB).
-static const attn__cuda_device h100 = {9, 0, 132, 232448, true};
-static const attn__cuda_device a100 = {8, 0, 108, 166912, false};
+// An H100 (sm_90, 132 SMs, 227 KiB of shared memory per block, a build with sm_90a code) and an A100
+// (sm_80, 163 KiB).
+static const attn__cuda_device h100 = {9, 0, 132, 232448, true, true};
+static const attn__cuda_device a100 = {8, 0, 108, 166912, false, false};
 
 static attn_ctx *cpu_ctx(void) {
     attn_ctx *ctx = NULL;
@@ -456,6 +457,67 @@ static void test_decode_choice(void) {
     attn_ctx_free(e.host);
 }
 
+// The Hopper forward: only when asked (ATTN_CUDA_KERNELS_SM90), on compute capability 9.x, for the
+// "flash" calls of head dims 64 and 128 with the bounds alone, no dropout and keys in sequence order;
+// every other call gets what SM80 gives it; the backward keeps its own kernels.
+static void test_sm90_choice(void) {
+    attn__cuda_err e = {{0}, cpu_ctx()};
+    attn__cuda_sdpa_plan p;
+    for (int t = 0; t < 2; t++)
+        for (int64_t D = 32; D <= 256; D += 32) {
+            const attn_dtype dt = t == 0 ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
+            const bool built = D == 64 || D == 128;
+            for (int c = 0; c < 3; c++) { // plain, causal bottom-right, window
+                attn_sdpa_desc d = desc_of(2, 8, 2, 200, 300, D, dt);
+                if (c == 1) d.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+                if (c == 2) d.use_window = 1, d.window_left = 17, d.window_right = 3;
+                const char *sm80 = kernel_of(&d, ATTN_CUDA_KERNELS_SM80);
+                ASSERT_NAME(kernel_of(&d, ATTN_CUDA_KERNELS_SM90), built ? "flash-sm90" : sm80);
+                ASSERT_NAME(kernel_of(&d, ATTN_CUDA_KERNELS_AUTO), sm80); // not chosen by AUTO
+                ASSERT_OK(plan(&e, &a100, ATTN_CUDA_KERNELS_SM90, &d, NULL, &p)); // an sm_80 device
+                ASSERT_NAME(attn__cuda_kernel_name(p.kernel), sm80);
+                if (built) {
+                    ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_SM90, &d, NULL, &p));
+                    ASSERT_EQ_INT(p.row_blocks, 2); // 128-row query tiles
+                    ASSERT_EQ_INT(p.ws_bytes, 0);
+                }
+            }
+        }
+    // what it does not take: element-wise terms, dropout, pages, F32, too little shared memory, no sm_90a code
+    for (int c = 0; c < 9; c++) {
+        attn_sdpa_desc d = desc_of(2, 8, 2, 200, 300, 128, ATTN_DTYPE_BF16);
+        float slopes[8] = {0};
+        attn__cuda_device dev = h100;
+        const attn__cuda_seqs paged = {packed_cq, packed_ck, 16};
+        const attn__cuda_seqs *seqs = NULL;
+        switch (c) {
+        case 0: d.mask = &d, d.mask_dtype = ATTN_DTYPE_BOOL; break;
+        case 1: d.key_padding_mask = &d, d.key_padding_mask_dtype = ATTN_DTYPE_BOOL; break;
+        case 2: d.alibi_slopes = slopes; break;
+        case 3: d.softcap = 30.0f; break;
+        case 4: d.dropout_p = 0.1, d.dropout_rng = ATTN_DROPOUT_RNG_PHILOX; break;
+        case 5: d = packed_desc(128, ATTN_DTYPE_BF16), seqs = &paged; break;
+        case 6: d = desc_of(2, 8, 2, 200, 300, 128, ATTN_DTYPE_F32); break;
+        case 7: dev.smem_optin = attn__cuda_flash_sm90_smem(128) - 1; break;
+        case 8: dev.flash_sm90 = false; break; // a build without sm_90a code
+        }
+        const attn_status st = plan(&e, &dev, ATTN_CUDA_KERNELS_SM90, &d, seqs, &p);
+        if (st != ATTN_OK) FAIL("case %d: %s", c, e.msg);
+        if (p.kernel == ATTN__CU_KERNEL_FLASH_SM90) FAIL("case %d took flash-sm90", c);
+    }
+    // packed batches take it (the tile of a sequence's rows)
+    attn_sdpa_desc d = packed_desc(64, ATTN_DTYPE_BF16);
+    ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_SM90, &d, &packed_seqs, &p));
+    ASSERT_NAME(attn__cuda_kernel_name(p.kernel), "flash-sm90");
+    ASSERT_EQ_INT(attn__cuda_flash_sm90_smem(128), (128 + 4 * 128) * 128 * 2 + 1024);
+    ASSERT_EQ_INT(attn__cuda_flash_sm90_smem(96), 0);
+    // the backward plans its own kernels
+    d = desc_of(2, 8, 2, 200, 300, 128, ATTN_DTYPE_BF16);
+    ASSERT_OK(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_SM90, false, &d, NULL, false, NULL, &p));
+    ASSERT_NAME(attn__cuda_bwd_kernel_name(&p), "flash");
+    attn_ctx_free(e.host);
+}
+
 static void test_workspace_offsets(void) {
     size_t used = 0;
     ASSERT_EQ_INT(attn__cuda_ws_take(&used, 10), 0);
@@ -468,6 +530,7 @@ int main(int argc, char **argv) {
                                          HARNESS_CASE(test_kernel_choice),  HARNESS_CASE(test_pointer_alignment),
                                          HARNESS_CASE(test_parameters),     HARNESS_CASE(test_varlen),
                                          HARNESS_CASE(test_workspace_offsets), HARNESS_CASE(test_dropout),
-                                         HARNESS_CASE(test_backward), HARNESS_CASE(test_backward_flash_choice), HARNESS_CASE(test_decode_choice)};
+                                         HARNESS_CASE(test_backward), HARNESS_CASE(test_backward_flash_choice), HARNESS_CASE(test_decode_choice),
+                                         HARNESS_CASE(test_sm90_choice)};
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
 }

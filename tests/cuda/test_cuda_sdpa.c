@@ -94,6 +94,7 @@ static int decode_shapes; // the cases' shapes: decoding (1 or 2 queries, up to 
 // keys growing along the sequence; the scale negative in half the cases, the keys then falling): the
 // flash forward's running max then moves on (steep) or stays within its slack (gentle) tile after tile.
 static double rising_slope;
+static int sm90_cases; // cases the forward ran on "flash-sm90"
 
 static void run_case(attn_cuda_ctx *ctx, attn_dtype t, int allow_options, int packed, int backward) {
     static const int64_t dims[] = {32, 64, 96, 128, 256, 40};
@@ -192,7 +193,10 @@ static void run_case(attn_cuda_ctx *ctx, attn_dtype t, int allow_options, int pa
     attn_sdpa_desc gd = d;
     gd.mask = dmask, gd.alibi_slopes = dslopes;
     const char *kname = "?";
-    if (!packed) ASSERT_OK(attn_cuda_sdpa_kernel_name(ctx, &gd, &kname));
+    attn_sdpa_desc kd = gd; // a packed batch gets the kernel of one sequence of its rows
+    if (packed) kd.batch = 1;
+    ASSERT_OK(attn_cuda_sdpa_kernel_name(ctx, &kd, &kname));
+    sm90_cases += strcmp(kname, "flash-sm90") == 0;
     attn_status st = packed ? attn_cuda_sdpa_varlen_fwd(ctx, &gd, cu_q, cu_k, dq, dk, dv, dout, dlse)
                             : attn_cuda_sdpa_fwd(ctx, &gd, dq, dk, dv, dout, dlse);
     if (st != ATTN_OK) FAIL("seed %llu: %s", (unsigned long long)seed, attn_cuda_ctx_last_error(ctx));
@@ -433,6 +437,32 @@ static void test_rising_scores(void) {
         cases_of(ATTN_CUDA_KERNELS_AUTO, 1, 0, 0);
     }
     rising_slope = 0;
+}
+
+// The Hopper forward (ATTN_CUDA_KERNELS_SM90) on the cases of the tests above: plain, with options
+// (the calls it does not take run the other kernels), packed batches, decoding shapes (one or two
+// queries, up to 24 key tiles) and rising scores. On compute capability 9.x cases must have run on it.
+static void test_sm90(void) {
+    attn_cuda_ctx *ctx = gpu_ctx(ATTN_CUDA_KERNELS_SM90); // skips without a GPU
+    attn_cuda_device_props props;
+    ASSERT_OK(attn_cuda_ctx_device(ctx, &props));
+    attn_cuda_ctx_free(ctx);
+    sm90_cases = 0;
+    cases_of(ATTN_CUDA_KERNELS_SM90, 0, 0, 0);
+    cases_of(ATTN_CUDA_KERNELS_SM90, 1, 0, 0);
+    cases_of(ATTN_CUDA_KERNELS_SM90, 1, 1, 0);
+    decode_shapes = 1;
+    cases_of(ATTN_CUDA_KERNELS_SM90, 0, 0, 0);
+    decode_shapes = 0;
+    static const double slopes[] = {0.5, 12};
+    for (int i = 0; i < 2; i++) {
+        rising_slope = slopes[i];
+        cases_of(ATTN_CUDA_KERNELS_SM90, 0, 0, 0);
+    }
+    rising_slope = 0;
+    fprintf(stderr, "    %d cases on flash-sm90 (%s, compute capability %d.%d)\n", sm90_cases, props.name, props.cc_major,
+            props.cc_minor);
+    if (props.cc_major == 9 && sm90_cases == 0) FAIL("no case ran on flash-sm90");
 }
 
 // The float mask's gradient (dmask) against attn_sdpa_bwd's on the reference: random F32 and BF16
@@ -752,6 +782,6 @@ int main(int argc, char **argv) {
                                          HARNESS_CASE(test_backward_simple),     HARNESS_CASE(test_backward_flash_vs_simple),
                                          HARNESS_CASE(test_backward_deterministic),
                                          HARNESS_CASE(test_decode),              HARNESS_CASE(test_backward_dmask),
-                                         HARNESS_CASE(test_rising_scores)};
+                                         HARNESS_CASE(test_rising_scores),       HARNESS_CASE(test_sm90)};
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
 }

@@ -9,6 +9,13 @@
 namespace attn_cuda {
 template <typename T, int D> int flash_launch(const P &p, int64_t row_blocks, cudaStream_t stream);
 template <typename T, int D> int flash_bwd_launch(const P &p, int deterministic, cudaStream_t stream);
+template <typename T, int D> int flash_sm90_launch(const P &p, int64_t row_blocks, cudaStream_t stream);
+
+template <typename T> static int flash_sm90_by_dim(const P &p, int64_t row_blocks, cudaStream_t stream) {
+    if (p.D == 64) return flash_sm90_launch<T, 64>(p, row_blocks, stream);
+    if (p.D == 128) return flash_sm90_launch<T, 128>(p, row_blocks, stream);
+    return cudaErrorInvalidValue;
+}
 
 template <typename T> static int flash_by_dim(const P &p, int64_t row_blocks, cudaStream_t stream) {
     switch (p.D) {
@@ -35,6 +42,12 @@ template <typename T> static int flash_bwd_by_dim(const P &p, int deterministic,
 extern "C" int attn__cuda_launch_flash(const attn__cuda_sdpa_params *p, int64_t row_blocks, cudaStream_t stream) {
     if (p->q_dtype == ATTN__CU_BF16) return attn_cuda::flash_by_dim<__nv_bfloat16>(*p, row_blocks, stream);
     if (p->q_dtype == ATTN__CU_F16) return attn_cuda::flash_by_dim<__half>(*p, row_blocks, stream);
+    return cudaErrorInvalidValue;
+}
+
+extern "C" int attn__cuda_launch_flash_sm90(const attn__cuda_sdpa_params *p, int64_t row_blocks, cudaStream_t stream) {
+    if (p->q_dtype == ATTN__CU_BF16) return attn_cuda::flash_sm90_by_dim<__nv_bfloat16>(*p, row_blocks, stream);
+    if (p->q_dtype == ATTN__CU_F16) return attn_cuda::flash_sm90_by_dim<__half>(*p, row_blocks, stream);
     return cudaErrorInvalidValue;
 }
 
