@@ -26,20 +26,6 @@ struct FlashSm90Tile {
     static constexpr int kWarpGroups = 2, kThreads = 128 * kWarpGroups, kBr = 64 * kWarpGroups, kBc = 128, kStages = 2;
 };
 
-// d (64 x N) = A B (+ d) with A and B in shared memory; d (64 x N) += A B with A in registers and B
-// stored MN-major: N = 64 or 128, T's instruction.
-template <typename T, int N>
-__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-    static_assert(N == 64 || N == 128, "wgmma_ss: N");
-    if constexpr (N == 64) wgmma_ss_n64(d, desc_a, desc_b, accumulate, static_cast<T *>(nullptr));
-    else wgmma_ss_n128(d, desc_a, desc_b, accumulate, static_cast<T *>(nullptr));
-}
-template <typename T, int N> __device__ __forceinline__ void wgmma_rs_tb(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
-    static_assert(N == 64 || N == 128, "wgmma_rs_tb: N");
-    if constexpr (N == 64) wgmma_rs_n64_tb(d, a, desc_b, static_cast<T *>(nullptr));
-    else wgmma_rs_n128_tb(d, a, desc_b, static_cast<T *>(nullptr));
-}
-
 template <typename T, int D>
 __global__ void __launch_bounds__(FlashSm90Tile::kThreads, 1) flash_fwd_sm90_kernel(const P p) {
 #if ATTN_CU_WGMMA
@@ -97,7 +83,7 @@ __global__ void __launch_bounds__(FlashSm90Tile::kThreads, 1) flash_fwd_sm90_ker
     float(&od)[NO * 4] = *reinterpret_cast<float(*)[NO * 4]>(&oacc[0][0][0]);
     float(&sd)[NT * 4] = *reinterpret_cast<float(*)[NT * 4]>(&sacc[0][0][0]);
     float row_m[1][2] = {{-CUDART_INF_F, -CUDART_INF_F}}, row_l[1][2] = {{0.0f, 0.0f}};
-    const uint32_t q_at = smem_u32(sQ) + wg * 64 * 128; // the warpgroup's 64 rows in each panel of Q
+    const uint32_t q_at = smem_u32(sQ); // the warpgroup's rows: 64 wg .. in each panel
 
     for (int t = 0; t < n_tiles; t++) {
         if (t + 1 < n_tiles) load_kv(n_begin + t + 1, (t + 1) % ST);
@@ -107,14 +93,12 @@ __global__ void __launch_bounds__(FlashSm90Tile::kThreads, 1) flash_fwd_sm90_ker
         __syncthreads();     // ... and for every thread
         const uint32_t k_at = smem_u32(sK + (t % ST) * Bc * D), v_at = smem_u32(sV + (t % ST) * Bc * D);
 
-        // S = Q K^T: K-major A (Q) and B (K); a k-step of 16 is 32 bytes inside a 64-column panel
+        // S = Q K^T: A (Q) and B (K) K-major
         wgmma_fence_regs(sd);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) {
-            const uint32_t col = (kk % 4) * 32;
-            wgmma_ss<T, Bc>(sd, sw128_desc(q_at + (kk / 4) * Br * 128 + col, 16, 1024),
-                            sw128_desc(k_at + (kk / 4) * Bc * 128 + col, 16, 1024), kk > 0);
+            wgmma_ss<T, Bc>(sd, kmajor_desc(q_at, Br, 64 * wg, kk), kmajor_desc(k_at, Bc, 0, kk), kk > 0);
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -125,15 +109,14 @@ __global__ void __launch_bounds__(FlashSm90Tile::kThreads, 1) flash_fwd_sm90_ker
         tile_scores<1, NT>(sacc, p, s, b, h, iw, n0, inside, false, fold, scale_log2, pre_scale, g, c);
         tile_softmax<1, NT, NO>(sacc, oacc, row_m, row_l, fs);
 
-        // O += P V: P (rounded to T) from registers, V MN-major: 16 keys are 2048 bytes of a panel,
-        // the panels (64 columns of V) Bc * 128 bytes apart
+        // O += P V: P (rounded to T) from registers, V MN-major
         uint32_t pa[KB][4];
 #pragma unroll
         for (int k = 0; k < KB; k++) acc_to_a<T>(pa[k], sacc[0][2 * k], sacc[0][2 * k + 1]);
         wgmma_fence_regs(od);
         wgmma_fence();
 #pragma unroll
-        for (int k = 0; k < KB; k++) wgmma_rs_tb<T, D>(od, pa[k], sw128_desc(v_at + k * 16 * 128, Bc * 128, 1024));
+        for (int k = 0; k < KB; k++) wgmma_rs_tb<T, D>(od, pa[k], mnmajor_desc(v_at, Bc, k));
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_fence_regs(od);

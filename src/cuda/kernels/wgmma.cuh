@@ -59,6 +59,17 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lead_byte
            ((uint64_t)((stride_bytes >> 4) & 0x3FFFu) << 32) | (1ull << 62);
 }
 
+// The descriptor of k-step kk (columns 16 kk ..) of an operand stored K-major: rows r0 .. of a tile of
+// `rows` rows in 64-column panels at shared address tile (bytes); r0 a multiple of 8.
+__device__ __forceinline__ uint64_t kmajor_desc(uint32_t tile, int rows, int r0, int kk) {
+    return sw128_desc(tile + (uint32_t)((kk / 4) * rows * 128 + r0 * 128 + (kk % 4) * 32), 16, 1024);
+}
+// The descriptor of k-step kk (rows 16 kk ..) of an operand stored MN-major: a tile of `rows` rows
+// along K, its N columns in 64-column panels, at shared address tile.
+__device__ __forceinline__ uint64_t mnmajor_desc(uint32_t tile, int rows, int kk) {
+    return sw128_desc(tile + (uint32_t)(kk * 16 * 128), (uint32_t)rows * 128, 1024);
+}
+
 __device__ __forceinline__ void fence_proxy_async() {
 #if ATTN_CU_WGMMA
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -169,6 +180,20 @@ __device__ __forceinline__ void wgmma_rs_n128_tb(float (&d)[64], const uint32_t 
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 #endif
+}
+
+// d (64 x N) = A B (+ d) with A and B in shared memory; d (64 x N) += A B with A in registers and B
+// stored MN-major: N = 64 or 128, T's instruction.
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    static_assert(N == 64 || N == 128, "wgmma_ss: N");
+    if constexpr (N == 64) wgmma_ss_n64(d, desc_a, desc_b, accumulate, static_cast<T *>(nullptr));
+    else wgmma_ss_n128(d, desc_a, desc_b, accumulate, static_cast<T *>(nullptr));
+}
+template <typename T, int N> __device__ __forceinline__ void wgmma_rs_tb(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
+    static_assert(N == 64 || N == 128, "wgmma_rs_tb: N");
+    if constexpr (N == 64) wgmma_rs_n64_tb(d, a, desc_b, static_cast<T *>(nullptr));
+    else wgmma_rs_n128_tb(d, a, desc_b, static_cast<T *>(nullptr));
 }
 
 } // namespace attn_cuda
