@@ -72,6 +72,7 @@ template <typename T, int D> __global__ void __launch_bounds__(kThreads) pv_kern
     float d[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; i++) d[i] = 0.0f;
+    wgmma_fence_regs(a);
     wgmma_fence_regs(d);
     wgmma_fence();
 #pragma unroll

@@ -113,6 +113,7 @@ __global__ void __launch_bounds__(FlashSm90Tile::kThreads, 1) flash_fwd_sm90_ker
         uint32_t pa[KB][4];
 #pragma unroll
         for (int k = 0; k < KB; k++) acc_to_a<T>(pa[k], sacc[0][2 * k], sacc[0][2 * k + 1]);
+        wgmma_fence_regs(pa);
         wgmma_fence_regs(od);
         wgmma_fence();
 #pragma unroll

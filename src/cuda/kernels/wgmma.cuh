@@ -97,6 +97,13 @@ template <int n> __device__ __forceinline__ void wgmma_fence_regs(float (&r)[n])
 #pragma unroll
     for (int i = 0; i < n; i++) asm volatile("" : "+f"(r[i])::"memory");
 }
+// The same for A fragments in registers (m k-steps of 4 words): written before the wgmma_fence.
+template <int m> __device__ __forceinline__ void wgmma_fence_regs(uint32_t (&r)[m][4]) {
+#pragma unroll
+    for (int i = 0; i < m; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) asm volatile("" : "+r"(r[i][j])::"memory");
+}
 // d (64 x 64) = A B (+ d when accumulate): A and B from shared memory (descriptors), bf16.
 __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate, __nv_bfloat16 *) {
 #if ATTN_CU_WGMMA
