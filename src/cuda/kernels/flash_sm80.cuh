@@ -44,21 +44,13 @@ __global__ void __launch_bounds__(FlashTraits<D, Wide>::kThreads, FlashTraits<D,
     T *sK = sQ + Br * LD;                      // (ST, Bc, LD)
     T *sV = sK + ST * Bc * LD;                 // (ST, Bc, LD)
 
-    // Block -> (query tile, b, h); the last query tiles (most keys under causal masking) first.
-    const int64_t bh_count = p.B * p.H;
-    const int64_t m_blocks = (p.L + Br - 1) / Br;
-    const int64_t bid = blockIdx.x;
-    const int64_t mt = m_blocks - 1 - bid / bh_count, bh = bid % bh_count;
-    const int64_t b = bh / p.H, h = bh % p.H, hk = h / p.group;
-    const Seq s = seq_of(p, b);
-    const int64_t i0 = mt * Br;
-    if (i0 >= s.L) return; // whole block
-    const int64_t i_last = min(i0 + Br, s.L) - 1;
-    // Keys any row of the tile may see, and keys every row sees (bounds only; masks apply per element).
-    const int64_t k_lo = first_key(p, s, i0), k_hi = end_key(p, s, i_last);
-    const int64_t full_lo = first_key(p, s, i_last), full_hi = end_key(p, s, i0);
-    const int64_t n_begin = k_lo < k_hi ? k_lo / Bc : 0, n_end = k_lo < k_hi ? (k_hi + Bc - 1) / Bc : 0;
-    const int n_tiles = (int)(n_end - n_begin);
+    // Block -> (query tile, b, h) and the key tiles it visits (flash_softmax.cuh)
+    const QueryTile qt = query_tile<Br, Bc>(p);
+    if (qt.empty) return; // whole block
+    const Seq &s = qt.s;
+    const int64_t b = qt.b, h = qt.h, hk = qt.hk, i0 = qt.i0;
+    const int64_t n_begin = qt.n_begin, full_lo = qt.full_lo, full_hi = qt.full_hi;
+    const int n_tiles = qt.n_tiles;
     const bool elementwise = !Wide && has_elementwise(p);
     const float scale_log2 = p.scale * kLog2e;
     // A positive scale multiplies each weight's exponent (one FMA with the max) instead of each score;

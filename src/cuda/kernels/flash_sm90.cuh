@@ -43,36 +43,27 @@ __global__ void __launch_bounds__(FlashSm90Tile::kThreads, 1) flash_fwd_sm90_ker
     T *sK = sQ + Br * D;                                                                            // (ST, Bc x D)
     T *sV = sK + ST * Bc * D;                                                                       // (ST, Bc x D)
 
-    // Block -> (query tile, b, h); the last query tiles (most keys under causal masking) first.
-    const int64_t bh_count = p.B * p.H;
-    const int64_t m_blocks = (p.L + Br - 1) / Br;
-    const int64_t bid = blockIdx.x;
-    const int64_t mt = m_blocks - 1 - bid / bh_count, bh = bid % bh_count;
-    const int64_t b = bh / p.H, h = bh % p.H, hk = h / p.group;
-    const Seq s = seq_of(p, b);
-    const int64_t i0 = mt * Br;
-    if (i0 >= s.L) return; // whole block
-    const int64_t i_last = min(i0 + Br, s.L) - 1;
-    const int64_t k_lo = first_key(p, s, i0), k_hi = end_key(p, s, i_last);
-    const int64_t full_lo = first_key(p, s, i_last), full_hi = end_key(p, s, i0);
-    const int64_t n_begin = k_lo < k_hi ? k_lo / Bc : 0, n_end = k_lo < k_hi ? (k_hi + Bc - 1) / Bc : 0;
-    const int n_tiles = (int)(n_end - n_begin);
+    // Block -> (query tile, b, h) and the key tiles it visits (flash_softmax.cuh)
+    const QueryTile qt = query_tile<Br, Bc>(p);
+    if (qt.empty) return; // whole block
+    const Seq &s = qt.s;
     const float scale_log2 = p.scale * kLog2e;
     const bool fold = scale_log2 > 0.0f;
     const float pre_scale = fold ? 1.0f : scale_log2, fs = fold ? scale_log2 : 1.0f;
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4, wg = warp / 4;
-    const int64_t iw = i0 + warp * 16; // the warp's first row
+    const int64_t iw = qt.i0 + warp * 16; // the warp's first row
     const T *gq = static_cast<const T *>(p.q), *gk = static_cast<const T *>(p.k), *gv = static_cast<const T *>(p.v);
 
-    const int64_t kb = kv_base(p, p.k_stride, s, b, hk), vb = kv_base(p, p.v_stride, s, b, hk);
-    cp_async_rows<Br, D, NTH, Sw128Rows<Br>>(sQ, gq + q_base(p, s, b, h) + i0 * p.q_stride[2], p.q_stride[2], s.L - i0, tid);
+    const int64_t kb = kv_base(p, p.k_stride, s, qt.b, qt.hk), vb = kv_base(p, p.v_stride, s, qt.b, qt.hk);
+    const T *q_rows = gq + q_base(p, s, qt.b, qt.h) + qt.i0 * p.q_stride[2];
+    cp_async_rows<Br, D, NTH, Sw128Rows<Br>>(sQ, q_rows, p.q_stride[2], s.L - qt.i0, tid);
     auto load_kv = [&](int64_t tile, int stage) { // rows past the sequence are zero-filled, never read
         const int64_t n0 = tile * Bc;
         cp_async_rows<Bc, D, NTH, Sw128Rows<Bc>>(sK + stage * Bc * D, gk + kb + n0 * p.k_stride[2], p.k_stride[2], s.S - n0, tid);
         cp_async_rows<Bc, D, NTH, Sw128Rows<Bc>>(sV + stage * Bc * D, gv + vb + n0 * p.v_stride[2], p.v_stride[2], s.S - n0, tid);
     };
-    if (n_tiles > 0) load_kv(n_begin, 0);
+    if (qt.n_tiles > 0) load_kv(qt.n_begin, 0);
     cp_async_commit(); // group 0: Q and the first tile
 
     float oacc[1][NO][4], sacc[1][NT][4];
@@ -85,8 +76,8 @@ __global__ void __launch_bounds__(FlashSm90Tile::kThreads, 1) flash_fwd_sm90_ker
     float row_m[1][2] = {{-CUDART_INF_F, -CUDART_INF_F}}, row_l[1][2] = {{0.0f, 0.0f}};
     const uint32_t q_at = smem_u32(sQ); // the warpgroup's rows: 64 wg .. in each panel
 
-    for (int t = 0; t < n_tiles; t++) {
-        if (t + 1 < n_tiles) load_kv(n_begin + t + 1, (t + 1) % ST);
+    for (int t = 0; t < qt.n_tiles; t++) {
+        if (t + 1 < qt.n_tiles) load_kv(qt.n_begin + t + 1, (t + 1) % ST);
         cp_async_commit();
         cp_async_wait<1>();  // tile t (and Q) have landed for this thread ...
         fence_proxy_async(); // ... visible to the tensor cores' reads ...
@@ -104,9 +95,9 @@ __global__ void __launch_bounds__(FlashSm90Tile::kThreads, 1) flash_fwd_sm90_ker
         wgmma_wait<0>();
         wgmma_fence_regs(sd);
 
-        const int64_t n0 = (n_begin + t) * Bc;
-        const bool inside = n0 >= full_lo && n0 + Bc <= full_hi;
-        tile_scores<1, NT>(sacc, p, s, b, h, iw, n0, inside, false, fold, scale_log2, pre_scale, g, c);
+        const int64_t n0 = (qt.n_begin + t) * Bc;
+        const bool inside = n0 >= qt.full_lo && n0 + Bc <= qt.full_hi;
+        tile_scores<1, NT>(sacc, p, s, qt.b, qt.h, iw, n0, inside, false, fold, scale_log2, pre_scale, g, c);
         tile_softmax<1, NT, NO>(sacc, oacc, row_m, row_l, fs);
 
         // O += P V: P (rounded to T) from registers, V MN-major
@@ -127,7 +118,7 @@ __global__ void __launch_bounds__(FlashSm90Tile::kThreads, 1) flash_fwd_sm90_ker
     __syncthreads();
 
     // Normalise; lse; O through this warp's 16 rows of the K stages' memory to 16-byte stores.
-    store_rows<T, 1, NO, LDO>(oacc, row_m, row_l, 1.0f, p, s, b, h, iw, sK + warp * 16 * LDO, lane);
+    store_rows<T, 1, NO, LDO>(oacc, row_m, row_l, 1.0f, p, s, qt.b, qt.h, iw, sK + warp * 16 * LDO, lane);
 #else
     __trap(); // no sm_90a code loaded: plan.c never launches it so (attn__cuda_device.flash_sm90)
 #endif

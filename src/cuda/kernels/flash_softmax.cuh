@@ -12,6 +12,35 @@
 
 namespace attn_cuda {
 
+// A forward block's query tile: rows i0 .. i0 + Br - 1 of (b, h) (kv head hk), the last query tiles
+// of the grid first (most keys under causal masking); the key tiles of Bc rows any of its rows may
+// see, n_begin .. n_begin + n_tiles - 1 (bounds only; masks apply per element), and the keys
+// [full_lo, full_hi) every row sees. empty: no row of the tile lies in its sequence.
+struct QueryTile {
+    Seq s;
+    int64_t b, h, hk, i0, n_begin, full_lo, full_hi;
+    int n_tiles;
+    bool empty;
+};
+template <int Br, int Bc> __device__ __forceinline__ QueryTile query_tile(const P &p) {
+    QueryTile q;
+    const int64_t bh_count = p.B * p.H;
+    const int64_t m_blocks = (p.L + Br - 1) / Br;
+    const int64_t bid = blockIdx.x;
+    const int64_t mt = m_blocks - 1 - bid / bh_count, bh = bid % bh_count;
+    q.b = bh / p.H, q.h = bh % p.H, q.hk = q.h / p.group;
+    q.s = seq_of(p, q.b);
+    q.i0 = mt * Br;
+    q.empty = q.i0 >= q.s.L;
+    const int64_t i_last = min(q.i0 + Br, q.s.L) - 1;
+    const int64_t k_lo = first_key(p, q.s, q.i0), k_hi = end_key(p, q.s, i_last);
+    q.full_lo = first_key(p, q.s, i_last), q.full_hi = end_key(p, q.s, q.i0);
+    q.n_begin = k_lo < k_hi ? k_lo / Bc : 0;
+    const int64_t n_end = k_lo < k_hi ? (k_hi + Bc - 1) / Bc : 0;
+    q.n_tiles = (int)(n_end - q.n_begin);
+    return q;
+}
+
 // Scores of one key tile (keys n0 .., Bc = 8 NT of them) for MW m-tiles whose first rows are
 // iw + 16 m: on tiles inside the bounds the dot products as they are when the scale is folded into
 // the exponent (fold: a positive scale), else times scale_log2; -inf outside the bounds on tiles

@@ -49,10 +49,12 @@ __device__ __forceinline__ void cp_async_tile(T *dst, const T *src, int64_t row0
         cp_async16(dst + r * LD + col, src + (ok ? at(j) : 0) + col, ok);
     }
 }
-// Where a tile's rows lie in shared memory: Lay::at(r, col) is the element offset of row r, column col
-// (a multiple of 8). PitchRows: rows LD elements apart (wgmma.cuh has the 128-byte-swizzled form).
+// Where a tile's rows lie in shared memory: Lay::at(tile, r, col) is the address of row r, column col
+// (a multiple of 8), and row r + kPeriod k lies kPeriod k kStep elements after row r. PitchRows: rows LD
+// elements apart (wgmma.cuh has the 128-byte-swizzled form).
 template <int LD> struct PitchRows {
-    __device__ __forceinline__ static int at(int r, int col) { return r * LD + col; }
+    static constexpr int kPeriod = 1, kStep = LD;
+    template <typename T> __device__ __forceinline__ static T *at(T *tile, int r, int col) { return tile + r * LD + col; }
 };
 // cp.async of a tile of a strided tensor: tile row r at first + r * step (elements), rows r >= rows
 // zero-filled, into the layout Lay, by NTH threads whose chunks each lie in one column (NTH a
@@ -62,16 +64,18 @@ template <int ROWS, int D, int NTH, typename Lay, typename T>
 __device__ __forceinline__ void cp_async_rows(T *dst, const T *first, int64_t step, int64_t rows, int tid) {
     constexpr int CPR = D / 8, N = ROWS * CPR / NTH, RS = NTH / CPR;
     static_assert(NTH % CPR == 0 && ROWS * CPR % NTH == 0, "each thread's chunks in one column");
+    static_assert(RS % Lay::kPeriod == 0, "a thread's rows a whole number of the layout's periods apart");
     const int r0 = tid / CPR, col = tid % CPR * 8;
     const T *g = first + r0 * step + col;
+    T *d = Lay::at(dst, r0, col);
     if (rows >= ROWS) {
 #pragma unroll
-        for (int u = 0; u < N; u++) cp_async16(dst + Lay::at(r0 + u * RS, col), g + u * RS * step, true);
+        for (int u = 0; u < N; u++) cp_async16(d + u * RS * Lay::kStep, g + u * RS * step, true);
     } else {
 #pragma unroll
         for (int u = 0; u < N; u++) {
             const bool ok = r0 + u * RS < rows;
-            cp_async16(dst + Lay::at(r0 + u * RS, col), ok ? g + u * RS * step : first, ok);
+            cp_async16(d + u * RS * Lay::kStep, ok ? g + u * RS * step : first, ok);
         }
     }
 }
