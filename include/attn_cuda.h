@@ -72,9 +72,10 @@ typedef enum attn_cuda_kernels {
                                      query row, any head dim, every option (the fallback and the check) */
     ATTN_CUDA_KERNELS_SM80 = 2,   /* the mma.sync (sm_80) kernels even on Hopper; the simple kernel where
                                      they do not apply */
-    ATTN_CUDA_KERNELS_SM90 = 3    /* as SM80, and on a device of compute capability 9.x the forward on
-                                     Hopper's warpgroup MMA ("flash-sm90") where it applies; AUTO does
-                                     not choose it yet (docs/cuda.md: its state) */
+    ATTN_CUDA_KERNELS_SM90 = 3    /* as SM80, and on a device of compute capability 9.0 (a library built
+                                     with sm_90a code, the default) the forward on Hopper's warpgroup
+                                     MMA ("flash-sm90") where it applies; AUTO does not choose it yet
+                                     (docs/cuda.md: its state) */
 } attn_cuda_kernels;
 
 /**
@@ -171,7 +172,7 @@ ATTN_CUDA_API attn_status attn_cuda_ctx_reserve(attn_cuda_ctx *ctx, size_t size)
  *  - "flash": tensor cores (mma.sync, sm_80 and later) for q, k, v and out all BF16 or all F16,
  *    head_dim = head_dim_v in {32, 64, 96, 128, 256}, unit stride along D and 16-byte aligned
  *    pointers and row strides (multiples of 8 elements);
- *  - "flash-sm90": with ATTN_CUDA_KERNELS_SM90 on compute capability 9.x, the "flash" calls with
+ *  - "flash-sm90": with ATTN_CUDA_KERNELS_SM90 on compute capability 9.0, the "flash" calls with
  *    head_dim 64 or 128, no mask, key padding mask, ALiBi, soft cap or dropout, and keys in
  *    sequence order (no page table): warpgroup MMA (wgmma, sm_90a) reading K and V from shared
  *    memory;
