@@ -3,8 +3,9 @@
 // Where the two kinds run on separate pipes the mix takes as long as the slower kind alone; where
 // they share pipes (as 512-bit operations do on a CPU that runs them as two 256-bit halves) it takes
 // more: "each adds" is the mix's cycles beyond the 8 vdpbf16ps alone, per instruction of the other
-// kind (1.00: it takes the dot products' pipes as if it were one). The decode kernels of the bf16 tables (src/cpu/x86/quant_kernels_avx512bf16.c) spend about
-// as many of these other instructions as dot products; BENCHMARKS.md reads their cost from this.
+// kind (1.00: it takes the dot products' pipes as if it were one). The decode kernels of the bf16
+// tables (src/cpu/x86/quant_kernels_avx512vnni.c, quant_kernels_avx512bf16.c) spend about as many
+// of these other instructions as dot products; BENCHMARKS.md reads their cost from this.
 //
 // Build and run (x86-64 with AVX512-BF16, AVX512-VNNI and AVX512-VBMI; one thread):
 //   cc -O2 -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mavx512vnni -mavx512vbmi bench/zmm_mix.c -o zmm_mix

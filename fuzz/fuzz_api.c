@@ -1350,7 +1350,7 @@ static attn_ctx *fuzz_ctx_create(env *e) {
     fuzz_data *fd = e->fd;
     attn_ctx_params p;
     attn_ctx_params_init(&p);
-    if (fuzz_data_chance(fd, 1, 4)) p.isa = (attn_isa)fuzz_data_int_range(fd, -1, 7);
+    if (fuzz_data_chance(fd, 1, 4)) p.isa = (attn_isa)fuzz_data_int_range(fd, -1, 8);
     switch (fuzz_data_pick(fd, 16)) {
     case 0: p.n_threads = fuzz_data_int_range(fd, 2, 4); break;
     case 1: p.n_threads = fuzz_data_chance(fd, 1, 2) ? -1 : INT32_MIN; break;

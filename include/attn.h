@@ -236,13 +236,17 @@ typedef struct attn_allocator {
 /**
  * Which kernels a context uses. AUTO picks the fastest this CPU runs. REF is the scalar reference
  * (the specification: plain loops, one thread, slow); GENERIC the fused kernels in portable C;
- * AVX2 the fused kernels with AVX2 and FMA3; AVX512 with AVX-512F; AVX512_BF16 the AVX512 kernels
- * plus bf16 dot products (vdpbf16ps, AVX512-BF16 and AVX512-BW) for the fused forward and backward
- * of bf16 tensors (attn_sdpa_desc.q_dtype and grad_dtype say how their errors differ); AMX_BF16
- * the AVX512_BF16 kernels with those products on AMX tiles (tdpbf16ps, AMX-BF16: the same exact
- * bf16 products summed in float32, so the same error bounds; Xeons since Sapphire Rapids, Linux
- * granting the process the tile state). Each is chosen at run time from what the CPU supports,
- * never required at build time; AUTO prefers AMX_BF16, then AVX512_BF16, AVX512, AVX2, GENERIC.
+ * AVX2 the fused kernels with AVX2 and FMA3; AVX512 with AVX-512F; AVX512_VNNI the AVX512 kernels
+ * with the q . k of Q8_0 and Q4_0 decoding on 8-bit dot products (vpdpbusd, AVX512-VNNI with
+ * AVX512-BW and VL: CPUs without AVX512-BF16 such as Intel's Cascade Lake and Ice Lake; see
+ * attn_sdpa_desc.kv_dtype); AVX512_BF16 the AVX512_VNNI kernels plus bf16 dot products (vdpbf16ps,
+ * AVX512-BF16 and AVX512-BW) for the fused forward and backward of bf16 tensors
+ * (attn_sdpa_desc.q_dtype and grad_dtype say how their errors differ); AMX_BF16 the AVX512_BF16
+ * kernels with those products on AMX tiles (tdpbf16ps, AMX-BF16: the same exact bf16 products
+ * summed in float32, so the same error bounds; Xeons since Sapphire Rapids, Linux granting the
+ * process the tile state). Each is chosen at run time from what the CPU supports, never required at
+ * build time; AUTO prefers AMX_BF16, then AVX512_BF16, AVX512_VNNI, AVX512, AVX2, GENERIC. (The
+ * values follow the order in which they were added, not this preference.)
  * The fused kernels agree with the reference to about 1e-6 relative; calls that ask for the
  * attention weights run the reference whatever the ISA. Their softmax computes 2^x with a degree-6
  * polynomial: relative error below 1.2e-7 for arguments in [-126, 128] (about 1 ulp); weights below
@@ -255,19 +259,20 @@ typedef enum attn_isa {
     ATTN_ISA_AVX2 = 3,
     ATTN_ISA_AVX512 = 4,
     ATTN_ISA_AVX512_BF16 = 5,
-    ATTN_ISA_AMX_BF16 = 6
+    ATTN_ISA_AMX_BF16 = 6,
+    ATTN_ISA_AVX512_VNNI = 7
 } attn_isa;
 
 /** @return whether this build and this CPU can run `isa` (AUTO, REF and GENERIC always can). */
 ATTN_API int attn_isa_supported(attn_isa isa);
-/** @return "auto", "ref", "generic", "avx2", "avx512", "avx512bf16", "amxbf16" or "?". */
+/** @return "auto", "ref", "generic", "avx2", "avx512", "avx512bf16", "amxbf16", "avx512vnni" or "?". */
 ATTN_API const char *attn_isa_name(attn_isa isa);
 /** @return whether `isa` multiplies bf16 tensors on bf16 dot products (AVX512_BF16 and AMX_BF16),
  * whose error bounds attn_sdpa_desc.q_dtype and grad_dtype give beside float32's; those sets also
  * decode Q8_0 and Q4_0 caches on 8-bit and bf16 dot products (attn_sdpa_desc.kv_dtype). */
 ATTN_API int attn_isa_bf16_dot(attn_isa isa);
 /** @return whether the few-row decode kernels of `isa` round the query to int8 for Q8_0 and Q4_0
- * caches and meet the quants in 8-bit products (AVX2 and the bf16 ISAs; the bound is
+ * caches and meet the quants in 8-bit products (AVX2, AVX512_VNNI and the bf16 ISAs; the bound is
  * attn_sdpa_desc.kv_dtype's), as ggml rounds its activations for these types. */
 ATTN_API int attn_isa_int8_query(attn_isa isa);
 
@@ -433,27 +438,27 @@ typedef struct attn_sdpa_desc {
      * by at most (exp(2 delta) * (1 + c) - 1) * max|v| + exp(2 delta) * a, plus float32 rounding,
      * with delta = scale * sum_t |q_t| * (c * max|k| + a), max over the row's kv head, and c, a the
      * per-value bound of attn_convert (Q8_0: c = 1/254 + 2^-11 + 2^-20, a = 2^-18; Q4_0: c = 1/8 +
-     * 2^-10, a = 2^-21) (tested, with large logits and outliers). The query is not quantised,
-     * except by the decode kernels of the ISAs of attn_isa_int8_query (ATTN_ISA_AVX2,
-     * ATTN_ISA_AVX512_BF16 and ATTN_ISA_AMX_BF16; the few-row decoding path: a GQA group's
-     * queries, at most 8, against rows of contiguous blocks), which run q . k on 8-bit products
-     * (AVX2's vpmaddubsw, AVX512-VNNI's vpdpbusd), as ggml rounds its query to Q8_0 for these
-     * types: each query row (scaled by scale * log2(e)) is rounded to int8 per block of 32 with a
-     * float scale max|q_b| / 127 (a block below 2^-96 in magnitude becomes 0; a query holding a NaN
-     * or an infinity is left in float32). Those of the bf16 ISAs also run P V on vdpbf16ps: each
-     * weight times its key's block scale d is rounded to bf16 (to nearest even; vdpbf16ps takes one
-     * below 2^-126 as 0) before meeting the values' quants (Q8_0's q, Q4_0's q - 8: exact in bf16);
-     * AVX2's P V is its float kernel's. Against the reference on the same stored blocks (k', v' the
-     * dequantised values, S keys) a row of those kernels then differs by at most
-     * (exp(2 delta_q) * (1 + u) - 1) * max|v'| + f, plus float32 rounding, with u = 2^-8 and
-     * f = S * 2^-122 on the bf16 ISAs (0 and 0 on AVX2), delta_q = (scale * (1/254 + 2^-20) *
-     * sum_b 32 m_b + 2^-96 D) * max|k'| and m_b the largest |q_t| of the row's block b (D / 32
-     * blocks), and its lse by at most delta_q; against the float32 k and v the bound above holds
-     * with delta + delta_q for delta, (1 + c) (1 + u) for 1 + c and f added (both tested; in
-     * decoding on AVX512-BF16, Q4_0 about 1.5 and Q8_0 about 1.25 times as fast as the float
-     * kernels, on AVX2 about 1.4 and 1.1 times, BENCHMARKS.md). A key block with an infinite
-     * scale makes its key's score NaN there (the float kernels: +-inf or NaN). ATTN_ISA_AVX512
-     * runs the float kernels on AVX-512 CPUs, ATTN_ISA_GENERIC on any.
+     * 2^-10, a = 2^-21) (tested, with large logits and outliers). The query is not quantised, except by
+     * the decode kernels of the ISAs of attn_isa_int8_query (ATTN_ISA_AVX2, ATTN_ISA_AVX512_VNNI,
+     * ATTN_ISA_AVX512_BF16 and ATTN_ISA_AMX_BF16; the few-row decoding path: a GQA group's queries, at
+     * most 8, against rows of contiguous blocks), which run q . k on 8-bit products (AVX2's vpmaddubsw,
+     * AVX512-VNNI's vpdpbusd), as ggml rounds its query to Q8_0 for these types: each query row (scaled
+     * by scale * log2(e)) is rounded to int8 per block of 32 with a float scale max|q_b| / 127 (a block
+     * below 2^-96 in magnitude becomes 0; a query holding a NaN or an infinity is left in float32).
+     * Those of the bf16 ISAs also run P V on vdpbf16ps: each weight times its key's block scale d is
+     * rounded to bf16 (to nearest even; vdpbf16ps takes one below 2^-126 as 0) before meeting the
+     * values' quants (Q8_0's q, Q4_0's q - 8: exact in bf16); AVX2's and AVX512_VNNI's P V is their
+     * float kernel's. Against the reference on the same stored blocks (k', v' the dequantised values, S
+     * keys) a row of those kernels then differs by at most (exp(2 delta_q) * (1 + u) - 1) * max|v'| +
+     * f, plus float32 rounding, with u = 2^-8 and f = S * 2^-122 on the bf16 ISAs (0 and 0 on AVX2 and
+     * AVX512_VNNI), delta_q = (scale * (1/254 + 2^-20) * sum_b 32 m_b + 2^-96 D) * max|k'| and m_b the
+     * largest |q_t| of the row's block b (D / 32 blocks), and its lse by at most delta_q; against the
+     * float32 k and v the bound above holds with delta + delta_q for delta, (1 + c) (1 + u) for 1 + c
+     * and f added (both tested; in decoding on AVX512-BF16, Q4_0 about 1.5 and Q8_0 about 1.25 times as
+     * fast as the float kernels, on AVX512_VNNI about 1.4 and 1.3 times (measured on a CPU that also
+     * has AVX512-BF16, asked for AVX512_VNNI), on AVX2 about 1.4 and 1.1 times, BENCHMARKS.md). A key block with an infinite scale makes its key's score
+     * NaN there (the float kernels: +-inf or NaN). ATTN_ISA_AVX512 runs the float kernels on AVX-512
+     * CPUs, ATTN_ISA_GENERIC on any.
      * Half values and blocks the caller wrote are read as they are, whatever their bits: a half is
      * its IEEE value (subnormals, infinities and NaN included) and a block's value is q * d in
      * float, so a NaN scale makes all 32 values NaN, an infinite one makes them +-inf (NaN where

@@ -120,7 +120,7 @@ attn_status attn_ctx_create(const attn_ctx_params *params, attn_ctx **out) {
     attn_ctx_params_init(&p);
     if (params != NULL) p = *params;
     if (p.n_threads < 0 || p.n_threads > 4096) return ATTN_ERR_INVALID_ARG;
-    if (p.isa < ATTN_ISA_AUTO || p.isa > ATTN_ISA_AMX_BF16) return ATTN_ERR_INVALID_ARG;
+    if (p.isa < ATTN_ISA_AUTO || p.isa > ATTN_ISA_AVX512_VNNI) return ATTN_ERR_INVALID_ARG;
     bool isa_ok;
     const attn__kernels *kernels = attn__kernels_for(p.isa, &isa_ok);
     if (!isa_ok) return ATTN_ERR_UNSUPPORTED;

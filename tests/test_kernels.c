@@ -528,7 +528,7 @@ static double f_of_bf16(uint16_t h) {
 
 static void test_bf16_primitives(void) {
     int tables = 0;
-    for (int isa = ATTN_ISA_GENERIC; isa <= ATTN_ISA_AMX_BF16; isa++) {
+    for (int isa = ATTN_ISA_GENERIC; isa <= ATTN_ISA_AVX512_VNNI; isa++) {
         bool ok;
         const attn__kernels *kn = attn__kernels_for((attn_isa)isa, &ok);
         if (!ok || kn->gemm_bf16 == NULL) continue;
@@ -739,17 +739,20 @@ static void test_isa_requests(void) {
     ctx = make_ctx(ATTN_ISA_AUTO, 1);
     ASSERT_EQ_INT(attn_ctx_isa(ctx), attn_isa_supported(ATTN_ISA_AMX_BF16)      ? ATTN_ISA_AMX_BF16
                                      : attn_isa_supported(ATTN_ISA_AVX512_BF16) ? ATTN_ISA_AVX512_BF16
+                                     : attn_isa_supported(ATTN_ISA_AVX512_VNNI) ? ATTN_ISA_AVX512_VNNI
                                      : attn_isa_supported(ATTN_ISA_AVX512)    ? ATTN_ISA_AVX512
                                      : attn_isa_supported(ATTN_ISA_AVX2)      ? ATTN_ISA_AVX2
                                                                               : ATTN_ISA_GENERIC);
-    // a table with bf16 dot products also runs every AVX-512 kernel: it is offered only with them
-    if (attn_isa_supported(ATTN_ISA_AVX512_BF16)) ASSERT_TRUE(attn_isa_supported(ATTN_ISA_AVX512));
+    // a table with bf16 dot products also runs every AVX-512 kernel and the VNNI q.k: it is offered
+    // only with them
+    if (attn_isa_supported(ATTN_ISA_AVX512_BF16)) ASSERT_TRUE(attn_isa_supported(ATTN_ISA_AVX512_VNNI));
+    if (attn_isa_supported(ATTN_ISA_AVX512_VNNI)) ASSERT_TRUE(attn_isa_supported(ATTN_ISA_AVX512));
     if (attn_isa_supported(ATTN_ISA_AMX_BF16)) ASSERT_TRUE(attn_isa_supported(ATTN_ISA_AVX512_BF16));
-    for (int isa = ATTN_ISA_AUTO; isa <= ATTN_ISA_AMX_BF16; isa++)
+    for (int isa = ATTN_ISA_AUTO; isa <= ATTN_ISA_AVX512_VNNI; isa++)
         ASSERT_EQ_INT(attn_isa_bf16_dot((attn_isa)isa), isa == ATTN_ISA_AVX512_BF16 || isa == ATTN_ISA_AMX_BF16);
-    for (int isa = ATTN_ISA_AUTO; isa <= ATTN_ISA_AMX_BF16; isa++)
-        ASSERT_EQ_INT(attn_isa_int8_query((attn_isa)isa),
-                      isa == ATTN_ISA_AVX2 || isa == ATTN_ISA_AVX512_BF16 || isa == ATTN_ISA_AMX_BF16);
+    for (int isa = ATTN_ISA_AUTO; isa <= ATTN_ISA_AVX512_VNNI; isa++)
+        ASSERT_EQ_INT(attn_isa_int8_query((attn_isa)isa), isa == ATTN_ISA_AVX2 || isa == ATTN_ISA_AVX512_VNNI ||
+                                                              isa == ATTN_ISA_AVX512_BF16 || isa == ATTN_ISA_AMX_BF16);
     attn_ctx_free(ctx);
     ctx = make_ctx(ATTN_ISA_REF, 1);
     ASSERT_EQ_INT(attn_ctx_isa(ctx), ATTN_ISA_REF);
@@ -757,7 +760,9 @@ static void test_isa_requests(void) {
     ASSERT_TRUE(strcmp(attn_isa_name(ATTN_ISA_AVX2), "avx2") == 0);
     ASSERT_TRUE(strcmp(attn_isa_name(ATTN_ISA_AVX512_BF16), "avx512bf16") == 0);
     ASSERT_TRUE(strcmp(attn_isa_name(ATTN_ISA_AMX_BF16), "amxbf16") == 0);
-    for (attn_isa isa = ATTN_ISA_AVX2; isa <= ATTN_ISA_AMX_BF16; isa++)
+    ASSERT_TRUE(strcmp(attn_isa_name(ATTN_ISA_AVX512_VNNI), "avx512vnni") == 0);
+    ASSERT_TRUE(strcmp(attn_isa_name((attn_isa)(ATTN_ISA_AVX512_VNNI + 1)), "?") == 0);
+    for (attn_isa isa = ATTN_ISA_AVX2; isa <= ATTN_ISA_AVX512_VNNI; isa++)
         if (!attn_isa_supported(isa)) {
             attn_ctx_params p;
             attn_ctx_params_init(&p);

@@ -421,10 +421,10 @@ static void assert_block_kernels(const char *what, attn_dtype dt, const attn_ctx
 // longer blocks (the general forward), with and without masks, ALiBi and a window.
 static void test_cache_kernels(void) {
     uint32_t seed = 17;
-    const attn_isa isas[5] = {ATTN_ISA_GENERIC, ATTN_ISA_AVX2, ATTN_ISA_AVX512, ATTN_ISA_AVX512_BF16, ATTN_ISA_AMX_BF16};
+    attn_isa isas[16];
+    const int n_isa = fused_isas(isas);
     for (int t = 0; t < 2; t++)
-        for (int ii = 0; ii < 5; ii++) {
-            if (!attn_isa_supported(isas[ii])) continue;
+        for (int ii = 0; ii < n_isa; ii++) {
             for (int threads = 1; threads <= 2; threads++) {
                 attn_ctx *ctx = test_ctx(isas[ii], threads);
                 const attn_dtype dt = qtypes[t];
@@ -491,9 +491,10 @@ static void test_cache_kernels(void) {
 // outliers.
 static void test_attention_bound(void) {
     uint32_t seed = 23;
-    const attn_isa isas[5] = {ATTN_ISA_GENERIC, ATTN_ISA_AVX2, ATTN_ISA_AVX512, ATTN_ISA_AVX512_BF16, ATTN_ISA_AMX_BF16};
-    for (int ii = 0; ii < 5; ii++)
-    for (int t = 0; t < 2 && attn_isa_supported(isas[ii]); t++)
+    attn_isa isas[16];
+    const int n_isa = fused_isas(isas);
+    for (int ii = 0; ii < n_isa; ii++)
+    for (int t = 0; t < 2; t++)
         for (int mode = 0; mode < 3; mode++) {
             const attn_dtype dt = qtypes[t];
             const double c = dt == ATTN_DTYPE_Q8_0 ? 1.0 / 254 + ldexp(1, -11) + ldexp(1, -20) : 1.0 / 8 + ldexp(1, -10);
@@ -635,11 +636,12 @@ static void test_direct_sdpa(void) {
 // only by the weights' bf16 rounding (2^-8; AVX2's float weights: float32 rounding), sharper than
 // the general bound (a 1% error in the weights fails).
 static void test_exact_query(void) {
-    const attn_isa isas[3] = {ATTN_ISA_AVX2, ATTN_ISA_AVX512_BF16, ATTN_ISA_AMX_BF16};
+    attn_isa isas[16];
+    const int n_isa = fused_isas(isas);
     uint32_t seed = 41;
     int ran = 0;
-    for (int ii = 0; ii < 3; ii++)
-        for (int t = 0; t < 2 && attn_isa_supported(isas[ii]); t++) {
+    for (int ii = 0; ii < n_isa; ii++)
+        for (int t = 0; t < 2 && attn_isa_int8_query(isas[ii]); t++) {
             const attn_dtype dt = qtypes[t];
             attn_ctx *ctx = test_ctx(isas[ii], 2);
             const int64_t B = 1, Hkv = 2, H = 8, D = 128, Dv = 96, S = 777;

@@ -14,7 +14,7 @@ int cli_error(const char *cmd, int code, const char *fmt, ...)
 #endif
     ;
 // The names cli_parse_isa takes, for help texts and errors.
-#define CLI_ISA_NAMES "auto, ref, generic, avx2, avx512, avx512bf16 or amxbf16"
+#define CLI_ISA_NAMES "auto, ref, generic, avx2, avx512, avx512vnni, avx512bf16 or amxbf16"
 // One of CLI_ISA_NAMES as an attn_isa; false for another name.
 bool cli_parse_isa(const char *name, attn_isa *isa);
 // "f32", "f16" or "bf16" (false for anything else).

@@ -93,7 +93,7 @@ static bool row_peak_kind(attn_isa isa, const bench_opts *o, attn_dtype dt, peak
     const bool dot = dt == ATTN_DTYPE_BF16 && strcmp(o->op, "sdpa") == 0 && o->D % 2 == 0;
     if (isa == ATTN_ISA_AMX_BF16) *kind = dot ? PEAK_AMXBF16 : PEAK_FMA512;
     else if (isa == ATTN_ISA_AVX512_BF16) *kind = dot ? PEAK_DPBF16 : PEAK_FMA512;
-    else if (isa == ATTN_ISA_AVX512) *kind = PEAK_FMA512;
+    else if (isa == ATTN_ISA_AVX512 || isa == ATTN_ISA_AVX512_VNNI) *kind = PEAK_FMA512;
     else if (isa == ATTN_ISA_AVX2) *kind = PEAK_FMA256;
     else return false; // the portable kernels and the reference: no instruction to measure
     return true;

@@ -47,8 +47,8 @@ bool cli_parse_isa(const char *name, attn_isa *isa) {
         const char *name;
         attn_isa isa;
     } names[] = {{"auto", ATTN_ISA_AUTO}, {"ref", ATTN_ISA_REF}, {"generic", ATTN_ISA_GENERIC},
-                 {"avx2", ATTN_ISA_AVX2}, {"avx512", ATTN_ISA_AVX512}, {"avx512bf16", ATTN_ISA_AVX512_BF16},
-                 {"amxbf16", ATTN_ISA_AMX_BF16}};
+                 {"avx2", ATTN_ISA_AVX2}, {"avx512", ATTN_ISA_AVX512}, {"avx512vnni", ATTN_ISA_AVX512_VNNI},
+                 {"avx512bf16", ATTN_ISA_AVX512_BF16}, {"amxbf16", ATTN_ISA_AMX_BF16}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(name, names[i].name) == 0) {
             *isa = names[i].isa;

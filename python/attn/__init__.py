@@ -43,7 +43,7 @@ def version_number():
 
 def isa_supported(isa):
     """Whether this build and CPU can run `isa` ("auto", "ref", "generic", "avx2", "avx512",
-    "avx512bf16", "amxbf16")."""
+    "avx512vnni", "avx512bf16", "amxbf16")."""
     return bool(_lib.fn("attn_isa_supported")(_choice(isa, _lib.ISA, "isa")))
 
 

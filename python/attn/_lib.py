@@ -120,7 +120,7 @@ def tool_path():
 # ---- enums ---------------------------------------------------------------------------------------
 
 DTYPE_F32, DTYPE_F64, DTYPE_F16, DTYPE_BF16, DTYPE_BOOL, DTYPE_U8, DTYPE_I32, DTYPE_I64 = range(8)
-ISA = {"auto": 0, "ref": 1, "generic": 2, "avx2": 3, "avx512": 4, "avx512bf16": 5, "amxbf16": 6}
+ISA = {"auto": 0, "ref": 1, "generic": 2, "avx2": 3, "avx512": 4, "avx512bf16": 5, "amxbf16": 6, "avx512vnni": 7}
 CAUSAL = {None: 0, False: 0, "none": 0, "top_left": 1, True: 1, "bottom_right": 2}
 WEIGHTS = {None: 0, False: 0, "per_head": 1, "average": 2}
 DROPOUT_RNG_PHILOX = 1  # attn_dropout_rng

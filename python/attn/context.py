@@ -54,8 +54,8 @@ class Context(Handle):
     """An attn_ctx. Context(threads=1, isa="auto", seed=0, use_blas=False).
 
     threads: threads used by compute calls (results are identical for every count);
-    isa: "auto", "ref" (scalar reference), "generic", "avx2", "avx512", "avx512bf16" or
-        "amxbf16";
+    isa: "auto", "ref" (scalar reference), "generic", "avx2", "avx512", "avx512vnni", "avx512bf16"
+        or "amxbf16";
     seed: seed of the context's generator (torch.manual_seed's numbers), used by dropout and by
     module initialisation. Usable as a context manager; close() frees it (also on garbage
     collection). Objects created with a context (MHA, KVCache) keep it alive."""
@@ -87,8 +87,8 @@ class Context(Handle):
 
     @property
     def isa(self):
-        """The kernel set in use, AUTO resolved ("amxbf16", "avx512bf16", "avx512", "avx2", "generic" or
-        "ref")."""
+        """The kernel set in use, AUTO resolved ("amxbf16", "avx512bf16", "avx512vnni", "avx512", "avx2",
+        "generic" or "ref")."""
         return _ISA_NAMES.get(fn("attn_ctx_isa")(self.ptr), "?")
 
     @property

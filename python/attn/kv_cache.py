@@ -30,9 +30,10 @@ class KVCache(Handle):
     keys (B, Hkv, capacity, D) and values (B, Hkv, capacity, Dv) stored as float32, float16 or
     bfloat16, or quantised on append as "q8_0" or "q4_0" (ggml's Q8_0 and Q4_0: blocks of 32 values
     along D with a float16 scale each; D and Dv must be multiples of 32), of which the first
-    len(cache) positions are filled. On the bf16 instruction sets ("avx512bf16", "amxbf16"), attend
-    with up to 8 query rows per kv head (decoding) rounds the query to int8 per block of 32 for the
-    quantised types, as ggml does, and the weights times the block scales to bf16 (attn.h, kv_dtype,
+    len(cache) positions are filled. On the instruction sets with 8-bit products ("avx2",
+    "avx512vnni", "avx512bf16", "amxbf16"), attend with up to 8 query rows per kv head (decoding)
+    rounds the query to int8 per block of 32 for the quantised types, as ggml does, and on the bf16
+    ones ("avx512bf16", "amxbf16") the weights times the block scales to bf16 (attn.h, kv_dtype,
     states the error bound)."""
 
     _FREE, _WHAT = "attn_kv_cache_free", "the cache"

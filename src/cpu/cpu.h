@@ -69,8 +69,8 @@ struct attn__kernels {
     // prep_q (NULL in tables whose qk_rows_q reads the float rows) writes the rows (rows, D) of q
     // in the form its table's qk_rows_q reads, into ATTN_QPREP_BYTES(rows, D) bytes at out (64-byte
     // aligned), once for a block of queries; qk_rows_q's q is then out (else the float rows). The
-    // AVX2 and bf16 tables' block kernels round q to int8 there (quant_kernels_avx2.c,
-    // quant_kernels_avx512bf16.c; attn_isa_int8_query).
+    // AVX2, AVX512-VNNI and bf16 tables' block kernels round q to int8 there (quant_kernels_avx2.c,
+    // quant_kernels_avx512vnni.c; attn_isa_int8_query).
     void (*qk_rows_q)(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const void *q, int rows, float *s,
                       int64_t s_r, int64_t s_j);
     void (*prep_q)(attn_dtype dt, const float *q, int rows, int D, void *out);
@@ -130,6 +130,10 @@ void attn__philox_lanes_avx2(uint32_t c0, int64_t i0, uint32_t c2, uint32_t c3, 
 #endif
 #if defined(ATTN_HAVE_AVX512)
 extern const attn__kernels attn__kernels_avx512;
+#endif
+#if defined(ATTN_HAVE_AVX512VNNI)
+// The AVX-512 table with the q.k of the block types on 8-bit products (quant_kernels_avx512vnni.c).
+extern const attn__kernels attn__kernels_avx512vnni;
 #endif
 #if defined(ATTN_HAVE_AVX512BF16)
 // The AVX-512 table with the bf16 entries of flash_kernels_avx512bf16.c.

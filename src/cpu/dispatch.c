@@ -36,17 +36,29 @@ static bool cpu_has_avx512(void) {
 #endif
 }
 
-// AVX512-BF16 (CPUID leaf 7 subleaf 1, EAX bit 5), with AVX512-BW (leaf 7, EBX bit 30) for vpermw,
-// AVX512-VL (EBX bit 31) and AVX512-VNNI (ECX bit 11) for the block-type decode kernels of the
-// bf16 tables (every CPU with AVX512-BF16 so far has all three).
-static bool cpu_has_avx512_bf16(void) {
+// AVX512-VNNI (CPUID leaf 7, ECX bit 11) with AVX512-BW (EBX bit 30) for the byte and word
+// permutes and AVX512-VL (EBX bit 31): the block-type decode kernels' q.k.
+static bool cpu_has_avx512_vnni(void) {
 #if defined(ATTN_EMULATE_AVX512)
     return cpu_has_avx512();
+#elif defined(ATTN_HAVE_AVX512VNNI) && (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+    unsigned a, b, c, d;
+    if (!cpu_has_avx512() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    return (b & (1u << 30)) != 0 && (b & (1u << 31)) != 0 && (c & (1u << 11)) != 0;
+#else
+    return false;
+#endif
+}
+
+// AVX512-BF16 (CPUID leaf 7 subleaf 1, EAX bit 5) beside AVX512-VNNI, whose q.k the bf16 tables'
+// block-type decode kernels take (every CPU with AVX512-BF16 so far has it).
+static bool cpu_has_avx512_bf16(void) {
+#if defined(ATTN_EMULATE_AVX512)
+    return cpu_has_avx512_vnni();
 #elif defined(ATTN_HAVE_AVX512BF16) && (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
-    unsigned a, b, c, d, a1, b1, c1, d1;
-    if (!cpu_has_avx512() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || !__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1))
-        return false;
-    return (b & (1u << 30)) != 0 && (b & (1u << 31)) != 0 && (c & (1u << 11)) != 0 && (a1 & (1u << 5)) != 0;
+    unsigned a1, b1, c1, d1;
+    if (!cpu_has_avx512_vnni() || !__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1)) return false;
+    return (a1 & (1u << 5)) != 0;
 #else
     return false;
 #endif
@@ -93,6 +105,12 @@ const attn__kernels *attn__kernels_for(attn_isa isa, bool *ok) {
 #endif
         *ok = false;
         return NULL;
+    case ATTN_ISA_AVX512_VNNI:
+#if defined(ATTN_HAVE_AVX512VNNI)
+        if (cpu_has_avx512_vnni()) return &attn__kernels_avx512vnni;
+#endif
+        *ok = false;
+        return NULL;
     case ATTN_ISA_AVX512_BF16:
 #if defined(ATTN_HAVE_AVX512BF16)
         if (cpu_has_avx512_bf16()) return &attn__kernels_avx512bf16;
@@ -111,6 +129,9 @@ const attn__kernels *attn__kernels_for(attn_isa isa, bool *ok) {
 #endif
 #if defined(ATTN_HAVE_AVX512BF16)
         if (cpu_has_avx512_bf16()) return &attn__kernels_avx512bf16;
+#endif
+#if defined(ATTN_HAVE_AVX512VNNI)
+        if (cpu_has_avx512_vnni()) return &attn__kernels_avx512vnni;
 #endif
 #if defined(ATTN_HAVE_AVX512)
         if (cpu_has_avx512()) return &attn__kernels_avx512;
@@ -139,13 +160,16 @@ const char *attn_isa_name(attn_isa isa) {
     case ATTN_ISA_AVX512: return "avx512";
     case ATTN_ISA_AVX512_BF16: return "avx512bf16";
     case ATTN_ISA_AMX_BF16: return "amxbf16";
+    case ATTN_ISA_AVX512_VNNI: return "avx512vnni";
     }
     return "?";
 }
 
 int attn_isa_bf16_dot(attn_isa isa) { return isa == ATTN_ISA_AVX512_BF16 || isa == ATTN_ISA_AMX_BF16; }
 
-int attn_isa_int8_query(attn_isa isa) { return isa == ATTN_ISA_AVX2 || attn_isa_bf16_dot(isa); }
+int attn_isa_int8_query(attn_isa isa) {
+    return isa == ATTN_ISA_AVX2 || isa == ATTN_ISA_AVX512_VNNI || attn_isa_bf16_dot(isa);
+}
 
 attn_isa attn_ctx_isa(const attn_ctx *ctx) {
     if (ctx == NULL) return ATTN_ISA_AUTO;

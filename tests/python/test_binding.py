@@ -219,7 +219,8 @@ class TestAbi(unittest.TestCase):
         self.assertRegex(attn.__version__, r"^\d+\.\d+\.\d+$")
         self.assertGreaterEqual(attn.version_number(), 100)
         self.assertTrue(attn.isa_supported("ref"))
-        self.assertIn(attn.default_context().isa, ("ref", "generic", "avx2", "avx512", "avx512bf16", "amxbf16"))
+        self.assertIn(attn.default_context().isa,
+                      ("ref", "generic", "avx2", "avx512", "avx512vnni", "avx512bf16", "amxbf16"))
         self.assertIsInstance(attn.has_blas(), bool)
 
     def test_missing_symbol(self):
@@ -255,7 +256,7 @@ class TestContext(unittest.TestCase):
         with self.assertRaises(attn.AttnError) as cm:
             attn.Context(isa="sse9")
         self.assertEqual(cm.exception.name, "ATTN_ERR_INVALID_ARG")
-        for isa in ("avx2", "avx512", "avx512bf16", "amxbf16"):
+        for isa in ("avx2", "avx512", "avx512vnni", "avx512bf16", "amxbf16"):
             if not attn.isa_supported(isa):
                 with self.assertRaises(attn.AttnError) as cm:
                     attn.Context(isa=isa)
@@ -373,7 +374,7 @@ class TestSdpa(unittest.TestCase):
     def test_every_isa_and_thread_count(self):
         q, k, v = randn(self.rng, 2, 4, 33, 16), randn(self.rng, 2, 2, 40, 16), randn(self.rng, 2, 2, 40, 16)
         ro = ref_sdpa(q, k, v, causal="bottom_right")[0]
-        for isa in ("ref", "generic", "avx2", "avx512", "avx512bf16", "amxbf16"):
+        for isa in ("ref", "generic", "avx2", "avx512", "avx512vnni", "avx512bf16", "amxbf16"):
             if not attn.isa_supported(isa):
                 continue
             with self.subTest(isa):
@@ -823,7 +824,7 @@ class TestKVCache(unittest.TestCase):
                     self.assertTrue(np.all(err <= c * m + a), dtype)
                     self.assertTrue(np.any(err > 0), dtype)
                 want = attn.sdpa(q, cache.keys(), cache.values(), causal="bottom_right")
-                if True:  # the bf16 ISAs round the query to int8 per block (attn.h, kv_dtype)
+                if True:  # the ISAs with 8-bit products round the query to int8 per block (attn.h, kv_dtype)
                     kd, vd = cache.keys(), cache.values()
                     scale = 1 / np.sqrt(D)
                     m = np.abs(np.asarray(q, np.float64)).reshape(B, H, 2, D // 32, 32).max(axis=-1)
@@ -833,7 +834,8 @@ class TestKVCache(unittest.TestCase):
                     bound = (np.exp(2 * dq)[..., None] * (1 + 2 ** -8) - 1) * vmax + T * 2 ** -122
                     err = np.abs(np.asarray(cache.attend(q), np.float64) - want)
                     self.assertTrue(np.all(err <= bound + 1e-5 * (1 + np.abs(want))), dtype)
-                    if attn.default_context().isa not in ("avx512bf16", "amxbf16"):  # float kernels
+                    int8_query = ("avx2", "avx512vnni", "avx512bf16", "amxbf16")
+                    if attn.default_context().isa not in int8_query:  # the float kernels
                         close(self, cache.attend(q), want, rtol=1e-5, atol=1e-5, what=dtype)
         with self.assertRaises(attn.AttnError):
             attn.KVCache(1, 1, 48, 8, dtype="q8_0")  # head_dim not a multiple of 32

@@ -363,9 +363,24 @@ const attn__kernels attn__kernels_avx512 = {
     .pv_rows_q = attn__pv_rows_q_avx512,
 };
 
+#if defined(ATTN_HAVE_AVX512VNNI)
+// The AVX-512 table with the q.k of its Q8_0 and Q4_0 decode kernels on AVX512-VNNI's 8-bit dot
+// products (quant_kernels_avx512vnni.c; P V stays the float kernel's): for CPUs with AVX512-VNNI
+// and without AVX512-BF16 (Intel's Cascade Lake, Ice Lake, Tiger Lake, Rocket Lake).
+const attn__kernels attn__kernels_avx512vnni = {
+    .name = "avx512vnni",
+    .isa = ATTN_ISA_AVX512_VNNI,
+    AVX512_ENTRIES,
+    .qk_rows_q = attn__qk_rows_q_avx512vnni,
+    .prep_q = attn__prep_q_avx512vnni,
+    .pv_rows_q = attn__pv_rows_q_avx512,
+};
+#endif
+
 #if defined(ATTN_HAVE_AVX512BF16)
 // The entries around gemm_bf16 of both tables with bf16 dot products (flash_kernels_avx512bf16.c),
-// and their decode kernels for Q8_0 and Q4_0 on VNNI and bf16 dot products (quant_kernels_avx512bf16.c).
+// and their decode kernels for Q8_0 and Q4_0 on VNNI and bf16 dot products (q.k:
+// quant_kernels_avx512vnni.c, P V: quant_kernels_avx512bf16.c).
 #define BF16_DOT_ENTRIES \
     .pack_pairs_bf16 = attn__pack_pairs_bf16_avx512, \
     .pair_rows_bf16 = attn__pair_rows_bf16_avx512, \
@@ -373,9 +388,9 @@ const attn__kernels attn__kernels_avx512 = {
     .transpose_pairs_bf16 = attn__transpose_pairs_bf16_avx512, \
     .scale_to_bf16 = attn__scale_to_bf16_avx512, \
     .softmax_pairs_bf16 = attn__softmax_pairs_bf16_avx512, \
-    .qk_rows_q = attn__qk_rows_q_avx512bf16, \
+    .qk_rows_q = attn__qk_rows_q_avx512vnni, \
     .pv_rows_q = attn__pv_rows_q_avx512bf16, \
-    .prep_q = attn__prep_q_avx512bf16
+    .prep_q = attn__prep_q_avx512vnni
 
 const attn__kernels attn__kernels_avx512bf16 = {
     .name = "avx512bf16",

@@ -1,6 +1,6 @@
 // quant_block.h - a Q8_0 / Q4_0 block's size, place and scale (attn.h has the layouts), for the
-// x86 row kernels (quant_rows.h, quant_kernels_avx512bf16.c). Include after <immintrin.h> (or
-// simd512.h) with F16C enabled.
+// x86 row kernels (quant_rows.h, quant_pv_rows.h, quant_groups512.h). Include after <immintrin.h>
+// (or simd512.h) with F16C enabled.
 #ifndef ATTN_CPU_X86_QUANT_BLOCK_H
 #define ATTN_CPU_X86_QUANT_BLOCK_H
 

@@ -1,10 +1,11 @@
 // quant_kernels_avx2.c - the decode row kernels of cpu.h (prep_q, qk_rows_q, pv_rows_q,
 // dequant_rows) for Q8_0 and Q4_0 keys and values in the AVX2 table, with AVX2, FMA3 and F16C
-// (compiled with those flags for this file only). The block helpers and the loops around pv_rows
-// (per element type, rows and key tiles) are quant_rows.h's, shared with the AVX-512 files.
+// (compiled with those flags for this file only). The block helpers and the loops around the row
+// kernels (per element type, rows and key tiles) are quant_rows.h's and quant_pv_rows.h's, shared
+// with the AVX-512 files.
 //
-// q.k runs on 8-bit products, as the bf16 tables' (quant_kernels_avx512bf16.c, whose step layout
-// quant_steps.h holds for both) and as ggml rounds its query for these types: prep_q rounds each
+// q.k runs on 8-bit products, as the AVX-512 VNNI kernels' (quant_kernels_avx512vnni.c, whose step
+// layout quant_steps.h holds for both) and as ggml rounds its query for these types: prep_q rounds each
 // query row to int8 per block of 32 (d_q = max|q| / 127), laid out per step; two keys go at once,
 // each block's quants of both keys loaded into the two 128-bit lanes and transposed by dwords
 // (Q4_0) or qwords (Q8_0) into step vectors whose lane 4l + c holds key l's bytes for column c (one
@@ -34,6 +35,7 @@
 #include "cpu/cpu.h"
 #include "cpu/x86/decode_prefetch.h"
 #include "cpu/x86/quant_kernels.h"
+#include "cpu/x86/quant_pv_rows.h"
 #include "cpu/x86/quant_rows.h"
 #include "cpu/x86/quant_steps.h"
 #include "half.h"

@@ -1,6 +1,7 @@
 // quant_kernels_avx512.c - the decode row kernels of cpu.h (qk_rows_q, pv_rows_q, dequant_rows) for
 // Q8_0 and Q4_0 keys and values with AVX-512F and F16C (16 floats a register; compiled with those
-// flags for this file only), in the AVX-512 table (and as the float path of the bf16 tables). The
+// flags for this file only), in the AVX-512 table (and as the float path of the others: the
+// "avx512vnni" table takes its P V, the bf16 tables a float query's q.k). The
 // arithmetic of quant_kernels_avx2.c's float kernels at twice the width, with the 32 registers
 // used for more keys a pass:
 //  - a block's 32 quants are two vectors of 16, times the block's scale d (load_block_scaled). Q8_0:
@@ -16,12 +17,13 @@
 //    AVX2 kernel scales the weights instead, a block at a time).
 // Prefetch (decode_prefetch.h): qk_rows requests each key row's lines DECODE_PF_BYTES ahead as it
 // starts the row; pv_rows requests each pass's two blocks' lines a key tile (FLASH_BC rows) on.
-// The block helpers and the loops around these kernels are quant_rows.h's.
+// The block helpers and the loops around these kernels are quant_rows.h's and quant_pv_rows.h's.
 #include "cpu/x86/simd512.h"
 
 #include "cpu/cpu.h"
 #include "cpu/x86/decode_prefetch.h"
 #include "cpu/x86/quant_kernels.h"
+#include "cpu/x86/quant_pv_rows.h"
 #include "cpu/x86/quant_rows.h"
 #include "cpu/x86/sum512.h"
 #include "half.h"

@@ -1,8 +1,8 @@
 // quant_steps.h - the layout of the int8 q.k that the decode kernels of quant_kernels_avx2.c (the
-// AVX2 table: vpmaddubsw, two keys a vector) and quant_kernels_avx512bf16.c (the bf16 tables:
-// vpdpbusd, four keys a vector) share: a row's blocks in groups, each group's quant bytes as step
-// vectors whose 128-bit lanes hold one key each, the query bytes prep_q lays out to meet them, and
-// the qk_rows_q entry both files share (qk_rows_prepared). Include after <immintrin.h> (or
+// AVX2 table: vpmaddubsw, two keys a vector) and quant_kernels_avx512vnni.c (the VNNI and bf16
+// tables: vpdpbusd, four keys a vector) share: a row's blocks in groups, each group's quant bytes
+// as step vectors whose 128-bit lanes hold one key each, the query bytes prep_q lays out to meet
+// them, and the qk_rows_q entry both files share (qk_rows_prepared). Include after <immintrin.h> (or
 // simd512.h); the including file defines struct q_group and qk_rows_int8 (declared below).
 #ifndef ATTN_CPU_X86_QUANT_STEPS_H
 #define ATTN_CPU_X86_QUANT_STEPS_H

@@ -118,8 +118,9 @@ EMU_INLINE simde__m512bh emu512_cvtne2ps_pbh(simde__m512 a, simde__m512 b) {
     return r;
 }
 
-// The intrinsics of the Q4_0 kernels (quant_kernels_avx512bf16.c) that SIMDe 0.7 lacks: masked
-// byte loads (touching only the selected bytes), widening, reductions, rounding.
+// The intrinsics of the Q4_0 kernels (quant_kernels_avx512vnni.c, quant_kernels_avx512bf16.c) that
+// SIMDe 0.7 lacks: masked byte loads (touching only the selected bytes), widening, reductions,
+// rounding.
 EMU_INLINE simde__m512i emu512_maskz_loadu_epi8(simde__mmask64 k, const void *p) {
     uint8_t b[64];
     for (int i = 0; i < 64; i++) b[i] = (k >> i) & 1u ? ((const uint8_t *)p)[i] : 0;

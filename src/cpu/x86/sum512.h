@@ -1,6 +1,6 @@
 // sum512.h - the sums of the lanes of 16 AVX-512 vectors at once (sum16; quarter_sums4, its last
 // level) and their store into a score tile (store_sums16), for the row kernels' dot products
-// (flash_kernels_avx512.c, quant_kernels_avx512.c, quant_kernels_avx512bf16.c). Include after
+// (flash_kernels_avx512.c, quant_kernels_avx512.c, quant_kernels_avx512vnni.c). Include after
 // simd512.h.
 #ifndef ATTN_CPU_X86_SUM512_H
 #define ATTN_CPU_X86_SUM512_H
