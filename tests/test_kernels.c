@@ -349,6 +349,58 @@ static void test_non_finite_and_fully_masked(void) {
     fprintf(stderr, "    %ld kernel runs compared with the reference\n", compared);
 }
 
+// Float mask terms past the kernels' log2 domain (attn.h, the note before attn_causal): a key whose
+// mask entry is near FLT_MAX takes its row's whole weight, as in the reference (NaN rows before
+// the terms were clamped), and the row's lse is the reference's up to FLT_MAX ln 2. Rows of one
+// query (the decoding path) and of several (the forward), on every fused ISA.
+static void test_float_mask_past_log2_range(void) {
+    const int64_t H = 2, S = 200, D = 16;
+    const float top = (float)((double)FLT_MAX * 0.6931471805599453);
+    attn_isa isas[16];
+    const int n = fused_isas(isas);
+    for (int64_t L = 1; L <= 3; L += 2) {
+        uint32_t seed = 5u + (uint32_t)L;
+        float *q = malloc((size_t)(H * L * D) * 4), *k = malloc((size_t)(H * S * D) * 4), *v = malloc((size_t)(H * S * D) * 4);
+        float *m = malloc((size_t)(H * L * S) * 4);
+        for (int64_t i = 0; i < H * L * D; i++) q[i] = rand_sym(&seed);
+        for (int64_t i = 0; i < H * S * D; i++) k[i] = rand_sym(&seed), v[i] = rand_sym(&seed);
+        for (int64_t i = 0; i < H * L * S; i++) m[i] = rand_sym(&seed);
+        m[5] = FLT_MAX;                      // head 0, row 0
+        m[L * S + 150] = 3e38f;              // head 1, row 0 (another key tile)
+        if (L > 1) m[S + 70] = 2.5e38f;      // head 0, row 1
+        attn_sdpa_desc d;
+        attn_sdpa_desc_init(&d);
+        d.batch = 1, d.n_heads = H, d.len_q = L, d.len_kv = S, d.head_dim = D;
+        attn_layout_strides(ATTN_LAYOUT_BHLD, 1, H, L, D, d.q_stride);
+        attn_layout_strides(ATTN_LAYOUT_BHLD, 1, H, S, D, d.k_stride);
+        attn_layout_strides(ATTN_LAYOUT_BHLD, 1, H, S, D, d.v_stride);
+        attn_layout_strides(ATTN_LAYOUT_BHLD, 1, H, L, D, d.o_stride);
+        attn_layout_strides(ATTN_LAYOUT_BHLD, 1, H, L, S, d.mask_stride);
+        d.mask = m, d.mask_dtype = ATTN_DTYPE_F32;
+        float ro[2 * 3 * 16], rl[2 * 3], o[2 * 3 * 16], l[2 * 3];
+        attn_ctx *ref = make_ctx(ATTN_ISA_REF, 1);
+        ASSERT_OK(attn_sdpa_fwd(ref, &d, q, k, v, ro, rl, NULL));
+        attn_ctx_free(ref);
+        ASSERT_TRUE(rl[0] > top); // the reference's lse past the kernels' range
+        for (int ii = 0; ii < n; ii++) {
+            attn_ctx *ctx = make_ctx(isas[ii], 2);
+            ASSERT_OK(attn_sdpa_fwd(ctx, &d, q, k, v, o, l, NULL));
+            for (int64_t r = 0; r < H * L; r++) {
+                const float want_l = rl[r] > top ? top : rl[r];
+                if (!(fabsf(l[r] - want_l) <= 1e-6f * fabsf(want_l) + 1e-5f))
+                    FAIL("%s L=%lld: lse of row %lld %.9g, want %.9g", attn_isa_name(isas[ii]), (long long)L, (long long)r,
+                         (double)l[r], (double)want_l);
+                for (int64_t e = 0; e < D; e++)
+                    if (!(fabsf(o[r * D + e] - ro[r * D + e]) <= 1e-5f))
+                        FAIL("%s L=%lld: out (%lld, %lld) %.9g, want %.9g", attn_isa_name(isas[ii]), (long long)L,
+                             (long long)r, (long long)e, (double)o[r * D + e], (double)ro[r * D + e]);
+            }
+            attn_ctx_free(ctx);
+        }
+        free(q), free(k), free(v), free(m);
+    }
+}
+
 // attn_linear (both weight layouts, sizes around the GEMM's 64-row and 96/192-feature blocks) and a
 // full nn.MultiheadAttention forward on every ISA against the reference; bits equal across threads.
 static void linear_and_modules(void);
@@ -783,6 +835,7 @@ int main(int argc, char **argv) {
         HARNESS_CASE(test_decode_shapes),
         HARNESS_CASE(test_softmax_tiles),
         HARNESS_CASE(test_non_finite_and_fully_masked),
+        HARNESS_CASE(test_float_mask_past_log2_range),
         HARNESS_CASE(test_linear_and_modules),
     };
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));

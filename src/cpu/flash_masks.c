@@ -74,6 +74,13 @@ bool attn__bounds_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int 
     return any_visible;
 }
 
+// x rounded to float, finite values beyond float's range clamped to +-FLT_MAX (NaN and the
+// infinities stay what they are).
+static float clamp_flt(double x) {
+    if (!isfinite(x)) return (float)x;
+    return x > FLT_MAX ? FLT_MAX : x < -FLT_MAX ? -FLT_MAX : (float)x;
+}
+
 static inline float mask_value(const void *mask, attn_dtype dt, int64_t off) {
     if (dt == ATTN_DTYPE_BOOL) return ((const uint8_t *)mask)[off] ? -INFINITY : 0.0f;
     return ((const float *)mask)[off];
@@ -81,7 +88,6 @@ static inline float mask_value(const void *mask, attn_dtype dt, int64_t off) {
 
 bool attn__mask_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int brp, int64_t b, int64_t h, int64_t i0,
                      int nq, int64_t j0, int nj, float *st) {
-    const float log2e = (float)LOG2E;
     const bool bounded = d->causal != ATTN_CAUSAL_NONE || d->use_window;
     bool any_visible = false;
     for (int j = 0; j < nj; j++) {
@@ -94,7 +100,7 @@ bool attn__mask_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int br
         for (int i = 0; i < nq; i++) {
             const int64_t ii = i0 + i;
             bool hidden = kpm == -INFINITY || (bounded && (jj > hi_of(d, sh, ii) || jj < lo_of(d, sh, ii)));
-            float bias = kpm;
+            double bias = kpm;
             if (!hidden && d->mask != NULL) {
                 const float mv = mask_value(d->mask, d->mask_dtype, attn__offset4(d->mask_stride, b, h, ii, jj));
                 hidden = mv == -INFINITY;
@@ -103,7 +109,10 @@ bool attn__mask_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int br
             if (hidden) {
                 s[i] = -INFINITY;
             } else {
-                if (bias != 0.0f) s[i] += bias * log2e;
+                // in double, clamped to float's range: a finite mask term past FLT_MAX / log2(e) (about
+                // 2.36e38), or a score plus one past FLT_MAX, stays finite (an infinite score would make
+                // its row NaN); the row's weights are then the reference's, its lse at most FLT_MAX ln 2
+                if (bias != 0.0) s[i] = clamp_flt((double)s[i] + bias * LOG2E);
                 any_visible = true;
             }
         }
@@ -129,13 +138,6 @@ static void tanh_row(const attn__kernels *kn, const float *z, float *out, int n)
             out[c + i] = isnan(x) ? x : t;
         }
     }
-}
-
-// x rounded to float, finite values beyond float's range clamped to +-FLT_MAX (NaN and the
-// infinities stay what they are).
-static float clamp_flt(double x) {
-    if (!isfinite(x)) return (float)x;
-    return x > FLT_MAX ? FLT_MAX : x < -FLT_MAX ? -FLT_MAX : (float)x;
 }
 
 void attn__score_transform(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int brp,
