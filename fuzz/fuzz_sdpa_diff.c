@@ -22,12 +22,12 @@
 
 /* The reference's lse as the fused kernels can hold it (attn.h: the note on float arithmetic
  * before attn_causal): they work in the log2 domain with scores clamped to float's range, so an
- * lse past FLT_MAX * ln 2 (a float mask term near FLT_MAX) is at most that there. Applied to the
- * reference's results ([1]). */
+ * lse past +-FLT_MAX * ln 2 (float mask terms near +-FLT_MAX) is that there. Applied to the
+ * reference's results ([1]); the infinities (NaN rows, fully masked ones) stay. */
 static void lse_in_log2_range(float *lse, int64_t n) {
     const float top = (float)((double)FLT_MAX * 0.6931471805599453);
     for (int64_t i = 0; i < n; i++)
-        if (lse[i] > top && lse[i] != INFINITY) lse[i] = top;
+        if (isfinite(lse[i])) lse[i] = lse[i] > top ? top : lse[i] < -top ? -top : lse[i];
 }
 
 /* ---- KV caches of every type, the block-quantised Q8_0 and Q4_0 included -------------------- */

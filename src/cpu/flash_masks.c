@@ -111,7 +111,7 @@ bool attn__mask_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int br
             } else {
                 // in double, clamped to float's range: a finite mask term past FLT_MAX / log2(e) (about
                 // 2.36e38), or a score plus one past FLT_MAX, stays finite (an infinite score would make
-                // its row NaN); the row's weights are then the reference's, its lse at most FLT_MAX ln 2
+                // its row NaN); the row's weights are then the reference's, its lse within +-FLT_MAX ln 2
                 if (bias != 0.0) s[i] = clamp_flt((double)s[i] + bias * LOG2E);
                 any_visible = true;
             }
