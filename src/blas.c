@@ -17,7 +17,8 @@
 bool attn__blas_linear(const attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const float *W,
                        bool w_in_out, const float *b, int64_t out, float *y, int64_t ldy) {
     if (!ctx->use_blas || ctx->kernels == NULL) return false;
-    if (ctx->kernels->isa >= ATTN_ISA_AVX512) return false;
+    // the AVX-512 tables' own GEMM is faster (attn.h, attn_has_blas): BLAS for AVX2 and portable only
+    if (ctx->kernels->isa != ATTN_ISA_AVX2 && ctx->kernels->isa != ATTN_ISA_GENERIC) return false;
     if (rows > INT32_MAX || in > INT32_MAX || out > INT32_MAX || ldx > INT32_MAX || ldy > INT32_MAX) return false;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, w_in_out ? CblasNoTrans : CblasTrans, (int)rows, (int)out, (int)in, 1.0f,
                 x, (int)ldx, W, w_in_out ? (int)out : (int)in, 0.0f, y, (int)ldy);
