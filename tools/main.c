@@ -43,17 +43,15 @@ int cli_error(const char *cmd, int code, const char *fmt, ...) {
 }
 
 bool cli_parse_isa(const char *name, attn_isa *isa) {
-    static const struct {
-        const char *name;
-        attn_isa isa;
-    } names[] = {{"auto", ATTN_ISA_AUTO}, {"ref", ATTN_ISA_REF}, {"generic", ATTN_ISA_GENERIC},
-                 {"avx2", ATTN_ISA_AVX2}, {"avx512", ATTN_ISA_AVX512}, {"avx512vnni", ATTN_ISA_AVX512_VNNI},
-                 {"avx512bf16", ATTN_ISA_AVX512_BF16}, {"amxbf16", ATTN_ISA_AMX_BF16}};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (strcmp(name, names[i].name) == 0) {
-            *isa = names[i].isa;
+    // the library's names (attn_isa_name: "?" for a value it does not know); the enum's values
+    // are small and dense
+    for (int i = ATTN_ISA_AUTO; i < 64; i++) {
+        const char *known = attn_isa_name((attn_isa)i);
+        if (strcmp(known, "?") != 0 && strcmp(name, known) == 0) {
+            *isa = (attn_isa)i;
             return true;
         }
+    }
     return false;
 }
 
