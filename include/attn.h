@@ -347,10 +347,11 @@ ATTN_API attn_status attn_ctx_reserve(attn_ctx *ctx, size_t size);
  * NaN or inf in data a row cannot see does not reach that row.
  * Float arithmetic: the fused kernels fold scale * log2(e) into q, so a q element times that factor
  * must be a finite float (|scale * q| < about 2.3e38); past that, the row is NaN. They add the
- * float mask terms in that log2 domain too, clamped to float's range (on the CPU; attn_cuda.h's
- * kernels do not clamp, docs/cuda.md): where a score plus its finite mask terms passes about +-
- * 2.36e38 (FLT_MAX / log2(e)), it counts as that value, so keys past it weigh alike and the row's
- * lse lies within about +-2.36e38 (FLT_MAX * ln 2), where the reference's double sums hold more.
+ * float mask terms in that log2 domain too, clamped to float's range (attn_cuda.h's kernels as
+ * well): where a score plus its finite mask terms passes about +-2.36e38 (FLT_MAX / log2(e)), it
+ * counts as that value, so keys past it weigh alike and the row's lse lies within about +-2.36e38
+ * (FLT_MAX * ln 2), where the reference's double sums hold more. The fused backwards clamp the lse
+ * they are given the same way, so the reference's lse of such a row serves them too.
  */
 
 typedef enum attn_causal {

@@ -352,7 +352,8 @@ static void test_non_finite_and_fully_masked(void) {
 // Float mask terms past the kernels' log2 domain (attn.h, the note before attn_causal): a key whose
 // mask entry is near FLT_MAX takes its row's whole weight, as in the reference (NaN rows before
 // the terms were clamped), and the row's lse is the reference's up to FLT_MAX ln 2. Rows of one
-// query (the decoding path) and of several (the forward), on every fused ISA.
+// query (the decoding path) and of several (the forward), on every fused ISA; the backward's
+// gradients are the reference's from the table's lse and from the reference's.
 static void test_float_mask_past_log2_range(void) {
     const int64_t H = 2, S = 200, D = 16;
     const float top = (float)((double)FLT_MAX * 0.6931471805599453);
@@ -360,11 +361,11 @@ static void test_float_mask_past_log2_range(void) {
     const int n = fused_isas(isas);
     for (int64_t L = 1; L <= 3; L += 2) {
         uint32_t seed = 5u + (uint32_t)L;
-        float *q = malloc((size_t)(H * L * D) * 4), *k = malloc((size_t)(H * S * D) * 4), *v = malloc((size_t)(H * S * D) * 4);
-        float *m = malloc((size_t)(H * L * S) * 4);
-        for (int64_t i = 0; i < H * L * D; i++) q[i] = rand_sym(&seed);
-        for (int64_t i = 0; i < H * S * D; i++) k[i] = rand_sym(&seed), v[i] = rand_sym(&seed);
-        for (int64_t i = 0; i < H * L * S; i++) m[i] = rand_sym(&seed);
+        const size_t nq = (size_t)(H * L * D), nk = (size_t)(H * S * D), nm = (size_t)(H * L * S);
+        float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *m = malloc(nm * 4), *dout = malloc(nq * 4);
+        for (size_t i = 0; i < nq; i++) q[i] = rand_sym(&seed), dout[i] = rand_sym(&seed);
+        for (size_t i = 0; i < nk; i++) k[i] = rand_sym(&seed), v[i] = rand_sym(&seed);
+        for (size_t i = 0; i < nm; i++) m[i] = rand_sym(&seed);
         m[5] = FLT_MAX;                      // head 0, row 0
         m[L * S + 150] = 3e38f;              // head 1, row 0 (another key tile)
         if (L > 1) m[S + 70] = 2.5e38f;      // head 0, row 1
@@ -378,8 +379,13 @@ static void test_float_mask_past_log2_range(void) {
         attn_layout_strides(ATTN_LAYOUT_BHLD, 1, H, L, S, d.mask_stride);
         d.mask = m, d.mask_dtype = ATTN_DTYPE_F32;
         float ro[2 * 3 * 16], rl[2 * 3], o[2 * 3 * 16], l[2 * 3];
+        // the reference's gradients (its own lse) and a fused table's: [0] dq, [1] dk, [2] dv, [3] dmask
+        float *rg[4] = {malloc(nq * 4), malloc(nk * 4), malloc(nk * 4), malloc(nm * 4)};
+        float *g[4] = {malloc(nq * 4), malloc(nk * 4), malloc(nk * 4), malloc(nm * 4)};
+        const size_t gn[4] = {nq, nk, nk, nm};
         attn_ctx *ref = make_ctx(ATTN_ISA_REF, 1);
         ASSERT_OK(attn_sdpa_fwd(ref, &d, q, k, v, ro, rl, NULL));
+        ASSERT_OK(attn_sdpa_bwd(ref, &d, q, k, v, ro, dout, rl, NULL, rg[0], rg[1], rg[2], rg[3]));
         attn_ctx_free(ref);
         ASSERT_TRUE(rl[0] > top); // the reference's lse past the kernels' range
         for (int ii = 0; ii < n; ii++) {
@@ -395,9 +401,22 @@ static void test_float_mask_past_log2_range(void) {
                         FAIL("%s L=%lld: out (%lld, %lld) %.9g, want %.9g", attn_isa_name(isas[ii]), (long long)L,
                              (long long)r, (long long)e, (double)o[r * D + e], (double)ro[r * D + e]);
             }
+            // the backward from this table's forward (lse clamped) and from the reference's (lse past
+            // the range: the backward clamps it as the forward clamps the scores)
+            for (int from_ref = 0; from_ref <= 1; from_ref++) {
+                ASSERT_OK(attn_sdpa_bwd(ctx, &d, q, k, v, from_ref ? ro : o, dout, from_ref ? rl : l, NULL, g[0], g[1],
+                                        g[2], g[3]));
+                for (int t = 0; t < 4; t++)
+                    for (size_t e = 0; e < gn[t]; e++)
+                        if (!(fabsf(g[t][e] - rg[t][e]) <= 1e-5f))
+                            FAIL("%s L=%lld, lse of %s: %s[%zu] %.9g, want %.9g", attn_isa_name(isas[ii]), (long long)L,
+                                 from_ref ? "the reference" : "the table", (const char *[]){"dq", "dk", "dv", "dmask"}[t],
+                                 e, (double)g[t][e], (double)rg[t][e]);
+            }
             attn_ctx_free(ctx);
         }
-        free(q), free(k), free(v), free(m);
+        for (int t = 0; t < 4; t++) free(rg[t]), free(g[t]);
+        free(q), free(k), free(v), free(m), free(dout);
     }
 }
 

@@ -2,9 +2,17 @@
 #ifndef ATTN_CPU_FLASH_H
 #define ATTN_CPU_FLASH_H
 
+#include <float.h>
 #include <math.h>
 
 #include "internal.h"
+
+// x rounded to float, finite values beyond float's range clamped to +-FLT_MAX (NaN and the
+// infinities stay what they are): the log2-domain scores and log-sum-exps of the fused kernels.
+static inline float attn__clamp_flt(double x) {
+    if (!isfinite(x)) return (float)x;
+    return x > FLT_MAX ? FLT_MAX : x < -FLT_MAX ? -FLT_MAX : (float)x;
+}
 
 #ifndef FLASH_BC
 #define FLASH_BC 96 // keys per forward tile: a multiple of the 6-row register block

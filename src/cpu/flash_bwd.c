@@ -436,7 +436,9 @@ static void prep_rows_task(void *arg, int64_t bh, int thread) {
             acc += (double)attn__kv_at(P->out, d->out_dtype, o + c * d->o_stride[3]) *
                    attn__kv_at(J->dout, d->out_dtype, o + c * d->o_stride[3]);
         P->rowdot[bh * sh->L + i] = (float)acc;
-        P->lse2[bh * sh->L + i] = (float)((double)P->lse[bh * sh->L + i] * LOG2E);
+        // clamped as the forward clamps its scores: an lse past FLT_MAX ln 2 (the reference's, of a
+        // row with a float mask term that large) still gives its top keys their weight
+        P->lse2[bh * sh->L + i] = attn__clamp_flt((double)P->lse[bh * sh->L + i] * LOG2E);
     }
 }
 

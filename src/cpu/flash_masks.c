@@ -74,13 +74,6 @@ bool attn__bounds_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int 
     return any_visible;
 }
 
-// x rounded to float, finite values beyond float's range clamped to +-FLT_MAX (NaN and the
-// infinities stay what they are).
-static float clamp_flt(double x) {
-    if (!isfinite(x)) return (float)x;
-    return x > FLT_MAX ? FLT_MAX : x < -FLT_MAX ? -FLT_MAX : (float)x;
-}
-
 static inline float mask_value(const void *mask, attn_dtype dt, int64_t off) {
     if (dt == ATTN_DTYPE_BOOL) return ((const uint8_t *)mask)[off] ? -INFINITY : 0.0f;
     return ((const float *)mask)[off];
@@ -112,7 +105,7 @@ bool attn__mask_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int br
                 // in double, clamped to float's range: a finite mask term past FLT_MAX / log2(e) (about
                 // 2.36e38), or a score plus one past FLT_MAX, stays finite (an infinite score would make
                 // its row NaN); the row's weights are then the reference's, its lse within +-FLT_MAX ln 2
-                if (bias != 0.0) s[i] = clamp_flt((double)s[i] + bias * LOG2E);
+                if (bias != 0.0) s[i] = attn__clamp_flt((double)s[i] + bias * LOG2E);
                 any_visible = true;
             }
         }
@@ -145,7 +138,7 @@ void attn__score_transform(const attn__kernels *kn, const attn_sdpa_desc *d, con
     if (d->softcap > 0.0f) { // log2 domain: st = C2 tanh(st / C2) with C2 = softcap * log2 e
         // In double, then clamped to float's range: a cap near FLT_MAX (or near 0) must not turn
         // C2 (or 1 / C2) into inf, which would make 0 * inf = NaN of a zero score.
-        const float c2 = clamp_flt((double)d->softcap * LOG2E), inv = clamp_flt(1.0 / (double)c2);
+        const float c2 = attn__clamp_flt((double)d->softcap * LOG2E), inv = attn__clamp_flt(1.0 / (double)c2);
         float z[64];
         for (int j = 0; j < nj; j++) {
             float *s = st + (int64_t)j * brp, *t = th + (int64_t)j * brp;
@@ -158,7 +151,7 @@ void attn__score_transform(const attn__kernels *kn, const attn_sdpa_desc *d, con
         }
     }
     if (d->alibi_slopes != NULL) {
-        const float slope2 = clamp_flt((double)d->alibi_slopes[h] * LOG2E); // inf * 0 on the diagonal: NaN
+        const float slope2 = attn__clamp_flt((double)d->alibi_slopes[h] * LOG2E); // inf * 0 on the diagonal: NaN
         const int64_t off = diag_off(d, sh);
         for (int j = 0; j < nj; j++) {
             float *s = st + (int64_t)j * brp;

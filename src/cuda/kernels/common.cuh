@@ -243,31 +243,73 @@ __device__ __forceinline__ float mask_term(const void *m, int32_t dtype, int64_t
 // Whether the score needs more than scale * dot on keys inside the bounds.
 __device__ __forceinline__ bool has_elementwise(const P &p) { return attn__cuda_elementwise(&p) != 0; }
 
-// The score of (b, h, i, j) in natural units from the raw dot product q.k: -inf when the bounds or
-// a mask hide the key, else cap(scale * dot) + ALiBi + the mask terms. Key j < s.S, query i < s.L.
-__device__ __forceinline__ float score(const P &p, const Seq &s, float dot, int64_t b, int64_t h, int64_t i,
-                                       int64_t j) {
-    if (bounds_hide(p, s, i, j)) return -CUDART_INF_F;
-    float bias = 0.0f;
+// The score rule's parts of (b, h, i, j) from the raw dot product q.k: false when the bounds or a
+// mask hide the key, else x = cap(scale * dot) + ALiBi (natural units) and bias = the sum of the
+// mask terms. Key j < s.S, query i < s.L.
+__device__ __forceinline__ bool score_parts(const P &p, const Seq &s, float dot, int64_t b, int64_t h, int64_t i,
+                                            int64_t j, float &x, float &bias) {
+    if (bounds_hide(p, s, i, j)) return false;
+    bias = 0.0f;
     if (p.mask != nullptr) {
         const float t = mask_term(p.mask, p.mask_dtype,
                                   b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2] + j * p.mask_stride[3]);
-        if (t == -CUDART_INF_F) return -CUDART_INF_F;
+        if (t == -CUDART_INF_F) return false;
         bias += t;
     }
     if (p.kpm != nullptr) {
         const float t = mask_term(p.kpm, p.kpm_dtype, b * p.kpm_stride[0] + j * p.kpm_stride[1]);
-        if (t == -CUDART_INF_F) return -CUDART_INF_F;
+        if (t == -CUDART_INF_F) return false;
         bias += t;
     }
-    float x = p.scale * dot;
+    x = p.scale * dot;
     if (p.softcap > 0.0f) x = p.softcap * tanhf(x / p.softcap);
     if (p.alibi != nullptr) {
         const int64_t dist = i + s.off - j;
         x -= p.alibi[h] * (float)(dist < 0 ? -dist : dist);
     }
-    return x + bias;
+    return true;
 }
+
+// The end of the log2 domain (FLT_MAX) and the same in natural units (FLT_MAX ln 2, about 2.36e38,
+// rounded down).
+constexpr float kMaxLog2 = 3.40282347e38f;
+constexpr float kMaxNatural = 2.35865744e38f;
+
+// y = x + the mask terms, with a sum the terms took past +-top (or to +-inf) clamped to +-top; an
+// infinite or NaN x stays what it makes of y.
+__device__ __forceinline__ float clamp_sum(float x, float y, float top) {
+    return isfinite(x) && fabsf(y) > top ? copysignf(top, y) : y;
+}
+
+// The score of (b, h, i, j) in the log2 domain: -inf when the bounds or a mask hide the key, else
+// (cap(scale * dot) + ALiBi) log2 e plus the mask terms times log2 e, clamped to float's range as
+// the CPU kernels clamp it (attn.h, the note before attn_causal): a finite mask term past
+// FLT_MAX / log2 e leaves its row finite, keys past the clamp weigh alike, and the row's lse stays
+// within +-FLT_MAX ln 2. (The CPU forms the sum in double; here in float, an overflow clamped: the
+// two differ only where a score near 1e38 cancels such a term.)
+__device__ __forceinline__ float score_log2(const P &p, const Seq &s, float dot, int64_t b, int64_t h, int64_t i,
+                                            int64_t j) {
+    float x, bias;
+    if (!score_parts(p, s, dot, b, h, i, j, x, bias)) return -CUDART_INF_F;
+    const float x2 = x * kLog2e;
+    return clamp_sum(x2, x2 + bias * kLog2e, kMaxLog2);
+}
+
+// The same score in natural units (the fp32 simple kernels' exp domain), clamped at +-FLT_MAX ln 2,
+// so that those kernels' rows and lse agree with the log2-domain kernels'.
+__device__ __forceinline__ float score(const P &p, const Seq &s, float dot, int64_t b, int64_t h, int64_t i,
+                                       int64_t j) {
+    float x, bias;
+    if (!score_parts(p, s, dot, b, h, i, j, x, bias)) return -CUDART_INF_F;
+    return bias == 0.0f ? x : clamp_sum(x, x + bias, kMaxNatural);
+}
+
+// A forward's lse (natural units; a caller's, maybe the CPU reference's) as the backward uses it,
+// clamped as the scores are: within +-FLT_MAX ln 2 (clamp_lse), or +-FLT_MAX in the log2 domain
+// (lse_in_log2), so that a row past the clamp keeps its top keys' weight. NaN and the infinities
+// stay what they are.
+__device__ __forceinline__ float clamp_lse(float lse) { return clamp_sum(lse, lse, kMaxNatural); }
+__device__ __forceinline__ float lse_in_log2(float lse) { return clamp_sum(lse, lse * kLog2e, kMaxLog2); }
 
 // The soft cap's factor in the score's derivative with respect to scale * dot: 1 - tanh^2 of the
 // cap's argument (1 without a cap); dscore_ddot is the whole derivative with respect to the dot.

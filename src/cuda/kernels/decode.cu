@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(32 * kDecWarps) decode_split_kernel(const P p,
             const GroupRow g = group_row(p, hk, r);
             const int64_t i = g.i, h = g.h;
             if (i >= s.L) continue;
-            const float x = rule ? score(p, s, dot, b, h, i, j) * kLog2e : (bounds_hide(p, s, i, j) ? -CUDART_INF_F : dot);
+            const float x = rule ? score_log2(p, s, dot, b, h, i, j) : (bounds_hide(p, s, i, j) ? -CUDART_INF_F : dot);
             const float m_new = fmaxf(m[r], x);
             if (m_new == -CUDART_INF_F) continue; // hidden, and nothing seen yet
             const float alpha = exp2f(m[r] - m_new), pj = exp2f(x - m_new);

@@ -47,7 +47,7 @@ __device__ __forceinline__ float bwd_score_log2(const P &p, const Seq &s, float 
                                                 int64_t j, float &f) {
     if (i >= s.L || j >= s.S) return -CUDART_INF_F;
     f = softcap_dfactor(p, sv);
-    return score(p, s, sv, b, h, i, j) * kLog2e;
+    return score_log2(p, s, sv, b, h, i, j);
 }
 
 // One element of the backward from its score x (log2 domain, -inf: no weight) and its raw product
@@ -89,9 +89,10 @@ __device__ __forceinline__ void bwd_scores(bool elementwise, bool inside, float 
 }
 
 // A row's lse in the log2 domain as the kernels use it: +inf for rows past the sequence and rows
-// with no weight (lse = -inf), so that every P of the row is exp2(-inf) = 0.
+// with no weight (lse = -inf), so that every P of the row is exp2(-inf) = 0; within +-FLT_MAX as
+// the scores are (lse_in_log2: an lse past FLT_MAX ln 2 would give the row's top keys no weight).
 __device__ __forceinline__ float lse_log2(float lse, bool valid) {
-    return valid && lse != -CUDART_INF_F ? lse * kLog2e : CUDART_INF_F;
+    return valid && lse != -CUDART_INF_F ? lse_in_log2(lse) : CUDART_INF_F;
 }
 
 template <typename T, int D, bool Dropout>
@@ -114,7 +115,7 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dkdv
     T *sQ = sV + Bc * LD;                                  // (Br, LD)
     T *sdO = sQ + Br * LD;                                 // (Br, LD)
     T *sdS = sdO + Br * LD;                                // (Bc, LDS): dS^T of the query tile
-    float *sLse = reinterpret_cast<float *>(sdS + Bc * LDS); // (Br) the forward's lse
+    float *sLse = reinterpret_cast<float *>(sdS + Bc * LDS); // (Br) the forward's lse, then lse_log2 of it
     float *sDi = sLse + Br;                                // (Br) dout . out
 
     // Block -> (key tile, b, kv head); the first key tiles (most queries under causal masking) first.
@@ -167,6 +168,7 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dkdv
     for (int it = 0, hq = 0, mi = 0; it < n_iters; it++) { // (hq, mi): this iteration's head and query tile
         const int64_t h = hk * p.group + hq, i0 = (m_begin + mi) * Br;
         cp_async_wait<0>(); // this query tile (and K, V) have landed for this thread ...
+        if (tid < Br) sLse[tid] = lse_log2(sLse[tid], i0 + tid < s.L); // its own row's lse, now log2
         __syncthreads();    // ... and for every thread
 
         // dP^T = V dO^T and S^T = K Q^T: this warp's 16 keys x the tile's Br queries
@@ -194,7 +196,7 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dkdv
 #pragma unroll
                 for (int q2 = 0; q2 < 2; q2++) { // the thread's two queries of the n-tile
                     const int ql = n * 8 + 2 * c + q2;
-                    const float lse2 = lse_log2(sLse[ql], i0 + ql < s.L), di = sDi[ql];
+                    const float lse2 = sLse[ql], di = sDi[ql];
 #pragma unroll
                     for (int e = q2; e < 4; e += 2) {
                         float f = 1.0f;

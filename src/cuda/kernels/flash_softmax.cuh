@@ -72,7 +72,7 @@ __device__ __forceinline__ void tile_scores(float (&sacc)[MW][NT][4], const P &p
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int64_t i = iw + m * 16 + g + (e >> 1) * 8, j = n0 + nt * 8 + 2 * c + (e & 1);
-                    sacc[m][nt][e] = i < s.L && j < s.S ? score(p, s, sacc[m][nt][e], b, h, i, j) * kLog2e : -CUDART_INF_F;
+                    sacc[m][nt][e] = i < s.L && j < s.S ? score_log2(p, s, sacc[m][nt][e], b, h, i, j) : -CUDART_INF_F;
                 }
         }
     }

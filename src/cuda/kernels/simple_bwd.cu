@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(32 * kBwdWarps) dq_kernel(const P p) {
     for (int64_t e = lane; e < p.D; e += 32) q[e] = load_as_float(p.q, p.q_dtype, qo + e * p.q_stride[3]), acc[e] = 0.0f;
     for (int64_t e = lane; e < p.Dv; e += 32) dout[e] = load_as_float(p.dout, p.out_dtype, oo + e * p.o_stride[3]);
     __syncwarp();
-    const float lse = p.lse[lse_index(p, s, b, h, i)], rd = p.rowdot[lse_index(p, s, b, h, i)];
+    const float lse = clamp_lse(p.lse[lse_index(p, s, b, h, i)]), rd = p.rowdot[lse_index(p, s, b, h, i)];
     const int64_t lo = first_key(p, s, i), hi = end_key(p, s, i);
     for (int64_t j = lo; j < hi; j++) {
         const int64_t ko = kv_row(p, p.k_stride, s, b, hk, j);
@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(32 * kBwdWarps) dkdv_kernel(const P p) {
             const float dot = warp_sum(part);
             const float x = score(p, s, dot, b, h, i, j);
             if (x == -CUDART_INF_F) continue;
-            const float pij = expf(x - p.lse[lse_index(p, s, b, h, i)]);
+            const float pij = expf(x - clamp_lse(p.lse[lse_index(p, s, b, h, i)]));
             float dpart = 0.0f;
             for (int64_t e = lane; e < p.Dv; e += 32) dpart += v[e] * load_as_float(p.dout, p.out_dtype, oo + e * p.o_stride[3]);
             float dp = warp_sum(dpart), pd = pij;
