@@ -267,6 +267,12 @@ typedef enum attn_isa {
 ATTN_API int attn_isa_supported(attn_isa isa);
 /** @return "auto", "ref", "generic", "avx2", "avx512", "avx512bf16", "amxbf16", "avx512vnni" or "?". */
 ATTN_API const char *attn_isa_name(attn_isa isa);
+/* The names attn_isa_from_name takes, as a list for help texts and messages. */
+#define ATTN_ISA_NAMES "auto, ref, generic, avx2, avx512, avx512vnni, avx512bf16 or amxbf16"
+/** The ISA whose attn_isa_name is `name` ("auto" included; case-sensitive) into *isa, whether or
+ * not this CPU supports it (attn_isa_supported says).
+ * @return ATTN_OK, or ATTN_ERR_INVALID_ARG for NULL arguments or a name no ISA has (*isa untouched). */
+ATTN_API attn_status attn_isa_from_name(const char *name, attn_isa *isa);
 /** @return whether `isa` multiplies bf16 tensors on bf16 dot products (AVX512_BF16 and AMX_BF16),
  * whose error bounds attn_sdpa_desc.q_dtype and grad_dtype give beside float32's; those sets also
  * decode Q8_0 and Q4_0 caches on 8-bit and bf16 dot products (attn_sdpa_desc.kv_dtype). */

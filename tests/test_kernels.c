@@ -833,6 +833,32 @@ static void test_isa_requests(void) {
     ASSERT_TRUE(strcmp(attn_isa_name(ATTN_ISA_AMX_BF16), "amxbf16") == 0);
     ASSERT_TRUE(strcmp(attn_isa_name(ATTN_ISA_AVX512_VNNI), "avx512vnni") == 0);
     ASSERT_TRUE(strcmp(attn_isa_name((attn_isa)(ATTN_ISA_AVX512_VNNI + 1)), "?") == 0);
+    // names back to values: each of ATTN_ISA_NAMES ("a, b, ... or z") is the name of the value in its
+    // place, and nothing else parses
+    char list[] = ATTN_ISA_NAMES;
+    int named = 0;
+    for (char *t = strtok(list, ", "); t != NULL; t = strtok(NULL, ", ")) {
+        if (strcmp(t, "or") == 0) continue;
+        attn_isa isa = (attn_isa)99;
+        ASSERT_OK(attn_isa_from_name(t, &isa));
+        ASSERT_TRUE(strcmp(attn_isa_name(isa), t) == 0);
+        named++;
+    }
+    ASSERT_EQ_INT(named, ATTN_ISA_AVX512_VNNI + 1); // every value, AUTO .. AVX512_VNNI
+    for (int isa = ATTN_ISA_AUTO; isa <= ATTN_ISA_AVX512_VNNI; isa++) {
+        attn_isa got = (attn_isa)99;
+        ASSERT_OK(attn_isa_from_name(attn_isa_name((attn_isa)isa), &got));
+        ASSERT_EQ_INT(got, isa);
+    }
+    static const char *const bad[] = {"", "?", "AVX2", "avx", "avx2 ", "avx512_bf16", "none"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        attn_isa got = (attn_isa)99;
+        ASSERT_STATUS(attn_isa_from_name(bad[i], &got), ATTN_ERR_INVALID_ARG);
+        ASSERT_EQ_INT(got, 99); // untouched
+    }
+    attn_isa got = ATTN_ISA_AUTO;
+    ASSERT_STATUS(attn_isa_from_name(NULL, &got), ATTN_ERR_INVALID_ARG);
+    ASSERT_STATUS(attn_isa_from_name("avx2", NULL), ATTN_ERR_INVALID_ARG);
     for (attn_isa isa = ATTN_ISA_AVX2; isa <= ATTN_ISA_AVX512_VNNI; isa++)
         if (!attn_isa_supported(isa)) {
             attn_ctx_params p;

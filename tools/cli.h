@@ -13,10 +13,6 @@ int cli_error(const char *cmd, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
-// The names cli_parse_isa takes, for help texts and errors.
-#define CLI_ISA_NAMES "auto, ref, generic, avx2, avx512, avx512vnni, avx512bf16 or amxbf16"
-// One of CLI_ISA_NAMES as an attn_isa; false for another name.
-bool cli_parse_isa(const char *name, attn_isa *isa);
 // "f32", "f16" or "bf16" (false for anything else).
 bool cli_parse_float_dtype(const char *name, attn_dtype *dt); // f32, f16, bf16
 bool cli_parse_kv_dtype(const char *name, attn_dtype *dt);    // those and q8_0, q4_0

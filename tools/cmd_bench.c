@@ -179,7 +179,7 @@ int cmd_bench(int argc, char **argv) {
         {"--dtype", ARG_STRING, &o.dtype, "T", "element type f32, f16 or bf16 (sdpa; the module with mha); reports % of peak",
          false, false},
         {"--threads", ARG_INT, &o.threads, "T", "threads (default 1)", false, false},
-        {"--isa", ARG_STRING, &o.isa, "ISA", "kernels: " CLI_ISA_NAMES " (default auto)", false, false},
+        {"--isa", ARG_STRING, &o.isa, "ISA", "kernels: " ATTN_ISA_NAMES " (default auto)", false, false},
         {"--repeat", ARG_INT, &o.repeat, "R", "timed runs (default 5)", false, false},
         {"--no-check", ARG_FLAG, &o.no_check, NULL, "skip the check against the reference", false, false},
         {"--blas", ARG_FLAG, &o.blas, NULL, "projections through CBLAS (use_blas = 1; its own threads)", false, false},
@@ -191,7 +191,7 @@ int cmd_bench(int argc, char **argv) {
     const bool mha = strcmp(o.op, "mha") == 0;
     if (!mha && strcmp(o.op, "sdpa") != 0) return cli_error("bench", EXIT_USAGE, "--op must be sdpa or mha");
     attn_isa isa;
-    if (!cli_parse_isa(o.isa, &isa)) return cli_error("bench", EXIT_USAGE, "--isa must be " CLI_ISA_NAMES);
+    if (attn_isa_from_name(o.isa, &isa) != ATTN_OK) return cli_error("bench", EXIT_USAGE, "--isa must be " ATTN_ISA_NAMES);
     if (o.Hkv == 0) o.Hkv = o.H;
     if (o.S == 0) o.S = o.L;
     if (o.B < 1 || o.H < 1 || o.Hkv < 1 || o.L < 1 || o.S < 1 || o.D < 1 || o.E < 1 || o.repeat < 1 || o.threads < 1 ||

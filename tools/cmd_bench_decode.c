@@ -135,7 +135,7 @@ int cmd_bench_decode(int argc, char **argv) {
         {"--kv-dtype", ARG_STRING, &dtype_name, "T", "cache type: f32, f16, bf16, q8_0 or q4_0 (default f32)", false,
          false},
         {"--threads", ARG_INT, &threads, "T", "threads (default 1)", false, false},
-        {"--isa", ARG_STRING, &isa_name, "ISA", "kernels: " CLI_ISA_NAMES, false, false},
+        {"--isa", ARG_STRING, &isa_name, "ISA", "kernels: " ATTN_ISA_NAMES, false, false},
         {"--repeat", ARG_INT, &repeat, "R", "timed steps (default 50)", false, false},
         {"--no-check", ARG_FLAG, &no_check, NULL, "skip the check against the reference", false, false},
         {"--json", ARG_FLAG, &json, NULL, "end with a JSON object on one line", false, false},
@@ -146,7 +146,7 @@ int cmd_bench_decode(int argc, char **argv) {
     if (!cli_parse_kv_dtype(dtype_name, &dt))
         return cli_error("bench", EXIT_USAGE, "--kv-dtype must be f32, f16, bf16, q8_0 or q4_0, not '%s'", dtype_name);
     attn_isa isa;
-    if (!cli_parse_isa(isa_name, &isa)) return cli_error("bench", EXIT_USAGE, "--isa must be " CLI_ISA_NAMES);
+    if (attn_isa_from_name(isa_name, &isa) != ATTN_OK) return cli_error("bench", EXIT_USAGE, "--isa must be " ATTN_ISA_NAMES);
     if (B < 1 || H < 1 || Hkv < 1 || S < 1 || D < 1 || repeat < 1 || threads < 1 || threads > 4096)
         return cli_error("bench", EXIT_USAGE, "sizes, --threads and --repeat must be >= 1");
     if (H % Hkv != 0) return cli_error("bench", EXIT_USAGE, "--heads must be a multiple of --kv-heads");

@@ -31,7 +31,7 @@ static const char summary[] =
     "are), the projections and the heads' output are rounded as torch's bfloat16 / float16 modules do,\n"
     "and the output, the weights and the inputs' gradients, computed in that type, are written as\n"
     "float32 arrays holding its values; the parameters' gradients are float32.\n"
-    "--isa picks the kernels (" CLI_ISA_NAMES "; default auto).";
+    "--isa picks the kernels (" ATTN_ISA_NAMES "; default auto).";
 
 typedef struct mha_files {
     attn_tensor query, key, value, mask, kpm;
@@ -109,7 +109,7 @@ int cmd_mha(int argc, char **argv) {
         {"--grads-out", ARG_STRING, &grads_path, "G.safetensors", "every gradient (with --grad-out)", false, false},
         {"--dtype", ARG_STRING, &dtype_name, "T", "f32, f16 or bf16: the module's type (default: the state's)", false,
          false},
-        {"--isa", ARG_STRING, &isa_name, "ISA", "kernels: " CLI_ISA_NAMES, false, false},
+        {"--isa", ARG_STRING, &isa_name, "ISA", "kernels: " ATTN_ISA_NAMES, false, false},
     };
     int rc = args_parse("mha", summary, argc, argv, specs, (int)(sizeof specs / sizeof specs[0]));
     if (rc != 0) return rc < 0 ? EXIT_OK : rc;
@@ -126,8 +126,8 @@ int cmd_mha(int argc, char **argv) {
         return cli_error("mha", EXIT_USAGE, "--dtype must be f32, f16 or bf16, not '%s'", dtype_name);
     attn_ctx_params cp;
     attn_ctx_params_init(&cp);
-    if (!cli_parse_isa(isa_name, &cp.isa))
-        return cli_error("mha", EXIT_USAGE, "--isa must be " CLI_ISA_NAMES ", not '%s'", isa_name);
+    if (attn_isa_from_name(isa_name, &cp.isa) != ATTN_OK)
+        return cli_error("mha", EXIT_USAGE, "--isa must be " ATTN_ISA_NAMES ", not '%s'", isa_name);
 
     attn_ctx *ctx = NULL;
     attn_mha *m = NULL;

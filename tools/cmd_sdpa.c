@@ -29,7 +29,7 @@ static const char summary[] =
     "kernels read directly. Gradients are float32 unless --dtype says otherwise.\n"
     "--dtype f16 or bf16 rounds q, k, v (and dL/d out) to that type and computes out and the gradients in\n"
     "it (attn_sdpa_desc's q/kv/out/grad dtypes); they are written as float32 arrays holding those values.\n"
-    "--isa picks the kernels (" CLI_ISA_NAMES "; default auto).\n"
+    "--isa picks the kernels (" ATTN_ISA_NAMES "; default auto).\n"
     "Outputs: out (B, H, L, Dv), log-sum-exp (B, H, L), weights (B, H, L, S) or averaged (B, L, S).\n"
     "With --grad-out DO.npy (dL/d out) the backward runs too and --grads-out receives \"q\", \"k\", \"v\" and,\n"
     "for a float32 mask, \"mask\" (its gradient, summed over the dimensions it broadcasts).";
@@ -103,7 +103,7 @@ int cmd_sdpa(int argc, char **argv) {
         {"--softcap", ARG_FLOAT, &softcap, "C", "logit soft-capping C * tanh(s / C)", false, false},
         {"--kv-dtype", ARG_STRING, &kv_dtype, "T", "f32, f16 or bf16: round k and v to T first", false, false},
         {"--dtype", ARG_STRING, &all_dtype, "T", "f32, f16 or bf16: q, k, v, out and gradients in T", false, false},
-        {"--isa", ARG_STRING, &isa_name, "ISA", "kernels: " CLI_ISA_NAMES, false, false},
+        {"--isa", ARG_STRING, &isa_name, "ISA", "kernels: " ATTN_ISA_NAMES, false, false},
         {"--grad-out", ARG_STRING, &grad_path, "DO.npy", "dL/d out: run the backward too", false, false},
         {"--grads-out", ARG_STRING, &grads_path, "G.safetensors", "q, k, v (and mask) gradients", false, false},
     };
@@ -130,8 +130,8 @@ int cmd_sdpa(int argc, char **argv) {
     if (all_dtype != NULL) want_kv = want_all;
     attn_ctx_params cp;
     attn_ctx_params_init(&cp);
-    if (!cli_parse_isa(isa_name, &cp.isa))
-        return cli_error("sdpa", EXIT_USAGE, "--isa must be " CLI_ISA_NAMES ", not '%s'", isa_name);
+    if (attn_isa_from_name(isa_name, &cp.isa) != ATTN_OK)
+        return cli_error("sdpa", EXIT_USAGE, "--isa must be " ATTN_ISA_NAMES ", not '%s'", isa_name);
 
     attn_ctx *ctx = NULL;
     attn_tensor q = {0}, k = {0}, v = {0}, mask = {0}, kpm = {0}, dout = {0}, slopes = {0};

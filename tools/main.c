@@ -42,19 +42,6 @@ int cli_error(const char *cmd, int code, const char *fmt, ...) {
     return code;
 }
 
-bool cli_parse_isa(const char *name, attn_isa *isa) {
-    // the library's names (attn_isa_name: "?" for a value it does not know); the enum's values
-    // are small and dense
-    for (int i = ATTN_ISA_AUTO; i < 64; i++) {
-        const char *known = attn_isa_name((attn_isa)i);
-        if (strcmp(known, "?") != 0 && strcmp(name, known) == 0) {
-            *isa = (attn_isa)i;
-            return true;
-        }
-    }
-    return false;
-}
-
 // Names of the element types the CLI takes: the float types first, then the quantised k/v blocks.
 static const struct {
     const char *name;

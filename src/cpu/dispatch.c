@@ -6,6 +6,8 @@
 #endif
 #include "cpu/cpu.h"
 
+#include <string.h>
+
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #include <cpuid.h>
 #endif
@@ -163,6 +165,17 @@ const char *attn_isa_name(attn_isa isa) {
     case ATTN_ISA_AVX512_VNNI: return "avx512vnni";
     }
     return "?";
+}
+
+attn_status attn_isa_from_name(const char *name, attn_isa *isa) {
+    if (name == NULL || isa == NULL) return ATTN_ERR_INVALID_ARG;
+    // the enum's values are dense from AUTO: the first without a name ends them
+    for (int i = ATTN_ISA_AUTO; strcmp(attn_isa_name((attn_isa)i), "?") != 0; i++)
+        if (strcmp(name, attn_isa_name((attn_isa)i)) == 0) {
+            *isa = (attn_isa)i;
+            return ATTN_OK;
+        }
+    return ATTN_ERR_INVALID_ARG;
 }
 
 int attn_isa_bf16_dot(attn_isa isa) { return isa == ATTN_ISA_AVX512_BF16 || isa == ATTN_ISA_AMX_BF16; }

@@ -215,6 +215,16 @@ class TestAbi(unittest.TestCase):
             known = _lib.fn("attn_strerror")(code).decode() != "unknown status"
             self.assertEqual(code in _lib.STATUS_NAMES, known, "status %d" % code)
 
+    def test_isa_names(self):
+        # the binding's ISA names are the library's (attn_isa_name), value for value, and no other
+        for code in range(64):
+            name = _lib.fn("attn_isa_name")(code).decode()
+            if name == "?":
+                self.assertNotIn(code, _lib.ISA.values(), "isa %d" % code)
+            else:
+                self.assertEqual(_lib.ISA.get(name), code, "isa %d (%s)" % (code, name))
+        self.assertEqual(len(_lib.ISA), sum(_lib.fn("attn_isa_name")(c).decode() != "?" for c in range(64)))
+
     def test_version_and_queries(self):
         self.assertRegex(attn.__version__, r"^\d+\.\d+\.\d+$")
         self.assertGreaterEqual(attn.version_number(), 100)

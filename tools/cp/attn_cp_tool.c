@@ -14,7 +14,7 @@
 static const char usage[] =
     "usage: mpirun -np P attn-cp bench [--len L] [--batch B] [--heads H] [--kv-heads Hkv] [--head-dim D]\n"
     "                [--head-dim-v Dv] [--causal] [--layout zigzag|contiguous|both] [--backward]\n"
-    "                [--repeat R] [--threads T] [--isa auto|generic|avx2|avx512] [--poll-rows N]\n"
+    "                [--repeat R] [--threads T] [--isa NAME] [--poll-rows N]\n"
     "                [--latency-us A] [--json]\n"
     "       attn-cp --help | --version\n"
     "\n"
@@ -26,6 +26,7 @@ static const char usage[] =
     "the same ring of messages takes with no computation (communication alone), the share of it hidden\n"
     "behind the computation (overlap), and the kernels' GFLOP/s; then the balance (largest over mean work) and a model of one ring step on links of\n"
     "25 and 200 GB/s with A microseconds of latency per message (default 10), using the measured speed.\n"
+    "--isa picks the kernels (" ATTN_ISA_NAMES "; default auto).\n"
     "--json ends the output with one JSON object.\n"
     "Defaults: L=8192, B=1, H=8, Hkv=H, D=64, Dv=D, zigzag, forward only, R=3, 1 thread per rank, auto\n"
     "kernels, poll-rows 0 (the library's default).";
@@ -94,9 +95,9 @@ static int parse_bench(int rank, int argc, char **argv, cpt_bench_opts *o) {
     if (!(o->latency_us >= 0.0 && o->latency_us < 1e6)) return usage_error(rank, "%s", "--latency-us must be >= 0");
     if (strcmp(o->layout, "zigzag") != 0 && strcmp(o->layout, "contiguous") != 0 && strcmp(o->layout, "both") != 0)
         return usage_error(rank, "--layout must be zigzag, contiguous or both, not '%s'", o->layout);
-    if (strcmp(o->isa, "auto") != 0 && strcmp(o->isa, "generic") != 0 && strcmp(o->isa, "avx2") != 0 &&
-        strcmp(o->isa, "avx512") != 0)
-        return usage_error(rank, "--isa must be auto, generic, avx2 or avx512, not '%s'", o->isa);
+    attn_isa isa;
+    if (attn_isa_from_name(o->isa, &isa) != ATTN_OK)
+        return usage_error(rank, "--isa must be " ATTN_ISA_NAMES ", not '%s'", o->isa);
     return CPT_OK;
 }
 

@@ -281,20 +281,14 @@ static void report_json(const bench *b) {
 
 // ---- entry ------------------------------------------------------------------------------------
 
-static attn_isa isa_of(const char *name) {
-    if (strcmp(name, "generic") == 0) return ATTN_ISA_GENERIC;
-    if (strcmp(name, "avx2") == 0) return ATTN_ISA_AVX2;
-    if (strcmp(name, "avx512") == 0) return ATTN_ISA_AVX512;
-    return ATTN_ISA_AUTO;
-}
-
 int cpt_bench(const cpt_bench_opts *o) {
     bench b = {.o = o};
     MPI_Comm_rank(MPI_COMM_WORLD, &b.rank);
     MPI_Comm_size(MPI_COMM_WORLD, &b.world);
     attn_ctx_params p;
     attn_ctx_params_init(&p);
-    p.n_threads = (int)o->threads, p.isa = isa_of(o->isa);
+    p.n_threads = (int)o->threads;
+    if (attn_isa_from_name(o->isa, &p.isa) != ATTN_OK) p.isa = ATTN_ISA_AUTO; // checked by the option parser
     attn_status e = attn_ctx_create(&p, &b.ctx);
     attn_cp_params cpp;
     attn_cp_params_init(&cpp);

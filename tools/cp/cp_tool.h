@@ -14,7 +14,7 @@ typedef struct cpt_bench_opts {
     int64_t len, batch, heads, kv_heads, head_dim, head_dim_v; // the global problem
     int64_t threads, repeat, poll_rows;
     const char *layout; // "zigzag", "contiguous" or "both"
-    const char *isa;    // "auto", "generic", "avx2", "avx512"
+    const char *isa;    // one of ATTN_ISA_NAMES
     bool causal, backward, json;
     double latency_us;  // per-message latency of the modelled links
 } cpt_bench_opts;
