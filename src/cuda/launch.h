@@ -27,9 +27,10 @@ int attn__cuda_launch_flash_sm90(const attn__cuda_sdpa_params *p, int64_t row_bl
 // whose dout, rowdot (workspace), dq, dk, dv and lse (the forward's) are set.
 int attn__cuda_launch_simple_bwd(const attn__cuda_sdpa_params *p, cudaStream_t stream);
 
-// kernels/bwd_rows.cu: the backward's row kernels (4 rows of one (b, h) per block): rowdot (dout .
-// out per query row into p->rowdot, and zeroing p->dq_acc's rows when it is set), and dq_convert
-// (dq = scale * p->dq_acc in grad_dtype at q_stride).
+// kernels/bwd_rows.cu: the backward's row kernels (rows of one (b, h) per block; each launcher picks
+// the vector form where the views allow it): rowdot (dout . out per query row into p->rowdot, and
+// zeroing p->dq_acc's rows when it is set), and dq_convert (dq = scale * p->dq_acc in grad_dtype at
+// q_stride).
 int attn__cuda_launch_bwd_rowdot(const attn__cuda_sdpa_params *p, cudaStream_t stream);
 int attn__cuda_launch_bwd_dq_convert(const attn__cuda_sdpa_params *p, cudaStream_t stream);
 
