@@ -215,7 +215,9 @@ ATTN_CUDA_API attn_status attn_cuda_sdpa_varlen_fwd(attn_cuda_ctx *ctx, const at
  * (attn_cuda_sdpa_bwd_kernel_name says which):
  *  - "flash": tensor cores (FlashAttention-2's backward on mma.sync, sm_80 and later) on the
  *    forward's "flash" conditions (q, k, v, out, dout all BF16 or all F16, unit stride along D,
- *    16-byte aligned pointers and row strides) with head_dim = head_dim_v in {32, 64, 96, 128}. The
+ *    16-byte aligned pointers and row strides) with head_dim = head_dim_v in {32, 64, 96, 128}, and
+ *    256 when ATTN_CUDA_KERNELS_SM80 or SM90 names these kernels (AUTO runs the simple kernels at
+ *    256 until a GPU has run this form: docs/cuda.md). The
  *    weights P and the score gradients dS are rounded to the input type before their products, as
  *    FlashAttention does (tolerances in docs/cuda.md). dq is summed with float32 atomics, in an
  *    order that varies between runs (last-bit differences); with attn_cuda_ctx_params.deterministic

@@ -35,7 +35,7 @@ int attn__cuda_launch_bwd_rowdot(const attn__cuda_sdpa_params *p, cudaStream_t s
 int attn__cuda_launch_bwd_dq_convert(const attn__cuda_sdpa_params *p, cudaStream_t stream);
 
 // kernels/flash_dispatch.cu: the tensor-core backward (kernels/flash_bwd_sm80.cuh) for q_dtype BF16
-// or F16 and head dim 32, 64, 96 or 128: rowdot, the dK/dV kernel, then dq_convert (atomic mode:
+// or F16 and head dim 32, 64, 96, 128 or 256: rowdot, the dK/dV kernel, then dq_convert (atomic mode:
 // p->dq_acc set, zeroed by rowdot) or the dQ kernel (deterministic: p->dq_acc NULL).
 int attn__cuda_launch_flash_bwd(const attn__cuda_sdpa_params *p, int deterministic, cudaStream_t stream);
 

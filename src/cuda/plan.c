@@ -85,14 +85,16 @@ size_t attn__cuda_flash_sm90_smem(int head_dim) {
 
 // Tensor-core backward: the tile shapes of kernels/flash_traits.cuh's FlashBwdTraits (copied here):
 // dK/dV kernel key tiles of 64 rows, query tiles of 64 rows (D = 32) or 32, K, V, Q, dO, dS^T, lse
-// and D in shared memory; deterministic dQ kernel 64 query rows, key tiles of 64 rows in two stages.
-static bool flash_bwd_dim(int64_t d) { return d == 32 || d == 64 || d == 96 || d == 128; }
+// and D in shared memory; deterministic dQ kernel 64 query rows, key tiles of 64 rows (32 at
+// D = 256) in two stages; at D = 256 two blocks a tile, each accumulating 128 columns of the gradients.
+static bool flash_bwd_dim(int64_t d) { return d == 32 || d == 64 || d == 96 || d == 128 || d == 256; }
+static int64_t flash_bwd_slices(int64_t d) { return d > 128 ? d / 128 : 1; }
 
 size_t attn__cuda_flash_bwd_smem(int head_dim, bool deterministic) {
     if (!flash_bwd_dim(head_dim)) return 0;
-    const size_t ld = (size_t)head_dim + 8, bc = 64, br = head_dim <= 32 ? 64 : 32;
+    const size_t ld = (size_t)head_dim + 8, bc = 64, br = head_dim <= 32 ? 64 : 32, bcq = head_dim <= 128 ? 64 : 32;
     const size_t dkdv = (2 * bc + 2 * br) * ld * 2 + bc * (br + 8) * 2 + 2 * br * sizeof(float);
-    const size_t dq = (2 * 64 + 2 * 2 * 64) * ld * 2;
+    const size_t dq = (2 * 64 + 2 * 2 * bcq) * ld * 2;
     return deterministic && dq > dkdv ? dq : dkdv;
 }
 
@@ -284,16 +286,21 @@ attn_status attn__cuda_plan_sdpa_bwd(attn__cuda_err *e, const attn__cuda_device 
     if (t == NULL) t = &none;
     plan->kernel = ATTN__CU_KERNEL_SIMPLE;
     plan->deterministic = deterministic;
-    if (!dmask_wanted && flash_operands(p, dev, kernels, flash_bwd_dim(p->D), t->q, t->k, t->v) && vec_view(p->o_stride, t->out) &&
+    // Head dim 256 (two blocks a key tile) only when the mma.sync kernels are asked for by name
+    // (SM80, SM90): AUTO keeps the simple kernels there until a GPU has run it (docs/cuda.md).
+    const bool dim_ok = flash_bwd_dim(p->D) && (p->D <= 128 || kernels == ATTN_CUDA_KERNELS_SM80 || kernels == ATTN_CUDA_KERNELS_SM90);
+    if (!dmask_wanted && flash_operands(p, dev, kernels, dim_ok, t->q, t->k, t->v) && vec_view(p->o_stride, t->out) &&
         vec_view(p->o_stride, t->dout) && attn__cuda_flash_bwd_smem((int)p->D, deterministic) <= dev->smem_optin)
         plan->kernel = ATTN__CU_KERNEL_FLASH;
     if (plan->kernel == ATTN__CU_KERNEL_SIMPLE && attn__cuda_simple_bwd_smem(p) > dev->smem_optin)
         return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED,
                                "cuda sdpa_bwd: head dims %lld/%lld need more shared memory than the device has",
                                (long long)p->D, (long long)p->Dv);
-    // grids: rows of 4 queries per (b, h) (rowdot, dq conversion, simple dq), key tiles of 64 (flash
-    // dK/dV) or rows of 4 keys (simple) per (b, kv head), query tiles of 64 (deterministic dQ)
-    const int64_t kv_blocks = ceil_div(p->S, plan->kernel == ATTN__CU_KERNEL_FLASH ? 64 : 4);
+    // grids: rows of 4 queries per (b, h) (rowdot, dq conversion, simple dq; more blocks than the
+    // deterministic dQ kernel's query tiles of 64 times its slices), key tiles of 64 times the slices
+    // (flash dK/dV) or rows of 4 keys (simple) per (b, kv head)
+    const bool flash = plan->kernel == ATTN__CU_KERNEL_FLASH;
+    const int64_t kv_blocks = flash ? ceil_div(p->S, 64) * flash_bwd_slices(p->D) : ceil_div(p->S, 4);
     if (kv_blocks > INT32_MAX / (p->B * p->Hkv) || ceil_div(p->L, 4) > INT32_MAX / (p->B * p->H))
         return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda sdpa_bwd: the grid exceeds its limit");
     plan->row_blocks = ceil_div(p->L, 4);

@@ -322,28 +322,34 @@ static const char *bwd_kernel_of(const attn__cuda_device *dev, attn_cuda_kernels
 }
 
 // The tensor-core backward: chosen where the forward's flash kernel would run and an instance exists
-// (head dims 32-128, not 256), on the tensors' alignment (out and dout included); deterministic
-// selects its own name and drops the dQ accumulator; the workspace holds H * total_q rows of D
-// floats for it after rowdot; shared memory within an A100's for every instance.
+// (head dims 32-128; 256 only when SM80 or SM90 names the mma.sync kernels), on the tensors'
+// alignment (out and dout included); deterministic selects its own name and drops the dQ
+// accumulator; the workspace holds H * total_q rows of D floats for it after rowdot; shared memory
+// within an A100's for every instance.
 static void test_backward_flash_choice(void) {
-    static const int64_t dims[] = {32, 64, 96, 128};
+    static const int64_t dims[] = {32, 64, 96, 128, 256};
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
         const attn_sdpa_desc d = desc_of(2, 8, 2, 300, 500, dims[i], ATTN_DTYPE_BF16);
-        ASSERT_NAME(bwd_kernel_of(&h100, ATTN_CUDA_KERNELS_AUTO, false, &d, NULL), "flash");
+        ASSERT_NAME(bwd_kernel_of(&h100, ATTN_CUDA_KERNELS_AUTO, false, &d, NULL), dims[i] <= 128 ? "flash" : "simple");
+        ASSERT_NAME(bwd_kernel_of(&h100, ATTN_CUDA_KERNELS_SM90, false, &d, NULL), "flash");
         ASSERT_NAME(bwd_kernel_of(&a100, ATTN_CUDA_KERNELS_SM80, true, &d, NULL), "flash-deterministic");
         ASSERT_NAME(bwd_kernel_of(&h100, ATTN_CUDA_KERNELS_SIMPLE, false, &d, NULL), "simple");
         ASSERT_TRUE(attn__cuda_flash_bwd_smem((int)dims[i], true) <= a100.smem_optin);
         ASSERT_TRUE(attn__cuda_flash_bwd_smem((int)dims[i], false) <= attn__cuda_flash_bwd_smem((int)dims[i], true));
     }
-    ASSERT_EQ_U64(attn__cuda_flash_bwd_smem(256, false), 0);
     ASSERT_EQ_U64(attn__cuda_flash_bwd_smem(40, true), 0);
+    ASSERT_EQ_U64(attn__cuda_flash_bwd_smem(512, false), 0);
     // D = 128, atomic mode: key tiles of 64, query tiles of 32 rows, K, V, Q, dO padded rows, dS^T,
     // lse and D: (2*64 + 2*32) * 136 * 2 + 64 * 40 * 2 + 2 * 32 * 4 bytes
     ASSERT_EQ_U64(attn__cuda_flash_bwd_smem(128, false), 192 * 136 * 2 + 64 * 40 * 2 + 256);
     ASSERT_EQ_U64(attn__cuda_flash_bwd_smem(128, true), (2 * 64 + 2 * 2 * 64) * 136 * 2); // dQ kernel: Q, dO, 2 stages of K, V
+    // D = 256: the same tiles with rows of 264; the dQ kernel's key tiles of 32
+    ASSERT_EQ_U64(attn__cuda_flash_bwd_smem(256, false), 192 * 264 * 2 + 64 * 40 * 2 + 256);
+    ASSERT_EQ_U64(attn__cuda_flash_bwd_smem(256, true), (2 * 64 + 2 * 2 * 32) * 264 * 2);
     attn_sdpa_desc d = desc_of(2, 8, 2, 300, 500, 256, ATTN_DTYPE_BF16); // runs forward on flash ...
     ASSERT_NAME(kernel_of(&d, ATTN_CUDA_KERNELS_AUTO), "flash");
-    ASSERT_NAME(bwd_kernel_of(&h100, ATTN_CUDA_KERNELS_AUTO, false, &d, NULL), "simple"); // ... not backward
+    ASSERT_NAME(bwd_kernel_of(&h100, ATTN_CUDA_KERNELS_AUTO, false, &d, NULL), "simple"); // ... AUTO's backward not yet
+    ASSERT_NAME(bwd_kernel_of(&h100, ATTN_CUDA_KERNELS_SM80, false, &d, NULL), "flash");
     d = desc_of(2, 8, 2, 300, 500, 64, ATTN_DTYPE_F32);
     ASSERT_NAME(bwd_kernel_of(&h100, ATTN_CUDA_KERNELS_AUTO, false, &d, NULL), "simple");
     d = desc_of(2, 8, 2, 300, 500, 64, ATTN_DTYPE_F16);

@@ -96,6 +96,7 @@ static int decode_shapes; // the cases' shapes: decoding (1 or 2 queries, up to 
 // flash forward's running max then moves on (steep) or stays within its slack (gentle) tile after tile.
 static double rising_slope;
 static int huge_mask; // every case with a float (L, S) mask, a term past FLT_MAX / log2 e in some rows
+static int64_t only_dim; // every case at this head dim (0: drawn)
 static int sm90_cases; // cases the forward ran on "flash-sm90"
 
 static void run_case(attn_cuda_ctx *ctx, attn_dtype t, int allow_options, int packed, int backward) {
@@ -108,6 +109,7 @@ static void run_case(attn_cuda_ctx *ctx, attn_dtype t, int allow_options, int pa
     d.len_q = 1 + pick(300), d.len_kv = 1 + pick(400);
     if (decode_shapes) d.len_q = 1 + pick(2), d.len_kv = 1 + pick(3000); // a new token or two, a long cache
     d.head_dim = dims[pick(t == ATTN_DTYPE_F32 ? 6 : 5)];
+    if (only_dim != 0) d.head_dim = only_dim;
     d.q_dtype = d.kv_dtype = d.out_dtype = t;
     int64_t cu_q[5] = {0}, cu_k[5] = {0};
     if (packed) {
@@ -436,6 +438,16 @@ static void test_decode(void) { // split-KV decoding (every option, packed batch
     decode_shapes = 0;
 }
 static void test_backward_varlen(void) { backward_cases(ATTN_CUDA_KERNELS_AUTO, 0, 1, 0); }
+// The tensor-core backward at head dim 256 (two blocks a key tile, each accumulating 128 columns of
+// the gradients), taken when SM80 names the mma.sync kernels (AUTO does not take it yet): every
+// option, against the reference and the simple kernels, deterministic, packed batches.
+static void test_backward_d256(void) {
+    only_dim = 256;
+    backward_cases(ATTN_CUDA_KERNELS_SM80, 0, 0, 1);
+    backward_cases(ATTN_CUDA_KERNELS_SM80, 1, 0, 0);
+    backward_cases(ATTN_CUDA_KERNELS_SM80, 0, 1, 0);
+    only_dim = 0;
+}
 // Scores rising along the keys, gently and steeply, with and without the options: the forward's
 // running max kept within its slack or taken anew (flash_sm80.cuh), the scale folded into the
 // exponent or not (a negative scale).
@@ -812,6 +824,7 @@ int main(int argc, char **argv) {
                                          HARNESS_CASE(test_backward_deterministic),
                                          HARNESS_CASE(test_decode),              HARNESS_CASE(test_backward_dmask),
                                          HARNESS_CASE(test_rising_scores),       HARNESS_CASE(test_sm90),
-                                         HARNESS_CASE(test_float_mask_past_log2_range)};
+                                         HARNESS_CASE(test_float_mask_past_log2_range),
+                                         HARNESS_CASE(test_backward_d256)};
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
 }

@@ -1,7 +1,9 @@
 // flash_bwd_sm80.cuh - the tensor-core SDPA backward (FlashAttention-2's backward, Dao 2023 section
 // 3.2, on mma.sync, sm_80+), two kernels per (element type, head dim):
 //
-// flash_bwd_dkdv_kernel: one block per (key tile of Bc = 64 rows, b, kv head), 4 warps of 16 keys.
+// flash_bwd_dkdv_kernel: one block per (key tile of Bc = 64 rows, slice, b, kv head), 4 warps of 16
+// keys; a slice is the kDs columns of dK, dV and dQ the block accumulates (flash_traits.cuh: the
+// whole head dim up to 128, half of it at 256, S and dP then computed by both slices' blocks).
 // K_j and V_j stay in shared memory; the block loops over the query heads of the GQA group and, per
 // head, over the query tiles (Br rows) that may see the tile's keys, Q_i and dO_i (with lse_i and
 // D_i = dO_i . O_i) loaded by cp.async into shared memory. Per query tile each warp computes, for
@@ -18,9 +20,10 @@
 // kernel scales and converts it). dK (times scale) and dV are written once, in grad_dtype, summed
 // over the group's heads.
 //
-// flash_bwd_dq_kernel (deterministic mode): one block per 64 query rows of one (b, h), 4 warps of
-// 16 rows, the forward's layout; key tiles in order (cp.async, two stages), recomputing S and dP,
-// dQ += dS K in registers; written once (times scale). No atomics anywhere: the same bits every run.
+// flash_bwd_dq_kernel (deterministic mode): one block per 64 query rows of one (b, h) and slice of
+// dQ's columns, 4 warps of 16 rows, the forward's layout; key tiles in order (cp.async, two
+// stages), recomputing S and dP, dQ += dS K in registers; written once (times scale). No atomics
+// anywhere: the same bits every run.
 //
 // Both kernels come in two instances per (T, D), with and without the dropout code (Dropout), and
 // each tile's scores take the cheapest rule it allows (bwd_scores: scale alone, the bounds, or the
@@ -102,12 +105,13 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dkdv
     constexpr int LD = D + 8;              // shared row pitch of K, V, Q, dO (elements)
     constexpr int LDS = Br + 8;            // shared row pitch of dS^T
     constexpr int NQ = Br / 8;             // n-tiles of S^T and dP^T per warp (8 queries each)
+    constexpr int DS = Tr::kDs, NS = Tr::kSlices; // this block's columns of dK, dV, dQ; blocks a key tile
     constexpr int KD = D / 16;             // k-steps over the head dim
-    constexpr int ND = D / 8;              // n-tiles of dK and dV
+    constexpr int ND = DS / 8;             // n-tiles of dK and dV
     constexpr int KQ = Br / 16;            // k-steps over the queries (dV, dK)
     constexpr int RG = Br / 16;            // dQ: warps split the tile into RG row groups ...
-    constexpr int DSL = Tr::kWarps / RG;   // ... times DSL slices of the head dim
-    constexpr int DW = D / DSL;
+    constexpr int DSL = Tr::kWarps / RG;   // ... times DSL parts of the block's columns
+    constexpr int DW = DS / DSL;
     static_assert(Bc == 16 * Tr::kWarps && DW % 16 == 0 && Br <= NTH, "tile shapes");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T *sK = reinterpret_cast<T *>(smem_raw);               // (Bc, LD)
@@ -118,9 +122,11 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dkdv
     float *sLse = reinterpret_cast<float *>(sdS + Bc * LDS); // (Br) the forward's lse, then lse_log2 of it
     float *sDi = sLse + Br;                                // (Br) dout . out
 
-    // Block -> (key tile, b, kv head); the first key tiles (most queries under causal masking) first.
+    // Block -> (key tile, slice, b, kv head); the first key tiles (most queries under causal masking)
+    // first, a tile's slices side by side (they read the same K, V, Q and dO).
     const int64_t heads = p.B * p.Hkv;
-    const int64_t nk = blockIdx.x / heads, bhk = blockIdx.x % heads;
+    const int64_t nk = blockIdx.x / (heads * NS), bhk = blockIdx.x % heads;
+    const int d0 = NS == 1 ? 0 : (int)(blockIdx.x / heads % NS) * DS; // the slice's first column
     const int64_t b = bhk / p.Hkv, hk = bhk % p.Hkv;
     const Seq s = seq_of(p, b);
     const int64_t j0 = nk * Bc;
@@ -220,8 +226,8 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dkdv
             uint32_t ap[4], as[4];
             acc_to_a<T>(ap, sacc[2 * kq], sacc[2 * kq + 1]);
             acc_to_a<T>(as, dpacc[2 * kq], dpacc[2 * kq + 1]);
-            mma_row<T, D / 16, true>(dv, ap, sdO, LD, kq * 16, lane);
-            mma_row<T, D / 16, true>(dk, as, sQ, LD, kq * 16, lane);
+            mma_row<T, DS / 16, true>(dv, ap, sdO + d0, LD, kq * 16, lane);
+            mma_row<T, DS / 16, true>(dk, as, sQ + d0, LD, kq * 16, lane);
         }
         if (atomic) { // dS^T to shared memory (rounded to T, as the dK product saw it)
 #pragma unroll
@@ -235,7 +241,7 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dkdv
         if (it + 1 < n_iters) load_q(hq, mi); // the next tile loads while dQ is computed
         cp_async_commit();
 
-        if (atomic) { // dQ += dS K: warp (rg, ds) takes query rows 16 rg.. and head dims DW ds..
+        if (atomic) { // dQ += dS K: warp (rg, ds) takes query rows 16 rg.. and columns d0 + DW ds..
             const int rg = warp % RG, ds = warp / RG;
             float dq[DW / 8][4];
 #pragma unroll
@@ -244,13 +250,13 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dkdv
             for (int kb = 0; kb < Bc / 16; kb++) {
                 uint32_t a[4]; // dS rows (queries) from dS^T: the transposed load
                 ldsm_a_km(a, sdS, LDS, rg * 16, kb * 16, lane);
-                mma_row<T, DW / 16, true>(dq, a, sK + ds * DW, LD, kb * 16, lane);
+                mma_row<T, DW / 16, true>(dq, a, sK + d0 + ds * DW, LD, kb * 16, lane);
             }
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const int64_t i = i0 + rg * 16 + g + r * 8;
                 if (i >= s.L) continue;
-                float *row = p.dq_acc + lse_index(p, s, b, h, i) * D + ds * DW + 2 * c;
+                float *row = p.dq_acc + lse_index(p, s, b, h, i) * D + d0 + ds * DW + 2 * c;
 #pragma unroll
                 for (int n = 0; n < DW / 8; n++) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 // one 8-byte reduction (red.global.add.v2.f32)
@@ -269,7 +275,7 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dkdv
     for (int n = 0; n < ND; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const int64_t j = j0 + kr0 + g + (e >> 1) * 8, d = n * 8 + 2 * c + (e & 1);
+            const int64_t j = j0 + kr0 + g + (e >> 1) * 8, d = d0 + n * 8 + 2 * c + (e & 1);
             if (j >= s.S) continue;
             store_from_float(p.dk, p.grad_dtype, kv_row(p, p.k_stride, s, b, hk, j) + d * p.k_stride[3], dk[n][e] * p.scale);
             store_from_float(p.dv, p.grad_dtype, kv_row(p, p.v_stride, s, b, hk, j) + d * p.v_stride[3], dv[n][e]);
@@ -283,7 +289,8 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dq_k
     constexpr int LD = D + 8;
     constexpr int NT = Bc / 8;   // n-tiles of S and dP per warp (8 keys each)
     constexpr int KD = D / 16;   // k-steps of Q K^T and dO V^T
-    constexpr int NO = D / 8;    // n-tiles of dQ
+    constexpr int DS = Tr::kDs, NS = Tr::kSlices; // this block's columns of dQ; blocks a query tile
+    constexpr int NO = DS / 8;   // n-tiles of dQ
     constexpr int KB = Bc / 16;  // k-steps of dS K
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T *sQ = reinterpret_cast<T *>(smem_raw); // (Br, LD)
@@ -291,10 +298,11 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dq_k
     T *sK = sdO + Br * LD;                    // (ST, Bc, LD)
     T *sV = sK + ST * Bc * LD;                // (ST, Bc, LD)
 
-    // Block -> (query tile, b, h) as the forward: the last query tiles (most keys) first.
+    // Block -> (query tile, slice, b, h) as the forward: the last query tiles (most keys) first.
     const int64_t bh_count = p.B * p.H;
     const int64_t m_blocks = (p.L + Br - 1) / Br;
-    const int64_t mt = m_blocks - 1 - blockIdx.x / bh_count, bh = blockIdx.x % bh_count;
+    const int64_t mt = m_blocks - 1 - blockIdx.x / (bh_count * NS), bh = blockIdx.x % bh_count;
+    const int d0 = NS == 1 ? 0 : (int)(blockIdx.x / bh_count % NS) * DS; // the slice's first column
     const int64_t b = bh / p.H, h = bh % p.H, hk = h / p.group;
     const Seq s = seq_of(p, b);
     const int64_t i0 = mt * Br;
@@ -391,7 +399,7 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dq_k
         for (int kb = 0; kb < KB; kb++) {
             uint32_t a[4];
             acc_to_a<T>(a, dpacc[2 * kb], dpacc[2 * kb + 1]);
-            mma_row<T, D / 16, true>(dq, a, k_s, LD, kb * 16, lane);
+            mma_row<T, DS / 16, true>(dq, a, k_s + d0, LD, kb * 16, lane);
         }
         __syncthreads(); // the stage read here is the one the next iteration's prefetch overwrites
     }
@@ -401,7 +409,7 @@ __global__ void __launch_bounds__(FlashBwdTraits<D>::kThreads, 1) flash_bwd_dq_k
     for (int n = 0; n < NO; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const int64_t i = i0 + warp * 16 + g + (e >> 1) * 8, d = n * 8 + 2 * c + (e & 1);
+            const int64_t i = i0 + warp * 16 + g + (e >> 1) * 8, d = d0 + n * 8 + 2 * c + (e & 1);
             if (i < s.L) store_from_float(p.dq, p.grad_dtype, q_row(p, s, b, h, i) + d * p.q_stride[3], dq[n][e] * p.scale);
         }
 }
@@ -424,13 +432,15 @@ template <typename T, int D, bool Dropout> int flash_bwd_launch_as(const P &p, i
         cudaFuncSetAttribute(flash_bwd_dkdv_kernel<T, D, Dropout>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv);
     if (err != cudaSuccess) return err;
     const int64_t key_tiles = (p.S + Tr::kBc - 1) / Tr::kBc;
-    flash_bwd_dkdv_kernel<T, D, Dropout><<<dim3((unsigned)(key_tiles * p.B * p.Hkv)), Tr::kThreads, smem_kv, stream>>>(p);
+    flash_bwd_dkdv_kernel<T, D, Dropout>
+        <<<dim3((unsigned)(key_tiles * Tr::kSlices * p.B * p.Hkv)), Tr::kThreads, smem_kv, stream>>>(p);
     if (deterministic) {
         const size_t smem_q = flash_bwd_dq_smem<D>();
         err = cudaFuncSetAttribute(flash_bwd_dq_kernel<T, D, Dropout>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q);
         if (err != cudaSuccess) return err;
         const int64_t q_tiles = (p.L + Tr::kBrQ - 1) / Tr::kBrQ;
-        flash_bwd_dq_kernel<T, D, Dropout><<<dim3((unsigned)(q_tiles * p.B * p.H)), Tr::kThreads, smem_q, stream>>>(p);
+        flash_bwd_dq_kernel<T, D, Dropout>
+            <<<dim3((unsigned)(q_tiles * Tr::kSlices * p.B * p.H)), Tr::kThreads, smem_q, stream>>>(p);
     }
     return cudaGetLastError();
 }

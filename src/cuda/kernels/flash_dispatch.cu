@@ -34,6 +34,7 @@ template <typename T> static int flash_bwd_by_dim(const P &p, int deterministic,
     case 64: return flash_bwd_launch<T, 64>(p, deterministic, stream);
     case 96: return flash_bwd_launch<T, 96>(p, deterministic, stream);
     case 128: return flash_bwd_launch<T, 128>(p, deterministic, stream);
+    case 256: return flash_bwd_launch<T, 256>(p, deterministic, stream);
     default: return cudaErrorInvalidValue;
     }
 }

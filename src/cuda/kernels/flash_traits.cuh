@@ -38,15 +38,17 @@ template <int D> constexpr bool kFlashWide = D == 32 || D == 64 || D == 128;
 
 // The tensor-core backward (flash_bwd_sm80.cuh), 4 warps. dK/dV kernel: a block per key tile of
 // kBc = 64 rows (16 per warp), query tiles of kBr rows (64 for D = 32, else 32); per thread dK and dV
-// are D floats, S^T and dP^T kBr / 4. Deterministic dQ kernel: a block per kBrQ = 64 query rows (16
-// per warp), key tiles of kBcQ = 64 rows in two stages; per thread dQ is D / 2 floats, S and dP
-// kBcQ / 4. kBr = 64 spilled at D = 64 and 128 (8 and 168 bytes, ptxas), 32 does not. D = 256 would
-// hold 256 accumulators a thread in the dK/dV kernel: it runs on the simple backward. plan.c keeps
-// a copy of this table for the host.
+// are kDs floats, S^T and dP^T kBr / 4. Deterministic dQ kernel: a block per kBrQ = 64 query rows (16
+// per warp), key tiles of kBcQ rows (64, 32 at D = 256) in two stages; per thread dQ is kDs / 2
+// floats, S and dP kBcQ / 4. kBr = 64 spilled at D = 64 and 128 (8 and 168 bytes, ptxas), 32 does
+// not. kDs: the columns of dK, dV and dQ one block accumulates, the whole head dim up to 128; at
+// D = 256 (256 accumulators a thread whole) kSlices = 2 blocks share a tile, each accumulating 128
+// columns and each computing S and dP over the whole head dim (S and dP twice: 14 products of the
+// tile's size where one block would do 10). plan.c keeps a copy of this table for the host.
 template <int D> struct FlashBwdTraits {
-    static_assert(D == 32 || D == 64 || D == 96 || D == 128, "flash backward head dims");
-    static constexpr int kWarps = 4, kThreads = 32 * kWarps, kBc = 64, kBr = D <= 32 ? 64 : 32, kBrQ = 16 * kWarps, kBcQ = 64,
-                         kStagesQ = 2;
+    static_assert(D == 32 || D == 64 || D == 96 || D == 128 || D == 256, "flash backward head dims");
+    static constexpr int kWarps = 4, kThreads = 32 * kWarps, kBc = 64, kBr = D <= 32 ? 64 : 32, kBrQ = 16 * kWarps,
+                         kBcQ = D <= 128 ? 64 : 32, kStagesQ = 2, kDs = D <= 128 ? D : 128, kSlices = D / kDs;
 };
 
 } // namespace attn_cuda
