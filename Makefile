@@ -145,14 +145,15 @@ test-cuda: all
 
 # compute-sanitizer's four tools (memcheck, racecheck, initcheck, synccheck) over a case of every
 # kernel family: the argument checks, prefill (every option, packed batches), split-KV decoding,
-# contiguous and paged KV caches, the backward in both modes, the module (cuBLASLt) and the Hopper
-# forward (ATTN_CUDA_KERNELS_SM90; on other GPUs its cases run the sm_80 kernels). A GPU must
+# contiguous and paged KV caches, the backward in both modes (and its two-slice form at head dim
+# 256), the module (cuBLASLt) and the Hopper forward (ATTN_CUDA_KERNELS_SM90; on other GPUs its
+# cases run the sm_80 kernels). A GPU must
 # be visible (a skipped case fails).
 SANITIZER ?= compute-sanitizer
 SANITIZE_CASES = test_cuda_sdpa:test_bad_arguments test_cuda_sdpa:test_allocator test_cuda_sdpa:test_options_auto test_cuda_sdpa:test_varlen_auto \
 	test_cuda_sdpa:test_decode test_cuda_kv_cache:test_against_reference test_cuda_sdpa:test_backward \
 	test_cuda_sdpa:test_backward_deterministic test_cuda_sdpa:test_backward_dmask test_cuda_mha:test_f32_against_cpu \
-	test_cuda_sdpa:test_sm90
+	test_cuda_sdpa:test_sm90 test_cuda_sdpa:test_backward_d256
 test-cuda-sanitize: all
 	@set -e; for tool in memcheck racecheck initcheck synccheck; do for c in $(SANITIZE_CASES); do \
 	    echo "== compute-sanitizer --tool $$tool $${c%%:*} $${c#*:}"; \
