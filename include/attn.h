@@ -550,7 +550,8 @@ ATTN_API void attn_sdpa_desc_init(attn_sdpa_desc *desc);
 /**
  * Checks `desc` as every SDPA entry point does before it reads a tensor: sizes, GQA, scale, causal
  * mode, dropout range, weights mode, window, soft cap, element types (F32, F16 or BF16), strides
- * (offsets that overflow, an out stride of 0) and the masks' types and strides. It does not check
+ * (offsets that overflow, in elements or in bytes of 4 per element: ATTN_ERR_OVERFLOW; an out
+ * stride of 0) and the masks' types and strides. It does not check
  * what one backend supports (the CPU kernels take F32 q and out; attn_cuda.h lists the GPU's). Other
  * backends (libattn_cuda) validate through it, so every backend rejects a descriptor the same way.
  * @return ATTN_OK, or the status and message (attn_ctx_last_error) attn_sdpa_fwd would give.

@@ -31,6 +31,9 @@ attn_status attn_layout_strides(attn_layout layout, int64_t B, int64_t H, int64_
     return ATTN_ERR_INVALID_ARG;
 }
 
+// Strides >= 0 whose largest offset, in elements and in bytes of up to 4 per element (every type a
+// view may hold; block types take less), fits int64_t: a larger view cannot lie in memory, and the
+// kernels form byte sizes and offsets from it (the backward zeroes dmask over its extent's bytes).
 static attn_status check_view(attn_ctx *ctx, const char *what, const int64_t n[4], const int64_t s[4]) {
     for (int i = 0; i < 4; i++)
         if (s[i] < 0)
@@ -38,6 +41,9 @@ static attn_status check_view(attn_ctx *ctx, const char *what, const int64_t n[4
     int64_t extent;
     if (!attn__view_extent(n, s, &extent))
         return attn__fail(ctx, ATTN_ERR_OVERFLOW, "%s: the offsets reached by the strides overflow", what);
+    if (extent >= INT64_MAX / 4)
+        return attn__fail(ctx, ATTN_ERR_OVERFLOW, "%s: the bytes reached by the strides (offset %lld) overflow", what,
+                          (long long)extent);
     return ATTN_OK;
 }
 

@@ -87,6 +87,21 @@ static void test_overflow_rejected_before_allocation(void) {
     d.o_stride[2] = 1, d.o_stride[3] = 1;
     d.weights_mode = ATTN_WEIGHTS_PER_HEAD;
     ASSERT_STATUS(attn_sdpa_fwd(ctx, &d, q, q, q, o, NULL, o), ATTN_ERR_OVERFLOW);
+    // a view whose largest offset fits int64_t but whose bytes would not (no tensor that large can
+    // lie in memory): refused, forward and backward (whose dmask is zeroed over the mask's extent:
+    // extent + 1 overflowed there before)
+    attn_sdpa_desc_init(&d);
+    d.batch = 2, d.n_heads = 1, d.len_q = d.len_kv = 1, d.head_dim = 1;
+    d.q_stride[0] = d.k_stride[0] = d.v_stride[0] = d.o_stride[0] = 1;
+    d.mask = q, d.mask_dtype = ATTN_DTYPE_F32, d.mask_stride[0] = INT64_MAX;
+    ASSERT_STATUS(attn_sdpa_desc_check(ctx, &d), ATTN_ERR_OVERFLOW);
+    ASSERT_TRUE(strstr(attn_ctx_last_error(ctx), "sdpa: mask: the bytes") != NULL);
+    float lse[2] = {0}, g[3][2], dm[2];
+    ASSERT_STATUS(attn_sdpa_bwd(ctx, &d, q, q, q, o, o, lse, NULL, g[0], g[1], g[2], dm), ATTN_ERR_OVERFLOW);
+    d.mask_stride[0] = INT64_MAX / 4 - 1; // the largest offset accepted
+    ASSERT_OK(attn_sdpa_desc_check(ctx, &d));
+    d.mask = NULL, d.q_stride[0] = INT64_MAX / 4;
+    ASSERT_STATUS(attn_sdpa_desc_check(ctx, &d), ATTN_ERR_OVERFLOW);
     // MHA forward: (N, L, E) projections that overflow
     attn_mha_config_init(&cfg, 4, 2);
     ASSERT_OK(attn_mha_create(ctx, &cfg, &m));
