@@ -111,7 +111,7 @@ static bool vec_view(const int64_t s[4], const void *ptr) {
     return s[3] == 1 && s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0 && (ptr == NULL || aligned16(ptr));
 }
 
-static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); } // a >= 0, b > 0: no overflow
 
 // Whether the tensor-core kernels may take the call's operands: q, k, v, out all BF16 or all F16,
 // head_dim = head_dim_v and dim_ok (an instance exists), q, k, v read 16 bytes at a time, sm_80 or
@@ -159,6 +159,13 @@ attn_status attn__cuda_plan_sdpa(attn__cuda_err *e, const attn__cuda_device *dev
     p->group = p->H / p->Hkv, p->L = d->len_q, p->S = d->len_kv, p->D = d->head_dim;
     p->Dv = d->head_dim_v == 0 ? d->head_dim : d->head_dim_v;
     ATTN__CU_TRY(gpu_limits(e, d, p->D, p->Dv));
+    if (packed) { // len_q and len_kv only bound a packed batch's sequences: the grids take the longest
+        p->L = p->S = 0; // (the shared check refuses a batch without queries or without keys)
+        for (int64_t b = 0; b < p->B; b++) {
+            const int64_t lq = seqs->cu_q[b + 1] - seqs->cu_q[b], lk = seqs->cu_k[b + 1] - seqs->cu_k[b];
+            p->L = lq > p->L ? lq : p->L, p->S = lk > p->S ? lk : p->S;
+        }
+    }
     memcpy(p->q_stride, d->q_stride, sizeof p->q_stride);
     memcpy(p->k_stride, d->k_stride, sizeof p->k_stride);
     memcpy(p->v_stride, d->v_stride, sizeof p->v_stride);
@@ -261,7 +268,8 @@ attn_status attn__cuda_plan_sdpa_bwd(attn__cuda_err *e, const attn__cuda_device 
     if (dmask_wanted && (d->mask == NULL || d->mask_dtype != ATTN_DTYPE_F32))
         return attn__cuda_fail(e, ATTN_ERR_BAD_MASK, "cuda sdpa_bwd: dmask needs an F32 attention mask");
     p->mask_extent = 0;
-    if (dmask_wanted) { // the elements the mask's strides reach (strides are checked >= 0 with the mask)
+    if (dmask_wanted) { // the elements the mask's strides reach (strides are checked >= 0 with the mask,
+                        // the bytes of its largest offset to fit int64_t: no overflow here)
         const int64_t n[4] = {p->B, p->H, p->L, p->S};
         int64_t last = 0;
         for (int i = 0; i < 4; i++) last += (n[i] - 1) * p->mask_stride[i];

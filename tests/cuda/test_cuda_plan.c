@@ -214,6 +214,20 @@ static void test_varlen(void) {
     }
     s.cu_q = NULL;
     ASSERT_STATUS(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, &s, &p), ATTN_ERR_INVALID_ARG);
+    // len_q and len_kv only bound the sequences: the grids follow the longest (40 queries, 50 keys),
+    // however loose the bounds (2^62 overflowed the planner's arithmetic before; fuzz_cuda_plan)
+    s = packed_seqs;
+    d.len_q = d.len_kv = (int64_t)1 << 62;
+    ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, &s, &p));
+    ASSERT_EQ_INT(p.p.L, 40);
+    ASSERT_EQ_INT(p.p.S, 50);
+    ASSERT_EQ_INT(p.row_blocks, 1);
+    ASSERT_OK(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, false, &d, &s, false, NULL, &p));
+    ASSERT_EQ_INT(p.kernel, ATTN__CU_KERNEL_FLASH);
+    static const int64_t empty[4] = {0, 0, 0, 0}; // no query: refused as on the CPU (so the longest is >= 1)
+    s.cu_q = empty;
+    ASSERT_STATUS(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, &s, &p), ATTN_ERR_BAD_SHAPE);
+    d = packed_desc(64, ATTN_DTYPE_BF16);
     // one query and one key per sequence (decoding): the rows still follow each other, so the row
     // strides stay although len_q = len_kv = 1
     static const int64_t one_q[4] = {0, 1, 2, 3};
@@ -285,6 +299,11 @@ static void test_backward(void) {
     md.mask_stride[0] = 8 * 300 * 500, md.mask_stride[1] = 300 * 500; // a full (B, H, L, S) mask
     ASSERT_OK(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, false, &md, NULL, true, NULL, &p));
     ASSERT_EQ_INT(p.p.mask_extent, 2 * 8 * 300 * 500);
+    // a mask whose largest offset fits int64_t but not its bytes: refused by the shared check (the
+    // planner added 1 to an offset of INT64_MAX before; found by fuzz_cuda_plan)
+    md.mask_stride[0] = INT64_MAX, md.mask_stride[1] = md.mask_stride[2] = md.mask_stride[3] = 0;
+    ASSERT_STATUS(attn__cuda_plan_sdpa_bwd(&e, &h100, ATTN_CUDA_KERNELS_AUTO, false, &md, NULL, true, NULL, &p), ATTN_ERR_OVERFLOW);
+    ASSERT_TRUE(strstr(e.msg, "sdpa: mask: the bytes") != NULL);
     attn_sdpa_desc bad = d;
     bad.k_stride[2] = 0; // one key row broadcast: fine for the forward, not for dk
     ASSERT_OK(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &bad, NULL, &p));
