@@ -108,8 +108,8 @@ FUZZ_SECONDS ?= 60
 fuzz:
 	@cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_BUILD_FUZZ=ON \
 	    $(CMAKE_FLAGS) > /dev/null
-	cmake --build build-fuzz -j $(JOBS) --target fuzz_npy fuzz_safetensors fuzz_api fuzz_sdpa_diff fuzz_bwd_diff
-	sh fuzz/run.sh build-fuzz $(FUZZ_SECONDS) npy safetensors api sdpa_diff bwd_diff
+	cmake --build build-fuzz -j $(JOBS) --target fuzz_npy fuzz_safetensors fuzz_api fuzz_sdpa_diff fuzz_bwd_diff fuzz_cuda_plan
+	sh fuzz/run.sh build-fuzz $(FUZZ_SECONDS) npy safetensors api sdpa_diff bwd_diff cuda_plan
 
 # `make fuzz-python FUZZ_SECONDS=N ATHERIS_PYTHON=...`: the Python binding's fuzzer
 # (fuzz/python/fuzz_binding.py, atheris from PyPI) for N seconds, merging new coverage into
