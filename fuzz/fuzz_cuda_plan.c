@@ -150,7 +150,7 @@ static void draw_problem(fuzz_data *fd, problem *pr) {
     if (fuzz_data_chance(fd, 1, 4)) {
         d->dropout_p = fuzz_data_chance(fd, 3, 4) ? fuzz_data_unit(fd) : fuzz_data_double_special(fd, -1.0, 2.0);
         d->dropout_rng = (attn_dropout_rng)(fuzz_data_chance(fd, 3, 4) ? ATTN_DROPOUT_RNG_PHILOX : fuzz_data_int_range(fd, -1, 3));
-        d->dropout_seed = fuzz_data_u64(fd), d->dropout_offset = fuzz_data_u64(fd);
+        d->dropout_seed = fuzz_data_u64(fd), d->dropout_offset = fuzz_data_u32(fd);
     }
     if (fuzz_data_chance(fd, 1, 16)) d->weights_mode = (attn_weights_mode)fuzz_data_int_range(fd, -1, 3);
     if (fuzz_data_chance(fd, 1, 5)) d->alibi_slopes = (const float *)draw_ptr(fd, false);
