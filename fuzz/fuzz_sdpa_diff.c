@@ -16,7 +16,9 @@
  * row's -inf log-sum-exp included, in the same places; padding between output rows left alike; the
  * generators in the same state afterwards. Sometimes a third context runs the same kernels with
  * another thread count and must give the same bits. First bytes 155, 187, 219 and 251 run SDPA on
- * raw half values and raw Q8_0 / Q4_0 blocks against attn.h's stated bound (diff_sdpa_raw).
+ * raw half values and raw Q8_0 / Q4_0 blocks against attn.h's stated bound (diff_sdpa_raw); 153,
+ * 185, 217 and 249 packed batches (attn_sdpa_varlen_fwd), against the reference and against each
+ * sequence alone (diff_varlen).
  */
 #include "fuzz_diff.h"
 
@@ -310,6 +312,197 @@ static void diff_sdpa(pair *p) {
     compare_generators(p);
     for (int c = 0; c < p->n; c++) free(out[c]), free(lse[c]), free(w[c]);
     free(q), free(k), free(v), free(mask), free(kpm), free(qh);
+    free_extras(&ex);
+}
+
+/* ---- packed batches (first byte 153, 185, 217 or 249) -------------------------------------- */
+
+/*
+ * attn_sdpa_varlen_fwd on up to 3 sequences of drawn lengths (some empty, at least one query and
+ * one key in all) packed end to end, read through (0, head, token, dim) strides of any permuted
+ * layout whose batch stride, unused (attn.h), holds a drawn value; the options a packed batch takes
+ * (causal both ways, windows, ALiBi, soft caps, scales, half q, k, v and out, dropout from the
+ * context's generator or Philox; no masks): kernels against the reference as diff_sdpa compares
+ * them, out's rows and lse (H, total_q). Then, where dropout does not depend on the sequence's
+ * index (none, or the context's generator), the reference's packed result against attn_sdpa_fwd on
+ * each sequence alone on the reference (attn.h: each sequence is attention on its own, dropout
+ * drawn sequence after sequence), from the generator's state before the packed call, which must
+ * end where the packed call left it; a sequence without keys gives zero rows and an lse of -inf.
+ * Now and then the offsets are made invalid (not from 0, decreasing, a sequence longer than len_q
+ * or len_kv): every context must refuse alike and leave out and lse as they were.
+ */
+static void diff_varlen(pair *p) {
+    fuzz_data *fd = p->fd;
+    attn_sdpa_desc d;
+    const sdpa_shape z = decode_sdpa_shape(p, &d, 220, 300000, 40000);
+    const int64_t B = z.B, H = z.H, Hkv = z.Hkv, D = z.D, Dv = z.Dv;
+    int64_t cu_q[4] = {0}, cu_k[4] = {0}, lmax = 0, smax = 0;
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t lq = fuzz_data_chance(fd, 1, 6) ? 0 : fuzz_data_i64_range(fd, 1, z.L);
+        const int64_t lk = fuzz_data_chance(fd, 1, 6) ? 0 : fuzz_data_i64_range(fd, 1, z.S);
+        cu_q[b + 1] = cu_q[b] + lq, cu_k[b + 1] = cu_k[b] + lk;
+    }
+    if (cu_q[B] == 0) cu_q[B] = 1; /* the last sequence gets a query */
+    if (cu_k[B] == 0) cu_k[B] = 1;
+    for (int64_t b = 0; b < B; b++) {
+        lmax = cu_q[b + 1] - cu_q[b] > lmax ? cu_q[b + 1] - cu_q[b] : lmax;
+        smax = cu_k[b + 1] - cu_k[b] > smax ? cu_k[b + 1] - cu_k[b] : smax;
+    }
+    const int64_t TQ = cu_q[B], TK = cu_k[B];
+    d.len_q = fuzz_data_chance(fd, 1, 3) ? lmax + fuzz_data_i64_range(fd, 0, 5) : lmax; /* a bound */
+    d.len_kv = fuzz_data_chance(fd, 1, 3) ? smax + fuzz_data_i64_range(fd, 0, 5) : smax;
+    const int64_t nq[4] = {1, H, TQ, D}, nk[4] = {1, Hkv, TK, D}, nv[4] = {1, Hkv, TK, Dv}, no[4] = {1, H, TQ, Dv};
+    const int64_t cq = layout(p, 4, nq, 0, d.q_stride), ck = layout(p, 4, nk, 0, d.k_stride);
+    const int64_t cv = layout(p, 4, nv, 0, d.v_stride), co = layout(p, 4, no, 0, d.o_stride);
+    const int64_t junk = fuzz_data_chance(fd, 1, 2) ? 0 : fuzz_data_i64_range(fd, 1, 1 << 20);
+    d.q_stride[0] = d.k_stride[0] = d.v_stride[0] = d.o_stride[0] = junk;
+    d.scale = decode_scale(fd);
+    d.causal = (attn_causal)fuzz_data_pick(fd, 3);
+    if (fuzz_data_chance(fd, 1, 4)) d.dropout_p = fuzz_data_chance(fd, 1, 16) ? 1.0 : fuzz_data_unit(fd) * 0.95;
+    if (d.dropout_p > 0.0 && fuzz_data_chance(fd, 1, 3))
+        d.dropout_rng = ATTN_DROPOUT_RNG_PHILOX, d.dropout_seed = fuzz_data_u64(fd), d.dropout_offset = fuzz_data_u32(fd);
+    int bad = fuzz_data_chance(fd, 1, 8) ? 1 + (int)fuzz_data_pick(fd, 4) : 0;
+    int64_t use_q[4], use_k[4];
+    memcpy(use_q, cu_q, sizeof use_q), memcpy(use_k, cu_k, sizeof use_k);
+    if (bad == 1) use_q[0] = 1;                                 /* not from 0 */
+    if (bad == 2 && B >= 2) use_k[1] = use_k[2] + 1;            /* decreasing */
+    if (bad == 2 && B < 2) use_k[0] = -1;
+
+    const float amp = pick_amp(p);
+    float *q = new_floats(cq), *k = new_floats(ck), *v = new_floats(cv);
+    fill(p, q, cq, amp), fill(p, k, ck, amp), fill(p, v, cv, amp);
+    sdpa_extras ex;
+    decode_extras(p, &d, &ex);
+    if (bad == 3) d.len_q = lmax - 1; /* a sequence longer than the bound (or a bound of 0) */
+    if (bad == 4) d.len_kv = smax - 1;
+    kv_for_dtype(p, &d, k, ck, v, cv, &ex);
+    const void *kin = ex.kh != NULL ? (const void *)ex.kh : k, *vin = ex.vh != NULL ? (const void *)ex.vh : v;
+    if (fuzz_data_chance(fd, 1, 4)) d.q_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
+    if (fuzz_data_chance(fd, 1, 4)) d.out_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
+    uint16_t *qh = d.q_dtype != ATTN_DTYPE_F32 ? to_half(p, d.q_dtype, q, cq) : NULL;
+    const void *qin = qh != NULL ? (const void *)qh : q;
+    /* tolerances as diff_sdpa's */
+    const double scale = d.scale != 0.0f ? fabs((double)d.scale) : 1.0 / sqrt((double)D);
+    const double smag = scale * (double)D * max_abs(q, cq) * max_abs(k, ck) + ex.alibi_mag;
+    const double cap = d.softcap > 0.0f ? fmin((double)d.softcap, smag) : 0.0;
+    const double ds = 1e-6 + 4.0 * (double)(D + 4) * U * smag + 16.0 * U * cap;
+    const double keep = d.dropout_p > 0.0 && d.dropout_p < 1.0 ? 1.0 / (1.0 - d.dropout_p) : 1.0;
+    tol t_out = {REL_TOL, keep * max_abs(v, cv) * (ABS_TOL + 3.0 * ds)}, t_lse = {REL_TOL, ABS_TOL + ds};
+    if (d.out_dtype != ATTN_DTYPE_F32)
+        t_out.rel += d.out_dtype == ATTN_DTYPE_BF16 ? 0x1p-7 : 0x1p-10,
+            t_out.abs += d.out_dtype == ATTN_DTYPE_BF16 ? 0x1p-133 : 0x1p-24;
+    if (fuzz_on_dot(p->ctx[0], &d)) t_out.abs += keep * max_abs(v, cv) * 0x1p-8 + (double)smax * 0x1p-125;
+    const bool nonfinite = any_nonfinite(q, cq) || any_nonfinite(k, ck) || any_nonfinite(v, cv) ||
+                           (ex.slopes != NULL && any_nonfinite(ex.slopes, H));
+    loose_nonfinite = (nonfinite && (2.0 * smag > 80.0 || scale < 1e-30)) || smag > (double)FLT_MAX / 16.0;
+    if (smag > (double)FLT_MAX / 16.0) t_out.abs = t_lse.abs = INFINITY;
+    if (keep * max_abs(v, cv) * (double)smax > (double)FLT_MAX / 16.0) loose_nonfinite = true, t_out.abs = INFINITY;
+    const double qmax = max_abs(q, cq);
+    if (scale * (qmax > 1.0 ? qmax : 1.0) > (double)FLT_MAX / 4.0) loose_nonfinite = true, t_out.abs = t_lse.abs = INFINITY;
+    char extras[160];
+    describe_extras(&d, extras, sizeof extras);
+    snprintf(problem, sizeof problem,
+             "varlen B=%lld H=%lld Hkv=%lld cu_q=%lld,%lld,%lld,%lld cu_k=%lld,%lld,%lld,%lld len_q=%lld len_kv=%lld D=%lld "
+             "Dv=%lld stride0=%lld scale=%g causal=%d dropout=%g%s bad=%d%s q=%s out=%s isa=%s",
+             (long long)B, (long long)H, (long long)Hkv, (long long)use_q[0], (long long)use_q[1], (long long)use_q[2],
+             (long long)use_q[3], (long long)use_k[0], (long long)use_k[1], (long long)use_k[2], (long long)use_k[3],
+             (long long)d.len_q, (long long)d.len_kv, (long long)D, (long long)Dv, (long long)junk, (double)d.scale,
+             (int)d.causal, d.dropout_p, d.dropout_rng == ATTN_DROPOUT_RNG_PHILOX ? " (Philox)" : "", bad, extras,
+             attn_dtype_name(d.q_dtype), attn_dtype_name(d.out_dtype), attn_isa_name(attn_ctx_isa(p->ctx[0])));
+    const int64_t nl = H * TQ;
+    float *out[3] = {NULL, NULL, NULL}, *lse[3] = {NULL, NULL, NULL};
+    attn_status st[3];
+    const attn_generator before = *attn_ctx_generator(p->ctx[1]);
+    float *ref_lse = new_floats(nl); /* the reference's, before lse_in_log2_range */
+    for (int c = 0; c < p->n; c++) {
+        out[c] = new_floats(co), lse[c] = new_floats(nl);
+        memset(out[c], 0xCD, (size_t)co * sizeof(float)), memset(lse[c], 0xCD, (size_t)nl * sizeof(float));
+        st[c] = attn_sdpa_varlen_fwd(p->ctx[c], &d, use_q, use_k, qin, kin, vin, out[c], lse[c]);
+        if (st[c] == ATTN_OK && d.out_dtype != ATTN_DTYPE_F32) {
+            uint16_t *h = fuzz_xmalloc((size_t)co * sizeof(uint16_t));
+            memcpy(h, out[c], (size_t)co * sizeof(uint16_t));
+            FUZZ_CHECK(attn_convert(ATTN_DTYPE_F32, out[c], d.out_dtype, h, co) == ATTN_OK, "attn_convert");
+            free(h);
+        }
+    }
+    compare_status(p, st, "attn_sdpa_varlen_fwd");
+    if (bad != 0) {
+        FUZZ_CHECK(st[0] != ATTN_OK, "invalid offsets or bounds accepted in %s", problem);
+        for (int c = 0; c < p->n; c++)
+            for (int64_t i = 0; i < co; i++) {
+                uint32_t bits;
+                memcpy(&bits, &out[c][i], sizeof bits);
+                FUZZ_CHECK(bits == 0xCDCDCDCDu, "a refused call wrote out[%lld] in %s", (long long)i, problem);
+            }
+    } else if (st[0] == ATTN_OK) { /* (other arguments may be refused: a NaN scale, ...) */
+        memcpy(ref_lse, lse[1], (size_t)nl * sizeof(float));
+        lse_in_log2_range(lse[1], nl);
+        for (int c = 1; c < p->n; c++) {
+            compare_run(p, c, out[0], out[c], co, t_out, "out");
+            compare_run(p, c, lse[0], lse[c], nl, t_lse, "lse");
+        }
+    }
+    compare_generators(p);
+    /* each sequence alone on the reference, drawing as the packed call drew */
+    if (bad == 0 && st[0] == ATTN_OK && d.dropout_rng != ATTN_DROPOUT_RNG_PHILOX) {
+        attn_generator *g = attn_ctx_generator(p->ctx[1]);
+        const attn_generator after = *g;
+        *g = before;
+        for (int64_t b = 0; b < B; b++) {
+            const int64_t lq = cu_q[b + 1] - cu_q[b], lk = cu_k[b + 1] - cu_k[b];
+            if (lq == 0) continue;
+            const float *orow = out[1] + cu_q[b] * d.o_stride[2];
+            if (lk == 0) { /* no key: zero rows, lse -inf */
+                for (int64_t h = 0; h < H; h++)
+                    for (int64_t i = 0; i < lq; i++) {
+                        FUZZ_CHECK(ref_lse[h * TQ + cu_q[b] + i] == -INFINITY, "a sequence without keys: lse %g in %s",
+                                   (double)ref_lse[h * TQ + cu_q[b] + i], problem);
+                        for (int64_t e = 0; e < Dv; e++)
+                            FUZZ_CHECK(orow[h * d.o_stride[1] + i * d.o_stride[2] + e * d.o_stride[3]] == 0.0f,
+                                       "a sequence without keys: out %g in %s",
+                                       (double)orow[h * d.o_stride[1] + i * d.o_stride[2] + e * d.o_stride[3]], problem);
+                    }
+                continue;
+            }
+            attn_sdpa_desc db = d;
+            db.batch = 1, db.len_q = lq, db.len_kv = lk;
+            db.q_stride[0] = db.k_stride[0] = db.v_stride[0] = db.o_stride[0] = 0;
+            const size_t qs = attn_dtype_size(d.q_dtype), ks = attn_dtype_size(d.kv_dtype), os = attn_dtype_size(d.out_dtype);
+            const char *qb = (const char *)qin + (size_t)(cu_q[b] * d.q_stride[2]) * qs;
+            const char *kb = (const char *)kin + (size_t)(cu_k[b] * d.k_stride[2]) * ks;
+            const char *vb = (const char *)vin + (size_t)(cu_k[b] * d.v_stride[2]) * ks;
+            void *ob = fuzz_xmalloc((size_t)co * os);
+            float *lb = new_floats(H * lq);
+            const attn_status sb = attn_sdpa_fwd(p->ctx[1], &db, qb, kb, vb, ob, lb, NULL);
+            FUZZ_CHECK(sb == ATTN_OK, "sequence %lld alone: %s in %s", (long long)b, attn_ctx_last_error(p->ctx[1]), problem);
+            float *of = new_floats(co); /* ob as floats, at out's offsets from the sequence's first row */
+            const int64_t n_used = (H - 1) * d.o_stride[1] + (lq - 1) * d.o_stride[2] + (Dv - 1) * d.o_stride[3] + 1;
+            if (d.out_dtype != ATTN_DTYPE_F32)
+                FUZZ_CHECK(attn_convert(ATTN_DTYPE_F32, of, d.out_dtype, ob, n_used) == ATTN_OK, "attn_convert");
+            else
+                memcpy(of, ob, (size_t)n_used * sizeof(float));
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t i = 0; i < lq; i++) {
+                    const float lp = ref_lse[h * TQ + cu_q[b] + i], la = lb[h * lq + i];
+                    FUZZ_CHECK(memcmp(&lp, &la, sizeof lp) == 0 || (isnan(lp) && isnan(la)),
+                               "sequence %lld row %lld head %lld: packed lse %.9g, alone %.9g in %s", (long long)b,
+                               (long long)i, (long long)h, (double)lp, (double)la, problem);
+                    for (int64_t e = 0; e < Dv; e++) {
+                        const int64_t at = h * d.o_stride[1] + i * d.o_stride[2] + e * d.o_stride[3];
+                        FUZZ_CHECK(memcmp(&orow[at], &of[at], sizeof(float)) == 0 || (isnan(orow[at]) && isnan(of[at])),
+                                   "sequence %lld out[%lld]: packed %.9g, alone %.9g in %s", (long long)b, (long long)at,
+                                   (double)orow[at], (double)of[at], problem);
+                    }
+                }
+            free(ob), free(lb), free(of);
+        }
+        FUZZ_CHECK(memcmp(g->mt, after.mt, sizeof g->mt) == 0 && g->left == after.left && g->next == after.next,
+                   "the sequences alone drew differently from the packed call in %s", problem);
+        *g = after;
+    }
+    for (int c = 0; c < p->n; c++) free(out[c]), free(lse[c]);
+    free(ref_lse);
+    free(q), free(k), free(v), free(qh);
     free_extras(&ex);
 }
 
@@ -704,11 +897,14 @@ static void run(pair *p, unsigned what) {
     case 2:
     case 3:
     case 4: /* 156, 188, 220, 252 (first bytes no corpus input had before): KV caches; 155, 187,
-             * 219, 251 (none either): raw half values and raw Q8_0 / Q4_0 blocks */
+             * 219, 251 (none either): raw half values and raw Q8_0 / Q4_0 blocks; 153, 185, 217,
+             * 249 (none either): packed batches */
         if (what % 8 == 4 && what >= 156 && (what - 156) % 32 == 0)
             diff_kv_cache(p);
         else if (what % 8 == 3 && what >= 155 && (what - 155) % 32 == 0)
             diff_sdpa_raw(p);
+        else if (what % 8 == 1 && what >= 153 && (what - 153) % 32 == 0)
+            diff_varlen(p);
         else
             diff_sdpa(p);
         break;
