@@ -31,6 +31,9 @@
  *
  * The book's modules: every kind, checked like the MHA module (bwd_book).
  *
+ * Packed batches (first bytes 156, 188, 220, 252): attn_sdpa_varlen_bwd against each sequence's
+ * attn_sdpa_bwd alone on the same context, bit for bit (bwd_varlen).
+ *
  * Known open bugs of the library can be steered around with ATTN_FUZZ_SKIP (fuzz_diff.h).
  */
 #include "fuzz_diff.h"
@@ -1164,13 +1167,148 @@ static void bwd_book(pair *p) {
     free(x), free(dout), free(pn), free(pname), free(want_p);
 }
 
+/* ---- packed batches (first byte 156, 188, 220 or 252) ---------------------------------------- */
+
+/* Whether the view element (h, t, e) of a (0, head, token, dim) layout s is reached, into `at`. */
+static void packed_reached(uint8_t *at, const int64_t s[4], int64_t H, int64_t T, int64_t W) {
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t e = 0; e < W; e++) at[h * s[1] + t * s[2] + e * s[3]] = 1;
+}
+
+/*
+ * attn_sdpa_varlen_bwd on packed batches (decode_packed: empty sequences, loose bounds, permuted
+ * layouts with a junk batch stride; causal both ways, windows, ALiBi, soft caps, scales, half k and
+ * v, half q, out and gradients; no dropout), on each context: the forward, then the backward with a
+ * random dout from that forward's out and lse; then each sequence alone (attn_sdpa_bwd, batch 1) on
+ * the same context from the same rows of out, dout and lse. Its dq, dk and dv must be the packed
+ * call's bits (attn.h: each sequence is attention on its own); a sequence without keys has dq 0,
+ * one without queries dk and dv 0; elements between the rows (padding) keep their sentinel. The
+ * kernels against the reference on such problems are bwd_sdpa's (the same kernels, batch by batch).
+ */
+static void bwd_varlen(pair *p) {
+    fuzz_data *fd = p->fd;
+    attn_sdpa_desc d;
+    const sdpa_shape z = decode_sdpa_shape(p, &d, 220, 300000, 40000);
+    const int64_t B = z.B, H = z.H, Hkv = z.Hkv, D = z.D, Dv = z.Dv;
+    packed_batch pb;
+    decode_packed(p, &z, &d, &pb);
+    const int64_t TQ = pb.tq, TK = pb.tk, cq = pb.c[0], ck = pb.c[1], cv = pb.c[2], co = pb.c[3];
+    d.scale = decode_scale(fd);
+    d.causal = (attn_causal)fuzz_data_pick(fd, 3);
+    const float amp = pick_amp(p);
+    float *q = new_floats(cq), *k = new_floats(ck), *v = new_floats(cv), *dout = new_floats(co);
+    fill(p, q, cq, amp), fill(p, k, ck, amp), fill(p, v, cv, amp), fill(p, dout, co, amp);
+    sdpa_extras ex;
+    decode_extras(p, &d, &ex);
+    kv_for_dtype(p, &d, k, ck, v, cv, &ex);
+    const void *kin = ex.kh != NULL ? (const void *)ex.kh : k, *vin = ex.vh != NULL ? (const void *)ex.vh : v;
+    if (fuzz_data_chance(fd, 1, 4)) d.q_dtype = d.out_dtype = d.grad_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
+    uint16_t *qh = d.q_dtype != ATTN_DTYPE_F32 ? to_half(p, d.q_dtype, q, cq) : NULL;
+    uint16_t *gh = d.out_dtype != ATTN_DTYPE_F32 ? to_half(p, d.out_dtype, dout, co) : NULL;
+    const void *qin = qh != NULL ? (const void *)qh : q, *gin = gh != NULL ? (const void *)gh : dout;
+    char extras[160];
+    describe_extras(&d, extras, sizeof extras);
+    snprintf(problem, sizeof problem,
+             "varlen bwd B=%lld H=%lld Hkv=%lld cu_q=%lld,%lld,%lld,%lld cu_k=%lld,%lld,%lld,%lld len_q=%lld len_kv=%lld "
+             "D=%lld Dv=%lld stride0=%lld scale=%g causal=%d%s q=%s",
+             (long long)B, (long long)H, (long long)Hkv, (long long)pb.cu_q[0], (long long)pb.cu_q[1], (long long)pb.cu_q[2],
+             (long long)pb.cu_q[3], (long long)pb.cu_k[0], (long long)pb.cu_k[1], (long long)pb.cu_k[2], (long long)pb.cu_k[3],
+             (long long)d.len_q, (long long)d.len_kv, (long long)D, (long long)Dv, (long long)pb.junk, (double)d.scale,
+             (int)d.causal, extras, attn_dtype_name(d.q_dtype));
+    const size_t os = attn_dtype_size(d.out_dtype), gs = attn_dtype_size(d.grad_dtype);
+    const size_t qs = attn_dtype_size(d.q_dtype), ks = attn_dtype_size(d.kv_dtype);
+    const int64_t nl = H * TQ;
+    uint8_t *reached[3] = {calloc((size_t)cq, 1), calloc((size_t)ck, 1), calloc((size_t)cv, 1)};
+    FUZZ_CHECK(reached[0] != NULL && reached[1] != NULL && reached[2] != NULL, "out of memory");
+    packed_reached(reached[0], d.q_stride, H, TQ, D), packed_reached(reached[1], d.k_stride, Hkv, TK, D);
+    packed_reached(reached[2], d.v_stride, Hkv, TK, Dv);
+    const int64_t cg[3] = {cq, ck, cv};
+    const int64_t *gst[3] = {d.q_stride, d.k_stride, d.v_stride};
+    for (int c = 0; c < p->n; c++) {
+        attn_ctx *ctx = p->ctx[c];
+        void *out = fuzz_xmalloc((size_t)co * os);
+        float *lse = new_floats(nl);
+        const attn_status sf = attn_sdpa_varlen_fwd(ctx, &d, pb.cu_q, pb.cu_k, qin, kin, vin, out, lse);
+        fuzz_check_error(ctx, sf, "attn_sdpa_varlen_fwd");
+        if (sf != ATTN_OK) { /* a refused argument (a NaN scale, ...): the backward refuses it too */
+            void *g = fuzz_xmalloc((size_t)cq * gs);
+            FUZZ_CHECK(attn_sdpa_varlen_bwd(ctx, &d, pb.cu_q, pb.cu_k, qin, kin, vin, out, gin, lse, NULL, g, g, g) == sf,
+                       "the backward does not refuse what the forward refused (%s) in %s", attn_strerror(sf), problem);
+            free(g), free(out), free(lse);
+            continue;
+        }
+        uint8_t *gp[3];
+        for (int i = 0; i < 3; i++) gp[i] = fuzz_xmalloc((size_t)cg[i] * gs), memset(gp[i], SENTINEL, (size_t)cg[i] * gs);
+        const attn_status sb = attn_sdpa_varlen_bwd(ctx, &d, pb.cu_q, pb.cu_k, qin, kin, vin, out, gin, lse, NULL, gp[0], gp[1], gp[2]);
+        fuzz_check_error(ctx, sb, "attn_sdpa_varlen_bwd");
+        FUZZ_CHECK(sb == ATTN_OK, "attn_sdpa_varlen_bwd: %s in %s", attn_ctx_last_error(ctx), problem);
+        static const char *names[3] = {"dq", "dk", "dv"};
+        for (int i = 0; i < 3; i++) /* padding untouched */
+            for (int64_t e = 0; e < cg[i]; e++) {
+                bool sent = true;
+                for (size_t u = 0; u < gs; u++) sent = sent && gp[i][(size_t)e * gs + u] == SENTINEL;
+                FUZZ_CHECK(reached[i][e] || sent, "%s[%lld], between the rows, was written in %s", names[i], (long long)e, problem);
+            }
+        for (int64_t b = 0; b < B; b++) {
+            const int64_t lq = pb.cu_q[b + 1] - pb.cu_q[b], lk = pb.cu_k[b + 1] - pb.cu_k[b];
+            const int64_t r0[3] = {pb.cu_q[b], pb.cu_k[b], pb.cu_k[b]}, rows[3] = {lq, lk, lk};
+            const int64_t heads[3] = {H, Hkv, Hkv}, width[3] = {D, D, Dv};
+            uint8_t *ga[3] = {NULL, NULL, NULL};
+            if (lq > 0 && lk > 0) { /* the sequence alone, from the packed call's rows */
+                const attn_sdpa_desc db = packed_seq_desc(&d, &pb, b);
+                float *lb = new_floats(H * lq);
+                for (int64_t h = 0; h < H; h++)
+                    for (int64_t i = 0; i < lq; i++) lb[h * lq + i] = lse[h * TQ + pb.cu_q[b] + i];
+                for (int i = 0; i < 3; i++) ga[i] = fuzz_xmalloc((size_t)cg[i] * gs), memset(ga[i], SENTINEL, (size_t)cg[i] * gs);
+                const size_t oq = (size_t)(pb.cu_q[b] * d.q_stride[2]), okk = (size_t)(pb.cu_k[b] * d.k_stride[2]);
+                const size_t ov = (size_t)(pb.cu_k[b] * d.v_stride[2]), oo = (size_t)(pb.cu_q[b] * d.o_stride[2]);
+                const attn_status s1 = attn_sdpa_bwd(ctx, &db, (const char *)qin + oq * qs, (const char *)kin + okk * ks,
+                                                     (const char *)vin + ov * ks, (const char *)out + oo * os,
+                                                     (const char *)gin + oo * os, lb, NULL, ga[0] + oq * gs, ga[1] + okk * gs,
+                                                     ga[2] + ov * gs, NULL);
+                FUZZ_CHECK(s1 == ATTN_OK, "sequence %lld alone: %s in %s", (long long)b, attn_ctx_last_error(ctx), problem);
+                free(lb);
+            }
+            for (int i = 0; i < 3; i++)
+                for (int64_t h = 0; h < heads[i]; h++)
+                    for (int64_t t = r0[i]; t < r0[i] + rows[i]; t++)
+                        for (int64_t e = 0; e < width[i]; e++) {
+                            const size_t at = (size_t)(h * gst[i][1] + t * gst[i][2] + e * gst[i][3]) * gs;
+                            if (ga[i] != NULL) {
+                                FUZZ_CHECK(memcmp(gp[i] + at, ga[i] + at, gs) == 0, "%s of sequence %lld (head %lld, row %lld, "
+                                           "element %lld): the packed call's bits differ from the sequence's alone on %s in %s",
+                                           names[i], (long long)b, (long long)h, (long long)t, (long long)e,
+                                           attn_isa_name(attn_ctx_isa(ctx)), problem);
+                            } else { /* no keys (dq) or no queries (dk, dv): nothing reaches it */
+                                bool zero = true;
+                                for (size_t u = 0; u < gs; u++) zero = zero && gp[i][at + u] == 0;
+                                FUZZ_CHECK(zero, "%s of sequence %lld (row %lld) is not 0 with %lld queries and %lld keys in %s",
+                                           names[i], (long long)b, (long long)t, (long long)lq, (long long)lk, problem);
+                            }
+                        }
+            for (int i = 0; i < 3; i++) free(ga[i]);
+        }
+        for (int i = 0; i < 3; i++) free(gp[i]);
+        free(out), free(lse);
+    }
+    for (int i = 0; i < 3; i++) free(reached[i]);
+    free(q), free(k), free(v), free(dout), free(qh), free(gh);
+    free_extras(&ex);
+}
+
 static void run(pair *p, unsigned what) {
     switch (what % 8) {
     case 0:
     case 1:
     case 2:
     case 3:
-    case 4: bwd_sdpa(p); break;
+    case 4: /* 156, 188, 220, 252 (first bytes no corpus input had before): packed batches */
+        if (what % 8 == 4 && what >= 156 && (what - 156) % 32 == 0)
+            bwd_varlen(p);
+        else
+            bwd_sdpa(p);
+        break;
     case 5:
     case 6: bwd_mha(p); break;
     default: bwd_book(p); break;

@@ -459,6 +459,52 @@ static inline sdpa_shape decode_sdpa_shape(pair *p, attn_sdpa_desc *d, int64_t l
     return z;
 }
 
+/*
+ * A packed batch (attn_sdpa_varlen_*) of z->B <= 3 sequences: lengths from 0 to z->L queries and
+ * z->S keys (at least one query and one key in all), their offsets in cu_q and cu_k (B + 1 each),
+ * len_q and len_kv of d the longest lengths or looser bounds, and (0, head, token, dim) layouts of
+ * q, k, v and out (any permuted order, padding) whose batch stride, unused, holds a drawn value.
+ * The element counts of q, k, v and out go to c[0..3], the totals of rows to *tq and *tk, the
+ * longest sequences to *lmax and *smax.
+ */
+typedef struct packed_batch {
+    int64_t cu_q[4], cu_k[4], tq, tk, lmax, smax, c[4], junk;
+} packed_batch;
+
+static inline void decode_packed(pair *p, const sdpa_shape *z, attn_sdpa_desc *d, packed_batch *pb) {
+    fuzz_data *fd = p->fd;
+    memset(pb, 0, sizeof *pb);
+    for (int64_t b = 0; b < z->B; b++) {
+        const int64_t lq = fuzz_data_chance(fd, 1, 6) ? 0 : fuzz_data_i64_range(fd, 1, z->L);
+        const int64_t lk = fuzz_data_chance(fd, 1, 6) ? 0 : fuzz_data_i64_range(fd, 1, z->S);
+        pb->cu_q[b + 1] = pb->cu_q[b] + lq, pb->cu_k[b + 1] = pb->cu_k[b] + lk;
+    }
+    if (pb->cu_q[z->B] == 0) pb->cu_q[z->B] = 1; /* the last sequence gets a query */
+    if (pb->cu_k[z->B] == 0) pb->cu_k[z->B] = 1;
+    for (int64_t b = 0; b < z->B; b++) {
+        const int64_t lq = pb->cu_q[b + 1] - pb->cu_q[b], lk = pb->cu_k[b + 1] - pb->cu_k[b];
+        pb->lmax = lq > pb->lmax ? lq : pb->lmax, pb->smax = lk > pb->smax ? lk : pb->smax;
+    }
+    pb->tq = pb->cu_q[z->B], pb->tk = pb->cu_k[z->B];
+    d->len_q = fuzz_data_chance(fd, 1, 3) ? pb->lmax + fuzz_data_i64_range(fd, 0, 5) : pb->lmax;
+    d->len_kv = fuzz_data_chance(fd, 1, 3) ? pb->smax + fuzz_data_i64_range(fd, 0, 5) : pb->smax;
+    const int64_t H = z->H, Hkv = z->Hkv;
+    const int64_t nq[4] = {1, H, pb->tq, z->D}, nk[4] = {1, Hkv, pb->tk, z->D};
+    const int64_t nv[4] = {1, Hkv, pb->tk, z->Dv}, no[4] = {1, H, pb->tq, z->Dv};
+    pb->c[0] = layout(p, 4, nq, 0, d->q_stride), pb->c[1] = layout(p, 4, nk, 0, d->k_stride);
+    pb->c[2] = layout(p, 4, nv, 0, d->v_stride), pb->c[3] = layout(p, 4, no, 0, d->o_stride);
+    pb->junk = fuzz_data_chance(fd, 1, 2) ? 0 : fuzz_data_i64_range(fd, 1, 1 << 20);
+    d->q_stride[0] = d->k_stride[0] = d->v_stride[0] = d->o_stride[0] = pb->junk;
+}
+
+/* Sequence b of a packed batch as its own problem: batch 1, its lengths, batch strides 0. */
+static inline attn_sdpa_desc packed_seq_desc(const attn_sdpa_desc *d, const packed_batch *pb, int64_t b) {
+    attn_sdpa_desc db = *d;
+    db.batch = 1, db.len_q = pb->cu_q[b + 1] - pb->cu_q[b], db.len_kv = pb->cu_k[b + 1] - pb->cu_k[b];
+    db.q_stride[0] = db.k_stride[0] = db.v_stride[0] = db.o_stride[0] = 0;
+    return db;
+}
+
 /* An SDPA scale: 0 (the default 1/sqrt(D)) half the time, else moderate or special (NaN, inf...). */
 static inline float decode_scale(fuzz_data *fd) {
     switch (fuzz_data_pick(fd, 6)) {

@@ -336,26 +336,10 @@ static void diff_varlen(pair *p) {
     attn_sdpa_desc d;
     const sdpa_shape z = decode_sdpa_shape(p, &d, 220, 300000, 40000);
     const int64_t B = z.B, H = z.H, Hkv = z.Hkv, D = z.D, Dv = z.Dv;
-    int64_t cu_q[4] = {0}, cu_k[4] = {0}, lmax = 0, smax = 0;
-    for (int64_t b = 0; b < B; b++) {
-        const int64_t lq = fuzz_data_chance(fd, 1, 6) ? 0 : fuzz_data_i64_range(fd, 1, z.L);
-        const int64_t lk = fuzz_data_chance(fd, 1, 6) ? 0 : fuzz_data_i64_range(fd, 1, z.S);
-        cu_q[b + 1] = cu_q[b] + lq, cu_k[b + 1] = cu_k[b] + lk;
-    }
-    if (cu_q[B] == 0) cu_q[B] = 1; /* the last sequence gets a query */
-    if (cu_k[B] == 0) cu_k[B] = 1;
-    for (int64_t b = 0; b < B; b++) {
-        lmax = cu_q[b + 1] - cu_q[b] > lmax ? cu_q[b + 1] - cu_q[b] : lmax;
-        smax = cu_k[b + 1] - cu_k[b] > smax ? cu_k[b + 1] - cu_k[b] : smax;
-    }
-    const int64_t TQ = cu_q[B], TK = cu_k[B];
-    d.len_q = fuzz_data_chance(fd, 1, 3) ? lmax + fuzz_data_i64_range(fd, 0, 5) : lmax; /* a bound */
-    d.len_kv = fuzz_data_chance(fd, 1, 3) ? smax + fuzz_data_i64_range(fd, 0, 5) : smax;
-    const int64_t nq[4] = {1, H, TQ, D}, nk[4] = {1, Hkv, TK, D}, nv[4] = {1, Hkv, TK, Dv}, no[4] = {1, H, TQ, Dv};
-    const int64_t cq = layout(p, 4, nq, 0, d.q_stride), ck = layout(p, 4, nk, 0, d.k_stride);
-    const int64_t cv = layout(p, 4, nv, 0, d.v_stride), co = layout(p, 4, no, 0, d.o_stride);
-    const int64_t junk = fuzz_data_chance(fd, 1, 2) ? 0 : fuzz_data_i64_range(fd, 1, 1 << 20);
-    d.q_stride[0] = d.k_stride[0] = d.v_stride[0] = d.o_stride[0] = junk;
+    packed_batch pb;
+    decode_packed(p, &z, &d, &pb);
+    const int64_t *cu_q = pb.cu_q, *cu_k = pb.cu_k, lmax = pb.lmax, smax = pb.smax, TQ = pb.tq, junk = pb.junk;
+    const int64_t cq = pb.c[0], ck = pb.c[1], cv = pb.c[2], co = pb.c[3];
     d.scale = decode_scale(fd);
     d.causal = (attn_causal)fuzz_data_pick(fd, 3);
     if (fuzz_data_chance(fd, 1, 4)) d.dropout_p = fuzz_data_chance(fd, 1, 16) ? 1.0 : fuzz_data_unit(fd) * 0.95;
@@ -464,9 +448,7 @@ static void diff_varlen(pair *p) {
                     }
                 continue;
             }
-            attn_sdpa_desc db = d;
-            db.batch = 1, db.len_q = lq, db.len_kv = lk;
-            db.q_stride[0] = db.k_stride[0] = db.v_stride[0] = db.o_stride[0] = 0;
+            const attn_sdpa_desc db = packed_seq_desc(&d, &pb, b);
             const size_t qs = attn_dtype_size(d.q_dtype), ks = attn_dtype_size(d.kv_dtype), os = attn_dtype_size(d.out_dtype);
             const char *qb = (const char *)qin + (size_t)(cu_q[b] * d.q_stride[2]) * qs;
             const char *kb = (const char *)kin + (size_t)(cu_k[b] * d.k_stride[2]) * ks;
