@@ -399,6 +399,16 @@ static inline uint16_t *to_half(pair *p, attn_dtype dt, float *x, int64_t n) {
     return h;
 }
 
+/* An output of n half values of type dt (F16 or BF16; F32: nothing to do), in place, as the floats
+ * they denote. */
+static inline void half_out_as_floats(float *x, attn_dtype dt, int64_t n) {
+    if (dt == ATTN_DTYPE_F32) return;
+    uint16_t *h = fuzz_xmalloc((size_t)(n > 0 ? n : 1) * sizeof(uint16_t));
+    memcpy(h, x, (size_t)n * sizeof(uint16_t));
+    FUZZ_CHECK(attn_convert(ATTN_DTYPE_F32, x, dt, h, n) == ATTN_OK, "attn_convert");
+    free(h);
+}
+
 /* The k and v to pass for d->kv_dtype: the floats, or half copies of them (x then holds the values
  * the copies denote). */
 static inline void kv_for_dtype(pair *p, const attn_sdpa_desc *d, float *k, int64_t ck, float *v, int64_t cv,
@@ -406,6 +416,15 @@ static inline void kv_for_dtype(pair *p, const attn_sdpa_desc *d, float *k, int6
     if (d->kv_dtype == ATTN_DTYPE_F32) return;
     x->kh = to_half(p, d->kv_dtype, k, ck);
     x->vh = to_half(p, d->kv_dtype, v, cv);
+}
+
+/* q and out in half precision now and then (drawn after the other options: older inputs decode as
+ * they did): the half copy of q to pass (NULL for F32), q then holding the values it denotes. */
+static inline uint16_t *decode_half_q_out(pair *p, attn_sdpa_desc *d, float *q, int64_t cq) {
+    fuzz_data *fd = p->fd;
+    if (fuzz_data_chance(fd, 1, 4)) d->q_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
+    if (fuzz_data_chance(fd, 1, 4)) d->out_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
+    return d->q_dtype != ATTN_DTYPE_F32 ? to_half(p, d->q_dtype, q, cq) : NULL;
 }
 
 static inline void free_extras(sdpa_extras *x) { free(x->slopes), free(x->kh), free(x->vh); }

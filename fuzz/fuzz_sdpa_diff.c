@@ -218,11 +218,7 @@ static void diff_sdpa(pair *p) {
     decode_extras(p, &d, &ex);
     kv_for_dtype(p, &d, k, ck, v, cv, &ex);
     const void *kin = ex.kh != NULL ? (const void *)ex.kh : k, *vin = ex.vh != NULL ? (const void *)ex.vh : v;
-    /* q and out in half precision now and then (read last: older inputs decode as they did); q then
-     * holds the values its half copy denotes */
-    if (fuzz_data_chance(fd, 1, 4)) d.q_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
-    if (fuzz_data_chance(fd, 1, 4)) d.out_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
-    uint16_t *qh = d.q_dtype != ATTN_DTYPE_F32 ? to_half(p, d.q_dtype, q, cq) : NULL;
+    uint16_t *qh = decode_half_q_out(p, &d, q, cq);
     const void *qin = qh != NULL ? (const void *)qh : q;
     /* Philox dropout now and then (drawn after the types): the same mask on every context */
     if (d.dropout_p > 0.0 && fuzz_data_chance(fd, 1, 3))
@@ -295,12 +291,7 @@ static void diff_sdpa(pair *p) {
         if (want_lse) lse[c] = new_floats(nl), memset(lse[c], 0xCD, (size_t)nl * sizeof(float));
         if (nw > 0) w[c] = new_floats(nw), memset(w[c], 0xCD, (size_t)nw * sizeof(float));
         st[c] = attn_sdpa_fwd(p->ctx[c], &d, qin, kin, vin, out[c], lse[c], w[c]);
-        if (st[c] == ATTN_OK && d.out_dtype != ATTN_DTYPE_F32) { /* the half results as floats, in place */
-            uint16_t *h = fuzz_xmalloc((size_t)co * sizeof(uint16_t));
-            memcpy(h, out[c], (size_t)co * sizeof(uint16_t));
-            FUZZ_CHECK(attn_convert(ATTN_DTYPE_F32, out[c], d.out_dtype, h, co) == ATTN_OK, "attn_convert");
-            free(h);
-        }
+        if (st[c] == ATTN_OK) half_out_as_floats(out[c], d.out_dtype, co); /* the half results as floats */
     }
     compare_status(p, st, "attn_sdpa_fwd");
     if (st[1] == ATTN_OK && want_lse) lse_in_log2_range(lse[1], nl);
@@ -361,9 +352,7 @@ static void diff_varlen(pair *p) {
     if (bad == 4) d.len_kv = smax - 1;
     kv_for_dtype(p, &d, k, ck, v, cv, &ex);
     const void *kin = ex.kh != NULL ? (const void *)ex.kh : k, *vin = ex.vh != NULL ? (const void *)ex.vh : v;
-    if (fuzz_data_chance(fd, 1, 4)) d.q_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
-    if (fuzz_data_chance(fd, 1, 4)) d.out_dtype = fuzz_data_bool(fd) ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
-    uint16_t *qh = d.q_dtype != ATTN_DTYPE_F32 ? to_half(p, d.q_dtype, q, cq) : NULL;
+    uint16_t *qh = decode_half_q_out(p, &d, q, cq);
     const void *qin = qh != NULL ? (const void *)qh : q;
     /* tolerances as diff_sdpa's */
     const double scale = d.scale != 0.0f ? fabs((double)d.scale) : 1.0 / sqrt((double)D);
@@ -402,12 +391,7 @@ static void diff_varlen(pair *p) {
         out[c] = new_floats(co), lse[c] = new_floats(nl);
         memset(out[c], 0xCD, (size_t)co * sizeof(float)), memset(lse[c], 0xCD, (size_t)nl * sizeof(float));
         st[c] = attn_sdpa_varlen_fwd(p->ctx[c], &d, use_q, use_k, qin, kin, vin, out[c], lse[c]);
-        if (st[c] == ATTN_OK && d.out_dtype != ATTN_DTYPE_F32) {
-            uint16_t *h = fuzz_xmalloc((size_t)co * sizeof(uint16_t));
-            memcpy(h, out[c], (size_t)co * sizeof(uint16_t));
-            FUZZ_CHECK(attn_convert(ATTN_DTYPE_F32, out[c], d.out_dtype, h, co) == ATTN_OK, "attn_convert");
-            free(h);
-        }
+        if (st[c] == ATTN_OK) half_out_as_floats(out[c], d.out_dtype, co); /* the half results as floats */
     }
     compare_status(p, st, "attn_sdpa_varlen_fwd");
     if (bad != 0) {
@@ -628,12 +612,7 @@ static void diff_sdpa_raw(pair *p) {
     for (int c = 0; c < p->n; c++) {
         out[c] = new_floats(no), lse[c] = new_floats(B * H * L);
         st[c] = attn_sdpa_fwd(p->ctx[c], &d, qraw != NULL ? qraw : (const void *)q, kraw, vraw, out[c], lse[c], NULL);
-        if (st[c] == ATTN_OK && d.out_dtype != ATTN_DTYPE_F32) {
-            uint16_t *h = fuzz_xmalloc((size_t)no * sizeof(uint16_t));
-            memcpy(h, out[c], (size_t)no * sizeof(uint16_t));
-            FUZZ_CHECK(attn_convert(ATTN_DTYPE_F32, out[c], d.out_dtype, h, no) == ATTN_OK, "attn_convert");
-            free(h);
-        }
+        if (st[c] == ATTN_OK) half_out_as_floats(out[c], d.out_dtype, no); /* the half results as floats */
     }
     compare_status(p, st, "attn_sdpa_fwd");
     FUZZ_CHECK(st[0] == ATTN_OK, "attn_sdpa_fwd: %s in %s", attn_ctx_last_error(p->ctx[0]), problem);
@@ -716,12 +695,7 @@ static void diff_sdpa_raw(pair *p) {
         float *of = new_floats(no), *lf = new_floats(B * H * L);
         FUZZ_CHECK(attn_sdpa_fwd(p->ctx[1], &df, q, k, v, of, lf, NULL) == ATTN_OK, "attn_sdpa_fwd: %s",
                    attn_ctx_last_error(p->ctx[1]));
-        if (d.out_dtype != ATTN_DTYPE_F32) {
-            uint16_t *h = fuzz_xmalloc((size_t)no * sizeof(uint16_t));
-            memcpy(h, of, (size_t)no * sizeof(uint16_t));
-            FUZZ_CHECK(attn_convert(ATTN_DTYPE_F32, of, d.out_dtype, h, no) == ATTN_OK, "attn_convert");
-            free(h);
-        }
+        half_out_as_floats(of, d.out_dtype, no);
         compare_bits(out[1], of, no, "out of the reference on the decoded values");
         compare_bits(lse[1], lf, B * H * L, "lse of the reference on the decoded values");
         free(of), free(lf);
