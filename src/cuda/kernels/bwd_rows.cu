@@ -60,8 +60,8 @@ template <typename T> __device__ __forceinline__ void unpack8(const uint4 &u, fl
     }
 }
 
-// The vector form's rows: warp `warp` of the block takes rows kVecRows * (tile * kRowWarps + warp)..
-// of one (b, h); each(i, n) is called for the warp's rows n < kVecRows with i < the sequence's length.
+// The vector form's rows: warp `warp` of the block takes the kVecRows rows from
+// i0 = kVecRows * (tile * kRowWarps + warp) of one (b, h) (those below the sequence's length).
 struct VecRows {
     int64_t b, h, i0;
     Seq s;
