@@ -480,7 +480,7 @@ static inline sdpa_shape decode_sdpa_shape(pair *p, attn_sdpa_desc *d, int64_t l
 
 /*
  * A packed batch (attn_sdpa_varlen_*) of z->B <= 3 sequences: lengths from 0 to z->L queries and
- * z->S keys (at least one query and one key in all), their offsets in cu_q and cu_k (B + 1 each),
+ * z->S keys (at least one query and one key in all; one time in four every sequence alike), their offsets in cu_q and cu_k (B + 1 each),
  * len_q and len_kv of d the longest lengths or looser bounds, and (0, head, token, dim) layouts of
  * q, k, v and out (any permuted order, padding) whose batch stride, unused, holds a drawn value.
  * The element counts of q, k, v and out go to c[0..3], the totals of rows to *tq and *tk, the
@@ -493,9 +493,10 @@ typedef struct packed_batch {
 static inline void decode_packed(pair *p, const sdpa_shape *z, attn_sdpa_desc *d, packed_batch *pb) {
     fuzz_data *fd = p->fd;
     memset(pb, 0, sizeof *pb);
+    const bool equal = fuzz_data_chance(fd, 1, 4); /* every sequence of one length: a plain batch's */
     for (int64_t b = 0; b < z->B; b++) {
-        const int64_t lq = fuzz_data_chance(fd, 1, 6) ? 0 : fuzz_data_i64_range(fd, 1, z->L);
-        const int64_t lk = fuzz_data_chance(fd, 1, 6) ? 0 : fuzz_data_i64_range(fd, 1, z->S);
+        const int64_t lq = b > 0 && equal ? pb->cu_q[1] : fuzz_data_chance(fd, 1, 6) ? 0 : fuzz_data_i64_range(fd, 1, z->L);
+        const int64_t lk = b > 0 && equal ? pb->cu_k[1] : fuzz_data_chance(fd, 1, 6) ? 0 : fuzz_data_i64_range(fd, 1, z->S);
         pb->cu_q[b + 1] = pb->cu_q[b] + lq, pb->cu_k[b + 1] = pb->cu_k[b] + lk;
     }
     if (pb->cu_q[z->B] == 0) pb->cu_q[z->B] = 1; /* the last sequence gets a query */

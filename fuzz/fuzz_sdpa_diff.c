@@ -319,6 +319,8 @@ static void diff_sdpa(pair *p) {
  * each sequence alone on the reference (attn.h: each sequence is attention on its own, dropout
  * drawn sequence after sequence), from the generator's state before the packed call, which must
  * end where the packed call left it; a sequence without keys gives zero rows and an lse of -inf.
+ * Sequences all of one length, with any dropout (Philox included): the plain batch of them, bit for
+ * bit.
  * Now and then the offsets are made invalid (not from 0, decreasing, a sequence longer than len_q
  * or len_kv): every context must refuse alike and leave out and lse as they were.
  */
@@ -465,6 +467,43 @@ static void diff_varlen(pair *p) {
         FUZZ_CHECK(memcmp(g->mt, after.mt, sizeof g->mt) == 0 && g->left == after.left && g->next == after.next,
                    "the sequences alone drew differently from the packed call in %s", problem);
         *g = after;
+    }
+    /* sequences all of one length: the packed batch is a plain batch of them (attn.h: Philox counts
+     * the packed batch's sequences as a plain batch's, the context's generator draws sequence after
+     * sequence), whatever the dropout: the reference's bits and generator state */
+    bool equal = bad == 0 && st[0] == ATTN_OK;
+    for (int64_t b = 0; equal && b < B; b++)
+        equal = cu_q[b + 1] - cu_q[b] == cu_q[1] && cu_k[b + 1] - cu_k[b] == cu_k[1] && cu_q[1] > 0 && cu_k[1] > 0;
+    if (equal) {
+        const int64_t lq = cu_q[1], lk = cu_k[1];
+        attn_sdpa_desc dp = d;
+        dp.len_q = lq, dp.len_kv = lk;
+        dp.q_stride[0] = lq * d.q_stride[2], dp.o_stride[0] = lq * d.o_stride[2];
+        dp.k_stride[0] = lk * d.k_stride[2], dp.v_stride[0] = lk * d.v_stride[2];
+        attn_generator *g = attn_ctx_generator(p->ctx[1]);
+        const attn_generator after = *g;
+        *g = before;
+        float *op = new_floats(co), *lp = new_floats(nl);
+        memset(op, 0xCD, (size_t)co * sizeof(float));
+        const attn_status sp = attn_sdpa_fwd(p->ctx[1], &dp, qin, kin, vin, op, lp, NULL);
+        FUZZ_CHECK(sp == ATTN_OK, "the plain batch: %s in %s", attn_ctx_last_error(p->ctx[1]), problem);
+        half_out_as_floats(op, d.out_dtype, co);
+        for (int64_t i = 0; i < co; i++)
+            FUZZ_CHECK(memcmp(&out[1][i], &op[i], sizeof(float)) == 0 || (isnan(out[1][i]) && isnan(op[i])),
+                       "out[%lld]: packed %.9g, the plain batch of its sequences %.9g in %s", (long long)i,
+                       (double)out[1][i], (double)op[i], problem);
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t i = 0; i < lq; i++) {
+                    const float x = ref_lse[h * TQ + b * lq + i], y = lp[(b * H + h) * lq + i];
+                    FUZZ_CHECK(memcmp(&x, &y, sizeof x) == 0 || (isnan(x) && isnan(y)),
+                               "lse (%lld, %lld, %lld): packed %.9g, plain batch %.9g in %s", (long long)b, (long long)h,
+                               (long long)i, (double)x, (double)y, problem);
+                }
+        FUZZ_CHECK(memcmp(g->mt, after.mt, sizeof g->mt) == 0 && g->left == after.left && g->next == after.next,
+                   "the plain batch drew differently from the packed call in %s", problem);
+        *g = after;
+        free(op), free(lp);
     }
     for (int c = 0; c < p->n; c++) free(out[c]), free(lse[c]);
     free(ref_lse);
