@@ -78,7 +78,8 @@ typedef struct attn__cuda_sdpa_plan {
 } attn__cuda_sdpa_plan;
 
 // Checks a descriptor for the GPU (attn_sdpa_desc_check or attn_sdpa_varlen_desc_check, then the
-// GPU's own limits) and plans the call. seqs gives per-sequence sizes (NULL: a plain batch).
+// GPU's own limits) and plans the call. seqs gives per-sequence sizes (NULL: a plain batch); a
+// packed batch's p.L and p.S are then its longest sequences (len_q and len_kv only bound them).
 // Pointers are checked for alignment when given (NULL pointers are checked by the entry points).
 attn_status attn__cuda_plan_sdpa(attn__cuda_err *e, const attn__cuda_device *dev, attn_cuda_kernels kernels,
                                  const attn_sdpa_desc *d, const attn__cuda_seqs *seqs,
@@ -93,7 +94,8 @@ typedef struct attn__cuda_bwd_tensors {
 
 // A planned SDPA backward: the forward's plan of the same call (its checks and parameters), with the
 // gradients' type checked; the tensor-core kernels (flash) where the forward's conditions hold for
-// q, k, v, out and dout, head_dim = head_dim_v in {32, 64, 96, 128} and the shared memory fits, else
+// q, k, v, out and dout, head_dim = head_dim_v in {32, 64, 96, 128} (256 when SM80 or SM90 names
+// these kernels) and the shared memory fits, else
 // the simple ones; deterministic selects the flash backward's dQ kernel without atomics. Workspace:
 // the offsets (packed), rowdot (lse's layout) at ws_rowdot, and for the flash backward's atomic mode
 // the float32 dQ accumulator (H * total_q rows of D) at ws_dq_acc. dmask_wanted: the float mask's
