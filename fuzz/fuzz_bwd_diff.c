@@ -103,13 +103,14 @@ static void gb_init(grad_bound *g, int64_t n) {
 
 static void gb_free(grad_bound *g) { free(g->reached), free(g->err), free(g->mag), free(g->terms); }
 
-/* Marks the elements of a (n0, n1, n2, n3) view with strides s as reached. */
-static void gb_reach(grad_bound *g, const int64_t n[4], const int64_t s[4]) {
+/* Marks the elements of a (n0, n1, n2, n3) view with strides s in `reached`. */
+static void mark_reached(uint8_t *reached, const int64_t n[4], const int64_t s[4]) {
     for (int64_t a = 0; a < n[0]; a++)
         for (int64_t b = 0; b < n[1]; b++)
             for (int64_t c = 0; c < n[2]; c++)
-                for (int64_t d = 0; d < n[3]; d++) g->reached[off4(s, a, b, c, d)] = 1;
+                for (int64_t d = 0; d < n[3]; d++) reached[off4(s, a, b, c, d)] = 1;
 }
+static void gb_reach(grad_bound *g, const int64_t n[4], const int64_t s[4]) { mark_reached(g->reached, n, s); }
 
 static void gb_add(grad_bound *g, int64_t e, double err, double mag) {
     g->err[e] += err, g->mag[e] += mag, g->terms[e]++;
@@ -1169,13 +1170,6 @@ static void bwd_book(pair *p) {
 
 /* ---- packed batches (first byte 156, 188, 220 or 252) ---------------------------------------- */
 
-/* Whether the view element (h, t, e) of a (0, head, token, dim) layout s is reached, into `at`. */
-static void packed_reached(uint8_t *at, const int64_t s[4], int64_t H, int64_t T, int64_t W) {
-    for (int64_t h = 0; h < H; h++)
-        for (int64_t t = 0; t < T; t++)
-            for (int64_t e = 0; e < W; e++) at[h * s[1] + t * s[2] + e * s[3]] = 1;
-}
-
 /*
  * attn_sdpa_varlen_bwd on packed batches (decode_packed: empty sequences, loose bounds, permuted
  * layouts with a junk batch stride; causal both ways, windows, ALiBi, soft caps, scales, half k and
@@ -1221,8 +1215,8 @@ static void bwd_varlen(pair *p) {
     const int64_t nl = H * TQ;
     uint8_t *reached[3] = {calloc((size_t)cq, 1), calloc((size_t)ck, 1), calloc((size_t)cv, 1)};
     FUZZ_CHECK(reached[0] != NULL && reached[1] != NULL && reached[2] != NULL, "out of memory");
-    packed_reached(reached[0], d.q_stride, H, TQ, D), packed_reached(reached[1], d.k_stride, Hkv, TK, D);
-    packed_reached(reached[2], d.v_stride, Hkv, TK, Dv);
+    const int64_t nq[4] = {1, H, TQ, D}, nk[4] = {1, Hkv, TK, D}, nv[4] = {1, Hkv, TK, Dv}; /* batch stride unused */
+    mark_reached(reached[0], nq, d.q_stride), mark_reached(reached[1], nk, d.k_stride), mark_reached(reached[2], nv, d.v_stride);
     const int64_t cg[3] = {cq, ck, cv};
     const int64_t *gst[3] = {d.q_stride, d.k_stride, d.v_stride};
     for (int c = 0; c < p->n; c++) {
@@ -1274,7 +1268,7 @@ static void bwd_varlen(pair *p) {
                 for (int64_t h = 0; h < heads[i]; h++)
                     for (int64_t t = r0[i]; t < r0[i] + rows[i]; t++)
                         for (int64_t e = 0; e < width[i]; e++) {
-                            const size_t at = (size_t)(h * gst[i][1] + t * gst[i][2] + e * gst[i][3]) * gs;
+                            const size_t at = (size_t)off4(gst[i], 0, h, t, e) * gs;
                             if (ga[i] != NULL) {
                                 FUZZ_CHECK(memcmp(gp[i] + at, ga[i] + at, gs) == 0, "%s of sequence %lld (head %lld, row %lld, "
                                            "element %lld): the packed call's bits differ from the sequence's alone on %s in %s",
