@@ -10,6 +10,7 @@
 
 #include "../launch.h"
 #include "common.cuh"
+#include "mma.cuh"
 
 namespace attn_cuda {
 
@@ -118,15 +119,7 @@ template <> __device__ __forceinline__ void store8<float>(float *dst, const floa
     reinterpret_cast<float4 *>(dst)[1] = make_float4(f[4], f[5], f[6], f[7]);
 }
 template <typename G> __device__ __forceinline__ void store8(G *dst, const float f[8]) {
-    uint32_t w[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const G lo = from_float<G>(f[2 * k]), hi = from_float<G>(f[2 * k + 1]);
-        uint16_t bits_lo, bits_hi;
-        memcpy(&bits_lo, &lo, 2), memcpy(&bits_hi, &hi, 2);
-        w[k] = (uint32_t)bits_lo | (uint32_t)bits_hi << 16;
-    }
-    *reinterpret_cast<uint4 *>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+    *reinterpret_cast<uint4 *>(dst) = make_uint4(pack2<G>(f[0], f[1]), pack2<G>(f[2], f[3]), pack2<G>(f[4], f[5]), pack2<G>(f[6], f[7]));
 }
 
 template <typename G> __global__ void __launch_bounds__(32 * kRowWarps) dq_convert_vec_kernel(const P p) {
