@@ -25,8 +25,6 @@ struct attn_cuda_kv_cache {
     cudaStream_t mem_stream;
 };
 
-static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 void attn_cuda_kv_cache_config_init(attn_cuda_kv_cache_config *cfg) {
     if (cfg != NULL) memset(cfg, 0, sizeof *cfg);
 }
@@ -46,31 +44,22 @@ attn_status attn_cuda_kv_cache_create(attn_cuda_ctx *ctx, const attn_cuda_kv_cac
     attn__cuda_err *e = &ctx->err;
     if (cfg == NULL || out == NULL) return attn__cuda_fail(e, ATTN_ERR_INVALID_ARG, "cuda kv_cache: cfg and cache must not be NULL");
     *out = NULL;
-    const int64_t B = cfg->batch, Hkv = cfg->n_kv_heads, D = cfg->head_dim, Dv = cfg->head_dim_v ? cfg->head_dim_v : D;
-    const int64_t cap = cfg->capacity, ps = cfg->page_size;
-    if (B < 1 || Hkv < 1 || D < 1 || Dv < 1 || cap < 1 || ps < 0)
-        return attn__cuda_fail(e, ATTN_ERR_BAD_SHAPE, "cuda kv_cache: batch, n_kv_heads, head dims and capacity must be >= 1, page_size >= 0");
-    if (cfg->dtype != ATTN_DTYPE_F32 && cfg->dtype != ATTN_DTYPE_F16 && cfg->dtype != ATTN_DTYPE_BF16)
-        return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda kv_cache: dtype must be F32, F16 or BF16, not %s",
-                               attn_dtype_name(cfg->dtype));
-    const int64_t pages = ps > 0 ? ceil_div(cap, ps) : 0, rows = ps > 0 ? pages * ps : cap; // token rows per sequence
-    int64_t nk, nv;
-    if (__builtin_mul_overflow(B * Hkv, rows, &nk) || __builtin_mul_overflow(nk, D, &nk) ||
-        __builtin_mul_overflow(B * Hkv * rows, Dv, &nv) || nk > INT64_MAX / 8 || nv > INT64_MAX / 8)
-        return attn__cuda_fail(e, ATTN_ERR_OVERFLOW, "cuda kv_cache: the sizes overflow");
+    attn__cuda_kv_layout lay;
+    ATTN__CU_TRY(attn__cuda_kv_layout_of(e, cfg, &lay));
+    const int64_t B = cfg->batch, pages = lay.pages;
     attn_cuda_kv_cache *c = calloc(1, sizeof *c);
     if (c == NULL) return attn__cuda_fail(e, ATTN_ERR_OUT_OF_MEMORY, "cuda kv_cache: out of host memory");
-    c->cfg = *cfg, c->cfg.head_dim_v = Dv, c->max_pages = pages, c->mem = ctx->mem, c->mem_stream = ctx->stream;
+    c->cfg = *cfg, c->cfg.head_dim_v = lay.Dv, c->max_pages = pages, c->mem = ctx->mem, c->mem_stream = ctx->stream;
     c->len = calloc((size_t)B, sizeof(int64_t));
     const size_t es = attn_dtype_size(cfg->dtype);
     cudaError_t err = c->len != NULL ? cudaSuccess : cudaErrorMemoryAllocation;
-    if (err == cudaSuccess) err = (cudaError_t)attn__cuda_mem_alloc(&c->mem, &c->k, (size_t)nk * es, c->mem_stream, false);
-    if (err == cudaSuccess) err = (cudaError_t)attn__cuda_mem_alloc(&c->mem, &c->v, (size_t)nv * es, c->mem_stream, false);
+    if (err == cudaSuccess) err = (cudaError_t)attn__cuda_mem_alloc(&c->mem, &c->k, (size_t)lay.k_elems * es, c->mem_stream, false);
+    if (err == cudaSuccess) err = (cudaError_t)attn__cuda_mem_alloc(&c->mem, &c->v, (size_t)lay.v_elems * es, c->mem_stream, false);
     if (err == cudaSuccess) err = (cudaError_t)attn__cuda_mem_alloc(&c->mem, (void **)&c->d_len, (size_t)B * sizeof(int64_t), c->mem_stream, false);
     if (err == cudaSuccess) err = cudaMemset(c->d_len, 0, (size_t)B * sizeof(int64_t));
-    if (err == cudaSuccess && ps > 0) {
+    if (err == cudaSuccess && pages > 0) {
         int32_t *table = malloc((size_t)(B * pages) * sizeof(int32_t));
-        if (table == NULL || B * pages > INT32_MAX) err = cudaErrorMemoryAllocation;
+        if (table == NULL) err = cudaErrorMemoryAllocation; // B pages <= INT32_MAX (the layout)
         for (int64_t b = 0; err == cudaSuccess && b < B; b++)
             for (int64_t p = 0; p < pages; p++) table[b * pages + p] = (int32_t)(p * B + b);
         if (err == cudaSuccess)
@@ -84,9 +73,7 @@ attn_status attn_cuda_kv_cache_create(attn_cuda_ctx *ctx, const attn_cuda_kv_cac
         return err == cudaErrorMemoryAllocation ? attn__cuda_fail(e, ATTN_ERR_OUT_OF_MEMORY, "cuda kv_cache: memory cannot be had")
                                                 : attn__cuda_device_fail(e, err, "cuda kv_cache: allocation");
     }
-    const int64_t block = ps > 0 ? ps : cap; // rows per (sequence or page, head)
-    c->k_stride[0] = Hkv * block * D, c->k_stride[1] = block * D, c->k_stride[2] = D, c->k_stride[3] = 1;
-    c->v_stride[0] = Hkv * block * Dv, c->v_stride[1] = block * Dv, c->v_stride[2] = Dv, c->v_stride[3] = 1;
+    memcpy(c->k_stride, lay.k_stride, sizeof c->k_stride), memcpy(c->v_stride, lay.v_stride, sizeof c->v_stride);
     *out = c;
     return ATTN_OK;
 }
@@ -121,19 +108,6 @@ attn_status attn_cuda_kv_cache_truncate(attn_cuda_ctx *ctx, attn_cuda_kv_cache *
     return err == cudaSuccess ? ATTN_OK : attn__cuda_device_fail(&ctx->err, err, "cuda kv_cache: truncate");
 }
 
-// cu (B + 1 offsets) of per-sequence counts n, checked: n >= 0, len + n <= capacity.
-static attn_status offsets(attn_cuda_ctx *ctx, const attn_cuda_kv_cache *c, const int64_t *n, int64_t *cu) {
-    cu[0] = 0;
-    for (int64_t b = 0; b < c->cfg.batch; b++) {
-        if (n[b] < 0) return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda kv_cache: n_new[%lld] is negative", (long long)b);
-        if (n[b] > c->cfg.capacity - c->len[b])
-            return attn__cuda_fail(&ctx->err, ATTN_ERR_CAPACITY, "cuda kv_cache: sequence %lld holds %lld of %lld tokens, %lld more do not fit",
-                                   (long long)b, (long long)c->len[b], (long long)c->cfg.capacity, (long long)n[b]);
-        cu[b + 1] = cu[b] + n[b];
-    }
-    return ATTN_OK;
-}
-
 attn_status attn_cuda_kv_cache_append(attn_cuda_ctx *ctx, attn_cuda_kv_cache *c, const int64_t *n_new, const void *k,
                                       const void *v) {
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
@@ -142,7 +116,7 @@ attn_status attn_cuda_kv_cache_append(attn_cuda_ctx *ctx, attn_cuda_kv_cache *c,
     const int64_t B = c->cfg.batch;
     int64_t *cu = malloc((size_t)(2 * B + 1) * sizeof(int64_t));
     if (cu == NULL) return attn__cuda_fail(&ctx->err, ATTN_ERR_OUT_OF_MEMORY, "cuda kv_cache: out of host memory");
-    attn_status st = offsets(ctx, c, n_new, cu);
+    attn_status st = attn__cuda_kv_append_offsets(&ctx->err, B, c->cfg.capacity, c->len, n_new, cu);
     unsigned char *ws = NULL;
     const size_t bytes = (size_t)(2 * B + 1) * sizeof(int64_t);
     if (st == ATTN_OK) st = attn__cuda_workspace(ctx, bytes + ATTN__CU_WS_ALIGN, &ws);

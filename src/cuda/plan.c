@@ -330,3 +330,43 @@ const char *attn__cuda_bwd_kernel_name(const attn__cuda_sdpa_plan *plan) {
     if (plan->kernel == ATTN__CU_KERNEL_FLASH) return plan->deterministic ? "flash-deterministic" : "flash";
     return attn__cuda_kernel_name(plan->kernel);
 }
+
+// ---- KV caches -------------------------------------------------------------------------------
+
+attn_status attn__cuda_kv_layout_of(attn__cuda_err *e, const attn_cuda_kv_cache_config *cfg, attn__cuda_kv_layout *out) {
+    memset(out, 0, sizeof *out);
+    const int64_t B = cfg->batch, Hkv = cfg->n_kv_heads, D = cfg->head_dim, Dv = cfg->head_dim_v ? cfg->head_dim_v : D;
+    const int64_t cap = cfg->capacity, ps = cfg->page_size;
+    if (B < 1 || Hkv < 1 || D < 1 || Dv < 1 || cap < 1 || ps < 0)
+        return attn__cuda_fail(e, ATTN_ERR_BAD_SHAPE, "cuda kv_cache: batch, n_kv_heads, head dims and capacity must be >= 1, page_size >= 0");
+    if (cfg->dtype != ATTN_DTYPE_F32 && cfg->dtype != ATTN_DTYPE_F16 && cfg->dtype != ATTN_DTYPE_BF16)
+        return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda kv_cache: dtype must be F32, F16 or BF16, not %s",
+                               attn_dtype_name(cfg->dtype));
+    const int64_t pages = ps > 0 ? ceil_div(cap, ps) : 0;
+    int64_t rows = cap, bh, nk, nv; // rows: token rows per sequence (whole pages when paged)
+    if ((ps > 0 && __builtin_mul_overflow(pages, ps, &rows)) || __builtin_mul_overflow(B, Hkv, &bh) ||
+        __builtin_mul_overflow(bh, rows, &nk) || __builtin_mul_overflow(nk, D, &nk) || __builtin_mul_overflow(bh * rows, Dv, &nv) ||
+        nk > INT64_MAX / 8 || nv > INT64_MAX / 8)
+        return attn__cuda_fail(e, ATTN_ERR_OVERFLOW, "cuda kv_cache: the sizes overflow");
+    if (B * pages > INT32_MAX) // B pages <= B Hkv rows: no overflow
+        return attn__cuda_fail(e, ATTN_ERR_OVERFLOW, "cuda kv_cache: %lld pages overflow the page table's int32 entries",
+                               (long long)(B * pages));
+    const int64_t block = ps > 0 ? ps : cap; // rows per (sequence or page, head)
+    out->Dv = Dv, out->pages = pages, out->k_elems = nk, out->v_elems = nv;
+    out->k_stride[0] = Hkv * block * D, out->k_stride[1] = block * D, out->k_stride[2] = D, out->k_stride[3] = 1;
+    out->v_stride[0] = Hkv * block * Dv, out->v_stride[1] = block * Dv, out->v_stride[2] = Dv, out->v_stride[3] = 1;
+    return ATTN_OK;
+}
+
+attn_status attn__cuda_kv_append_offsets(attn__cuda_err *e, int64_t B, int64_t capacity, const int64_t *len,
+                                         const int64_t *n, int64_t *cu) {
+    cu[0] = 0;
+    for (int64_t b = 0; b < B; b++) {
+        if (n[b] < 0) return attn__cuda_fail(e, ATTN_ERR_INVALID_ARG, "cuda kv_cache: n_new[%lld] is negative", (long long)b);
+        if (n[b] > capacity - len[b])
+            return attn__cuda_fail(e, ATTN_ERR_CAPACITY, "cuda kv_cache: sequence %lld holds %lld of %lld tokens, %lld more do not fit",
+                                   (long long)b, (long long)len[b], (long long)capacity, (long long)n[b]);
+        cu[b + 1] = cu[b] + n[b]; // <= B capacity, within the cache's element count
+    }
+    return ATTN_OK;
+}

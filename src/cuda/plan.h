@@ -116,6 +116,23 @@ size_t attn__cuda_simple_bwd_smem(const attn__cuda_sdpa_params *p);
 // The tensor-core backward's (the larger of its two kernels' with `deterministic`); 0: no instance.
 size_t attn__cuda_flash_bwd_smem(int head_dim, bool deterministic);
 
+// A device KV cache's geometry (kv_cache.c) from its configuration, checked: sizes >= 1, page_size
+// >= 0, dtype F32, F16 or BF16; the element counts of the key and value storage and their bytes
+// within int64 (ATTN_ERR_OVERFLOW), a paged cache's page table entries (page p of sequence b is
+// physical page p B + b) within int32. Strides of a (sequence or page, head, token, column) element.
+typedef struct attn__cuda_kv_layout {
+    int64_t Dv;                       // head_dim_v resolved
+    int64_t pages;                    // pages per sequence (0: contiguous)
+    int64_t k_elems, v_elems;         // elements of the key and value storage
+    int64_t k_stride[4], v_stride[4];
+} attn__cuda_kv_layout;
+attn_status attn__cuda_kv_layout_of(attn__cuda_err *e, const attn_cuda_kv_cache_config *cfg, attn__cuda_kv_layout *out);
+
+// The offsets cu (B + 1) of an append of n[b] tokens to sequences holding len[b] of `capacity`:
+// ATTN_ERR_INVALID_ARG for n[b] < 0, ATTN_ERR_CAPACITY where len[b] + n[b] > capacity.
+attn_status attn__cuda_kv_append_offsets(attn__cuda_err *e, int64_t B, int64_t capacity, const int64_t *len,
+                                         const int64_t *n, int64_t *cu);
+
 // Workspace pieces: offsets advance by aligned sizes (arena over device memory, or sizing only).
 size_t attn__cuda_ws_take(size_t *used, size_t bytes);
 

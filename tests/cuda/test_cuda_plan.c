@@ -550,12 +550,78 @@ static void test_workspace_offsets(void) {
     ASSERT_EQ_INT(used, ATTN__CU_WS_ALIGN + 1);
 }
 
+// A device KV cache's geometry: strides of the contiguous and paged layouts, whole pages, the
+// sizes' checks without overflow in the arithmetic (UBSan builds run this), the page table's int32
+// entries; an append's offsets and its refusals.
+static void test_kv_layout(void) {
+    attn__cuda_err e = {{0}, NULL};
+    attn_cuda_kv_cache_config c;
+    memset(&c, 0, sizeof c);
+    c.batch = 3, c.n_kv_heads = 2, c.head_dim = 64, c.head_dim_v = 32, c.capacity = 100, c.dtype = ATTN_DTYPE_BF16;
+    attn__cuda_kv_layout l;
+    ASSERT_OK(attn__cuda_kv_layout_of(&e, &c, &l));
+    ASSERT_EQ_INT(l.pages, 0);
+    ASSERT_EQ_INT(l.Dv, 32);
+    ASSERT_EQ_INT(l.k_elems, 3 * 2 * 100 * 64);
+    ASSERT_EQ_INT(l.v_elems, 3 * 2 * 100 * 32);
+    ASSERT_EQ_INT(l.k_stride[0], 2 * 100 * 64); ASSERT_EQ_INT(l.k_stride[1], 100 * 64); ASSERT_EQ_INT(l.k_stride[2], 64);
+    ASSERT_EQ_INT(l.v_stride[0], 2 * 100 * 32); ASSERT_EQ_INT(l.v_stride[1], 100 * 32); ASSERT_EQ_INT(l.v_stride[2], 32);
+    c.page_size = 16, c.head_dim_v = 0; // 7 pages of 16 tokens a sequence, (Hkv, 16, D) each
+    ASSERT_OK(attn__cuda_kv_layout_of(&e, &c, &l));
+    ASSERT_EQ_INT(l.pages, 7);
+    ASSERT_EQ_INT(l.Dv, 64);
+    ASSERT_EQ_INT(l.k_elems, 3 * 2 * 7 * 16 * 64);
+    ASSERT_EQ_INT(l.k_stride[0], 2 * 16 * 64); ASSERT_EQ_INT(l.k_stride[1], 16 * 64); ASSERT_EQ_INT(l.k_stride[2], 64);
+    // refusals: each field out of range, a quantised type
+    const attn_cuda_kv_cache_config good = c;
+    int64_t *const fields[] = {&c.batch, &c.n_kv_heads, &c.head_dim, &c.capacity};
+    for (int f = 0; f < 4; f++) {
+        c = good, *fields[f] = 0;
+        ASSERT_STATUS(attn__cuda_kv_layout_of(&e, &c, &l), ATTN_ERR_BAD_SHAPE);
+    }
+    c = good, c.head_dim_v = -1;
+    ASSERT_STATUS(attn__cuda_kv_layout_of(&e, &c, &l), ATTN_ERR_BAD_SHAPE);
+    c = good, c.page_size = -1;
+    ASSERT_STATUS(attn__cuda_kv_layout_of(&e, &c, &l), ATTN_ERR_BAD_SHAPE);
+    c = good, c.dtype = ATTN_DTYPE_Q8_0;
+    ASSERT_STATUS(attn__cuda_kv_layout_of(&e, &c, &l), ATTN_ERR_UNSUPPORTED);
+    ASSERT_TRUE(strstr(e.msg, attn_dtype_name(ATTN_DTYPE_Q8_0)) != NULL);
+    // sizes whose products overflow int64 at each step: batch times heads, the pages' rows, the
+    // elements, their bytes
+    c = good, c.batch = INT64_C(1) << 33, c.n_kv_heads = INT64_C(1) << 33;
+    ASSERT_STATUS(attn__cuda_kv_layout_of(&e, &c, &l), ATTN_ERR_OVERFLOW);
+    c = good, c.batch = 1, c.n_kv_heads = 1, c.head_dim = 1, c.capacity = INT64_MAX, c.page_size = INT64_MAX / 2 + 1;
+    ASSERT_STATUS(attn__cuda_kv_layout_of(&e, &c, &l), ATTN_ERR_OVERFLOW); // two pages of 2^62 rows
+    c = good, c.capacity = INT64_MAX, c.page_size = 3;
+    ASSERT_STATUS(attn__cuda_kv_layout_of(&e, &c, &l), ATTN_ERR_OVERFLOW);
+    c = good, c.batch = 1, c.n_kv_heads = 1, c.head_dim = 1, c.head_dim_v = 1, c.page_size = 0, c.capacity = INT64_MAX / 8 + 1;
+    ASSERT_STATUS(attn__cuda_kv_layout_of(&e, &c, &l), ATTN_ERR_OVERFLOW); // elements past INT64_MAX / 8
+    c.capacity = INT64_MAX / 8;
+    ASSERT_OK(attn__cuda_kv_layout_of(&e, &c, &l));
+    // a paged cache's table entries p B + b within int32, at the edge
+    c = good, c.batch = 1, c.n_kv_heads = 1, c.head_dim = 1, c.page_size = 1, c.capacity = INT32_MAX;
+    ASSERT_OK(attn__cuda_kv_layout_of(&e, &c, &l));
+    c.capacity = (int64_t)INT32_MAX + 1;
+    ASSERT_STATUS(attn__cuda_kv_layout_of(&e, &c, &l), ATTN_ERR_OVERFLOW);
+    ASSERT_TRUE(strstr(e.msg, "page table") != NULL);
+    // an append: offsets of the new tokens; a negative count; one past the capacity
+    const int64_t len[3] = {0, 90, 100}, n_ok[3] = {5, 10, 0}, n_neg[3] = {1, -1, 0}, n_over[3] = {0, 11, 0};
+    int64_t cu[4] = {-1, -1, -1, -1};
+    ASSERT_OK(attn__cuda_kv_append_offsets(&e, 3, 100, len, n_ok, cu));
+    ASSERT_EQ_INT(cu[0], 0); ASSERT_EQ_INT(cu[1], 5); ASSERT_EQ_INT(cu[2], 15); ASSERT_EQ_INT(cu[3], 15);
+    ASSERT_STATUS(attn__cuda_kv_append_offsets(&e, 3, 100, len, n_neg, cu), ATTN_ERR_INVALID_ARG);
+    ASSERT_STATUS(attn__cuda_kv_append_offsets(&e, 3, 100, len, n_over, cu), ATTN_ERR_CAPACITY);
+    ASSERT_TRUE(strstr(e.msg, "sequence 1 holds 90 of 100 tokens, 11 more") != NULL);
+    const int64_t len_max[1] = {INT64_MAX - 1}, n_max[1] = {INT64_MAX};
+    ASSERT_STATUS(attn__cuda_kv_append_offsets(&e, 1, INT64_MAX, len_max, n_max, cu), ATTN_ERR_CAPACITY);
+}
+
 int main(int argc, char **argv) {
     static const harness_case cases[] = {HARNESS_CASE(test_rejects_as_cpu), HARNESS_CASE(test_gpu_limits),
                                          HARNESS_CASE(test_kernel_choice),  HARNESS_CASE(test_pointer_alignment),
                                          HARNESS_CASE(test_parameters),     HARNESS_CASE(test_varlen),
                                          HARNESS_CASE(test_workspace_offsets), HARNESS_CASE(test_dropout),
                                          HARNESS_CASE(test_backward), HARNESS_CASE(test_backward_flash_choice), HARNESS_CASE(test_decode_choice),
-                                         HARNESS_CASE(test_sm90_choice)};
+                                         HARNESS_CASE(test_sm90_choice), HARNESS_CASE(test_kv_layout)};
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
 }
