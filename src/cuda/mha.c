@@ -171,12 +171,6 @@ typedef struct call {
     size_t lse_off, bytes, bytes_train;
 } call;
 
-static size_t take(size_t *used, size_t bytes) {
-    const size_t at = (*used + ATTN__CU_WS_ALIGN - 1) & ~(size_t)(ATTN__CU_WS_ALIGN - 1);
-    *used = at + bytes;
-    return at;
-}
-
 static attn_status plan_call(attn_cuda_ctx *ctx, const attn_cuda_mha *m, const attn_cuda_mha_args *args, call *c) {
     attn__cuda_err *e = &ctx->err;
     if (m == NULL || args == NULL) return attn__cuda_fail(e, ATTN_ERR_INVALID_ARG, "cuda mha: mha and args must not be NULL");
@@ -221,30 +215,30 @@ static attn_status plan_call(attn_cuda_ctx *ctx, const attn_cuda_mha *m, const a
     const size_t es = attn_dtype_size(m->dt);
     size_t used = 0;
     if (c->self) {
-        c->q.off = take(&used, (size_t)(c->Mq * 3 * E) * es), c->q.ld = c->k.ld = c->v.ld = 3 * E;
+        c->q.off = attn__cuda_ws_take(&used, (size_t)(c->Mq * 3 * E) * es), c->q.ld = c->k.ld = c->v.ld = 3 * E;
         c->k.off = c->q.off + (size_t)E * es, c->v.off = c->q.off + (size_t)(2 * E) * es;
     } else {
-        c->q.off = take(&used, (size_t)(c->Mq * E) * es), c->q.ld = E;
+        c->q.off = attn__cuda_ws_take(&used, (size_t)(c->Mq * E) * es), c->q.ld = E;
         if (c->kv_same) {
-            c->k.off = take(&used, (size_t)(c->Mkv * 2 * E) * es), c->k.ld = c->v.ld = 2 * E;
+            c->k.off = attn__cuda_ws_take(&used, (size_t)(c->Mkv * 2 * E) * es), c->k.ld = c->v.ld = 2 * E;
             c->v.off = c->k.off + (size_t)E * es;
         } else {
-            c->k.off = take(&used, (size_t)(c->N * c->S2 * E) * es), c->k.ld = E;
-            c->v.off = take(&used, (size_t)(c->N * c->S2 * E) * es), c->v.ld = E;
+            c->k.off = attn__cuda_ws_take(&used, (size_t)(c->N * c->S2 * E) * es), c->k.ld = E;
+            c->v.off = attn__cuda_ws_take(&used, (size_t)(c->N * c->S2 * E) * es), c->v.ld = E;
         }
     }
-    c->attn.off = take(&used, (size_t)(c->Mq * E) * es), c->attn.ld = E;
+    c->attn.off = attn__cuda_ws_take(&used, (size_t)(c->Mq * E) * es), c->attn.ld = E;
     if (m->extra > 0) {
-        if (c->staged) c->stage_off = take(&used, (size_t)(c->Mkv * E) * es);
-        if (a->causal) c->mask_off = take(&used, (size_t)(c->L * c->S2));
+        if (c->staged) c->stage_off = attn__cuda_ws_take(&used, (size_t)(c->Mkv * E) * es);
+        if (a->causal) c->mask_off = attn__cuda_ws_take(&used, (size_t)(c->L * c->S2));
         const int64_t mask_rows = a->attn_mask_ndim == 3 ? c->N * m->H * c->L : c->L;
         if (a->attn_mask != NULL)
-            c->mask_off = take(&used, (size_t)(mask_rows * c->S2) * attn_dtype_size(a->attn_mask_dtype));
+            c->mask_off = attn__cuda_ws_take(&used, (size_t)(mask_rows * c->S2) * attn_dtype_size(a->attn_mask_dtype));
         if (a->key_padding_mask != NULL)
-            c->kpm_off = take(&used, (size_t)(c->N * c->S2) * attn_dtype_size(a->key_padding_mask_dtype));
+            c->kpm_off = attn__cuda_ws_take(&used, (size_t)(c->N * c->S2) * attn_dtype_size(a->key_padding_mask_dtype));
     }
     c->bytes = used;
-    c->lse_off = take(&used, (size_t)(c->N * m->H * c->L) * sizeof(float));
+    c->lse_off = attn__cuda_ws_take(&used, (size_t)(c->N * m->H * c->L) * sizeof(float));
     c->bytes_train = used;
     return ATTN_OK;
 }
@@ -623,8 +617,8 @@ attn_status attn_cuda_mha_forward_cached(attn_cuda_ctx *ctx, attn_cuda_mha *m, a
     const size_t es = attn_dtype_size(m->dt);
     // q, k, v and the attention's output, sequence after sequence ((N, L, E) rows), in the scratch
     size_t used = 0;
-    const size_t qo = take(&used, (size_t)(M * E) * es), ko = take(&used, (size_t)(M * E) * es);
-    const size_t vo = take(&used, (size_t)(M * E) * es), ao = take(&used, (size_t)(M * E) * es);
+    const size_t qo = attn__cuda_ws_take(&used, (size_t)(M * E) * es), ko = attn__cuda_ws_take(&used, (size_t)(M * E) * es);
+    const size_t vo = attn__cuda_ws_take(&used, (size_t)(M * E) * es), ao = attn__cuda_ws_take(&used, (size_t)(M * E) * es);
     unsigned char *buf = NULL;
     ATTN__CU_TRY(scratch(ctx, m, used, &buf));
     // x's rows of sequence b: consecutive with batch_first, else every N-th row
