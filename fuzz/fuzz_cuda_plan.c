@@ -385,6 +385,71 @@ static void check_refusal(attn_status st, const attn__cuda_err *e, const char *w
                attn_strerror(st));
 }
 
+/* ---- KV caches ---------------------------------------------------------------------------- */
+
+/* a * b, or `big` once it passes it (a, b >= 0): products of four int64 sizes without overflow. */
+static __int128 sat_mul(__int128 a, __int128 b) {
+    const __int128 big = (__int128)1 << 100;
+    return a != 0 && b > big / a ? big : a * b;
+}
+
+/* A device KV cache's layout (kv_cache.c's create) and an append's offsets, drawn from what the SDPA
+ * problem left of the input. The layout: BAD_SHAPE for a size below 1 (page_size below 0),
+ * UNSUPPORTED for a type other than F32, F16 and BF16, OVERFLOW exactly where the key or value
+ * elements pass INT64_MAX / 8 or the page table's B * pages entries pass INT32_MAX, else sequences of
+ * whole pages holding the capacity and the strides of (sequence or page, head, token, column). The
+ * offsets, on a cache so laid out (its lengths within the capacity): the first sequence's refusal
+ * (a negative count INVALID_ARG, one past the capacity CAPACITY), else the running sums. */
+static void check_kv_cache(fuzz_data *fd) {
+    attn_cuda_kv_cache_config c;
+    memset(&c, 0, sizeof c);
+    c.batch = fuzz_data_size(fd, 1, MAX_SEQS, 1, 8), c.n_kv_heads = fuzz_data_size(fd, 1, 16, 1, 8);
+    c.head_dim = draw_dim(fd), c.head_dim_v = fuzz_data_chance(fd, 3, 4) ? 0 : draw_dim(fd);
+    c.capacity = fuzz_data_size(fd, 1, 5000, 1, 4);
+    c.page_size = fuzz_data_bool(fd) ? 0 : fuzz_data_size(fd, 1, 256, 1, 4);
+    c.dtype = (attn_dtype)draw_dtype(fd);
+    attn__cuda_err e = {.msg = "", .host = NULL};
+    attn__cuda_kv_layout l;
+    const attn_status st = attn__cuda_kv_layout_of(&e, &c, &l);
+    if (st != ATTN_OK) check_refusal(st, &e, "attn__cuda_kv_layout_of");
+    const int64_t B = c.batch, Hkv = c.n_kv_heads, D = c.head_dim, Dv = c.head_dim_v ? c.head_dim_v : D;
+    const int64_t cap = c.capacity, ps = c.page_size;
+    if (B < 1 || Hkv < 1 || D < 1 || Dv < 1 || cap < 1 || ps < 0) {
+        FUZZ_CHECK(st == ATTN_ERR_BAD_SHAPE, "kv layout of sizes out of range: %s", attn_strerror(st));
+        return;
+    }
+    if (c.dtype != ATTN_DTYPE_F32 && c.dtype != ATTN_DTYPE_F16 && c.dtype != ATTN_DTYPE_BF16) {
+        FUZZ_CHECK(st == ATTN_ERR_UNSUPPORTED, "kv layout of type %d: %s", (int)c.dtype, attn_strerror(st));
+        return;
+    }
+    const __int128 pages = ps > 0 ? ((__int128)cap + ps - 1) / ps : 0, rows = ps > 0 ? pages * ps : cap;
+    const __int128 nk = sat_mul(sat_mul(sat_mul(B, Hkv), rows), D), nv = sat_mul(sat_mul(sat_mul(B, Hkv), rows), Dv);
+    if (nk > INT64_MAX / 8 || nv > INT64_MAX / 8 || (__int128)B * pages > INT32_MAX) {
+        FUZZ_CHECK(st == ATTN_ERR_OVERFLOW, "kv layout past the limits: %s", attn_strerror(st));
+        return;
+    }
+    FUZZ_CHECK(st == ATTN_OK, "kv layout within the limits refused: %s (%s)", attn_strerror(st), e.msg);
+    const int64_t block = ps > 0 ? ps : cap;
+    FUZZ_CHECK(l.pages == (int64_t)pages && l.Dv == Dv && l.k_elems == (int64_t)nk && l.v_elems == (int64_t)nv,
+               "kv layout: pages %lld, elements %lld, %lld", (long long)l.pages, (long long)l.k_elems, (long long)l.v_elems);
+    const int64_t ks[4] = {Hkv * block * D, block * D, D, 1}, vs[4] = {Hkv * block * Dv, block * Dv, Dv, 1};
+    FUZZ_CHECK(memcmp(l.k_stride, ks, sizeof ks) == 0 && memcmp(l.v_stride, vs, sizeof vs) == 0, "kv layout: strides");
+    if (B > MAX_SEQS) return;
+    int64_t len[MAX_SEQS], n[MAX_SEQS], cu[MAX_SEQS + 1];
+    for (int64_t b = 0; b < B; b++) {
+        len[b] = fuzz_data_i64_range(fd, 0, cap);
+        n[b] = fuzz_data_chance(fd, 1, 8) ? fuzz_data_i64_edge(fd) : fuzz_data_i64_range(fd, 0, cap - len[b] + 1);
+    }
+    const attn_status ast = attn__cuda_kv_append_offsets(&e, B, cap, len, n, cu);
+    attn_status want = ATTN_OK;
+    for (int64_t b = 0; b < B && want == ATTN_OK; b++)
+        want = n[b] < 0 ? ATTN_ERR_INVALID_ARG : n[b] > cap - len[b] ? ATTN_ERR_CAPACITY : ATTN_OK;
+    FUZZ_CHECK(ast == want, "kv append offsets: %s, expected %s", attn_strerror(ast), attn_strerror(want));
+    if (ast != ATTN_OK) check_refusal(ast, &e, "attn__cuda_kv_append_offsets");
+    else
+        for (int64_t b = 0; b < B; b++) FUZZ_CHECK(cu[0] == 0 && cu[b + 1] == cu[b] + n[b], "kv append offsets: cu[%lld]", (long long)b + 1);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_data fd;
@@ -413,5 +478,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (shared == ATTN_OK && bst != ATTN_OK)
         FUZZ_CHECK(backward_refusable(&pr), "a backward within the GPU's documented limits refused: %s (%s)", attn_strerror(bst),
                    e.msg);
+    check_kv_cache(&fd);
     return 0;
 }
