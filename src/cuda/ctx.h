@@ -40,4 +40,12 @@ attn_status attn__cuda_run_planned(attn_cuda_ctx *ctx, const attn_sdpa_desc *d, 
                                    const attn__cuda_seqs *seqs, const void *q, const void *k, const void *v, void *out,
                                    float *lse);
 
+// Whether an append of n_new[b] tokens to each of the cache's sequences followed by
+// attn_cuda_kv_cache_attend(desc, cu_seqlens_q, q, out) would be accepted (the cache's fit, its
+// capacity, the planner's checks), changing and launching nothing: attn_cuda_mha_forward_cached
+// checks its step with it before it projects anything.
+attn_status attn__cuda_kv_cache_check_step(attn_cuda_ctx *ctx, const attn_cuda_kv_cache *c, const int64_t *n_new,
+                                           const attn_sdpa_desc *desc, const int64_t *cu_seqlens_q, const void *q,
+                                           const void *out);
+
 #endif

@@ -139,41 +139,58 @@ attn_status attn_cuda_kv_cache_append(attn_cuda_ctx *ctx, attn_cuda_kv_cache *c,
     return st;
 }
 
+// An attend call planned on the cache as it will be after an append of n_new[b] tokens (n_new NULL:
+// as it is): the descriptor against the cache, the append's counts against the capacity, then the
+// planner's checks and choice on the packed form (q packed; keys counted per sequence: cu_k, B + 1,
+// from the host's lengths) into *d and *plan. Nothing is changed or launched.
+static attn_status plan_attend(attn_cuda_ctx *ctx, const attn_cuda_kv_cache *c, const attn_sdpa_desc *desc,
+                               const int64_t *cu_seqlens_q, const int64_t *n_new, const void *q, const void *out,
+                               int64_t *cu_k, attn_sdpa_desc *d, attn__cuda_sdpa_plan *plan) {
+    attn__cuda_err *e = &ctx->err;
+    const attn_cuda_kv_cache_config *cf = &c->cfg;
+    ATTN__CU_TRY(attn__cuda_kv_check_desc(e, cf, desc));
+    if (n_new != NULL) ATTN__CU_TRY(attn__cuda_kv_append_offsets(e, cf->batch, cf->capacity, c->len, n_new, cu_k));
+    cu_k[0] = 0;
+    int64_t longest = 1;
+    for (int64_t b = 0; b < cf->batch; b++) {
+        const int64_t n = c->len[b] + (n_new != NULL ? n_new[b] : 0); // <= capacity
+        cu_k[b + 1] = cu_k[b] + n;
+        if (n > longest) longest = n;
+    }
+    *d = *desc;
+    d->len_kv = longest;
+    memcpy(d->k_stride, c->k_stride, sizeof d->k_stride), memcpy(d->v_stride, c->v_stride, sizeof d->v_stride);
+    const attn__cuda_seqs seqs = {cu_seqlens_q, cu_k, cf->page_size};
+    return attn__cuda_plan_sdpa(e, &ctx->dev, ctx->kernels, d, &seqs, q, c->k, c->v, out, plan);
+}
+
+attn_status attn__cuda_kv_cache_check_step(attn_cuda_ctx *ctx, const attn_cuda_kv_cache *c, const int64_t *n_new,
+                                           const attn_sdpa_desc *desc, const int64_t *cu_seqlens_q, const void *q,
+                                           const void *out) {
+    int64_t *cu_k = malloc((size_t)(c->cfg.batch + 1) * sizeof(int64_t));
+    if (cu_k == NULL) return attn__cuda_fail(&ctx->err, ATTN_ERR_OUT_OF_MEMORY, "cuda kv_cache: out of host memory");
+    attn_sdpa_desc d;
+    attn__cuda_sdpa_plan plan;
+    const attn_status st = plan_attend(ctx, c, desc, cu_seqlens_q, n_new, q, out, cu_k, &d, &plan);
+    free(cu_k);
+    return st;
+}
+
 attn_status attn_cuda_kv_cache_attend(attn_cuda_ctx *ctx, const attn_cuda_kv_cache *c, const attn_sdpa_desc *desc,
                                       const int64_t *cu_seqlens_q, const void *q, void *out, float *lse) {
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
-    attn__cuda_err *e = &ctx->err;
     if (c == NULL || desc == NULL || cu_seqlens_q == NULL || q == NULL || out == NULL)
-        return attn__cuda_fail(e, ATTN_ERR_INVALID_ARG, "cuda kv_cache: cache, desc, cu_seqlens_q, q and out must not be NULL");
-    const attn_cuda_kv_cache_config *cf = &c->cfg;
-    if (desc->batch != cf->batch || (desc->n_kv_heads ? desc->n_kv_heads : desc->n_heads) != cf->n_kv_heads ||
-        desc->head_dim != cf->head_dim || (desc->head_dim_v ? desc->head_dim_v : desc->head_dim) != cf->head_dim_v ||
-        desc->kv_dtype != cf->dtype)
-        return attn__cuda_fail(e, ATTN_ERR_BAD_SHAPE, "cuda kv_cache: desc's batch, kv heads, head dims or kv_dtype differ from the cache's");
-    if (desc->mask != NULL || desc->key_padding_mask != NULL)
-        return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda kv_cache: no attention or key padding mask with a cache");
-    if (desc->causal == ATTN_CAUSAL_TOP_LEFT)
-        return attn__cuda_fail(e, ATTN_ERR_INVALID_ARG, "cuda kv_cache: causal must be ATTN_CAUSAL_BOTTOM_RIGHT or NONE");
-    const int64_t B = cf->batch;
-    int64_t *cu_k = malloc((size_t)(B + 1) * sizeof(int64_t));
-    if (cu_k == NULL) return attn__cuda_fail(e, ATTN_ERR_OUT_OF_MEMORY, "cuda kv_cache: out of host memory");
-    cu_k[0] = 0;
-    int64_t longest = 1;
-    for (int64_t b = 0; b < B; b++) {
-        cu_k[b + 1] = cu_k[b] + c->len[b];
-        if (c->len[b] > longest) longest = c->len[b];
-    }
-    // the planner's checks and choice on the packed form (q packed; keys counted per sequence)
-    attn_sdpa_desc d = *desc;
-    d.len_kv = longest;
-    memcpy(d.k_stride, c->k_stride, sizeof d.k_stride), memcpy(d.v_stride, c->v_stride, sizeof d.v_stride);
-    const attn__cuda_seqs seqs = {cu_seqlens_q, cu_k, cf->page_size};
+        return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda kv_cache: cache, desc, cu_seqlens_q, q and out must not be NULL");
+    int64_t *cu_k = malloc((size_t)(c->cfg.batch + 1) * sizeof(int64_t));
+    if (cu_k == NULL) return attn__cuda_fail(&ctx->err, ATTN_ERR_OUT_OF_MEMORY, "cuda kv_cache: out of host memory");
+    attn_sdpa_desc d;
     attn__cuda_sdpa_plan plan;
-    attn_status st = attn__cuda_plan_sdpa(e, &ctx->dev, ctx->kernels, &d, &seqs, q, c->k, c->v, out, &plan);
+    attn_status st = plan_attend(ctx, c, desc, cu_seqlens_q, NULL, q, out, cu_k, &d, &plan);
     if (st == ATTN_OK) {
         attn__cuda_sdpa_params *p = &plan.p;
         memcpy(p->k_stride, c->k_stride, sizeof p->k_stride), memcpy(p->v_stride, c->v_stride, sizeof p->v_stride);
-        p->seq_k = c->d_len, p->page_table = c->page_table, p->page_size = cf->page_size, p->max_pages = c->max_pages;
+        p->seq_k = c->d_len, p->page_table = c->page_table, p->page_size = c->cfg.page_size, p->max_pages = c->max_pages;
+        const attn__cuda_seqs seqs = {cu_seqlens_q, cu_k, c->cfg.page_size};
         st = attn__cuda_run_planned(ctx, &d, &plan, &seqs, q, c->k, c->v, out, lse);
     }
     free(cu_k);

@@ -358,6 +358,23 @@ attn_status attn__cuda_kv_layout_of(attn__cuda_err *e, const attn_cuda_kv_cache_
     return ATTN_OK;
 }
 
+attn_status attn__cuda_kv_check_desc(attn__cuda_err *e, const attn_cuda_kv_cache_config *cfg, const attn_sdpa_desc *d) {
+    const int64_t Hkv = d->n_kv_heads ? d->n_kv_heads : d->n_heads, Dv = d->head_dim_v ? d->head_dim_v : d->head_dim;
+    const int64_t cDv = cfg->head_dim_v ? cfg->head_dim_v : cfg->head_dim;
+    if (d->batch != cfg->batch || Hkv != cfg->n_kv_heads || d->head_dim != cfg->head_dim || Dv != cDv || d->kv_dtype != cfg->dtype)
+        return attn__cuda_fail(e, ATTN_ERR_BAD_SHAPE,
+                               "cuda kv_cache: the cache holds (batch %lld, %lld kv heads, dims %lld/%lld, %s); the call "
+                               "has (%lld, %lld, %lld/%lld, %s)",
+                               (long long)cfg->batch, (long long)cfg->n_kv_heads, (long long)cfg->head_dim, (long long)cDv,
+                               attn_dtype_name(cfg->dtype), (long long)d->batch, (long long)Hkv, (long long)d->head_dim,
+                               (long long)Dv, attn_dtype_name(d->kv_dtype));
+    if (d->mask != NULL || d->key_padding_mask != NULL)
+        return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda kv_cache: no attention or key padding mask with a cache");
+    if (d->causal == ATTN_CAUSAL_TOP_LEFT)
+        return attn__cuda_fail(e, ATTN_ERR_INVALID_ARG, "cuda kv_cache: causal must be ATTN_CAUSAL_BOTTOM_RIGHT or NONE");
+    return ATTN_OK;
+}
+
 attn_status attn__cuda_kv_append_offsets(attn__cuda_err *e, int64_t B, int64_t capacity, const int64_t *len,
                                          const int64_t *n, int64_t *cu) {
     cu[0] = 0;

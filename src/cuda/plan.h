@@ -128,6 +128,11 @@ typedef struct attn__cuda_kv_layout {
 } attn__cuda_kv_layout;
 attn_status attn__cuda_kv_layout_of(attn__cuda_err *e, const attn_cuda_kv_cache_config *cfg, attn__cuda_kv_layout *out);
 
+// An attend call's descriptor against the cache it reads (cfg as created): batch, kv heads, head
+// dims and kv_dtype the cache's (ATTN_ERR_BAD_SHAPE, the message giving both), no attention or key
+// padding mask (ATTN_ERR_UNSUPPORTED), causal NONE or BOTTOM_RIGHT (ATTN_ERR_INVALID_ARG).
+attn_status attn__cuda_kv_check_desc(attn__cuda_err *e, const attn_cuda_kv_cache_config *cfg, const attn_sdpa_desc *d);
+
 // The offsets cu (B + 1) of an append of n[b] tokens to sequences holding len[b] of `capacity`:
 // ATTN_ERR_INVALID_ARG for n[b] < 0, ATTN_ERR_CAPACITY where len[b] + n[b] > capacity.
 attn_status attn__cuda_kv_append_offsets(attn__cuda_err *e, int64_t B, int64_t capacity, const int64_t *len,

@@ -616,12 +616,50 @@ static void test_kv_layout(void) {
     ASSERT_STATUS(attn__cuda_kv_append_offsets(&e, 1, INT64_MAX, len_max, n_max, cu), ATTN_ERR_CAPACITY);
 }
 
+// An attend call's descriptor against its cache: every field of the fit, the masks, the causal
+// alignment; the message names both sides.
+static void test_kv_attend_desc(void) {
+    attn__cuda_err e = {{0}, NULL};
+    attn_cuda_kv_cache_config c;
+    memset(&c, 0, sizeof c);
+    c.batch = 2, c.n_kv_heads = 2, c.head_dim = 64, c.capacity = 100, c.dtype = ATTN_DTYPE_F16;
+    attn_sdpa_desc d = desc_of(2, 8, 2, 1, 1, 64, ATTN_DTYPE_F16);
+    d.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+    ASSERT_OK(attn__cuda_kv_check_desc(&e, &c, &d));
+    d.n_kv_heads = 0, d.n_heads = 2; // kv heads = n_heads when 0
+    ASSERT_OK(attn__cuda_kv_check_desc(&e, &c, &d));
+    d.head_dim_v = 64;
+    ASSERT_OK(attn__cuda_kv_check_desc(&e, &c, &d));
+    const attn_sdpa_desc good = d;
+    for (int k = 0; k < 5; k++) {
+        d = good;
+        if (k == 0) d.batch = 3;
+        if (k == 1) d.n_kv_heads = 1;
+        if (k == 2) d.head_dim = 32, d.head_dim_v = 0;
+        if (k == 3) d.head_dim_v = 32;
+        if (k == 4) d.kv_dtype = ATTN_DTYPE_BF16;
+        ASSERT_STATUS(attn__cuda_kv_check_desc(&e, &c, &d), ATTN_ERR_BAD_SHAPE);
+        ASSERT_TRUE(strstr(e.msg, "the cache holds (batch 2, 2 kv heads, dims 64/64, ") != NULL);
+    }
+    d = good, d.mask = &c;
+    ASSERT_STATUS(attn__cuda_kv_check_desc(&e, &c, &d), ATTN_ERR_UNSUPPORTED);
+    d = good, d.key_padding_mask = &c;
+    ASSERT_STATUS(attn__cuda_kv_check_desc(&e, &c, &d), ATTN_ERR_UNSUPPORTED);
+    d = good, d.causal = ATTN_CAUSAL_TOP_LEFT;
+    ASSERT_STATUS(attn__cuda_kv_check_desc(&e, &c, &d), ATTN_ERR_INVALID_ARG);
+    d = good, d.causal = ATTN_CAUSAL_NONE;
+    ASSERT_OK(attn__cuda_kv_check_desc(&e, &c, &d));
+    c.head_dim_v = 32, d = good, d.head_dim_v = 32; // a cache of other value dims
+    ASSERT_OK(attn__cuda_kv_check_desc(&e, &c, &d));
+}
+
 int main(int argc, char **argv) {
     static const harness_case cases[] = {HARNESS_CASE(test_rejects_as_cpu), HARNESS_CASE(test_gpu_limits),
                                          HARNESS_CASE(test_kernel_choice),  HARNESS_CASE(test_pointer_alignment),
                                          HARNESS_CASE(test_parameters),     HARNESS_CASE(test_varlen),
                                          HARNESS_CASE(test_workspace_offsets), HARNESS_CASE(test_dropout),
                                          HARNESS_CASE(test_backward), HARNESS_CASE(test_backward_flash_choice), HARNESS_CASE(test_decode_choice),
-                                         HARNESS_CASE(test_sm90_choice), HARNESS_CASE(test_kv_layout)};
+                                         HARNESS_CASE(test_sm90_choice), HARNESS_CASE(test_kv_layout),
+                                         HARNESS_CASE(test_kv_attend_desc)};
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
 }
