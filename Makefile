@@ -153,7 +153,7 @@ SANITIZER ?= compute-sanitizer
 SANITIZE_CASES = test_cuda_sdpa:test_bad_arguments test_cuda_sdpa:test_allocator test_cuda_sdpa:test_options_auto test_cuda_sdpa:test_varlen_auto \
 	test_cuda_sdpa:test_decode test_cuda_kv_cache:test_against_reference test_cuda_sdpa:test_backward \
 	test_cuda_sdpa:test_backward_deterministic test_cuda_sdpa:test_backward_dmask test_cuda_mha:test_f32_against_cpu \
-	test_cuda_sdpa:test_sm90 test_cuda_sdpa:test_backward_d256
+	test_cuda_sdpa:test_sm90 test_cuda_sdpa:test_backward_d256 test_cuda_mha:test_refusals_change_nothing
 test-cuda-sanitize: all
 	@set -e; for tool in memcheck racecheck initcheck synccheck; do for c in $(SANITIZE_CASES); do \
 	    echo "== compute-sanitizer --tool $$tool $${c%%:*} $${c#*:}"; \

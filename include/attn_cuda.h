@@ -386,7 +386,9 @@ ATTN_CUDA_API attn_status attn_cuda_mha_backward(attn_cuda_ctx *ctx, attn_cuda_m
  * projects x ((len, batch, E), or (batch, len, E) with batch_first, device, the module's type), appends
  * the keys and values (heads split) to `cache` (batch sequences, n_kv_heads = num_heads, head_dim =
  * E / num_heads, the module's dtype; contiguous or paged), attends from the new queries to every
- * cached position (bottom-right causal) and applies out_proj into out (x's shape).
+ * cached position (bottom-right causal) and applies out_proj into out (x's shape). A cache that does
+ * not fit the module (ATTN_ERR_BAD_SHAPE) or has no room for len more tokens in a sequence
+ * (ATTN_ERR_CAPACITY) is refused before anything is projected or appended: nothing changes.
  */
 ATTN_CUDA_API attn_status attn_cuda_mha_forward_cached(attn_cuda_ctx *ctx, attn_cuda_mha *mha, attn_cuda_kv_cache *cache,
                                                        const void *x, int64_t batch, int64_t len, void *out);

@@ -414,10 +414,22 @@ static attn_status project_kv(attn_cuda_ctx *ctx, const attn_cuda_mha *m, const 
     return err == cudaSuccess ? ATTN_OK : attn__cuda_device_fail(&ctx->err, err, "cuda mha: the added keys");
 }
 
+// The attention's descriptor on the buffers at base (call c's layout) into d, checked by the planner
+// of the forward or the backward (masks, options, the GPU's limits) before anything of the call is
+// launched: a refused call changes nothing of the caller's.
+static attn_status check_attention(attn_cuda_ctx *ctx, const attn_cuda_mha *m, const attn_cuda_mha_args *args,
+                                   const call *c, const unsigned char *base, bool backward, attn_sdpa_desc *d) {
+    describe(m, args, c, base, d);
+    size_t bytes;
+    return backward ? attn_cuda_sdpa_bwd_workspace_size(ctx, d, &bytes) : attn_cuda_sdpa_fwd_workspace_size(ctx, d, &bytes);
+}
+
 // The projections, the attention and out_proj into `buf` (call c's layout) and out.
 static attn_status forward_into(attn_cuda_ctx *ctx, attn_cuda_mha *m, const attn_cuda_mha_args *args, const call *c,
                                 unsigned char *buf, void *out, float *lse) {
     const int64_t E = m->E;
+    attn_sdpa_desc d;
+    ATTN__CU_TRY(check_attention(ctx, m, args, c, buf, false, &d));
     if (c->self) {
         ATTN__CU_TRY(project(ctx, m, 0, c->x_q, c->Mq, 3 * E, buf + c->q.off, 3 * E));
     } else {
@@ -430,8 +442,6 @@ static attn_status forward_into(attn_cuda_ctx *ctx, attn_cuda_mha *m, const attn
         }
     }
     ATTN__CU_TRY(widen_masks(ctx, m, args, c, buf));
-    attn_sdpa_desc d;
-    describe(m, args, c, buf, &d);
     ATTN__CU_TRY(attn_cuda_sdpa_fwd(ctx, &d, buf + c->q.off, buf + c->k.off, buf + c->v.off, buf + c->attn.off, lse));
     const attn__cuda_gemm g = {.m = c->Mq, .n = E, .k = E, .a = buf + c->attn.off, .lda = E, .b = param(m, m->i_w_out),
                                .ldb = E, .trans_b = true, .c = out, .ldc = E, .bias = param(m, m->i_b_out), .alpha = 1.0f,
@@ -555,6 +565,9 @@ attn_status attn_cuda_mha_backward(attn_cuda_ctx *ctx, attn_cuda_mha *m, const a
                                "must be NULL)");
     unsigned char *sv = NULL;
     ATTN__CU_TRY(saved_base(ctx, &c, saved, saved_size, &sv));
+    // the attention's backward on the forward's buffers (its widened masks in `saved`), checked first
+    attn_sdpa_desc d;
+    ATTN__CU_TRY(check_attention(ctx, m, args, &c, sv, true, &d));
     unsigned char *g = NULL;
     ATTN__CU_TRY(scratch(ctx, m, c.bytes, &g)); // d(attention output) and the projections' gradients
     const int64_t E = m->E;
@@ -572,10 +585,7 @@ attn_status attn_cuda_mha_backward(attn_cuda_ctx *ctx, attn_cuda_mha *m, const a
         const int err = attn__cuda_launch_colsum(dout, m->dt, c.Mq, E, E, dparams[m->i_b_out], ctx->stream);
         if (err != cudaSuccess) return attn__cuda_device_fail(&ctx->err, err, "cuda mha: bias gradient");
     }
-    // the attention's backward into the projections' gradients (the layout of their values), with the
-    // forward's widened masks from `saved`
-    attn_sdpa_desc d;
-    describe(m, args, &c, sv, &d);
+    // the attention's backward into the projections' gradients (the layout of their values)
     ATTN__CU_TRY(attn_cuda_sdpa_bwd(ctx, &d, sv + c.q.off, sv + c.k.off, sv + c.v.off, sv + c.attn.off, g + c.attn.off,
                                     (const float *)(sv + c.lse_off), g + c.q.off, g + c.k.off, g + c.v.off, NULL));
     if (c.self) { // one (M, 3E) gradient: dW_in = G^T x, dx = G W_in
@@ -613,39 +623,45 @@ attn_status attn_cuda_mha_forward_cached(attn_cuda_ctx *ctx, attn_cuda_mha *m, a
         return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED,
                                "cuda mha: decoding needs kdim = vdim = embed_dim and no bias_k/bias_v or zero attention");
     if (batch < 1 || len < 1) return attn__cuda_fail(e, ATTN_ERR_BAD_SHAPE, "cuda mha: batch and len must be >= 1");
-    const int64_t E = m->E, N = batch, L = len, M = N * L;
+    const int64_t E = m->E, N = batch, L = len;
+    int64_t M;
+    if (__builtin_mul_overflow(N, L, &M) || M > INT64_MAX / 32 / E)
+        return attn__cuda_fail(e, ATTN_ERR_OVERFLOW, "cuda mha: batch %lld times len %lld rows of %lld overflow", (long long)N,
+                               (long long)L, (long long)E);
     const size_t es = attn_dtype_size(m->dt);
     // q, k, v and the attention's output, sequence after sequence ((N, L, E) rows), in the scratch
     size_t used = 0;
     const size_t qo = attn__cuda_ws_take(&used, (size_t)(M * E) * es), ko = attn__cuda_ws_take(&used, (size_t)(M * E) * es);
     const size_t vo = attn__cuda_ws_take(&used, (size_t)(M * E) * es), ao = attn__cuda_ws_take(&used, (size_t)(M * E) * es);
-    unsigned char *buf = NULL;
-    ATTN__CU_TRY(scratch(ctx, m, used, &buf));
-    // x's rows of sequence b: consecutive with batch_first, else every N-th row
-    const bool bf = m->cfg.batch_first != 0;
-    const int64_t ldx = bf ? E : N * E;
-    for (int64_t b = 0; b < N; b++) {
-        const unsigned char *xb = (const unsigned char *)x + (size_t)((bf ? b * L : b) * E) * es;
-        const size_t rows_b = (size_t)(b * L * E) * es;
-        ATTN__CU_TRY(project_ld(ctx, m, 0, xb, ldx, L, E, buf + qo + rows_b, E));
-        ATTN__CU_TRY(project_ld(ctx, m, 1, xb, ldx, L, E, buf + ko + rows_b, E));
-        ATTN__CU_TRY(project_ld(ctx, m, 2, xb, ldx, L, E, buf + vo + rows_b, E));
-    }
+    // the step: L new tokens a sequence, the queries packed (N, L) with heads as column blocks
     int64_t *n = malloc((size_t)(2 * N + 1) * sizeof(int64_t));
     if (n == NULL) return attn__cuda_fail(e, ATTN_ERR_OUT_OF_MEMORY, "cuda mha: out of host memory");
     int64_t *cu_q = n + N;
     for (int64_t b = 0; b < N; b++) n[b] = L, cu_q[b] = b * L;
     cu_q[N] = M;
-    attn_status st = attn_cuda_kv_cache_append(ctx, cache, n, buf + ko, buf + vo);
-    if (st == ATTN_OK) {
-        attn_sdpa_desc d;
-        attn_sdpa_desc_init(&d);
-        d.batch = N, d.n_heads = m->H, d.n_kv_heads = m->H, d.len_q = L, d.head_dim = m->hd;
-        d.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
-        d.q_stride[1] = d.o_stride[1] = m->hd, d.q_stride[2] = d.o_stride[2] = E, d.q_stride[3] = d.o_stride[3] = 1;
-        d.q_dtype = d.kv_dtype = d.out_dtype = m->dt;
-        st = attn_cuda_kv_cache_attend(ctx, cache, &d, cu_q, buf + qo, buf + ao, NULL);
+    attn_sdpa_desc d;
+    attn_sdpa_desc_init(&d);
+    d.batch = N, d.n_heads = m->H, d.n_kv_heads = m->H, d.len_q = L, d.head_dim = m->hd;
+    d.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+    d.q_stride[1] = d.o_stride[1] = m->hd, d.q_stride[2] = d.o_stride[2] = E, d.q_stride[3] = d.o_stride[3] = 1;
+    d.q_dtype = d.kv_dtype = d.out_dtype = m->dt;
+    // the cache's fit (batch, heads, dims, type), its capacity and the attention's checks, before
+    // anything is projected or appended
+    unsigned char *buf = NULL;
+    attn_status st = scratch(ctx, m, used, &buf);
+    if (st == ATTN_OK) st = attn__cuda_kv_cache_check_step(ctx, cache, n, &d, cu_q, buf + qo, buf + ao);
+    // x's rows of sequence b: consecutive with batch_first, else every N-th row
+    const bool bf = m->cfg.batch_first != 0;
+    const int64_t ldx = bf ? E : N * E;
+    for (int64_t b = 0; b < N && st == ATTN_OK; b++) {
+        const unsigned char *xb = (const unsigned char *)x + (size_t)((bf ? b * L : b) * E) * es;
+        const size_t rows_b = (size_t)(b * L * E) * es;
+        st = project_ld(ctx, m, 0, xb, ldx, L, E, buf + qo + rows_b, E);
+        if (st == ATTN_OK) st = project_ld(ctx, m, 1, xb, ldx, L, E, buf + ko + rows_b, E);
+        if (st == ATTN_OK) st = project_ld(ctx, m, 2, xb, ldx, L, E, buf + vo + rows_b, E);
     }
+    if (st == ATTN_OK) st = attn_cuda_kv_cache_append(ctx, cache, n, buf + ko, buf + vo);
+    if (st == ATTN_OK) st = attn_cuda_kv_cache_attend(ctx, cache, &d, cu_q, buf + qo, buf + ao, NULL);
     free(n);
     ATTN__CU_TRY(st);
     // out_proj, each sequence's rows back to x's order

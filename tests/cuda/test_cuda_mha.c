@@ -291,6 +291,99 @@ static void test_cached_against_cpu(void) {
     attn_cuda_ctx_free(g);
 }
 
+// Refused calls change nothing and launch nothing: decoding with a cache that does not fit the
+// module (another batch, head dim or type: the module's buffers have N rows of E, so an append before
+// the check would read past them and write the cache) or has no room left keeps the cache's lengths
+// and out's bytes; a training forward and a backward with a mask of a type masks cannot have are
+// refused before any projection, so out, saved and every gradient keep their poison.
+static void test_refusals_change_nothing(void) {
+    attn_cuda_ctx *g = gpu_ctx();
+    const int64_t E = 32, H = 4, N = 2, L = 3;
+    attn_mha_config cfg;
+    attn_mha_config_init(&cfg, E, H);
+    attn_ctx *cpu = NULL;
+    attn_mha *host = NULL;
+    attn_cuda_mha *dev = NULL;
+    module_pair(g, &cfg, rng, &cpu, &host, &dev);
+    float x[2 * 3 * 32];
+    for (int i = 0; i < N * L * E; i++) x[i] = urand();
+    const size_t bytes = (size_t)(N * L * E) * 4;
+    unsigned char poison[2 * 3 * 32 * 4], back[2 * 3 * 32 * 4];
+    memset(poison, 0x7b, sizeof poison);
+    void *dx = up(x, bytes), *dout = up(poison, bytes);
+    // caches that do not fit: batch N + 3, head dim 16 (4 heads of 16 > E), BF16; then one of
+    // capacity 4 holding 2 tokens, 3 more asked for
+    for (int k = 0; k < 4; k++) {
+        attn_cuda_kv_cache_config dc;
+        attn_cuda_kv_cache_config_init(&dc);
+        dc.batch = k == 0 ? N + 3 : N, dc.n_kv_heads = H, dc.head_dim = k == 1 ? 16 : E / H, dc.capacity = k == 3 ? 4 : 16;
+        dc.dtype = k == 2 ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F32;
+        attn_cuda_kv_cache *c = NULL;
+        ASSERT_OK(attn_cuda_kv_cache_create(g, &dc, &c));
+        int64_t before[5] = {0}, after[5] = {0};
+        if (k == 3) { // two tokens in
+            ASSERT_OK(attn_cuda_mha_forward_cached(g, dev, c, dx, N, 2, dout));
+            if (cudaMemcpy(dout, poison, bytes, cudaMemcpyHostToDevice) != cudaSuccess) FAIL("cudaMemcpy");
+        }
+        ASSERT_OK(attn_cuda_kv_cache_lengths(c, before));
+        const attn_status st = attn_cuda_mha_forward_cached(g, dev, c, dx, N, L, dout);
+        ASSERT_STATUS(st, k == 3 ? ATTN_ERR_CAPACITY : ATTN_ERR_BAD_SHAPE);
+        ASSERT_TRUE(strchr(attn_cuda_ctx_last_error(g), '\n') == NULL && attn_cuda_ctx_last_error(g)[0] != '\0');
+        ASSERT_OK(attn_cuda_kv_cache_lengths(c, after));
+        ASSERT_TRUE(memcmp(before, after, sizeof before) == 0);
+        if (cudaDeviceSynchronize() != cudaSuccess) FAIL("cudaDeviceSynchronize");
+        down(back, dout, bytes);
+        ASSERT_TRUE(memcmp(back, poison, bytes) == 0);
+        attn_cuda_kv_cache_free(c);
+    }
+    // a mask of type Q8_0: the training forward and the backward refuse it before any launch
+    attn_cuda_mha_args a;
+    attn_cuda_mha_args_init(&a);
+    a.base.batch = N, a.base.len_q = L, a.base.query = dx, a.base.training = 1;
+    size_t sbytes = 0;
+    ASSERT_OK(attn_cuda_mha_saved_size(g, dev, &a, &sbytes));
+    unsigned char *spoison = malloc(sbytes), *sback = malloc(sbytes);
+    memset(spoison, 0x7b, sbytes);
+    void *saved = up(spoison, sbytes), *dmask = up(poison, (size_t)(L * L));
+    a.base.attn_mask = dmask, a.base.attn_mask_dtype = ATTN_DTYPE_Q8_0, a.base.attn_mask_ndim = 2;
+    ASSERT_STATUS(attn_cuda_mha_forward_train(g, dev, &a, dout, saved, sbytes), ATTN_ERR_BAD_MASK);
+    const int np = attn_mha_param_count(host);
+    float *dparams[8] = {0};
+    int64_t pn[8];
+    for (int i = 0; i < np; i++) {
+        int ndim;
+        int64_t shape[3];
+        ASSERT_OK(attn_mha_param_typed_at(host, i, NULL, &ndim, shape, NULL, NULL));
+        pn[i] = 1;
+        for (int d = 0; d < ndim; d++) pn[i] *= shape[d];
+        float *h = malloc((size_t)pn[i] * 4);
+        memset(h, 0x7b, (size_t)pn[i] * 4);
+        dparams[i] = up(h, (size_t)pn[i] * 4);
+        free(h);
+    }
+    void *dgo = up(x, bytes), *dq = up(poison, bytes);
+    ASSERT_STATUS(attn_cuda_mha_backward(g, dev, &a, saved, sbytes, dgo, dq, NULL, NULL, dparams), ATTN_ERR_BAD_MASK);
+    if (cudaDeviceSynchronize() != cudaSuccess) FAIL("cudaDeviceSynchronize");
+    down(back, dout, bytes);
+    ASSERT_TRUE(memcmp(back, poison, bytes) == 0);
+    down(back, dq, bytes);
+    ASSERT_TRUE(memcmp(back, poison, bytes) == 0);
+    down(sback, saved, sbytes);
+    ASSERT_TRUE(memcmp(sback, spoison, sbytes) == 0);
+    for (int i = 0; i < np; i++) {
+        float *h = malloc((size_t)pn[i] * 4);
+        down(h, dparams[i], (size_t)pn[i] * 4);
+        for (int64_t j = 0; j < pn[i]; j++) ASSERT_TRUE(((const unsigned char *)h)[4 * j] == 0x7b);
+        free(h), cudaFree(dparams[i]);
+    }
+    cudaFree(dx), cudaFree(dout), cudaFree(saved), cudaFree(dmask), cudaFree(dgo), cudaFree(dq);
+    free(spoison), free(sback);
+    attn_cuda_mha_free(dev);
+    attn_mha_free(host);
+    attn_ctx_free(cpu);
+    attn_cuda_ctx_free(g);
+}
+
 // Without a GPU (or before any device work): argument checks that need no device.
 static void test_arguments(void) {
     attn_cuda_mha_args a;
@@ -309,6 +402,6 @@ static void test_arguments(void) {
 int main(int argc, char **argv) {
     static const harness_case cases[] = {HARNESS_CASE(test_arguments), HARNESS_CASE(test_f32_against_cpu),
                                          HARNESS_CASE(test_bf16_against_cpu), HARNESS_CASE(test_dropout_repeatable),
-                                         HARNESS_CASE(test_cached_against_cpu)};
+                                         HARNESS_CASE(test_cached_against_cpu), HARNESS_CASE(test_refusals_change_nothing)};
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
 }
