@@ -398,16 +398,23 @@ static __int128 sat_mul(__int128 a, __int128 b) {
  * UNSUPPORTED for a type other than F32, F16 and BF16, OVERFLOW exactly where the key or value
  * elements pass INT64_MAX / 8 or the page table's B * pages entries pass INT32_MAX, else sequences of
  * whole pages holding the capacity and the strides of (sequence or page, head, token, column). The
+ * problem's descriptor as an attend call on the cache (attn__cuda_kv_check_desc: the cache's fit, no
+ * masks, no top-left alignment; half the caches take the problem's sizes so that the fit holds). The
  * offsets, on a cache so laid out (its lengths within the capacity): the first sequence's refusal
  * (a negative count INVALID_ARG, one past the capacity CAPACITY), else the running sums. */
-static void check_kv_cache(fuzz_data *fd) {
+static void check_kv_cache(fuzz_data *fd, const attn_sdpa_desc *d) {
     attn_cuda_kv_cache_config c;
     memset(&c, 0, sizeof c);
-    c.batch = fuzz_data_size(fd, 1, MAX_SEQS, 1, 8), c.n_kv_heads = fuzz_data_size(fd, 1, 16, 1, 8);
-    c.head_dim = draw_dim(fd), c.head_dim_v = fuzz_data_chance(fd, 3, 4) ? 0 : draw_dim(fd);
+    if (fuzz_data_bool(fd)) { // the problem's batch, heads, dims and type, so that attend's fit holds now and then
+        c.batch = d->batch, c.n_kv_heads = d->n_kv_heads ? d->n_kv_heads : d->n_heads;
+        c.head_dim = d->head_dim, c.head_dim_v = d->head_dim_v, c.dtype = (attn_dtype)d->kv_dtype;
+    } else {
+        c.batch = fuzz_data_size(fd, 1, MAX_SEQS, 1, 8), c.n_kv_heads = fuzz_data_size(fd, 1, 16, 1, 8);
+        c.head_dim = draw_dim(fd), c.head_dim_v = fuzz_data_chance(fd, 3, 4) ? 0 : draw_dim(fd);
+        c.dtype = (attn_dtype)draw_dtype(fd);
+    }
     c.capacity = fuzz_data_size(fd, 1, 5000, 1, 4);
     c.page_size = fuzz_data_bool(fd) ? 0 : fuzz_data_size(fd, 1, 256, 1, 4);
-    c.dtype = (attn_dtype)draw_dtype(fd);
     attn__cuda_err e = {.msg = "", .host = NULL};
     attn__cuda_kv_layout l;
     const attn_status st = attn__cuda_kv_layout_of(&e, &c, &l);
@@ -434,6 +441,16 @@ static void check_kv_cache(fuzz_data *fd) {
                "kv layout: pages %lld, elements %lld, %lld", (long long)l.pages, (long long)l.k_elems, (long long)l.v_elems);
     const int64_t ks[4] = {Hkv * block * D, block * D, D, 1}, vs[4] = {Hkv * block * Dv, block * Dv, Dv, 1};
     FUZZ_CHECK(memcmp(l.k_stride, ks, sizeof ks) == 0 && memcmp(l.v_stride, vs, sizeof vs) == 0, "kv layout: strides");
+    // the problem's descriptor as an attend call on this cache: refused for a misfit (batch, kv heads,
+    // head dims, kv_dtype), masks, or top-left causal alignment, in that order
+    const int64_t dHkv = d->n_kv_heads ? d->n_kv_heads : d->n_heads, dDv = d->head_dim_v ? d->head_dim_v : d->head_dim;
+    const attn_status want_fit = d->batch != B || dHkv != Hkv || d->head_dim != D || dDv != Dv || d->kv_dtype != c.dtype ? ATTN_ERR_BAD_SHAPE
+                                 : d->mask != NULL || d->key_padding_mask != NULL                                   ? ATTN_ERR_UNSUPPORTED
+                                 : d->causal == ATTN_CAUSAL_TOP_LEFT                                                ? ATTN_ERR_INVALID_ARG
+                                                                                                                   : ATTN_OK;
+    const attn_status fit = attn__cuda_kv_check_desc(&e, &c, d);
+    FUZZ_CHECK(fit == want_fit, "kv attend's descriptor: %s, expected %s", attn_strerror(fit), attn_strerror(want_fit));
+    if (fit != ATTN_OK) check_refusal(fit, &e, "attn__cuda_kv_check_desc");
     if (B > MAX_SEQS) return;
     int64_t len[MAX_SEQS], n[MAX_SEQS], cu[MAX_SEQS + 1];
     for (int64_t b = 0; b < B; b++) {
@@ -478,6 +495,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (shared == ATTN_OK && bst != ATTN_OK)
         FUZZ_CHECK(backward_refusable(&pr), "a backward within the GPU's documented limits refused: %s (%s)", attn_strerror(bst),
                    e.msg);
-    check_kv_cache(&fd);
+    check_kv_cache(&fd, &pr.d);
     return 0;
 }
