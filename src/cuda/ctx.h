@@ -34,6 +34,12 @@ attn_status attn__cuda_device_fail(attn__cuda_err *e, int cuda_error, const char
 // caller's (ATTN_ERR_WORKSPACE when too small) or the context's own, grown stream-ordered.
 attn_status attn__cuda_workspace(attn_cuda_ctx *ctx, size_t bytes, unsigned char **base);
 
+// Whether the device can read `p` (NULL: nothing to check; sdpa.c). A host pointer the device
+// cannot reach would fault inside a kernel or product and leave the CUDA context unusable; it is
+// refused instead (ATTN_ERR_INVALID_ARG, "<what> is host memory the GPU cannot read"), unless the
+// device reads pageable memory.
+attn_status attn__cuda_check_device_ptr(attn_cuda_ctx *ctx, const void *p, const char *what);
+
 // Enqueues a forward planned by attn__cuda_plan_sdpa (sdpa.c), its parameters possibly adjusted
 // (the KV caches' per-sequence key counts and page tables); the tensors' pointers checked first.
 attn_status attn__cuda_run_planned(attn_cuda_ctx *ctx, const attn_sdpa_desc *d, attn__cuda_sdpa_plan *plan,

@@ -113,6 +113,8 @@ attn_status attn_cuda_kv_cache_append(attn_cuda_ctx *ctx, attn_cuda_kv_cache *c,
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
     if (c == NULL || n_new == NULL || k == NULL || v == NULL)
         return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda kv_cache: cache, n_new, k and v must not be NULL");
+    ATTN__CU_TRY(attn__cuda_check_device_ptr(ctx, k, "cuda kv_cache: k"));
+    ATTN__CU_TRY(attn__cuda_check_device_ptr(ctx, v, "cuda kv_cache: v"));
     const int64_t B = c->cfg.batch;
     int64_t *cu = malloc((size_t)(2 * B + 1) * sizeof(int64_t));
     if (cu == NULL) return attn__cuda_fail(&ctx->err, ATTN_ERR_OUT_OF_MEMORY, "cuda kv_cache: out of host memory");

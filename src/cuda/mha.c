@@ -171,6 +171,13 @@ typedef struct call {
     size_t lse_off, bytes, bytes_train;
 } call;
 
+// A call's device tensors (NULL ones skipped), checked as the SDPA entry points check theirs: a host
+// pointer the GPU cannot read is refused before any product reads it.
+static attn_status check_ptrs(attn_cuda_ctx *ctx, int n, const void *const p[], const char *const what[]) {
+    for (int i = 0; i < n; i++) ATTN__CU_TRY(attn__cuda_check_device_ptr(ctx, p[i], what[i]));
+    return ATTN_OK;
+}
+
 static attn_status plan_call(attn_cuda_ctx *ctx, const attn_cuda_mha *m, const attn_cuda_mha_args *args, call *c) {
     attn__cuda_err *e = &ctx->err;
     if (m == NULL || args == NULL) return attn__cuda_fail(e, ATTN_ERR_INVALID_ARG, "cuda mha: mha and args must not be NULL");
@@ -182,6 +189,10 @@ static attn_status plan_call(attn_cuda_ctx *ctx, const attn_cuda_mha *m, const a
         return attn__cuda_fail(e, ATTN_ERR_INVALID_ARG, "cuda mha: causal and attn_mask are exclusive");
     if (a->attn_mask != NULL && a->attn_mask_ndim != 2 && a->attn_mask_ndim != 3)
         return attn__cuda_fail(e, ATTN_ERR_BAD_MASK, "cuda mha: attn_mask_ndim must be 2 or 3");
+    const void *const in[] = {a->query, a->key, a->value, a->attn_mask, a->key_padding_mask};
+    static const char *const in_names[] = {"cuda mha: query", "cuda mha: key", "cuda mha: value", "cuda mha: attn_mask",
+                                           "cuda mha: key_padding_mask"};
+    ATTN__CU_TRY(check_ptrs(ctx, 5, in, in_names));
     memset(c, 0, sizeof *c);
     c->N = a->unbatched ? 1 : a->batch, c->L = a->len_q;
     c->x_q = a->query, c->x_k = a->key != NULL ? a->key : a->query;
@@ -451,7 +462,7 @@ static attn_status forward_into(attn_cuda_ctx *ctx, attn_cuda_mha *m, const attn
 
 static attn_status check_out(attn_cuda_ctx *ctx, const void *out) {
     if (out == NULL) return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda mha: out must not be NULL");
-    return ATTN_OK;
+    return attn__cuda_check_device_ptr(ctx, out, "cuda mha: out");
 }
 
 attn_status attn_cuda_mha_forward(attn_cuda_ctx *ctx, attn_cuda_mha *m, const attn_cuda_mha_args *args, void *out) {
@@ -477,6 +488,7 @@ attn_status attn_cuda_mha_saved_size(attn_cuda_ctx *ctx, attn_cuda_mha *m, const
 // The caller's saved buffer from its first 256-byte boundary, or ATTN_ERR_WORKSPACE when too small.
 static attn_status saved_base(attn_cuda_ctx *ctx, const call *c, const void *saved, size_t size, unsigned char **base) {
     if (saved == NULL) return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda mha: saved must not be NULL");
+    ATTN__CU_TRY(attn__cuda_check_device_ptr(ctx, saved, "cuda mha: saved"));
     const uintptr_t p = (uintptr_t)saved, at = (p + ATTN__CU_WS_ALIGN - 1) & ~(uintptr_t)(ATTN__CU_WS_ALIGN - 1);
     if (size < c->bytes_train + (at - p))
         return attn__cuda_fail(&ctx->err, ATTN_ERR_WORKSPACE, "cuda mha: saved holds %zu bytes, %zu are needed", size,
@@ -563,6 +575,11 @@ attn_status attn_cuda_mha_backward(attn_cuda_ctx *ctx, attn_cuda_mha *m, const a
         return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG,
                                "cuda mha: a tensor passed as several inputs has its gradient in the first (dkey / dvalue "
                                "must be NULL)");
+    const void *const grads[] = {dout, dquery, dkey, dvalue};
+    static const char *const grad_names[] = {"cuda mha: dout", "cuda mha: dquery", "cuda mha: dkey", "cuda mha: dvalue"};
+    ATTN__CU_TRY(check_ptrs(ctx, 4, grads, grad_names));
+    for (int i = 0; dparams != NULL && i < m->n_params; i++)
+        ATTN__CU_TRY(attn__cuda_check_device_ptr(ctx, dparams[i], "cuda mha: a parameter's gradient (dparams)"));
     unsigned char *sv = NULL;
     ATTN__CU_TRY(saved_base(ctx, &c, saved, saved_size, &sv));
     // the attention's backward on the forward's buffers (its widened masks in `saved`), checked first
@@ -623,6 +640,9 @@ attn_status attn_cuda_mha_forward_cached(attn_cuda_ctx *ctx, attn_cuda_mha *m, a
         return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED,
                                "cuda mha: decoding needs kdim = vdim = embed_dim and no bias_k/bias_v or zero attention");
     if (batch < 1 || len < 1) return attn__cuda_fail(e, ATTN_ERR_BAD_SHAPE, "cuda mha: batch and len must be >= 1");
+    const void *const io[] = {x, out};
+    static const char *const io_names[] = {"cuda mha: x", "cuda mha: out"};
+    ATTN__CU_TRY(check_ptrs(ctx, 2, io, io_names));
     const int64_t E = m->E, N = batch, L = len;
     int64_t M;
     if (__builtin_mul_overflow(N, L, &M) || M > INT64_MAX / 32 / E)

@@ -7,15 +7,13 @@
 #include "ctx.h"
 #include "launch.h"
 
-// Whether the device can read `p` (NULL: nothing to check). A host pointer the device cannot reach
-// would fault inside the kernel and leave the CUDA context unusable; it is refused here instead.
-static attn_status check_device_ptr(attn_cuda_ctx *ctx, const void *p, const char *what) {
+attn_status attn__cuda_check_device_ptr(attn_cuda_ctx *ctx, const void *p, const char *what) {
     if (p == NULL || ctx->pageable_ok) return ATTN_OK;
     struct cudaPointerAttributes a;
     const cudaError_t err = cudaPointerGetAttributes(&a, p);
-    if (err != cudaSuccess) return attn__cuda_device_fail(&ctx->err, err, "cuda sdpa: cudaPointerGetAttributes");
+    if (err != cudaSuccess) return attn__cuda_device_fail(&ctx->err, err, "cuda: cudaPointerGetAttributes");
     if (a.type == cudaMemoryTypeUnregistered || (a.type == cudaMemoryTypeHost && a.devicePointer != p))
-        return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda sdpa: %s is host memory the GPU cannot read", what);
+        return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "%s is host memory the GPU cannot read", what);
     return ATTN_OK;
 }
 
@@ -27,9 +25,10 @@ static attn_status check_tensors(attn_cuda_ctx *ctx, const attn_sdpa_desc *d, co
     const struct {
         const void *p;
         const char *name;
-    } t[] = {{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse"}, {d->mask, "mask"},
-             {d->key_padding_mask, "key_padding_mask"}, {d->alibi_slopes, "alibi_slopes"}};
-    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) ATTN__CU_TRY(check_device_ptr(ctx, t[i].p, t[i].name));
+    } t[] = {{q, "cuda sdpa: q"}, {k, "cuda sdpa: k"}, {v, "cuda sdpa: v"}, {out, "cuda sdpa: out"}, {lse, "cuda sdpa: lse"},
+             {d->mask, "cuda sdpa: mask"}, {d->key_padding_mask, "cuda sdpa: key_padding_mask"},
+             {d->alibi_slopes, "cuda sdpa: alibi_slopes"}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) ATTN__CU_TRY(attn__cuda_check_device_ptr(ctx, t[i].p, t[i].name));
     return ATTN_OK;
 }
 
@@ -149,8 +148,8 @@ static attn_status check_bwd_tensors(attn_cuda_ctx *ctx, const attn_sdpa_desc *d
     const struct {
         const void *p;
         const char *name;
-    } t[] = {{dout, "dout"}, {dq, "dq"}, {dk, "dk"}, {dv, "dv"}};
-    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) ATTN__CU_TRY(check_device_ptr(ctx, t[i].p, t[i].name));
+    } t[] = {{dout, "cuda sdpa_bwd: dout"}, {dq, "cuda sdpa_bwd: dq"}, {dk, "cuda sdpa_bwd: dk"}, {dv, "cuda sdpa_bwd: dv"}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) ATTN__CU_TRY(attn__cuda_check_device_ptr(ctx, t[i].p, t[i].name));
     return ATTN_OK;
 }
 
@@ -202,7 +201,7 @@ attn_status attn_cuda_sdpa_bwd(attn_cuda_ctx *ctx, const attn_sdpa_desc *desc, c
     attn__cuda_sdpa_plan plan;
     const attn__cuda_bwd_tensors t = {q, k, v, out, dout};
     ATTN__CU_TRY(plan_bwd(ctx, desc, NULL, dmask != NULL, &t, &plan));
-    if (dmask != NULL) ATTN__CU_TRY(check_device_ptr(ctx, dmask, "dmask"));
+    if (dmask != NULL) ATTN__CU_TRY(attn__cuda_check_device_ptr(ctx, dmask, "cuda sdpa_bwd: dmask"));
     return run_bwd(ctx, &plan, NULL, q, k, v, out, dout, lse, dq, dk, dv, dmask);
 }
 

@@ -295,7 +295,8 @@ static void test_cached_against_cpu(void) {
 // module (another batch, head dim or type: the module's buffers have N rows of E, so an append before
 // the check would read past them and write the cache) or has no room left keeps the cache's lengths
 // and out's bytes; a training forward and a backward with a mask of a type masks cannot have are
-// refused before any projection, so out, saved and every gradient keep their poison.
+// refused before any projection, so out, saved and every gradient keep their poison; host pointers
+// the GPU cannot read (inputs, out, a cache's new keys) are refused before anything reads them.
 static void test_refusals_change_nothing(void) {
     attn_cuda_ctx *g = gpu_ctx();
     const int64_t E = 32, H = 4, N = 2, L = 3;
@@ -335,6 +336,35 @@ static void test_refusals_change_nothing(void) {
         down(back, dout, bytes);
         ASSERT_TRUE(memcmp(back, poison, bytes) == 0);
         attn_cuda_kv_cache_free(c);
+    }
+    // host memory the GPU cannot read (where it reads pageable memory, such pointers are valid)
+    int pageable = 0;
+    cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, 0);
+    if (!pageable) {
+        attn_cuda_mha_args h;
+        attn_cuda_mha_args_init(&h);
+        h.base.batch = N, h.base.len_q = L, h.base.query = x; // host
+        ASSERT_STATUS(attn_cuda_mha_forward(g, dev, &h, dout), ATTN_ERR_INVALID_ARG);
+        ASSERT_TRUE(strstr(attn_cuda_ctx_last_error(g), "query is host memory") != NULL);
+        h.base.query = dx;
+        ASSERT_STATUS(attn_cuda_mha_forward(g, dev, &h, back), ATTN_ERR_INVALID_ARG);
+        ASSERT_TRUE(strstr(attn_cuda_ctx_last_error(g), "out is host memory") != NULL);
+        attn_cuda_kv_cache_config dc;
+        attn_cuda_kv_cache_config_init(&dc);
+        dc.batch = N, dc.n_kv_heads = H, dc.head_dim = E / H, dc.capacity = 16, dc.dtype = ATTN_DTYPE_F32;
+        attn_cuda_kv_cache *c = NULL;
+        ASSERT_OK(attn_cuda_kv_cache_create(g, &dc, &c));
+        ASSERT_STATUS(attn_cuda_mha_forward_cached(g, dev, c, x, N, L, dout), ATTN_ERR_INVALID_ARG);
+        const int64_t n1[2] = {1, 1}, zero[2] = {0, 0};
+        int64_t lens[2] = {-1, -1};
+        ASSERT_STATUS(attn_cuda_kv_cache_append(g, c, n1, x, dx), ATTN_ERR_INVALID_ARG);
+        ASSERT_TRUE(strstr(attn_cuda_ctx_last_error(g), "k is host memory") != NULL);
+        ASSERT_OK(attn_cuda_kv_cache_lengths(c, lens));
+        ASSERT_TRUE(memcmp(lens, zero, sizeof zero) == 0);
+        attn_cuda_kv_cache_free(c);
+        if (cudaDeviceSynchronize() != cudaSuccess) FAIL("cudaDeviceSynchronize");
+        down(back, dout, bytes);
+        ASSERT_TRUE(memcmp(back, poison, bytes) == 0);
     }
     // a mask of type Q8_0: the training forward and the backward refuse it before any launch
     attn_cuda_mha_args a;
