@@ -155,6 +155,7 @@ ATTN_CUDA_API attn_status attn_cuda_ctx_device(const attn_cuda_ctx *ctx, attn_cu
  * Gives the context a caller-owned device workspace (any alignment: the context uses it from its
  * first 256-byte boundary; the sizes the *_workspace_size calls report include that). From then on
  * a call needing more fails with ATTN_ERR_WORKSPACE. NULL, 0 goes back to context-owned workspace.
+ * Host memory the device cannot read is refused (ATTN_ERR_INVALID_ARG), the context unchanged.
  */
 ATTN_CUDA_API attn_status attn_cuda_ctx_set_workspace(attn_cuda_ctx *ctx, void *buffer, size_t size);
 /** Grows the context-owned workspace to `size` bytes now (stream-ordered). */

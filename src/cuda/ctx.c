@@ -157,6 +157,7 @@ attn_status attn_cuda_ctx_set_workspace(attn_cuda_ctx *ctx, void *buffer, size_t
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
     if ((buffer == NULL) != (size == 0))
         return attn__cuda_fail(&ctx->err, ATTN_ERR_INVALID_ARG, "cuda set_workspace: buffer and size must be both set or both 0");
+    ATTN__CU_TRY(attn__cuda_check_device_ptr(ctx, buffer, "cuda set_workspace: buffer"));
     drop_owned(ctx);
     if (buffer != NULL) ctx->ws = buffer, ctx->ws_size = size, ctx->ws_external = true;
     return ATTN_OK;

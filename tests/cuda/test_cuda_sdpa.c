@@ -704,6 +704,9 @@ static void test_bad_arguments(void) {
         static unsigned char host_q[2 * 8 * 64 * 2];
         ASSERT_STATUS(attn_cuda_sdpa_fwd(ctx, &d, host_q, a, a, out, NULL), ATTN_ERR_INVALID_ARG);
         ASSERT_TRUE(strstr(attn_cuda_ctx_last_error(ctx), "host memory") != NULL);
+        static unsigned char host_ws[4096]; // the kernels would write it
+        ASSERT_STATUS(attn_cuda_ctx_set_workspace(ctx, host_ws, sizeof host_ws), ATTN_ERR_INVALID_ARG);
+        ASSERT_TRUE(strstr(attn_cuda_ctx_last_error(ctx), "host memory") != NULL);
     }
     void *ws = dev_alloc(64);
     const int64_t cu[2] = {0, 8};
