@@ -185,6 +185,46 @@ static void diff_kv_cache(pair *p) {
 
 /* ---- SDPA ---------------------------------------------------------------------------------- */
 
+/* The tolerances of a forward's out and lse (diff_sdpa's and diff_varlen's), and loose_nonfinite:
+ * scores up to smag (q . k, plus twice mmax, the float mask's largest finite term, plus the ALiBi
+ * terms), error ds in them (soft-capping adds the error of its tanh, relative to the cap); S keys at
+ * most in a row; nonfinite: a NaN or infinity among the inputs (q, k, v, the slopes, and what the
+ * caller adds in extra_nonfinite). *ds_out receives ds. */
+static void forward_tolerances(const pair *p, const attn_sdpa_desc *d, const float *q, int64_t cq, const float *k,
+                               int64_t ck, const float *v, int64_t cv, const sdpa_extras *ex, double mmax, int64_t S,
+                               bool extra_nonfinite, tol *t_out, tol *t_lse, double *ds_out) {
+    const double scale = d->scale != 0.0f ? fabs((double)d->scale) : 1.0 / sqrt((double)d->head_dim);
+    const double smag = scale * (double)d->head_dim * max_abs(q, cq) * max_abs(k, ck) + 2.0 * mmax + ex->alibi_mag;
+    const double cap = d->softcap > 0.0f ? fmin((double)d->softcap, smag) : 0.0;
+    const double ds = 1e-6 + 4.0 * (double)(d->head_dim + 4) * U * smag + 16.0 * U * cap;
+    const double keep = d->dropout_p > 0.0 && d->dropout_p < 1.0 ? 1.0 / (1.0 - d->dropout_p) : 1.0;
+    const double vmax = max_abs(v, cv);
+    *t_out = (tol){REL_TOL, keep * vmax * (ABS_TOL + 3.0 * ds)}, *t_lse = (tol){REL_TOL, ABS_TOL + ds};
+    *ds_out = ds;
+    if (d->out_dtype != ATTN_DTYPE_F32) /* both results rounded to the type: 2 u |ref| and its smallest subnormal */
+        t_out->rel += d->out_dtype == ATTN_DTYPE_BF16 ? 0x1p-7 : 0x1p-10,
+            t_out->abs += d->out_dtype == ATTN_DTYPE_BF16 ? 0x1p-133 : 0x1p-24;
+    if (fuzz_on_dot(p->ctx[0], d)) /* weights rounded to bf16; denormals flushed */
+        t_out->abs += keep * vmax * 0x1p-8 + (double)S * 0x1p-125;
+    const bool nonfinite = extra_nonfinite || any_nonfinite(q, cq) || any_nonfinite(k, ck) || any_nonfinite(v, cv) ||
+                           (ex->slopes != NULL && any_nonfinite(ex->slopes, d->n_heads));
+    /* Scores (times log2 e) near the float range overflow in float kernels, not in the reference;
+     * a scale near the float underflow turns scale * q into 0 and 0 * inf into NaN. */
+    loose_nonfinite = (nonfinite && (2.0 * smag > 80.0 || scale < 1e-30)) || smag > (double)FLT_MAX / 16.0;
+    if (smag > (double)FLT_MAX / 16.0) t_out->abs = t_lse->abs = INFINITY; /* float cannot hold the scores */
+    if (keep * vmax * (double)S > (double)FLT_MAX / 16.0) { /* nor the sums of the values */
+        loose_nonfinite = true;
+        t_out->abs = INFINITY;
+    }
+    /* The fused kernels fold scale * log2(e) into q; attn.h leaves the result open when a product
+     * leaves the float range, although the scores may fit. */
+    const double qmax = max_abs(q, cq);
+    if (scale * (qmax > 1.0 ? qmax : 1.0) > (double)FLT_MAX / 4.0) {
+        loose_nonfinite = true;
+        t_out->abs = t_lse->abs = INFINITY;
+    }
+}
+
 static void diff_sdpa(pair *p) {
     fuzz_data *fd = p->fd;
     attn_sdpa_desc d;
@@ -223,51 +263,24 @@ static void diff_sdpa(pair *p) {
     /* Philox dropout now and then (drawn after the types): the same mask on every context */
     if (d.dropout_p > 0.0 && fuzz_data_chance(fd, 1, 3))
         d.dropout_rng = ATTN_DROPOUT_RNG_PHILOX, d.dropout_seed = fuzz_data_u64(fd), d.dropout_offset = fuzz_data_u32(fd);
-    /* Tolerances: scores up to smag (plus the masks' finite values and the ALiBi terms), error ds
-     * in them (soft-capping adds the error of its tanh, relative to the cap). */
-    double mmax = 0.0;
+    double mmax = 0.0; /* the float mask's largest finite term (huge ones aside) */
+    bool mask_nonfinite = false;
     if (d.mask != NULL && d.mask_dtype == ATTN_DTYPE_F32) {
         const float *f = d.mask;
-        for (int64_t i = 0, n = layout_elems(d.mask_stride, B, H, L, S); i < n; i++)
+        for (int64_t i = 0, n = layout_elems(d.mask_stride, B, H, L, S); i < n; i++) {
             if (isfinite(f[i]) && fabsf(f[i]) < 1e20f && fabs((double)f[i]) > mmax) mmax = fabs((double)f[i]);
+            mask_nonfinite = mask_nonfinite || isnan(f[i]) || f[i] == INFINITY;
+        }
     }
-    const double scale = d.scale != 0.0f ? fabs((double)d.scale) : 1.0 / sqrt((double)D);
-    const double smag = scale * (double)D * max_abs(q, cq) * max_abs(k, ck) + 2.0 * mmax + ex.alibi_mag;
-    const double cap = d.softcap > 0.0f ? fmin((double)d.softcap, smag) : 0.0;
-    const double ds = 1e-6 + 4.0 * (double)(D + 4) * U * smag + 16.0 * U * cap;
-    const double keep = d.dropout_p > 0.0 && d.dropout_p < 1.0 ? 1.0 / (1.0 - d.dropout_p) : 1.0;
-    tol t_out = {REL_TOL, keep * max_abs(v, cv) * (ABS_TOL + 3.0 * ds)}, t_lse = {REL_TOL, ABS_TOL + ds};
-    const tol t_w = {REL_TOL + 4.0 * ds, ABS_TOL};
-    if (d.out_dtype != ATTN_DTYPE_F32) /* both results rounded to the type: 2 u |ref| and its smallest subnormal */
-        t_out.rel += d.out_dtype == ATTN_DTYPE_BF16 ? 0x1p-7 : 0x1p-10,
-            t_out.abs += d.out_dtype == ATTN_DTYPE_BF16 ? 0x1p-133 : 0x1p-24;
-    if (fuzz_on_dot(p->ctx[0], &d)) /* weights rounded to bf16; denormals flushed */
-        t_out.abs += keep * max_abs(v, cv) * 0x1p-8 + (double)S * 0x1p-125;
-    bool nonfinite = any_nonfinite(q, cq) || any_nonfinite(k, ck) || any_nonfinite(v, cv) ||
-                     (ex.slopes != NULL && any_nonfinite(ex.slopes, H));
-    if (d.mask != NULL && d.mask_dtype == ATTN_DTYPE_F32)
-        for (int64_t i = 0, n = layout_elems(d.mask_stride, B, H, L, S); i < n; i++)
-            nonfinite = nonfinite || isnan(((const float *)d.mask)[i]) || ((const float *)d.mask)[i] == INFINITY;
     if (d.key_padding_mask != NULL && d.key_padding_mask_dtype == ATTN_DTYPE_F32) {
         const int64_t ks[4] = {d.key_padding_mask_stride[0], d.key_padding_mask_stride[1], 0, 0};
         for (int64_t i = 0, n = layout_elems(ks, B, S, 1, 1); i < n; i++)
-            nonfinite = nonfinite || isnan(((const float *)kpm)[i]) || ((const float *)kpm)[i] == INFINITY;
+            mask_nonfinite = mask_nonfinite || isnan(((const float *)kpm)[i]) || ((const float *)kpm)[i] == INFINITY;
     }
-    /* Scores (times log2 e) near the float range overflow in float kernels, not in the reference;
-     * a scale near the float underflow turns scale * q into 0 and 0 * inf into NaN. */
-    loose_nonfinite = (nonfinite && (2.0 * smag > 80.0 || scale < 1e-30)) || smag > (double)FLT_MAX / 16.0;
-    if (smag > (double)FLT_MAX / 16.0) t_out.abs = t_lse.abs = INFINITY; /* float cannot hold the scores */
-    if (keep * max_abs(v, cv) * (double)S > (double)FLT_MAX / 16.0) { /* nor the sums of the values */
-        loose_nonfinite = true;
-        t_out.abs = INFINITY;
-    }
-    /* The fused kernels fold scale * log2(e) into q; attn.h leaves the result open when a product
-     * leaves the float range, although the scores may fit. */
-    const double qmax = max_abs(q, cq);
-    if (scale * (qmax > 1.0 ? qmax : 1.0) > (double)FLT_MAX / 4.0) {
-        loose_nonfinite = true;
-        t_out.abs = t_lse.abs = INFINITY;
-    }
+    tol t_out, t_lse;
+    double ds;
+    forward_tolerances(p, &d, q, cq, k, ck, v, cv, &ex, mmax, S, mask_nonfinite, &t_out, &t_lse, &ds);
+    const tol t_w = {REL_TOL + 4.0 * ds, ABS_TOL};
     char extras[160];
     describe_extras(&d, extras, sizeof extras);
     snprintf(problem, sizeof problem,
@@ -356,24 +369,9 @@ static void diff_varlen(pair *p) {
     const void *kin = ex.kh != NULL ? (const void *)ex.kh : k, *vin = ex.vh != NULL ? (const void *)ex.vh : v;
     uint16_t *qh = decode_half_q_out(p, &d, q, cq);
     const void *qin = qh != NULL ? (const void *)qh : q;
-    /* tolerances as diff_sdpa's */
-    const double scale = d.scale != 0.0f ? fabs((double)d.scale) : 1.0 / sqrt((double)D);
-    const double smag = scale * (double)D * max_abs(q, cq) * max_abs(k, ck) + ex.alibi_mag;
-    const double cap = d.softcap > 0.0f ? fmin((double)d.softcap, smag) : 0.0;
-    const double ds = 1e-6 + 4.0 * (double)(D + 4) * U * smag + 16.0 * U * cap;
-    const double keep = d.dropout_p > 0.0 && d.dropout_p < 1.0 ? 1.0 / (1.0 - d.dropout_p) : 1.0;
-    tol t_out = {REL_TOL, keep * max_abs(v, cv) * (ABS_TOL + 3.0 * ds)}, t_lse = {REL_TOL, ABS_TOL + ds};
-    if (d.out_dtype != ATTN_DTYPE_F32)
-        t_out.rel += d.out_dtype == ATTN_DTYPE_BF16 ? 0x1p-7 : 0x1p-10,
-            t_out.abs += d.out_dtype == ATTN_DTYPE_BF16 ? 0x1p-133 : 0x1p-24;
-    if (fuzz_on_dot(p->ctx[0], &d)) t_out.abs += keep * max_abs(v, cv) * 0x1p-8 + (double)smax * 0x1p-125;
-    const bool nonfinite = any_nonfinite(q, cq) || any_nonfinite(k, ck) || any_nonfinite(v, cv) ||
-                           (ex.slopes != NULL && any_nonfinite(ex.slopes, H));
-    loose_nonfinite = (nonfinite && (2.0 * smag > 80.0 || scale < 1e-30)) || smag > (double)FLT_MAX / 16.0;
-    if (smag > (double)FLT_MAX / 16.0) t_out.abs = t_lse.abs = INFINITY;
-    if (keep * max_abs(v, cv) * (double)smax > (double)FLT_MAX / 16.0) loose_nonfinite = true, t_out.abs = INFINITY;
-    const double qmax = max_abs(q, cq);
-    if (scale * (qmax > 1.0 ? qmax : 1.0) > (double)FLT_MAX / 4.0) loose_nonfinite = true, t_out.abs = t_lse.abs = INFINITY;
+    tol t_out, t_lse;
+    double ds;
+    forward_tolerances(p, &d, q, cq, k, ck, v, cv, &ex, 0.0, smax, false, &t_out, &t_lse, &ds);
     char extras[160];
     describe_extras(&d, extras, sizeof extras);
     snprintf(problem, sizeof problem,
