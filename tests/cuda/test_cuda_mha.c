@@ -47,6 +47,15 @@ static void module_pair(attn_cuda_ctx *g, const attn_mha_config *cfg, uint64_t s
     ASSERT_OK(cs);
 }
 
+// The elements of the host module's parameter i.
+static int64_t param_numel(attn_mha *host, int i) {
+    int ndim;
+    int64_t shape[3], n = 1;
+    ASSERT_OK(attn_mha_param_typed_at(host, i, NULL, &ndim, shape, NULL, NULL));
+    for (int d = 0; d < ndim; d++) n *= shape[d];
+    return n;
+}
+
 static void run_case(attn_cuda_ctx *g, attn_dtype dt, int use_dropout) {
     const uint64_t seed = rng;
     const int64_t H = 1 + pick(4), hd = (int64_t)8 << pick(3), E = H * hd;
@@ -139,11 +148,7 @@ static void run_case(attn_cuda_ctx *g, attn_dtype dt, int use_dropout) {
     float *dparams[8] = {0}, *hparams[8] = {0};
     int64_t pn[8];
     for (int i = 0; i < np; i++) {
-        int ndim;
-        int64_t shape[3];
-        ASSERT_OK(attn_mha_param_typed_at(host, i, NULL, &ndim, shape, NULL, NULL));
-        pn[i] = 1;
-        for (int d = 0; d < ndim; d++) pn[i] *= shape[d];
+        pn[i] = param_numel(host, i);
         dparams[i] = up(NULL, (size_t)pn[i] * 4), hparams[i] = malloc((size_t)pn[i] * 4);
     }
     void *gdq = up(NULL, (size_t)nq * es), *gdk = kind != 0 ? up(NULL, (size_t)nk * es) : NULL;
@@ -381,11 +386,7 @@ static void test_refusals_change_nothing(void) {
     float *dparams[8] = {0};
     int64_t pn[8];
     for (int i = 0; i < np; i++) {
-        int ndim;
-        int64_t shape[3];
-        ASSERT_OK(attn_mha_param_typed_at(host, i, NULL, &ndim, shape, NULL, NULL));
-        pn[i] = 1;
-        for (int d = 0; d < ndim; d++) pn[i] *= shape[d];
+        pn[i] = param_numel(host, i);
         float *h = malloc((size_t)pn[i] * 4);
         memset(h, 0x7b, (size_t)pn[i] * 4);
         dparams[i] = up(h, (size_t)pn[i] * 4);
