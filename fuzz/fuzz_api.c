@@ -329,6 +329,119 @@ static void drop_workspace(attn_ctx *ctx, size_t ws) {
 
 static int64_t gen_size(env *e, int64_t lo, int64_t hi) { return fuzz_data_size(e->fd, lo, hi, 1, 40); }
 
+/* What fuzz_sdpa_bwd needs of the forward's views: the spans of q, k, v, out and the mask (NULL:
+ * none), and whether q, k and v are plain (no two elements share an offset). */
+typedef struct sdpa_views {
+    const span *q, *k, *v, *o, *mask;
+    bool plain;
+} sdpa_views;
+
+/* A buffer of a view's span, poisoned (0xCD); untouched_span checks the poison is whole. */
+static bool untouched_span(const void *base, const span *sp, size_t elem) {
+    const uint8_t *b = (const uint8_t *)base + sp->lo * (int64_t)elem;
+    for (int64_t i = 0, n = span_elems(sp) * (int64_t)elem; i < n; i++)
+        if (b[i] != 0xCD) return false;
+    return true;
+}
+
+/*
+ * attn_sdpa_bwd after a valid forward of fuzz_sdpa (its descriptor, tensors and log-sum-exp), the
+ * gradients in buffers covering exactly their views (q's, k's, v's strides; dmask the mask's), all
+ * poisoned. Judged from attn.h: NULL dout, lse, dq, dk or dv, dropout from the context's generator
+ * without the forward's state, a gradient view of stride 0 on a dimension longer than 1 (a
+ * broadcast input), dmask without an F32 mask are refused, with nothing written; the rest runs
+ * (memory and the caller's workspace aside). Then, for plain views of tame inputs: finite
+ * gradients, and dq = 0 on rows every key is hidden from.
+ */
+static void fuzz_sdpa_bwd(env *e, attn_ctx *ctx, const attn_sdpa_desc *d, const sdpa_views *vw, const float *q,
+                          const float *k, const float *v, const float *o, const float *lse, const attn_generator *before) {
+    fuzz_data *fd = e->fd;
+    const int64_t B = d->batch, H = d->n_heads, L = d->len_q, S = d->len_kv, D = d->head_dim;
+    const int64_t Hkv = d->n_kv_heads == 0 ? H : d->n_kv_heads, Dv = d->head_dim_v == 0 ? D : d->head_dim_v;
+    const int64_t nq[4] = {B, H, L, D}, nk[4] = {B, Hkv, S, D}, nv[4] = {B, Hkv, S, Dv};
+    const bool null_dout = fuzz_data_chance(fd, 1, 40), null_lse = fuzz_data_chance(fd, 1, 40);
+    const bool null_dq = fuzz_data_chance(fd, 1, 40), null_dk = fuzz_data_chance(fd, 1, 40), null_dv = fuzz_data_chance(fd, 1, 40);
+    const bool want_dmask = vw->mask != NULL ? fuzz_data_chance(fd, 1, 2) : fuzz_data_chance(fd, 1, 32);
+    const bool needs_state = d->dropout_p > 0.0 && d->dropout_rng != ATTN_DROPOUT_RNG_PHILOX;
+    const bool give_state = needs_state ? !fuzz_data_chance(fd, 1, 16) : fuzz_data_chance(fd, 1, 8);
+
+    judge jb = {J_VALID, NULL};
+    if (null_dout || null_lse || null_dq || null_dk || null_dv) bad(&jb, "dout, lse, dq, dk or dv is NULL");
+    if (needs_state && !give_state) bad(&jb, "dropout without the forward's generator state");
+    const struct {
+        const int64_t *n, *s;
+    } g[3] = {{nq, d->q_stride}, {nk, d->k_stride}, {nv, d->v_stride}};
+    for (int t = 0; t < 3; t++)
+        for (int i = 0; i < 4; i++)
+            if (g[t].n[i] > 1 && g[t].s[i] == 0) bad(&jb, "a gradient's stride is 0 on a dimension longer than 1");
+    if (want_dmask && (d->mask == NULL || d->mask_dtype != ATTN_DTYPE_F32)) bad(&jb, "dmask without an F32 mask");
+    if (!vw->plain) doubt(&jb, "a gradient view overlaps itself");
+
+    size_t need = 0;
+    bool need_known = false;
+    {
+        arm(e);
+        const attn_status st = attn_sdpa_bwd_workspace_size(ctx, d, want_dmask, &need);
+        disarm(e);
+        /* the call's own arguments aside, the sizing judges what the call does */
+        judge jw = {J_VALID, NULL};
+        for (int t = 0; t < 3; t++)
+            for (int i = 0; i < 4; i++)
+                if (g[t].n[i] > 1 && g[t].s[i] == 0) bad(&jw, "a gradient's stride is 0");
+        if (want_dmask && (d->mask == NULL || d->mask_dtype != ATTN_DTYPE_F32)) bad(&jw, "dmask without an F32 mask");
+        expect(e, &jw, ctx, st, false, "attn_sdpa_bwd_workspace_size");
+        need_known = st == ATTN_OK;
+    }
+
+    float *dout = null_dout ? NULL : span_buf(e, vw->o, 4);
+    const bool tame = dout == NULL || fill_floats(e, dout + vw->o->lo, span_elems(vw->o), 1.0f);
+    float *dq = null_dq ? NULL : span_buf(e, vw->q, 4), *dk = null_dk ? NULL : span_buf(e, vw->k, 4);
+    float *dv = null_dv ? NULL : span_buf(e, vw->v, 4);
+    float *dmask = NULL;
+    if (want_dmask) dmask = vw->mask != NULL ? span_buf(e, vw->mask, 4) : dummy(e, false);
+    const size_t ws = maybe_workspace(e, ctx, need, need_known);
+    attn_generator own = *attn_ctx_generator(ctx);
+    arm(e);
+    const attn_status st = attn_sdpa_bwd(ctx, d, q, k, v, o, dout, null_lse ? NULL : lse, give_state ? before : NULL, dq, dk,
+                                         dv, dmask);
+    disarm(e);
+    const bool ws_short = ws != SIZE_MAX && (!need_known || ws < need);
+    expect(e, &jb, ctx, st, ws_short, "attn_sdpa_bwd");
+    drop_workspace(ctx, ws);
+    FUZZ_CHECK(memcmp(&own, attn_ctx_generator(ctx), sizeof own) == 0, "attn_sdpa_bwd moved the context's generator");
+    if (jb.v == J_VALID && need_known && ws != SIZE_MAX && ws >= need)
+        FUZZ_CHECK(st != ATTN_ERR_WORKSPACE, "a %zu-byte backward workspace refused, %zu needed", ws, need);
+    if (is_argument_error(st)) { /* nothing written */
+        FUZZ_CHECK(dq == NULL || untouched_span(dq, vw->q, 4), "dq written by a rejected backward");
+        FUZZ_CHECK(dk == NULL || untouched_span(dk, vw->k, 4), "dk written by a rejected backward");
+        FUZZ_CHECK(dv == NULL || untouched_span(dv, vw->v, 4), "dv written by a rejected backward");
+        if (dmask != NULL && vw->mask != NULL)
+            FUZZ_CHECK(untouched_span(dmask, vw->mask, 4), "dmask written by a rejected backward");
+        if (dmask != NULL && vw->mask == NULL) check_untouched(dmask, "dmask");
+    }
+    if (st != ATTN_OK || jb.v != J_VALID || !tame) return;
+    /* tame forward inputs and dout in [-1, 1]: finite gradients; a row with every key hidden has dq = 0 */
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < L; i++) {
+                const bool hidden = lse[(b * H + h) * L + i] == -INFINITY;
+                for (int64_t t = 0; t < D; t++) {
+                    const float x = dq[off4(d->q_stride, b, h, i, t)];
+                    FUZZ_CHECK(isfinite(x), "dq[%lld,%lld,%lld,%lld] = %g", (long long)b, (long long)h, (long long)i,
+                               (long long)t, (double)x);
+                    FUZZ_CHECK(!hidden || x == 0.0f, "dq = %g on a fully masked row", (double)x);
+                }
+            }
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < Hkv; h++)
+            for (int64_t j = 0; j < S; j++) {
+                for (int64_t t = 0; t < D; t++)
+                    FUZZ_CHECK(isfinite(dk[off4(d->k_stride, b, h, j, t)]), "dk = %g", (double)dk[off4(d->k_stride, b, h, j, t)]);
+                for (int64_t t = 0; t < Dv; t++)
+                    FUZZ_CHECK(isfinite(dv[off4(d->v_stride, b, h, j, t)]), "dv = %g", (double)dv[off4(d->v_stride, b, h, j, t)]);
+            }
+}
+
 static void fuzz_sdpa(env *e) {
     fuzz_data *fd = e->fd;
     attn_sdpa_desc d;
@@ -535,6 +648,7 @@ static void fuzz_sdpa(env *e) {
     float *w = want_w ? env_buf(e, (size_t)n_w * 4) : NULL;
     const size_t ws = maybe_workspace(e, ctx, need, need_known);
 
+    const attn_generator before = ctx != NULL ? *attn_ctx_generator(ctx) : (attn_generator){0};
     arm(e);
     const attn_status st = attn_sdpa_fwd(ctx, &d, q, k, v, o, lse, w);
     disarm(e);
@@ -595,6 +709,10 @@ static void fuzz_sdpa(env *e) {
                     FUZZ_CHECK(fabs(sum - (double)open_heads / (double)H) <= 1e-4, "averaged weights sum to %.9g", sum);
             }
         }
+    }
+    if (lse != NULL) {
+        const sdpa_views views = {&sq, &sk, &sv, &so, use_mask ? &sm : NULL, plain_q && plain_k && plain_v};
+        fuzz_sdpa_bwd(e, ctx, &d, &views, q, k, v, o, lse, &before);
     }
 }
 
