@@ -763,6 +763,101 @@ static void check_finite(const float *p, int64_t n, const char *what) {
 }
 
 /* Runs one forward pass of module m (configuration cfg as created) with arguments from the input. */
+/* A valid forward of mha_forward_once: its context, args (inputs in place), how key and value were
+ * given (0 omitted, 1 the previous input's pointer, 2 their own), the inputs' and out's element
+ * counts, and its weights buffer (NULL without need_weights). */
+typedef struct mha_call {
+    attn_ctx *ctx;
+    const attn_mha_args *a;
+    int kmode, vmode;
+    int64_t nq, nk, nv;
+    float *w;
+} mha_call;
+
+/*
+ * Training on a valid forward's call: attn_mha_saved_size, attn_mha_forward_train into a buffer of
+ * that size (or one byte short: ATTN_ERR_WORKSPACE, and its backward then refuses the unfilled
+ * buffer), attn_mha_backward with drawn arguments, judged from attn.h: NULL dout or saved, a saved
+ * size short of the training forward's, dkey given for a key that is the query, dvalue for a value
+ * that is the query or the key are refused, every gradient buffer (poisoned) left whole; dparams
+ * NULL or any of its entries NULL skips them. Accepted on tame inputs: finite gradients.
+ */
+static void mha_train_once(env *e, attn_mha *m, const mha_call *c) {
+    fuzz_data *fd = e->fd;
+    const attn_mha_args *a = c->a;
+    size_t bytes = 0;
+    arm(e);
+    attn_status st = attn_mha_saved_size(c->ctx, m, a, &bytes);
+    disarm(e);
+    const judge ok = {J_VALID, NULL};
+    expect(e, &ok, c->ctx, st, false, "attn_mha_saved_size");
+    if (st != ATTN_OK) return;
+    const bool short_saved = fuzz_data_chance(fd, 1, 8) && bytes > 0;
+    const size_t size = short_saved ? bytes - 1 : bytes;
+    void *saved = env_buf_aligned(e, size);
+    float *o = env_buf(e, (size_t)c->nq * 4);
+    arm(e);
+    st = attn_mha_forward_train(c->ctx, m, a, o, c->w, saved, size);
+    disarm(e);
+    judge jt = {J_VALID, NULL};
+    if (short_saved) bad(&jt, "saved one byte short");
+    expect(e, &jt, c->ctx, st, false, "attn_mha_forward_train");
+    const bool filled = st == ATTN_OK;
+
+    /* the backward's arguments */
+    const bool null_dout = fuzz_data_chance(fd, 1, 32), null_saved = fuzz_data_chance(fd, 1, 32);
+    const bool shorter = fuzz_data_chance(fd, 1, 16) && size > 0;
+    const bool key_is_query = c->kmode != 2, value_shared = c->vmode != 2;
+    const bool give_dk = key_is_query ? fuzz_data_chance(fd, 1, 16) : fuzz_data_bool(fd);
+    const bool give_dv = value_shared ? fuzz_data_chance(fd, 1, 16) : fuzz_data_bool(fd);
+    const bool give_dq = fuzz_data_chance(fd, 7, 8), give_dparams = fuzz_data_chance(fd, 3, 4);
+    judge jb = {J_VALID, NULL};
+    if (null_dout || null_saved) bad(&jb, "dout or saved is NULL");
+    if (shorter || !filled) bad(&jb, "saved is not a training forward's of this size");
+    if (key_is_query && give_dk) bad(&jb, "dkey for a key that is the query");
+    if (value_shared && give_dv) bad(&jb, "dvalue for a value that is the query or the key");
+    float *dout = null_dout ? NULL : env_buf(e, (size_t)c->nq * 4);
+    const bool tame = dout == NULL || fill_floats(e, dout, c->nq, 1.0f);
+    float *dq = give_dq ? env_buf(e, (size_t)c->nq * 4) : NULL;
+    float *dk = give_dk ? env_buf(e, (size_t)(key_is_query ? c->nq : c->nk) * 4) : NULL;
+    float *dv = give_dv ? env_buf(e, (size_t)(value_shared ? c->nq : c->nv) * 4) : NULL;
+    const int np = attn_mha_param_count(m);
+    float *dparams[8] = {NULL};
+    int64_t pn[8] = {0};
+    FUZZ_CHECK(np >= 1 && np <= 8, "%d parameters", np);
+    for (int i = 0; give_dparams && i < np; i++) {
+        int ndim;
+        int64_t shape[3];
+        FUZZ_CHECK(attn_mha_param_at(m, i, NULL, &ndim, shape, NULL) == ATTN_OK, "param_at(%d)", i);
+        pn[i] = 1;
+        for (int dd = 0; dd < ndim; dd++) pn[i] *= shape[dd];
+        if (fuzz_data_chance(fd, 7, 8)) dparams[i] = env_buf(e, (size_t)pn[i] * 4);
+    }
+    arm(e);
+    st = attn_mha_backward(c->ctx, m, a, null_saved ? NULL : saved, shorter ? size - 1 : size, dout, dq, dk, dv,
+                           give_dparams ? dparams : NULL);
+    disarm(e);
+    expect(e, &jb, c->ctx, st, false, "attn_mha_backward");
+    const struct {
+        const float *p;
+        int64_t n;
+        const char *name;
+    } grads[3] = {{dq, c->nq, "dquery"}, {dk, key_is_query ? c->nq : c->nk, "dkey"}, {dv, value_shared ? c->nq : c->nv, "dvalue"}};
+    if (is_argument_error(st)) { /* nothing written */
+        for (int g = 0; g < 3; g++)
+            for (int64_t i = 0; grads[g].p != NULL && i < grads[g].n * 4; i++)
+                FUZZ_CHECK(((const uint8_t *)grads[g].p)[i] == 0xCD, "%s written by a rejected backward", grads[g].name);
+        for (int i = 0; i < np; i++)
+            for (int64_t t = 0; dparams[i] != NULL && t < pn[i] * 4; t++)
+                FUZZ_CHECK(((const uint8_t *)dparams[i])[t] == 0xCD, "dparams[%d] written by a rejected backward", i);
+    }
+    if (st != ATTN_OK || jb.v != J_VALID || !tame) return;
+    for (int g = 0; g < 3; g++)
+        if (grads[g].p != NULL) check_finite(grads[g].p, grads[g].n, grads[g].name);
+    for (int i = 0; i < np; i++)
+        if (dparams[i] != NULL) check_finite(dparams[i], pn[i], "a parameter's gradient");
+}
+
 static void mha_forward_once(env *e, attn_mha *m, const attn_mha_config *cfg) {
     fuzz_data *fd = e->fd;
     const int64_t E = cfg->embed_dim, H = cfg->num_heads, kd = cfg->kdim, vd = cfg->vdim;
@@ -911,6 +1006,10 @@ static void mha_forward_once(env *e, attn_mha *m, const attn_mha_config *cfg) {
 
     /* Module parameters are finite (initialised by the library), inputs are tame. */
     check_finite(o, nq, "out");
+    if (fuzz_data_chance(fd, 1, 2)) {
+        const mha_call call = {ctx, &a, kmode, vmode, nq, nk, nv, w};
+        mha_train_once(e, m, &call);
+    }
     if (w == NULL) return;
     const bool sums = a.training == 0 || cfg->dropout == 0.0;
     const int64_t hw = a.average_attn_weights ? 1 : H;
