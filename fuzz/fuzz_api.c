@@ -2,8 +2,10 @@
  * fuzz_api.c - fuzz target for the argument validation of libattn's compute entry points:
  * attn_sdpa_fwd (and attn_sdpa_fwd_workspace_size), attn_mha_create + attn_mha_forward, the
  * attn_book_* constructors + attn_book_forward + attn_book_transfer_v2_to_v1,
- * attn_simple_self_attention, attn_linear, the generator and initialiser functions, and
- * attn_ctx_create (ISA and thread count from the input; the context the rest of the input uses).
+ * attn_simple_self_attention, attn_linear, the generator and initialiser functions, the KV cache
+ * (attn_kv_cache_create, append, truncate, reset, attend), the backward passes after valid forwards
+ * (attn_sdpa_bwd; the module's attn_mha_forward_train and attn_mha_backward), and attn_ctx_create
+ * (ISA and thread count from the input; the context the rest of the input uses).
  *
  * The input chooses an entry point and its arguments: sizes that are small, zero, negative or huge,
  * strides that are permuted-contiguous, broadcast, padded, negative or huge, enum values in and
@@ -1444,6 +1446,230 @@ static void fuzz_linear(env *e) {
 /* The generator and the initialisers                                                           */
 /* ============================================================================================ */
 
+/* ============================================================================================ */
+/* KV caches                                                                                    */
+/* ============================================================================================ */
+
+/* The bytes of n values of a cache type (block types: n / 32 blocks). */
+static int64_t kv_bytes(attn_dtype dt, int64_t n) {
+    return n / (int64_t)attn_dtype_block_size(dt) * (int64_t)attn_dtype_size(dt);
+}
+
+/* One append to a cache of length len: n drawn (negative, 0, within or past the room), k and v of
+ * (B, Hkv, n, D|Dv) at NULL (contiguous) or drawn strides, or NULL. Judged from attn.h: n < 0, NULL
+ * k or v for n >= 1 and a view whose offsets overflow fail, n past the room with
+ * ATTN_ERR_CAPACITY; negative strides, and NULL k or v for n = 0, are not settled. A refused call
+ * changes neither the length nor a byte of the storage; an accepted one adds n to the length and
+ * leaves the filled positions' bytes as they were. Returns whether the values it appended (if any)
+ * were tame. */
+static bool kv_append_once(env *e, attn_ctx *ctx, attn_kv_cache *kc, const attn_kv_cache_config *c) {
+    fuzz_data *fd = e->fd;
+    const int64_t len = attn_kv_cache_length(kc), room = c->capacity - len;
+    const int64_t n = fuzz_data_chance(fd, 1, 8) ? gen_size(e, -2, room + 2) : fuzz_data_i64_range(fd, 0, room + 1);
+    const int64_t nk[4] = {c->batch, c->n_kv_heads, n, c->head_dim}, nv[4] = {c->batch, c->n_kv_heads, n, c->head_dim_v};
+    int64_t ks[4] = {0, 0, c->head_dim, 1}, vs[4] = {0, 0, c->head_dim_v, 1}; /* contiguous where n fits */
+    if (n >= 0 && n <= room) {
+        ks[0] = c->n_kv_heads * n * c->head_dim, ks[1] = n * c->head_dim;
+        vs[0] = c->n_kv_heads * n * c->head_dim_v, vs[1] = n * c->head_dim_v;
+    }
+    const bool own_ks = fuzz_data_chance(fd, 1, 3), own_vs = fuzz_data_chance(fd, 1, 3);
+    bool plain;
+    if (own_ks && n >= 1) gen_strides(e, 4, nk, 4, ks, &plain);
+    if (own_vs && n >= 1) gen_strides(e, 4, nv, 4, vs, &plain);
+    const bool null_k = fuzz_data_chance(fd, 1, 24), null_v = fuzz_data_chance(fd, 1, 24);
+    judge j = {J_VALID, NULL};
+    if (ctx == NULL) bad(&j, "ctx is NULL");
+    if (n < 0) bad(&j, "n < 0");
+    if (n >= 1 && (null_k || null_v)) bad(&j, "k or v is NULL");
+    if (n == 0 && (null_k || null_v)) doubt(&j, "k or v NULL for n = 0");
+    if (n > room) bad(&j, "n past the capacity");
+    span sk = {true, false, 0, 0}, sv = sk;
+    if (n >= 1) {
+        sk = view_span(4, nk, ks), sv = view_span(4, nv, vs);
+        if (!sk.ok || !sv.ok) bad(&j, "an offset of k or v overflows");
+        if (sk.negative || sv.negative) doubt(&j, "a negative stride");
+    }
+    int64_t ck = 0, cv = 0;
+    const bool small = n >= 1 && span_count(&sk, &ck) && span_count(&sv, &cv) && ck <= (1 << 16) && cv <= (1 << 16);
+    if (j.v != J_INVALID && n >= 1 && !small) return true; /* too large to run honestly */
+    float *k = NULL, *v = NULL;
+    bool tame = true;
+    if (!null_k) {
+        k = n >= 1 && small ? span_buf(e, &sk, 4) : dummy(e, false);
+        if (n >= 1 && small) tame = fill_floats(e, k + sk.lo, ck, pick_amp(e));
+    }
+    if (!null_v) {
+        v = n >= 1 && small ? span_buf(e, &sv, 4) : dummy(e, false);
+        if (n >= 1 && small) tame = fill_floats(e, v + sv.lo, cv, pick_amp(e)) && tame;
+    }
+    void *kst, *vst;
+    attn_kv_cache_storage(kc, &kst, NULL, &vst, NULL);
+    const int64_t rows = c->batch * c->n_kv_heads * c->capacity;
+    const int64_t kb = kv_bytes(c->dtype, rows * c->head_dim), vb = kv_bytes(c->dtype, rows * c->head_dim_v);
+    uint8_t *k0 = env_buf(e, (size_t)kb), *v0 = env_buf(e, (size_t)vb);
+    memcpy(k0, kst, (size_t)kb), memcpy(v0, vst, (size_t)vb);
+    arm(e);
+    const attn_status st = attn_kv_cache_append(ctx, kc, n, k, own_ks ? ks : NULL, v, own_vs ? vs : NULL);
+    disarm(e);
+    expect(e, &j, ctx, st, false, "attn_kv_cache_append");
+    if (n > room && j.v == J_INVALID && n >= 0 && !null_k && !null_v && ctx != NULL)
+        FUZZ_CHECK(st == ATTN_ERR_CAPACITY || st == ATTN_ERR_OVERFLOW, "appending past the capacity: %s", attn_strerror(st));
+    if (st != ATTN_OK) {
+        FUZZ_CHECK(attn_kv_cache_length(kc) == len, "a refused append changed the length");
+        FUZZ_CHECK(memcmp(k0, kst, (size_t)kb) == 0 && memcmp(v0, vst, (size_t)vb) == 0, "a refused append wrote the cache");
+        return true;
+    }
+    FUZZ_CHECK(attn_kv_cache_length(kc) == len + n, "length %lld after appending %lld to %lld", (long long)attn_kv_cache_length(kc),
+               (long long)n, (long long)len);
+    for (int64_t r = 0; r < c->batch * c->n_kv_heads; r++) { /* the filled positions as they were */
+        const int64_t ko = kv_bytes(c->dtype, r * c->capacity * c->head_dim), kl = kv_bytes(c->dtype, len * c->head_dim);
+        const int64_t vo = kv_bytes(c->dtype, r * c->capacity * c->head_dim_v), vl = kv_bytes(c->dtype, len * c->head_dim_v);
+        FUZZ_CHECK(memcmp(k0 + ko, (const uint8_t *)kst + ko, (size_t)kl) == 0 &&
+                       memcmp(v0 + vo, (const uint8_t *)vst + vo, (size_t)vl) == 0,
+                   "an append changed filled positions");
+    }
+    return tame;
+}
+
+/* One attend on the cache: new queries (B, H, L, D) contiguous, a descriptor drawn around the cache's
+ * (batch, head dims, causal mode, dropout, weights_mode, a head count that divides or not). Judged
+ * from attn.h: the cache's batch, head_dim and head_dim_v (0 or Dv), causal NONE or BOTTOM_RIGHT,
+ * no dropout, no weights, n_heads a multiple of the cache's kv heads, the shared descriptor's rules;
+ * an empty cache is not settled. A refused call leaves out and lse as they were; an accepted one on
+ * tame queries and a cache filled from tame values gives finite outputs. */
+static void kv_attend_once(env *e, attn_ctx *ctx, const attn_kv_cache *kc, const attn_kv_cache_config *c, bool tame_cache) {
+    fuzz_data *fd = e->fd;
+    attn_sdpa_desc d;
+    attn_sdpa_desc_init(&d);
+    d.batch = fuzz_data_chance(fd, 1, 12) ? gen_size(e, 1, 4) : c->batch;
+    d.n_heads = fuzz_data_chance(fd, 1, 12) ? gen_size(e, 1, 7) : c->n_kv_heads * (1 + (int64_t)fuzz_data_pick(fd, 3));
+    d.len_q = gen_size(e, 1, 3);
+    d.head_dim = fuzz_data_chance(fd, 1, 12) ? gen_size(e, 1, 8) : c->head_dim;
+    d.head_dim_v = fuzz_data_chance(fd, 1, 12) ? gen_size(e, 1, 8) : fuzz_data_bool(fd) ? 0 : c->head_dim_v;
+    d.causal = fuzz_data_chance(fd, 1, 8) ? (attn_causal)fuzz_data_int_range(fd, -1, 3)
+                                          : fuzz_data_bool(fd) ? ATTN_CAUSAL_BOTTOM_RIGHT : ATTN_CAUSAL_NONE;
+    if (fuzz_data_chance(fd, 1, 12)) d.dropout_p = fuzz_data_unit(fd) * 0.5;
+    if (fuzz_data_chance(fd, 1, 12)) d.weights_mode = ATTN_WEIGHTS_PER_HEAD;
+    d.scale = fuzz_data_chance(fd, 1, 4) ? fuzz_data_float_range(fd, -2.0f, 2.0f) : 0.0f;
+    const bool want_lse = fuzz_data_bool(fd), null_q = fuzz_data_chance(fd, 1, 32), null_o = fuzz_data_chance(fd, 1, 32);
+    const int64_t B = d.batch, H = d.n_heads, L = d.len_q, D = d.head_dim, Dv = d.head_dim_v ? d.head_dim_v : D;
+    judge j = {J_VALID, NULL};
+    if (ctx == NULL) bad(&j, "ctx is NULL");
+    if (null_q || null_o) bad(&j, "q or out is NULL");
+    if (B < 1 || H < 1 || L < 1 || D < 1 || Dv < 1) bad(&j, "a size < 1");
+    if (B != c->batch || D != c->head_dim || (d.head_dim_v != 0 && d.head_dim_v != c->head_dim_v))
+        bad(&j, "batch or head dims other than the cache's");
+    if (d.causal != ATTN_CAUSAL_NONE && d.causal != ATTN_CAUSAL_BOTTOM_RIGHT) bad(&j, "causal not NONE or BOTTOM_RIGHT");
+    if (d.dropout_p != 0.0 || d.weights_mode != ATTN_WEIGHTS_NONE) bad(&j, "dropout or weights with a cache");
+    if (H >= 1 && H % c->n_kv_heads != 0) bad(&j, "n_heads not a multiple of the cache's kv heads");
+    if (attn_kv_cache_length(kc) == 0) doubt(&j, "an empty cache");
+    int64_t nq = 0, no = 0, nl = 0;
+    const int64_t dq[4] = {B, H, L, D}, dout[4] = {B, H, L, c->head_dim_v}, dl[3] = {B, H, L};
+    const bool small = B >= 1 && H >= 1 && L >= 1 && D >= 1 && fuzz_prod(4, dq, &nq) && fuzz_prod(4, dout, &no) &&
+                       fuzz_prod(3, dl, &nl) && nq <= (1 << 16) && no <= (1 << 16);
+    if (!small && j.v != J_INVALID) return;
+    if (small) { /* contiguous q and out (the sizes' products fit) */
+        const int64_t qs[4] = {H * L * D, L * D, D, 1}, os[4] = {H * L * c->head_dim_v, L * c->head_dim_v, c->head_dim_v, 1};
+        memcpy(d.q_stride, qs, sizeof qs), memcpy(d.o_stride, os, sizeof os);
+    }
+    float *q = null_q ? NULL : small ? env_buf(e, (size_t)nq * 4) : dummy(e, false);
+    const bool tame = q == NULL || !small || fill_floats(e, q, nq, pick_amp(e));
+    float *o = null_o ? NULL : small ? env_buf(e, (size_t)no * 4) : dummy(e, false);
+    float *lse = want_lse ? (small ? env_buf(e, (size_t)nl * 4) : dummy(e, false)) : NULL;
+    const size_t ws = maybe_workspace(e, ctx, 0, false);
+    arm(e);
+    const attn_status st = attn_kv_cache_attend(ctx, kc, &d, q, o, lse);
+    disarm(e);
+    expect(e, &j, ctx, st, ws != SIZE_MAX, "attn_kv_cache_attend");
+    drop_workspace(ctx, ws);
+    if (is_argument_error(st)) {
+        const int64_t on = small ? no * 4 : (int64_t)DUMMY_BYTES, ln = small ? nl * 4 : (int64_t)DUMMY_BYTES;
+        for (int64_t i = 0; o != NULL && i < on; i++) FUZZ_CHECK(((const uint8_t *)o)[i] == 0xCD, "out written by a rejected attend");
+        for (int64_t i = 0; lse != NULL && i < ln; i++) FUZZ_CHECK(((const uint8_t *)lse)[i] == 0xCD, "lse written by a rejected attend");
+    }
+    if (st != ATTN_OK || j.v != J_VALID || !tame || !tame_cache || fabsf(d.scale) > TAME_VALUE) return;
+    check_finite(o, no, "out");
+}
+
+/*
+ * attn_kv_cache_create on a drawn configuration (sizes in and out of range, every type and values
+ * outside the enum, head dims that are or are not multiples of 32 for the block types), then a few
+ * appends, truncations, resets and attends in any order (kv_append_once, kv_attend_once). Create
+ * is judged from attn.h: sizes >= 1 (head_dim_v 0 means head_dim), a type of the five, head dims
+ * multiples of 32 for Q8_0 and Q4_0, sizes whose bytes fit; the resolved configuration is kept and
+ * the length starts at 0. Truncate takes 0 .. length, nothing else, and changes nothing when it
+ * refuses.
+ */
+static void fuzz_kv_cache(env *e) {
+    fuzz_data *fd = e->fd;
+    attn_kv_cache_config cfg;
+    attn_kv_cache_config_init(&cfg);
+    static const attn_dtype types[5] = {ATTN_DTYPE_F32, ATTN_DTYPE_F16, ATTN_DTYPE_BF16, ATTN_DTYPE_Q8_0, ATTN_DTYPE_Q4_0};
+    cfg.dtype = fuzz_data_chance(fd, 1, 16) ? (attn_dtype)fuzz_data_int_range(fd, -2, 12) : types[fuzz_data_pick(fd, 5)];
+    const bool blocks = cfg.dtype == ATTN_DTYPE_Q8_0 || cfg.dtype == ATTN_DTYPE_Q4_0;
+    cfg.batch = gen_size(e, 1, 2);
+    cfg.n_kv_heads = gen_size(e, 1, 2);
+    cfg.head_dim = blocks && fuzz_data_chance(fd, 7, 8) ? 32 * (1 + (int64_t)fuzz_data_pick(fd, 2)) : gen_size(e, 1, 8);
+    cfg.head_dim_v = fuzz_data_bool(fd) ? 0 : blocks && fuzz_data_chance(fd, 7, 8) ? 32 : gen_size(e, 1, 8);
+    cfg.capacity = gen_size(e, 1, 6);
+    const bool null_cfg = fuzz_data_chance(fd, 1, 64), null_out = fuzz_data_chance(fd, 1, 64);
+    attn_ctx *ctx = env_ctx(e);
+    const int64_t B = cfg.batch, Hkv = cfg.n_kv_heads, D = cfg.head_dim, Dv = cfg.head_dim_v ? cfg.head_dim_v : D,
+                  cap = cfg.capacity;
+    judge j = {J_VALID, NULL};
+    if (ctx == NULL || null_cfg || null_out) bad(&j, "NULL argument");
+    const bool sizes_ok = B >= 1 && Hkv >= 1 && D >= 1 && cfg.head_dim_v >= 0 && cap >= 1;
+    if (!sizes_ok) bad(&j, "a size < 1");
+    bool type_ok = false;
+    for (int t = 0; t < 5; t++) type_ok = type_ok || cfg.dtype == types[t];
+    if (!type_ok) bad(&j, "an unknown dtype");
+    if (blocks && (D % 32 != 0 || Dv % 32 != 0)) bad(&j, "block type with head dims not multiples of 32");
+    int64_t nk = 0, nv = 0, t = 0;
+    const int64_t dk[4] = {B, Hkv, cap, D}, dv[4] = {B, Hkv, cap, Dv};
+    const bool counts_ok = sizes_ok && fuzz_prod(4, dk, &nk) && fuzz_prod(4, dv, &nv) && fuzz_mul(nk, 4, &t) && fuzz_mul(nv, 4, &t);
+    if (sizes_ok && !counts_ok) bad(&j, "the storage's size overflows");
+    if (j.v != J_INVALID && !(counts_ok && nk <= (1 << 15) && nv <= (1 << 15))) j.v = J_UNSURE; /* the allocator's cap answers */
+    attn_kv_cache *kc = (attn_kv_cache *)(uintptr_t)1;
+    arm(e);
+    const attn_status st = attn_kv_cache_create(ctx, null_cfg ? NULL : &cfg, null_out ? NULL : &kc);
+    disarm(e);
+    expect(e, &j, ctx, st, false, "attn_kv_cache_create");
+    if (st != ATTN_OK) return;
+    FUZZ_CHECK(kc != NULL && kc != (attn_kv_cache *)(uintptr_t)1, "no cache returned");
+    const attn_kv_cache_config *rc = attn_kv_cache_get_config(kc);
+    FUZZ_CHECK(rc->batch == B && rc->n_kv_heads == Hkv && rc->head_dim == D && rc->head_dim_v == Dv && rc->capacity == cap &&
+                   rc->dtype == cfg.dtype,
+               "configuration not kept (head_dim_v resolved)");
+    FUZZ_CHECK(attn_kv_cache_length(kc) == 0, "a new cache holds %lld positions", (long long)attn_kv_cache_length(kc));
+    const int steps = 1 + (int)fuzz_data_pick(fd, 6);
+    bool tame_cache = true; /* every value appended so far tame */
+    for (int s = 0; s < steps; s++) {
+        attn_ctx *cctx = env_ctx(e);
+        switch (fuzz_data_pick(fd, 8)) {
+        case 0: { /* truncate */
+            const int64_t len = attn_kv_cache_length(kc), to = fuzz_data_chance(fd, 1, 8) ? gen_size(e, -2, len + 2)
+                                                                                          : fuzz_data_i64_range(fd, 0, len);
+            judge jt = {J_VALID, NULL};
+            if (cctx == NULL) bad(&jt, "ctx is NULL");
+            if (to < 0 || to > len) bad(&jt, "length outside 0 .. length");
+            const attn_status ts = attn_kv_cache_truncate(cctx, kc, to);
+            expect(e, &jt, cctx, ts, false, "attn_kv_cache_truncate");
+            FUZZ_CHECK(attn_kv_cache_length(kc) == (ts == ATTN_OK ? to : len), "length after truncate");
+            break;
+        }
+        case 1:
+            attn_kv_cache_reset(kc);
+            FUZZ_CHECK(attn_kv_cache_length(kc) == 0, "length after reset");
+            break;
+        case 2:
+        case 3:
+        case 4: tame_cache = kv_append_once(e, cctx, kc, rc) && tame_cache; break;
+        default: kv_attend_once(e, cctx, kc, rc, tame_cache); break;
+        }
+    }
+    attn_kv_cache_free(kc);
+}
+
 static void fuzz_random(env *e) {
     fuzz_data *fd = e->fd;
     const int which = (int)fuzz_data_pick(fd, 8);
@@ -1625,6 +1851,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 11: fuzz_book(&e); break;
     case 12: fuzz_simple(&e); break;
     case 13: fuzz_linear(&e); break;
+    case 14: fuzz_kv_cache(&e); break;
     default: fuzz_random(&e); break;
     }
     env_release(&e);
