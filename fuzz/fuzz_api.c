@@ -4,7 +4,8 @@
  * attn_book_* constructors + attn_book_forward + attn_book_transfer_v2_to_v1,
  * attn_simple_self_attention, attn_linear, the generator and initialiser functions, the KV cache
  * (attn_kv_cache_create, append, truncate, reset, attend), the backward passes after valid forwards
- * (attn_sdpa_bwd; the module's attn_mha_forward_train and attn_mha_backward), and attn_ctx_create
+ * (attn_sdpa_bwd; the module's attn_mha_forward_train and attn_mha_backward), the module's cached
+ * forward (attn_mha_forward_cached), and attn_ctx_create
  * (ISA and thread count from the input; the context the rest of the input uses).
  *
  * The input chooses an entry point and its arguments: sizes that are small, zero, negative or huge,
@@ -1043,6 +1044,87 @@ static void mha_forward_once(env *e, attn_mha *m, const attn_mha_config *cfg) {
     }
 }
 
+/* The bytes of n values of a cache type (block types: n / 32 blocks). */
+static int64_t kv_bytes(attn_dtype dt, int64_t n) {
+    return n / (int64_t)attn_dtype_block_size(dt) * (int64_t)attn_dtype_size(dt);
+}
+
+/*
+ * attn_mha_forward_cached on a valid module: a cache configured around the module's (batch, heads,
+ * head dim, type, capacity; now and then another batch, head count, head dim or value dim), then up
+ * to three steps of drawn batch and len (now and then zero, negative or past the room), x or out
+ * NULL. Judged from attn.h: a module with kdim or vdim other than E, bias_k or add_zero_attn, a
+ * cache that does not fit the module and the batch, batch or len < 1, len past the cache's room, a
+ * NULL argument fail, and a refusal leaves out, the cache's length and its storage's bytes as they
+ * were; an accepted step adds len to the length and gives finite outputs while every step's
+ * input has been tame (a cached NaN reaches later queries).
+ */
+static void mha_cached_once(env *e, attn_mha *m, const attn_mha_config *rc) {
+    fuzz_data *fd = e->fd;
+    const int64_t E = rc->embed_dim, H = rc->num_heads, hd = E / H;
+    attn_kv_cache_config kcfg;
+    attn_kv_cache_config_init(&kcfg);
+    kcfg.batch = 1 + (int64_t)fuzz_data_pick(fd, 3);
+    kcfg.n_kv_heads = fuzz_data_chance(fd, 1, 10) ? 1 + (int64_t)fuzz_data_pick(fd, 4) : H;
+    kcfg.head_dim = fuzz_data_chance(fd, 1, 10) ? 1 + (int64_t)fuzz_data_pick(fd, 8) : hd;
+    kcfg.head_dim_v = fuzz_data_chance(fd, 1, 10) ? 1 + (int64_t)fuzz_data_pick(fd, 8) : fuzz_data_bool(fd) ? 0 : hd;
+    kcfg.capacity = 1 + (int64_t)fuzz_data_pick(fd, 8);
+    static const attn_dtype types[3] = {ATTN_DTYPE_F32, ATTN_DTYPE_F16, ATTN_DTYPE_BF16};
+    kcfg.dtype = types[fuzz_data_pick(fd, 3)];
+    attn_kv_cache *kc = NULL;
+    if (attn_kv_cache_create(e->ctx, &kcfg, &kc) != ATTN_OK) return;
+    const attn_kv_cache_config *c = attn_kv_cache_get_config(kc);
+    const bool module_ok = rc->kdim == E && rc->vdim == E && !rc->add_bias_kv && !rc->add_zero_attn;
+    const int steps = 1 + (int)fuzz_data_pick(fd, 3);
+    bool tame_cache = true; /* every step so far appended tame keys and values */
+    for (int st_i = 0; st_i < steps; st_i++) {
+        const int64_t len = attn_kv_cache_length(kc), room = c->capacity - len;
+        const int64_t batch = fuzz_data_chance(fd, 1, 10) ? gen_size(e, -1, 4) : c->batch;
+        const int64_t n = fuzz_data_chance(fd, 1, 10) ? gen_size(e, -1, room + 2) : 1 + fuzz_data_i64_range(fd, 0, room > 1 ? room - 1 : 0);
+        const bool null_x = fuzz_data_chance(fd, 1, 32), null_o = fuzz_data_chance(fd, 1, 32);
+        attn_ctx *ctx = env_ctx(e);
+        judge j = {J_VALID, NULL};
+        if (ctx == NULL || null_x || null_o) bad(&j, "NULL argument");
+        if (!module_ok) bad(&j, "a module decoding cannot serve");
+        if (batch < 1 || n < 1) bad(&j, "batch or len < 1");
+        if (c->batch != batch || c->n_kv_heads != H || c->head_dim != hd || c->head_dim_v != hd) bad(&j, "a cache that does not fit");
+        if (n > room) bad(&j, "len past the cache's room");
+        int64_t rows = 0, nx = 0;
+        const bool small = batch >= 1 && n >= 1 && fuzz_mul(batch, n, &rows) && fuzz_mul(rows, E, &nx) && nx <= (1 << 14);
+        if (!small && j.v != J_INVALID) continue;
+        float *x = null_x ? NULL : small ? env_buf(e, (size_t)nx * 4) : dummy(e, false);
+        const bool tame = x == NULL || !small || fill_floats(e, x, nx, pick_amp(e));
+        float *o = null_o ? NULL : small ? env_buf(e, (size_t)nx * 4) : dummy(e, false);
+        void *kst, *vst;
+        attn_kv_cache_storage(kc, &kst, NULL, &vst, NULL);
+        const int64_t kb = kv_bytes(c->dtype, c->batch * c->n_kv_heads * c->capacity * c->head_dim);
+        const int64_t vb = kv_bytes(c->dtype, c->batch * c->n_kv_heads * c->capacity * c->head_dim_v);
+        uint8_t *k0 = env_buf(e, (size_t)kb), *v0 = env_buf(e, (size_t)vb);
+        memcpy(k0, kst, (size_t)kb), memcpy(v0, vst, (size_t)vb);
+        const size_t ws = maybe_workspace(e, ctx, 0, false);
+        arm(e);
+        const attn_status st = attn_mha_forward_cached(ctx, m, kc, x, batch, n, o);
+        disarm(e);
+        expect(e, &j, ctx, st, ws != SIZE_MAX, "attn_mha_forward_cached");
+        drop_workspace(ctx, ws);
+        if (st != ATTN_OK) {
+            FUZZ_CHECK(attn_kv_cache_length(kc) == len, "a refused cached forward changed the cache's length");
+            if (is_argument_error(st) || st == ATTN_ERR_CAPACITY || st == ATTN_ERR_UNSUPPORTED) {
+                FUZZ_CHECK(memcmp(k0, kst, (size_t)kb) == 0 && memcmp(v0, vst, (size_t)vb) == 0,
+                           "a refused cached forward wrote the cache");
+                const int64_t on = small ? nx * 4 : (int64_t)DUMMY_BYTES;
+                for (int64_t i = 0; o != NULL && i < on; i++)
+                    FUZZ_CHECK(((const uint8_t *)o)[i] == 0xCD, "out written by a refused cached forward");
+            }
+            continue;
+        }
+        FUZZ_CHECK(attn_kv_cache_length(kc) == len + n, "length after a cached forward of %lld", (long long)n);
+        tame_cache = tame_cache && tame;
+        if (j.v == J_VALID && tame_cache) check_finite(o, nx, "cached out");
+    }
+    attn_kv_cache_free(kc);
+}
+
 static void fuzz_mha(env *e) {
     fuzz_data *fd = e->fd;
     attn_mha_config cfg;
@@ -1137,6 +1219,10 @@ static void fuzz_mha(env *e) {
     const int passes = 1 + (int)fuzz_data_pick(fd, 3);
     for (int p = 0; p < passes; p++) {
         mha_forward_once(e, m, rc);
+        env_release(e);
+    }
+    if (fuzz_data_chance(fd, 1, 3)) {
+        mha_cached_once(e, m, rc);
         env_release(e);
     }
     attn_mha_free(m);
@@ -1449,11 +1535,6 @@ static void fuzz_linear(env *e) {
 /* ============================================================================================ */
 /* KV caches                                                                                    */
 /* ============================================================================================ */
-
-/* The bytes of n values of a cache type (block types: n / 32 blocks). */
-static int64_t kv_bytes(attn_dtype dt, int64_t n) {
-    return n / (int64_t)attn_dtype_block_size(dt) * (int64_t)attn_dtype_size(dt);
-}
 
 /* One append to a cache of length len: n drawn (negative, 0, within or past the room), k and v of
  * (B, Hkv, n, D|Dv) at NULL (contiguous) or drawn strides, or NULL. Judged from attn.h: n < 0, NULL
