@@ -21,9 +21,9 @@ static attn_status check_offsets(attn_ctx *ctx, const char *fn, const attn_sdpa_
         return attn__fail(ctx, ATTN_ERR_UNSUPPORTED, "%s: no weights output with packed sequences", fn);
     if (cu_q[0] != 0 || cu_k[0] != 0) return attn__fail(ctx, ATTN_ERR_BAD_SHAPE, "%s: cu_seqlens must start at 0", fn);
     for (int64_t b = 0; b < B; b++) {
-        const int64_t Lb = cu_q[b + 1] - cu_q[b], Sb = cu_k[b + 1] - cu_k[b];
         if (cu_q[b + 1] < cu_q[b] || cu_k[b + 1] < cu_k[b])
             return attn__fail(ctx, ATTN_ERR_BAD_SHAPE, "%s: cu_seqlens decrease at sequence %lld", fn, (long long)b);
+        const int64_t Lb = cu_q[b + 1] - cu_q[b], Sb = cu_k[b + 1] - cu_k[b]; // offsets from 0, increasing: no overflow
         if (Lb > desc->len_q || Sb > desc->len_kv)
             return attn__fail(ctx, ATTN_ERR_BAD_SHAPE,
                               "%s: sequence %lld has %lld queries and %lld keys, more than len_q %lld / len_kv %lld", fn,

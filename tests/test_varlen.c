@@ -155,6 +155,12 @@ static void test_errors(void) {
     ASSERT_STATUS(attn_sdpa_varlen_fwd(ctx, &d, cu, down, q, k, v, o, l), ATTN_ERR_BAD_SHAPE);
     ASSERT_STATUS(attn_sdpa_varlen_fwd(ctx, &d, long_seq, cu, q, k, v, o, l), ATTN_ERR_BAD_SHAPE);
     ASSERT_TRUE(strstr(attn_ctx_last_error(ctx), "len_q") != NULL);
+    // an offset far below the previous: a decrease, not a length (whose subtraction would overflow;
+    // the sanitizer builds run this)
+    const int64_t plunge[3] = {0, 1, INT64_MIN};
+    ASSERT_STATUS(attn_sdpa_varlen_fwd(ctx, &d, plunge, cu, q, k, v, o, l), ATTN_ERR_BAD_SHAPE);
+    ASSERT_TRUE(strstr(attn_ctx_last_error(ctx), "decrease") != NULL);
+    ASSERT_STATUS(attn_sdpa_varlen_desc_check(ctx, &d, cu, plunge), ATTN_ERR_BAD_SHAPE);
     ASSERT_STATUS(attn_sdpa_varlen_fwd(ctx, &d, NULL, cu, q, k, v, o, l), ATTN_ERR_INVALID_ARG);
     ASSERT_STATUS(attn_sdpa_varlen_fwd(ctx, &d, cu, cu, q, k, v, NULL, l), ATTN_ERR_INVALID_ARG);
     uint8_t kpm[4] = {0};
