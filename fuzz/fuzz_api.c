@@ -5,7 +5,8 @@
  * attn_simple_self_attention, attn_linear, the generator and initialiser functions, the KV cache
  * (attn_kv_cache_create, append, truncate, reset, attend), the backward passes after valid forwards
  * (attn_sdpa_bwd; the module's attn_mha_forward_train and attn_mha_backward), the module's cached
- * forward (attn_mha_forward_cached), and attn_ctx_create
+ * forward (attn_mha_forward_cached), packed batches (attn_sdpa_varlen_fwd and _bwd), and
+ * attn_ctx_create
  * (ISA and thread count from the input; the context the rest of the input uses).
  *
  * The input chooses an entry point and its arguments: sizes that are small, zero, negative or huge,
@@ -1533,6 +1534,145 @@ static void fuzz_linear(env *e) {
 /* ============================================================================================ */
 
 /* ============================================================================================ */
+/* Packed batches                                                                               */
+/* ============================================================================================ */
+
+/*
+ * attn_sdpa_varlen_fwd and, after a valid one, attn_sdpa_varlen_bwd: up to 3 sequences of drawn
+ * lengths (0 to 4) packed end to end, their offsets now and then broken (not from 0, decreasing,
+ * edge values, NULL), len_q and len_kv at, above or below the longest sequence, q, k, v and out
+ * token-major or head-major with any value in the unused stride[0], the options a packed batch
+ * takes (and now and then a mask or weights, which it does not). Judged from attn.h: offsets from
+ * 0 increasing, no sequence past the bounds, no mask, no weights, NULL only for lse (forward), the
+ * shared descriptor's rules; no query or no key in the whole batch is not settled. A refused call
+ * leaves out, lse and the gradients whole; accepted calls on tame inputs give finite results and a
+ * sequence without keys zero rows.
+ */
+static void fuzz_varlen(env *e) {
+    fuzz_data *fd = e->fd;
+    attn_sdpa_desc d;
+    attn_sdpa_desc_init(&d);
+    const int64_t B = 1 + (int64_t)fuzz_data_pick(fd, 3);
+    d.batch = fuzz_data_chance(fd, 1, 32) ? fuzz_data_int_range(fd, -1, 0) : B; /* never past the arrays' B + 1 */
+    d.n_heads = 1 + (int64_t)fuzz_data_pick(fd, 4);
+    d.n_kv_heads = fuzz_data_bool(fd) ? 0 : fuzz_data_chance(fd, 1, 8) ? 3 : 1;
+    d.head_dim = 1 + (int64_t)fuzz_data_pick(fd, 8);
+    d.head_dim_v = fuzz_data_bool(fd) ? 0 : 1 + (int64_t)fuzz_data_pick(fd, 8);
+    int64_t cq[4] = {0}, ck[4] = {0}, lmax = 0, smax = 0;
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t lq = (int64_t)fuzz_data_pick(fd, 5), lk = (int64_t)fuzz_data_pick(fd, 5);
+        cq[b + 1] = cq[b] + lq, ck[b + 1] = ck[b] + lk;
+        lmax = lq > lmax ? lq : lmax, smax = lk > smax ? lk : smax;
+    }
+    const int64_t TQ = cq[B], TK = ck[B];
+    int64_t use_q[4], use_k[4];
+    memcpy(use_q, cq, sizeof cq), memcpy(use_k, ck, sizeof ck);
+    bool offsets_ok = true;
+    if (fuzz_data_chance(fd, 1, 6)) { /* a broken offset */
+        int64_t *a = fuzz_data_bool(fd) ? use_q : use_k;
+        a[fuzz_data_pick(fd, (size_t)B + 1)] = fuzz_data_chance(fd, 1, 2) ? fuzz_data_i64_edge(fd) : fuzz_data_i64_range(fd, -2, 9);
+        offsets_ok = use_q[0] == 0 && use_k[0] == 0;
+        for (int64_t b = 0; b < B; b++) offsets_ok = offsets_ok && use_q[b + 1] >= use_q[b] && use_k[b + 1] >= use_k[b];
+        /* offsets still from 0 and increasing but other than the tensors': not a call to make honestly */
+        if (offsets_ok && (memcmp(use_q, cq, sizeof cq) != 0 || memcmp(use_k, ck, sizeof ck) != 0)) return;
+    }
+    d.len_q = fuzz_data_chance(fd, 1, 8) ? gen_size(e, 0, lmax + 1) : lmax > 0 ? lmax : 1;
+    d.len_kv = fuzz_data_chance(fd, 1, 8) ? gen_size(e, 0, smax + 1) : smax > 0 ? smax : 1;
+    d.causal = fuzz_data_chance(fd, 1, 16) ? (attn_causal)fuzz_data_int_range(fd, -1, 4) : (attn_causal)fuzz_data_pick(fd, 3);
+    d.scale = fuzz_data_chance(fd, 1, 4) ? fuzz_data_float_range(fd, -2.0f, 2.0f) : 0.0f;
+    if (fuzz_data_chance(fd, 1, 4)) {
+        d.dropout_p = fuzz_data_unit(fd) * 0.9;
+        if (fuzz_data_bool(fd)) d.dropout_rng = ATTN_DROPOUT_RNG_PHILOX, d.dropout_seed = fuzz_data_u64(fd);
+    }
+    const bool with_mask = fuzz_data_chance(fd, 1, 16), with_weights = fuzz_data_chance(fd, 1, 16);
+    if (with_weights) d.weights_mode = ATTN_WEIGHTS_PER_HEAD;
+    const int64_t H = d.n_heads, Hkv = d.n_kv_heads ? d.n_kv_heads : H, D = d.head_dim, Dv = d.head_dim_v ? d.head_dim_v : D;
+    const bool token_major = fuzz_data_bool(fd);
+    const int64_t junk = fuzz_data_chance(fd, 1, 2) ? fuzz_data_i64_edge(fd) : 0; /* stride[0]: not used */
+    const int64_t tq = TQ > 0 ? TQ : 1, tk = TK > 0 ? TK : 1;
+    const int64_t sq[4] = {junk, token_major ? D : tq * D, token_major ? H * D : D, 1};
+    const int64_t sk[4] = {junk, token_major ? D : tk * D, token_major ? Hkv * D : D, 1};
+    const int64_t sv[4] = {junk, token_major ? Dv : tk * Dv, token_major ? Hkv * Dv : Dv, 1};
+    const int64_t so[4] = {junk, token_major ? Dv : tq * Dv, token_major ? H * Dv : Dv, 1};
+    memcpy(d.q_stride, sq, sizeof sq), memcpy(d.k_stride, sk, sizeof sk), memcpy(d.v_stride, sv, sizeof sv);
+    memcpy(d.o_stride, so, sizeof so);
+    const bool null_cu = fuzz_data_chance(fd, 1, 32), null_q = fuzz_data_chance(fd, 1, 40), null_o = fuzz_data_chance(fd, 1, 40);
+    const bool want_lse = fuzz_data_chance(fd, 3, 4);
+    attn_ctx *ctx = env_ctx(e);
+
+    judge j = {J_VALID, NULL};
+    if (ctx == NULL || null_cu || null_q || null_o) bad(&j, "NULL argument");
+    if (d.batch < 1) bad(&j, "batch < 1");
+    if (!offsets_ok) bad(&j, "offsets not from 0 or decreasing");
+    if (offsets_ok && (lmax > d.len_q || smax > d.len_kv)) bad(&j, "a sequence past len_q or len_kv");
+    if (d.len_q < 1 || d.len_kv < 1) bad(&j, "len_q or len_kv < 1");
+    if (H % Hkv != 0) bad(&j, "n_heads not a multiple of n_kv_heads");
+    if (d.causal != ATTN_CAUSAL_NONE && d.causal != ATTN_CAUSAL_TOP_LEFT && d.causal != ATTN_CAUSAL_BOTTOM_RIGHT) bad(&j, "causal");
+    if (with_mask || with_weights) bad(&j, "a mask or weights with packed sequences");
+    if (TQ == 0 || TK == 0) doubt(&j, "no query or no key in the batch");
+    const float mask_dummy = 0.0f;
+    if (with_mask) d.mask = &mask_dummy, d.mask_dtype = ATTN_DTYPE_F32;
+    /* the batch's tensors: (1, H, TQ, D) etc. at the strides, stride[0] unused */
+    const int64_t nq[4] = {1, H, tq, D}, nk[4] = {1, Hkv, tk, D}, nv[4] = {1, Hkv, tk, Dv}, no[4] = {1, H, tq, Dv};
+    const span spq = view_span(4, nq, sq), spk = view_span(4, nk, sk), spv = view_span(4, nv, sv), spo = view_span(4, no, so);
+    float *q = null_q ? NULL : span_buf(e, &spq, 4), *k = span_buf(e, &spk, 4), *v = span_buf(e, &spv, 4);
+    float *o = null_o ? NULL : span_buf(e, &spo, 4);
+    bool tame = q == NULL || fill_floats(e, q + spq.lo, span_elems(&spq), pick_amp(e));
+    tame = fill_floats(e, k + spk.lo, span_elems(&spk), pick_amp(e)) && tame;
+    tame = fill_floats(e, v + spv.lo, span_elems(&spv), pick_amp(e)) && tame;
+    float *lse = want_lse ? env_buf(e, (size_t)(H * tq) * 4) : NULL;
+    const attn_generator before = *attn_ctx_generator(e->ctx);
+    arm(e);
+    const attn_status st = attn_sdpa_varlen_fwd(ctx, &d, null_cu ? NULL : use_q, use_k, q, k, v, o, lse);
+    disarm(e);
+    expect(e, &j, ctx, st, false, "attn_sdpa_varlen_fwd");
+    if (is_argument_error(st) || st == ATTN_ERR_UNSUPPORTED) {
+        FUZZ_CHECK(o == NULL || untouched_span(o, &spo, 4), "out written by a refused packed call");
+        for (int64_t i = 0; lse != NULL && i < H * tq * 4; i++)
+            FUZZ_CHECK(((const uint8_t *)lse)[i] == 0xCD, "lse written by a refused packed call");
+    }
+    if (st != ATTN_OK || j.v != J_VALID) return;
+    if (tame && fabsf(d.scale) <= TAME_VALUE)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t i = cq[b]; i < cq[b + 1]; i++)
+                    for (int64_t t = 0; t < Dv; t++) {
+                        const float x = o[h * so[1] + i * so[2] + t];
+                        FUZZ_CHECK(isfinite(x), "packed out = %g", (double)x);
+                        FUZZ_CHECK(ck[b + 1] > ck[b] || x == 0.0f, "a sequence without keys gave out = %g", (double)x);
+                    }
+    if (lse == NULL) return;
+
+    /* the backward with the same arguments */
+    const bool null_dout = fuzz_data_chance(fd, 1, 32), null_grad = fuzz_data_chance(fd, 1, 32);
+    const bool needs_state = d.dropout_p > 0.0 && d.dropout_rng != ATTN_DROPOUT_RNG_PHILOX;
+    const bool give_state = needs_state ? !fuzz_data_chance(fd, 1, 16) : fuzz_data_bool(fd);
+    judge jb = {J_VALID, NULL};
+    if (null_dout || null_grad) bad(&jb, "dout or a gradient is NULL");
+    if (needs_state && !give_state) bad(&jb, "dropout without the forward's generator state");
+    float *dout = null_dout ? NULL : span_buf(e, &spo, 4);
+    const bool tame_dout = dout == NULL || fill_floats(e, dout + spo.lo, span_elems(&spo), 1.0f);
+    float *dq = null_grad ? NULL : span_buf(e, &spq, 4), *dk = span_buf(e, &spk, 4), *dv = span_buf(e, &spv, 4);
+    arm(e);
+    const attn_status bs = attn_sdpa_varlen_bwd(ctx, &d, use_q, use_k, q, k, v, o, dout, lse, give_state ? &before : NULL, dq, dk, dv);
+    disarm(e);
+    expect(e, &jb, ctx, bs, false, "attn_sdpa_varlen_bwd");
+    if (is_argument_error(bs)) {
+        FUZZ_CHECK((dq == NULL || untouched_span(dq, &spq, 4)) && untouched_span(dk, &spk, 4) && untouched_span(dv, &spv, 4),
+                   "gradients written by a refused packed backward");
+    }
+    if (bs != ATTN_OK || jb.v != J_VALID || !tame || !tame_dout || fabsf(d.scale) > TAME_VALUE) return;
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t i = 0; i < TQ; i++)
+            for (int64_t t = 0; t < D; t++) FUZZ_CHECK(isfinite(dq[h * sq[1] + i * sq[2] + t]), "packed dq not finite");
+    for (int64_t h = 0; h < Hkv; h++)
+        for (int64_t i = 0; i < TK; i++) {
+            for (int64_t t = 0; t < D; t++) FUZZ_CHECK(isfinite(dk[h * sk[1] + i * sk[2] + t]), "packed dk not finite");
+            for (int64_t t = 0; t < Dv; t++) FUZZ_CHECK(isfinite(dv[h * sv[1] + i * sv[2] + t]), "packed dv not finite");
+        }
+}
+
+/* ============================================================================================ */
 /* KV caches                                                                                    */
 /* ============================================================================================ */
 
@@ -1933,7 +2073,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 12: fuzz_simple(&e); break;
     case 13: fuzz_linear(&e); break;
     case 14: fuzz_kv_cache(&e); break;
-    default: fuzz_random(&e); break;
+    default: /* 15: half each */
+        if (what & 16) fuzz_varlen(&e);
+        else fuzz_random(&e);
+        break;
     }
     env_release(&e);
     attn_ctx_free(e.ctx);
