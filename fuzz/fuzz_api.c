@@ -1540,7 +1540,7 @@ static void fuzz_linear(env *e) {
 /*
  * attn_sdpa_varlen_fwd and, after a valid one, attn_sdpa_varlen_bwd: up to 3 sequences of drawn
  * lengths (0 to 4) packed end to end, their offsets now and then broken (not from 0, decreasing,
- * edge values, NULL), len_q and len_kv at, above or below the longest sequence, q, k, v and out
+ * edge values, values whose differences overflow, NULL), len_q and len_kv at, above or below the longest sequence, q, k, v and out
  * token-major or head-major with any value in the unused stride[0], the options a packed batch
  * takes (and now and then a mask or weights, which it does not). Judged from attn.h: offsets from
  * 0 increasing, no sequence past the bounds, no mask, no weights, NULL only for lse (forward), the
@@ -1570,7 +1570,11 @@ static void fuzz_varlen(env *e) {
     bool offsets_ok = true;
     if (fuzz_data_chance(fd, 1, 6)) { /* a broken offset */
         int64_t *a = fuzz_data_bool(fd) ? use_q : use_k;
-        a[fuzz_data_pick(fd, (size_t)B + 1)] = fuzz_data_chance(fd, 1, 2) ? fuzz_data_i64_edge(fd) : fuzz_data_i64_range(fd, -2, 9);
+        static const int64_t far[4] = {INT64_MIN, INT64_MAX, INT64_MIN + 1, INT64_MAX - 1}; /* differences overflow */
+        const int pick = (int)fuzz_data_pick(fd, 3);
+        a[fuzz_data_pick(fd, (size_t)B + 1)] = pick == 0   ? far[fuzz_data_pick(fd, 4)]
+                                               : pick == 1 ? fuzz_data_i64_edge(fd)
+                                                           : fuzz_data_i64_range(fd, -2, 9);
         offsets_ok = use_q[0] == 0 && use_k[0] == 0;
         for (int64_t b = 0; b < B; b++) offsets_ok = offsets_ok && use_q[b + 1] >= use_q[b] && use_k[b + 1] >= use_k[b];
         /* offsets still from 0 and increasing but other than the tensors': not a call to make honestly */
