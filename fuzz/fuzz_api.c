@@ -6,8 +6,7 @@
  * (attn_kv_cache_create, append, truncate, reset, attend), the backward passes after valid forwards
  * (attn_sdpa_bwd; the module's attn_mha_forward_train and attn_mha_backward), the module's cached
  * forward (attn_mha_forward_cached), packed batches (attn_sdpa_varlen_fwd and _bwd), and
- * attn_ctx_create
- * (ISA and thread count from the input; the context the rest of the input uses).
+ * attn_ctx_create (ISA and thread count from the input; the context the rest of the input uses).
  *
  * The input chooses an entry point and its arguments: sizes that are small, zero, negative or huge,
  * strides that are permuted-contiguous, broadcast, padded, negative or huge, enum values in and
@@ -126,12 +125,19 @@ static bool is_argument_error(attn_status st) {
 /* The bytes of a dummy buffer (see dummy), handed to calls that must fail. */
 #define DUMMY_BYTES (16 * sizeof(float))
 
+/* Whether the `bytes` bytes at p (a buffer of env_buf: poisoned with 0xCD) still hold the poison;
+ * true for p NULL (none given). */
+static bool poisoned(const void *p, int64_t bytes) {
+    const uint8_t *b = p;
+    for (int64_t i = 0; b != NULL && i < bytes; i++)
+        if (b[i] != 0xCD) return false;
+    return true;
+}
+
 /* A call rejected its arguments: it wrote nothing to the dummy output p (NULL: none given), which
  * `what` names. */
 static void check_untouched(const void *p, const char *what) {
-    const uint8_t *b = p;
-    for (size_t i = 0; b != NULL && i < DUMMY_BYTES; i++)
-        FUZZ_CHECK(b[i] == 0xCD, "%s written by a rejected call", what);
+    FUZZ_CHECK(poisoned(p, (int64_t)DUMMY_BYTES), "%s written by a rejected call", what);
 }
 
 /* ---- values ----------------------------------------------------------------------------------- */
@@ -340,12 +346,9 @@ typedef struct sdpa_views {
     bool plain;
 } sdpa_views;
 
-/* A buffer of a view's span, poisoned (0xCD); untouched_span checks the poison is whole. */
+/* Whether a buffer of span_buf (the pointer for offset 0 of span sp) still holds its poison. */
 static bool untouched_span(const void *base, const span *sp, size_t elem) {
-    const uint8_t *b = (const uint8_t *)base + sp->lo * (int64_t)elem;
-    for (int64_t i = 0, n = span_elems(sp) * (int64_t)elem; i < n; i++)
-        if (b[i] != 0xCD) return false;
-    return true;
+    return poisoned((const uint8_t *)base + sp->lo * (int64_t)elem, span_elems(sp) * (int64_t)elem);
 }
 
 /*
@@ -369,16 +372,18 @@ static void fuzz_sdpa_bwd(env *e, attn_ctx *ctx, const attn_sdpa_desc *d, const 
     const bool needs_state = d->dropout_p > 0.0 && d->dropout_rng != ATTN_DROPOUT_RNG_PHILOX;
     const bool give_state = needs_state ? !fuzz_data_chance(fd, 1, 16) : fuzz_data_chance(fd, 1, 8);
 
-    judge jb = {J_VALID, NULL};
-    if (null_dout || null_lse || null_dq || null_dk || null_dv) bad(&jb, "dout, lse, dq, dk or dv is NULL");
-    if (needs_state && !give_state) bad(&jb, "dropout without the forward's generator state");
+    /* what the call does, which its sizing judges too */
     const struct {
         const int64_t *n, *s;
     } g[3] = {{nq, d->q_stride}, {nk, d->k_stride}, {nv, d->v_stride}};
+    judge jw = {J_VALID, NULL};
     for (int t = 0; t < 3; t++)
         for (int i = 0; i < 4; i++)
-            if (g[t].n[i] > 1 && g[t].s[i] == 0) bad(&jb, "a gradient's stride is 0 on a dimension longer than 1");
-    if (want_dmask && (d->mask == NULL || d->mask_dtype != ATTN_DTYPE_F32)) bad(&jb, "dmask without an F32 mask");
+            if (g[t].n[i] > 1 && g[t].s[i] == 0) bad(&jw, "a gradient's stride is 0 on a dimension longer than 1");
+    if (want_dmask && (d->mask == NULL || d->mask_dtype != ATTN_DTYPE_F32)) bad(&jw, "dmask without an F32 mask");
+    judge jb = jw;
+    if (null_dout || null_lse || null_dq || null_dk || null_dv) bad(&jb, "dout, lse, dq, dk or dv is NULL");
+    if (needs_state && !give_state) bad(&jb, "dropout without the forward's generator state");
     if (!vw->plain) doubt(&jb, "a gradient view overlaps itself");
 
     size_t need = 0;
@@ -387,12 +392,6 @@ static void fuzz_sdpa_bwd(env *e, attn_ctx *ctx, const attn_sdpa_desc *d, const 
         arm(e);
         const attn_status st = attn_sdpa_bwd_workspace_size(ctx, d, want_dmask, &need);
         disarm(e);
-        /* the call's own arguments aside, the sizing judges what the call does */
-        judge jw = {J_VALID, NULL};
-        for (int t = 0; t < 3; t++)
-            for (int i = 0; i < 4; i++)
-                if (g[t].n[i] > 1 && g[t].s[i] == 0) bad(&jw, "a gradient's stride is 0");
-        if (want_dmask && (d->mask == NULL || d->mask_dtype != ATTN_DTYPE_F32)) bad(&jw, "dmask without an F32 mask");
         expect(e, &jw, ctx, st, false, "attn_sdpa_bwd_workspace_size");
         need_known = st == ATTN_OK;
     }
@@ -766,7 +765,6 @@ static void check_finite(const float *p, int64_t n, const char *what) {
     for (int64_t i = 0; i < n; i++) FUZZ_CHECK(isfinite(p[i]), "%s[%lld] = %g", what, (long long)i, (double)p[i]);
 }
 
-/* Runs one forward pass of module m (configuration cfg as created) with arguments from the input. */
 /* A valid forward of mha_forward_once: its context, args (inputs in place), how key and value were
  * given (0 omitted, 1 the previous input's pointer, 2 their own), the inputs' and out's element
  * counts, and its weights buffer (NULL without need_weights). */
@@ -849,11 +847,9 @@ static void mha_train_once(env *e, attn_mha *m, const mha_call *c) {
     } grads[3] = {{dq, c->nq, "dquery"}, {dk, key_is_query ? c->nq : c->nk, "dkey"}, {dv, value_shared ? c->nq : c->nv, "dvalue"}};
     if (is_argument_error(st)) { /* nothing written */
         for (int g = 0; g < 3; g++)
-            for (int64_t i = 0; grads[g].p != NULL && i < grads[g].n * 4; i++)
-                FUZZ_CHECK(((const uint8_t *)grads[g].p)[i] == 0xCD, "%s written by a rejected backward", grads[g].name);
+            FUZZ_CHECK(poisoned(grads[g].p, grads[g].n * 4), "%s written by a rejected backward", grads[g].name);
         for (int i = 0; i < np; i++)
-            for (int64_t t = 0; dparams[i] != NULL && t < pn[i] * 4; t++)
-                FUZZ_CHECK(((const uint8_t *)dparams[i])[t] == 0xCD, "dparams[%d] written by a rejected backward", i);
+            FUZZ_CHECK(poisoned(dparams[i], pn[i] * 4), "dparams[%d] written by a rejected backward", i);
     }
     if (st != ATTN_OK || jb.v != J_VALID || !tame) return;
     for (int g = 0; g < 3; g++)
@@ -862,6 +858,7 @@ static void mha_train_once(env *e, attn_mha *m, const mha_call *c) {
         if (dparams[i] != NULL) check_finite(dparams[i], pn[i], "a parameter's gradient");
 }
 
+/* Runs one forward pass of module m (configuration cfg as created) with arguments from the input. */
 static void mha_forward_once(env *e, attn_mha *m, const attn_mha_config *cfg) {
     fuzz_data *fd = e->fd;
     const int64_t E = cfg->embed_dim, H = cfg->num_heads, kd = cfg->kdim, vd = cfg->vdim;
@@ -1113,9 +1110,7 @@ static void mha_cached_once(env *e, attn_mha *m, const attn_mha_config *rc) {
             if (is_argument_error(st) || st == ATTN_ERR_CAPACITY || st == ATTN_ERR_UNSUPPORTED) {
                 FUZZ_CHECK(memcmp(k0, kst, (size_t)kb) == 0 && memcmp(v0, vst, (size_t)vb) == 0,
                            "a refused cached forward wrote the cache");
-                const int64_t on = small ? nx * 4 : (int64_t)DUMMY_BYTES;
-                for (int64_t i = 0; o != NULL && i < on; i++)
-                    FUZZ_CHECK(((const uint8_t *)o)[i] == 0xCD, "out written by a refused cached forward");
+                FUZZ_CHECK(poisoned(o, small ? nx * 4 : (int64_t)DUMMY_BYTES), "out written by a refused cached forward");
             }
             continue;
         }
@@ -1632,8 +1627,7 @@ static void fuzz_varlen(env *e) {
     expect(e, &j, ctx, st, false, "attn_sdpa_varlen_fwd");
     if (is_argument_error(st) || st == ATTN_ERR_UNSUPPORTED) {
         FUZZ_CHECK(o == NULL || untouched_span(o, &spo, 4), "out written by a refused packed call");
-        for (int64_t i = 0; lse != NULL && i < H * tq * 4; i++)
-            FUZZ_CHECK(((const uint8_t *)lse)[i] == 0xCD, "lse written by a refused packed call");
+        FUZZ_CHECK(poisoned(lse, H * tq * 4), "lse written by a refused packed call");
     }
     if (st != ATTN_OK || j.v != J_VALID) return;
     if (tame && fabsf(d.scale) <= TAME_VALUE)
@@ -1808,9 +1802,8 @@ static void kv_attend_once(env *e, attn_ctx *ctx, const attn_kv_cache *kc, const
     expect(e, &j, ctx, st, ws != SIZE_MAX, "attn_kv_cache_attend");
     drop_workspace(ctx, ws);
     if (is_argument_error(st)) {
-        const int64_t on = small ? no * 4 : (int64_t)DUMMY_BYTES, ln = small ? nl * 4 : (int64_t)DUMMY_BYTES;
-        for (int64_t i = 0; o != NULL && i < on; i++) FUZZ_CHECK(((const uint8_t *)o)[i] == 0xCD, "out written by a rejected attend");
-        for (int64_t i = 0; lse != NULL && i < ln; i++) FUZZ_CHECK(((const uint8_t *)lse)[i] == 0xCD, "lse written by a rejected attend");
+        FUZZ_CHECK(poisoned(o, small ? no * 4 : (int64_t)DUMMY_BYTES), "out written by a rejected attend");
+        FUZZ_CHECK(poisoned(lse, small ? nl * 4 : (int64_t)DUMMY_BYTES), "lse written by a rejected attend");
     }
     if (st != ATTN_OK || j.v != J_VALID || !tame || !tame_cache || fabsf(d.scale) > TAME_VALUE) return;
     check_finite(o, no, "out");
