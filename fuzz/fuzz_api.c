@@ -1635,7 +1635,7 @@ static void fuzz_varlen(env *e) {
             for (int64_t h = 0; h < H; h++)
                 for (int64_t i = cq[b]; i < cq[b + 1]; i++)
                     for (int64_t t = 0; t < Dv; t++) {
-                        const float x = o[h * so[1] + i * so[2] + t];
+                        const float x = o[off4(so, 0, h, i, t)];
                         FUZZ_CHECK(isfinite(x), "packed out = %g", (double)x);
                         FUZZ_CHECK(ck[b + 1] > ck[b] || x == 0.0f, "a sequence without keys gave out = %g", (double)x);
                     }
@@ -1662,11 +1662,11 @@ static void fuzz_varlen(env *e) {
     if (bs != ATTN_OK || jb.v != J_VALID || !tame || !tame_dout || fabsf(d.scale) > TAME_VALUE) return;
     for (int64_t h = 0; h < H; h++)
         for (int64_t i = 0; i < TQ; i++)
-            for (int64_t t = 0; t < D; t++) FUZZ_CHECK(isfinite(dq[h * sq[1] + i * sq[2] + t]), "packed dq not finite");
+            for (int64_t t = 0; t < D; t++) FUZZ_CHECK(isfinite(dq[off4(sq, 0, h, i, t)]), "packed dq not finite");
     for (int64_t h = 0; h < Hkv; h++)
         for (int64_t i = 0; i < TK; i++) {
-            for (int64_t t = 0; t < D; t++) FUZZ_CHECK(isfinite(dk[h * sk[1] + i * sk[2] + t]), "packed dk not finite");
-            for (int64_t t = 0; t < Dv; t++) FUZZ_CHECK(isfinite(dv[h * sv[1] + i * sv[2] + t]), "packed dv not finite");
+            for (int64_t t = 0; t < D; t++) FUZZ_CHECK(isfinite(dk[off4(sk, 0, h, i, t)]), "packed dk not finite");
+            for (int64_t t = 0; t < Dv; t++) FUZZ_CHECK(isfinite(dv[off4(sv, 0, h, i, t)]), "packed dv not finite");
         }
 }
 

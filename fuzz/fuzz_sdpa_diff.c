@@ -193,8 +193,8 @@ static void diff_kv_cache(pair *p) {
 static void forward_tolerances(const pair *p, const attn_sdpa_desc *d, const float *q, int64_t cq, const float *k,
                                int64_t ck, const float *v, int64_t cv, const sdpa_extras *ex, double mmax, int64_t S,
                                bool extra_nonfinite, tol *t_out, tol *t_lse, double *ds_out) {
-    const double scale = d->scale != 0.0f ? fabs((double)d->scale) : 1.0 / sqrt((double)d->head_dim);
-    const double smag = scale * (double)d->head_dim * max_abs(q, cq) * max_abs(k, ck) + 2.0 * mmax + ex->alibi_mag;
+    const double scale = d->scale != 0.0f ? fabs((double)d->scale) : 1.0 / sqrt((double)d->head_dim), qmax = max_abs(q, cq);
+    const double smag = scale * (double)d->head_dim * qmax * max_abs(k, ck) + 2.0 * mmax + ex->alibi_mag;
     const double cap = d->softcap > 0.0f ? fmin((double)d->softcap, smag) : 0.0;
     const double ds = 1e-6 + 4.0 * (double)(d->head_dim + 4) * U * smag + 16.0 * U * cap;
     const double keep = d->dropout_p > 0.0 && d->dropout_p < 1.0 ? 1.0 / (1.0 - d->dropout_p) : 1.0;
@@ -218,7 +218,6 @@ static void forward_tolerances(const pair *p, const attn_sdpa_desc *d, const flo
     }
     /* The fused kernels fold scale * log2(e) into q; attn.h leaves the result open when a product
      * leaves the float range, although the scores may fit. */
-    const double qmax = max_abs(q, cq);
     if (scale * (qmax > 1.0 ? qmax : 1.0) > (double)FLT_MAX / 4.0) {
         loose_nonfinite = true;
         t_out->abs = t_lse->abs = INFINITY;
