@@ -542,6 +542,25 @@ typedef struct attn_sdpa_desc {
     attn_dropout_rng dropout_rng;
     uint32_t dropout_offset;
     uint64_t dropout_seed;
+    /* Attention sinks (gpt-oss's per-head sink logits; ggml's ggml_flash_attn_ext_add_sinks): NULL,
+     * or H float32 logits, one per query head (host memory). Each row's softmax gains a term
+     * without a value: with the row's scores s_j (after the masks) and z = sinks[h],
+     *   p_j = exp(s_j) / (exp(z) + sum_k exp(s_k)),   out = sum_j p_j v_j,
+     *   lse = log(exp(z) + sum_k exp(s_k))
+     * as softmax over the row with z appended, its last column dropped (Hugging Face's gpt-oss
+     * eager attention), so a row can give weight to nothing: its weights sum to less than 1, a
+     * fully masked row gives zeros and lse = z. Dropout applies to the keys' weights; the weights
+     * output (weights_mode) holds the keys' p_j. z = -inf is no sink for that head; a NaN or +inf
+     * z makes every row of the head NaN (out and lse), as softmax over the extended row does. The
+     * fused kernels add the sink to a row's sum in double once its keys are summed, z in their
+     * log2 domain (a z past about +-2.36e38 counts as that value: the note on float arithmetic
+     * before attn_causal), so the error bounds of kv_dtype and q_dtype above hold as without a
+     * sink. Every SDPA call takes them: padded and packed batches, KV cache attends, the
+     * backwards (attn_sdpa_bwd and attn_sdpa_varlen_bwd take the same desc; the sinks enter
+     * through lse) and the sinks' own gradient, attn_sdpa_sinks_bwd. The checks
+     * (attn_sdpa_desc_check) do not read them. Not supported by libattn_cuda yet, nor with context
+     * parallelism (attn_cp.h): both answer ATTN_ERR_UNSUPPORTED. */
+    const float *sinks;
 } attn_sdpa_desc;
 
 /** Zeroes `desc`: no masks, no dropout, default scale, n_kv_heads = H, head_dim_v = D. */
@@ -614,6 +633,25 @@ ATTN_API attn_status attn_sdpa_bwd_workspace_size(const attn_ctx *ctx, const att
 ATTN_API attn_status attn_sdpa_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const void *q, const void *k,
                                    const void *v, const void *out, const void *dout, const float *lse,
                                    const attn_generator *dropout_state, void *dq, void *dk, void *dv, float *dmask);
+
+/**
+ * Gradient of the attention sinks (attn_sdpa_desc.sinks) from the forward's out and lse:
+ *   dsinks[h] = -sum_{b, i} exp(sinks[h] - lse[b, h, i]) (dout[b, h, i, :] . out[b, h, i, :])
+ * (the sink's weight in the row times minus the row's dout . out; with dropout too, as out holds
+ * the dropped weights' sum). Each head's sum is formed in double over (b, i) in order and rounded
+ * to float once: the same bits on every thread count and instruction set. A row where the sink
+ * has no weight (z = -inf) adds nothing, whatever its out and dout hold.
+ * @param cu_seqlens_q, cu_seqlens_k  NULL for the (B, H, L) tensors of attn_sdpa_fwd; or both
+ *                  the offsets of a packed batch (then out, dout and lse are laid out as
+ *                  attn_sdpa_varlen_fwd's, and the offsets are checked as it checks them)
+ * @param out, dout (B, H, L, Dv) at o_stride, of out_dtype (or packed)
+ * @param lse       the forward's log-sum-exp ((B, H, L), or (H, total_q) packed)
+ * @param dsinks    (H) float32, overwritten
+ * @return ATTN_OK; ATTN_ERR_INVALID_ARG when desc->sinks is NULL, or as attn_sdpa_bwd.
+ */
+ATTN_API attn_status attn_sdpa_sinks_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const int64_t *cu_seqlens_q,
+                                         const int64_t *cu_seqlens_k, const void *out, const void *dout,
+                                         const float *lse, float *dsinks);
 
 /*
  * Variable-length packed batches (FlashAttention's varlen interface): desc->batch sequences laid

@@ -168,8 +168,8 @@ ATTN_CUDA_API attn_status attn_cuda_ctx_reserve(attn_cuda_ctx *ctx, size_t size)
 /*
  * The GPU runs attn_sdpa_desc as attn.h defines it (the descriptor is checked by
  * attn_sdpa_desc_check, as on the CPU), with these limits (ATTN_ERR_UNSUPPORTED otherwise):
- * dropout only from ATTN_DROPOUT_RNG_PHILOX, weights_mode = NONE; head_dim and head_dim_v <= 1024. The mask, key padding mask
- * and alibi_slopes pointers are device pointers. Kernels:
+ * dropout only from ATTN_DROPOUT_RNG_PHILOX, weights_mode = NONE, no sinks (yet); head_dim and head_dim_v <= 1024. The
+ * mask, key padding mask and alibi_slopes pointers are device pointers. Kernels:
  *  - "flash": tensor cores (mma.sync, sm_80 and later) for q, k, v and out all BF16 or all F16,
  *    head_dim = head_dim_v in {32, 64, 96, 128, 256}, unit stride along D and 16-byte aligned
  *    pointers and row strides (multiples of 8 elements);

@@ -157,6 +157,13 @@ size_t attn__sdpa_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, con
 void attn__sdpa_run(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const void *q,
                     const void *k, const void *v, void *out, float *lse, float *weights, void *ws);
 
+// The end of a fused kernel's softmax row (sinks.c): m and l are the row's running max and sum in
+// base 2 (l = sum_j 2^(s_j - m) over the keys seen; 0 when none was, NaN after a NaN score). Adds
+// the head's sink when `sinks` is not NULL (attn.h, attn_sdpa_desc.sinks), writes the row's
+// natural-log lse (when lse is not NULL) and returns the factor of the unnormalised output:
+// keep_scale / the normaliser, 0 for a row without weight, NaN for a NaN row.
+float attn__softmax_finish(float m, float l, float keep_scale, const float *sinks, int64_t h, float *lse);
+
 // The scalar reference kernel (src/ref/sdpa_ref.c): the specification every other kernel is
 // tested against. Workspace: attn__sdpa_ref_workspace bytes.
 size_t attn__sdpa_ref_workspace(const attn__sdpa_shape *sh);

@@ -122,11 +122,12 @@ static attn_status take_workspace(attn_ctx *ctx, const attn_sdpa_desc *whole, in
     return ATTN_OK;
 }
 
-// Zeroes rows [r0, r0 + n) of every head of an (H, rows, w) view at strides s, of dtype dt.
-static void zero_rows(void *x, attn_dtype dt, const int64_t s[4], int64_t H, int64_t r0, int64_t n, int64_t w) {
-    for (int64_t h = 0; h < H; h++)
+// Sets rows [r0, r0 + n) of heads [h0, h1) of an (H, rows, w) view at strides s, of dtype dt, to x0.
+static void fill_rows(void *x, attn_dtype dt, const int64_t s[4], int64_t h0, int64_t h1, int64_t r0, int64_t n,
+                      int64_t w, float x0) {
+    for (int64_t h = h0; h < h1; h++)
         for (int64_t i = r0; i < r0 + n; i++)
-            for (int64_t e = 0; e < w; e++) attn__elem_set(x, dt, h * s[1] + i * s[2] + e * s[3], 0.0f);
+            for (int64_t e = 0; e < w; e++) attn__elem_set(x, dt, h * s[1] + i * s[2] + e * s[3], x0);
 }
 
 attn_status attn_sdpa_varlen_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, const int64_t *cu_seqlens_q,
@@ -150,10 +151,13 @@ attn_status attn_sdpa_varlen_fwd(attn_ctx *ctx, const attn_sdpa_desc *desc, cons
         bool runs;
         ATTN_RETURN_IF_ERR(prepare_seq(ctx, &s, &sh, &run, &runs));
         if (s.L == 0) continue;
-        if (!runs) { // queries without keys: zeros, lse -inf
-            zero_rows(out, whole.out_dtype, whole.o_stride, H, s.q0, s.L, wsh.Dv);
-            for (int64_t h = 0; lse != NULL && h < H; h++)
-                for (int64_t i = 0; i < s.L; i++) lse[h * total_q + s.q0 + i] = -(float)INFINITY;
+        if (!runs) { // queries without keys: zeros and lse -inf, or the sink's (attn__softmax_finish)
+            for (int64_t h = 0; h < H; h++) {
+                float row_lse;
+                const float inv = attn__softmax_finish(-INFINITY, 0.0f, 1.0f, whole.sinks, h, &row_lse);
+                fill_rows(out, whole.out_dtype, whole.o_stride, h, h + 1, s.q0, s.L, wsh.Dv, 0.0f * inv); // NaN sink: NaN
+                for (int64_t i = 0; lse != NULL && i < s.L; i++) lse[h * total_q + s.q0 + i] = row_lse;
+            }
             continue;
         }
         attn__sdpa_run(ctx, &run, &sh, rows_at(q, whole.q_dtype, s.q0, whole.q_stride[2]),
@@ -196,9 +200,9 @@ attn_status attn_sdpa_varlen_bwd(attn_ctx *ctx, const attn_sdpa_desc *desc, cons
         bool runs;
         ATTN_RETURN_IF_ERR(prepare_seq(ctx, &s, &sh, &run, &runs));
         if (!runs) { // no queries: keys and values get no gradient; no keys: neither do the queries
-            zero_rows(dk, whole.grad_dtype, whole.k_stride, wsh.Hkv, s.k0, s.S, wsh.D);
-            zero_rows(dv, whole.grad_dtype, whole.v_stride, wsh.Hkv, s.k0, s.S, wsh.Dv);
-            zero_rows(dq, whole.grad_dtype, whole.q_stride, H, s.q0, s.L, wsh.D);
+            fill_rows(dk, whole.grad_dtype, whole.k_stride, 0, wsh.Hkv, s.k0, s.S, wsh.D, 0.0f);
+            fill_rows(dv, whole.grad_dtype, whole.v_stride, 0, wsh.Hkv, s.k0, s.S, wsh.Dv, 0.0f);
+            fill_rows(dq, whole.grad_dtype, whole.q_stride, 0, H, s.q0, s.L, wsh.D, 0.0f);
             continue;
         }
         for (int64_t h = 0; h < H; h++) memcpy(lse_tmp + h * s.L, lse + h * total_q + s.q0, (size_t)s.L * sizeof(float));

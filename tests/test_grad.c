@@ -29,8 +29,10 @@ typedef struct prob {
     float softcap;   // 0 none
     attn_dtype kvdt; // k and v as F32 (0), F16 or BF16
     int philox;      // dropout from Philox (ATTN_DROPOUT_RNG_PHILOX) instead of the context's generator
+    int sinks;       // attention sinks, one per head in [-1, 2]
 } prob;
-#define NO_EXT 0, 0, 0, 0, 0.0f, ATTN_DTYPE_F32, 0 // no window, ALiBi, soft-capping; float k and v; torch's dropout
+// no window, ALiBi, soft-capping or sinks; float k and v; torch's dropout
+#define NO_EXT 0, 0, 0, 0, 0.0f, ATTN_DTYPE_F32, 0, 0
 
 typedef struct tensors {
     double *q, *k, *v, *fmask; // double copies (the finite-difference variables)
@@ -41,6 +43,8 @@ typedef struct tensors {
     uint16_t *kh, *vh;  // half-precision k and v (kvdt F16 / BF16); kf, vf, k, v hold their values
     const void *kp, *vp; // what the calls get
     float *slopes;
+    double *z;  // the sinks (H), a finite-difference variable, and as floats in zf
+    float *zf;
     attn_sdpa_desc d;
     int64_t nq, nk, nv, no, nm, nmask;
 } tensors;
@@ -91,6 +95,8 @@ static tensors make(const prob *p, uint32_t seed) {
     }
     t.slopes = malloc((size_t)p->H * 4);
     for (int64_t h = 0; h < p->H; h++) t.slopes[h] = ldexpf(1.0f, -(int)(h + 1));
+    t.z = malloc((size_t)p->H * 8), t.zf = malloc((size_t)p->H * 4);
+    for (int64_t h = 0; h < p->H; h++) t.zf[h] = (float)(3 * rand_unit_d(&seed) - 1), t.z[h] = t.zf[h];
     attn_generator gen;
     attn_generator_seed(&gen, dropout_seed);
     if (p->dropout > 0 && !p->philox) attn_rand_bernoulli(&gen, t.keep, t.nm, 1.0 - p->dropout); // the forward's draws
@@ -111,6 +117,7 @@ static tensors make(const prob *p, uint32_t seed) {
     d->kv_dtype = p->kvdt, d->softcap = p->softcap;
     if (p->philox) d->dropout_rng = ATTN_DROPOUT_RNG_PHILOX, d->dropout_seed = dropout_seed, d->dropout_offset = 5u;
     if (p->alibi) d->alibi_slopes = t.slopes;
+    if (p->sinks) d->sinks = t.zf;
     if (p->window) d->use_window = 1, d->window_left = p->wl, d->window_right = p->wr;
     if (p->mask) {
         d->mask = p->mask == 1 ? (const void *)t.bmask : (const void *)t.fmaskf;
@@ -128,10 +135,10 @@ static tensors make(const prob *p, uint32_t seed) {
 static void release(tensors *t) {
     free(t->q), free(t->k), free(t->v), free(t->qf), free(t->kf), free(t->vf), free(t->g), free(t->fmask);
     free(t->fmaskf), free(t->bmask), free(t->bkpm), free(t->fkpm), free(t->keep), free(t->kh), free(t->vh);
-    free(t->slopes);
+    free(t->slopes), free(t->z), free(t->zf);
 }
 
-// loss = sum G * out in double, for the double copies of q, k, v and the float mask.
+// loss = sum G * out in double, for the double copies of q, k, v, the float mask and the sinks.
 static double loss(const prob *p, const tensors *t) {
     // the scale as the float the library uses
     const double scale = p->scale != 0 ? (double)p->scale : (double)(float)(1.0 / sqrt((double)p->D));
@@ -168,7 +175,10 @@ static double loss(const prob *p, const tensors *t) {
                     s[j] += bias;
                     if (s[j] > mx) mx = s[j];
                 }
+                const double z = p->sinks ? t->z[h] : -INFINITY; // the sink: one more term of the sum
+                if (z > mx) mx = z;
                 if (mx == -INFINITY) continue; // fully masked: zero output
+                sum = exp(z - mx);
                 for (int64_t j = 0; j < p->S; j++) sum += s[j] == -INFINITY ? 0 : exp(s[j] - mx);
                 for (int64_t j = 0; j < p->S; j++) {
                     if (s[j] == -INFINITY) continue;
@@ -214,8 +224,10 @@ static void compare(const char *what, const char *isa, const float *got, const d
              isa, worst, (long long)bad, (double)got[bad], want[bad], scale);
 }
 
-// The forward's output and lse on ctx (dropout drawn from dropout_seed), then the backward.
-static void run_both(attn_ctx *ctx, const prob *p, const tensors *t, float *dq, float *dk, float *dv, float *dmask) {
+// The forward's output and lse on ctx (dropout drawn from dropout_seed), then the backward (and the
+// sinks' gradient into dz when the problem has sinks).
+static void run_both(attn_ctx *ctx, const prob *p, const tensors *t, float *dq, float *dk, float *dv, float *dmask,
+                     float *dz) {
     float *out = malloc((size_t)t->no * 4), *lse = malloc((size_t)(p->B * p->H * p->L) * 4);
     attn_generator *g = attn_ctx_generator(ctx);
     attn_generator_seed(g, dropout_seed);
@@ -226,33 +238,36 @@ static void run_both(attn_ctx *ctx, const prob *p, const tensors *t, float *dq, 
     attn_status st = attn_sdpa_bwd(ctx, &t->d, t->qf, t->kp, t->vp, out, t->g, lse,
                                    p->dropout > 0 && !p->philox ? &start : NULL, dq, dk, dv, dmask);
     if (st != ATTN_OK) FAIL("sdpa_bwd: %s", attn_ctx_last_error(ctx));
+    if (p->sinks) ASSERT_OK(attn_sdpa_sinks_bwd(ctx, &t->d, NULL, NULL, out, t->g, lse, dz));
     free(out), free(lse);
 }
 
 static void check_against_fd(const prob *p, uint32_t seed) {
     tensors t = make(p, seed);
     double *gq = malloc((size_t)t.nq * 8), *gk = malloc((size_t)t.nk * 8), *gv = malloc((size_t)t.nv * 8);
-    double *gm = malloc((size_t)t.nmask * 8);
+    double *gm = malloc((size_t)t.nmask * 8), *gz = malloc((size_t)p->H * 8);
     finite_diff(p, &t, t.q, t.nq, gq);
     finite_diff(p, &t, t.k, t.nk, gk);
     finite_diff(p, &t, t.v, t.nv, gv);
     const bool want_dmask = p->mask >= 2;
     if (want_dmask) finite_diff(p, &t, t.fmask, t.nmask, gm);
+    if (p->sinks) finite_diff(p, &t, t.z, p->H, gz);
     float *dq = malloc((size_t)t.nq * 4), *dk = malloc((size_t)t.nk * 4), *dv = malloc((size_t)t.nv * 4);
-    float *dmask = malloc((size_t)t.nmask * 4);
+    float *dmask = malloc((size_t)t.nmask * 4), *dz = malloc((size_t)p->H * 4);
     const attn_isa isas[4] = {ATTN_ISA_REF, ATTN_ISA_GENERIC, ATTN_ISA_AVX2, ATTN_ISA_AVX512};
     for (int i = 0; i < 4; i++) {
         if (!attn_isa_supported(isas[i])) continue;
         attn_ctx *ctx = test_ctx(isas[i], 2);
-        run_both(ctx, p, &t, dq, dk, dv, want_dmask ? dmask : NULL);
+        run_both(ctx, p, &t, dq, dk, dv, want_dmask ? dmask : NULL, dz);
         const char *name = attn_isa_name(isas[i]);
         compare("dq", name, dq, gq, t.nq);
         compare("dk", name, dk, gk, t.nk);
         compare("dv", name, dv, gv, t.nv);
         if (want_dmask) compare("dmask", name, dmask, gm, t.nmask);
+        if (p->sinks) compare("dsinks", name, dz, gz, p->H);
         attn_ctx_free(ctx);
     }
-    free(gq), free(gk), free(gv), free(gm), free(dq), free(dk), free(dv), free(dmask);
+    free(gq), free(gk), free(gv), free(gm), free(gz), free(dq), free(dk), free(dv), free(dmask), free(dz);
     release(&t);
 }
 
@@ -269,15 +284,19 @@ static void test_finite_differences_every_option(void) {
         {2, 3, 1, 4, 5, 3, 3, ATTN_CAUSAL_NONE, 4, 1, 0.0f, 0.0, NO_EXT},              // float (H, L, S) over B, MQA
         {2, 2, 2, 4, 6, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.5, NO_EXT},              // dropout
         {1, 2, 1, 5, 5, 4, 2, ATTN_CAUSAL_TOP_LEFT, 2, 1, 0.5f, 0.3, NO_EXT},  // everything at once
-        {1, 2, 2, 6, 7, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 1, 2, 1, 0, 0.0f, 0, 0},       // local window
-        {1, 2, 2, 5, 7, 3, 3, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0.0f, 0.0, 1, 1, -1, 0, 0.0f, 0, 0}, // window + causal
-        {1, 2, 1, 5, 6, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 0, 0, 0, 1, 0.0f, 0, 0},       // ALiBi, GQA
-        {1, 2, 2, 4, 5, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 3.0f, 0.0, 0, 0, 0, 0, 1.0f, 0, 0},       // soft-capping
-        {1, 2, 2, 4, 5, 3, 3, ATTN_CAUSAL_NONE, 2, 0, 0.0f, 0.0, 0, 0, 0, 1, 2.0f, 0, 0},       // cap + ALiBi + mask
-        {1, 2, 2, 4, 5, 3, 3, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 0.0f, ATTN_DTYPE_F16, 0},
-        {1, 2, 1, 4, 5, 3, 2, ATTN_CAUSAL_NONE, 0, 1, 0.0f, 0.0, 1, 1, 1, 1, 1.5f, ATTN_DTYPE_BF16, 0}, // all new ones
-        {2, 2, 2, 4, 6, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.5, 0, 0, 0, 0, 0.0f, 0, 1},          // Philox dropout
-        {1, 2, 1, 5, 7, 4, 2, ATTN_CAUSAL_TOP_LEFT, 2, 1, 0.5f, 0.3, 1, 3, 1, 1, 1.0f, 0, 1},    // ... with the rest
+        {1, 2, 2, 6, 7, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 1, 2, 1, 0, 0.0f, 0, 0, 0},       // local window
+        {1, 2, 2, 5, 7, 3, 3, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0.0f, 0.0, 1, 1, -1, 0, 0.0f, 0, 0, 0}, // window + causal
+        {1, 2, 1, 5, 6, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 0, 0, 0, 1, 0.0f, 0, 0, 0},       // ALiBi, GQA
+        {1, 2, 2, 4, 5, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 3.0f, 0.0, 0, 0, 0, 0, 1.0f, 0, 0, 0},       // soft-capping
+        {1, 2, 2, 4, 5, 3, 3, ATTN_CAUSAL_NONE, 2, 0, 0.0f, 0.0, 0, 0, 0, 1, 2.0f, 0, 0, 0},       // cap + ALiBi + mask
+        {1, 2, 2, 4, 5, 3, 3, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 0.0f, ATTN_DTYPE_F16, 0, 0},
+        {1, 2, 1, 4, 5, 3, 2, ATTN_CAUSAL_NONE, 0, 1, 0.0f, 0.0, 1, 1, 1, 1, 1.5f, ATTN_DTYPE_BF16, 0, 0}, // all new ones
+        {2, 2, 2, 4, 6, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.5, 0, 0, 0, 0, 0.0f, 0, 1, 0},          // Philox dropout
+        {1, 2, 1, 5, 7, 4, 2, ATTN_CAUSAL_TOP_LEFT, 2, 1, 0.5f, 0.3, 1, 3, 1, 1, 1.0f, 0, 1, 0},    // ... with the rest
+        {2, 2, 1, 4, 5, 3, 2, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 0.0f, 0, 0, 1},       // sinks, GQA
+        {1, 2, 2, 6, 3, 3, 3, ATTN_CAUSAL_BOTTOM_RIGHT, 2, 0, 0.0f, 0.0, 0, 0, 0, 0, 0.0f, 0, 0, 1}, // + rows seeing nothing
+        {1, 2, 1, 5, 7, 4, 2, ATTN_CAUSAL_TOP_LEFT, 2, 1, 0.5f, 0.3, 1, 3, 1, 1, 1.0f, 0, 1, 1},    // + everything
+        {2, 2, 2, 4, 6, 3, 3, ATTN_CAUSAL_NONE, 1, 0, 0.0f, 0.5, 0, 0, 0, 0, 0.0f, ATTN_DTYPE_BF16, 0, 1}, // torch dropout
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) check_against_fd(&cases[c], 11u * (uint32_t)c + 3u);
 }
@@ -293,12 +312,14 @@ static void test_fused_against_reference(void) {
         {1, 2, 2, 200, 64, 7, 65, ATTN_CAUSAL_TOP_LEFT, 4, 0, 0.0f, 0.0, NO_EXT},
         {2, 4, 2, 90, 75, 16, 16, ATTN_CAUSAL_NONE, 1, 2, 0.0f, 0.3, NO_EXT}, // one pass with dropout and masks
         {3, 2, 2, 64, 200, 32, 48, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 1, 0.7f, 0.0, NO_EXT},
-        {2, 4, 2, 100, 300, 32, 32, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 1, 70, 10, 1, 0.0f, 0, 0},  // window: tiles skipped
-        {1, 2, 2, 130, 130, 24, 24, ATTN_CAUSAL_TOP_LEFT, 2, 0, 0.0f, 0.0, 1, 40, -1, 0, 2.0f, 0, 0}, // cap, dmask
-        {2, 2, 1, 70, 150, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 1, 0.0f, 0.1, 0, 0, 0, 1, 0.0f, ATTN_DTYPE_F16, 0},
-        {3, 4, 2, 65, 129, 40, 24, ATTN_CAUSAL_NONE, 1, 0, 0.0f, 0.0, 1, 3, 3, 0, 4.0f, ATTN_DTYPE_BF16, 0}, // one pass
-        {2, 4, 2, 90, 75, 16, 16, ATTN_CAUSAL_NONE, 1, 2, 0.0f, 0.3, 0, 0, 0, 0, 0.0f, 0, 1},      // Philox, one pass
-        {1, 2, 2, 130, 131, 24, 40, ATTN_CAUSAL_TOP_LEFT, 2, 0, 0.0f, 0.2, 0, 0, 0, 1, 0.0f, ATTN_DTYPE_F16, 1}, // dmask
+        {2, 4, 2, 100, 300, 32, 32, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 1, 70, 10, 1, 0.0f, 0, 0, 0},  // window: tiles skipped
+        {1, 2, 2, 130, 130, 24, 24, ATTN_CAUSAL_TOP_LEFT, 2, 0, 0.0f, 0.0, 1, 40, -1, 0, 2.0f, 0, 0, 0}, // cap, dmask
+        {2, 2, 1, 70, 150, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 1, 0.0f, 0.1, 0, 0, 0, 1, 0.0f, ATTN_DTYPE_F16, 0, 0},
+        {3, 4, 2, 65, 129, 40, 24, ATTN_CAUSAL_NONE, 1, 0, 0.0f, 0.0, 1, 3, 3, 0, 4.0f, ATTN_DTYPE_BF16, 0, 0}, // one pass
+        {2, 4, 2, 90, 75, 16, 16, ATTN_CAUSAL_NONE, 1, 2, 0.0f, 0.3, 0, 0, 0, 0, 0.0f, 0, 1, 0},      // Philox, one pass
+        {1, 2, 2, 130, 131, 24, 40, ATTN_CAUSAL_TOP_LEFT, 2, 0, 0.0f, 0.2, 0, 0, 0, 1, 0.0f, ATTN_DTYPE_F16, 1, 0}, // dmask
+        {2, 4, 2, 150, 70, 32, 16, ATTN_CAUSAL_BOTTOM_RIGHT, 2, 1, 0.0f, 0.0, 0, 0, 0, 0, 0.0f, 0, 0, 1}, // sinks
+        {1, 4, 1, 90, 200, 16, 24, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.3, 1, 30, 5, 1, 2.0f, ATTN_DTYPE_BF16, 1, 1},
     };
     // Without a mask gradient, 1 thread takes the one-pass schedule and 3 threads the two passes
     // whenever B * Hkv < 6: the bit comparison below covers both schedules.
@@ -306,27 +327,28 @@ static void test_fused_against_reference(void) {
         const prob *p = &cases[c];
         tensors t = make(p, 100u + (uint32_t)c);
         const bool want_dmask = p->mask >= 2;
-        float *r[4], *f[4], *f3[4];
-        const int64_t n[4] = {t.nq, t.nk, t.nv, t.nmask};
-        for (int i = 0; i < 4; i++)
+        float *r[5], *f[5], *f3[5];
+        const int64_t n[5] = {t.nq, t.nk, t.nv, t.nmask, p->H};
+        for (int i = 0; i < 5; i++)
             r[i] = malloc((size_t)n[i] * 4), f[i] = malloc((size_t)n[i] * 4), f3[i] = malloc((size_t)n[i] * 4);
         attn_ctx *ref = test_ctx(ATTN_ISA_REF, 1);
-        run_both(ref, p, &t, r[0], r[1], r[2], want_dmask ? r[3] : NULL);
+        run_both(ref, p, &t, r[0], r[1], r[2], want_dmask ? r[3] : NULL, r[4]);
         attn_ctx_free(ref);
         const attn_isa isas[3] = {ATTN_ISA_GENERIC, ATTN_ISA_AVX2, ATTN_ISA_AVX512};
         for (int i = 0; i < 3; i++) {
             if (!attn_isa_supported(isas[i])) continue;
             attn_ctx *c1 = test_ctx(isas[i], 1), *c3 = test_ctx(isas[i], 3);
-            run_both(c1, p, &t, f[0], f[1], f[2], want_dmask ? f[3] : NULL);
-            for (int g = 0; g < (want_dmask ? 4 : 3); g++)
-                harness_assert_close(__FILE__, __LINE__, attn_isa_name(isas[i]), f[g], r[g], n[g], 1e-5, 1e-4);
-            run_both(c3, p, &t, f3[0], f3[1], f3[2], want_dmask ? f3[3] : NULL);
+            run_both(c1, p, &t, f[0], f[1], f[2], want_dmask ? f[3] : NULL, f[4]);
+            for (int g = 0; g < 5; g++)
+                if (g < 3 || (g == 3 && want_dmask) || (g == 4 && p->sinks))
+                    harness_assert_close(__FILE__, __LINE__, attn_isa_name(isas[i]), f[g], r[g], n[g], 1e-5, 1e-4);
+            run_both(c3, p, &t, f3[0], f3[1], f3[2], want_dmask ? f3[3] : NULL, f3[4]);
             for (int g = 0; g < (want_dmask ? 4 : 3); g++)
                 if (memcmp(f[g], f3[g], (size_t)n[g] * 4) != 0)
                     FAIL("%s: gradient %d differs between 1 and 3 threads", attn_isa_name(isas[i]), g);
             attn_ctx_free(c1), attn_ctx_free(c3);
         }
-        for (int i = 0; i < 4; i++) free(r[i]), free(f[i]), free(f3[i]);
+        for (int i = 0; i < 5; i++) free(r[i]), free(f[i]), free(f3[i]);
         release(&t);
     }
 }
@@ -344,7 +366,7 @@ static void test_masked_rows_and_nan(void) {
         if (!attn_isa_supported(isas[i])) continue;
         attn_ctx *ctx = test_ctx(isas[i], 2);
         if (t.bmask[(p.L - 1) * p.S + p.S - 1]) t.bmask[(p.L - 1) * p.S + p.S - 1] = 0; // the last row sees it
-        run_both(ctx, &p, &t, dq, dk, dv, NULL);
+        run_both(ctx, &p, &t, dq, dk, dv, NULL, NULL);
         for (int64_t e = 0; e < p.D; e++) {
             ASSERT_TRUE(dq[(0 * p.L + 3) * p.D + e] == 0.0f); // the fully masked row
             ASSERT_TRUE(isfinite(dq[(0 * p.L + 10) * p.D + e]));
@@ -365,14 +387,14 @@ static void check_like_reference(const prob *p, const tensors *t, bool want_dmas
     for (int g = 0; g < 4; g++)
         r[g] = calloc((size_t)n[g], 4), f[g] = calloc((size_t)n[g], 4), f3[g] = calloc((size_t)n[g], 4);
     attn_ctx *ref = test_ctx(ATTN_ISA_REF, 1);
-    run_both(ref, p, t, r[0], r[1], r[2], want_dmask ? r[3] : NULL);
+    run_both(ref, p, t, r[0], r[1], r[2], want_dmask ? r[3] : NULL, NULL);
     attn_ctx_free(ref);
     const attn_isa isas[3] = {ATTN_ISA_GENERIC, ATTN_ISA_AVX2, ATTN_ISA_AVX512};
     for (int i = 0; i < 3; i++) {
         if (!attn_isa_supported(isas[i])) continue;
         attn_ctx *c1 = test_ctx(isas[i], 1), *c3 = test_ctx(isas[i], 3);
-        run_both(c1, p, t, f[0], f[1], f[2], want_dmask ? f[3] : NULL);
-        run_both(c3, p, t, f3[0], f3[1], f3[2], want_dmask ? f3[3] : NULL);
+        run_both(c1, p, t, f[0], f[1], f[2], want_dmask ? f[3] : NULL, NULL);
+        run_both(c3, p, t, f3[0], f3[1], f3[2], want_dmask ? f3[3] : NULL, NULL);
         for (int g = 0; g < (want_dmask ? 4 : 3); g++) {
             for (int64_t e = 0; e < n[g]; e++) {
                 harness_checks++;
@@ -452,6 +474,23 @@ static void test_errors(void) {
     ASSERT_OK(attn_sdpa_bwd_workspace_size(ctx, &t.d, 0, &bytes));
     ASSERT_TRUE(bytes > 0);
     ASSERT_STATUS(attn_sdpa_bwd_workspace_size(ctx, &t.d, 1, &bytes), ATTN_ERR_BAD_MASK);
+    // the sinks' gradient: a desc without sinks, NULL arguments, one packed offset array without
+    // the other, a bad descriptor; dsinks untouched by each
+    float dz[2] = {-7.0f, -7.0f};
+    const int64_t cu[2] = {0, 4};
+    ASSERT_STATUS(attn_sdpa_sinks_bwd(ctx, &t.d, NULL, NULL, out, t.g, lse, dz), ATTN_ERR_INVALID_ARG);
+    d = t.d;
+    d.sinks = t.zf;
+    ASSERT_STATUS(attn_sdpa_sinks_bwd(ctx, &d, NULL, NULL, NULL, t.g, lse, dz), ATTN_ERR_INVALID_ARG);
+    ASSERT_STATUS(attn_sdpa_sinks_bwd(ctx, &d, NULL, NULL, out, t.g, lse, NULL), ATTN_ERR_INVALID_ARG);
+    ASSERT_STATUS(attn_sdpa_sinks_bwd(ctx, &d, cu, NULL, out, t.g, lse, dz), ATTN_ERR_INVALID_ARG);
+    ASSERT_STATUS(attn_sdpa_sinks_bwd(NULL, &d, NULL, NULL, out, t.g, lse, dz), ATTN_ERR_INVALID_ARG);
+    d.n_heads = 3; // not a multiple of n_kv_heads
+    ASSERT_STATUS(attn_sdpa_sinks_bwd(ctx, &d, NULL, NULL, out, t.g, lse, dz), ATTN_ERR_BAD_SHAPE);
+    ASSERT_TRUE(dz[0] == -7.0f && dz[1] == -7.0f);
+    d = t.d;
+    d.sinks = t.zf;
+    ASSERT_OK(attn_sdpa_sinks_bwd(ctx, &d, NULL, NULL, out, t.g, lse, dz));
     attn_ctx_free(ctx);
     release(&t);
 }

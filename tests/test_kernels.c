@@ -42,14 +42,16 @@ typedef struct problem {
     int alibi;        // ALiBi slopes: 1: 2^-(h+1); 2: near float's largest (slope * log2(e) overflows)
     float softcap;    // 0 none
     attn_dtype kvdt;  // k and v as F32 (0), F16 or BF16
+    int sinks;        // attention sinks: 0 none; 1 finite, in [-3, 5]; 2 per head: -inf, 30 (the sink
+                      // takes nearly all the weight), NaN, +inf, then finite
 } problem;
-#define NO_EXT 0, 0, 0, 0, 0.0f, ATTN_DTYPE_F32 // no window, ALiBi, soft-capping; float k and v
+#define NO_EXT 0, 0, 0, 0, 0.0f, ATTN_DTYPE_F32, 0 // no window, ALiBi, soft-capping, sinks; float k and v
 
 typedef struct data {
     float *q, *k, *v, *fmask, *fkpm;
     uint16_t *kh, *vh; // k and v in half precision (kvdt F16 / BF16)
     const void *kp, *vp; // what the calls get
-    float *slopes;
+    float *slopes, *sinks;
     uint8_t *bmask, *bkpm;
     attn_sdpa_desc d;
 } data;
@@ -92,6 +94,10 @@ static data make_data(const problem *p, uint32_t seed) {
     static const float huge[4] = {FLT_MAX, 3e38f, 2.4e38f, 1e38f};
     for (int64_t h = 0; h < p->H; h++) x.slopes[h] = p->alibi == 2 ? huge[h % 4] : ldexpf(1.0f, -(int)(h + 1));
     if (p->alibi) d->alibi_slopes = x.slopes;
+    x.sinks = malloc((size_t)p->H * 4);
+    static const float odd[4] = {-INFINITY, 30.0f, NAN, INFINITY};
+    for (int64_t h = 0; h < p->H; h++) x.sinks[h] = p->sinks == 2 && h < 4 ? odd[h] : 8.0f * rand_unit(&seed) - 3.0f;
+    if (p->sinks) d->sinks = x.sinks;
     d->softcap = p->softcap;
     if (p->window) d->use_window = 1, d->window_left = p->wl, d->window_right = p->wr;
     d->batch = p->B, d->n_heads = p->H, d->n_kv_heads = p->Hkv, d->len_q = p->L, d->len_kv = p->S;
@@ -122,7 +128,7 @@ static data make_data(const problem *p, uint32_t seed) {
 
 static void free_data(data *x) {
     free(x->q), free(x->k), free(x->v), free(x->fmask), free(x->bmask), free(x->fkpm), free(x->bkpm);
-    free(x->kh), free(x->vh), free(x->slopes);
+    free(x->kh), free(x->vh), free(x->slopes), free(x->sinks);
 }
 
 // Runs d on ctx; out (B,H,L,Dv) and lse (B,H,L) allocated by the caller.
@@ -217,36 +223,63 @@ static void test_window_alibi_softcap_half(void) {
             problem p = {1 + idx % 2, 4, idx % 2 ? 2 : 4, idx % 3 ? 150 : 70, idx % 3 ? 260 : 130, 24 + idx % 3 * 20, 16,
                          (attn_causal)causal, (idx % 4 == 1) ? 2 : 0, idx % 5 == 2 ? 1 : 0, 0.0f,
                          idx % 6 == 5 ? 0.2 : 0.0, 0, 1, win[w][0], win[w][1], idx % 2, idx % 3 == 1 ? 5.0f : 0.0f,
-                         (attn_dtype)(idx % 3 == 0 ? ATTN_DTYPE_F32 : idx % 3 == 1 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16)};
+                         (attn_dtype)(idx % 3 == 0 ? ATTN_DTYPE_F32 : idx % 3 == 1 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16),
+                         0};
             check_problem(&p, 501u + (uint32_t)idx);
         }
     // each feature alone, and a key length far beyond the window (many skipped tiles)
     const attn_dtype dts[3] = {ATTN_DTYPE_F32, ATTN_DTYPE_F16, ATTN_DTYPE_BF16};
     for (int t = 0; t < 3; t++) {
-        problem half = {2, 2, 1, 65, 129, 64, 64, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 0, 0.0f, dts[t]};
+        problem half = {2, 2, 1, 65, 129, 64, 64, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 0, 0.0f, dts[t],
+                        0};
         check_problem(&half, 601u + (uint32_t)t);
-        problem cap = {1, 2, 2, 64, 64, 32, 32, (attn_causal)t, 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 0, 1.5f, 0};
+        problem cap = {1, 2, 2, 64, 64, 32, 32, (attn_causal)t, 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 0, 1.5f, 0, 0};
         check_problem(&cap, 611u + (uint32_t)t);
-        problem alibi = {1, 3, 1, 40, 90, 16, 16, (attn_causal)t, 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 1, 0.0f, 0};
+        problem alibi = {1, 3, 1, 40, 90, 16, 16, (attn_causal)t, 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 1, 0.0f, 0, 0};
         check_problem(&alibi, 621u + (uint32_t)t);
         problem longw = {1, 2, 2, 300, 2000, 32, 32, (attn_causal)t, 0, 0, 0.0f, 0.0, 0, 1, 64, t == 0 ? 64 : 0, 1,
-                         0.0f, dts[t]};
+                         0.0f, dts[t], 0};
         check_problem(&longw, 631u + (uint32_t)t);
     }
     // soft caps and slopes at the ends of float's range (the kernels work in log2 units: softcap *
     // log2(e), its inverse and slope * log2(e) must not overflow into inf * 0)
     static const float caps[4] = {FLT_MAX, 3e38f, 1e-39f, FLT_TRUE_MIN};
     for (int c = 0; c < 4; c++) {
-        problem cap = {1, 2, 2, 33, 70, 16, 16, (attn_causal)(c % 3), 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 0, caps[c], 0};
+        problem cap = {1, 2, 2, 33, 70, 16, 16, (attn_causal)(c % 3), 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 0, caps[c], 0, 0};
         check_problem(&cap, 651u + (uint32_t)c);
     }
     for (int causal = 0; causal <= 2; causal++) {
-        problem alibi = {1, 4, 2, 33, 70, 16, 16, (attn_causal)causal, 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 2, 0.0f, 0};
+        problem alibi = {1, 4, 2, 33, 70, 16, 16, (attn_causal)causal, 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 2, 0.0f, 0, 0};
         check_problem(&alibi, 661u + (uint32_t)causal);
     }
     // NaN in a key the window hides, with half-precision k
-    problem nanw = {1, 2, 2, 70, 130, 16, 16, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 1, 1, 2, 2, 0, 0.0f, ATTN_DTYPE_F16};
+    problem nanw = {1, 2, 2, 70, 130, 16, 16, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 1, 1, 2, 2, 0, 0.0f, ATTN_DTYPE_F16, 0};
     check_problem(&nanw, 641u);
+}
+
+// Attention sinks on every path that ends a softmax row: the tiled forward (fully masked rows from
+// causal alignment, a mask or a window, dropout, half precision, ALiBi and soft-capping beside), the
+// decoding path (one and several chunks), and sinks that take all the weight, none, or are NaN or
+// +inf.
+static void test_sinks(void) {
+    for (int mode = 1; mode <= 2; mode++) {
+        problem tiled = {2, 4, 2, 70, 130, 24, 16, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 0, 0.0f,
+                         ATTN_DTYPE_F32, mode};
+        check_problem(&tiled, 701u + (uint32_t)mode);
+        problem below = {1, 4, 4, 140, 65, 16, 16, ATTN_CAUSAL_BOTTOM_RIGHT, 2, 1, 0.0f, 0.2, 0, 0, 0, 0, 0, 0.0f,
+                         ATTN_DTYPE_F32, mode};
+        check_problem(&below, 711u + (uint32_t)mode); // rows 0..74 see no key
+        problem masked = {2, 4, 1, 33, 90, 16, 8, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0.0f, 0.0, 3, 1, 2, 2, 1, 2.0f,
+                          ATTN_DTYPE_BF16, mode}; // row 0 of every head fully masked
+        check_problem(&masked, 721u + (uint32_t)mode);
+        const int64_t Ss[3] = {1, 97, 5000};
+        for (int si = 0; si < 3; si++) { // the decoding path: L * group rows at most 64
+            problem dec = {2, 8, 2, si == 1 ? 3 : 1, Ss[si], 64, 64, (attn_causal)si, si == 2 ? 2 : 0, 0, 0.0f, 0.0, 0,
+                           0, 0, 0, 0, 0.0f, ATTN_DTYPE_F32, mode};
+            dec.kvdt = si == 1 ? ATTN_DTYPE_F16 : ATTN_DTYPE_F32;
+            check_problem(&dec, 731u + (uint32_t)(mode * 3 + si));
+        }
+    }
 }
 
 // Few queries per kv head (the decoding path: the group's heads packed in one tile, the keys split
@@ -264,7 +297,7 @@ static void test_decode_shapes(void) {
                          (attn_causal)(idx % 3 == 1 ? ATTN_CAUSAL_BOTTOM_RIGHT : idx % 3 == 2 ? ATTN_CAUSAL_TOP_LEFT : 0),
                          idx % 5 == 3 ? 2 : 0, idx % 4 == 1 ? 1 : 0, 0.0f, 0.0, idx % 7 == 2 ? 2 : 0,
                          idx % 6 == 4, 700, 0, idx % 4 == 2, idx % 5 == 1 ? 3.0f : 0.0f,
-                         (attn_dtype)(idx % 3 == 0 ? ATTN_DTYPE_F16 : idx % 3 == 1 ? ATTN_DTYPE_F32 : ATTN_DTYPE_BF16)};
+                         (attn_dtype)(idx % 3 == 0 ? ATTN_DTYPE_F16 : idx % 3 == 1 ? ATTN_DTYPE_F32 : ATTN_DTYPE_BF16), 0};
             check_problem(&p, 801u + (uint32_t)idx);
         }
     // every packed row count of the row kernels (1 to 8: a block of four rows and a partial one),
@@ -273,14 +306,14 @@ static void test_decode_shapes(void) {
     for (int c = 0; c < 5; c++) {
         problem p = {1, rows_shapes[c][1], rows_shapes[c][2], rows_shapes[c][0], 300, 40, c % 2 ? 72 : 20,
                      ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 0, 0.0f,
-                     (attn_dtype)(c % 3 == 0 ? ATTN_DTYPE_F32 : c % 3 == 1 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16)};
+                     (attn_dtype)(c % 3 == 0 ? ATTN_DTYPE_F32 : c % 3 == 1 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16), 0};
         check_problem(&p, 851u + (uint32_t)c);
     }
     // inf in the first value, which the window hides from every query: it shares its tile with keys
     // they see, and must not reach them
     for (int w = 0; w < 2; w++) {
         problem p = {1, 8, 2, 3, 50 + 2000 * w, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0.0f, 0.0, 4,
-                     1, 5 + 2000 * w, 0, 0, 0.0f, w ? ATTN_DTYPE_F16 : ATTN_DTYPE_F32};
+                     1, 5 + 2000 * w, 0, 0, 0.0f, w ? ATTN_DTYPE_F16 : ATTN_DTYPE_F32, 0};
         check_problem(&p, 901u + (uint32_t)w);
     }
 }
@@ -878,6 +911,7 @@ int main(int argc, char **argv) {
         HARNESS_CASE(test_window_alibi_softcap_half),
         HARNESS_CASE(test_half_error_bound),
         HARNESS_CASE(test_decode_shapes),
+        HARNESS_CASE(test_sinks),
         HARNESS_CASE(test_softmax_tiles),
         HARNESS_CASE(test_non_finite_and_fully_masked),
         HARNESS_CASE(test_float_mask_past_log2_range),

@@ -101,14 +101,14 @@ static void test_storage_and_errors(void) {
 
 // attend == attn_sdpa_fwd over the same positions with bottom-right causal masking.
 static void check_attend(attn_ctx *ctx, attn_kv_cache *kc, const float *kall, const float *vall, int64_t H,
-                         int64_t L, uint32_t *seed, const char *what) {
+                         int64_t L, const float *sinks, uint32_t *seed, const char *what) {
     const attn_kv_cache_config *c = attn_kv_cache_get_config(kc);
     const int64_t B = c->batch, Hkv = c->n_kv_heads, D = c->head_dim, S = attn_kv_cache_length(kc);
     float *q = randn(B * H * L * D, seed), *o1 = malloc((size_t)(B * H * L * D) * 4), *o2 = malloc((size_t)(B * H * L * D) * 4);
     float *l1 = malloc((size_t)(B * H * L) * 4), *l2 = malloc((size_t)(B * H * L) * 4);
     attn_sdpa_desc d;
     attn_sdpa_desc_init(&d);
-    d.batch = B, d.n_heads = H, d.len_q = L, d.head_dim = D, d.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+    d.batch = B, d.n_heads = H, d.len_q = L, d.head_dim = D, d.causal = ATTN_CAUSAL_BOTTOM_RIGHT, d.sinks = sinks;
     attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, L, D, d.q_stride);
     attn_layout_strides(ATTN_LAYOUT_BHLD, B, H, L, D, d.o_stride);
     ASSERT_OK(attn_kv_cache_attend(ctx, kc, &d, q, o1, l1));
@@ -141,6 +141,8 @@ static void test_attend(void) {
             // kall / vall: what the cache should hold, (B, Hkv, cap, D)
             float *kall = calloc((size_t)(B * Hkv * cap * D), 4), *vall = calloc((size_t)(B * Hkv * cap * D), 4);
             int64_t len = 0;
+            float sinks[8]; // attention sinks for some of the attends
+            for (int h = 0; h < 8; h++) sinks[h] = 4.0f * rand_sym(&seed);
             const int64_t blocks[5] = {37, 1, 1, 1700, 1};
             for (int s = 0; s < 5; s++) {
                 const int64_t n = blocks[s];
@@ -153,12 +155,14 @@ static void test_attend(void) {
                             vall[(bh * cap + len + i) * D + e] = v[(bh * n + i) * D + e];
                         }
                 len += n;
-                check_attend(ctx, kc, kall, vall, H, 1, &seed, "one query");
-                check_attend(ctx, kc, kall, vall, H, n < 5 ? n : 5, &seed, "a block");
+                check_attend(ctx, kc, kall, vall, H, 1, NULL, &seed, "one query");
+                check_attend(ctx, kc, kall, vall, H, n < 5 ? n : 5, NULL, &seed, "a block");
+                check_attend(ctx, kc, kall, vall, H, 1, sinks, &seed, "one query, sinks");
+                check_attend(ctx, kc, kall, vall, H, n < 5 ? n : 5, sinks, &seed, "a block, sinks");
                 if (s == 2) { // roll back two positions, as after rejected speculative tokens
                     ASSERT_OK(attn_kv_cache_truncate(ctx, kc, len - 2));
                     len -= 2;
-                    check_attend(ctx, kc, kall, vall, H, 1, &seed, "after truncate");
+                    check_attend(ctx, kc, kall, vall, H, 1, NULL, &seed, "after truncate");
                 }
                 free(k), free(v);
             }

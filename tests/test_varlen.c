@@ -1,8 +1,8 @@
 // test_varlen.c - packed variable-length batches against a loop over the sequences, each copied
 // out and run as its own (1, H, L, D) problem on the scalar reference: forward (out, lse) and
-// backward (dq, dk, dv), with sequences of no queries or no keys, GQA, causal masks of both
-// alignments, windows, half-precision k and v, and dropout (the same draws, sequence after
-// sequence). The packed tensors are (total, H, D) token-major, as FlashAttention's varlen layout.
+// backward (dq, dk, dv, and the sinks' gradient), with sequences of no queries or no keys, GQA,
+// causal masks of both alignments, windows, half-precision k and v, attention sinks, and dropout
+// (the same draws, sequence after sequence). The packed tensors are (total, H, D) token-major, as FlashAttention's varlen layout.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +20,7 @@ typedef struct config {
     int window;             // (3, 1) window
     attn_dtype kvdt;
     double dropout;
+    int sinks;              // attention sinks, one per head in [-1, 2]
 } config;
 
 // Token-major (total, heads, width) strides as the desc wants them: (0, head, token, element).
@@ -56,6 +57,10 @@ static void check_config(const config *c, attn_isa isa, int threads, uint32_t se
     d.batch = c->n, d.n_heads = H, d.n_kv_heads = Hkv, d.len_q = lmax, d.len_kv = smax, d.head_dim = D;
     d.causal = c->causal, d.kv_dtype = c->kvdt, d.dropout_p = c->dropout;
     if (c->window) d.use_window = 1, d.window_left = 3, d.window_right = 1;
+    float z[8], dz[8];
+    double dz_want[8] = {0};
+    for (int64_t h = 0; h < H; h++) z[h] = 3.0f * rand_unit(&seed) - 1.0f;
+    if (c->sinks) d.sinks = z;
     packed_strides(H, D, d.q_stride), packed_strides(Hkv, D, d.k_stride), packed_strides(Hkv, D, d.v_stride);
     packed_strides(H, D, d.o_stride);
     float *out = malloc((size_t)nq * 4), *lse = malloc((size_t)(H * TQ) * 4);
@@ -65,6 +70,7 @@ static void check_config(const config *c, attn_isa isa, int threads, uint32_t se
     const attn_generator start = *attn_ctx_generator(ctx);
     ASSERT_OK(attn_sdpa_varlen_fwd(ctx, &d, cu_q, cu_k, q, kp, vp, out, lse));
     ASSERT_OK(attn_sdpa_varlen_bwd(ctx, &d, cu_q, cu_k, q, kp, vp, out, g, lse, &start, dq, dk, dv));
+    if (c->sinks) ASSERT_OK(attn_sdpa_sinks_bwd(ctx, &d, cu_q, cu_k, out, g, lse, dz));
 
     // the loop over the sequences, on the reference, one generator consumed in order
     attn_ctx *ref = test_ctx(ATTN_ISA_REF, 1);
@@ -89,9 +95,9 @@ static void check_config(const config *c, attn_isa isa, int threads, uint32_t se
                     kb[(h * S + j) * D + e] = k[((cu_k[b] + j) * Hkv + h) * D + e];
                     vb[(h * S + j) * D + e] = v[((cu_k[b] + j) * Hkv + h) * D + e];
                 }
-        if (S == 0) { // no keys: zero output, lse -inf, zero dq
+        if (S == 0) { // no keys: zero output, lse -inf (or the sink), zero dq, nothing for the sinks
             for (int64_t i = 0; i < H * L * D; i++) ob[i] = 0.0f, dqb[i] = 0.0f;
-            for (int64_t i = 0; i < H * L; i++) lb[i] = -INFINITY;
+            for (int64_t i = 0; i < H * L; i++) lb[i] = c->sinks ? z[i / L] : -INFINITY;
         } else {
             attn_sdpa_desc e = d;
             e.batch = 1, e.len_q = L, e.len_kv = S, e.kv_dtype = ATTN_DTYPE_F32;
@@ -102,6 +108,11 @@ static void check_config(const config *c, attn_isa isa, int threads, uint32_t se
             const attn_generator st = *attn_ctx_generator(ref);
             ASSERT_OK(attn_sdpa_fwd(ref, &e, qb, kb, vb, ob, lb, NULL));
             ASSERT_OK(attn_sdpa_bwd(ref, &e, qb, kb, vb, ob, gb, lb, &st, dqb, dkb, dvb, NULL));
+            if (c->sinks) {
+                float dzb[8];
+                ASSERT_OK(attn_sdpa_sinks_bwd(ref, &e, NULL, NULL, ob, gb, lb, dzb));
+                for (int64_t h = 0; h < H; h++) dz_want[h] += dzb[h];
+            }
         }
         for (int64_t h = 0; h < H; h++)
             for (int64_t i = 0; i < L; i++) {
@@ -120,6 +131,10 @@ static void check_config(const config *c, attn_isa isa, int threads, uint32_t se
             }
         free(qb), free(gb), free(kb), free(vb), free(ob), free(lb), free(dqb), free(dkb), free(dvb);
     }
+    for (int64_t h = 0; c->sinks && h < H; h++) { // the sequences' sums in another order
+        const float want = (float)dz_want[h];
+        harness_assert_close(__FILE__, __LINE__, "dsinks", &dz[h], &want, 1, 1e-5, 1e-4);
+    }
     for (int b = 0; b < c->n; b++) // keys of a sequence without queries: zero gradients
         if (c->Lq[b] == 0)
             for (int64_t i = cu_k[b] * Hkv * D; i < cu_k[b + 1] * Hkv * D; i++) ASSERT_TRUE(dk[i] == 0.0f && dv[i] == 0.0f);
@@ -129,12 +144,14 @@ static void check_config(const config *c, attn_isa isa, int threads, uint32_t se
 
 static void test_against_sequence_loop(void) {
     const config cases[] = {
-        {3, {5, 1, 70}, {5, 9, 70}, 4, 2, 16, ATTN_CAUSAL_NONE, 0, ATTN_DTYPE_F32, 0.0},
-        {4, {33, 0, 7, 2}, {40, 3, 7, 0}, 4, 4, 8, ATTN_CAUSAL_BOTTOM_RIGHT, 0, ATTN_DTYPE_F32, 0.0},
-        {2, {64, 65}, {64, 65}, 2, 1, 32, ATTN_CAUSAL_TOP_LEFT, 1, ATTN_DTYPE_F32, 0.0},
-        {3, {9, 130, 1}, {20, 130, 300}, 8, 2, 24, ATTN_CAUSAL_BOTTOM_RIGHT, 0, ATTN_DTYPE_F16, 0.0},
-        {2, {6, 11}, {6, 11}, 2, 2, 8, ATTN_CAUSAL_NONE, 0, ATTN_DTYPE_F32, 0.3}, // dropout: draws in sequence order
-        {5, {1, 1, 1, 1, 1}, {3, 100, 7, 1, 2000}, 8, 2, 64, ATTN_CAUSAL_BOTTOM_RIGHT, 0, ATTN_DTYPE_BF16, 0.0}, // decode
+        {3, {5, 1, 70}, {5, 9, 70}, 4, 2, 16, ATTN_CAUSAL_NONE, 0, ATTN_DTYPE_F32, 0.0, 0},
+        {4, {33, 0, 7, 2}, {40, 3, 7, 0}, 4, 4, 8, ATTN_CAUSAL_BOTTOM_RIGHT, 0, ATTN_DTYPE_F32, 0.0, 0},
+        {2, {64, 65}, {64, 65}, 2, 1, 32, ATTN_CAUSAL_TOP_LEFT, 1, ATTN_DTYPE_F32, 0.0, 0},
+        {3, {9, 130, 1}, {20, 130, 300}, 8, 2, 24, ATTN_CAUSAL_BOTTOM_RIGHT, 0, ATTN_DTYPE_F16, 0.0, 0},
+        {2, {6, 11}, {6, 11}, 2, 2, 8, ATTN_CAUSAL_NONE, 0, ATTN_DTYPE_F32, 0.3, 0}, // dropout: draws in sequence order
+        {5, {1, 1, 1, 1, 1}, {3, 100, 7, 1, 2000}, 8, 2, 64, ATTN_CAUSAL_BOTTOM_RIGHT, 0, ATTN_DTYPE_BF16, 0.0, 0}, // decode
+        {4, {33, 0, 7, 2}, {40, 3, 7, 0}, 4, 2, 8, ATTN_CAUSAL_BOTTOM_RIGHT, 0, ATTN_DTYPE_F32, 0.0, 1}, // sinks
+        {5, {1, 1, 3, 1, 1}, {3, 100, 7, 0, 2000}, 8, 2, 64, ATTN_CAUSAL_NONE, 1, ATTN_DTYPE_F16, 0.2, 1},
     };
     const attn_isa isas[2] = {ATTN_ISA_REF, ATTN_ISA_AUTO};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)

@@ -264,6 +264,9 @@ static attn_status check_local(attn_cp *cp, attn_ctx *ctx, const attn_cp_desc *d
         return cp_fail(cp, ATTN_ERR_UNSUPPORTED, "an attention mask (sdpa.mask) is not supported; use causal and "
                                                  "the key padding mask");
     if (sd->dropout_p != 0.0) return cp_fail(cp, ATTN_ERR_UNSUPPORTED, "dropout is not supported");
+    if (sd->sinks != NULL)
+        return cp_fail(cp, ATTN_ERR_UNSUPPORTED, "attention sinks (sdpa.sinks) are not supported (each rank's partial "
+                                                 "result would count them)");
     if (sd->weights_mode != ATTN_WEIGHTS_NONE)
         return cp_fail(cp, ATTN_ERR_UNSUPPORTED, "attention weights are not supported");
     if (sd->use_window || sd->alibi_slopes != NULL)

@@ -29,7 +29,6 @@
 #include "cpu/flash.h"
 #include "half.h"
 
-#define LN2 0.6931471805599453
 #define LOG2E 1.4426950408889634
 #define DECODE_ROWS 64             // packed query rows (group * L) handled by this path
 #define DECODE_CHUNK (16 * FLASH_BC) // keys per work item
@@ -243,11 +242,10 @@ static void merge_task(void *arg, int64_t bhk, int thread) {
             l += w * lc;
             for (int64_t e = 0; e < sh->Dv; e++) o[e * d->o_stride[3]] += w * p[2 * brp + r * sh->Dv + e];
         }
-        const float inv = l > 0.0f ? 1.0f / l : (l == 0.0f ? 0.0f : l);
+        float row_lse;
+        const float inv = attn__softmax_finish(mx, l, 1.0f, d->sinks, h, &row_lse);
         for (int64_t e = 0; e < sh->Dv; e++) o[e * d->o_stride[3]] *= inv;
-        if (J->lse != NULL)
-            J->lse[(b * sh->H + h) * L + i] =
-                l > 0.0f ? (float)(((double)mx + log2((double)l)) * LN2) : (l == 0.0f ? -INFINITY : l);
+        if (J->lse != NULL) J->lse[(b * sh->H + h) * L + i] = row_lse;
     }
 }
 

@@ -23,7 +23,6 @@
 #include "half.h"
 
 #define LOG2E 1.4426950408889634
-#define LN2 0.6931471805599453
 
 typedef struct flash_job {
     const attn_sdpa_desc *d;
@@ -324,19 +323,18 @@ static void flash_task(void *arg, int64_t task, int thread) {
             J->kn->pv(vt, vs_row, vs_d, nj, Dv, t.st, brp, t.alpha, t.ot);
         }
     }
-    // out = O / l (0 for a fully masked row), times the dropout scale; lse in natural log
+    // out = O / l (0 for a fully masked row; l with the head's sink), times the dropout scale; lse
+    // in natural log
     for (int i = 0; i < nq; i++) {
-        const float li = t.l[i];
         const float keep_scale = J->drop.on ? J->drop.keep_scale : 1.0f;
-        const float inv = li > 0.0f ? keep_scale / li : (li == 0.0f ? 0.0f : li);
+        float row_lse;
+        const float inv = attn__softmax_finish(t.m[i], t.l[i], keep_scale, d->sinks, h, &row_lse);
         const int64_t o = attn__offset4(d->o_stride, b, h, i0 + i, 0);
         if (dot && d->out_dtype == ATTN_DTYPE_BF16 && d->o_stride[3] == 1 && J->kn->scale_to_bf16 != NULL)
             J->kn->scale_to_bf16(t.o + (int64_t)i * t.dvp, Dv, inv, (uint16_t *)J->out + o);
         else if (dot) attn__scatter(J->out, d->out_dtype, o, d->o_stride[3], t.o + (int64_t)i * t.dvp, 1, Dv, inv);
         else attn__scatter(J->out, d->out_dtype, o, d->o_stride[3], t.ot + i, brp, Dv, inv);
-        if (J->lse != NULL)
-            J->lse[bh * sh->L + i0 + i] =
-                li > 0.0f ? (float)(((double)t.m[i] + log2((double)li)) * LN2) : (li == 0.0f ? -INFINITY : li);
+        if (J->lse != NULL) J->lse[bh * sh->L + i0 + i] = row_lse;
     }
 }
 

@@ -138,6 +138,8 @@ static attn_status gpu_limits(attn__cuda_err *e, const attn_sdpa_desc *d, int64_
                                d->dropout_p);
     if (d->weights_mode != ATTN_WEIGHTS_NONE)
         return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda sdpa: the attention weights output is not available on the GPU");
+    if (d->sinks != NULL)
+        return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda sdpa: attention sinks (sinks) are not available on the GPU yet");
     if (!float_dtype(d->q_dtype) || !float_dtype(d->kv_dtype) || !float_dtype(d->out_dtype))
         return attn__cuda_fail(e, ATTN_ERR_UNSUPPORTED, "cuda sdpa: q, k, v and out must be F32, F16 or BF16 on the GPU (k, v: %s)",
                                attn_dtype_name(d->kv_dtype));

@@ -67,4 +67,15 @@ static inline double attn__ref_score(const attn_sdpa_desc *d, const attn__sdpa_s
     return s + bias;
 }
 
+// The row's softmax with the head's sink z (attn.h, sinks; -inf: none) as one more term of the
+// normaliser: given the keys' largest score max (-inf when every key is hidden), *top receives the
+// shift and the return value the sink's term exp(z - top), to which the caller adds the keys'
+// exp(s_j - top). A NaN or +inf z gives NaN.
+static inline double attn__ref_sink_term(const attn_sdpa_desc *d, int64_t h, double max, double *top) {
+    const double z = d->sinks != NULL ? (double)d->sinks[h] : -INFINITY;
+    *top = z > max ? z : max;
+    if (z == -INFINITY) return 0.0;
+    return z == INFINITY ? NAN : exp(z - *top);
+}
+
 #endif

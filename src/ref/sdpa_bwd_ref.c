@@ -3,8 +3,8 @@
 // accumulated in double in the workspace and rounded once at the end (to float, then to grad_dtype).
 // q, k, v, dout are read as the values their element types hold.
 //
-// For a row (b, h, i) with weights p (after masks, before dropout), kept keys z_j (dropout) and
-// c = 1/(1-p_drop):
+// For a row (b, h, i) with weights p (after masks, before dropout; the head's sink in the
+// normaliser), kept keys z_j (dropout) and c = 1/(1-p_drop):
 //   dp_j = z_j * c * (dout_i . v_j)      ds_j = p_j * (dp_j - sum_k p_k dp_k)
 //   dq_i += scale * sum_j ds_j k_j       dk_j += scale * ds_j q_i       dv_j += z_j * c * p_j * dout_i
 //   dmask[b, h, i, j] += ds_j            (the additive mask's gradient; broadcast dims sum)
@@ -83,9 +83,10 @@ void attn__sdpa_bwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, con
                     if (isnan(w.s[j])) has_nan = true;
                     else if (w.s[j] > max) max = w.s[j];
                 }
-                double sum = 0.0;
-                if (!has_nan && max != -INFINITY) {
-                    for (int64_t j = 0; j < S; j++) sum += w.s[j] == -INFINITY ? 0.0 : exp(w.s[j] - max);
+                double top, sum = attn__ref_sink_term(d, h, max, &top); // the head's sink, or 0
+                if (isnan(sum)) has_nan = true;
+                if (!has_nan && top != -INFINITY) {
+                    for (int64_t j = 0; j < S; j++) sum += w.s[j] == -INFINITY ? 0.0 : exp(w.s[j] - top);
                 }
                 // p_j into w.s; dp_j into w.dp; the draws of the row in key order
                 double pdp = 0.0;
@@ -94,7 +95,7 @@ void attn__sdpa_bwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, con
                     double p;
                     if (w.s[j] == -INFINITY) p = 0.0; // hidden: no weight, even in a row holding NaN
                     else if (has_nan) p = NAN;
-                    else p = exp(w.s[j] - max) / sum;
+                    else p = exp(w.s[j] - top) / sum;
                     w.s[j] = p;
                     w.dp[j] = 0.0;
                     if (p == 0.0) continue; // a key without weight is not read

@@ -5,9 +5,10 @@
 // converted exactly); out is rounded to its type at the end (through float). No SIMD, no threads, no tiling. Every faster kernel is tested against this
 // function; it is tested against PyTorch. It does no validation: attn__sdpa_check has run.
 //
-// Per row (see attn.h): s_j = scale * q.k_j + mask terms, p = softmax(s) (a fully masked row gives
-// p = 0 and lse = -inf), dropout draws two 32-bit numbers per element in (b, h, i, j) order exactly
-// like F.dropout on the (B*H, L, S) weights (or the element's Philox word), out = p' V.
+// Per row (see attn.h): s_j = scale * q.k_j + mask terms, p = softmax(s) (with the head's sink
+// as one more term of the normaliser; a fully masked row gives p = 0 and lse = -inf, or the
+// sink), dropout draws two 32-bit numbers per element in (b, h, i, j) order exactly like
+// F.dropout on the (B*H, L, S) weights (or the element's Philox word), out = p' V.
 #include <math.h>
 #include <string.h>
 
@@ -50,21 +51,21 @@ void attn__sdpa_fwd_ref(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, att
                     else if (sj > max)
                         max = sj;
                 }
-                double row_lse;
-                if (has_nan) { // NaN in the inputs poisons this row only
+                double row_lse, top;
+                double sum = attn__ref_sink_term(d, h, max, &top); // the sink's term, or 0
+                if (has_nan || isnan(sum)) { // NaN in the inputs (or the sink) poisons this row only
                     for (int64_t j = 0; j < S; j++) p[j] = NAN;
                     row_lse = NAN;
-                } else if (max == -INFINITY) { // fully masked row: zeros, never NaN
+                } else if (top == -INFINITY) { // fully masked row without a sink: zeros, never NaN
                     for (int64_t j = 0; j < S; j++) p[j] = 0.0f;
                     row_lse = -INFINITY;
                 } else {
-                    double sum = 0.0;
                     for (int64_t j = 0; j < S; j++) {
-                        s[j] = exp(s[j] - max);
+                        s[j] = exp(s[j] - top);
                         sum += s[j];
                     }
                     for (int64_t j = 0; j < S; j++) p[j] = (float)(s[j] / sum);
-                    row_lse = max + log(sum);
+                    row_lse = top + log(sum);
                 }
                 if (lse != NULL) lse[(b * H + h) * L + i] = (float)row_lse;
                 if (dropout) { // F.dropout: bernoulli(1-p) per element, kept values * fl(1/fl(1-p))

@@ -88,13 +88,19 @@ static void test_rejects_as_cpu(void) {
     attn_ctx_free(e.host);
 }
 
-// What the CPU takes and the GPU does not: dropout, weights, quantised k/v, huge head dims.
+// What the CPU takes and the GPU does not: dropout, weights, sinks, quantised k/v, huge head dims.
 static void test_gpu_limits(void) {
     attn__cuda_err e = {{0}, cpu_ctx()};
     attn__cuda_sdpa_plan p;
     attn_sdpa_desc d = desc_of(1, 2, 2, 8, 8, 64, ATTN_DTYPE_F32);
     d.weights_mode = ATTN_WEIGHTS_PER_HEAD;
     ASSERT_STATUS(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, &p), ATTN_ERR_UNSUPPORTED);
+    d = desc_of(1, 2, 2, 8, 8, 64, ATTN_DTYPE_BF16);
+    const float sinks[2] = {0.5f, -1.0f};
+    d.sinks = sinks;
+    ASSERT_OK(attn_sdpa_desc_check(e.host, &d)); // the CPU takes them
+    ASSERT_STATUS(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, &p), ATTN_ERR_UNSUPPORTED);
+    ASSERT_TRUE(strstr(e.msg, "sinks") != NULL);
     d = desc_of(1, 2, 2, 8, 8, 64, ATTN_DTYPE_F32);
     d.kv_dtype = ATTN_DTYPE_Q8_0;
     ASSERT_STATUS(plan(&e, &h100, ATTN_CUDA_KERNELS_AUTO, &d, NULL, &p), ATTN_ERR_UNSUPPORTED);
