@@ -70,6 +70,7 @@ expect 2 "sdpa both causal alignments" -- $attn sdpa --q $d/q4.npy --k $d/q4.npy
 expect 1 "sdpa mask that does not broadcast" -- $attn sdpa --q $d/q4.npy --k $d/q4.npy --v $d/q4.npy --mask $d/mask_bad.npy --out $tmp/o.npy
 expect 1 "sdpa mask of an integer dtype" -- $attn sdpa --q $d/q4.npy --k $d/q4.npy --v $d/q4.npy --mask $d/mask_i64.npy --out $tmp/o.npy
 expect 0 "sdpa valid call" -- $attn sdpa --q $d/q4.npy --k $d/q4.npy --v $d/q4.npy --causal --out $tmp/o.npy --lse-out $tmp/l.npy
+expect 1 "sdpa sinks of the wrong shape" -- $attn sdpa --q $d/q4.npy --k $d/q4.npy --v $d/q4.npy --sinks $d/q4.npy --out $tmp/o.npy
 expect 2 "demo with an argument" -- $attn demo --frob
 expect 2 "bench --dropout out of range" -- $attn bench --dropout 1
 expect 2 "bench --dropout with the module" -- $attn bench --op mha --dropout 0.1

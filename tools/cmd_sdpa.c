@@ -9,7 +9,7 @@ static const char summary[] =
     "usage: attn sdpa --q Q.npy --k K.npy --v V.npy --out O.npy [--scale X]\n"
     "                 [--causal | --causal-bottom-right] [--mask M.npy] [--key-padding-mask P.npy]\n"
     "                 [--dropout P --seed S] [--lse-out LSE.npy] [--weights-out W.npy [--average-weights]]\n"
-    "                 [--window LEFT,RIGHT] [--alibi SLOPES.npy] [--softcap C]\n"
+    "                 [--window LEFT,RIGHT] [--alibi SLOPES.npy] [--softcap C] [--sinks Z.npy]\n"
     "                 [--kv-dtype f32|f16|bf16|q8_0|q4_0] [--dtype f32|f16|bf16] [--isa ISA]\n"
     "                 [--grad-out DO.npy --grads-out G.safetensors]\n"
     "\n"
@@ -23,6 +23,8 @@ static const char summary[] =
     "--window LEFT,RIGHT: query i sees keys i + off - LEFT .. i + off + RIGHT (off = S - L with\n"
     "--causal-bottom-right, else 0; -1 = unbounded side). --alibi: float32 (H) slopes, adding\n"
     "-slope[h] * |i + off - j|. --softcap C: scores become C * tanh(scores / C) before ALiBi and masks.\n"
+    "--sinks: float32 (H) attention sink logits (gpt-oss): each row's softmax gains exp(z[h]) in its\n"
+    "normaliser, with no value (the weights sum to less than 1; the log-sum-exp includes it).\n"
     "k and v may be float16 .npy files (then both); --kv-dtype f16 or bf16 rounds float32 k and v to\n"
     "that type before the call (products and sums stay float32); q8_0 or q4_0 quantises them in blocks\n"
     "of 32 along D and Dv (ggml's Q8_0 and Q4_0; D and Dv multiples of 32; forward only), which the\n"
@@ -32,7 +34,8 @@ static const char summary[] =
     "--isa picks the kernels (" ATTN_ISA_NAMES "; default auto).\n"
     "Outputs: out (B, H, L, Dv), log-sum-exp (B, H, L), weights (B, H, L, S) or averaged (B, L, S).\n"
     "With --grad-out DO.npy (dL/d out) the backward runs too and --grads-out receives \"q\", \"k\", \"v\" and,\n"
-    "for a float32 mask, \"mask\" (its gradient, summed over the dimensions it broadcasts).";
+    "for a float32 mask, \"mask\" (its gradient, summed over the dimensions it broadcasts) and, with\n"
+    "--sinks, \"sinks\".";
 
 // Strides (B, H, L, S order) that broadcast a tensor of shape t to (B, H, L, S), right-aligned.
 static int broadcast_strides(const char *what, const attn_tensor *t, const int64_t target[4], int64_t stride[4]) {
@@ -47,6 +50,18 @@ static int broadcast_strides(const char *what, const attn_tensor *t, const int64
         }
         stride[i] = n == 1 ? 0 : s;
         s *= n;
+    }
+    return 0;
+}
+
+// A float32 (H) array of per-head values (--alibi, --sinks).
+static int read_per_head(attn_ctx *ctx, const char *what, const char *path, int64_t H, attn_tensor *t) {
+    attn_status st = attn_npy_read(ctx, path, t);
+    if (st != ATTN_OK) return cli_fail("sdpa", ctx, st, what);
+    if (t->dtype != ATTN_DTYPE_F32 || t->ndim != 1 || t->shape[0] != H) {
+        char got[96];
+        return cli_error("sdpa", EXIT_FAILURE_RUN, "%s must be float32 (%lld), got %s %s", what, (long long)H,
+                         attn_dtype_name(t->dtype), cli_shape_str(t->ndim, t->shape, got, sizeof got));
     }
     return 0;
 }
@@ -79,7 +94,8 @@ static bool parse_window(const char *s, int64_t *left, int64_t *right) {
 int cmd_sdpa(int argc, char **argv) {
     const char *q_path = NULL, *k_path = NULL, *v_path = NULL, *mask_path = NULL, *kpm_path = NULL, *out_path = NULL;
     const char *lse_path = NULL, *w_path = NULL, *grad_path = NULL, *grads_path = NULL;
-    const char *window = NULL, *alibi_path = NULL, *kv_dtype = NULL, *all_dtype = NULL, *isa_name = "auto";
+    const char *window = NULL, *alibi_path = NULL, *sinks_path = NULL, *kv_dtype = NULL, *all_dtype = NULL;
+    const char *isa_name = "auto";
     double scale = 0.0, dropout = 0.0, softcap = 0.0;
     int64_t seed = 0;
     bool causal = false, causal_br = false, average = false;
@@ -101,11 +117,12 @@ int cmd_sdpa(int argc, char **argv) {
         {"--window", ARG_STRING, &window, "LEFT,RIGHT", "local window sizes (-1: unbounded)", false, false},
         {"--alibi", ARG_STRING, &alibi_path, "SLOPES.npy", "ALiBi slopes, float32 (H)", false, false},
         {"--softcap", ARG_FLOAT, &softcap, "C", "logit soft-capping C * tanh(s / C)", false, false},
+        {"--sinks", ARG_STRING, &sinks_path, "Z.npy", "attention sink logits, float32 (H)", false, false},
         {"--kv-dtype", ARG_STRING, &kv_dtype, "T", "f32, f16 or bf16: round k and v to T first", false, false},
         {"--dtype", ARG_STRING, &all_dtype, "T", "f32, f16 or bf16: q, k, v, out and gradients in T", false, false},
         {"--isa", ARG_STRING, &isa_name, "ISA", "kernels: " ATTN_ISA_NAMES, false, false},
         {"--grad-out", ARG_STRING, &grad_path, "DO.npy", "dL/d out: run the backward too", false, false},
-        {"--grads-out", ARG_STRING, &grads_path, "G.safetensors", "q, k, v (and mask) gradients", false, false},
+        {"--grads-out", ARG_STRING, &grads_path, "G.safetensors", "q, k, v (and mask, sinks) gradients", false, false},
     };
     const int n_specs = (int)(sizeof specs / sizeof specs[0]);
     int rc = args_parse("sdpa", summary, argc, argv, specs, n_specs);
@@ -134,9 +151,9 @@ int cmd_sdpa(int argc, char **argv) {
         return cli_error("sdpa", EXIT_USAGE, "--isa must be " ATTN_ISA_NAMES ", not '%s'", isa_name);
 
     attn_ctx *ctx = NULL;
-    attn_tensor q = {0}, k = {0}, v = {0}, mask = {0}, kpm = {0}, dout = {0}, slopes = {0};
+    attn_tensor q = {0}, k = {0}, v = {0}, mask = {0}, kpm = {0}, dout = {0}, slopes = {0}, sinks = {0};
     float *out = NULL, *lse = NULL, *weights = NULL;
-    attn_tensor grads[4];
+    attn_tensor grads[5];
     int n_grads = 0;
     memset(grads, 0, sizeof grads);
     attn_status st = attn_ctx_create(&cp, &ctx);
@@ -192,18 +209,12 @@ int cmd_sdpa(int argc, char **argv) {
     d.softcap = (float)softcap;
     if (window != NULL) d.use_window = 1, d.window_left = win_left, d.window_right = win_right;
     if (alibi_path != NULL) {
-        st = attn_npy_read(ctx, alibi_path, &slopes);
-        if (st != ATTN_OK) {
-            cli_fail("sdpa", ctx, st, "--alibi");
-            goto done;
-        }
-        if (slopes.dtype != ATTN_DTYPE_F32 || slopes.ndim != 1 || slopes.shape[0] != H) {
-            char got[96];
-            cli_error("sdpa", EXIT_FAILURE_RUN, "--alibi must be float32 (%lld), got %s %s", (long long)H,
-                      attn_dtype_name(slopes.dtype), cli_shape_str(slopes.ndim, slopes.shape, got, sizeof got));
-            goto done;
-        }
+        if (read_per_head(ctx, "--alibi", alibi_path, H, &slopes) != 0) goto done;
         d.alibi_slopes = slopes.data;
+    }
+    if (sinks_path != NULL) {
+        if (read_per_head(ctx, "--sinks", sinks_path, H, &sinks) != 0) goto done;
+        d.sinks = sinks.data;
     }
     const int64_t target[4] = {B, H, L, S};
     if (mask_path != NULL) {
@@ -270,7 +281,7 @@ int cmd_sdpa(int argc, char **argv) {
             goto done;
         }
         const attn_tensor *src[3] = {&q, &k, &v};
-        const char *names[4] = {"q", "k", "v", "mask"};
+        const char *names[5] = {"q", "k", "v", "mask", "sinks"};
         for (int i = 0; i < 3; i++) {
             grads[i] = *src[i];
             grads[i].dtype = ATTN_DTYPE_F32;
@@ -278,19 +289,24 @@ int cmd_sdpa(int argc, char **argv) {
             grads[i].data = malloc((size_t)attn_tensor_numel(src[i]) * sizeof(float));
         }
         n_grads = 3;
-        if (d.mask != NULL && d.mask_dtype == ATTN_DTYPE_F32) {
-            grads[3] = mask;
-            grads[3].name = (char *)(uintptr_t)names[3];
-            grads[3].data = malloc((size_t)attn_tensor_numel(&mask) * sizeof(float));
-            n_grads = 4;
-        }
+        const bool dmask = d.mask != NULL && d.mask_dtype == ATTN_DTYPE_F32;
+        const attn_tensor *more[2] = {dmask ? &mask : NULL, d.sinks != NULL ? &sinks : NULL};
+        for (int i = 0; i < 2; i++)
+            if (more[i] != NULL) {
+                grads[n_grads] = *more[i];
+                grads[n_grads].name = (char *)(uintptr_t)names[3 + i];
+                grads[n_grads].data = malloc((size_t)attn_tensor_numel(more[i]) * sizeof(float));
+                n_grads++;
+            }
         for (int i = 0; i < n_grads; i++)
             if (grads[i].data == NULL) {
                 cli_error("sdpa", EXIT_FAILURE_RUN, "out of memory");
                 goto done;
             }
         st = attn_sdpa_bwd(ctx, &d, q.data, k.data, v.data, out, dout.data, lse, dropout > 0.0 ? &start : NULL,
-                           grads[0].data, grads[1].data, grads[2].data, n_grads == 4 ? grads[3].data : NULL);
+                           grads[0].data, grads[1].data, grads[2].data, dmask ? grads[3].data : NULL);
+        if (st == ATTN_OK && d.sinks != NULL)
+            st = attn_sdpa_sinks_bwd(ctx, &d, NULL, NULL, out, dout.data, lse, grads[n_grads - 1].data);
         for (int i = 0; i < 3 && st == ATTN_OK; i++) st = cli_to_float(&grads[i], want_all);
         if (st == ATTN_OK) st = attn_safetensors_write(ctx, grads_path, grads, n_grads);
         if (st != ATTN_OK) {
@@ -322,6 +338,7 @@ done:
     attn_tensor_release(ctx, &mask);
     attn_tensor_release(ctx, &kpm);
     attn_tensor_release(ctx, &slopes);
+    attn_tensor_release(ctx, &sinks);
     attn_ctx_free(ctx);
     return rc;
 }

@@ -7,8 +7,9 @@ Covered: GQA/MQA, Dk != Dv, custom scales, top-left and bottom-right causal mask
 L > S, bool and float masks of every broadcast shape, bool and float key padding masks, dropout,
 log-sum-exp, per-head and averaged weights. A fully masked row must give zeros (torch gives NaN).
 Also local windows, ALiBi slopes and logit soft-capping (written as explicit masks and tanh in
-torch) and half-precision k and v (torch's .half() / .bfloat16() rounding; products in float64).
-Gradients (dq, dk, dv and a float mask's, summed over its broadcast dimensions) are compared with
+torch), attention sinks (softmax over each row with the head's sink logit appended, its column
+dropped, as Hugging Face's gpt-oss eager attention writes it) and half-precision k and v (torch's .half() / .bfloat16() rounding; products in float64).
+Gradients (dq, dk, dv, a float mask's, summed over its broadcast dimensions, and the sinks') are compared with
 autograd of the same reference in float64, to 1e-4 relative (1e-5 absolute: gradients that are
 exactly 0 come out as float rounding noise); configurations with fully masked rows
 (NaN gradients in torch) are left to the C tests.
@@ -45,6 +46,7 @@ def random_config(rng):
                 window=None if rng.random() < 0.7 else (rng.choice([-1, 0, 1, 3]), rng.choice([-1, 0, 2, 5])),
                 alibi=rng.random() < 0.2,
                 softcap=0.0 if rng.random() < 0.75 else rng.choice([0.5, 2.0, 30.0]),
+                sinks=rng.random() < 0.25,
                 kv=rng.choice(["f32", "f32", "f32", "f16", "bf16"]))
 
 
@@ -71,13 +73,22 @@ def logits(c, qd, kd, mask, kpm):
     return s + masks.additive_mask(c, mask, kpm)
 
 
-def reference(c, q, k, v, mask, kpm):
+def softmax(s, z):
+    """The weights and log-sum-exp of the (B, H, L, S) scores s; with sinks z (H) as gpt-oss writes
+    them: softmax over each row with z[h] appended, its column dropped."""
+    if z is None:
+        return torch.softmax(s, dim=-1), torch.logsumexp(s, dim=-1)
+    B, H, L, _ = s.shape
+    full = torch.cat([s, z.view(1, H, 1, 1).expand(B, H, L, 1)], dim=-1)
+    return torch.softmax(full, dim=-1)[..., :-1], torch.logsumexp(full, dim=-1)
+
+
+def reference(c, q, k, v, mask, kpm, z):
     H, Hkv = c["H"], c["Hkv"]
     k = kv_values(c, k).repeat_interleave(H // Hkv, dim=1)
     v = kv_values(c, v).repeat_interleave(H // Hkv, dim=1)
-    s = logits(c, q.double(), k, mask, kpm)
-    lse = torch.logsumexp(s, dim=-1)
-    w = torch.softmax(s, dim=-1).float()
+    w, lse = softmax(logits(c, q.double(), k, mask, kpm), None if z is None else z.double())
+    w = w.float()
     w = torch.nan_to_num(w, nan=0.0)             # fully masked rows: zeros
     if c["dropout"] > 0:
         torch.manual_seed(c["seed"])
@@ -86,15 +97,16 @@ def reference(c, q, k, v, mask, kpm):
     return out, w, lse.float()
 
 
-def reference_grads(c, q, k, v, mask, kpm, dout):
+def reference_grads(c, q, k, v, mask, kpm, z, dout):
     """Autograd of sum(out * dout) through the reference computed in float64 (gradients with respect
     to the values k and v denote)."""
     B, H, Hkv, L, S = c["B"], c["H"], c["Hkv"], c["L"], c["S"]
     leaves = [q.double().requires_grad_(), kv_values(c, k).requires_grad_(), kv_values(c, v).requires_grad_()]
     fmask = mask.double().requires_grad_() if mask is not None and mask.dtype != torch.bool else None
+    zd = z.double().requires_grad_() if z is not None else None
     qd, kd, vd = leaves
     kr, vr = kd.repeat_interleave(H // Hkv, dim=1), vd.repeat_interleave(H // Hkv, dim=1)
-    w = torch.softmax(logits(c, qd, kr, fmask if fmask is not None else mask, kpm), dim=-1)
+    w, _ = softmax(logits(c, qd, kr, fmask if fmask is not None else mask, kpm), zd)
     if c["dropout"] > 0:
         torch.manual_seed(c["seed"])
         keep = torch.empty(B, H, L, S).bernoulli_(1 - c["dropout"])  # F.dropout's draws
@@ -104,6 +116,8 @@ def reference_grads(c, q, k, v, mask, kpm, dout):
     g = {"q": leaves[0].grad, "k": leaves[1].grad, "v": leaves[2].grad}
     if fmask is not None:
         g["mask"] = fmask.grad
+    if zd is not None:
+        g["sinks"] = zd.grad
     return {name: t.float().numpy() for name, t in g.items()}
 
 
@@ -124,8 +138,9 @@ def run_config(idx, c, attn_bin, tmp):
         kpm = torch.rand(c["B"], c["S"], generator=gen) < 0.25
     elif c["kpm"] == "float":
         kpm = torch.randn(c["B"], c["S"], generator=gen)
+    z = torch.randn(c["H"], generator=gen) * 2 if c["sinks"] else None
     c["seed"] = 77 + idx
-    out, w, lse = reference(c, q, k, v, mask, kpm)
+    out, w, lse = reference(c, q, k, v, mask, kpm, z)
     args = [attn_bin, "sdpa"]
     for name, t in (("q", q), ("k", k), ("v", v)):
         if name != "q" and c["kv"] == "f16":  # float16 arrays, as torch's .half() rounds them
@@ -136,6 +151,8 @@ def run_config(idx, c, attn_bin, tmp):
     args += masks.sdpa_args(tmp, c, mask, kpm)
     if c["softcap"]:
         args += ["--softcap", repr(c["softcap"])]
+    if z is not None:
+        harness.npy_arg(args, tmp, "--sinks", "z", z.numpy())
     args += ["--out", os.path.join(tmp, "o.npy")]
     if c["dropout"] > 0:
         args += ["--dropout", repr(c["dropout"]), "--seed", str(c["seed"])]
@@ -149,7 +166,7 @@ def run_config(idx, c, attn_bin, tmp):
     grads = None
     if not fully_masked and c["dropout"] < 1:
         dout = torch.randn(out.shape, generator=gen)
-        grads = reference_grads(c, q, k, v, mask, kpm, dout)
+        grads = reference_grads(c, q, k, v, mask, kpm, z, dout)
         np.save(os.path.join(tmp, "do.npy"), dout.numpy())
         args += ["--grad-out", os.path.join(tmp, "do.npy"), "--grads-out", os.path.join(tmp, "g.safetensors")]
     r = subprocess.run(args, capture_output=True, text=True)
