@@ -336,16 +336,20 @@ static bool sdpa_bwd_bounds(const sdpa_problem *P, const float *noise, const flo
                     else if (s[j] > max)
                         max = s[j];
                 }
-                double sum = 0.0;
-                if (!has_nan && max != -INFINITY)
-                    for (int64_t j = 0; j < S; j++) sum += s[j] == -INFINITY ? 0.0 : exp(s[j] - max);
-                const double lse = has_nan ? NAN : max == -INFINITY ? -INFINITY : max + log(sum);
+                /* the head's sink: one more term of the sum (NaN or +inf: a NaN row) */
+                const double z = d->sinks != NULL ? (double)d->sinks[h] : -INFINITY;
+                has_nan = has_nan || isnan(z) || z == INFINITY;
+                const double top = z > max ? z : max;
+                double sum = z == -INFINITY || has_nan ? 0.0 : exp(z - top);
+                if (!has_nan && top != -INFINITY)
+                    for (int64_t j = 0; j < S; j++) sum += s[j] == -INFINITY ? 0.0 : exp(s[j] - top);
+                const double lse = has_nan ? NAN : top == -INFINITY ? -INFINITY : top + log(sum);
                 const float *c_row = noise != NULL ? noise + ((b * H + h) * L + i) * S : NULL;
                 /* a term for every key the row reads: visible ones, and every key of a NaN row */
                 double pdp = 0.0, delta_max = 0.0;
                 for (int64_t j = 0; j < S; j++) {
                     term[j] = has_nan || s[j] != -INFINITY;
-                    pw[j] = has_nan ? NAN : !term[j] ? 0.0 : exp(s[j] - max) / sum;
+                    pw[j] = has_nan ? NAN : !term[j] ? 0.0 : exp(s[j] - top) / sum;
                     dp[j] = dpm[j] = 0.0;
                     if (!term[j]) continue;
                     const double cj = c_row != NULL ? (double)c_row[j] : 1.0;
@@ -457,6 +461,55 @@ static bool sdpa_bwd_bounds(const sdpa_problem *P, const float *noise, const flo
 /* The Philox mask of d's (B, H, L, S) cells as noise (0, or float(1 / float(1 - p)) where kept), read
  * through the weights output of a forward on zero q, k and v with no masks (every weight 1/S before
  * the dropout): the public API's view of the mask attn.h defines. */
+/* Element off of x, of type t, as a double. */
+static double elem_at(const void *x, attn_dtype t, int64_t off) {
+    return t == ATTN_DTYPE_F32 ? (double)((const float *)x)[off] : half_value(t, ((const uint16_t *)x)[off]);
+}
+
+/* attn_sdpa_sinks_bwd's sums as attn.h states them, in its order: for each head, the rows (b, i) of
+ * a (B, H, L) problem (a packed batch: B = 1, L = total_q, o_stride[0] unused), each adding
+ * -exp(z - lse) dout.out unless the sink's weight is 0. The library's result must have these bits. */
+static void sinks_grad_model(const attn_sdpa_desc *d, int64_t B, int64_t L, const void *out, const void *dout,
+                             const float *lse, float *dz) {
+    const int64_t H = d->n_heads, Dv = d->head_dim_v != 0 ? d->head_dim_v : d->head_dim;
+    for (int64_t h = 0; h < H; h++) {
+        const double z = (double)d->sinks[h];
+        double acc = 0.0;
+        for (int64_t b = 0; b < B && z != -INFINITY; b++)
+            for (int64_t i = 0; i < L; i++) {
+                const double w = exp(z - (double)lse[(b * H + h) * L + i]);
+                if (w == 0.0) continue;
+                double dot = 0.0;
+                for (int64_t t = 0; t < Dv; t++) {
+                    const int64_t o = (B > 1 ? b * d->o_stride[0] : 0) + h * d->o_stride[1] + i * d->o_stride[2] +
+                                      t * d->o_stride[3];
+                    dot += elem_at(dout, d->out_dtype, o) * elem_at(out, d->out_dtype, o);
+                }
+                acc -= w * dot;
+            }
+        dz[h] = (float)acc;
+    }
+}
+
+/* The sinks' gradient on ctx against sinks_grad_model, bit for bit (any NaN for a NaN; pb: the
+ * packed batch, or NULL for (B, H, L) tensors). */
+static void check_sinks_grad(attn_ctx *ctx, const attn_sdpa_desc *d, const packed_batch *pb, int64_t B, int64_t L,
+                             const void *out, const void *dout, const float *lse) {
+    if (d->sinks == NULL) return;
+    const int64_t H = d->n_heads;
+    float *got = sentinel_floats(H), *want = new_floats(H);
+    const attn_status st = attn_sdpa_sinks_bwd(ctx, d, pb != NULL ? pb->cu_q : NULL, pb != NULL ? pb->cu_k : NULL, out,
+                                               dout, lse, got);
+    fuzz_check_error(ctx, st, "attn_sdpa_sinks_bwd");
+    FUZZ_CHECK(st == ATTN_OK, "attn_sdpa_sinks_bwd: %s in %s", attn_ctx_last_error(ctx), problem);
+    sinks_grad_model(d, B, L, out, dout, lse, want);
+    for (int64_t h = 0; h < H; h++)
+        FUZZ_CHECK((isnan(got[h]) && isnan(want[h])) || memcmp(&got[h], &want[h], sizeof(float)) == 0,
+                   "dsinks[%lld] = %.9g, want %.9g (attn.h's sum) in %s",
+                   (long long)h, (double)got[h], (double)want[h], problem);
+    free(got), free(want);
+}
+
 static void philox_noise(pair *p, const attn_sdpa_desc *d, int64_t B, int64_t H, int64_t L, int64_t S, float *noise) {
     attn_sdpa_desc z;
     attn_sdpa_desc_init(&z);
@@ -541,6 +594,7 @@ static void bwd_sdpa(pair *p) {
     /* Philox dropout now and then (drawn after the types): the mask from the descriptor alone */
     const bool philox = d.dropout_p > 0.0 && fuzz_data_chance(fd, 1, 3);
     if (philox) d.dropout_rng = ATTN_DROPOUT_RNG_PHILOX, d.dropout_seed = fuzz_data_u64(fd), d.dropout_offset = fuzz_data_u32(fd);
+    decode_sinks(p, &d, &ex);
     grad_round_rel = gt == ATTN_DTYPE_BF16 ? 0x1p-7 : gt == ATTN_DTYPE_F16 ? 0x1p-10 : 0.0;
     grad_round_abs = gt == ATTN_DTYPE_BF16 ? 0x1p-133 : gt == ATTN_DTYPE_F16 ? 0x1p-24 : 0.0;
     out_round = gt == ATTN_DTYPE_BF16 ? 0x1p-6 : gt == ATTN_DTYPE_F16 ? 0x1p-9 : 0.0;
@@ -616,6 +670,10 @@ static void bwd_sdpa(pair *p) {
     }
     compare_status(p, st, "attn_sdpa_bwd");
     FUZZ_CHECK(st[0] == ATTN_OK, "attn_sdpa_bwd: %s in %s", attn_ctx_last_error(p->ctx[0]), problem);
+    for (int c = 0; c < p->n; c++) {
+        const int src = own_forward ? c : 1;
+        check_sinks_grad(p->ctx[c], &d, NULL, B, L, out[src], doutin, lse[src]);
+    }
 
     /* ---- comparisons ---- */
     sdpa_problem P = {&d, B, H, Hkv, G, L, S, D, Dv, 0.0, q, k, v};
@@ -654,7 +712,8 @@ static void bwd_sdpa(pair *p) {
     /* Finite, moderate inputs: finite gradients. */
     bool tame = all_finite_within(q, cq, TAME_VALUE) && all_finite_within(k, ck, TAME_VALUE) &&
                 all_finite_within(v, cv, TAME_VALUE) && all_finite_within(dout, co, TAME_VALUE) &&
-                fabs(P.scale) <= TAME_VALUE && (ex.slopes == NULL || all_finite_within(ex.slopes, H, TAME_VALUE));
+                fabs(P.scale) <= TAME_VALUE && (ex.slopes == NULL || all_finite_within(ex.slopes, H, TAME_VALUE)) &&
+                (ex.sinks == NULL || all_finite_within(ex.sinks, H, TAME_VALUE));
     if (mask != NULL && d.mask_dtype == ATTN_DTYPE_F32)
         for (int64_t e = 0; e < cm; e++) {
             const float x = ((const float *)mask)[e];
@@ -1201,6 +1260,7 @@ static void bwd_varlen(pair *p) {
     uint16_t *qh = d.q_dtype != ATTN_DTYPE_F32 ? to_half(p, d.q_dtype, q, cq) : NULL;
     uint16_t *gh = d.out_dtype != ATTN_DTYPE_F32 ? to_half(p, d.out_dtype, dout, co) : NULL;
     const void *qin = qh != NULL ? (const void *)qh : q, *gin = gh != NULL ? (const void *)gh : dout;
+    decode_sinks(p, &d, &ex);
     char extras[160];
     describe_extras(&d, extras, sizeof extras);
     snprintf(problem, sizeof problem,
@@ -1237,6 +1297,7 @@ static void bwd_varlen(pair *p) {
         const attn_status sb = attn_sdpa_varlen_bwd(ctx, &d, pb.cu_q, pb.cu_k, qin, kin, vin, out, gin, lse, NULL, gp[0], gp[1], gp[2]);
         fuzz_check_error(ctx, sb, "attn_sdpa_varlen_bwd");
         FUZZ_CHECK(sb == ATTN_OK, "attn_sdpa_varlen_bwd: %s in %s", attn_ctx_last_error(ctx), problem);
+        check_sinks_grad(ctx, &d, &pb, 1, TQ, out, gin, lse);
         static const char *names[3] = {"dq", "dk", "dv"};
         for (int i = 0; i < 3; i++) /* padding untouched */
             for (int64_t e = 0; e < cg[i]; e++) {

@@ -329,9 +329,11 @@ static inline void check_half_rounding(attn_dtype dt, float x, uint16_t h) {
                (double)(signbit(x) ? -y : y), h);
 }
 
-/* What decode_extras adds to a problem: ALiBi slopes, half copies of k and v. */
+/* What decode_extras adds to a problem: ALiBi slopes, half copies of k and v (and decode_sinks the
+ * sinks). */
 typedef struct sdpa_extras {
     float *slopes;     /* (H), or NULL */
+    float *sinks;      /* (H), or NULL */
     uint16_t *kh, *vh; /* k and v of desc.kv_dtype, or NULL for F32 */
     double alibi_mag;  /* the largest |ALiBi term| */
 } sdpa_extras;
@@ -427,15 +429,29 @@ static inline uint16_t *decode_half_q_out(pair *p, attn_sdpa_desc *d, float *q, 
     return d->q_dtype != ATTN_DTYPE_F32 ? to_half(p, d->q_dtype, q, cq) : NULL;
 }
 
-static inline void free_extras(sdpa_extras *x) { free(x->slopes), free(x->kh), free(x->vh); }
+/* Attention sinks now and then (drawn after every other option: older inputs decode as they did):
+ * logits of either sign, sometimes a special value (NaN, infinities, huge or tiny) for one head. */
+static inline void decode_sinks(pair *p, attn_sdpa_desc *d, sdpa_extras *x) {
+    fuzz_data *fd = p->fd;
+    if (!fuzz_data_chance(fd, 1, 4)) return;
+    const int64_t H = d->n_heads;
+    x->sinks = new_floats(H);
+    const float span = fuzz_data_bool(fd) ? 4.0f : 60.0f;
+    for (int64_t h = 0; h < H; h++) x->sinks[h] = fuzz_rng_float(&p->rng, -span, span);
+    if (fuzz_data_chance(fd, 1, 8)) x->sinks[fuzz_data_pick(fd, (size_t)H)] = fuzz_data_float_special(fd);
+    d->sinks = x->sinks;
+}
+
+static inline void free_extras(sdpa_extras *x) { free(x->slopes), free(x->sinks), free(x->kh), free(x->vh); }
 
 /* A short description of the options, for the message of a failed check. */
 static inline void describe_extras(const attn_sdpa_desc *d, char *buf, size_t size) {
-    char win[64] = "", alibi[64] = "";
+    char win[64] = "", alibi[64] = "", sinks[64] = "";
     if (d->use_window)
         snprintf(win, sizeof win, " window=(%lld,%lld)", (long long)d->window_left, (long long)d->window_right);
     if (d->alibi_slopes != NULL) snprintf(alibi, sizeof alibi, " alibi[0]=%g", (double)d->alibi_slopes[0]);
-    snprintf(buf, size, "%s%s softcap=%g kv=%s", win, alibi, (double)d->softcap, attn_dtype_name(d->kv_dtype));
+    if (d->sinks != NULL) snprintf(sinks, sizeof sinks, " sinks[0]=%g", (double)d->sinks[0]);
+    snprintf(buf, size, "%s%s%s softcap=%g kv=%s", win, alibi, sinks, (double)d->softcap, attn_dtype_name(d->kv_dtype));
 }
 
 /* ---- the problems both targets decode: SDPA shapes, scales and key padding masks, the modules -- */

@@ -24,8 +24,9 @@
 
 /* The reference's lse as the fused kernels can hold it (attn.h: the note on float arithmetic
  * before attn_causal): they work in the log2 domain with scores clamped to float's range, so an
- * lse past +-FLT_MAX * ln 2 (float mask terms near +-FLT_MAX) is that there. Applied to the
- * reference's results ([1]); the infinities (NaN rows, fully masked ones) stay. */
+ * lse past +-FLT_MAX * ln 2 (float mask terms or sinks near +-FLT_MAX) is that there. Applied to
+ * every context's results (a call asking for the weights runs the reference everywhere); the
+ * infinities (NaN rows, fully masked ones) stay. */
 static void lse_in_log2_range(float *lse, int64_t n) {
     const float top = (float)((double)FLT_MAX * 0.6931471805599453);
     for (int64_t i = 0; i < n; i++)
@@ -170,7 +171,7 @@ static void diff_kv_cache(pair *p) {
             }
             loose_nonfinite = true; /* specials: the flush of tiny weights may differ (see above) */
             const tol t = {REL_TOL + 4.0 * ds, ABS_TOL * (1.0 + mk) + mk * (3.0 * ds + 4.0 * (double)(S + 8) * U) + wq};
-            lse_in_log2_range(lse[1], B * H * L);
+            for (int i = 0; i < p->n; i++) lse_in_log2_range(lse[i], B * H * L);
             for (int i = 1; i < p->n; i++) { /* [2] runs [0]'s kernels: the same rounding */
                 compare_run(p, i, o[0], o[i], B * H * L * Dv, t, "kv cache out");
                 compare_run(p, i, lse[0], lse[i], B * H * L, (tol){REL_TOL + 4.0 * ds, ABS_TOL + 4.0 * ds + dq}, "kv cache lse");
@@ -262,6 +263,7 @@ static void diff_sdpa(pair *p) {
     /* Philox dropout now and then (drawn after the types): the same mask on every context */
     if (d.dropout_p > 0.0 && fuzz_data_chance(fd, 1, 3))
         d.dropout_rng = ATTN_DROPOUT_RNG_PHILOX, d.dropout_seed = fuzz_data_u64(fd), d.dropout_offset = fuzz_data_u32(fd);
+    decode_sinks(p, &d, &ex);
     double mmax = 0.0; /* the float mask's largest finite term (huge ones aside) */
     bool mask_nonfinite = false;
     if (d.mask != NULL && d.mask_dtype == ATTN_DTYPE_F32) {
@@ -306,7 +308,8 @@ static void diff_sdpa(pair *p) {
         if (st[c] == ATTN_OK) half_out_as_floats(out[c], d.out_dtype, co); /* the half results as floats */
     }
     compare_status(p, st, "attn_sdpa_fwd");
-    if (st[1] == ATTN_OK && want_lse) lse_in_log2_range(lse[1], nl);
+    for (int c = 0; c < p->n && want_lse; c++)
+        if (st[c] == ATTN_OK) lse_in_log2_range(lse[c], nl);
     for (int c = 1; c < p->n && st[0] == ATTN_OK; c++) {
         compare_run(p, c, out[0], out[c], co, t_out, "out");
         if (want_lse) compare_run(p, c, lse[0], lse[c], nl, t_lse, "lse");
@@ -368,6 +371,7 @@ static void diff_varlen(pair *p) {
     const void *kin = ex.kh != NULL ? (const void *)ex.kh : k, *vin = ex.vh != NULL ? (const void *)ex.vh : v;
     uint16_t *qh = decode_half_q_out(p, &d, q, cq);
     const void *qin = qh != NULL ? (const void *)qh : q;
+    decode_sinks(p, &d, &ex);
     tol t_out, t_lse;
     double ds;
     forward_tolerances(p, &d, q, cq, k, ck, v, cv, &ex, 0.0, smax, false, &t_out, &t_lse, &ds);
@@ -403,7 +407,7 @@ static void diff_varlen(pair *p) {
             }
     } else if (st[0] == ATTN_OK) { /* (other arguments may be refused: a NaN scale, ...) */
         memcpy(ref_lse, lse[1], (size_t)nl * sizeof(float));
-        lse_in_log2_range(lse[1], nl);
+        for (int c = 0; c < p->n; c++) lse_in_log2_range(lse[c], nl);
         for (int c = 1; c < p->n; c++) {
             compare_run(p, c, out[0], out[c], co, t_out, "out");
             compare_run(p, c, lse[0], lse[c], nl, t_lse, "lse");
@@ -419,16 +423,21 @@ static void diff_varlen(pair *p) {
             const int64_t lq = cu_q[b + 1] - cu_q[b], lk = cu_k[b + 1] - cu_k[b];
             if (lq == 0) continue;
             const float *orow = out[1] + cu_q[b] * d.o_stride[2];
-            if (lk == 0) { /* no key: zero rows, lse -inf */
-                for (int64_t h = 0; h < H; h++)
+            if (lk == 0) { /* no key: zero rows, lse -inf; with a sink zh, lse = zh (NaN rows for zh NaN or +inf) */
+                for (int64_t h = 0; h < H; h++) {
+                    float zh = d.sinks != NULL ? d.sinks[h] : -INFINITY;
+                    const bool nan_row = isnan(zh) || zh == INFINITY;
+                    lse_in_log2_range(&zh, 1); /* the kernels' clamp (attn.h), which the sink goes through */
                     for (int64_t i = 0; i < lq; i++) {
-                        FUZZ_CHECK(ref_lse[h * TQ + cu_q[b] + i] == -INFINITY, "a sequence without keys: lse %g in %s",
-                                   (double)ref_lse[h * TQ + cu_q[b] + i], problem);
-                        for (int64_t e = 0; e < Dv; e++)
-                            FUZZ_CHECK(orow[h * d.o_stride[1] + i * d.o_stride[2] + e * d.o_stride[3]] == 0.0f,
-                                       "a sequence without keys: out %g in %s",
-                                       (double)orow[h * d.o_stride[1] + i * d.o_stride[2] + e * d.o_stride[3]], problem);
+                        const float l = ref_lse[h * TQ + cu_q[b] + i];
+                        FUZZ_CHECK(nan_row ? isnan(l) : l == zh, "a sequence without keys: lse %g in %s", (double)l, problem);
+                        for (int64_t e = 0; e < Dv; e++) {
+                            const float o = orow[h * d.o_stride[1] + i * d.o_stride[2] + e * d.o_stride[3]];
+                            FUZZ_CHECK(nan_row ? isnan(o) : o == 0.0f, "a sequence without keys: out %g in %s", (double)o,
+                                       problem);
+                        }
                     }
+                }
                 continue;
             }
             const attn_sdpa_desc db = packed_seq_desc(&d, &pb, b);
@@ -637,12 +646,18 @@ static void diff_sdpa_raw(pair *p) {
         FUZZ_CHECK(attn_convert(ATTN_DTYPE_F32, v, d.kv_dtype, vh, nv) == ATTN_OK, "attn_convert");
         kraw = kh, vraw = vh;
     }
+    float *sinks = NULL; /* finite attention sinks now and then (drawn last: older inputs decode as they did) */
+    if (fuzz_data_chance(fd, 1, 4)) {
+        sinks = new_floats(H);
+        for (int64_t h = 0; h < H; h++) sinks[h] = fuzz_rng_float(&p->rng, -30.0f, 30.0f);
+        d.sinks = sinks;
+    }
     snprintf(problem, sizeof problem,
              "sdpa raw B=%lld H=%lld Hkv=%lld L=%lld S=%lld D=%lld Dv=%lld scale=%g softcap=%g causal=%d q=%s kv=%s "
-             "out=%s kv layout=%d specials=%d/64 isa=%s",
+             "out=%s kv layout=%d specials=%d/64 sinks=%d isa=%s",
              (long long)B, (long long)H, (long long)Hkv, (long long)L, (long long)S, (long long)D, (long long)Dv,
              (double)d.scale, (double)d.softcap, (int)d.causal, attn_dtype_name(d.q_dtype), attn_dtype_name(d.kv_dtype),
-             attn_dtype_name(d.out_dtype), (int)kl, special_rate, attn_isa_name(attn_ctx_isa(p->ctx[0])));
+             attn_dtype_name(d.out_dtype), (int)kl, special_rate, sinks != NULL, attn_isa_name(attn_ctx_isa(p->ctx[0])));
     float *out[3] = {NULL, NULL, NULL}, *lse[3] = {NULL, NULL, NULL};
     attn_status st[3];
     for (int c = 0; c < p->n; c++) {
@@ -737,7 +752,7 @@ static void diff_sdpa_raw(pair *p) {
         free(of), free(lf);
     }
     for (int c = 0; c < p->n; c++) free(out[c]), free(lse[c]);
-    free(q), free(k), free(v), free(qraw), free(kraw), free(vraw);
+    free(q), free(k), free(v), free(qraw), free(kraw), free(vraw), free(sinks);
 }
 
 /* ---- nn.MultiheadAttention ------------------------------------------------------------------- */
