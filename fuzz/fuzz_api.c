@@ -4,8 +4,9 @@
  * attn_book_* constructors + attn_book_forward + attn_book_transfer_v2_to_v1,
  * attn_simple_self_attention, attn_linear, the generator and initialiser functions, the KV cache
  * (attn_kv_cache_create, append, truncate, reset, attend), the backward passes after valid forwards
- * (attn_sdpa_bwd; the module's attn_mha_forward_train and attn_mha_backward), the module's cached
- * forward (attn_mha_forward_cached), packed batches (attn_sdpa_varlen_fwd and _bwd), and
+ * (attn_sdpa_bwd, attn_sdpa_sinks_bwd; the module's attn_mha_forward_train and
+ * attn_mha_backward), the module's cached forward (attn_mha_forward_cached), packed batches
+ * (attn_sdpa_varlen_fwd and _bwd), and
  * attn_ctx_create (ISA and thread count from the input; the context the rest of the input uses).
  *
  * The input chooses an entry point and its arguments: sizes that are small, zero, negative or huge,
@@ -445,6 +446,45 @@ static void fuzz_sdpa_bwd(env *e, attn_ctx *ctx, const attn_sdpa_desc *d, const 
             }
 }
 
+/*
+ * attn_sdpa_sinks_bwd on a valid forward's descriptor, out and lse (drawn after everything else:
+ * older inputs decode as they did). Judged from attn.h: a descriptor without sinks, a NULL out,
+ * dout, lse or dsinks, and one packed offset array without the other are refused with dsinks
+ * untouched; the rest runs and writes exactly H floats.
+ */
+static void fuzz_sdpa_sinks_bwd(env *e, attn_ctx *ctx, const attn_sdpa_desc *d, const span *so, const float *o,
+                                const float *lse) {
+    fuzz_data *fd = e->fd;
+    if (!fuzz_data_chance(fd, 1, 2)) return;
+    const int64_t H = d->n_heads;
+    attn_sdpa_desc ds = *d;
+    float *sinks = NULL;
+    if (!fuzz_data_chance(fd, 1, 8)) {
+        sinks = env_buf(e, (size_t)H * 4);
+        fill_floats(e, sinks, H, 8.0f);
+        ds.sinks = sinks;
+    }
+    const bool null_out = fuzz_data_chance(fd, 1, 16), null_dout = fuzz_data_chance(fd, 1, 16);
+    const bool null_lse = fuzz_data_chance(fd, 1, 16), null_dsinks = fuzz_data_chance(fd, 1, 16);
+    const int64_t cu[2] = {0, 1};
+    const int one_offset = fuzz_data_chance(fd, 1, 16) ? 1 + (int)fuzz_data_pick(fd, 2) : 0; /* 1: q's only, 2: k's */
+    judge j = {J_VALID, NULL};
+    if (sinks == NULL) bad(&j, "no sinks to differentiate");
+    if (null_out || null_dout || null_lse || null_dsinks) bad(&j, "out, dout, lse or dsinks is NULL");
+    if (one_offset) bad(&j, "one packed offset array without the other");
+    float *dout = null_dout ? NULL : span_buf(e, so, 4);
+    if (dout != NULL) fill_floats(e, dout + so->lo, span_elems(so), 1.0f);
+    float *dsinks = null_dsinks ? NULL : env_buf(e, (size_t)(H + 4) * 4); /* 4 guard floats past H */
+    arm(e);
+    const attn_status st = attn_sdpa_sinks_bwd(ctx, &ds, one_offset == 1 ? cu : NULL, one_offset == 2 ? cu : NULL,
+                                               null_out ? NULL : o, dout, null_lse ? NULL : lse, dsinks);
+    disarm(e);
+    expect(e, &j, ctx, st, false, "attn_sdpa_sinks_bwd");
+    if (dsinks == NULL) return;
+    if (is_argument_error(st)) FUZZ_CHECK(poisoned(dsinks, (H + 4) * 4), "dsinks written by a rejected call");
+    else FUZZ_CHECK(poisoned(dsinks + H, 16), "attn_sdpa_sinks_bwd wrote past dsinks[H - 1]");
+}
+
 static void fuzz_sdpa(env *e) {
     fuzz_data *fd = e->fd;
     attn_sdpa_desc d;
@@ -716,6 +756,7 @@ static void fuzz_sdpa(env *e) {
     if (lse != NULL) {
         const sdpa_views views = {&sq, &sk, &sv, &so, use_mask ? &sm : NULL, plain_q && plain_k && plain_v};
         fuzz_sdpa_bwd(e, ctx, &d, &views, q, k, v, o, lse, &before);
+        fuzz_sdpa_sinks_bwd(e, ctx, &d, &so, o, lse);
     }
 }
 
