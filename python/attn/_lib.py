@@ -159,7 +159,8 @@ class SdpaDesc(ctypes.Structure):
                 ("use_window", ctypes.c_int), ("window_left", ctypes.c_int64), ("window_right", ctypes.c_int64),
                 ("alibi_slopes", ctypes.c_void_p), ("softcap", ctypes.c_float), ("kv_dtype", ctypes.c_int),
                 ("q_dtype", ctypes.c_int), ("out_dtype", ctypes.c_int), ("grad_dtype", ctypes.c_int),
-                ("dropout_rng", ctypes.c_int), ("dropout_offset", ctypes.c_uint32), ("dropout_seed", ctypes.c_uint64)]
+                ("dropout_rng", ctypes.c_int), ("dropout_offset", ctypes.c_uint32), ("dropout_seed", ctypes.c_uint64),
+                ("sinks", ctypes.c_void_p)]
 
 
 class KVCacheConfig(ctypes.Structure):
@@ -221,6 +222,7 @@ _PROTOTYPES = {
     "attn_sdpa_desc_init": (None, [P(SdpaDesc)]),
     "attn_sdpa_fwd": (st, [vp, P(SdpaDesc), vp, vp, vp, vp, vp, vp]),
     "attn_sdpa_bwd": (st, [vp, P(SdpaDesc), vp, vp, vp, vp, vp, vp, P(Generator), vp, vp, vp, vp]),
+    "attn_sdpa_sinks_bwd": (st, [vp, P(SdpaDesc), vp, vp, vp, vp, vp, vp]),
     "attn_sdpa_varlen_fwd": (st, [vp, P(SdpaDesc), vp, vp, vp, vp, vp, vp, vp]),
     "attn_sdpa_varlen_bwd": (st, [vp, P(SdpaDesc), vp, vp, vp, vp, vp, vp, vp, vp, P(Generator), vp, vp, vp]),
     "attn_kv_cache_config_init": (None, [P(KVCacheConfig)]),

@@ -10,9 +10,10 @@ the masks it hands "sdpa": None where plain causal or full attention needs no ma
 (B, 1, L, S) bool mask with True = attend). Every model that dispatches through
 AttentionInterface then runs its attention on attn's fused kernels, prefill and cached decoding
 alike: causal masks, padding, grouped-query attention (the key/value heads are not repeated),
-scaling, soft-capping (Gemma 2), sliding windows (in the mask transformers builds), dropout in
-training, output_attentions (attn's weights, without gradient). Training works: the attention is
-differentiable through attn's backward.
+scaling, soft-capping (Gemma 2), sliding windows (in the mask transformers builds), attention
+sinks (gpt-oss's s_aux), dropout in training, output_attentions (attn's weights, without
+gradient). Training works: the attention is differentiable through attn's backward (the sinks
+included).
 """
 import torch
 
@@ -27,11 +28,12 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
                       softcap=None, sliding_window=None, **kwargs):
     """transformers' attention interface: query (B, H, L, D), key (B, Hkv, S, D), value
     (B, Hkv, S, Dv), attention_mask None, bool (True = attend) or float (added), broadcasting to
-    (B, H, L, S). Returns ((B, L, H, Dv) output, (B, H, L, S) weights with output_attentions, else
-    None). sliding_window is already in the mask transformers builds for "attn" (as for "sdpa")."""
-    for name in ("s_aux", "position_bias"):
-        if kwargs.get(name) is not None:
-            raise AttnError(_lib.ERR_UNSUPPORTED, "the attn attention implementation does not take %s" % name)
+    (B, H, L, S); s_aux None or (H,) attention sinks (gpt-oss: softmax over each row with the
+    head's sink appended, its column dropped). Returns ((B, L, H, Dv) output, (B, H, L, S) weights
+    (the keys') with output_attentions, else None). sliding_window is already in the mask
+    transformers builds for "attn" (as for "sdpa")."""
+    if kwargs.get("position_bias") is not None:
+        raise AttnError(_lib.ERR_UNSUPPORTED, "the attn attention implementation does not take position_bias")
     L = query.shape[2]
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
@@ -47,7 +49,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
             mask = attention_mask.float()
     want_weights = bool(kwargs.get("output_attentions", False))
     out, _, weights = attention(query, key, value, mask, None, causal=causal, scale=scaling, dropout_p=float(dropout),
-                                softcap=softcap or None, weights_mode=1 if want_weights else 0)
+                                softcap=softcap or None, weights_mode=1 if want_weights else 0,
+                                sinks=kwargs.get("s_aux"))
     return out.transpose(1, 2).contiguous(), weights.to(query.dtype) if want_weights else None
 
 

@@ -118,11 +118,12 @@ class KVCache(Handle):
         return self._filled("v")
 
     def attend(self, q, *, causal="bottom_right", mask=None, key_padding_mask=None, scale=None, window=None,
-               alibi_slopes=None, softcap=0.0, return_lse=False, ctx=None):
+               alibi_slopes=None, softcap=0.0, sinks=None, return_lse=False, ctx=None):
         """SDPA of new queries q (B, H, L, D) against the filled positions (attn_kv_cache_attend),
         H a multiple of n_kv_heads. causal: "bottom_right" (query i of the L newest tokens sees
         positions < len - L + i + 1) or None. mask broadcasts to (B, H, L, len), key_padding_mask
-        to (B, len). Returns out (B, H, L, Dv), and lse (B, H, L) with return_lse."""
+        to (B, len); alibi_slopes and sinks (H,) as in attn.sdpa. Returns out (B, H, L, Dv), and
+        lse (B, H, L) with return_lse."""
         ctx = resolve(ctx, self.ctx)
         choice(causal, {"bottom_right": 2, None: 0}, "causal (for a KV cache)")
         return_lse = flag(return_lse, "return_lse")
@@ -146,7 +147,7 @@ class KVCache(Handle):
                 else:
                     desc.key_padding_mask, desc.key_padding_mask_dtype = mp, dt
                     desc.key_padding_mask_stride[:] = ms
-        _options(desc, H, causal, scale, 0.0, window, alibi_slopes, softcap, keep)
+        _options(desc, H, causal, scale, 0.0, window, alibi_slopes, softcap, sinks, keep)
         out = np.empty((B, H, L, self.head_dim_v), dtype=F32)
         desc.o_stride[:] = elem_strides(out)
         lse = np.empty((B, H, L), dtype=F32) if return_lse else None

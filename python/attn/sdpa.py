@@ -20,9 +20,14 @@ Options (keyword-only, shared by forward and backward):
                   leaves a side unbounded
   alibi_slopes    None or H floats
   softcap         0 for none, else scores = softcap * tanh(scores / softcap)
+  sinks           None or H floats: attention sinks (gpt-oss), one logit per query head that joins
+                  each row's softmax without a value, as softmax over the row with the sink
+                  appended and its column dropped; the row's weights sum to less than 1 and lse
+                  includes the sink. -inf is no sink for that head. The backwards give its
+                  gradient with return_dsinks=True
   kv_dtype        None (from k and v's dtype), "f32", "f16" or "bf16"
   ctx             a Context; None for this thread's default context
-A fully masked row gives zeros and lse = -inf (PyTorch 1.13 gives NaN).
+A fully masked row gives zeros and lse = -inf (PyTorch 1.13 gives NaN), or lse = the sink with sinks.
 """
 import ctypes
 
@@ -35,7 +40,16 @@ from ._lib import AttnError, fn
 from .context import Philox, RngState, resolve
 
 
-def _options(desc, H, causal, scale, dropout_p, window, alibi_slopes, softcap, keep):
+def _per_head(values, H, what, keep):
+    """values (one float per query head) as a contiguous float32 array kept alive in keep."""
+    a = contiguous(values, F32, what)
+    if a.ndim != 1 or a.shape[0] != H:
+        fail(_lib.ERR_BAD_SHAPE, "%s has shape %s, expected one value per query head (H=%d,)" % (what, a.shape, H))
+    keep.append(a)
+    return a
+
+
+def _options(desc, H, causal, scale, dropout_p, window, alibi_slopes, softcap, sinks, keep):
     desc.causal = choice(causal, _lib.CAUSAL, "causal")
     desc.scale = 0.0 if scale is None else real(scale, "scale")
     desc.dropout_p = real(dropout_p, "dropout_p")
@@ -48,15 +62,13 @@ def _options(desc, H, causal, scale, dropout_p, window, alibi_slopes, softcap, k
         desc.window_left = -1 if left is None else integer(left, "window[0]")
         desc.window_right = -1 if right is None else integer(right, "window[1]")
     if alibi_slopes is not None:
-        slopes = contiguous(alibi_slopes, F32, "alibi_slopes")
-        if slopes.ndim != 1 or slopes.shape[0] != H:
-            fail(_lib.ERR_BAD_SHAPE, "alibi_slopes has shape %s, expected one value per query head (H=%d,)"
-                 % (slopes.shape, H))
+        slopes = _per_head(alibi_slopes, H, "alibi_slopes", keep)
         if not np.isfinite(slopes).all():
             fail(_lib.ERR_INVALID_ARG, "alibi_slopes must be finite")
-        keep.append(slopes)
         desc.alibi_slopes = slopes.ctypes.data
     desc.softcap = real(softcap, "softcap")
+    if sinks is not None:  # any float: -inf is no sink, NaN and +inf make the head's rows NaN (attn.h)
+        desc.sinks = _per_head(sinks, H, "sinks", keep).ctypes.data
 
 
 def _rng(desc, dropout_rng):
@@ -82,7 +94,8 @@ def _masks(desc, B, H, L, S, mask, key_padding_mask, keep):
         desc.key_padding_mask_stride[:] = kps
 
 
-def _describe(q, k, v, causal, mask, key_padding_mask, scale, dropout_p, window, alibi_slopes, softcap, kv_dtype):
+def _describe(q, k, v, causal, mask, key_padding_mask, scale, dropout_p, window, alibi_slopes, softcap, sinks,
+              kv_dtype):
     """Checks the arrays and fills an attn_sdpa_desc. Returns (desc, q, k, v, keep-alive list)."""
     q, qs = view(q, F32, "q")
     k, ks, v, vs, code = kv_views(k, v, kv_dtype)
@@ -95,13 +108,13 @@ def _describe(q, k, v, causal, mask, key_padding_mask, scale, dropout_p, window,
     desc.kv_dtype = code
     keep = []
     _masks(desc, B, H, L, S, mask, key_padding_mask, keep)
-    _options(desc, H, causal, scale, dropout_p, window, alibi_slopes, softcap, keep)
+    _options(desc, H, causal, scale, dropout_p, window, alibi_slopes, softcap, sinks, keep)
     return desc, q, k, v, keep
 
 
 def sdpa(q, k, v, *, causal=None, mask=None, key_padding_mask=None, scale=None, dropout_p=0.0, window=None,
-         alibi_slopes=None, softcap=0.0, kv_dtype=None, return_lse=False, return_weights=None, dropout_rng=None,
-         ctx=None):
+         alibi_slopes=None, softcap=0.0, sinks=None, kv_dtype=None, return_lse=False, return_weights=None,
+         dropout_rng=None, ctx=None):
     """Scaled dot-product attention forward (attn_sdpa_fwd).
 
     return_weights: None, "per_head" ((B, H, L, S) weights after dropout) or "average" ((B, L, S)).
@@ -112,7 +125,7 @@ def sdpa(q, k, v, *, causal=None, mask=None, key_padding_mask=None, scale=None, 
     return_lse = flag(return_lse, "return_lse")
     weights_mode = choice(return_weights, _lib.WEIGHTS, "return_weights")
     desc, q, k, v, keep = _describe(q, k, v, causal, mask, key_padding_mask, scale, dropout_p, window,
-                                    alibi_slopes, softcap, kv_dtype)
+                                    alibi_slopes, softcap, sinks, kv_dtype)
     _rng(desc, dropout_rng)
     B, H, L, S, Dv = desc.batch, desc.n_heads, desc.len_q, desc.len_kv, desc.head_dim_v
     out = np.empty((B, H, L, Dv), dtype=F32)
@@ -150,8 +163,8 @@ def _dropout_state(desc, dropout_state):
 
 
 def sdpa_backward(q, k, v, out, dout, lse, *, causal=None, mask=None, key_padding_mask=None, scale=None,
-                  dropout_p=0.0, window=None, alibi_slopes=None, softcap=0.0, kv_dtype=None, dropout_state=None,
-                  return_dmask=False, dropout_rng=None, ctx=None):
+                  dropout_p=0.0, window=None, alibi_slopes=None, softcap=0.0, sinks=None, kv_dtype=None,
+                  dropout_state=None, return_dmask=False, return_dsinks=False, dropout_rng=None, ctx=None):
     """Gradients of a loss given dout = dL/dout (attn_sdpa_bwd), with the forward's options.
 
     out and lse are the forward's (sdpa(..., return_lse=True)). dropout_state: with dropout_p > 0,
@@ -159,11 +172,14 @@ def sdpa_backward(q, k, v, out, dout, lse, *, causal=None, mask=None, key_paddin
     with dropout_rng=attn.Philox(...), the forward's Philox and no state.
     Returns (dq, dk, dv) as float32 (dk, dv with k and v's shapes whatever their dtype; with
     grouped-query attention the sum over the heads sharing a kv head); with return_dmask also the
-    gradient of a float mask, in the mask's own shape (broadcast dimensions summed)."""
+    gradient of a float mask, in the mask's own shape (broadcast dimensions summed); with
+    return_dsinks also the gradient of the sinks, (H,) float32 (attn_sdpa_sinks_bwd: summed over
+    the batch and the queries), last."""
     ctx = resolve(ctx)
     return_dmask = flag(return_dmask, "return_dmask")
+    return_dsinks = _want_dsinks(return_dsinks, sinks)
     desc, q, k, v, keep = _describe(q, k, v, causal, mask, key_padding_mask, scale, dropout_p, window,
-                                    alibi_slopes, softcap, kv_dtype)
+                                    alibi_slopes, softcap, sinks, kv_dtype)
     _rng(desc, dropout_rng)
     B, H, L, Dv = desc.batch, desc.n_heads, desc.len_q, desc.head_dim_v
     q, qs, dq = _grad_layout(q, "q")
@@ -194,13 +210,30 @@ def sdpa_backward(q, k, v, out, dout, lse, *, causal=None, mask=None, key_paddin
     state = _dropout_state(desc, dropout_state)
     ctx.check(fn("attn_sdpa_bwd")(ctx.ptr, ctypes.byref(desc), ptr(q), ptr(k), ptr(v), ptr(out), ptr(dout),
                                   ptr(lse), state, ptr(dq), ptr(dk), ptr(dv), ptr(dmask)))
-    return (dq, dk, dv, dmask) if return_dmask else (dq, dk, dv)
+    grads = (dq, dk, dv) + ((dmask,) if return_dmask else ())
+    return (grads + (_dsinks(ctx, desc, None, None, out, dout, lse),)) if return_dsinks else grads
+
+
+def _want_dsinks(return_dsinks, sinks):
+    return_dsinks = flag(return_dsinks, "return_dsinks")
+    if return_dsinks and sinks is None:
+        fail(_lib.ERR_INVALID_ARG, "return_dsinks needs the forward's sinks")
+    return return_dsinks
+
+
+def _dsinks(ctx, desc, cq, ck, out, dout, lse):
+    """The sinks' gradient (attn_sdpa_sinks_bwd), (H,) float32, from the forward's out and lse and
+    dout, laid out as desc says (packed with the offsets cq and ck, else cq = ck = None)."""
+    dsinks = np.empty(desc.n_heads, dtype=F32)
+    ctx.check(fn("attn_sdpa_sinks_bwd")(ctx.ptr, ctypes.byref(desc), ptr(cq), ptr(ck), ptr(out), ptr(dout), ptr(lse),
+                                        ptr(dsinks)))
+    return dsinks
 
 
 # ---- variable-length packed batches ------------------------------------------------------------
 
 def _describe_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, dropout_p,
-                     window, alibi_slopes, softcap, kv_dtype):
+                     window, alibi_slopes, softcap, sinks, kv_dtype):
     q, qs = view(q, F32, "q")
     k, ks, v, vs, code = kv_views(k, v, kv_dtype)
     Tq, H, D, Tk, Hkv, _ = check_qkv_varlen(q, k, v)
@@ -226,7 +259,7 @@ def _describe_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     desc.v_stride[:] = [0, vs[1], vs[0], vs[2]]
     desc.kv_dtype = code
     keep = [cq, ck]
-    _options(desc, H, causal, scale, dropout_p, window, alibi_slopes, softcap, keep)
+    _options(desc, H, causal, scale, dropout_p, window, alibi_slopes, softcap, sinks, keep)
     return desc, q, k, v, cq, ck, keep
 
 
@@ -236,16 +269,18 @@ def has_varlen():
 
 
 def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, causal=None,
-                scale=None, dropout_p=0.0, window=None, alibi_slopes=None, softcap=0.0, kv_dtype=None,
+                scale=None, dropout_p=0.0, window=None, alibi_slopes=None, softcap=0.0, sinks=None, kv_dtype=None,
                 return_lse=False, dropout_rng=None, ctx=None):
     """Attention over sequences packed end to end (FlashAttention's varlen interface,
     attn_sdpa_varlen_fwd): q (total_q, H, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv); sequence b
     has queries cu_seqlens_q[b]:cu_seqlens_q[b+1] and keys cu_seqlens_k[b]:cu_seqlens_k[b+1]. Each
-    sequence is attention on its own (causal masks, windows and ALiBi align within it); no masks.
+    sequence is attention on its own (causal masks, windows and ALiBi align within it; sinks are
+    per head, shared by the sequences); no masks.
     Returns out (total_q, H, Dv), and lse (H, total_q) with return_lse."""
     ctx = resolve(ctx)
     desc, q, k, v, cq, ck, keep = _describe_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                   causal, scale, dropout_p, window, alibi_slopes, softcap, kv_dtype)
+                                                   causal, scale, dropout_p, window, alibi_slopes, softcap, sinks,
+                                                   kv_dtype)
     _rng(desc, dropout_rng)
     Tq, H, Dv = q.shape[0], desc.n_heads, desc.head_dim_v
     out = np.empty((Tq, H, Dv), dtype=F32)
@@ -259,12 +294,16 @@ def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_s
 
 def sdpa_varlen_backward(q, k, v, cu_seqlens_q, cu_seqlens_k, out, dout, lse, *, max_seqlen_q=None,
                          max_seqlen_k=None, causal=None, scale=None, dropout_p=0.0, window=None, alibi_slopes=None,
-                         softcap=0.0, kv_dtype=None, dropout_state=None, dropout_rng=None, ctx=None):
+                         softcap=0.0, sinks=None, kv_dtype=None, dropout_state=None, return_dsinks=False,
+                         dropout_rng=None, ctx=None):
     """Gradients of sdpa_varlen (attn_sdpa_varlen_bwd): out (total_q, H, Dv) and lse (H, total_q)
-    from the forward, dout like out. Returns (dq, dk, dv) float32 with q, k, v's shapes."""
+    from the forward, dout like out. Returns (dq, dk, dv) float32 with q, k, v's shapes; with
+    return_dsinks also the sinks' gradient, (H,) float32 summed over every query of the batch."""
     ctx = resolve(ctx)
+    return_dsinks = _want_dsinks(return_dsinks, sinks)
     desc, q, k, v, cq, ck, keep = _describe_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                   causal, scale, dropout_p, window, alibi_slopes, softcap, kv_dtype)
+                                                   causal, scale, dropout_p, window, alibi_slopes, softcap, sinks,
+                                                   kv_dtype)
     _rng(desc, dropout_rng)
     Tq, H, Dv = q.shape[0], desc.n_heads, desc.head_dim_v
     q, qs, dq = _grad_layout(q, "q")
@@ -286,7 +325,7 @@ def sdpa_varlen_backward(q, k, v, cu_seqlens_q, cu_seqlens_k, out, dout, lse, *,
     state = _dropout_state(desc, dropout_state)
     ctx.check(fn("attn_sdpa_varlen_bwd")(ctx.ptr, ctypes.byref(desc), ptr(cq), ptr(ck), ptr(q), ptr(k), ptr(v),
                                          ptr(out), ptr(dout), ptr(lse), state, ptr(dq), ptr(dk), ptr(dv)))
-    return dq, dk, dv
+    return (dq, dk, dv, _dsinks(ctx, desc, cq, ck, out, dout, lse)) if return_dsinks else (dq, dk, dv)
 
 
 __all__ = ["sdpa", "sdpa_backward", "sdpa_varlen", "sdpa_varlen_backward", "has_varlen", "AttnError"]

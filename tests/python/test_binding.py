@@ -4,10 +4,12 @@ Covered:
   - the ctypes struct layouts (the library's own *_init functions fill the fields we read back);
   - sdpa forward against a float64 numpy reference: grouped-query attention, Dv != D, scales,
     top-left and bottom-right causal masks, bool and float masks of several broadcast shapes, key
-    padding masks, local windows, ALiBi, soft-capping, float16 and bfloat16 k/v, weights and
-    log-sum-exp, fully masked rows (zeros, -inf); strided inputs without copies, negative strides
-    and strides that are not whole elements; every kernel set; thread counts (same bits);
-  - sdpa_backward against a numpy float64 backward (dq, dk, dv, a float mask's gradient);
+    padding masks, local windows, ALiBi, soft-capping, attention sinks, float16 and bfloat16 k/v,
+    weights and log-sum-exp, fully masked rows (zeros, -inf; with sinks, lse = the sink); strided
+    inputs without copies, negative strides and strides that are not whole elements; every kernel
+    set; thread counts (same bits);
+  - sdpa_backward against a numpy float64 backward (dq, dk, dv, a float mask's gradient, and the
+    sinks' gradient against finite differences of the float64 reference);
   - Philox dropout (attn.Philox): the mask through the weights, out and dv from it, no state needed,
     the context's generator untouched, the same result on 1 and 3 threads;
   - with torch: a torch.autograd.Function (forward attn.sdpa, backward attn.sdpa_backward) checked
@@ -19,8 +21,10 @@ Covered:
     against a numpy reference without torch; parameters as views, state_dict, safetensors round trip;
   - KVCache: token-by-token decoding against full causal attention (F32/F16/BF16 storage, GQA),
     Q8_0/Q4_0 storage within the quantisation's bound,
-    truncate/reset, capacity errors, MHA.forward_cached against the causal forward;
-  - sdpa_varlen and its backward against a loop over the sequences;
+    truncate/reset, capacity errors, MHA.forward_cached against the causal forward; attend with
+    every option (sinks included) against the reference;
+  - sdpa_varlen and its backward against a loop over the sequences (with sinks: sequences without
+    keys, and dsinks the sum of the sequences');
   - errors: AttnError with the status name and the library's message.
 
 Run: /usr/bin/python3 tests/python/test_binding.py [-v]   (ATTN_LIBRARY=path/to/libattn.so to pick
@@ -101,7 +105,13 @@ def ref_logits(q, k, causal=None, mask=None, key_padding_mask=None, scale=None, 
     return raw, s + add
 
 
-def ref_softmax(s):
+def ref_softmax(s, sinks=None):
+    """(weights, lse) of softmax over the last axis, rows without keys giving zeros; with sinks (H
+    logits), over each row with its head's sink appended as one more column, then dropped."""
+    if sinks is not None:
+        z = np.broadcast_to(np.asarray(sinks, np.float64)[None, :, None, None], s.shape[:-1] + (1,))
+        p, lse = ref_softmax(np.concatenate([s, z], axis=-1))
+        return p[..., :-1], lse
     m = s.max(-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)
     e = np.exp(s - m)
@@ -116,21 +126,22 @@ def rep(x, H):
     return np.repeat(np.asarray(x, dtype=np.float64), H // x.shape[1], axis=1)
 
 
-def ref_sdpa(q, k, v, **opts):
+def ref_sdpa(q, k, v, sinks=None, **opts):
     """(out, lse, weights) in float64; k and v as the values the library sees (already rounded)."""
     H = q.shape[1]
     _, s = ref_logits(np.asarray(q, np.float64), rep(k, H), **opts)
-    p, lse = ref_softmax(s)
+    p, lse = ref_softmax(s, sinks)
     return p @ rep(v, H), lse, p
 
 
-def ref_sdpa_backward(q, k, v, dout, **opts):
-    """(dq, dk, dv, dlogits) in float64 by the softmax backward written out."""
+def ref_sdpa_backward(q, k, v, dout, sinks=None, **opts):
+    """(dq, dk, dv, dlogits) in float64 by the softmax backward written out (a sink has no value:
+    the same formula over the keys' weights)."""
     B, H, L, D = q.shape
     Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
     q64, kr, vr, do = np.asarray(q, np.float64), rep(k, H), rep(v, H), np.asarray(dout, np.float64)
     raw, s = ref_logits(q64, kr, **opts)
-    p, _ = ref_softmax(s)
+    p, _ = ref_softmax(s, sinks)
     dp = do @ vr.transpose(0, 1, 3, 2)
     ds = p * (dp - (dp * p).sum(-1, keepdims=True))
     dv = (p.transpose(0, 1, 3, 2) @ do).reshape(B, Hkv, H // Hkv, S, Dv).sum(2)
@@ -140,6 +151,19 @@ def ref_sdpa_backward(q, k, v, dout, **opts):
     dq = sc * draw @ kr
     dk = (sc * draw.transpose(0, 1, 3, 2) @ q64).reshape(B, Hkv, H // Hkv, S, D).sum(2)
     return dq, dk, dv, ds
+
+
+def ref_dsinks(q, k, v, dout, sinks, eps=1e-5, **opts):
+    """The sinks' gradient of sum(out * dout) by central differences of the float64 reference."""
+    z = np.asarray(sinks, np.float64)
+    g = np.empty_like(z)
+    for h in range(z.size):
+        up, down = z.copy(), z.copy()
+        up[h] += eps
+        down[h] -= eps
+        f = [(ref_sdpa(q, k, v, sinks=zz, **opts)[0] * dout).sum() for zz in (up, down)]
+        g[h] = (f[0] - f[1]) / (2 * eps)
+    return g
 
 
 def sum_to(x, shape):
@@ -184,6 +208,14 @@ def configs(rng):
     yield "window_left_only_br", B, H, Hkv, L, S, D, Dv, {"window": (1, None), "causal": "bottom_right"}
     yield "alibi", B, H, Hkv, L, S, D, Dv, {"alibi": (2.0 ** -np.arange(1, H + 1)).astype(np.float32)}
     yield "softcap", B, H, Hkv, L, S, D, Dv, {"softcap": 1.5, "scale": 2.0}
+    # a fully masked row (lse = the sink), a head without a sink (-inf) and one that takes most weight
+    sinks = np.array([0.5, -np.inf, 3.0, -1.0], np.float32)
+    blocked = rng.random((L, S)) < 0.3
+    blocked[2] = True
+    yield "sinks_gqa_mask_causal", B, H, Hkv, L, S, D, Dv, {"sinks": sinks, "mask": blocked, "causal": "bottom_right"}
+    yield "sinks_float_mask_alibi_softcap", B, H, Hkv, L, S, D, Dv, {
+        "sinks": randn(rng, H), "mask": randn(rng, B, 1, L, S), "softcap": 2.0, "window": (3, 1),
+        "alibi": (2.0 ** -np.arange(1, H + 1)).astype(np.float32)}
 
 
 def lib_opts(opts):
@@ -207,7 +239,12 @@ class TestAbi(unittest.TestCase):
         _lib.fn("attn_mha_args_init")(ctypes.byref(a))
         self.assertEqual((a.need_weights, a.average_attn_weights, a.training, a.causal), (1, 1, 0, 0))
         self.assertEqual(ctypes.sizeof(_lib.Generator), 2520)
-        self.assertEqual(ctypes.sizeof(_lib.SdpaDesc), 352)  # sizeof(attn_sdpa_desc) on x86-64
+        self.assertEqual(ctypes.sizeof(_lib.SdpaDesc), 360)  # sizeof(attn_sdpa_desc) on x86-64
+        self.assertEqual(_lib.SdpaDesc.sinks.offset, 352)  # the last field
+        d = _lib.SdpaDesc()
+        d.sinks = 1234
+        _lib.fn("attn_sdpa_desc_init")(ctypes.byref(d))
+        self.assertIsNone(d.sinks)
 
     def test_status_names(self):
         # every status the library has a description for has its name here, and no other
@@ -331,6 +368,39 @@ class TestSdpa(unittest.TestCase):
         self.assertTrue(np.all(np.isneginf(lse[:, :, 1])))
         self.assertTrue(np.all(np.isfinite(out)))
 
+    def test_sinks(self):
+        # sinks are per head and matter: another sink (or none) gives another output; -inf is no
+        # sink at all (the same bits); a row with every key masked gives zeros and lse = its sink;
+        # torch's formula (the sink as a column of the scores, softmax, the column dropped)
+        B, H, Hkv, L, S, D = 2, 4, 2, 5, 6, 8
+        q, k, v = randn(self.rng, B, H, L, D), randn(self.rng, B, Hkv, S, D), randn(self.rng, B, Hkv, S, D)
+        z = np.array([1.0, -2.0, 0.5, 4.0], np.float32)
+        mask = np.zeros((L, S), bool)
+        mask[3] = True
+        out, lse, w = attn.sdpa(q, k, v, mask=mask, sinks=z, return_lse=True, return_weights="per_head")
+        plain = attn.sdpa(q, k, v, mask=mask)
+        np.testing.assert_array_equal(attn.sdpa(q, k, v, mask=mask, sinks=np.full(H, -np.inf)), plain)
+        for other in (z[::-1], z + 1, np.zeros(H)):
+            self.assertGreater(np.abs(attn.sdpa(q, k, v, mask=mask, sinks=other) - out).max(), 1e-3)
+        self.assertGreater(np.abs(plain - out).max(), 1e-3)
+        np.testing.assert_array_equal(out[:, :, 3], 0.0)
+        close(self, lse[:, :, 3], np.broadcast_to(z, (B, H)))
+        rows = np.delete(w.sum(-1), 3, axis=2)
+        self.assertTrue(np.all(rows < 1) and np.all(rows > 0))
+        if HAVE_TORCH:
+            s = torch.from_numpy(q).double() @ torch.from_numpy(rep(k, H)).transpose(-1, -2) / D ** 0.5
+            s = s.masked_fill(torch.from_numpy(mask), float("-inf"))
+            zz = torch.from_numpy(z).double().view(1, H, 1, 1).expand(B, H, L, 1)
+            p = torch.cat([s, zz], -1).softmax(-1)[..., :-1]
+            close(self, out, (p @ torch.from_numpy(rep(v, H))).numpy(), what="torch's formula")
+        # the gradient (the sinks given as a list), against finite differences of the reference
+        dout = randn(self.rng, *out.shape)
+        dq, dk, dv, dz = attn.sdpa_backward(q, k, v, out, dout, lse, mask=mask, sinks=list(z), return_dsinks=True)
+        close(self, dz, ref_dsinks(q, k, v, dout, sinks=z, mask=mask), rtol=1e-4, atol=5e-5)
+        with attn.Context(isa="ref") as c:
+            close(self, attn.sdpa(q, k, v, mask=mask, sinks=z, ctx=c), out, rtol=1e-5, atol=1e-6,
+                  what="the reference kernels")
+
     def test_half_precision_kv(self):
         q, k, v = randn(self.rng, 2, 4, 3, 16), randn(self.rng, 2, 2, 9, 16), randn(self.rng, 2, 2, 9, 8)
         k16, v16 = k.astype(np.float16), v.astype(np.float16)
@@ -401,13 +471,19 @@ class TestSdpa(unittest.TestCase):
                 dout = randn(self.rng, *out.shape)
                 mask = opts.get("mask")
                 want_dmask = mask is not None and mask.dtype != bool
-                got = attn.sdpa_backward(q, k, v, out, dout, lse, return_dmask=want_dmask, **lib_opts(opts))
+                want_dsinks = "sinks" in opts
+                got = attn.sdpa_backward(q, k, v, out, dout, lse, return_dmask=want_dmask, return_dsinks=want_dsinks,
+                                         **lib_opts(opts))
+                self.assertEqual(len(got), 3 + want_dmask + want_dsinks)
                 rq, rk, rv, rds = ref_sdpa_backward(q, k, v, dout, **opts)
                 for g, r, n in zip(got, (rq, rk, rv), "qkv"):
                     close(self, g, r, rtol=1e-4, atol=5e-5, what="%s d%s" % (name, n))
                 if want_dmask:
                     self.assertEqual(got[3].shape, mask.shape)
                     close(self, got[3], sum_to(rds, mask.shape), atol=5e-5, what=name + " dmask")
+                if want_dsinks:
+                    self.assertEqual((got[-1].shape, got[-1].dtype), ((H,), np.float32))
+                    close(self, got[-1], ref_dsinks(q, k, v, dout, **opts), rtol=1e-4, atol=5e-5, what=name + " dsinks")
 
     def test_dropout_needs_state(self):
         q = randn(self.rng, 1, 1, 3, 4)
@@ -465,6 +541,9 @@ class TestSdpa(unittest.TestCase):
             (lambda: attn.sdpa(q, k, v, causal="diagonal"), "ATTN_ERR_INVALID_ARG", "causal"),
             (lambda: attn.sdpa(q, k, v, dropout_p=1.5), "ATTN_ERR_INVALID_ARG", "dropout"),
             (lambda: attn.sdpa(q, k, v, alibi_slopes=[1.0]), "ATTN_ERR_BAD_SHAPE", "alibi_slopes"),
+            (lambda: attn.sdpa(q, k, v, sinks=np.zeros(3)), "ATTN_ERR_BAD_SHAPE", "sinks has shape (3,)"),
+            (lambda: attn.sdpa_backward(q, k, v, q, q, np.zeros((2, 4, 3), np.float32), return_dsinks=True),
+             "ATTN_ERR_INVALID_ARG", "return_dsinks needs"),
             (lambda: attn.sdpa(q, k, v, softcap=-1.0), "ATTN_ERR_INVALID_ARG", "softcap"),
             (lambda: attn.sdpa(q, k, v, return_weights="sum"), "ATTN_ERR_INVALID_ARG", "return_weights"),
             (lambda: attn.sdpa_backward(q, k, v, q, q[:, :, :2], np.zeros((2, 4, 3), np.float32)),
@@ -863,6 +942,11 @@ class TestKVCache(unittest.TestCase):
                              alibi=[0.5, 0.25], softcap=3.0, scale=0.2)
         close(self, out, ro)
         close(self, lse, rl)
+        out, lse = cache.attend(q, return_lse=True, sinks=[1.5, -0.5], **opts)
+        ro, rl, _ = ref_sdpa(q, k, v, causal="bottom_right", key_padding_mask=kpm, window=(4, None),
+                             alibi=[0.5, 0.25], softcap=3.0, scale=0.2, sinks=[1.5, -0.5])
+        close(self, out, ro, what="sinks")
+        close(self, lse, rl, what="sinks")
         close(self, cache.attend(q, causal=None), ref_sdpa(q, k, v)[0])
 
     def test_truncate_reset_capacity(self):
@@ -972,6 +1056,39 @@ class TestVarlen(unittest.TestCase):
             bad[1], bad[2] = 5, 4
             attn.sdpa_varlen(q, k, v, bad, ck)
         self.assertTrue(cm.exception.message)
+
+    def test_sinks_against_loop(self):
+        # sinks per head, shared by the sequences: each sequence as sdpa with the same sinks, a
+        # sequence without keys giving zeros and lse = the sink, dsinks the sum of the sequences'
+        rng = np.random.default_rng(6)
+        H, Hkv, D = 4, 2, 8
+        z = np.array([0.3, -1.0, 2.0, -np.inf], np.float32)
+        lq, lk = [3, 2, 5], [4, 0, 6]
+        cq, ck = np.concatenate([[0], np.cumsum(lq)]), np.concatenate([[0], np.cumsum(lk)])
+        q, k, v = randn(rng, cq[-1], H, D), randn(rng, ck[-1], Hkv, D), randn(rng, ck[-1], Hkv, D)
+        out, lse = attn.sdpa_varlen(q, k, v, cq, ck, causal="bottom_right", sinks=z, return_lse=True)
+        self.assertGreater(np.abs(out - attn.sdpa_varlen(q, k, v, cq, ck, causal="bottom_right")).max(), 1e-3)
+        dout = randn(rng, *out.shape)
+        dq, dk, dv, dz = attn.sdpa_varlen_backward(q, k, v, cq, ck, out, dout, lse, causal="bottom_right", sinks=z,
+                                                   return_dsinks=True)
+        want_dz = np.zeros(H)
+        for b in range(len(lq)):
+            sq, sk = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+            if lk[b] == 0:
+                np.testing.assert_array_equal(out[sq], 0.0)
+                np.testing.assert_array_equal(lse[:, sq], np.repeat(z[:, None], lq[b], axis=1))
+                continue
+            qb, kb, vb = (x[s].transpose(1, 0, 2)[None] for x, s in ((q, sq), (k, sk), (v, sk)))
+            ob, lb = attn.sdpa(qb, kb, vb, causal="bottom_right", sinks=z, return_lse=True)
+            close(self, out[sq], ob[0].transpose(1, 0, 2), rtol=1e-5, atol=1e-6)
+            close(self, lse[:, sq], lb[0], rtol=1e-5, atol=1e-6)
+            g = attn.sdpa_backward(qb, kb, vb, ob, dout[sq].transpose(1, 0, 2)[None], lb, causal="bottom_right",
+                                   sinks=z, return_dsinks=True)
+            close(self, dq[sq], g[0][0].transpose(1, 0, 2), rtol=1e-4, atol=1e-5)
+            close(self, dk[sk], g[1][0].transpose(1, 0, 2), rtol=1e-4, atol=1e-5)
+            want_dz += g[3]
+        close(self, dz, want_dz, rtol=1e-4, atol=1e-5)
+        self.assertEqual(dz[3], 0.0)  # no sink, no gradient
 
 
 if __name__ == "__main__":

@@ -1,18 +1,19 @@
 """Tests of attn.hf: Hugging Face transformers models running their attention on attn.
 
-Small random configurations of the GPT-2, Llama, Qwen2 and Gemma-2 families (causal attention,
-grouped-query attention, sliding windows, soft-capping), built with from_config (nothing is
-downloaded): the same weights under attn_implementation="eager" (transformers' own matmul and
-softmax) and "attn":
+Small random configurations of the GPT-2, Llama, Qwen2, Gemma-2 and gpt-oss families (causal
+attention, grouped-query attention, sliding windows, soft-capping, attention sinks), built with
+from_config (nothing is downloaded): the same weights under attn_implementation="eager"
+(transformers' own matmul and softmax) and "attn":
   - logits equal to 1e-4, without padding and with left padding (at the tokens that are not
     padding), and attn really called (the eager model never);
   - greedy generate() gives the same tokens, with and without padding: prefill, then cached
     decoding past the sliding windows;
   - output_attentions: the weights equal eager's;
-  - one training step: every parameter's gradient equals eager's;
+  - one training step: every parameter's gradient equals eager's (gpt-oss's sinks included);
   - a bfloat16 model: logits as close to eager's as sdpa's, sdpa's greedy tokens;
-  - each family's feature matters in these configurations (a different window or soft cap
-    changes eager's logits), so agreement is not vacuous.
+  - each family's feature matters in these configurations (a different window, soft cap or sink
+    changes eager's logits), so agreement is not vacuous;
+  - the attention function itself: s_aux is attn's sinks, position_bias is refused.
 
 Run with an interpreter that has torch >= 2.4 and transformers >= 5 (CTest python_hf, when
 ATTN_TORCH2_PYTHON is set). Exits 77 (skipped) without them.
@@ -28,7 +29,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 try:
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM, Gemma2Config, GPT2Config, LlamaConfig, Qwen2Config
+    from transformers import AutoModelForCausalLM, Gemma2Config, GPT2Config, GptOssConfig, LlamaConfig, Qwen2Config
 except ImportError as exc:  # pragma: no cover
     print("SKIP: attn.hf's tests need torch and transformers >= 5 (%s)" % exc, file=sys.stderr)
     sys.exit(77)
@@ -38,6 +39,7 @@ if int(transformers.__version__.split(".")[0]) < 5:  # pragma: no cover
 
 import attn  # noqa: E402
 import attn.hf  # noqa: E402
+import attn.torch as at  # noqa: E402
 from attn.torch import _call  # noqa: E402
 
 torch.set_num_threads(1)
@@ -65,6 +67,14 @@ def families():
                                num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
                                sliding_window=4, attn_logit_softcapping=2.0, final_logit_softcapping=30.0,
                                query_pre_attn_scalar=8, bos_token_id=0, eos_token_id=1, pad_token_id=2, **init),
+        # sinks (s_aux), a sliding window on the first layer, a mixture of experts
+        "gpt_oss": GptOssConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4,
+                                num_experts_per_tok=2, sliding_window=4, max_position_embeddings=64,
+                                rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 2.0,
+                                                 "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                                 "original_max_position_embeddings": 32},
+                                bos_token_id=0, eos_token_id=1, pad_token_id=2, **init),
     }
 
 
@@ -147,7 +157,7 @@ class TestFamilies(unittest.TestCase):
 
     def test_output_attentions(self):
         ids, mask = inputs()
-        for name in ("llama", "gemma2"):
+        for name in ("llama", "gemma2", "gpt_oss"):
             with self.subTest(name):
                 eager, ours = pair(families()[name])
                 with torch.no_grad():
@@ -205,8 +215,43 @@ class TestFamilies(unittest.TestCase):
                 b, _ = pair(changed)
                 with torch.no_grad():
                     self.assertFalse(torch.allclose(a(ids).logits, b(ids).logits, atol=1e-4))
+        a, _ = pair(base["gpt_oss"])
+        with torch.no_grad():
+            before = a(ids).logits
+            for layer in a.model.layers:
+                layer.self_attn.sinks.add_(1.0)
+            self.assertFalse(torch.allclose(before, a(ids).logits, atol=1e-4))
         llama = base["llama"]
         self.assertLess(llama.num_key_value_heads, llama.num_attention_heads)
+
+
+class TestAttentionFunction(unittest.TestCase):
+    """attn.hf.attention_forward as transformers calls it, without a model."""
+
+    class Module:
+        is_causal = True
+        training = False
+
+    def test_s_aux_is_sinks(self):
+        torch.manual_seed(0)
+        q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+        z = torch.randn(4, requires_grad=True)
+        out, weights = attn.hf.attention_forward(self.Module(), q, k, v, None, scaling=0.5, s_aux=z,
+                                                 output_attentions=True)
+        want = at.sdpa(q, k, v, causal=True, scale=0.5, enable_gqa=True, sinks=z)
+        torch.testing.assert_close(out, want.transpose(1, 2))
+        self.assertTrue((weights.sum(-1) < 1).all())  # the sinks take part of every row's weight
+        plain, _ = attn.hf.attention_forward(self.Module(), q, k, v, None, scaling=0.5)
+        self.assertFalse(torch.allclose(out, plain, atol=1e-4))
+        (g,) = torch.autograd.grad(out.sum(), [z])
+        self.assertTrue(torch.isfinite(g).all() and (g != 0).all())
+
+    def test_position_bias_refused(self):
+        q = torch.randn(1, 2, 3, 4)
+        with self.assertRaises(attn.AttnError) as cm:
+            attn.hf.attention_forward(self.Module(), q, q, q, None, position_bias=torch.zeros(1, 2, 3, 3))
+        self.assertEqual(cm.exception.name, "ATTN_ERR_UNSUPPORTED")
+        self.assertIn("position_bias", cm.exception.message)
 
 
 if __name__ == "__main__":

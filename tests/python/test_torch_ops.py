@@ -7,19 +7,24 @@ Covered:
     (0 included), enable_gqa, fully masked rows, float32/float16/bfloat16/float64;
   - attn's options (bottom-right causal, windows, ALiBi as masks torch can take; soft-capping,
     lse) against torch where a mask expresses them, and against the library's scalar reference
-    (Context(isa="ref") through the numpy binding);
+    (Context(isa="ref") through the numpy binding); attention sinks against gpt-oss's formula
+    (the sinks as one more column of the scores, softmax, the column dropped) with masks, causal
+    alignments, GQA and fully masked rows: out, lse and the gradients of q, k, v and the sinks
+    (in the sinks' dtype), and that another sink changes the output;
   - torch.autograd.gradcheck in float32 (attn computes in float32, float64 inputs included);
   - dropout: repeatable under torch.manual_seed, the backward replaying the forward's mask;
-  - sdpa_varlen against a loop over the sequences, forward and backward;
-  - torch.library.opcheck of the four ops (schema, fake tensors, autograd registration, AOT);
-    torch.compile(fullgraph=True) of modules using them (aot_eager, and inductor when a C++
-    compiler is present), against eager;
+  - sdpa_varlen against a loop over the sequences, forward and backward (sinks included);
+  - torch.library.opcheck of the four ops (schema, fake tensors, autograd registration, AOT; with
+    and without sinks); torch.compile(fullgraph=True) of modules using them (aot_eager, and
+    inductor when a C++ compiler is present; sinks as a parameter), against eager;
   - MultiheadAttention against nn.MultiheadAttention: state_dict both ways, outputs and weights
     for every option, parameter gradients, batch_first, unbatched input;
-  - errors: AttnError with the status name; CUDA tensors without libattn_cuda, and a libattn_cuda
-    context on a machine without a GPU;
+  - errors: AttnError with the status name (sinks of another shape or type among them); CUDA
+    tensors without libattn_cuda, a libattn_cuda context on a machine without a GPU, and sinks
+    refused on the CUDA path;
   - with a GPU and libattn_cuda (TestCuda): CUDA tensors against the CPU ops, forward and backward,
     float32/bfloat16/float16, causal and GQA; dropout equal to the numpy binding's Philox mask;
+    sinks refused (ATTN_ERR_UNSUPPORTED);
     MultiheadAttention on CUDA against nn.MultiheadAttention on CUDA (outputs and every gradient).
 
 Run with an interpreter that has torch >= 2.4 (CTest python_torch_ops, when ATTN_TORCH2_PYTHON is
@@ -232,17 +237,25 @@ class TestScaledDotProductAttention(unittest.TestCase, Close):
             (lambda: at.scaled_dot_product_attention(q, q, q, dropout_p=1.0), "ATTN_ERR_INVALID_ARG"),
             (lambda: at.sdpa(q, q, q, causal="left"), "ATTN_ERR_INVALID_ARG"),
             (lambda: at.sdpa(q, q, q, alibi_slopes=torch.ones(3)), "ATTN_ERR_BAD_SHAPE"),
+            (lambda: at.sdpa(q, q, q, sinks=torch.ones(3)), "ATTN_ERR_BAD_SHAPE"),
+            (lambda: at.sdpa(q, q, q, sinks=torch.ones(2, 1)), "ATTN_ERR_BAD_SHAPE"),
+            (lambda: at.sdpa(q, q, q, sinks=torch.ones(2, dtype=torch.int64)), "ATTN_ERR_INVALID_ARG"),
+            (lambda: at.sdpa(q, q, q, sinks=[0.0, 1.0]), "ATTN_ERR_INVALID_ARG"),
+            (lambda: at.sdpa_varlen(q[0], q[0], q[0], torch.tensor([0, 2]), torch.tensor([0, 2]), sinks=torch.ones(2)),
+             "ATTN_ERR_BAD_SHAPE"),
             # the ops check what they are given, called directly too
-            (lambda: torch.ops.attn.sdpa_fwd(q, q[:, :1], q, None, None, 0, 0.0, 0.0, None, -1, -1, None, 0.0, 0),
+            (lambda: torch.ops.attn.sdpa_fwd(q, q[:, :1], q, None, None, 0, 0.0, 0.0, None, -1, -1, None, 0.0, 0, None),
              None),
             (lambda: torch.ops.attn.sdpa_fwd(q, q, q, torch.ones(1, 1, 2, 3, dtype=torch.bool), None, 0, 0.0, 0.0,
-                                             None, -1, -1, None, 0.0, 0), "ATTN_ERR_BAD_MASK"),
-            (lambda: torch.ops.attn.sdpa_fwd(q, q, q, None, None, 5, 0.0, 0.0, None, -1, -1, None, 0.0, 0),
+                                             None, -1, -1, None, 0.0, 0, None), "ATTN_ERR_BAD_MASK"),
+            (lambda: torch.ops.attn.sdpa_fwd(q, q, q, None, None, 5, 0.0, 0.0, None, -1, -1, None, 0.0, 0, None),
              "ATTN_ERR_INVALID_ARG"),
-            (lambda: torch.ops.attn.sdpa_fwd(q, q, q, None, None, 0, 0.0, 0.5, None, -1, -1, None, 0.0, 0),
+            (lambda: torch.ops.attn.sdpa_fwd(q, q, q, None, None, 0, 0.0, 0.5, None, -1, -1, None, 0.0, 0, None),
              "ATTN_ERR_INVALID_ARG"),
             (lambda: torch.ops.attn.sdpa_bwd(q, q, q, q, q, torch.zeros(1, 2, 2), None, None, 0, 0.0, 0.0, None,
-                                             -1, -1, None, 0.0, False), "ATTN_ERR_BAD_SHAPE"),
+                                             -1, -1, None, 0.0, False, None, False), "ATTN_ERR_BAD_SHAPE"),
+            (lambda: torch.ops.attn.sdpa_bwd(q, q, q, q, q, torch.zeros(1, 2, 3), None, None, 0, 0.0, 0.0, None,
+                                             -1, -1, None, 0.0, False, None, True), "ATTN_ERR_INVALID_ARG"),
         ]
         for i, (call, name) in enumerate(cases):
             with self.subTest(i=i):
@@ -290,6 +303,16 @@ class TestScaledDotProductAttention(unittest.TestCase, Close):
             self.assertIn("libattn_cuda", cm.exception.message)
         finally:
             _cuda._found[:] = saved
+
+    def test_cuda_refuses_sinks(self):
+        # what every CUDA call runs after describe(): a descriptor with sinks is refused before
+        # libattn_cuda is looked up (TestCuda checks the whole calls on a GPU)
+        desc, keep = _call.describe(*(rnd(1, 2, 3, 4) for _ in range(4)), None, None, 0, 0.0, 0.0, -1, -1, None, 0.0,
+                                    torch.zeros(2))
+        with self.assertRaises(attn.AttnError) as cm:
+            _call.cuda_extras(desc, keep, torch.device("cuda", 0), None, None)
+        self.assertEqual(cm.exception.name, "ATTN_ERR_UNSUPPORTED")
+        self.assertIn("sinks", cm.exception.message)
 
     def test_cuda_contexts_follow_deterministic_algorithms(self):
         # a context per (device, deterministic): run() asks for the deterministic one under
@@ -398,7 +421,7 @@ class TestCuda(unittest.TestCase, Close):
         q, k, v = (rnd(1, 2, 33, 32) for _ in range(3))
         seed = torch.tensor(1234, dtype=torch.int64)
         out, _, _ = torch.ops.attn.sdpa_fwd(q.cuda(), k.cuda(), v.cuda(), None, None, 0, 0.0, 0.25, seed, -1, -1,
-                                            None, 0.0, 0)
+                                            None, 0.0, 0, None)
         want = attn.sdpa(q.numpy(), k.numpy(), v.numpy(), dropout_p=0.25, dropout_rng=attn.Philox(1234, 0))
         self.close(out.cpu(), torch.from_numpy(want), atol=1e-5, rtol=1e-5)
 
@@ -426,10 +449,19 @@ class TestCuda(unittest.TestCase, Close):
     def test_errors(self):
         q = rnd(1, 1, 4, 8).cuda()
         with self.assertRaises(attn.AttnError) as cm:
-            torch.ops.attn.sdpa_fwd(q, q, q, None, None, 0, 0.0, 0.0, None, -1, -1, None, 0.0, 1)
+            torch.ops.attn.sdpa_fwd(q, q, q, None, None, 0, 0.0, 0.0, None, -1, -1, None, 0.0, 1, None)
         self.assertEqual(cm.exception.name, "ATTN_ERR_UNSUPPORTED")
         with self.assertRaises(attn.AttnError):  # tensors on two devices
             at.scaled_dot_product_attention(q, q.cpu(), q)
+        # attention sinks are not on the GPU yet: refused, whether the sinks are on the GPU or not
+        for z in (torch.zeros(1), torch.zeros(1, device="cuda")):
+            for call in (lambda: at.sdpa(q, q, q, sinks=z),
+                         lambda: at.sdpa_varlen(q[0].transpose(0, 1), q[0].transpose(0, 1), q[0].transpose(0, 1),
+                                                torch.tensor([0, 4]), torch.tensor([0, 4]), sinks=z)):
+                with self.assertRaises(attn.AttnError) as cm:
+                    call()
+                self.assertEqual(cm.exception.name, "ATTN_ERR_UNSUPPORTED")
+                self.assertIn("sinks", cm.exception.message)
 
 
 # ---- attn's options ------------------------------------------------------------------------------
@@ -457,6 +489,16 @@ def band(L, S, causal, window):
     return ok, i - j
 
 
+def with_sinks(q, k, v, sinks, bias):
+    """gpt-oss's eager attention (transformers' GptOss eager_attention_forward): the head's sink as
+    one more column of the scores, softmax over the row, the column dropped. (out, lse)."""
+    B, H, L, D = q.shape
+    s = q @ k.repeat_interleave(H // k.shape[1], 1).transpose(-1, -2) / math.sqrt(D) + bias
+    s = torch.cat([s, sinks.view(1, H, 1, 1).expand(B, H, L, 1)], -1)
+    p = s.softmax(-1)[..., :-1]
+    return p @ v.repeat_interleave(H // v.shape[1], 1), torch.logsumexp(s, -1)
+
+
 class TestOptions(unittest.TestCase, Close):
     def test_against_torch_masks(self):
         B, H, Hkv, L, S, D = 2, 4, 2, 6, 9, 8
@@ -478,6 +520,63 @@ class TestOptions(unittest.TestCase, Close):
                         self.close(lse, torch.logsumexp(s, -1))
                         for a, b in zip(grads(got, [q, k, v]), grads(want, [q, k, v])):
                             self.close(a, b, 1e-4, 1e-4)
+
+    def test_sinks_against_torch_formula(self):
+        # float64 formula on the same float32 values: out, lse and the gradients of q, k, v and the
+        # sinks; a head without a sink (-inf), rows with every key masked (zeros, lse = the sink)
+        B, H, Hkv, L, S, D, Dv = 2, 4, 2, 6, 9, 8, 5
+        blocked = torch.rand(L, S) < 0.3
+        blocked[2] = True
+        cases = (("plain", None, None, [0.5, -1.0, float("-inf"), 2.0]),
+                 ("bottom_right_bool_mask", "bottom_right", ~blocked, [1.0, -0.5, 3.0, 0.0]),
+                 ("top_left_float_mask", "top_left", rnd(B, 1, L, S), [-2.0, 0.25, 1.5, -0.75]))
+        for name, causal, mask, z in cases:
+            with self.subTest(name):
+                q, k, v = rnd(B, H, L, D, grad=True), rnd(B, Hkv, S, D, grad=True), rnd(B, Hkv, S, Dv, grad=True)
+                sinks = torch.tensor(z, requires_grad=True)
+                ok, _ = band(L, S, causal, None)
+                bias = torch.zeros(L, S).masked_fill(~ok, float("-inf"))
+                if mask is not None:
+                    bias = bias + mask if mask.is_floating_point() else bias.masked_fill(~mask, float("-inf"))
+                got, lse = at.sdpa(q, k, v, mask, causal=causal, enable_gqa=True, sinks=sinks, return_lse=True)
+                leaves = [t.detach().double().requires_grad_() for t in (q, k, v, sinks)]
+                want, want_lse = with_sinks(*leaves, bias.double())
+                self.close(got, want, what=name + " out")
+                self.close(lse, want_lse, what=name + " lse")
+                for i, (a, b) in enumerate(zip(grads(got, [q, k, v, sinks]), grads(want, leaves))):
+                    self.close(a, b, 1e-4, 1e-4, "%s grad %s" % (name, "q k v sinks".split()[i]))
+                other = at.sdpa(q, k, v, mask, causal=causal, enable_gqa=True, sinks=sinks.detach().flip(0))
+                self.assertGreater((other - got).abs().max().item(), 1e-3, name)
+                if name == "bottom_right_bool_mask":
+                    self.assertTrue(torch.equal(got[:, :, 2], torch.zeros(B, H, Dv)))
+                    self.close(lse[:, :, 2], sinks.detach().expand(B, H))
+        # no keys at all (answered without the library): zeros, lse = the sink, no gradient
+        sinks = torch.tensor([0.5, -1.0], requires_grad=True)
+        out, lse = at.sdpa(rnd(1, 2, 3, 4), rnd(1, 2, 0, 4), rnd(1, 2, 0, 4), sinks=sinks, return_lse=True)
+        self.assertTrue(torch.equal(out, torch.zeros(1, 2, 3, 4)))
+        self.assertTrue(torch.equal(lse, sinks.detach().view(1, 2, 1).expand(1, 2, 3)))
+        self.assertTrue(torch.equal(grads(out, [sinks])[0], torch.zeros(2)))
+
+    def test_sinks_gradient_dtype(self):
+        # the sinks' gradient comes in the sinks' dtype, whatever q's; with bfloat16 inputs too
+        q, k, v = rnd(2, 4, 5, 8, grad=True), rnd(2, 4, 7, 8, grad=True), rnd(2, 4, 7, 8, grad=True)
+        base = torch.randn(4)
+        grads_by_dtype = {}
+        for dt in (torch.float32, torch.float64, torch.bfloat16):
+            z = base.to(dt).requires_grad_()
+            out = at.sdpa(q, k, v, causal=True, sinks=z)
+            (g,) = grads(out, [z])
+            self.assertEqual(g.dtype, dt)
+            grads_by_dtype[dt] = g.double()
+        self.close(grads_by_dtype[torch.float64], grads_by_dtype[torch.float32], 1e-6, 1e-6)
+        qb, kb, vb = (t.detach().bfloat16().requires_grad_() for t in (q, k, v))
+        z = base.bfloat16().requires_grad_()
+        out = at.sdpa(qb, kb, vb, causal=True, sinks=z)
+        self.assertEqual(out.dtype, torch.bfloat16)
+        want, _ = with_sinks(*(t.detach().double() for t in (qb, kb, vb, z)),
+                             torch.ones(5, 7, dtype=torch.bool).tril().logical_not().double() * -1e30)
+        self.close(out, want, 3e-2, 3e-2)
+        self.assertEqual(grads(out, [z])[0].dtype, torch.bfloat16)
 
     def test_softcap_against_reference(self):
         q, k, v = rnd(2, 4, 5, 8, grad=True), rnd(2, 2, 7, 8, grad=True), rnd(2, 2, 7, 6, grad=True)
@@ -507,10 +606,12 @@ class TestOptions(unittest.TestCase, Close):
             "float_mask": lambda q, k, v, m: at.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
             "options": lambda q, k, v: at.sdpa(q, k, v, causal="bottom_right", window=(2, 0), softcap=2.0,
                                                alibi_slopes=slopes, enable_gqa=True, scale=0.8),
+            "sinks": lambda q, k, v, z: at.sdpa(q, k, v, causal="bottom_right", softcap=2.0, sinks=z, enable_gqa=True),
         }
+        sinks = torch.tensor([0.3, -0.4], requires_grad=True)
         for name, f in checks.items():
             with self.subTest(name):
-                inputs = (q, k, v, mask) if name == "float_mask" else (q, k, v)
+                inputs = (q, k, v) + {"float_mask": (mask,), "sinks": (sinks,)}.get(name, ())
                 self.assertTrue(gradcheck(f, inputs))
 
     def test_dropout(self):
@@ -535,20 +636,22 @@ class TestOptions(unittest.TestCase, Close):
         ck = torch.tensor([0] + list(np.cumsum(lens_k)), dtype=torch.int64)
         q, k, v = rnd(sum(lens_q), H, D, grad=True), rnd(sum(lens_k), Hkv, D, grad=True), rnd(sum(lens_k), Hkv, Dv,
                                                                                               grad=True)
-        for causal in (None, "bottom_right"):
-            with self.subTest(causal=causal):
-                out, lse = at.sdpa_varlen(q, k, v, cq, ck, causal=causal, softcap=3.0, return_lse=True)
+        z = torch.tensor([0.5, -1.0, 2.0, 0.0], requires_grad=True)
+        for causal, sinks in ((None, None), ("bottom_right", None), ("bottom_right", z)):
+            with self.subTest(causal=causal, sinks=sinks is not None):
+                out, lse = at.sdpa_varlen(q, k, v, cq, ck, causal=causal, softcap=3.0, sinks=sinks, return_lse=True)
                 parts, lses = [], []
                 for b in range(3):
                     sq, sk = slice(int(cq[b]), int(cq[b + 1])), slice(int(ck[b]), int(ck[b + 1]))
                     o, l = at.sdpa(q[sq].transpose(0, 1), k[sk].transpose(0, 1), v[sk].transpose(0, 1), causal=causal,
-                                   softcap=3.0, enable_gqa=True, return_lse=True)
+                                   softcap=3.0, enable_gqa=True, sinks=sinks, return_lse=True)
                     parts.append(o.transpose(0, 1))
                     lses.append(l)
                 want = torch.cat(parts)
                 self.close(out, want, 1e-6, 1e-6)
                 self.close(lse, torch.cat(lses, 1), 1e-6, 1e-6)
-                for a, b in zip(grads(out, [q, k, v]), grads(want, [q, k, v])):
+                inputs = [q, k, v] + ([sinks] if sinks is not None else [])
+                for a, b in zip(grads(out, inputs), grads(want, inputs)):  # dsinks: the sequences' sum
                     self.close(a, b, 1e-5, 1e-5)
 
 
@@ -561,19 +664,30 @@ class TestOpsAndCompile(unittest.TestCase, Close):
         kpm = torch.rand(2, 7) > 0.7
         slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625])
         calls = [
-            (torch.ops.attn.sdpa_fwd.default, (q, k, v, mask, kpm, 2, 0.0, 0.0, None, 3, 0, slopes, 2.0, 1)),
-            (torch.ops.attn.sdpa_fwd.default, (q, k, v, None, None, 1, 0.5, 0.0, None, -1, -1, None, 0.0, 0)),
+            (torch.ops.attn.sdpa_fwd.default, (q, k, v, mask, kpm, 2, 0.0, 0.0, None, 3, 0, slopes, 2.0, 1, None)),
+            (torch.ops.attn.sdpa_fwd.default, (q, k, v, None, None, 1, 0.5, 0.0, None, -1, -1, None, 0.0, 0, None)),
         ]
-        out, lse, _ = torch.ops.attn.sdpa_fwd(q, k, v, mask, None, 0, 0.0, 0.0, None, -1, -1, None, 0.0, 0)
+        out, lse, _ = torch.ops.attn.sdpa_fwd(q, k, v, mask, None, 0, 0.0, 0.0, None, -1, -1, None, 0.0, 0, None)
         calls.append((torch.ops.attn.sdpa_bwd.default, (torch.randn_like(out), q, k, v, out, lse, mask, None, 0, 0.0,
-                                                        0.0, None, -1, -1, None, 0.0, True)))
+                                                        0.0, None, -1, -1, None, 0.0, True, None, False)))
+        z = torch.tensor([0.5, -1.0, 2.0, 0.0], requires_grad=True)
+        calls.append((torch.ops.attn.sdpa_fwd.default, (q, k, v, None, kpm, 2, 0.0, 0.0, None, -1, -1, None, 0.0, 0,
+                                                        z)))
+        out, lse, _ = torch.ops.attn.sdpa_fwd(q, k, v, None, None, 1, 0.0, 0.0, None, -1, -1, None, 0.0, 0, z)
+        calls.append((torch.ops.attn.sdpa_bwd.default, (torch.randn_like(out), q, k, v, out, lse, None, None, 1, 0.0,
+                                                        0.0, None, -1, -1, None, 0.0, False, z, True)))
         cq, ck = torch.tensor([0, 2, 5]), torch.tensor([0, 3, 7])
         vq, vk, vv = rnd(5, 4, 8, grad=True), rnd(7, 2, 8, grad=True), rnd(7, 2, 8, grad=True)
         calls.append((torch.ops.attn.sdpa_varlen_fwd.default, (vq, vk, vv, cq, ck, 3, 4, 1, 0.0, 0.0, None, -1, -1,
-                                                               None, 0.0)))
-        vo, vl = torch.ops.attn.sdpa_varlen_fwd(vq, vk, vv, cq, ck, 3, 4, 1, 0.0, 0.0, None, -1, -1, None, 0.0)
+                                                               None, 0.0, None)))
+        vo, vl = torch.ops.attn.sdpa_varlen_fwd(vq, vk, vv, cq, ck, 3, 4, 1, 0.0, 0.0, None, -1, -1, None, 0.0, None)
         calls.append((torch.ops.attn.sdpa_varlen_bwd.default, (torch.randn_like(vo), vq, vk, vv, vo, vl, cq, ck, 3, 4,
-                                                               1, 0.0, 0.0, None, -1, -1, None, 0.0)))
+                                                               1, 0.0, 0.0, None, -1, -1, None, 0.0, None, False)))
+        calls.append((torch.ops.attn.sdpa_varlen_fwd.default, (vq, vk, vv, cq, ck, 3, 4, 2, 0.0, 0.0, None, -1, -1,
+                                                               None, 0.0, z)))
+        vo, vl = torch.ops.attn.sdpa_varlen_fwd(vq, vk, vv, cq, ck, 3, 4, 2, 0.0, 0.0, None, -1, -1, None, 0.0, z)
+        calls.append((torch.ops.attn.sdpa_varlen_bwd.default, (torch.randn_like(vo), vq, vk, vv, vo, vl, cq, ck, 3, 4,
+                                                               2, 0.0, 0.0, None, -1, -1, None, 0.0, z, True)))
         for op, args in calls:
             if "bwd" in str(op):  # no double backward: the backward ops are checked without gradients
                 args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
@@ -589,13 +703,15 @@ class TestOpsAndCompile(unittest.TestCase, Close):
                 super().__init__()
                 self.mha = at.MultiheadAttention(16, 4, batch_first=True)
                 self.proj = torch.nn.Linear(16, 48)
+                self.sinks = torch.nn.Parameter(torch.randn(4))
 
             def forward(self, x, mask):
                 h, _ = self.mha(x, x, x, need_weights=False)
                 q, k, v = self.proj(h).view(x.shape[0], x.shape[1], 3, 4, 4).unbind(2)
                 q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
                 a = at.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-                b = at.sdpa(q, k[:, :2], v[:, :2], causal="bottom_right", window=(3, 0), softcap=5.0, enable_gqa=True)
+                b = at.sdpa(q, k[:, :2], v[:, :2], causal="bottom_right", window=(3, 0), softcap=5.0, enable_gqa=True,
+                            sinks=self.sinks)
                 return (a + b).transpose(1, 2).reshape(x.shape)
 
         block = Block()

@@ -95,7 +95,7 @@ class TestTorchErrors(unittest.TestCase):
         q = torch.randn(1, 2, 3, 4)
         for bad in (q.to(torch.complex64), q.to(torch.int64)):
             with self.assertRaises(RuntimeError) as cm:
-                torch.ops.attn.sdpa_fwd(bad, q, q, None, None, 0, 0.0, 0.0, None, -1, -1, None, 0.0, 0)
+                torch.ops.attn.sdpa_fwd(bad, q, q, None, None, 0, 0.0, 0.0, None, -1, -1, None, 0.0, 0, None)
             self.assertIn("q", str(cm.exception))
         self.assertTrue(issubclass(attn.AttnError, RuntimeError))
 

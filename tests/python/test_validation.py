@@ -4,7 +4,8 @@ ValueError, with a one-line message naming the argument, before any work is done
 
 Covered: complex, object, string, bool and integer arrays where floats are meant; integer,
 complex and object masks; float cu_seqlens; float arrays as bfloat16 bits; k and v of different
-dtypes; wrong ndim/shapes; non-finite scale, ALiBi slopes; bad dropout_p, softcap, window;
+dtypes; wrong ndim/shapes (ALiBi slopes and sinks too); non-finite scale, ALiBi slopes; bad
+dropout_p, softcap, window; return_dsinks without sinks;
 strings/floats/bools where integers, flags or names are meant; a ctx that is not a Context; and
 that a refused call changes nothing (a KV cache keeps its length, a context its generator).
 
@@ -79,6 +80,11 @@ def cases():
     yield "alibi nan", "alibi_slopes", lambda: attn.sdpa(q, k, v, alibi_slopes=np.array([np.nan, 1.0]))
     yield "alibi 2-d", "alibi_slopes", lambda: attn.sdpa(q, k, v, alibi_slopes=np.ones((1, H)))
     yield "alibi count", "alibi_slopes", lambda: attn.sdpa(q, k, v, alibi_slopes=np.ones(H + 1))
+    yield "sinks complex", "sinks", lambda: attn.sdpa(q, k, v, sinks=np.ones(H, c))
+    yield "sinks int", "sinks", lambda: attn.sdpa(q, k, v, sinks=np.ones(H, i64))
+    yield "sinks 2-d", "sinks", lambda: attn.sdpa(q, k, v, sinks=np.ones((1, H)))
+    yield "sinks count", "sinks", lambda: attn.sdpa(q, k, v, sinks=np.ones(H + 1))
+    yield "sinks scalar", "sinks", lambda: attn.sdpa(q, k, v, sinks=0.5)
     yield "causal 1", "causal", lambda: attn.sdpa(q, k, v, causal=1)
     yield "causal list", "causal", lambda: attn.sdpa(q, k, v, causal=[])
     yield "return_lse string", "return_lse", lambda: attn.sdpa(q, k, v, return_lse="yes")
@@ -93,9 +99,21 @@ def cases():
         lambda: attn.sdpa_backward(q, k, v, q, q, lse, dropout_p=0.5, dropout_state=1)
     yield "bwd dmask of int mask", "mask", \
         lambda: attn.sdpa_backward(q, k, v, q, q, lse, mask=np.zeros((L, L), i64), return_dmask=True)
+    yield "bwd dsinks without sinks", "sinks", lambda: attn.sdpa_backward(q, k, v, q, q, lse, return_dsinks=True)
+    yield "bwd return_dsinks string", "return_dsinks", \
+        lambda: attn.sdpa_backward(q, k, v, q, q, lse, sinks=np.zeros(H), return_dsinks="yes")
+    yield "bwd sinks count", "sinks", \
+        lambda: attn.sdpa_backward(q, k, v, q, q, lse, sinks=np.zeros(H + 1), return_dsinks=True)
     yield "varlen complex q", "q", lambda: attn.sdpa_varlen(q[0].astype(c), k[0], v[0], cu[:1] * 0 + [0], cu)
     yield "varlen float cu", "cu_seqlens_q", lambda: attn.sdpa_varlen(q[0], k[0], v[0], cu.astype(float), cu)
     yield "varlen 2-d cu", "cu_seqlens", lambda: attn.sdpa_varlen(q[0], k[0], v[0], cu[None], cu[None])
+    yield "varlen sinks count", "sinks", \
+        lambda: attn.sdpa_varlen(q[0].transpose(1, 0, 2), k[0].transpose(1, 0, 2), v[0].transpose(1, 0, 2), cu, cu,
+                                 sinks=np.zeros(H + 1))
+    yield "varlen dsinks without sinks", "sinks", \
+        lambda: attn.sdpa_varlen_backward(q[0].transpose(1, 0, 2), k[0].transpose(1, 0, 2), v[0].transpose(1, 0, 2),
+                                          cu, cu, q[0].transpose(1, 0, 2), q[0].transpose(1, 0, 2),
+                                          lse[0], return_dsinks=True)
     yield "varlen max_seqlen float", "max_seqlen_q", \
         lambda: attn.sdpa_varlen(q[0].transpose(1, 0, 2), k[0].transpose(1, 0, 2), v[0].transpose(1, 0, 2),
                                  cu, cu, max_seqlen_q=2.5)
@@ -119,6 +137,7 @@ def cases():
     yield "KVCache truncate float", "length", lambda: attn.KVCache(1, 2, 4, 8).truncate(0.0)
     yield "KVCache attend complex", "q", lambda: attn.KVCache(1, 2, 4, 8).attend(q.astype(c))
     yield "KVCache attend causal", "causal", lambda: attn.KVCache(1, 2, 4, 8).attend(q, causal="top_left")
+    yield "KVCache attend sinks count", "sinks", lambda: attn.KVCache(1, 2, 4, 8).attend(q, sinks=np.zeros(H + 1))
     yield "Context threads float", "threads", lambda: attn.Context(threads=1.5)
     yield "Context threads -1", "threads", lambda: attn.Context(threads=-1)
     yield "Context seed string", "seed", lambda: attn.Context(seed="1")

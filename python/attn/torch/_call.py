@@ -14,7 +14,8 @@ CUDA tensors go to libattn_cuda (_cuda.py) with the same descriptor: q, k, v and
 float16 or bfloat16 as they are (float64 computed in float32), masks and ALiBi slopes on the device,
 the gradients in q's type (float32 when k or v differ from it); dropout there is the counter-based
 Philox mask (ATTN_DROPOUT_RNG_PHILOX) keyed by the op's seed, which the backward regenerates, not
-torch's CPU dropout stream: the same seed gives different masks on the CPU and the GPU. Every check
+torch's CPU dropout stream: the same seed gives different masks on the CPU and the GPU. Attention
+sinks are CPU-only for now: CUDA calls with sinks raise ATTN_ERR_UNSUPPORTED. Every check
 the library cannot make itself (the tensors' extents) is made here, so the ops are safe to call
 directly through torch.ops.attn.
 """
@@ -78,6 +79,18 @@ def check_broadcast(m, full, what):
              % (what, shape_str(m.shape), shape_str(full)))
     if m.dtype not in (torch.bool, torch.float32):
         fail(_lib.ERR_BAD_MASK, "%s must be bool (True = blocked) or float32 (added), not %s" % (what, m.dtype))
+
+
+def check_sinks(sinks, H):
+    """sinks: None or a floating-point (H,) tensor, one logit per query head."""
+    if sinks is None:
+        return
+    if not isinstance(sinks, torch.Tensor) or sinks.dtype not in FLOATS:
+        fail_type("sinks must be a float32, float16, bfloat16 or float64 tensor, not %s"
+                  % (sinks.dtype if isinstance(sinks, torch.Tensor) else type(sinks).__name__))
+    if tuple(sinks.shape) != (H,):
+        fail(_lib.ERR_BAD_SHAPE, "sinks has shape %s, expected one value per query head (H=%d,)"
+             % (shape_str(sinks.shape), H))
 
 
 def check_devices(tensors):
@@ -164,11 +177,17 @@ def _layout(desc, q, k, v, out, varlen):
     desc.q_dtype, desc.kv_dtype, desc.out_dtype = CODES[q.dtype], CODES[k.dtype], CODES[out.dtype]
 
 
+def _host(t):
+    """A per-head tensor (ALiBi slopes, sinks) as the library reads it: float32 in host memory."""
+    return None if t is None else t.detach().to("cpu", torch.float32)
+
+
 def describe(q, k, v, out, mask, key_padding_mask, causal, scale, dropout_p, window_left, window_right, alibi_slopes,
-             softcap, varlen=False):
+             softcap, sinks, varlen=False):
     """An attn_sdpa_desc for (B, H, L, D) tensors (or varlen ones: extents set by the caller).
     mask: None or (B|1, H|1, L|1, S|1), bool (True = blocked) or float32 (added);
-    key_padding_mask: None or (B|1, S|1) likewise. Returns (desc, keep-alive list)."""
+    key_padding_mask: None or (B|1, S|1) likewise; alibi_slopes and sinks: None or (H,), passed to
+    the library as float32 host arrays. Returns (desc, keep-alive list)."""
     desc = _lib.SdpaDesc()
     fn("attn_sdpa_desc_init")(ctypes.byref(desc))
     if not varlen:
@@ -185,9 +204,8 @@ def describe(q, k, v, out, mask, key_padding_mask, causal, scale, dropout_p, win
     if causal not in CAUSAL_NAMES:
         fail(_lib.ERR_INVALID_ARG, "causal must be 0 (none), 1 (top-left) or 2 (bottom-right), not %r" % (causal,))
     window = None if window_left == -1 and window_right == -1 else (window_left, window_right)
-    slopes = None if alibi_slopes is None else alibi_slopes.detach().to("cpu", torch.float32)
     _options(desc, desc.n_heads if not varlen else q.shape[1], CAUSAL_NAMES[causal], scale or None, dropout_p,
-             window, slopes, softcap, keep)
+             window, _host(alibi_slopes), softcap, _host(sinks), keep)
     return desc, keep
 
 
@@ -227,9 +245,10 @@ def dropout_state(seed, dropout_p):
 
 # ---- (B, H, L, D) attention ---------------------------------------------------------------------
 
-def _check_4d(q, k, v, mask, key_padding_mask):
+def _check_4d(q, k, v, mask, key_padding_mask, sinks):
     check_tensors((q, k, v))
     B, H, L, _, Hkv, S, _ = check_qkv(q, k, v)
+    check_sinks(sinks, H)
     if Hkv == 0 or H % Hkv:
         fail(_lib.ERR_BAD_SHAPE, "q has %d heads, not a multiple of k's %d" % (H, Hkv))
     if mask is not None:
@@ -239,11 +258,19 @@ def _check_4d(q, k, v, mask, key_padding_mask):
     return check_devices([q, k, v, mask, key_padding_mask])
 
 
+def _empty_lse(q, sinks, shape):
+    """The log-sum-exp of rows without keys: -inf, or the head's sink (shape (..., H, L))."""
+    if sinks is None:
+        return q.new_full(shape, float("-inf"), dtype=torch.float32)
+    z = sinks.detach().to(q.device, torch.float32)
+    return z.view(-1, 1).expand(shape[-2:]).expand(shape).contiguous()
+
+
 def sdpa_forward(q, k, v, mask, key_padding_mask, causal, scale, dropout_p, seed, window_left, window_right,
-                 alibi_slopes, softcap, weights_mode):
+                 alibi_slopes, softcap, weights_mode, sinks):
     """attn_sdpa_fwd. Returns (out (B, H, L, Dv) of q's dtype, lse (B, H, L) float32, weights
     float32: (0,) for mode 0, (B, H, L, S) for 1, (B, L, S) for 2)."""
-    dev = _check_4d(q, k, v, mask, key_padding_mask)
+    dev = _check_4d(q, k, v, mask, key_padding_mask, sinks)
     if weights_mode not in WEIGHT_MODES:
         fail(_lib.ERR_INVALID_ARG, "weights_mode must be 0, 1 or 2, not %r" % (weights_mode,))
     B, H, L, _ = q.shape
@@ -251,7 +278,7 @@ def sdpa_forward(q, k, v, mask, key_padding_mask, causal, scale, dropout_p, seed
     wshape = [(0,), (B, H, L, S), (B, L, S)][weights_mode]
     if 0 in (B, H, L, S):  # the library takes no empty extent: torch's answers
         out = q.new_zeros((B, H, L, Dv))
-        return out, q.new_full((B, H, L), float("-inf"), dtype=torch.float32), q.new_zeros(wshape, dtype=torch.float32)
+        return out, _empty_lse(q, sinks, (B, H, L)), q.new_zeros(wshape, dtype=torch.float32)
     if dev.type == "cuda":
         if weights_mode:
             fail(_lib.ERR_UNSUPPORTED, "the attention weights output is CPU-only: libattn_cuda does not write it")
@@ -259,7 +286,7 @@ def sdpa_forward(q, k, v, mask, key_padding_mask, causal, scale, dropout_p, seed
         out = torch.empty((B, H, L, Dv), dtype=odt, device=dev)
         lse = torch.empty((B, H, L), dtype=torch.float32, device=dev)
         desc, keep = describe(qc, kc, vc, out, mask, key_padding_mask, causal, scale, dropout_p, window_left,
-                              window_right, alibi_slopes, softcap)
+                              window_right, alibi_slopes, softcap, sinks)
         cuda_extras(desc, keep, dev, alibi_slopes, seed)
         _cuda.run("attn_cuda_sdpa_fwd", dev, desc, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), out.data_ptr(),
                   lse.data_ptr())
@@ -271,7 +298,7 @@ def sdpa_forward(q, k, v, mask, key_padding_mask, causal, scale, dropout_p, seed
         lse = torch.empty((B, H, L), dtype=torch.float32)
         weights = torch.empty(wshape, dtype=torch.float32)
         desc, keep = describe(qc, kc, vc, out, mask, key_padding_mask, causal, scale, dropout_p, window_left,
-                              window_right, alibi_slopes, softcap)
+                              window_right, alibi_slopes, softcap, sinks)
         desc.weights_mode = weights_mode
         with seeded(ctx, seed, dropout_p):
             ctx.check(fn("attn_sdpa_fwd")(ctx.ptr, ctypes.byref(desc), qc.data_ptr(), kc.data_ptr(), vc.data_ptr(),
@@ -300,7 +327,11 @@ def cuda_types(q, k, v):
 
 def cuda_extras(desc, keep, dev, alibi_slopes, seed):
     """What differs on the GPU once describe() has run: the ALiBi slopes as a device array, and
-    dropout drawn from Philox keyed by the op's seed (offset 0)."""
+    dropout drawn from Philox keyed by the op's seed (offset 0). Attention sinks are refused:
+    libattn_cuda does not take them yet."""
+    if desc.sinks:
+        fail(_lib.ERR_UNSUPPORTED, "attention sinks are not supported on CUDA tensors yet (libattn_cuda does not "
+             "take them); run this attention on the CPU")
     if alibi_slopes is not None:
         slopes = alibi_slopes.detach().to(dev, torch.float32).contiguous()
         keep.append(slopes)
@@ -321,46 +352,72 @@ def _check_out(out, dout, lse, out_shape, lse_shape):
         fail(_lib.ERR_BAD_SHAPE, "lse must be float32 of shape %s" % shape_str(lse_shape))
 
 
+def _dsinks_buffer(sinks, want_dsinks, dev):
+    """The sinks' gradient as the backward ops return it: zeros of the sinks' shape and dtype when
+    asked for (filled by sinks_grad()), else an empty float32 tensor."""
+    if not want_dsinks:
+        return torch.zeros((0,), dtype=torch.float32, device=dev)
+    if sinks is None:
+        fail(_lib.ERR_INVALID_ARG, "the sinks' gradient needs the forward's sinks")
+    return torch.zeros(sinks.shape, dtype=sinks.dtype, device=sinks.device)
+
+
+def sinks_grad(ctx, desc, cu_q, cu_k, out_c, dout_c, lse_c, dsinks):
+    """attn_sdpa_sinks_bwd into dsinks (from _dsinks_buffer), when it was asked for: out_c, dout_c
+    and lse_c as the backward gave them to the library (packed with the offsets cu_q, cu_k)."""
+    if dsinks.numel() == 0:
+        return
+    g = torch.empty(dsinks.shape, dtype=torch.float32)
+    ctx.check(fn("attn_sdpa_sinks_bwd")(ctx.ptr, ctypes.byref(desc), None if cu_q is None else cu_q.data_ptr(),
+                                        None if cu_k is None else cu_k.data_ptr(), out_c.data_ptr(),
+                                        dout_c.data_ptr(), lse_c.data_ptr(), g.data_ptr()))
+    dsinks.copy_(g)
+
+
 def sdpa_backward(dout, q, k, v, out, lse, mask, key_padding_mask, causal, scale, dropout_p, seed, window_left,
-                  window_right, alibi_slopes, softcap, want_dmask):
-    """attn_sdpa_bwd. Returns (dq, dk, dv, dmask): gradients in q's, k's and v's dtypes; dmask
-    float32 in the mask's shape when want_dmask (a float32 mask), else an empty tensor."""
-    dev = _check_4d(q, k, v, mask, key_padding_mask)
+                  window_right, alibi_slopes, softcap, want_dmask, sinks, want_dsinks):
+    """attn_sdpa_bwd. Returns (dq, dk, dv, dmask, dsinks): gradients in q's, k's and v's dtypes;
+    dmask float32 in the mask's shape when want_dmask (a float32 mask), dsinks (H,) in the sinks'
+    dtype when want_dsinks (attn_sdpa_sinks_bwd: summed over the batch and the queries), else
+    empty tensors."""
+    dev = _check_4d(q, k, v, mask, key_padding_mask, sinks)
     B, H, L, _ = q.shape
     S, Dv = k.shape[2], v.shape[3]
     _check_out(out, dout, lse, (B, H, L, Dv), (B, H, L))
     if want_dmask and (mask is None or mask.dtype != torch.float32):
         fail(_lib.ERR_BAD_MASK, "the mask's gradient needs a float32 mask")
     dmask = torch.zeros(mask.shape if want_dmask else (0,), dtype=torch.float32, device=dev)
-    if 0 in (B, H, L, S):
-        return q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape), dmask
+    dsinks = _dsinks_buffer(sinks, want_dsinks, dev)
+    if 0 in (B, H, L, S):  # out is zero where there are no keys: so is every gradient
+        return q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape), dmask, dsinks
     mask_c = mask.contiguous() if want_dmask else mask  # dmask is written at the mask's strides
     if dev.type == "cuda":
         qc, kc, vc, cdt = cuda_types(q, k, v)
         qc, kc, vc, (dq, dk, dv) = _grad_buffers(qc, kc, vc, cdt)
         out_c, dout_c, lse_c = out.to(cdt).contiguous(), dout.to(cdt).contiguous(), lse.contiguous()
         desc, keep = describe(qc, kc, vc, out_c, mask_c, key_padding_mask, causal, scale, dropout_p, window_left,
-                              window_right, alibi_slopes, softcap)
+                              window_right, alibi_slopes, softcap, sinks)
         cuda_extras(desc, keep, dev, alibi_slopes, seed)
         desc.grad_dtype = CODES[cdt]
         _cuda.run("attn_cuda_sdpa_bwd", dev, desc, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), out_c.data_ptr(),
                   dout_c.data_ptr(), lse_c.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
                   dmask.data_ptr() if want_dmask else None)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dmask
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dmask, dsinks
     ctx = context()
 
     def call(qc, kc, vc, cdt):
         qc, kc, vc, (dq, dk, dv) = _grad_buffers(qc, kc, vc, cdt)
         out_c, dout_c, lse_c = out.to(cdt).contiguous(), dout.to(cdt).contiguous(), lse.contiguous()
         desc, keep = describe(qc, kc, vc, out_c, mask_c, key_padding_mask, causal, scale, dropout_p, window_left,
-                              window_right, alibi_slopes, softcap)
+                              window_right, alibi_slopes, softcap, sinks)
         desc.grad_dtype = CODES[cdt]
         state = dropout_state(seed, dropout_p)
         dmask.zero_()
         ctx.check(fn("attn_sdpa_bwd")(ctx.ptr, ctypes.byref(desc), qc.data_ptr(), kc.data_ptr(), vc.data_ptr(),
                                       out_c.data_ptr(), dout_c.data_ptr(), lse_c.data_ptr(), state, dq.data_ptr(),
                                       dk.data_ptr(), dv.data_ptr(), dmask.data_ptr() if want_dmask else None))
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dmask
+        sinks_grad(ctx, desc, None, None, out_c, dout_c, lse_c, dsinks)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dmask, dsinks
 
     return typed(ctx, q, k, v, True, call)
 
@@ -368,9 +425,9 @@ def sdpa_backward(dout, q, k, v, out, lse, mask, key_padding_mask, causal, scale
 # ---- packed variable-length batches -----------------------------------------------------------
 
 def _describe_varlen(q, k, v, out, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, window_left, window_right,
-                     alibi_slopes, softcap):
+                     alibi_slopes, softcap, sinks):
     desc, keep = describe(q, k, v, out, None, None, causal, scale, dropout_p, window_left, window_right, alibi_slopes,
-                          softcap, varlen=True)
+                          softcap, sinks, varlen=True)
     lens_q, lens_k = cu_q[1:] - cu_q[:-1], cu_k[1:] - cu_k[:-1]
     desc.batch, desc.n_heads, desc.n_kv_heads = cu_q.shape[0] - 1, q.shape[1], k.shape[1]
     desc.len_q = int(max_q) if max_q else max(1, int(lens_q.max()))
@@ -379,9 +436,10 @@ def _describe_varlen(q, k, v, out, cu_q, cu_k, max_q, max_k, causal, scale, drop
     return desc, keep
 
 
-def _check_varlen(q, k, v, cu_q, cu_k):
+def _check_varlen(q, k, v, cu_q, cu_k, sinks):
     check_tensors((q, k, v))
-    Tq, _, _, Tk, _, _ = check_qkv_varlen(q, k, v)
+    Tq, H, _, Tk, _, _ = check_qkv_varlen(q, k, v)
+    check_sinks(sinks, H)
     offsets = []
     for c, what in ((cu_q, "cu_seqlens_q"), (cu_k, "cu_seqlens_k")):
         if not isinstance(c, torch.Tensor) or c.dim() != 1 or c.dtype not in (torch.int32, torch.int64):
@@ -399,15 +457,15 @@ def _check_varlen(q, k, v, cu_q, cu_k):
 
 
 def varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, seed, window_left, window_right,
-                   alibi_slopes, softcap):
+                   alibi_slopes, softcap, sinks):
     """attn_sdpa_varlen_fwd: out (total_q, H, Dv) of q's dtype, lse (H, total_q) float32."""
-    dev, cq, ck = _check_varlen(q, k, v, cu_q, cu_k)
+    dev, cq, ck = _check_varlen(q, k, v, cu_q, cu_k, sinks)
     if dev.type == "cuda":
         qc, kc, vc, odt = cuda_types(q, k, v)
         out = torch.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=odt, device=dev)
         lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=dev)
         desc, keep = _describe_varlen(qc, kc, vc, out, cq, ck, max_q, max_k, causal, scale, dropout_p, window_left,
-                                      window_right, alibi_slopes, softcap)
+                                      window_right, alibi_slopes, softcap, sinks)
         cuda_extras(desc, keep, dev, alibi_slopes, seed)
         _cuda.run("attn_cuda_sdpa_varlen_fwd", dev, desc, cq.data_ptr(), ck.data_ptr(), qc.data_ptr(), kc.data_ptr(),
                   vc.data_ptr(), out.data_ptr(), lse.data_ptr())
@@ -418,7 +476,7 @@ def varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, 
         out = torch.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=odt)
         lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32)
         desc, keep = _describe_varlen(qc, kc, vc, out, cq, ck, max_q, max_k, causal, scale, dropout_p, window_left,
-                                      window_right, alibi_slopes, softcap)
+                                      window_right, alibi_slopes, softcap, sinks)
         with seeded(ctx, seed, dropout_p):
             ctx.check(fn("attn_sdpa_varlen_fwd")(ctx.ptr, ctypes.byref(desc), cq.data_ptr(), ck.data_ptr(),
                                                  qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), out.data_ptr(),
@@ -429,34 +487,37 @@ def varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, 
 
 
 def varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, seed, window_left,
-                    window_right, alibi_slopes, softcap):
-    """attn_sdpa_varlen_bwd: (dq, dk, dv) in q's, k's and v's dtypes."""
-    dev, cq, ck = _check_varlen(q, k, v, cu_q, cu_k)
+                    window_right, alibi_slopes, softcap, sinks, want_dsinks):
+    """attn_sdpa_varlen_bwd: (dq, dk, dv, dsinks) in q's, k's, v's and the sinks' dtypes, dsinks
+    summed over every query of the batch when want_dsinks, else an empty tensor."""
+    dev, cq, ck = _check_varlen(q, k, v, cu_q, cu_k, sinks)
     _check_out(out, dout, lse, (q.shape[0], q.shape[1], v.shape[2]), (q.shape[1], q.shape[0]))
+    dsinks = _dsinks_buffer(sinks, want_dsinks, dev)
     if dev.type == "cuda":
         qc, kc, vc, cdt = cuda_types(q, k, v)
         qc, kc, vc, (dq, dk, dv) = _grad_buffers(qc, kc, vc, cdt)
         out_c, dout_c, lse_c = out.to(cdt).contiguous(), dout.to(cdt).contiguous(), lse.contiguous()
         desc, keep = _describe_varlen(qc, kc, vc, out_c, cq, ck, max_q, max_k, causal, scale, dropout_p, window_left,
-                                      window_right, alibi_slopes, softcap)
+                                      window_right, alibi_slopes, softcap, sinks)
         cuda_extras(desc, keep, dev, alibi_slopes, seed)
         desc.grad_dtype = CODES[cdt]
         _cuda.run("attn_cuda_sdpa_varlen_bwd", dev, desc, cq.data_ptr(), ck.data_ptr(), qc.data_ptr(), kc.data_ptr(),
                   vc.data_ptr(), out_c.data_ptr(), dout_c.data_ptr(), lse_c.data_ptr(), dq.data_ptr(), dk.data_ptr(),
                   dv.data_ptr())
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsinks
     ctx = context()
 
     def call(qc, kc, vc, cdt):
         qc, kc, vc, (dq, dk, dv) = _grad_buffers(qc, kc, vc, cdt)
         out_c, dout_c, lse_c = out.to(cdt).contiguous(), dout.to(cdt).contiguous(), lse.contiguous()
         desc, keep = _describe_varlen(qc, kc, vc, out_c, cq, ck, max_q, max_k, causal, scale, dropout_p, window_left,
-                                      window_right, alibi_slopes, softcap)
+                                      window_right, alibi_slopes, softcap, sinks)
         desc.grad_dtype = CODES[cdt]
         state = dropout_state(seed, dropout_p)
         ctx.check(fn("attn_sdpa_varlen_bwd")(ctx.ptr, ctypes.byref(desc), cq.data_ptr(), ck.data_ptr(), qc.data_ptr(),
                                              kc.data_ptr(), vc.data_ptr(), out_c.data_ptr(), dout_c.data_ptr(),
                                              lse_c.data_ptr(), state, dq.data_ptr(), dk.data_ptr(), dv.data_ptr()))
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+        sinks_grad(ctx, desc, cq, ck, out_c, dout_c, lse_c, dsinks)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsinks
 
     return typed(ctx, q, k, v, True, call)

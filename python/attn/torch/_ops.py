@@ -12,11 +12,15 @@ The ops take attn's own conventions (what the public functions of functional.py 
   dropout_p with seed, a 0-d int64 tensor from which attn's generator draws the mask (the
   backward regenerates it from the same seed); window_left/right -1 for unbounded (both -1: no
   window); alibi_slopes None or (H,) float; softcap 0 for none;
-  weights_mode 0 (none), 1 (per head, (B, H, L, S)) or 2 (averaged, (B, L, S)), after dropout.
-Outputs: out (B, H, L, Dv) in q's dtype, lse (B, H, L) float32 and the weights; lse and the
-weights carry no gradient (as torch's fused kernels' logsumexp). Gradients: q, k, v, and a
-float32 mask when it requires grad; a key padding mask or ALiBi slopes that require grad are
-refused rather than given a silent zero.
+  weights_mode 0 (none), 1 (per head, (B, H, L, S)) or 2 (averaged, (B, L, S)), after dropout;
+  sinks None or (H,) float: one logit per query head joining each row's softmax without a value
+  (gpt-oss's attention sinks; CPU tensors only for now).
+Outputs: out (B, H, L, Dv) in q's dtype, lse (B, H, L) float32 (the sink included) and the
+weights (the keys' only); lse and the weights carry no gradient (as torch's fused kernels'
+logsumexp). Gradients: q, k, v, a float32 mask and the sinks when they require grad (the sinks'
+from attn_sdpa_sinks_bwd, in their dtype); a key padding mask or ALiBi slopes that require grad
+are refused rather than given a silent zero. The backward ops take want_dmask / want_dsinks and
+return an empty tensor for a gradient not asked for.
 """
 from typing import Optional, Tuple
 
@@ -34,14 +38,14 @@ from . import _call
 def sdpa_fwd(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], key_padding_mask: Optional[Tensor],
              causal: int, scale: float, dropout_p: float, seed: Optional[Tensor], window_left: int,
              window_right: int, alibi_slopes: Optional[Tensor], softcap: float,
-             weights_mode: int) -> Tuple[Tensor, Tensor, Tensor]:
+             weights_mode: int, sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
     return _call.sdpa_forward(q, k, v, mask, key_padding_mask, causal, scale, dropout_p, seed, window_left,
-                              window_right, alibi_slopes, softcap, weights_mode)
+                              window_right, alibi_slopes, softcap, weights_mode, sinks)
 
 
 @sdpa_fwd.register_fake
 def _(q, k, v, mask, key_padding_mask, causal, scale, dropout_p, seed, window_left, window_right, alibi_slopes,
-      softcap, weights_mode):
+      softcap, weights_mode, sinks):
     B, H, L, _ = q.shape
     S, Dv = k.shape[2], v.shape[3]
     wshape = [(0,), (B, H, L, S), (B, L, S)][weights_mode]
@@ -53,16 +57,21 @@ def _(q, k, v, mask, key_padding_mask, causal, scale, dropout_p, seed, window_le
 def sdpa_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, mask: Optional[Tensor],
              key_padding_mask: Optional[Tensor], causal: int, scale: float, dropout_p: float, seed: Optional[Tensor],
              window_left: int, window_right: int, alibi_slopes: Optional[Tensor], softcap: float,
-             want_dmask: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+             want_dmask: bool, sinks: Optional[Tensor],
+             want_dsinks: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     return _call.sdpa_backward(dout, q, k, v, out, lse, mask, key_padding_mask, causal, scale, dropout_p, seed,
-                               window_left, window_right, alibi_slopes, softcap, want_dmask)
+                               window_left, window_right, alibi_slopes, softcap, want_dmask, sinks, want_dsinks)
+
+
+def _fake_dsinks(q, sinks, want_dsinks):
+    return sinks.new_empty(sinks.shape) if want_dsinks else q.new_empty((0,), dtype=torch.float32)
 
 
 @sdpa_bwd.register_fake
 def _(dout, q, k, v, out, lse, mask, key_padding_mask, causal, scale, dropout_p, seed, window_left, window_right,
-      alibi_slopes, softcap, want_dmask):
+      alibi_slopes, softcap, want_dmask, sinks, want_dsinks):
     dmask = q.new_empty(mask.shape if want_dmask else (0,), dtype=torch.float32)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dmask
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dmask, _fake_dsinks(q, sinks, want_dsinks)
 
 
 def _refuse_grads(ctx, indices_names):
@@ -73,21 +82,21 @@ def _refuse_grads(ctx, indices_names):
 
 
 def _sdpa_setup(ctx, inputs, output):
-    q, k, v, mask, kpm, causal, scale, dropout_p, seed, wl, wr, slopes, softcap, _ = inputs
+    q, k, v, mask, kpm, causal, scale, dropout_p, seed, wl, wr, slopes, softcap, _, sinks = inputs
     out, lse, weights = output
-    ctx.save_for_backward(q, k, v, out, lse, mask, kpm, seed, slopes)
+    ctx.save_for_backward(q, k, v, out, lse, mask, kpm, seed, slopes, sinks)
     ctx.opts = (causal, scale, dropout_p, wl, wr, softcap)
     ctx.mark_non_differentiable(lse, weights)
 
 
 def _sdpa_backward(ctx, dout, _dlse, _dweights):
     _refuse_grads(ctx, ((4, "the key padding mask"), (11, "the ALiBi slopes")))
-    q, k, v, out, lse, mask, kpm, seed, slopes = ctx.saved_tensors
+    q, k, v, out, lse, mask, kpm, seed, slopes, sinks = ctx.saved_tensors
     causal, scale, dropout_p, wl, wr, softcap = ctx.opts
-    want_dmask = bool(ctx.needs_input_grad[3])
-    dq, dk, dv, dmask = torch.ops.attn.sdpa_bwd(dout, q, k, v, out, lse, mask, kpm, causal, scale, dropout_p, seed,
-                                                wl, wr, slopes, softcap, want_dmask)
-    return dq, dk, dv, dmask if want_dmask else None, None, None, None, None, None, None, None, None, None, None
+    want_dmask, want_dsinks = bool(ctx.needs_input_grad[3]), bool(ctx.needs_input_grad[14])
+    dq, dk, dv, dmask, dsinks = torch.ops.attn.sdpa_bwd(dout, q, k, v, out, lse, mask, kpm, causal, scale, dropout_p,
+                                                        seed, wl, wr, slopes, softcap, want_dmask, sinks, want_dsinks)
+    return (dq, dk, dv, dmask if want_dmask else None) + (None,) * 10 + (dsinks if want_dsinks else None,)
 
 
 sdpa_fwd.register_autograd(_sdpa_backward, setup_context=_sdpa_setup)
@@ -99,14 +108,14 @@ sdpa_fwd.register_autograd(_sdpa_backward, setup_context=_sdpa_setup)
 def sdpa_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                     max_seqlen_q: int, max_seqlen_k: int, causal: int, scale: float, dropout_p: float,
                     seed: Optional[Tensor], window_left: int, window_right: int, alibi_slopes: Optional[Tensor],
-                    softcap: float) -> Tuple[Tensor, Tensor]:
+                    softcap: float, sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     return _call.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
-                                dropout_p, seed, window_left, window_right, alibi_slopes, softcap)
+                                dropout_p, seed, window_left, window_right, alibi_slopes, softcap, sinks)
 
 
 @sdpa_varlen_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, dropout_p, seed, window_left,
-      window_right, alibi_slopes, softcap):
+      window_right, alibi_slopes, softcap, sinks):
     Tq, H, _ = q.shape
     return q.new_empty((Tq, H, v.shape[2])), q.new_empty((H, Tq), dtype=torch.float32)
 
@@ -115,32 +124,36 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, s
 def sdpa_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
                     cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: int, scale: float,
                     dropout_p: float, seed: Optional[Tensor], window_left: int, window_right: int,
-                    alibi_slopes: Optional[Tensor], softcap: float) -> Tuple[Tensor, Tensor, Tensor]:
+                    alibi_slopes: Optional[Tensor], softcap: float, sinks: Optional[Tensor],
+                    want_dsinks: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     return _call.varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                 causal, scale, dropout_p, seed, window_left, window_right, alibi_slopes, softcap)
+                                 causal, scale, dropout_p, seed, window_left, window_right, alibi_slopes, softcap,
+                                 sinks, want_dsinks)
 
 
 @sdpa_varlen_bwd.register_fake
 def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, dropout_p, seed,
-      window_left, window_right, alibi_slopes, softcap):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+      window_left, window_right, alibi_slopes, softcap, sinks, want_dsinks):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), _fake_dsinks(q, sinks, want_dsinks)
 
 
 def _varlen_setup(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, seed, wl, wr, slopes, softcap = inputs
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, seed, wl, wr, slopes, softcap, sinks = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seed, slopes)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seed, slopes, sinks)
     ctx.opts = (max_q, max_k, causal, scale, dropout_p, wl, wr, softcap)
     ctx.mark_non_differentiable(lse)
 
 
 def _varlen_backward(ctx, dout, _dlse):
     _refuse_grads(ctx, ((13, "the ALiBi slopes"),))
-    q, k, v, out, lse, cu_q, cu_k, seed, slopes = ctx.saved_tensors
+    q, k, v, out, lse, cu_q, cu_k, seed, slopes, sinks = ctx.saved_tensors
     max_q, max_k, causal, scale, dropout_p, wl, wr, softcap = ctx.opts
-    dq, dk, dv = torch.ops.attn.sdpa_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale,
-                                                dropout_p, seed, wl, wr, slopes, softcap)
-    return (dq, dk, dv) + (None,) * 12
+    want_dsinks = bool(ctx.needs_input_grad[15])
+    dq, dk, dv, dsinks = torch.ops.attn.sdpa_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
+                                                        scale, dropout_p, seed, wl, wr, slopes, softcap, sinks,
+                                                        want_dsinks)
+    return (dq, dk, dv) + (None,) * 12 + (dsinks if want_dsinks else None,)
 
 
 sdpa_varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup)

@@ -3,7 +3,8 @@
 scaled_dot_product_attention   torch.nn.functional.scaled_dot_product_attention, same signature
                                and semantics, computed by attn
 sdpa                           the same plus attn's options: bottom-right causal alignment,
-                               sliding windows, ALiBi, soft-capping, the log-sum-exp
+                               sliding windows, ALiBi, soft-capping, attention sinks, the
+                               log-sum-exp
 sdpa_varlen                    packed variable-length batches (FlashAttention's varlen interface)
 
 Masks follow torch's SDPA everywhere in attn.torch: a bool mask is True where a query may attend
@@ -146,10 +147,18 @@ def _causal_code(causal):
     _fail(_lib.ERR_INVALID_ARG, "causal must be None, True, 'top_left' or 'bottom_right', not %r" % (causal,))
 
 
+def _sinks(sinks):
+    """sinks as the ops take them: None or a tensor (its shape and dtype are checked there)."""
+    if sinks is not None and not isinstance(sinks, torch.Tensor):
+        _fail_type("sinks must be None or a torch.Tensor of one value per query head, not %s" % type(sinks).__name__)
+    return sinks
+
+
 def attention(q, k, v, mask=None, key_padding_mask=None, causal=0, scale=None, dropout_p=0.0, window=None,
-              alibi_slopes=None, softcap=None, weights_mode=0):
+              alibi_slopes=None, softcap=None, weights_mode=0, sinks=None):
     """The op on (B, H, L, D), (B, Hkv, S, D), (B, Hkv, S, Dv) tensors with masks already in attn's
-    form (see _ops.py). Returns (out, lse, weights). scale None: 1/sqrt(D); 0 is a scale of zero."""
+    form (see _ops.py), sinks None or (H,). Returns (out, lse, weights). scale None: 1/sqrt(D); 0 is
+    a scale of zero."""
     scale = None if scale is None else _real(scale, "scale")
     dropout_p = _real(dropout_p, "dropout_p")
     softcap = None if softcap is None else _real(softcap, "softcap")
@@ -158,11 +167,11 @@ def attention(q, k, v, mask=None, key_padding_mask=None, causal=0, scale=None, d
     wl, wr = _window(window)
     return torch.ops.attn.sdpa_fwd(q, k, v, mask, key_padding_mask, causal, 0.0 if scale is None else float(scale),
                                    float(dropout_p), _seed(dropout_p), wl, wr, alibi_slopes,
-                                   0.0 if softcap is None else float(softcap), weights_mode)
+                                   0.0 if softcap is None else float(softcap), weights_mode, _sinks(sinks))
 
 
 def sdpa(query, key, value, attn_mask=None, *, causal=None, scale=None, dropout_p=0.0, enable_gqa=False, window=None,
-         alibi_slopes=None, softcap=None, return_lse=False):
+         alibi_slopes=None, softcap=None, sinks=None, return_lse=False):
     """Scaled dot-product attention with attn's options, differentiable and traceable by
     torch.compile.
 
@@ -180,9 +189,14 @@ def sdpa(query, key, value, attn_mask=None, *, causal=None, scale=None, dropout_
                     S - L as the causal alignment; None or -1 leaves a side unbounded
       alibi_slopes  None or (H,) slopes: adds -slope[h] * |i + off - j| (no gradient)
       softcap       None, or scores -> softcap * tanh(scores / softcap) before masks and ALiBi
+      sinks         None or (H,) attention sinks (gpt-oss): one logit per query head that joins
+                    each row's softmax without a value, as softmax over the row with the sink
+                    appended and its column dropped (the row's weights then sum to less than 1);
+                    differentiable (its gradient in its dtype); -inf is no sink. CPU only for now
       return_lse    also return the natural-log log-sum-exp (..., L), float32, without gradient
-    Fully masked rows give zeros (and lse -inf). Returns out (..., L, Ev) in query's dtype, or
-    (out, lse)."""
+                    (the sink included)
+    Fully masked rows give zeros (and lse -inf, or the sink). Returns out (..., L, Ev) in query's
+    dtype, or (out, lse)."""
     _check_inputs(query, key, value, same_dtype=False)
     bshape, hkv = _batch(query, key, value, enable_gqa)
     L, S, Ev = query.shape[-2], key.shape[-2], value.shape[-1]
@@ -190,7 +204,8 @@ def sdpa(query, key, value, attn_mask=None, *, causal=None, scale=None, dropout_
     q4 = _as4(query, bshape, H)
     k4, v4 = _as4(key, bshape, hkv), _as4(value, bshape, hkv)
     m4 = None if attn_mask is None else _mask4(attn_mask, bshape, L, S, "attn_mask")
-    out, lse, _ = attention(q4, k4, v4, m4, None, _causal_code(causal), scale, dropout_p, window, alibi_slopes, softcap)
+    out, lse, _ = attention(q4, k4, v4, m4, None, _causal_code(causal), scale, dropout_p, window, alibi_slopes, softcap,
+                            sinks=sinks)
     out = out.reshape(*bshape, L, Ev)
     return (out, lse.reshape(*bshape, L)) if return_lse else out
 
@@ -210,13 +225,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 
 def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *, causal=None, scale=None,
-                dropout_p=0.0, window=None, alibi_slopes=None, softcap=None, return_lse=False):
+                dropout_p=0.0, window=None, alibi_slopes=None, softcap=None, sinks=None, return_lse=False):
     """Attention over sequences packed end to end (FlashAttention's varlen interface):
     q (total_q, H, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv); sequence b has queries
     cu_seqlens_q[b]:cu_seqlens_q[b+1] and keys cu_seqlens_k[b]:cu_seqlens_k[b+1] (int32 or int64
     offsets). Each sequence is attention of its own: causal masks, windows and ALiBi align within
-    it. max_seqlen_*: the longest sequence (None: computed from the offsets, outside a compiled
-    graph's trace). Returns out (total_q, H, Dv), or (out, lse) with lse (H, total_q)."""
+    it; sinks (H,) are per head, as in sdpa, their gradient summed over every query. max_seqlen_*:
+    the longest sequence (None: computed from the offsets, outside a compiled graph's trace).
+    Returns out (total_q, H, Dv), or (out, lse) with lse (H, total_q)."""
     for t, what in ((q, "q"), (k, "k"), (v, "v")):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             _fail(_lib.ERR_BAD_SHAPE, "%s must be a 3-d tensor (total, heads, dim)" % what)
@@ -230,5 +246,5 @@ def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seql
                                               int(max_seqlen_k or 0), _causal_code(causal),
                                               0.0 if scale is None else float(scale), float(dropout_p),
                                               _seed(dropout_p), wl, wr, alibi_slopes,
-                                              0.0 if softcap is None else float(softcap))
+                                              0.0 if softcap is None else float(softcap), _sinks(sinks))
     return (out, lse) if return_lse else out
