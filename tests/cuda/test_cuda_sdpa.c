@@ -72,13 +72,6 @@ static void *upload(float *x, int64_t n, attn_dtype t) {
 
 static double unit(attn_dtype t) { return t == ATTN_DTYPE_BF16 ? 0x1p-8 : t == ATTN_DTYPE_F16 ? 0x1p-11 : 0x1p-24; }
 
-// One random case: shapes, layout (BHLD or BLHD storage), options; run on the GPU and the reference.
-typedef struct sdpa_case {
-    attn_sdpa_desc d;
-    int packed; // varlen
-    int64_t cu_q[5], cu_k[5];
-} sdpa_case;
-
 static void fill_strides(int64_t s[4], int64_t B, int64_t H, int64_t L, int64_t D, int blhd) {
     (void)B;
     if (blhd) s[0] = L * H * D, s[1] = D, s[2] = H * D, s[3] = 1;
