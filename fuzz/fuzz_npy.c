@@ -6,7 +6,10 @@
  * its data must be the last bytes of the input (the header has to match the size exactly). Then,
  * in memory: the tensor written as numpy.save writes it parses back equal; the input one byte
  * shorter or longer is rejected; and every allocation of the parse, made to fail in turn, gives
- * ATTN_ERR_OUT_OF_MEMORY with a zeroed tensor and nothing leaked.
+ * ATTN_ERR_OUT_OF_MEMORY with a zeroed tensor and nothing leaked. Through files: attn_npy_write of
+ * the tensor reads back equal with attn_npy_read, and a write it must refuse (ndim out of range,
+ * a negative extent, an extent that overflows, an unknown dtype) leaves that file as it was, with
+ * no temporary file beside it.
  */
 #include <stdio.h>
 #include <string.h>
@@ -97,6 +100,45 @@ static attn_status parse_input(attn_ctx *ctx, void *user) {
     return st;
 }
 
+/* The file round trip and a refused write over the file (which refusal: pick). */
+static void check_files(attn_ctx *ctx, const attn_tensor *t, size_t nbytes, uint8_t pick) {
+    const char *dir = fuzz_scratch_dir();
+    char path[640];
+    snprintf(path, sizeof path, "%s/t.npy", dir);
+    attn_status st = attn_npy_write(ctx, path, t->dtype, t->ndim, t->shape, t->data);
+    fuzz_check_error(ctx, st, "attn_npy_write");
+    FUZZ_CHECK(st == ATTN_OK, "attn_npy_write of a parsed tensor: %s", attn_ctx_last_error(ctx));
+    attn_tensor u;
+    st = attn_npy_read(ctx, path, &u);
+    FUZZ_CHECK(st == ATTN_OK, "attn_npy_read of attn_npy_write's file: %s", attn_ctx_last_error(ctx));
+    FUZZ_CHECK(u.dtype == t->dtype && u.ndim == t->ndim, "file round trip changed dtype or ndim");
+    for (int i = 0; i < t->ndim; i++) FUZZ_CHECK(u.shape[i] == t->shape[i], "file round trip changed shape[%d]", i);
+    FUZZ_CHECK(nbytes == 0 || memcmp(u.data, t->data, nbytes) == 0, "file round trip changed the data");
+    attn_tensor_release(ctx, &u);
+
+    size_t before_len, after_len;
+    uint8_t *before = fuzz_read_file(path, &before_len);
+    FUZZ_CHECK(before != NULL, "cannot read back %s", path);
+    int64_t shape[ATTN_MAX_DIMS + 1];
+    for (int i = 0; i <= ATTN_MAX_DIMS; i++) shape[i] = i < t->ndim ? t->shape[i] : 1;
+    int ndim = t->ndim;
+    attn_dtype dt = t->dtype;
+    switch (pick % 4) {
+    case 0: ndim = pick & 4 ? -1 : ATTN_MAX_DIMS + 1; break;
+    case 1: ndim = ndim > 0 ? ndim : 1, shape[(pick >> 2) % ndim] = -1 - (pick >> 5); break;
+    case 2: ndim = 3, shape[0] = shape[1] = shape[2] = INT64_C(1) << 22; break; /* 2^66 elements */
+    default: dt = (attn_dtype)(100 + (pick >> 2)); break;
+    }
+    st = attn_npy_write(ctx, path, dt, ndim, shape, t->data);
+    fuzz_check_error(ctx, st, "attn_npy_write (refused)");
+    FUZZ_CHECK(st != ATTN_OK, "attn_npy_write accepted dtype %d, ndim %d", (int)dt, ndim);
+    uint8_t *after = fuzz_read_file(path, &after_len);
+    FUZZ_CHECK(after != NULL && after_len == before_len && memcmp(after, before, before_len) == 0,
+               "a refused attn_npy_write changed the file");
+    FUZZ_CHECK(fuzz_dir_entries(dir) == 1, "%d entries beside the file after a refused write", fuzz_dir_entries(dir) - 1);
+    free(before), free(after);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_alloc alloc = {0};
     attn_ctx *ctx = fuzz_ctx_new(&alloc, ATTN_ISA_AUTO, 1, 0);
@@ -142,6 +184,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         /* Each allocation failing in turn: out of memory, nothing kept. */
         fuzz_input in = {data, size};
         fuzz_fail_each_alloc(&alloc, ctx, calls, parse_input, &in, "attn_npy_parse (allocation failure)");
+
+        check_files(ctx, &t, nbytes, data[0] ^ data[size - 1]);
         attn_tensor_release(ctx, &t);
         FUZZ_CHECK(tensor_is_zero(&t), "attn_tensor_release did not zero the tensor");
     }

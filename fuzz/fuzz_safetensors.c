@@ -7,7 +7,10 @@
  * the list's order, must tile the input's data buffer exactly with their data equal to its bytes.
  * Then, in memory: the list written as a .safetensors file parses back equal; the input one byte
  * shorter or longer is rejected; each allocation of the parse failing in turn gives
- * ATTN_ERR_OUT_OF_MEMORY and leaks nothing. Last, the list is offered to
+ * ATTN_ERR_OUT_OF_MEMORY and leaks nothing. Through files: attn_safetensors_write of the list reads
+ * back equal with attn_safetensors_read, and a write it must refuse (a name emptied, made invalid
+ * UTF-8 or "__metadata__", two tensors of one name, a negative extent, data missing) leaves that
+ * file as it was, with no temporary file beside it. Last, the list is offered to
  * attn_mha_create_from_state with several head counts: a module it accepts must hold the state's
  * tensors and run a small forward pass.
  */
@@ -183,6 +186,52 @@ static attn_status create_from_state(attn_ctx *ctx, void *user) {
     return attn_mha_create_from_state(ctx, a->list, a->heads, a->extra, &m);
 }
 
+/* The file round trip and a refused write over the file (which refusal: pick). */
+static void check_files(attn_ctx *ctx, const attn_tensor_list *list, uint8_t pick) {
+    const char *dir = fuzz_scratch_dir();
+    char path[640];
+    snprintf(path, sizeof path, "%s/t.safetensors", dir);
+    attn_status st = attn_safetensors_write(ctx, path, list->tensors, list->count);
+    fuzz_check_error(ctx, st, "attn_safetensors_write");
+    FUZZ_CHECK(st == ATTN_OK, "attn_safetensors_write of a parsed list: %s", attn_ctx_last_error(ctx));
+    attn_tensor_list back;
+    st = attn_safetensors_read(ctx, path, &back);
+    FUZZ_CHECK(st == ATTN_OK, "attn_safetensors_read of attn_safetensors_write's file: %s", attn_ctx_last_error(ctx));
+    check_same_list(list, &back);
+    attn_tensor_list_release(ctx, &back);
+
+    size_t before_len, after_len;
+    uint8_t *before = fuzz_read_file(path, &before_len);
+    FUZZ_CHECK(before != NULL, "cannot read back %s", path);
+    const int n = list->count > 0 ? list->count : 1;
+    attn_tensor *t = fuzz_xmalloc((size_t)n * sizeof *t);
+    float one = 1.0f;
+    if (list->count > 0) memcpy(t, list->tensors, (size_t)n * sizeof *t);
+    else t[0] = (attn_tensor){.name = (char *)"x", .dtype = ATTN_DTYPE_F32, .ndim = 1, .shape = {1}, .data = &one};
+    attn_tensor *v = &t[(pick >> 3) % n];
+    int count = n;
+    char bad_utf8[] = {'a', (char)0xC3, 0}; /* a lead byte without its continuation */
+    switch (pick % 6) {
+    case 0: v->name = (char *)""; break;
+    case 1: v->name = bad_utf8; break;
+    case 2: v->name = (char *)"__metadata__"; break;
+    case 3:
+        if (n >= 2) t[1].name = t[0].name;
+        else count = -1;
+        break;
+    case 4: v->ndim = v->ndim > 0 ? v->ndim : 1, v->shape[0] = -1; break;
+    default: v->ndim = 1, v->shape[0] = 3, v->data = NULL; break;
+    }
+    st = attn_safetensors_write(ctx, path, t, count);
+    fuzz_check_error(ctx, st, "attn_safetensors_write (refused)");
+    FUZZ_CHECK(st != ATTN_OK, "attn_safetensors_write accepted refusal %d", pick % 6);
+    uint8_t *after = fuzz_read_file(path, &after_len);
+    FUZZ_CHECK(after != NULL && after_len == before_len && memcmp(after, before, before_len) == 0,
+               "a refused attn_safetensors_write changed the file");
+    FUZZ_CHECK(fuzz_dir_entries(dir) == 1, "%d entries beside the file after a refused write", fuzz_dir_entries(dir) - 1);
+    free(t), free(before), free(after);
+}
+
 /* ---- nn.MultiheadAttention from the state ----------------------------------------------------- */
 
 static void try_module(attn_ctx *ctx, fuzz_alloc *alloc, const attn_tensor_list *list, int64_t heads,
@@ -293,6 +342,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_input in = {data, size};
     fuzz_fail_each_alloc(&alloc, ctx, calls < 300 ? calls : 300, parse_input, &in,
                          "attn_safetensors_parse (allocation failure)");
+
+    check_files(ctx, &list, data[size - 1]);
 
     /* The list as an nn.MultiheadAttention state_dict. */
     if (attn_tensor_list_find(&list, "out_proj.weight") != NULL) {

@@ -8,6 +8,7 @@
 #ifndef ATTN_FUZZ_UTIL_H
 #define ATTN_FUZZ_UTIL_H
 
+#include <dirent.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -190,6 +191,67 @@ static inline bool fuzz_close(float a, float b, double rel, double abs_tol) {
     if (a == b) return true;
     /* b = 0 takes no relative part: under an infinite tolerance rel * 0 would be NaN */
     return fabs((double)a - (double)b) <= abs_tol + (b == 0.0f ? 0.0 : rel * fabs((double)b));
+}
+
+/* ---- files ---------------------------------------------------------------------------------- */
+
+static char fuzz_scratch[512];
+
+/* Removes the scratch directory and what the targets left in it (at exit). */
+static inline void fuzz_scratch_remove(void) {
+    DIR *d = opendir(fuzz_scratch);
+    if (d == NULL) return;
+    char path[1024];
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
+            snprintf(path, sizeof path, "%s/%s", fuzz_scratch, e->d_name);
+            remove(path);
+        }
+    closedir(d);
+    remove(fuzz_scratch);
+}
+
+/* A directory of this process's own (made once under $TMPDIR or /tmp, removed at exit) where the
+ * targets of the file writers write. */
+static inline const char *fuzz_scratch_dir(void) {
+    if (fuzz_scratch[0] == 0) {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(fuzz_scratch, sizeof fuzz_scratch, "%s/attn-fuzz-XXXXXX", tmp != NULL && tmp[0] != 0 ? tmp : "/tmp");
+        FUZZ_CHECK(mkdtemp(fuzz_scratch) != NULL, "cannot make a scratch directory %s", fuzz_scratch);
+        atexit(fuzz_scratch_remove);
+    }
+    return fuzz_scratch;
+}
+
+/* The whole file at path (malloc'd, *len its size), or NULL when it cannot be read. */
+static inline uint8_t *fuzz_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) return NULL;
+    size_t cap = 4096, n = 0;
+    uint8_t *buf = fuzz_xmalloc(cap);
+    for (size_t got; (got = fread(buf + n, 1, cap - n, f)) > 0;) {
+        n += got;
+        if (n == cap) {
+            uint8_t *bigger = realloc(buf, cap *= 2);
+            FUZZ_CHECK(bigger != NULL, "out of memory reading %s", path);
+            buf = bigger;
+        }
+    }
+    fclose(f);
+    *len = n;
+    return buf;
+}
+
+/* How many entries other than . and .. the directory holds (a writer must leave no temporary
+ * file behind). */
+static inline int fuzz_dir_entries(const char *dir) {
+    DIR *d = opendir(dir);
+    FUZZ_CHECK(d != NULL, "cannot list %s", dir);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    closedir(d);
+    return n;
 }
 
 #endif /* ATTN_FUZZ_UTIL_H */
