@@ -254,4 +254,19 @@ static inline int fuzz_dir_entries(const char *dir) {
     return n;
 }
 
+/* A write that had to be refused (status st, made over the file at path, which held `before`,
+ * len bytes): it failed with a message, the file holds the same bytes, and nothing else is left in
+ * its directory (the writers write whole files or none, through a temporary beside the file). */
+static inline void fuzz_check_refused_write(const attn_ctx *ctx, attn_status st, const char *dir, const char *path,
+                                            const uint8_t *before, size_t len, const char *what) {
+    fuzz_check_error(ctx, st, what);
+    FUZZ_CHECK(st != ATTN_OK, "%s was accepted", what);
+    size_t after_len;
+    uint8_t *after = fuzz_read_file(path, &after_len);
+    FUZZ_CHECK(after != NULL && after_len == len && memcmp(after, before, len) == 0, "%s changed the file", what);
+    const int n = fuzz_dir_entries(dir);
+    FUZZ_CHECK(n == 1, "%d entries beside the file after %s", n - 1, what);
+    free(after);
+}
+
 #endif /* ATTN_FUZZ_UTIL_H */
