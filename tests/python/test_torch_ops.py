@@ -678,16 +678,13 @@ class TestOpsAndCompile(unittest.TestCase, Close):
                                                         0.0, None, -1, -1, None, 0.0, False, z, True)))
         cq, ck = torch.tensor([0, 2, 5]), torch.tensor([0, 3, 7])
         vq, vk, vv = rnd(5, 4, 8, grad=True), rnd(7, 2, 8, grad=True), rnd(7, 2, 8, grad=True)
-        calls.append((torch.ops.attn.sdpa_varlen_fwd.default, (vq, vk, vv, cq, ck, 3, 4, 1, 0.0, 0.0, None, -1, -1,
-                                                               None, 0.0, None)))
-        vo, vl = torch.ops.attn.sdpa_varlen_fwd(vq, vk, vv, cq, ck, 3, 4, 1, 0.0, 0.0, None, -1, -1, None, 0.0, None)
-        calls.append((torch.ops.attn.sdpa_varlen_bwd.default, (torch.randn_like(vo), vq, vk, vv, vo, vl, cq, ck, 3, 4,
-                                                               1, 0.0, 0.0, None, -1, -1, None, 0.0, None, False)))
-        calls.append((torch.ops.attn.sdpa_varlen_fwd.default, (vq, vk, vv, cq, ck, 3, 4, 2, 0.0, 0.0, None, -1, -1,
-                                                               None, 0.0, z)))
-        vo, vl = torch.ops.attn.sdpa_varlen_fwd(vq, vk, vv, cq, ck, 3, 4, 2, 0.0, 0.0, None, -1, -1, None, 0.0, z)
-        calls.append((torch.ops.attn.sdpa_varlen_bwd.default, (torch.randn_like(vo), vq, vk, vv, vo, vl, cq, ck, 3, 4,
-                                                               2, 0.0, 0.0, None, -1, -1, None, 0.0, z, True)))
+        for causal, sinks in ((1, None), (2, z)):  # top-left without sinks, bottom-right with them
+            args = (vq, vk, vv, cq, ck, 3, 4, causal, 0.0, 0.0, None, -1, -1, None, 0.0, sinks)
+            calls.append((torch.ops.attn.sdpa_varlen_fwd.default, args))
+            vo, vl = torch.ops.attn.sdpa_varlen_fwd(*args)
+            bwd = (torch.randn_like(vo), vq, vk, vv, vo, vl, cq, ck, 3, 4, causal, 0.0, 0.0, None, -1, -1, None, 0.0,
+                   sinks, sinks is not None)
+            calls.append((torch.ops.attn.sdpa_varlen_bwd.default, bwd))
         for op, args in calls:
             if "bwd" in str(op):  # no double backward: the backward ops are checked without gradients
                 args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
