@@ -80,5 +80,22 @@ expect 2 "bench --device cuda --backward of a decode" -- $attn bench --device cu
 expect 2 "bench --device cuda --kernels unknown" -- $attn bench --device cuda --kernels sm75
 expect 2 "bench --device cuda --kernels of a decode" -- $attn bench --device cuda --op decode --kernels sm90
 
+# An --isa this CPU (or build) cannot run: status 1, naming it and the ISAs that are available.
+expect_isa() { # LABEL ARGS...
+    label=$1
+    shift
+    expect 1 "$label --isa $isa on a CPU without it" -- $attn "$@"
+    grep -q "isa $isa is not available.*(available: auto, ref, generic" "$tmp/stderr" ||
+        { echo "FAIL: the message does not name $isa and the available ISAs"; failures=$((failures + 1)); }
+}
+for isa in amxbf16 avx512bf16 avx512vnni avx512 avx2; do
+    if ! $attn sdpa --q $d/q4.npy --k $d/q4.npy --v $d/q4.npy --isa $isa --out $tmp/isa.npy > /dev/null 2>&1; then
+        expect_isa sdpa sdpa --q $d/q4.npy --k $d/q4.npy --v $d/q4.npy --out $tmp/isa.npy --isa $isa
+        expect_isa mha mha --state $d/state.safetensors --heads 2 --query $d/q.npy --out $tmp/isa.npy --isa $isa
+        expect_isa bench bench --repeat 1 --isa $isa
+        expect_isa "bench --op decode" bench --op decode --repeat 1 --isa $isa
+        break
+    fi
+done
 if [ "$failures" -ne 0 ]; then echo "$failures failures"; exit 1; fi
 echo "all CLI error checks passed"

@@ -7,6 +7,9 @@
 
 // Prints "attn CMD: WHAT: <library message or status text>" and returns EXIT_FAILURE_RUN.
 int cli_fail(const char *cmd, const attn_ctx *ctx, attn_status st, const char *what);
+// attn_ctx_create(params, ctx); on failure prints "attn CMD: cannot create a context: ..." (for an
+// --isa this CPU or build cannot run, which ISAs it can) and returns EXIT_FAILURE_RUN, else 0.
+int cli_context(const char *cmd, const attn_ctx_params *params, attn_ctx **ctx);
 // Prints "attn CMD: <message>" and returns `code`.
 int cli_error(const char *cmd, int code, const char *fmt, ...)
 #if defined(__GNUC__)

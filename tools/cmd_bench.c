@@ -213,8 +213,8 @@ int cmd_bench(int argc, char **argv) {
     p.isa = isa;
     p.use_blas = o.blas;
     attn_ctx *ctx;
-    attn_status st = attn_ctx_create(&p, &ctx);
-    if (st != ATTN_OK) return cli_error("bench", EXIT_FAILURE_RUN, "cannot create a context: %s", attn_strerror(st));
+    if (cli_context("bench", &p, &ctx) != 0) return EXIT_FAILURE_RUN;
+    attn_status st;
     float *q = NULL, *k = NULL, *v = NULL, *out = NULL, *lse = NULL, *dout = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
     attn_mha *m = NULL;
     attn_sdpa_desc d;

@@ -155,8 +155,8 @@ int cmd_bench_decode(int argc, char **argv) {
     attn_ctx_params_init(&p);
     p.n_threads = (int)threads, p.isa = isa;
     attn_ctx *ctx;
-    attn_status st = attn_ctx_create(&p, &ctx);
-    if (st != ATTN_OK) return cli_error("bench", EXIT_FAILURE_RUN, "cannot create a context: %s", attn_strerror(st));
+    if (cli_context("bench", &p, &ctx) != 0) return EXIT_FAILURE_RUN;
+    attn_status st;
     attn_kv_cache_config cc;
     attn_kv_cache_config_init(&cc);
     cc.batch = B, cc.n_kv_heads = Hkv, cc.head_dim = D, cc.capacity = S, cc.dtype = dt;

@@ -139,8 +139,8 @@ int cmd_mha(int argc, char **argv) {
     attn_tensor grads[12];
     int n_grads = 0;
     memset(grads, 0, sizeof grads);
-    attn_status st = attn_ctx_create(&cp, &ctx);
-    if (st != ATTN_OK) return cli_fail("mha", NULL, st, "creating a context");
+    if (cli_context("mha", &cp, &ctx) != 0) return EXIT_FAILURE_RUN;
+    attn_status st;
 
     rc = EXIT_FAILURE_RUN;
     st = attn_safetensors_read(ctx, state_path, &f.state);

@@ -156,9 +156,8 @@ int cmd_sdpa(int argc, char **argv) {
     attn_tensor grads[5];
     int n_grads = 0;
     memset(grads, 0, sizeof grads);
-    attn_status st = attn_ctx_create(&cp, &ctx);
-    if (st != ATTN_OK) return cli_error("sdpa", EXIT_FAILURE_RUN, "cannot create a context for --isa %s: %s", isa_name,
-                                        attn_strerror(st));
+    if (cli_context("sdpa", &cp, &ctx) != 0) return EXIT_FAILURE_RUN;
+    attn_status st;
     rc = EXIT_FAILURE_RUN;
     if (read_4d(ctx, "q", q_path, false, &q) != 0 || read_4d(ctx, "k", k_path, true, &k) != 0 ||
         read_4d(ctx, "v", v_path, true, &v) != 0)

@@ -32,6 +32,20 @@ int cli_fail(const char *cmd, const attn_ctx *ctx, attn_status st, const char *w
     return EXIT_FAILURE_RUN;
 }
 
+int cli_context(const char *cmd, const attn_ctx_params *params, attn_ctx **ctx) {
+    const attn_status st = attn_ctx_create(params, ctx);
+    if (st == ATTN_OK) return 0;
+    if (st != ATTN_ERR_UNSUPPORTED || attn_isa_supported(params->isa))
+        return cli_error(cmd, EXIT_FAILURE_RUN, "cannot create a context: %s", attn_strerror(st));
+    char have[160] = "";
+    for (int i = ATTN_ISA_REF; i <= ATTN_ISA_AVX512_VNNI; i++)
+        if (attn_isa_supported((attn_isa)i))
+            snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s", have[0] != '\0' ? ", " : "",
+                     attn_isa_name((attn_isa)i));
+    return cli_error(cmd, EXIT_FAILURE_RUN, "cannot create a context: --isa %s is not available on this CPU or in this "
+                     "build (available: auto, %s)", attn_isa_name(params->isa), have);
+}
+
 int cli_error(const char *cmd, int code, const char *fmt, ...) {
     va_list ap;
     fprintf(stderr, "attn %s: ", cmd);
