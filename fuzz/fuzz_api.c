@@ -1,6 +1,7 @@
 /*
  * fuzz_api.c - fuzz target for the argument validation of libattn's compute entry points:
- * attn_sdpa_fwd (and attn_sdpa_fwd_workspace_size), attn_mha_create + attn_mha_forward, the
+ * attn_sdpa_fwd (and attn_sdpa_fwd_workspace_size), attn_mha_create (float32, float16 and bfloat16
+ * modules; their parameters through the float and typed accessors) + attn_mha_forward, the
  * attn_book_* constructors + attn_book_forward + attn_book_transfer_v2_to_v1,
  * attn_simple_self_attention, attn_linear, the generator and initialiser functions, the KV cache
  * (attn_kv_cache_create, append, truncate, reset, attend), the backward passes after valid forwards
@@ -1183,11 +1184,19 @@ static void fuzz_mha(env *e) {
     cfg.batch_first = gen_flag(e);
     cfg.dropout = gen_dropout(e);
     const bool null_cfg = fuzz_data_chance(fd, 1, 64), null_out = fuzz_data_chance(fd, 1, 64);
+    /* The parameters' type from a byte at the front (the numbers above come from the end, so inputs
+     * written before it decode their numbers as they did): mostly F32, then F16, BF16 and others. */
+    uint8_t type_byte = 0;
+    fuzz_data_bytes(fd, &type_byte, 1);
+    cfg.dtype = type_byte < 224 ? ATTN_DTYPE_F32 : type_byte < 238 ? ATTN_DTYPE_F16
+                : type_byte < 252 ? ATTN_DTYPE_BF16 : (attn_dtype)(type_byte - 252 + ATTN_DTYPE_BOOL);
     attn_ctx *ctx = env_ctx(e);
 
     judge j = {J_VALID, NULL};
     const int64_t E = cfg.embed_dim, H = cfg.num_heads;
     if (ctx == NULL || null_cfg || null_out) bad(&j, "NULL argument");
+    if (cfg.dtype != ATTN_DTYPE_F32 && cfg.dtype != ATTN_DTYPE_F16 && cfg.dtype != ATTN_DTYPE_BF16)
+        bad(&j, "dtype not F32, F16 or BF16");
     if (E < 1 || H < 1)
         bad(&j, "embed_dim or num_heads < 1");
     else if (E % H != 0)
@@ -1231,27 +1240,57 @@ static void fuzz_mha(env *e) {
     const int want_count = (packed ? 1 : 3) + (rc->bias ? 2 : 0) + (rc->add_bias_kv ? 2 : 0) + 1;
     FUZZ_CHECK(attn_mha_param_count(m) == want_count, "%d parameters, %d expected", attn_mha_param_count(m),
                want_count);
+    const bool f32 = cfg.dtype == ATTN_DTYPE_F32;
     for (int i = -1; i <= want_count; i++) {
         const char *name = NULL;
         int ndim = -1;
         int64_t shape[3];
         float *data = NULL;
+        /* the float view: a half module's parameters are not floats */
         const attn_status ps = attn_mha_param_at(m, i, &name, &ndim, shape, &data);
+        void *typed = NULL;
+        attn_dtype dt = ATTN_DTYPE_U8;
+        const attn_status ts = attn_mha_param_typed_at(m, i, NULL, NULL, NULL, &dt, &typed);
         if (i < 0 || i >= want_count) {
-            FUZZ_CHECK(ps == ATTN_ERR_INVALID_ARG, "param_at(%d)", i);
+            FUZZ_CHECK(ps == ATTN_ERR_INVALID_ARG && ts == ATTN_ERR_INVALID_ARG, "param_at(%d)", i);
             continue;
         }
-        FUZZ_CHECK(ps == ATTN_OK && name != NULL && data != NULL && ndim >= 1 && ndim <= 3, "param_at(%d)", i);
+        FUZZ_CHECK(ts == ATTN_OK && dt == cfg.dtype && typed != NULL, "param_typed_at(%d)", i);
+        if (f32) FUZZ_CHECK(ps == ATTN_OK && data == typed, "param_at(%d)", i);
+        else {
+            FUZZ_CHECK(ps == ATTN_ERR_INVALID_ARG && data == NULL, "param_at(%d) of a %s module", i,
+                       attn_dtype_name(cfg.dtype));
+            FUZZ_CHECK(attn_mha_param_at(m, i, &name, &ndim, shape, NULL) == ATTN_OK, "param_at(%d) without data", i);
+        }
+        FUZZ_CHECK(name != NULL && ndim >= 1 && ndim <= 3, "param_at(%d)", i);
         int64_t numel = 1;
         for (int dd = 0; dd < ndim; dd++) numel *= shape[dd];
-        check_finite(data, numel, name);
+        if (f32) check_finite(data, numel, name);
+        else {
+            float *values = malloc((size_t)numel * sizeof(float));
+            FUZZ_CHECK(values != NULL, "out of memory");
+            FUZZ_CHECK(attn_convert(ATTN_DTYPE_F32, values, cfg.dtype, typed, numel) == ATTN_OK, "convert %s", name);
+            check_finite(values, numel, name);
+            free(values);
+        }
         int ndim2 = -1;
+        int64_t shape2[3];
+        void *typed2 = NULL;
+        FUZZ_CHECK(attn_mha_param_typed(m, name, &ndim2, shape2, &dt, &typed2) == ATTN_OK && typed2 == typed &&
+                       ndim2 == ndim && memcmp(shape2, shape, (size_t)ndim * sizeof shape[0]) == 0,
+                   "attn_mha_param_typed(%s)", name);
         float *data2 = NULL;
-        FUZZ_CHECK(attn_mha_param(m, name, &ndim2, NULL, &data2) == ATTN_OK && data2 == data && ndim2 == ndim,
-                   "attn_mha_param(%s)", name);
+        const attn_status ns = attn_mha_param(m, name, &ndim2, NULL, &data2);
+        FUZZ_CHECK(f32 ? ns == ATTN_OK && data2 == data : ns == ATTN_ERR_INVALID_ARG, "attn_mha_param(%s)", name);
     }
     FUZZ_CHECK(attn_mha_param(m, "no_such_parameter", NULL, NULL, NULL) == ATTN_ERR_NOT_FOUND, "unknown name found");
+    FUZZ_CHECK(attn_mha_param_typed(m, "no_such_parameter", NULL, NULL, NULL, NULL) == ATTN_ERR_NOT_FOUND,
+               "unknown name found (typed)");
     FUZZ_CHECK(attn_mha_weights_len_kv(m, 5) == 5 + rc->add_bias_kv + rc->add_zero_attn, "weights_len_kv");
+    if (!f32) { /* the forwards below build float inputs (half modules: tests/test_mha_lowp.c) */
+        attn_mha_free(m);
+        return;
+    }
 
     const int passes = 1 + (int)fuzz_data_pick(fd, 3);
     for (int p = 0; p < passes; p++) {
