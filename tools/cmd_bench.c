@@ -214,7 +214,7 @@ int cmd_bench(int argc, char **argv) {
     p.use_blas = o.blas;
     attn_ctx *ctx;
     if (cli_context("bench", &p, &ctx) != 0) return EXIT_FAILURE_RUN;
-    attn_status st;
+    attn_status st = ATTN_OK;
     float *q = NULL, *k = NULL, *v = NULL, *out = NULL, *lse = NULL, *dout = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
     attn_mha *m = NULL;
     attn_sdpa_desc d;

@@ -156,7 +156,7 @@ int cmd_bench_decode(int argc, char **argv) {
     p.n_threads = (int)threads, p.isa = isa;
     attn_ctx *ctx;
     if (cli_context("bench", &p, &ctx) != 0) return EXIT_FAILURE_RUN;
-    attn_status st;
+    attn_status st = ATTN_OK;
     attn_kv_cache_config cc;
     attn_kv_cache_config_init(&cc);
     cc.batch = B, cc.n_kv_heads = Hkv, cc.head_dim = D, cc.capacity = S, cc.dtype = dt;

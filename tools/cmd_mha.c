@@ -140,7 +140,7 @@ int cmd_mha(int argc, char **argv) {
     int n_grads = 0;
     memset(grads, 0, sizeof grads);
     if (cli_context("mha", &cp, &ctx) != 0) return EXIT_FAILURE_RUN;
-    attn_status st;
+    attn_status st = ATTN_OK;
 
     rc = EXIT_FAILURE_RUN;
     st = attn_safetensors_read(ctx, state_path, &f.state);

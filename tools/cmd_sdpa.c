@@ -157,7 +157,7 @@ int cmd_sdpa(int argc, char **argv) {
     int n_grads = 0;
     memset(grads, 0, sizeof grads);
     if (cli_context("sdpa", &cp, &ctx) != 0) return EXIT_FAILURE_RUN;
-    attn_status st;
+    attn_status st = ATTN_OK;
     rc = EXIT_FAILURE_RUN;
     if (read_4d(ctx, "q", q_path, false, &q) != 0 || read_4d(ctx, "k", k_path, true, &k) != 0 ||
         read_4d(ctx, "v", v_path, true, &v) != 0)
