@@ -108,7 +108,7 @@ static int check_sdpa(const bench_opts *o, const attn_sdpa_desc *d, const void *
     attn_ctx_params_init(&p);
     p.isa = ATTN_ISA_REF;
     attn_ctx *ref;
-    if (attn_ctx_create(&p, &ref) != ATTN_OK) return cli_error("bench", EXIT_FAILURE_RUN, "cannot create a context");
+    if (cli_context("bench", &p, &ref) != 0) return EXIT_FAILURE_RUN;
     const int64_t rows = o->L < 8 ? o->L : 8, step = o->L / rows, heads = o->H < 2 ? o->H : 2;
     attn_sdpa_desc s = *d;
     s.batch = 1, s.n_heads = heads, s.len_q = rows;

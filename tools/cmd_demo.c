@@ -393,8 +393,7 @@ int cmd_demo(int argc, char **argv) {
     attn_ctx_params p;
     attn_ctx_params_init(&p);
     p.isa = ATTN_ISA_REF; // the specification: exact sums, the numbers a reader checks by hand
-    attn_status st = attn_ctx_create(&p, &d.ctx);
-    if (st != ATTN_OK) return cli_fail("demo", NULL, st, "creating a context");
+    if (cli_context("demo", &p, &d.ctx) != 0) return EXIT_FAILURE_RUN;
     printf("attn demo: attention step by step, as in \"Build a Large Language Model (From Scratch)\", ch. 3.\n"
            "Each tensor is printed as PyTorch prints it, under a caption saying how PyTorch makes it.\n\n");
     void (*const steps[])(demo *) = {simple_attention, trainable_weights, linear_causal_dropout, multi_head, torch_mha,
