@@ -97,5 +97,17 @@ for isa in amxbf16 avx512bf16 avx512vnni avx512 avx2; do
         break
     fi
 done
+# An --isa name no build knows: status 2, the message naming it, from every command that takes --isa.
+expect_bad_isa() { # LABEL ARGS...
+    label=$1
+    shift
+    expect 2 "$label --isa sse9" -- $attn "$@" --isa sse9
+    grep -q "isa must be auto, .*not 'sse9'" "$tmp/stderr" ||
+        { echo "FAIL: the message does not name the ISAs and 'sse9'"; failures=$((failures + 1)); }
+}
+expect_bad_isa sdpa sdpa --q $d/q4.npy --k $d/q4.npy --v $d/q4.npy --out $tmp/isa.npy
+expect_bad_isa mha mha --state $d/state.safetensors --heads 2 --query $d/q.npy --out $tmp/isa.npy
+expect_bad_isa bench bench --repeat 1
+expect_bad_isa "bench --op decode" bench --op decode --repeat 1
 if [ "$failures" -ne 0 ]; then echo "$failures failures"; exit 1; fi
 echo "all CLI error checks passed"

@@ -16,6 +16,9 @@ int cli_error(const char *cmd, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
+// attn_isa_from_name(name, isa); for a name it does not know prints "attn CMD: --isa must be
+// <the names>, not 'NAME'" and returns EXIT_USAGE, else 0.
+int cli_isa(const char *cmd, const char *name, attn_isa *isa);
 // "f32", "f16" or "bf16" (false for anything else).
 bool cli_parse_float_dtype(const char *name, attn_dtype *dt); // f32, f16, bf16
 bool cli_parse_kv_dtype(const char *name, attn_dtype *dt);    // those and q8_0, q4_0

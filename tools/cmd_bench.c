@@ -191,7 +191,7 @@ int cmd_bench(int argc, char **argv) {
     const bool mha = strcmp(o.op, "mha") == 0;
     if (!mha && strcmp(o.op, "sdpa") != 0) return cli_error("bench", EXIT_USAGE, "--op must be sdpa or mha");
     attn_isa isa;
-    if (attn_isa_from_name(o.isa, &isa) != ATTN_OK) return cli_error("bench", EXIT_USAGE, "--isa must be " ATTN_ISA_NAMES);
+    if ((rc = cli_isa("bench", o.isa, &isa)) != 0) return rc;
     if (o.Hkv == 0) o.Hkv = o.H;
     if (o.S == 0) o.S = o.L;
     if (o.B < 1 || o.H < 1 || o.Hkv < 1 || o.L < 1 || o.S < 1 || o.D < 1 || o.E < 1 || o.repeat < 1 || o.threads < 1 ||

@@ -146,7 +146,7 @@ int cmd_bench_decode(int argc, char **argv) {
     if (!cli_parse_kv_dtype(dtype_name, &dt))
         return cli_error("bench", EXIT_USAGE, "--kv-dtype must be f32, f16, bf16, q8_0 or q4_0, not '%s'", dtype_name);
     attn_isa isa;
-    if (attn_isa_from_name(isa_name, &isa) != ATTN_OK) return cli_error("bench", EXIT_USAGE, "--isa must be " ATTN_ISA_NAMES);
+    if ((rc = cli_isa("bench", isa_name, &isa)) != 0) return rc;
     if (B < 1 || H < 1 || Hkv < 1 || S < 1 || D < 1 || repeat < 1 || threads < 1 || threads > 4096)
         return cli_error("bench", EXIT_USAGE, "sizes, --threads and --repeat must be >= 1");
     if (H % Hkv != 0) return cli_error("bench", EXIT_USAGE, "--heads must be a multiple of --kv-heads");

@@ -126,8 +126,7 @@ int cmd_mha(int argc, char **argv) {
         return cli_error("mha", EXIT_USAGE, "--dtype must be f32, f16 or bf16, not '%s'", dtype_name);
     attn_ctx_params cp;
     attn_ctx_params_init(&cp);
-    if (attn_isa_from_name(isa_name, &cp.isa) != ATTN_OK)
-        return cli_error("mha", EXIT_USAGE, "--isa must be " ATTN_ISA_NAMES ", not '%s'", isa_name);
+    if ((rc = cli_isa("mha", isa_name, &cp.isa)) != 0) return rc;
 
     attn_ctx *ctx = NULL;
     attn_mha *m = NULL;

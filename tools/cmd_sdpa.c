@@ -147,8 +147,7 @@ int cmd_sdpa(int argc, char **argv) {
     if (all_dtype != NULL) want_kv = want_all;
     attn_ctx_params cp;
     attn_ctx_params_init(&cp);
-    if (attn_isa_from_name(isa_name, &cp.isa) != ATTN_OK)
-        return cli_error("sdpa", EXIT_USAGE, "--isa must be " ATTN_ISA_NAMES ", not '%s'", isa_name);
+    if ((rc = cli_isa("sdpa", isa_name, &cp.isa)) != 0) return rc;
 
     attn_ctx *ctx = NULL;
     attn_tensor q = {0}, k = {0}, v = {0}, mask = {0}, kpm = {0}, dout = {0}, slopes = {0}, sinks = {0};

@@ -46,6 +46,11 @@ int cli_context(const char *cmd, const attn_ctx_params *params, attn_ctx **ctx) 
                      "build (available: auto, %s)", attn_isa_name(params->isa), have);
 }
 
+int cli_isa(const char *cmd, const char *name, attn_isa *isa) {
+    if (attn_isa_from_name(name, isa) == ATTN_OK) return 0;
+    return cli_error(cmd, EXIT_USAGE, "--isa must be " ATTN_ISA_NAMES ", not '%s'", name);
+}
+
 int cli_error(const char *cmd, int code, const char *fmt, ...) {
     va_list ap;
     fprintf(stderr, "attn %s: ", cmd);
