@@ -238,7 +238,8 @@ typedef struct attn_allocator {
  * (the specification: plain loops, one thread, slow); GENERIC the fused kernels in portable C;
  * AVX2 the fused kernels with AVX2 and FMA3; AVX512 with AVX-512F; AVX512_VNNI the AVX512 kernels
  * with the q . k of Q8_0 and Q4_0 decoding on 8-bit dot products (vpdpbusd, AVX512-VNNI with
- * AVX512-BW and VL: CPUs without AVX512-BF16 such as Intel's Cascade Lake and Ice Lake; see
+ * AVX512-BW and VL: CPUs without AVX512-BF16 such as Intel's Cascade Lake and Ice Lake) and a P V of
+ * their own that scales the weights by the block scales instead of the values (see
  * attn_sdpa_desc.kv_dtype); AVX512_BF16 the AVX512_VNNI kernels plus bf16 dot products (vdpbf16ps,
  * AVX512-BF16 and AVX512-BW) for the fused forward and backward of bf16 tensors
  * (attn_sdpa_desc.q_dtype and grad_dtype say how their errors differ); AMX_BF16 the AVX512_BF16
@@ -442,9 +443,9 @@ typedef struct attn_sdpa_desc {
      * so every row is whole blocks: value (b, h, s, t) lies in block o / 32 of the tensor, o =
      * b*stride[0] + h*stride[1] + s*stride[2] + t, at byte (o / 32) * attn_dtype_size(kv_dtype);
      * ATTN_ERR_INVALID_ARG otherwise. Scores are float32 sums of products with the dequantised keys
-     * (q * d, exact); in the weighted sum of the values the AVX2 kernels multiply each weight by
-     * the block's scale d first and then by q (one float32 rounding more per product), the AVX-512
-     * ones each weight by the exact q * d. Against the float32 k and v they were quantised from, a
+     * (q * d, exact); in the weighted sum of the values the AVX2 and AVX512_VNNI decode kernels
+     * multiply each weight by the block's scale d first and then by q (one float32 rounding more per
+     * product), the other AVX-512 ones each weight by the exact q * d. Against the float32 k and v they were quantised from, a
      * row's output differs
      * by at most (exp(2 delta) * (1 + c) - 1) * max|v| + exp(2 delta) * a, plus float32 rounding,
      * with delta = scale * sum_t |q_t| * (c * max|k| + a), max over the row's kv head, and c, a the

@@ -633,8 +633,8 @@ static void test_direct_sdpa(void) {
 
 // The decode kernels of attn_isa_int8_query's ISAs for both block types on queries of integers
 // whose every block holds +-127: int8 holds them exactly, so the kernels differ from the reference
-// only by the weights' bf16 rounding (2^-8; AVX2's float weights: float32 rounding), sharper than
-// the general bound (a 1% error in the weights fails).
+// only by the weights' bf16 rounding (2^-8; the float weights of AVX2 and AVX512_VNNI: float32
+// rounding), sharper than the general bound (a 1% error in the weights fails).
 static void test_exact_query(void) {
     attn_isa isas[16];
     const int n_isa = fused_isas(isas);
@@ -642,10 +642,10 @@ static void test_exact_query(void) {
     int ran = 0;
     for (int ii = 0; ii < n_isa; ii++) {
         if (!attn_isa_int8_query(isas[ii])) continue; // the float kernels: the general bound's test
-        for (int t = 0; t < 2; t++) {
-            const attn_dtype dt = qtypes[t];
+        for (int t = 0; t < 4; t++) { // Dv 96 and 224: the P V kernels' groups of four blocks, whole and not
+            const attn_dtype dt = qtypes[t % 2];
             attn_ctx *ctx = test_ctx(isas[ii], 2);
-            const int64_t B = 1, Hkv = 2, H = 8, D = 128, Dv = 96, S = 777;
+            const int64_t B = 1, Hkv = 2, H = 8, D = 128, Dv = t < 2 ? 96 : 224, S = 777;
             attn_kv_cache *kc = make_cache(ctx, B, Hkv, D, Dv, S, dt);
             float *k = randu(B * Hkv * S * D, 2.0f, &seed), *v = randu(B * Hkv * S * Dv, 1.0f, &seed);
             for (int64_t i = 0; i < B * Hkv * S * Dv; i++) v[i] += 2.0f; // one sign: the output near max|v|
@@ -664,7 +664,7 @@ static void test_exact_query(void) {
             attn_kv_cache_storage(kc, &ks, d.k_stride, &vs, d.v_stride);
             d.n_kv_heads = Hkv, d.len_kv = S;
             char what[64];
-            snprintf(what, sizeof what, "%s %s", attn_dtype_name(dt), attn_isa_name(isas[ii]));
+            snprintf(what, sizeof what, "%s %s Dv=%lld", attn_dtype_name(dt), attn_isa_name(isas[ii]), (long long)Dv);
             assert_block_kernels(what, dt, ctx, &d, q, ks, vs, o, l, 0.0);
             free(k), free(v), free(q), free(o), free(l);
             attn_kv_cache_free(kc);

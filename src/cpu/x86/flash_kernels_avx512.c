@@ -373,7 +373,7 @@ const attn__kernels attn__kernels_avx512vnni = {
     AVX512_ENTRIES,
     .qk_rows_q = attn__qk_rows_q_avx512vnni,
     .prep_q = attn__prep_q_avx512vnni,
-    .pv_rows_q = attn__pv_rows_q_avx512,
+    .pv_rows_q = attn__pv_rows_q_avx512vnni,
 };
 #endif
 

@@ -23,6 +23,8 @@ void attn__dequant_rows_avx512(attn_dtype dt, const void *x, float *y, int64_t n
 void attn__prep_q_avx512vnni(attn_dtype dt, const float *q, int rows, int D, void *out);
 void attn__qk_rows_q_avx512vnni(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const void *q, int rows,
                                 float *s, int64_t s_r, int64_t s_j);
+void attn__pv_rows_q_avx512vnni(attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pt,
+                                int64_t ldp, const float *alpha, int rows, float *o, int64_t ldo);
 void attn__pv_rows_q_avx512bf16(attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pt,
                                 int64_t ldp, const float *alpha, int rows, float *o, int64_t ldo);
 

@@ -29,44 +29,14 @@
 typedef uint32_t pv_weights[2][16];
 
 // The weights of four rows (pp[j * ldp + r]) times each key's block scales for PV_BLOCKS blocks
-// from the row's byte v, rounded to bf16 and paired along the keys (keys past nj weigh 0), four keys
-// at a time: their 16 scales gathered into one vector (Q4_0: the four scales of a group lie in a
-// key's first 64 bytes, one vpermw each; Q8_0: two loads and vpermt2w), converted once, and the
-// four keys' weights transposed to lanes 4r + l so that vcvtne2ps2bf16 pairs adjacent keys.
+// from the row's byte v (block_weights4), rounded to bf16 and paired along the keys (keys past nj
+// weigh 0), four keys at a time: lanes 4r + l, so that vcvtne2ps2bf16 pairs adjacent keys.
 INLINE void pair_weights(const attn_dtype dt, const uint8_t *v, int64_t stride, int nj, const float *pp, int64_t ldp,
                          group_span sp, pv_weights *w) {
-    uint16_t sw[32] = {0}; // word 4l + b: block b's scale word of a key's loads
-    int32_t tr[16], db[4][16];
-    for (int i = 0; i < 16; i++) sw[i] = (uint16_t)(i % 4 * block_bytes(dt) / 2);
-    for (int r = 0; r < 4; r++)
-        for (int l = 0; l < 4; l++) {
-            tr[4 * r + l] = 4 * l + r; // the weights' lanes 4l + r -> 4r + l
-            for (int b = 0; b < 4; b++) db[b][4 * r + l] = 4 * l + b;
-        }
-    const __m512i sidx = _mm512_loadu_si512(sw), tidx = _mm512_loadu_si512(tr);
+    const weight_lanes wl = weight_lanes_of(dt);
     for (int j = 0; j < nj; j += 4) {
-        const int nk = nj - j < 4 ? nj - j : 4;
-        __m512i dw = _mm512_setzero_si512();
-        for (int l = 0; l < nk; l++) {
-            const uint8_t *row = v + (int64_t)(j + l) * stride;
-            const __mmask32 mine = (__mmask32)0xF << (4 * l);
-            if (dt == ATTN_DTYPE_Q4_0)
-                dw = _mm512_mask_permutexvar_epi16(dw, mine, sidx, _mm512_maskz_loadu_epi8(sp.m0, row));
-            else
-                dw = _mm512_mask_mov_epi16(dw, mine, _mm512_permutex2var_epi16(_mm512_maskz_loadu_epi8(sp.m0, row), sidx,
-                                                                               _mm512_maskz_loadu_epi8(sp.m1, row + 64)));
-        }
-        const __m512 d = nan_if_infinite(_mm512_cvtph_ps(_mm512_castsi512_si256(dw))); // lane 4l + b
-        __m512 p; // lane 4l + r: key j + l's weight of row r
-        if (ldp == 4) p = _mm512_maskz_loadu_ps((__mmask16)((1u << (4 * nk)) - 1), pp + (int64_t)j * 4);
-        else {
-            p = _mm512_setzero_ps();
-            for (int l = 0; l < nk; l++)
-                p = _mm512_mask_broadcast_f32x4(p, (__mmask16)(0xFu << (4 * l)), _mm_loadu_ps(pp + (int64_t)(j + l) * ldp));
-        }
-        p = _mm512_permutexvar_ps(tidx, p);
-        __m512 x[4]; // keys past nj: p and d both 0
-        for (int b = 0; b < 4; b++) x[b] = _mm512_mul_ps(p, _mm512_permutexvar_ps(_mm512_loadu_si512(db[b]), d));
+        __m512 x[4];
+        block_weights4(dt, v, stride, j, nj - j < 4 ? nj - j : 4, pp, ldp, sp, &wl, x);
         _mm512_storeu_si512((void *)w[j / 4][0], (__m512i)_mm512_cvtne2ps_pbh(x[1], x[0]));
         _mm512_storeu_si512((void *)w[j / 4][1], (__m512i)_mm512_cvtne2ps_pbh(x[3], x[2]));
     }
@@ -119,15 +89,7 @@ INLINE void pv_pass(const attn_dtype dt, const uint8_t *v, int64_t stride, int n
             }
         }
     }
-    for (int r = 0; r < nr; r++) {
-        float *orow = o + (int64_t)r * ldo + col0;
-        const __m512 a = _mm512_set1_ps(scale_o ? alpha[r] : 1.0f);
-        for (int bb = 0; bb < nbp; bb++)
-            for (int x = 0; x < 2; x++) {
-                float *p = orow + ATTN_QBLOCK * bb + 16 * x;
-                _mm512_storeu_ps(p, _mm512_fmadd_ps(a, _mm512_loadu_ps(p), c[8 * bb + 2 * r + x]));
-            }
-    }
+    add_block_sums(c, nbp, alpha, scale_o, nr, o, ldo, col0);
 }
 
 // quant_pv_rows.h's pv_rows_impl: four rows' weights pp (advancing by ldp a key) and nj <= PV_KEYS keys,

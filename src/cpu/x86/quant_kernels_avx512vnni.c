@@ -30,6 +30,7 @@
 #include "cpu/x86/decode_prefetch.h"
 #include "cpu/x86/quant_groups512.h"
 #include "cpu/x86/quant_kernels.h"
+#include "cpu/x86/quant_pv_rows.h"
 #include "cpu/x86/quant_steps.h"
 #include "cpu/x86/sum512.h"
 #include "half.h"
@@ -192,4 +193,89 @@ INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int
 void attn__qk_rows_q_avx512vnni(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const void *q, int rows,
                                 float *s, int64_t s_r, int64_t s_j) {
     qk_rows_prepared(dt, k, ks_row, nj, D, q, rows, s, s_r, s_j);
+}
+
+// ---- P V of the "avx512vnni" table (float FMAs, the weights scaled instead of the values) ----
+//
+// The AVX-512 table's P V (quant_kernels_avx512.c) multiplies each value block by its scale: a
+// broadcast, a conversion and one or two multiplies per block and key beside the table lookups or
+// conversions of the quants, as many instructions as its eight FMAs with the four rows' weights.
+// Where 512-bit shuffles have one port (Intel's cores), those decide the speed. Here the four rows'
+// weights are multiplied by their keys' block scales first, sixteen products a vector
+// (block_weights4: four keys and four blocks), and each block's values are the quants as floats
+// (Q4_0: n - 8 from a constant 16-entry table; Q8_0: q converted): 4 instructions a block instead of
+// 7-9. The products p d (n - 8) round p d first where the AVX-512 table rounds only d (n - 8) p,
+// which is exact: one more rounding of a product, within attn.h's kv_dtype bound.
+
+typedef float pv_fweights[4][16]; // keys 4g .. 4g + 3: [b][4r + l], key 4g + l's weight of row r times its block b's scale
+
+// The 16 float values of one block's quants from its byte 2 (x): lo for columns 0-15, hi 16-31.
+INLINE void block_values(const attn_dtype dt, const uint8_t *x, __m512 table, __m512 *lo, __m512 *hi) {
+    if (dt == ATTN_DTYPE_Q4_0) { // vpermps reads an index's low 4 bits: the low nibbles need no mask
+        const __m512i n = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)x));
+        *lo = _mm512_permutexvar_ps(n, table);
+        *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(n, 4), table);
+    } else {
+        *lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)x)));
+        *hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(x + 16))));
+    }
+}
+
+// One pass over nj keys for nbp (1 or 2) blocks from block b0 of the group at byte goff of each row:
+// c[8 bb + 2 r + x] sums row r's columns 16x.. of block b0 + bb; then added to o from column col0.
+INLINE void fpv_pass(const attn_dtype dt, const uint8_t *v, int64_t stride, int nj, int64_t goff, int b0, const int nbp,
+                     const pv_fweights *w, __m512 table, const float *alpha, bool scale_o, int nr, bool prefetch,
+                     float *o, int64_t ldo, int col0) {
+    __m512 c[16];
+    for (int x = 0; x < 16; x++) c[x] = _mm512_setzero_ps();
+    const int64_t pf = FLASH_BC * stride;
+    const int bb_bytes = block_bytes(dt);
+    const uint8_t *rx = v + goff + (int64_t)b0 * bb_bytes;
+    for (int j = 0; j < nj; j++, rx += stride) {
+        if (prefetch)
+            _mm_prefetch((const char *)rx + pf, _MM_HINT_T1), _mm_prefetch((const char *)rx + pf + nbp * bb_bytes - 1, _MM_HINT_T1);
+        for (int bb = 0; bb < nbp; bb++) {
+            __m512 lo, hi;
+            block_values(dt, rx + bb * bb_bytes + 2, table, &lo, &hi);
+            const float *wj = w[j / 4][b0 + bb] + j % 4;
+            for (int r = 0; r < 4; r++) {
+                const __m512 wr = _mm512_set1_ps(wj[4 * r]);
+                c[8 * bb + 2 * r] = _mm512_fmadd_ps(wr, lo, c[8 * bb + 2 * r]);
+                c[8 * bb + 2 * r + 1] = _mm512_fmadd_ps(wr, hi, c[8 * bb + 2 * r + 1]);
+            }
+        }
+    }
+    add_block_sums(c, nbp, alpha, scale_o, nr, o, ldo, col0);
+}
+
+// quant_pv_rows.h's pv_rows_impl: four rows' weights pp (advancing by ldp a key) and nj <= PV_KEYS
+// keys, four blocks at a time: their scaled weights, then passes of two blocks (one for an odd last).
+INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pp,
+                         int64_t ldp, const float *alpha, bool scale_o, int nr, bool prefetch, float *o, int64_t ldo) {
+    const int nb = Dv / ATTN_QBLOCK;
+    const int64_t stride = vs_row / ATTN_QBLOCK * block_bytes(dt);
+    const weight_lanes wl = weight_lanes_of(dt);
+    const __m512 table = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    pv_fweights w[(PV_KEYS + 3) / 4] __attribute__((aligned(64)));
+    for (int g0 = 0; g0 < nb; g0 += 4) {
+        const group_span sp = span_of(dt, nb, g0, 4);
+        const int64_t goff = (int64_t)g0 * block_bytes(dt);
+        for (int j = 0; j < nj; j += 4) {
+            __m512 x[4];
+            block_weights4(dt, (const uint8_t *)v + goff, stride, j, nj - j < 4 ? nj - j : 4, pp, ldp, sp, &wl, x);
+            for (int b = 0; b < 4; b++) _mm512_store_ps(w[j / 4][b], x[b]);
+        }
+        for (int b0 = 0; b0 < sp.blocks; b0 += 2) {
+            const int col0 = (g0 + b0) * ATTN_QBLOCK;
+            if (b0 + 1 < sp.blocks)
+                fpv_pass(dt, v, stride, nj, goff, b0, 2, (const pv_fweights *)w, table, alpha, scale_o, nr, prefetch, o, ldo, col0);
+            else
+                fpv_pass(dt, v, stride, nj, goff, b0, 1, (const pv_fweights *)w, table, alpha, scale_o, nr, prefetch, o, ldo, col0);
+        }
+    }
+}
+
+void attn__pv_rows_q_avx512vnni(attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pt,
+                                int64_t ldp, const float *alpha, int rows, float *o, int64_t ldo) {
+    pv_rows_q(dt, v, vs_row, nj, Dv, pt, ldp, alpha, rows, o, ldo);
 }
