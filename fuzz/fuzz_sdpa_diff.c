@@ -100,7 +100,7 @@ static void diff_kv_cache(pair *p) {
     const attn_dtype dt = types[fuzz_data_pick(fd, 5)];
     const int64_t unit = dt == ATTN_DTYPE_Q8_0 || dt == ATTN_DTYPE_Q4_0 ? 32 : 1;
     const int64_t B = fuzz_data_i64_range(fd, 1, 2), Hkv = fuzz_data_i64_range(fd, 1, 3), G = fuzz_data_i64_range(fd, 1, 4);
-    const int64_t D = unit * fuzz_data_i64_range(fd, 1, unit > 1 ? 3 : 40), Dv = unit * fuzz_data_i64_range(fd, 1, unit > 1 ? 3 : 40);
+    const int64_t D = unit * fuzz_data_i64_range(fd, 1, unit > 1 ? 6 : 40), Dv = unit * fuzz_data_i64_range(fd, 1, unit > 1 ? 6 : 40);
     const int64_t cap = fuzz_data_i64_range(fd, 1, 300), H = Hkv * G;
     attn_kv_cache_config c;
     attn_kv_cache_config_init(&c);
