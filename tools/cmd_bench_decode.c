@@ -17,9 +17,10 @@ static const char summary[] =
     "(B, Hkv, S, D) of the given type, filled with standard normal keys and values (q8_0 and q4_0:\n"
     "quantised in blocks of 32 along D, which must be a multiple of 32). Before timing, the result is\n"
     "compared with the scalar reference on the same stored values (--no-check skips it; q8_0 and q4_0\n"
-    "on avx2 and the bf16 ISAs, whose kernels round the query to int8, within attn.h's bound for\n"
-    "that). Prints the median of R steps after one warm-up and the effective bandwidth, the bytes of\n"
-    "K and V the kernels read per step over the median: B*Hkv*S*2*D*bytes(kv-dtype), with 34/32 bytes\n"
+    "on avx2, avx512vnni and the bf16 ISAs, whose kernels round the query to int8, within attn.h's\n"
+    "bound for that). Prints the median of R steps after one warm-up (and the fastest step) and the\n"
+    "effective bandwidth, the bytes of K and V the kernels read per step over the median:\n"
+    "B*Hkv*S*2*D*bytes(kv-dtype), with 34/32 bytes\n"
     "per value for q8_0 and 18/32 for q4_0 (scales included); --json ends the output with one JSON\n"
     "object (median_ms, gbps, ...).\n"
     "Defaults: B=1, H=32, Hkv=8, S=4096, D=128, f32, 1 thread, R=50.";
@@ -206,21 +207,22 @@ int cmd_bench_decode(int argc, char **argv) {
     }
     qsort(times, (size_t)repeat, sizeof(double), cmp_double);
     const double median = repeat % 2 ? times[repeat / 2] : 0.5 * (times[repeat / 2 - 1] + times[repeat / 2]);
+    const double fastest = times[0];
     const double bytes = (double)B * (double)Hkv * (double)S * 2.0 * (double)D * (double)attn_dtype_size(dt) /
                          (double)attn_dtype_block_size(dt);
     const double gbps = bytes / median / 1e9;
-    printf("decode B=%lld H=%lld Hkv=%lld S=%lld D=%lld kv=%s threads=%lld isa=%s: median %.3f ms, %.1f GB/s of K and V "
+    printf("decode B=%lld H=%lld Hkv=%lld S=%lld D=%lld kv=%s threads=%lld isa=%s: median %.3f ms (fastest %.3f), %.1f GB/s of K and V "
            "(%.1f MiB per step)%s\n",
            (long long)B, (long long)H, (long long)Hkv, (long long)S, (long long)D, dtype_name, (long long)threads,
-           attn_isa_name(attn_ctx_isa(ctx)), median * 1e3, gbps, bytes / 1048576.0,
+           attn_isa_name(attn_ctx_isa(ctx)), median * 1e3, fastest * 1e3, gbps, bytes / 1048576.0,
            check_err < 0 ? "" : q_rounded ? "; agrees with the reference within attn.h's bound for the int8 query"
                                           : "; agrees with the reference");
     if (json)
         printf("{\"op\": \"decode\", \"batch\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"len_kv\": %lld, "
                "\"head_dim\": %lld, \"kv_dtype\": \"%s\", \"threads\": %lld, \"isa\": \"%s\", \"repeat\": %lld, "
-               "\"median_ms\": %.4f, \"gbps\": %.2f, \"bytes\": %.0f, \"check_rel_err\": %.3g}\n",
+               "\"median_ms\": %.4f, \"fastest_ms\": %.4f, \"gbps\": %.2f, \"bytes\": %.0f, \"check_rel_err\": %.3g}\n",
                (long long)B, (long long)H, (long long)Hkv, (long long)S, (long long)D, dtype_name, (long long)threads,
-               attn_isa_name(attn_ctx_isa(ctx)), (long long)repeat, median * 1e3, gbps, bytes, check_err);
+               attn_isa_name(attn_ctx_isa(ctx)), (long long)repeat, median * 1e3, fastest * 1e3, gbps, bytes, check_err);
     rc = EXIT_OK;
 done:
     free(q), free(out), free(times);

@@ -1,0 +1,39 @@
+#!/bin/sh
+# `attn bench` on small problems of every kind it times: each run must pass its check against the
+# scalar reference (the bench exits 1 when the kernels disagree), print its one-line summary, and
+# end with a JSON object whose median and fastest times are positive, fastest <= median.
+# usage: bench_smoke.sh ATTN
+attn="$1"
+tmp=$(mktemp -d) || exit 1
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+
+# run LABEL WORDS_EXPECTED_IN_THE_SUMMARY -- ARGS...
+run() {
+    what="$1"
+    want="$2"
+    shift 3
+    if ! "$attn" bench --repeat 3 --threads 2 --json "$@" > "$tmp/out" 2> "$tmp/err"; then
+        echo "FAIL $what: exit status $?"; cat "$tmp/err"; failures=$((failures + 1)); return
+    fi
+    if ! grep -q "$want" "$tmp/out"; then
+        echo "FAIL $what: no '$want' in:"; cat "$tmp/out"; failures=$((failures + 1)); return
+    fi
+    times=$(tail -n 1 "$tmp/out" | sed -n 's/.*"median_ms": \([0-9.e+-]*\), "fastest_ms": \([0-9.e+-]*\),.*/\1 \2/p')
+    if ! echo "$times" | awk '{ exit !(NF == 2 && $1 > 0 && $2 > 0 && $2 <= $1) }'; then
+        echo "FAIL $what: median and fastest not as expected ('$times') in:"; cat "$tmp/out"
+        failures=$((failures + 1)); return
+    fi
+    echo "ok   $what: $(head -n 1 "$tmp/out" | cut -c1-150)"
+}
+
+agrees="agrees with the reference"
+run "sdpa" "$agrees" -- --heads 2 --len-q 40 --len-kv 70 --head-dim 32
+run "sdpa causal GQA" "$agrees" -- --heads 4 --kv-heads 2 --len-q 70 --len-kv 70 --head-dim 64 --causal
+run "sdpa forward+backward" "forward+backward.*$agrees" -- --heads 2 --len-q 50 --len-kv 50 --head-dim 32 --backward
+run "sdpa bf16" "$agrees" -- --heads 2 --len-q 64 --len-kv 64 --head-dim 64 --dtype bf16
+run "mha" "mha F32 B=1 E=64 H=4 L=30" -- --op mha --embed-dim 64 --heads 4 --len-q 30 # (no reference check)
+for kv in f32 f16 bf16 q8_0 q4_0; do
+    run "decode $kv" "kv=$kv.*$agrees" -- --op decode --heads 8 --kv-heads 2 --len-kv 300 --head-dim 64 --kv-dtype $kv
+done
+if [ "$failures" -ne 0 ]; then echo "$failures failures"; exit 1; fi
