@@ -30,13 +30,16 @@ static inline int attn__f32_any_nonfinite(const float *x, int64_t n) {
     return any != 0;
 }
 
+// Without branches (selects), so that a loop of them vectorises: a normal half moves its exponent and
+// mantissa into place and rebiases the exponent (+112); infinity and NaN get exponent 255 (NaN's
+// payload kept); zero and subnormals are man * 2^-24, exact in float; the sign is put back last.
 static inline float attn__f16_to_f32(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-    if (exp == 0x1f) return attn__bits_f32(sign | 0x7f800000u | (man << 13)); // inf, NaN (payload kept)
-    if (exp != 0) return attn__bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
-    // zero or subnormal: man * 2^-24, exact in float
-    const float v = (float)man * 5.9604644775390625e-8f;
-    return sign ? -v : v;
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7fffu;
+    const uint32_t normal = (em << 13) + 0x38000000u, special = (em << 13) | 0x7f800000u;
+    const uint32_t sub = attn__f32_bits((float)(int32_t)em * 5.9604644775390625e-8f);
+    const uint32_t is_special = 0u - (uint32_t)(em >= 0x7c00u), is_sub = 0u - (uint32_t)(em < 0x400u); // all ones or 0
+    const uint32_t big = (special & is_special) | (normal & ~is_special);
+    return attn__bits_f32((sub & is_sub) | (big & ~is_sub) | sign);
 }
 
 static inline uint16_t attn__f32_to_f16(float f) {

@@ -12,6 +12,7 @@
 
 #include "attn.h"
 #include "cpu/cpu.h"
+#include "half.h"
 #include "harness.h"
 #include "test_data.h"
 
@@ -901,9 +902,33 @@ static void test_isa_requests(void) {
         }
 }
 
+// attn__f16_to_f32 (half.h: the reference's, the kernels' and attn_convert's conversion) on all
+// 65536 halves against a model of IEEE binary16 built from their fields: (1024 + man) 2^(exp - 25)
+// for a normal, man 2^-24 for zero and subnormals, infinities, and NaN with its payload in the top
+// of float's mantissa; the same bits, sign included (-0 too).
+static void test_f16_every_value(void) {
+    for (uint32_t h = 0; h < 65536; h++) {
+        const uint32_t exp = (h >> 10) & 31, man = h & 1023;
+        float want;
+        uint32_t want_bits;
+        if (exp == 31) {
+            want_bits = 0x7f800000u | man << 13;
+        } else {
+            want = exp == 0 ? ldexpf((float)man, -24) : ldexpf((float)(1024 + man), (int)exp - 25);
+            memcpy(&want_bits, &want, 4);
+        }
+        want_bits |= (h & 0x8000u) << 16;
+        const float got = attn__f16_to_f32((uint16_t)h);
+        uint32_t got_bits;
+        memcpy(&got_bits, &got, 4);
+        harness_checks++;
+        if (got_bits != want_bits) FAIL("half 0x%04x: 0x%08x, expected 0x%08x", (unsigned)h, (unsigned)got_bits, (unsigned)want_bits);
+    }
+}
+
 int main(int argc, char **argv) {
     static const harness_case cases[] = {
-        HARNESS_CASE(test_isa_requests),
+        HARNESS_CASE(test_isa_requests),        HARNESS_CASE(test_f16_every_value),
         HARNESS_CASE(test_bf16_primitives),
         HARNESS_CASE(test_exp2_error_bound),
         HARNESS_CASE(test_size_grid),

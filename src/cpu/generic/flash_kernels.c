@@ -107,13 +107,63 @@ static void pv_generic(const float *v, int64_t vs_row, int64_t vs_d, int nj, int
     }
 }
 
+#define ROW_CHUNK 256 // values of a key or value row the decode row kernels convert at a time (a multiple of 32)
+#define PARTS 8       // partial sums of a dot product: independent lanes a compiler can vectorise
+
+// Values [off, off + n) of a row of dtype dt (F16, BF16, Q8_0 or Q4_0; the block types: off and n
+// multiples of 32) as floats at y, each converted once for all the query rows.
+static void row_floats(attn_dtype dt, const void *p, int64_t off, int n, float *y) {
+    if (dt == ATTN_DTYPE_Q8_0 || dt == ATTN_DTYPE_Q4_0) {
+        for (int b0 = 0; b0 < n; b0 += ATTN_QBLOCK) {
+            const uint8_t *blk = (const uint8_t *)p + (off + b0) / ATTN_QBLOCK * attn_dtype_size(dt);
+            const float d = attn__qblock_scale(blk);
+            float *o = y + b0;
+            if (dt == ATTN_DTYPE_Q8_0)
+                for (int i = 0; i < ATTN_QBLOCK; i++) o[i] = (float)(int8_t)blk[2 + i] * d;
+            else {
+                for (int i = 0; i < ATTN_QBLOCK / 2; i++) o[i] = (float)((blk[2 + i] & 15) - 8) * d;
+                for (int i = 0; i < ATTN_QBLOCK / 2; i++) o[i + 16] = (float)((blk[2 + i] >> 4) - 8) * d;
+            }
+        }
+    } else if (dt == ATTN_DTYPE_BF16) {
+        const uint16_t *x = (const uint16_t *)p + off;
+        for (int i = 0; i < n; i++) y[i] = attn__bf16_to_f32(x[i]);
+    } else {
+        const uint16_t *x = (const uint16_t *)p + off;
+        for (int i = 0; i < n; i++) y[i] = attn__f16_to_f32(x[i]);
+    }
+}
+
+// s[r s_r + j s_j] = q row r . key row j: each key row converted once (float32 read in place), the
+// products summed in PARTS lanes, then the lanes in order.
 static void qk_rows_generic(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const float *q, int rows,
                             float *s, int64_t s_r, int64_t s_j) {
+    float buf[ROW_CHUNK];
     for (int j = 0; j < nj; j++)
-        for (int r = 0; r < rows; r++) {
-            float acc = 0.0f;
-            for (int d = 0; d < D; d++) acc += q[(int64_t)r * D + d] * attn__kv_at(k, dt, (int64_t)j * ks_row + d);
-            s[(int64_t)r * s_r + (int64_t)j * s_j] = acc;
+        for (int r0 = 0; r0 < rows; r0 += 8) {
+            const int nr = rows - r0 < 8 ? rows - r0 : 8;
+            float part[8][PARTS] = {{0}};
+            for (int c0 = 0; c0 < D; c0 += ROW_CHUNK) {
+                const int n = D - c0 < ROW_CHUNK ? D - c0 : ROW_CHUNK;
+                const float *kf = buf;
+                if (dt == ATTN_DTYPE_F32) kf = (const float *)k + (int64_t)j * ks_row + c0;
+                else row_floats(dt, k, (int64_t)j * ks_row + c0, n, buf);
+                for (int r = 0; r < nr; r++) {
+                    const float *qr = q + (int64_t)(r0 + r) * D + c0;
+                    float a[PARTS]; // in registers across the loop
+                    for (int i = 0; i < PARTS; i++) a[i] = part[r][i];
+                    int d = 0;
+                    for (; d + PARTS <= n; d += PARTS)
+                        for (int i = 0; i < PARTS; i++) a[i] += qr[d + i] * kf[d + i];
+                    for (; d < n; d++) a[d % PARTS] += qr[d] * kf[d];
+                    for (int i = 0; i < PARTS; i++) part[r][i] = a[i];
+                }
+            }
+            for (int r = 0; r < nr; r++) {
+                float acc = 0.0f;
+                for (int i = 0; i < PARTS; i++) acc += part[r][i];
+                s[(int64_t)(r0 + r) * s_r + (int64_t)j * s_j] = acc;
+            }
         }
 }
 
@@ -122,16 +172,26 @@ static void qk_rows_q_generic(attn_dtype dt, const void *k, int64_t ks_row, int 
     qk_rows_generic(dt, k, ks_row, nj, D, q, rows, s, s_r, s_j);
 }
 
+// o row r = alpha[r] o row r + sum_j pt[j ldp + r] v row j: each value row converted once.
 static void pv_rows_generic(attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pt,
                             int64_t ldp, const float *alpha, int rows, float *o, int64_t ldo) {
+    float buf[ROW_CHUNK];
     for (int r = 0; r < rows; r++) {
         float *orow = o + (int64_t)r * ldo;
         for (int e = 0; e < Dv; e++) orow[e] *= alpha[r];
-        for (int j = 0; j < nj; j++) {
-            const float w = pt[(int64_t)j * ldp + r];
-            for (int e = 0; e < Dv; e++) orow[e] += w * attn__kv_at(v, dt, (int64_t)j * vs_row + e);
-        }
     }
+    for (int j = 0; j < nj; j++)
+        for (int c0 = 0; c0 < Dv; c0 += ROW_CHUNK) {
+            const int n = Dv - c0 < ROW_CHUNK ? Dv - c0 : ROW_CHUNK;
+            const float *vf = buf;
+            if (dt == ATTN_DTYPE_F32) vf = (const float *)v + (int64_t)j * vs_row + c0;
+            else row_floats(dt, v, (int64_t)j * vs_row + c0, n, buf);
+            for (int r = 0; r < rows; r++) {
+                const float w = pt[(int64_t)j * ldp + r];
+                float *orow = o + (int64_t)r * ldo + c0;
+                for (int e = 0; e < n; e++) orow[e] += w * vf[e];
+            }
+        }
 }
 
 static void half_to_f32_generic(attn_dtype dt, const uint16_t *x, float *y, int64_t n) {
