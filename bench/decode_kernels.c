@@ -1,0 +1,121 @@
+// decode_kernels.c - the decode row kernels of each kernel table this CPU runs, alone: q . k
+// (qk_rows / qk_rows_q, with prep_q where the table has one), the online softmax and P V (pv_rows /
+// pv_rows_q) on one GQA group's four query rows against tiles of FLASH_BC keys that stay in L2 (16
+// tiles of keys and values, walked in turn), so that the figures are the kernels' instruction cost
+// without the wait for memory that a decoding step over a long cache adds. Reports nanoseconds per
+// key (and kv head) for each kernel, the fastest of many passes, for the cache types f16, q8_0 and
+// q4_0 at D = Dv = 128 (or the head dim given). A decoding step of `attn bench --op decode` costs at
+// least the sum per key and kv head, times the keys and kv heads, over the threads.
+//
+// Build against the static library of a build directory (the kernel tables are internal):
+//   cc -O2 -Iinclude -Isrc bench/decode_kernels.c build/libattn.a -lm -lpthread -o decode_kernels
+//   ./decode_kernels [D]
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "attn.h"
+#include "cpu/cpu.h"
+#include "cpu/flash.h"
+
+#define ROWS 4    // a GQA group of four query heads, one query each
+#define TILES 16  // key tiles walked in turn (in L2 for D = 128 and the types below)
+#define PASSES 400
+
+static double now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
+}
+
+typedef struct bufs {
+    void *k, *v;          // TILES * FLASH_BC rows of D values of the type
+    size_t row_bytes;
+    float q[ROWS * 1024]; // (ROWS, D)
+    float st[FLASH_BC * ROWS], m[ROWS], l[ROWS], alpha[ROWS], o[ROWS * 1024];
+    void *prep;
+} bufs;
+
+// Random rows of type dt: standard-normal-ish values converted by attn_convert.
+static int fill(attn_dtype dt, int64_t n, void **out) {
+    float *x = malloc((size_t)n * sizeof(float));
+    *out = aligned_alloc(64, ((size_t)n * attn_dtype_size(dt) / (size_t)attn_dtype_block_size(dt) + 63) / 64 * 64);
+    if (x == NULL || *out == NULL) return -1;
+    uint32_t s = 12345;
+    for (int64_t i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        x[i] = ((float)(s >> 8) / 16777216.0f - 0.5f) * 3.0f;
+    }
+    const attn_status st = attn_convert(dt, *out, ATTN_DTYPE_F32, x, n);
+    free(x);
+    return st == ATTN_OK ? 0 : -1;
+}
+
+// One kernel's time per key, the fastest pass over the TILES tiles (ns).
+enum { QK, SOFTMAX, PV, N_KERNELS };
+
+static void run(const attn__kernels *kn, attn_dtype dt, int D, bufs *b, int which) {
+    const bool quant = dt == ATTN_DTYPE_Q8_0 || dt == ATTN_DTYPE_Q4_0;
+    for (int t = 0; t < TILES; t++) {
+        const char *kt = (const char *)b->k + (size_t)t * FLASH_BC * b->row_bytes;
+        const char *vt = (const char *)b->v + (size_t)t * FLASH_BC * b->row_bytes;
+        if (which == QK) {
+            if (quant) kn->qk_rows_q(dt, kt, D, FLASH_BC, D, kn->prep_q != NULL ? b->prep : (void *)b->q, ROWS, b->st, 1, ROWS);
+            else kn->qk_rows(dt, kt, D, FLASH_BC, D, b->q, ROWS, b->st, 1, ROWS);
+        } else if (which == SOFTMAX) {
+            for (int r = 0; r < ROWS; r++) b->m[r] = 4.0f; // the weights stay below 1, as after a first tile
+            kn->softmax(b->st, FLASH_BC, ROWS, b->m, b->l, b->alpha);
+        } else {
+            (quant ? kn->pv_rows_q : kn->pv_rows)(dt, vt, D, FLASH_BC, D, b->st, ROWS, b->alpha, ROWS, b->o, D);
+        }
+    }
+}
+
+int main(int argc, char **argv) {
+    const int D = argc > 1 ? atoi(argv[1]) : 128;
+    if (D < 32 || D > 1024 || D % 32 != 0) {
+        fprintf(stderr, "usage: %s [D]   (D a multiple of 32, at most 1024)\n", argv[0]);
+        return 2;
+    }
+    static const attn_isa isas[] = {ATTN_ISA_GENERIC, ATTN_ISA_AVX2, ATTN_ISA_AVX512, ATTN_ISA_AVX512_VNNI,
+                                    ATTN_ISA_AVX512_BF16, ATTN_ISA_AMX_BF16};
+    static const attn_dtype types[] = {ATTN_DTYPE_F16, ATTN_DTYPE_Q8_0, ATTN_DTYPE_Q4_0};
+    printf("decode row kernels, %d query rows, D = Dv = %d, %d tiles of %d keys in turn, ns per key (fastest of %d)\n",
+           ROWS, D, TILES, FLASH_BC, PASSES);
+    printf("%-12s %-5s %8s %8s %8s %8s\n", "isa", "kv", "q.k", "softmax", "P V", "sum");
+    bufs *b = aligned_alloc(64, (sizeof(bufs) + 63) / 64 * 64);
+    if (b == NULL) return 1;
+    memset(b, 0, sizeof *b);
+    b->prep = aligned_alloc(64, (ATTN_QPREP_BYTES(ROWS, D) + 63) / 64 * 64);
+    for (int i = 0; i < ROWS * D; i++) b->q[i] = 0.02f * (float)((i * 37) % 101 - 50);
+    for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
+        bool ok = true;
+        const attn__kernels *kn = attn__kernels_for(isas[ii], &ok);
+        if (!ok || kn == NULL) continue;
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+            const attn_dtype dt = types[ti];
+            const int64_t n = (int64_t)TILES * FLASH_BC * D;
+            if (fill(dt, n, &b->k) != 0 || fill(dt, n, &b->v) != 0) return 1;
+            b->row_bytes = (size_t)D * attn_dtype_size(dt) / (size_t)attn_dtype_block_size(dt);
+            if (kn->prep_q != NULL) kn->prep_q(dt, b->q, ROWS, D, b->prep);
+            double best[N_KERNELS] = {1e30, 1e30, 1e30};
+            for (int p = 0; p < PASSES; p++)
+                for (int w = 0; w < N_KERNELS; w++) {
+                    const double t0 = now_ns();
+                    run(kn, dt, D, b, w);
+                    const double t = (now_ns() - t0) / (TILES * FLASH_BC);
+                    if (t < best[w]) best[w] = t;
+                }
+            printf("%-12s %-5s %8.2f %8.2f %8.2f %8.2f\n", attn_isa_name(isas[ii]), ti == 0 ? "f16" : ti == 1 ? "q8_0" : "q4_0",
+                   best[QK], best[SOFTMAX], best[PV], best[QK] + best[SOFTMAX] + best[PV]);
+            free(b->k), free(b->v);
+        }
+    }
+    printf("(sink %g)\n", (double)b->o[1] + (double)b->st[3]);
+    free(b->prep), free(b);
+    return 0;
+}
