@@ -21,12 +21,16 @@
 #define EXP2_C5 0.0013398875016719103f
 #define EXP2_C6 0.00015353360504377633f
 
-float attn__exp2f(float x) {
-    if (isnan(x)) return x;
-    if (x > 128.0f) return INFINITY;
-    if (x < -127.0f) x = -127.0f;
-    float n = rintf(x);
-    float f = x - n; // exact
+// Written with selects instead of branches, so that loops of it vectorise: the clamped argument
+// (NaN read as 0 for the integer part) rounded to nearest even by adding and subtracting 1.5 * 2^23
+// (exact for |x| <= 2^22; the same as rintf), then infinity above 128 and NaN put back. Gives the
+// same bits as the branching form for every float.
+static inline float exp2_lanes(float x) {
+    float c = x < -127.0f ? -127.0f : x;
+    c = c > 128.0f ? 128.0f : c;
+    c = c == c ? c : 0.0f;
+    const float n = (c + 12582912.0f) - 12582912.0f;
+    const float f = c - n; // exact
     float p = EXP2_C6;
     p = p * f + EXP2_C5;
     p = p * f + EXP2_C4;
@@ -34,16 +38,20 @@ float attn__exp2f(float x) {
     p = p * f + EXP2_C2;
     p = p * f + EXP2_C1;
     p = p * f + 1.0f;
-    int e = (int)n + 127; // 0 .. 255; 0 makes the scale (and the result) zero
+    const int32_t e = (int32_t)n + 127; // 0 .. 255; 0 makes the scale (and the result) zero
     union {
         uint32_t u;
         float f;
     } scale = {.u = (uint32_t)(e < 255 ? e : 254) << 23};
-    return e == 255 ? p * scale.f * 2.0f : p * scale.f;
+    const float r = p * scale.f, r2 = r * 2.0f; // both computed: selects, not branches
+    const float big = e == 255 ? r2 : r, capped = x > 128.0f ? INFINITY : big;
+    return x == x ? capped : x;
 }
 
+float attn__exp2f(float x) { return exp2_lanes(x); }
+
 static void exp2_generic(const float *x, float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] = attn__exp2f(x[i]);
+    for (int64_t i = 0; i < n; i++) y[i] = exp2_lanes(x[i]);
 }
 
 static void gemm_generic(const float *A, int64_t a_rs, int64_t a_cs, int M, int K, const float *B, int64_t ldb, int N,
@@ -65,7 +73,8 @@ static void bwd_p_generic(float *st, int nj, int br, const float *lse2) {
     for (int j = 0; j < nj; j++)
         for (int i = 0; i < br; i++) {
             const float base = lse2[i] == -INFINITY ? 0.0f : lse2[i], x = st[(int64_t)j * br + i];
-            st[(int64_t)j * br + i] = x == -INFINITY ? 0.0f : attn__exp2f(x - base); // hidden: 0 whatever lse2 is
+            const float e = exp2_lanes(x - base);
+            st[(int64_t)j * br + i] = x == -INFINITY ? 0.0f : e; // hidden: 0 whatever lse2 is
         }
 }
 
@@ -77,20 +86,33 @@ static void bwd_ds_generic(const float *pt, float *dst, int nj, int br, const fl
         }
 }
 
+// The rows' columns a chunk at a time, keys outer and columns inner, so that the 2^x and the sums run
+// along contiguous columns (the same operations in the same order per column as one column at a
+// time). The running max ignores NaN scores as fmaxf does.
+#define SOFTMAX_COLS 64
 static void softmax_generic(float *st, int nj, int br, float *m, float *l, float *alpha) {
-    for (int i = 0; i < br; i++) {
-        float mx = m[i];
-        for (int j = 0; j < nj; j++) mx = fmaxf(mx, st[(int64_t)j * br + i]);
-        const float base = mx == -INFINITY ? 0.0f : mx; // a column with nothing visible yet
-        alpha[i] = attn__exp2f(m[i] - base);
-        float sum = 0.0f;
+    for (int i0 = 0; i0 < br; i0 += SOFTMAX_COLS) {
+        const int nc = br - i0 < SOFTMAX_COLS ? br - i0 : SOFTMAX_COLS;
+        float mx[SOFTMAX_COLS], base[SOFTMAX_COLS], sum[SOFTMAX_COLS];
+        for (int i = 0; i < nc; i++) mx[i] = m[i0 + i];
         for (int j = 0; j < nj; j++) {
-            float e = attn__exp2f(st[(int64_t)j * br + i] - base);
-            st[(int64_t)j * br + i] = e;
-            sum += e;
+            const float *row = st + (int64_t)j * br + i0;
+            for (int i = 0; i < nc; i++) mx[i] = row[i] > mx[i] || mx[i] != mx[i] ? row[i] : mx[i];
         }
-        l[i] = alpha[i] * l[i] + sum;
-        m[i] = mx;
+        for (int i = 0; i < nc; i++) {
+            base[i] = mx[i] == -INFINITY ? 0.0f : mx[i]; // a column with nothing visible yet
+            alpha[i0 + i] = exp2_lanes(m[i0 + i] - base[i]);
+            sum[i] = 0.0f;
+        }
+        for (int j = 0; j < nj; j++) {
+            float *row = st + (int64_t)j * br + i0;
+            for (int i = 0; i < nc; i++) {
+                const float e = exp2_lanes(row[i] - base[i]);
+                row[i] = e;
+                sum[i] += e;
+            }
+        }
+        for (int i = 0; i < nc; i++) l[i0 + i] = alpha[i0 + i] * l[i0 + i] + sum[i], m[i0 + i] = mx[i];
     }
 }
 
