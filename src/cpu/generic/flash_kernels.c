@@ -156,6 +156,13 @@ static void row_floats(attn_dtype dt, const void *p, int64_t off, int n, float *
     }
 }
 
+// Values [off, off + n) of a row of dtype dt as floats: in place for F32, else converted into buf.
+static const float *row_chunk(attn_dtype dt, const void *p, int64_t off, int n, float *buf) {
+    if (dt == ATTN_DTYPE_F32) return (const float *)p + off;
+    row_floats(dt, p, off, n, buf);
+    return buf;
+}
+
 // s[r s_r + j s_j] = q row r . key row j: each key row converted once (float32 read in place), the
 // products summed in PARTS lanes, then the lanes in order.
 static void qk_rows_generic(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const float *q, int rows,
@@ -167,9 +174,7 @@ static void qk_rows_generic(attn_dtype dt, const void *k, int64_t ks_row, int nj
             float part[8][PARTS] = {{0}};
             for (int c0 = 0; c0 < D; c0 += ROW_CHUNK) {
                 const int n = D - c0 < ROW_CHUNK ? D - c0 : ROW_CHUNK;
-                const float *kf = buf;
-                if (dt == ATTN_DTYPE_F32) kf = (const float *)k + (int64_t)j * ks_row + c0;
-                else row_floats(dt, k, (int64_t)j * ks_row + c0, n, buf);
+                const float *kf = row_chunk(dt, k, (int64_t)j * ks_row + c0, n, buf);
                 for (int r = 0; r < nr; r++) {
                     const float *qr = q + (int64_t)(r0 + r) * D + c0;
                     float a[PARTS]; // in registers across the loop
@@ -205,9 +210,7 @@ static void pv_rows_generic(attn_dtype dt, const void *v, int64_t vs_row, int nj
     for (int j = 0; j < nj; j++)
         for (int c0 = 0; c0 < Dv; c0 += ROW_CHUNK) {
             const int n = Dv - c0 < ROW_CHUNK ? Dv - c0 : ROW_CHUNK;
-            const float *vf = buf;
-            if (dt == ATTN_DTYPE_F32) vf = (const float *)v + (int64_t)j * vs_row + c0;
-            else row_floats(dt, v, (int64_t)j * vs_row + c0, n, buf);
+            const float *vf = row_chunk(dt, v, (int64_t)j * vs_row + c0, n, buf);
             for (int r = 0; r < rows; r++) {
                 const float w = pt[(int64_t)j * ldp + r];
                 float *orow = o + (int64_t)r * ldo + c0;
