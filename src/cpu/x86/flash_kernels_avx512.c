@@ -365,8 +365,9 @@ const attn__kernels attn__kernels_avx512 = {
 
 #if defined(ATTN_HAVE_AVX512VNNI)
 // The AVX-512 table with the q.k of its Q8_0 and Q4_0 decode kernels on AVX512-VNNI's 8-bit dot
-// products (quant_kernels_avx512vnni.c; P V stays the float kernel's): for CPUs with AVX512-VNNI
-// and without AVX512-BF16 (Intel's Cascade Lake, Ice Lake, Tiger Lake, Rocket Lake).
+// products and a P V of their own, the weights times the block scales (quant_kernels_avx512vnni.c):
+// for CPUs with AVX512-VNNI and without AVX512-BF16 (Intel's Cascade Lake, Ice Lake, Tiger Lake,
+// Rocket Lake).
 const attn__kernels attn__kernels_avx512vnni = {
     .name = "avx512vnni",
     .isa = ATTN_ISA_AVX512_VNNI,

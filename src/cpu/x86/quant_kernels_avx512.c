@@ -1,7 +1,7 @@
 // quant_kernels_avx512.c - the decode row kernels of cpu.h (qk_rows_q, pv_rows_q, dequant_rows) for
 // Q8_0 and Q4_0 keys and values with AVX-512F and F16C (16 floats a register; compiled with those
 // flags for this file only), in the AVX-512 table (and as the float path of the others: the
-// "avx512vnni" table takes its P V, the bf16 tables a float query's q.k). The
+// "avx512vnni" and bf16 tables take its q.k for a query holding a NaN or an infinity). The
 // arithmetic of quant_kernels_avx2.c's float kernels at twice the width, with the 32 registers
 // used for more keys a pass:
 //  - a block's 32 quants are two vectors of 16, times the block's scale d (load_block_scaled). Q8_0:

@@ -1,8 +1,8 @@
 // quant_kernels_avx512vnni.c - the q.k of the decode row kernels of cpu.h for Q8_0 and Q4_0 keys
-// (prep_q, qk_rows_q) on AVX512-VNNI's vpdpbusd, for the tables "avx512vnni" (whose P V is the float
-// kernel's, quant_kernels_avx512.c) and "avx512bf16" / "amxbf16" (P V on vdpbf16ps,
-// quant_kernels_avx512bf16.c). Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni for this
-// file only.
+// (prep_q, qk_rows_q) on AVX512-VNNI's vpdpbusd, for the tables "avx512vnni" and "avx512bf16" /
+// "amxbf16" (whose P V is on vdpbf16ps, quant_kernels_avx512bf16.c), and the float P V of the
+// "avx512vnni" table (pv_rows_q, at the end). Compiled with -mavx512f -mavx512bw -mavx512vl
+// -mavx512vnni for this file only.
 //
 // A float32 kernel spends 7 instructions dequantising a block for its 8 FMAs with the four query
 // rows of a GQA group (quant_kernels_avx512.c); here prep_q rounds each query row to int8 per block
