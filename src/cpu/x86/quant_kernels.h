@@ -1,8 +1,7 @@
 // quant_kernels.h - the Q8_0 / Q4_0 row kernels (signatures of cpu.h's qk_rows_q, pv_rows_q,
 // dequant_rows and prep_q) of quant_kernels_avx2.c (the AVX2 table), quant_kernels_avx512.c (the
-// AVX-512 tables), quant_kernels_avx512vnni.c (the q.k of "avx512vnni" and of the two bf16 tables, the P V of
-// "avx512vnni")
-// and quant_kernels_avx512bf16.c (the P V of the two bf16 tables).
+// AVX-512 tables), quant_kernels_avx512vnni.c (the q.k of "avx512vnni" and of the two bf16 tables,
+// the P V of "avx512vnni") and quant_kernels_avx512bf16.c (the P V of the two bf16 tables).
 #ifndef ATTN_CPU_X86_QUANT_KERNELS_H
 #define ATTN_CPU_X86_QUANT_KERNELS_H
 
