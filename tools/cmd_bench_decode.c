@@ -20,9 +20,8 @@ static const char summary[] =
     "on avx2, avx512vnni and the bf16 ISAs, whose kernels round the query to int8, within attn.h's\n"
     "bound for that). Prints the median of R steps after one warm-up (and the fastest step) and the\n"
     "effective bandwidth, the bytes of K and V the kernels read per step over the median:\n"
-    "B*Hkv*S*2*D*bytes(kv-dtype), with 34/32 bytes\n"
-    "per value for q8_0 and 18/32 for q4_0 (scales included); --json ends the output with one JSON\n"
-    "object (median_ms, gbps, ...).\n"
+    "B*Hkv*S*2*D*bytes(kv-dtype), with 34/32 bytes per value for q8_0 and 18/32 for q4_0 (scales\n"
+    "included); --json ends the output with one JSON object (median_ms, fastest_ms, gbps, ...).\n"
     "Defaults: B=1, H=32, Hkv=8, S=4096, D=128, f32, 1 thread, R=50.";
 
 static double now(void) {

@@ -132,34 +132,21 @@ static void pv_generic(const float *v, int64_t vs_row, int64_t vs_d, int nj, int
 #define ROW_CHUNK 256 // values of a key or value row the decode row kernels convert at a time (a multiple of 32)
 #define PARTS 8       // partial sums of a dot product: independent lanes a compiler can vectorise
 
-// Values [off, off + n) of a row of dtype dt (F16, BF16, Q8_0 or Q4_0; the block types: off and n
-// multiples of 32) as floats at y, each converted once for all the query rows.
-static void row_floats(attn_dtype dt, const void *p, int64_t off, int n, float *y) {
-    if (dt == ATTN_DTYPE_Q8_0 || dt == ATTN_DTYPE_Q4_0) {
-        for (int b0 = 0; b0 < n; b0 += ATTN_QBLOCK) {
-            const uint8_t *blk = (const uint8_t *)p + (off + b0) / ATTN_QBLOCK * attn_dtype_size(dt);
-            const float d = attn__qblock_scale(blk);
-            float *o = y + b0;
-            if (dt == ATTN_DTYPE_Q8_0)
-                for (int i = 0; i < ATTN_QBLOCK; i++) o[i] = (float)(int8_t)blk[2 + i] * d;
-            else {
-                for (int i = 0; i < ATTN_QBLOCK / 2; i++) o[i] = (float)((blk[2 + i] & 15) - 8) * d;
-                for (int i = 0; i < ATTN_QBLOCK / 2; i++) o[i + 16] = (float)((blk[2 + i] >> 4) - 8) * d;
-            }
-        }
-    } else if (dt == ATTN_DTYPE_BF16) {
-        const uint16_t *x = (const uint16_t *)p + off;
-        for (int i = 0; i < n; i++) y[i] = attn__bf16_to_f32(x[i]);
-    } else {
-        const uint16_t *x = (const uint16_t *)p + off;
-        for (int i = 0; i < n; i++) y[i] = attn__f16_to_f32(x[i]);
-    }
+static void half_to_f32_generic(attn_dtype dt, const uint16_t *x, float *y, int64_t n) {
+    if (dt == ATTN_DTYPE_F16)
+        for (int64_t i = 0; i < n; i++) y[i] = attn__f16_to_f32(x[i]);
+    else
+        for (int64_t i = 0; i < n; i++) y[i] = attn__bf16_to_f32(x[i]);
 }
 
-// Values [off, off + n) of a row of dtype dt as floats: in place for F32, else converted into buf.
+// Values [off, off + n) of a row of dtype dt as floats, each converted once for all the query rows:
+// in place for F32, else into buf (the block types: off and n multiples of 32, attn__dequantize).
 static const float *row_chunk(attn_dtype dt, const void *p, int64_t off, int n, float *buf) {
     if (dt == ATTN_DTYPE_F32) return (const float *)p + off;
-    row_floats(dt, p, off, n, buf);
+    if (dt == ATTN_DTYPE_Q8_0 || dt == ATTN_DTYPE_Q4_0)
+        attn__dequantize(dt, (const uint8_t *)p + off / ATTN_QBLOCK * attn_dtype_size(dt), buf, n);
+    else
+        half_to_f32_generic(dt, (const uint16_t *)p + off, buf, n);
     return buf;
 }
 
@@ -217,13 +204,6 @@ static void pv_rows_generic(attn_dtype dt, const void *v, int64_t vs_row, int nj
                 for (int e = 0; e < n; e++) orow[e] += w * vf[e];
             }
         }
-}
-
-static void half_to_f32_generic(attn_dtype dt, const uint16_t *x, float *y, int64_t n) {
-    if (dt == ATTN_DTYPE_F16)
-        for (int64_t i = 0; i < n; i++) y[i] = attn__f16_to_f32(x[i]);
-    else
-        for (int64_t i = 0; i < n; i++) y[i] = attn__bf16_to_f32(x[i]);
 }
 
 static void philox_lanes_generic(uint32_t c0, int64_t i0, uint32_t c2, uint32_t c3, uint64_t seed,
