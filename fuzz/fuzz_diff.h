@@ -55,6 +55,17 @@ static inline int fuzz_int8_weights(const attn_ctx *ctx, attn_dtype kv_dtype) {
     return fuzz_on_int8_query(ctx, kv_dtype) && attn_isa_bf16_dot(attn_ctx_isa(ctx));
 }
 
+/* Whether those kernels round the weights of P V to int16 instead (AVX512_VNNI), and attn.h's f of
+ * that rounding for S keys whose value blocks' largest finite scale magnitude is dmax:
+ * Q (2^-9 dmax + S 2^-125), Q = 128 for Q8_0 and 8 for Q4_0. */
+static inline int fuzz_int16_weights(const attn_ctx *ctx, attn_dtype kv_dtype) {
+    return fuzz_on_int8_query(ctx, kv_dtype) && attn_ctx_isa(ctx) == ATTN_ISA_AVX512_VNNI;
+}
+
+static inline double fuzz_int16_term(attn_dtype kv_dtype, double dmax, int64_t S) {
+    return (kv_dtype == ATTN_DTYPE_Q8_0 ? 128.0 : 8.0) * (0x1p-9 * dmax + (double)S * 0x1p-125);
+}
+
 /* attn.h's delta_q of a query row (n values at stride st, scale applied to it) against keys of
  * largest magnitude kmax: the int8 rounding's score error, 0 beyond the int8 block kernels. */
 static inline double fuzz_int8_delta(int i8dot, const float *qr, int64_t n, int64_t st, double scale, double kmax) {

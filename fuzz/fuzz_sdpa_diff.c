@@ -68,6 +68,22 @@ static double finite_max_stored(attn_dtype dt, const void *x, int64_t rows, int6
     return m;
 }
 
+/* The largest finite block scale magnitude |d| among the first S rows of each of the `rows` rows
+ * (as finite_max_stored). */
+static double finite_scale_max(attn_dtype dt, const void *x, int64_t rows, int64_t cap, int64_t width, int64_t S) {
+    const size_t bsize = attn_dtype_size(dt);
+    double m = 0.0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t e = 0; e < S * width; e += 32) {
+            const uint8_t *b = (const uint8_t *)x + (size_t)((r * cap * width + e) / 32) * bsize;
+            uint16_t h = (uint16_t)(b[0] | b[1] << 8);
+            float f;
+            FUZZ_CHECK(attn_convert(ATTN_DTYPE_F32, &f, ATTN_DTYPE_F16, &h, 1) == ATTN_OK, "attn_convert");
+            if (isfinite(f)) m = fmax(m, fabs((double)f));
+        }
+    return m;
+}
+
 static double overwrite_blocks(pair *p, attn_kv_cache *const kc[3], attn_dtype dt, int64_t rows, int64_t cap,
                          int64_t D, int64_t Dv, int64_t S) {
     if (fuzz_rng_below(&p->rng, 4) != 0) return 0.0;
@@ -168,6 +184,7 @@ static void diff_kv_cache(pair *p) {
                 dq = ((double)D * max_abs(q, B * H * L * D) / sqrt((double)D) * (1.0 / 254 + 0x1p-20) + 0x1p-96 * (double)D) * kf;
                 const int w8 = fuzz_int8_weights(p->ctx[0], dt);
                 wq = vf * (expm1(2.0 * dq) + (w8 ? 0x1p-8 * exp(2.0 * dq) : 0.0)) + (w8 ? (double)S * 0x1p-122 : 0.0);
+                if (fuzz_int16_weights(p->ctx[0], dt)) wq += fuzz_int16_term(dt, finite_scale_max(dt, vs, B * Hkv, cap, Dv, S), S);
             }
             loose_nonfinite = true; /* specials: the flush of tiny weights may differ (see above) */
             const tol t = {REL_TOL + 4.0 * ds, ABS_TOL * (1.0 + mk) + mk * (3.0 * ds + 4.0 * (double)(S + 8) * U) + wq};
@@ -592,7 +609,9 @@ static float *dequantise(attn_dtype dt, const uint8_t *x, int64_t n) {
  * and on the bf16 dot products (attn_isa_bf16_dot, bf16 q, k and v, even D) 2^-8 more beside
  * 2^-16, 2^-126 scale sum_t |q_t| + 2^-125 D max_j |k_j|_inf more in delta and S 2^-125 more in all;
  * with Q8_0 and Q4_0 on the int8 ISAs (fuzz_on_int8_query: the query rounded to int8) attn.h's delta_q more in
- * delta, and on the bf16 ones (fuzz_int8_weights) 2^-8 exp(2 delta) beside 2^-16 and S 2^-122 more in all.
+ * delta, and on the bf16 ones (fuzz_int8_weights) 2^-8 exp(2 delta) beside 2^-16 and S 2^-122 more in all,
+ * on AVX512_VNNI (fuzz_int16_weights) Q (2^-9 m_d + S 2^-125) more in all (m_d: the value blocks'
+ * largest finite scale).
  * Rows that see a NaN or infinite key or value (a NaN or infinite scale makes its block's values
  * NaN or +-inf: q * d), or whose q holds one, must be non-finite in the same places on both sides
  * (unless the scores span more than the flush of tiny weights, see loose_nonfinite); rows that see
@@ -674,7 +693,11 @@ static void diff_sdpa_raw(pair *p) {
     const int i8dot = fuzz_on_int8_query(p->ctx[0], d.kv_dtype); /* the query rounded to int8 */
     const int i8w = fuzz_int8_weights(p->ctx[0], d.kv_dtype);    /* and the weights to bf16 */
     const double eps = dot ? 0x1p-8 + 0x1p-16 : 0x1p-16,
-                 flushed = dot ? (double)S * 0x1p-125 : i8w ? (double)S * 0x1p-122 : 0.0;
+                 flushed = dot ? (double)S * 0x1p-125 : i8w ? (double)S * 0x1p-122 : 0.0,
+                 /* and on AVX512_VNNI to int16 (the largest finite scale of all the value blocks) */
+                 i16 = fuzz_int16_weights(p->ctx[0], d.kv_dtype)
+                           ? fuzz_int16_term(d.kv_dtype, finite_scale_max(d.kv_dtype, vraw, 1, nv / Dv, Dv, nv / Dv), S)
+                           : 0.0;
     const double scale = d.scale != 0.0f ? fabs((double)d.scale) : 1.0 / sqrt((double)D);
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++) {
@@ -709,7 +732,7 @@ static void diff_sdpa_raw(pair *p) {
                 const bool in_range = scale * qsum * kmax < (double)FLT_MAX / 16.0 && vmax * (double)S < (double)FLT_MAX / 16.0 &&
                                       scale * qmax <= (double)FLT_MAX / 4.0;
                 /* attn.h's bound on |kernels - reference| for an output of size |r|: 2 u_o |r| + spread */
-                const double spread = t_o + (expm1(2.0 * delta) + eps + u_w) * vmax + flushed;
+                const double spread = t_o + (expm1(2.0 * delta) + eps + u_w) * vmax + flushed + i16;
                 for (int64_t e = 0; e < Dv; e++) {
                     const int64_t o = b * d.o_stride[0] + h * d.o_stride[1] + i * d.o_stride[2] + e;
                     const float a = out[0][o], r = out[1][o];

@@ -328,6 +328,25 @@ static bool q_rounds(const attn_ctx *ctx, const attn_sdpa_desc *d) {
 // attn.h's u of those kernels' weights: 2^-8 where they are rounded to bf16 (the bf16 ISAs), else 0.
 static double weights_u(const attn_ctx *ctx) { return attn_isa_bf16_dot(attn_ctx_isa(ctx)) ? ldexp(1, -8) : 0.0; }
 
+// attn.h's f of those kernels: S 2^-122 on the bf16 ISAs (the flush of tiny weights), Q (2^-9 m_d +
+// S 2^-125) on AVX512_VNNI (the weights rounded to int16: m_d the values' largest block scale, dmax,
+// Q = 128 for Q8_0 and 8 for Q4_0), 0 on AVX2.
+static double weights_f(const attn_ctx *ctx, attn_dtype dt, double dmax, int64_t S) {
+    if (attn_isa_bf16_dot(attn_ctx_isa(ctx))) return (double)S * ldexp(1, -122);
+    if (attn_ctx_isa(ctx) != ATTN_ISA_AVX512_VNNI) return 0.0;
+    return (dt == ATTN_DTYPE_Q8_0 ? 128.0 : 8.0) * (ldexp(1, -9) * dmax + (double)S * ldexp(1, -125));
+}
+
+// The largest |d| of the blocks of a tensor of type dt (block scales), n values from element off.
+static double stored_scale_max(attn_dtype dt, const void *p, int64_t off, int64_t n) {
+    double m = 0.0;
+    for (int64_t e = off; e < off + n; e += QK) {
+        const uint8_t *y = (const uint8_t *)p + (size_t)(e / QK) * attn_dtype_size(dt);
+        m = fmax(m, fabs(model_f16_value((uint16_t)(y[0] | y[1] << 8))));
+    }
+    return m;
+}
+
 // A model of that rounding: q times scale * log2(e) in float (the kernels' scaled query), each
 // block of 32 rounded to int8 with d = max / 127 (nearest even; a block below 2^-96 to 0), and
 // back to q's units: what the reference gives on it, the kernels give up to the weights' rounding.
@@ -346,7 +365,7 @@ static void model_rounded_query(const float *q, int64_t n, int64_t D, float scal
 // and n_kv_heads) against the reference: o and lse (lse may be NULL) of every row, with float32
 // rounding's 2e-6 + 2e-5 max|v'|. Where the query is rounded (q_rounds): against the reference on
 // model_rounded_query's query within the weights' rounding (bf16 ISAs: 2^-8 max|v'| + S 2^-122;
-// AVX2 none), and against the reference on q within attn.h's bound, delta_q with qstep (1/254; 0
+// AVX512_VNNI: weights_f; AVX2 none), and against the reference on q within attn.h's bound, delta_q with qstep (1/254; 0
 // for queries int8 holds exactly) for 1/254; elsewhere against the reference on q.
 static void assert_block_kernels(const char *what, attn_dtype dt, const attn_ctx *ctx, const attn_sdpa_desc *d,
                                  const float *q, const void *k, const void *v, const float *o, const float *lse,
@@ -375,19 +394,19 @@ static void assert_block_kernels(const char *what, attn_dtype dt, const attn_ctx
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++) {
             const int64_t hk = h / (H / Hkv);
-            double kmax = 0.0, vmax = 0.0;
+            double kmax = 0.0, vmax = 0.0, dmax = 0.0;
             for (int64_t j = 0; j < S; j++) {
                 for (int64_t t = 0; t < D; t++)
                     kmax = fmax(kmax, fabs(stored_value(dt, k, b * d->k_stride[0] + hk * d->k_stride[1] +
                                                                                 j * d->k_stride[2] + t)));
-                for (int64_t t = 0; t < Dv; t++)
-                    vmax = fmax(vmax, fabs(stored_value(dt, v, b * d->v_stride[0] + hk * d->v_stride[1] +
-                                                                                j * d->v_stride[2] + t)));
+                const int64_t vrow = b * d->v_stride[0] + hk * d->v_stride[1] + j * d->v_stride[2];
+                for (int64_t t = 0; t < Dv; t++) vmax = fmax(vmax, fabs(stored_value(dt, v, vrow + t)));
+                dmax = fmax(dmax, stored_scale_max(dt, v, vrow, Dv));
             }
             for (int64_t i = 0; i < L; i++) {
                 const int64_t row = (b * H + h) * L + i;
                 const double dq = rounds ? delta_q(qc + row * D, D, (double)fabsf(scale), qstep, kmax) : 0.0;
-                const double u = rounds ? weights_u(ctx) : 0.0, flush = u > 0.0 ? (double)S * ldexp(1, -122) : 0.0;
+                const double u = rounds ? weights_u(ctx) : 0.0, flush = rounds ? weights_f(ctx, dt, dmax, S) : 0.0;
                 const double bound = (exp(2 * dq) * (1 + u) - 1) * vmax + flush + 2e-6 + 2e-5 * vmax;
                 for (int64_t e = 0; e < Dv; e++) {
                     const float got = o[b * d->o_stride[0] + h * d->o_stride[1] + i * d->o_stride[2] + e * d->o_stride[3]];
@@ -529,7 +548,9 @@ static void test_attention_bound(void) {
                 if (attn_isa_int8_query(attn_ctx_isa(ctx))) { // the query rounded
                     const double mks = (1 + c) * mk + a; // the stored keys' largest magnitude, at most
                     delta += delta_q(q + h * D, D, scale, 1.0 / 254, mks);
-                    u = weights_u(ctx), flush = u > 0.0 ? (double)S * ldexp(1, -122) : 0.0;
+                    // the stored blocks' scales: d = max / 127 (Q8_0) or max / -8 (Q4_0), as halves
+                    const double dmax = mv / (dt == ATTN_DTYPE_Q8_0 ? 127.0 : 8.0) * (1 + ldexp(1, -10));
+                    u = weights_u(ctx), flush = weights_f(ctx, dt, dmax, S);
                 }
                 const double bound = (exp(2 * delta) * (1 + c) * (1 + u) - 1) * mv + exp(2 * delta) * a + flush + 1e-5 * mv;
                 for (int64_t e = 0; e < D; e++) {
@@ -675,6 +696,59 @@ static void test_exact_query(void) {
     if (ran == 0) SKIP("this CPU has no AVX2");
 }
 
+// Value blocks with an infinite or NaN scale in a decoding step on every ISA: the output columns
+// that weigh them are non-finite exactly where the reference's are (AVX512_VNNI's P V takes such a
+// tile's float products instead of rounding its weights to int16), and the other columns, in the
+// same tiles and in others, stay within a loose bound of the reference.
+static void test_nonfinite_values(void) {
+    attn_isa isas[16];
+    const int n_isa = fused_isas(isas);
+    uint32_t seed = 43;
+    for (int ii = 0; ii < n_isa; ii++)
+        for (int t = 0; t < 2; t++) {
+            const attn_dtype dt = qtypes[t];
+            attn_ctx *ctx = test_ctx(isas[ii], 1);
+            const int64_t H = 4, D = 128, S = 300;
+            attn_kv_cache *kc = make_cache(ctx, 1, 1, D, D, S, dt);
+            float *k = randu(S * D, 1.0f, &seed), *v = randu(S * D, 1.0f, &seed);
+            ASSERT_OK(attn_kv_cache_append(ctx, kc, S, k, NULL, v, NULL));
+            void *ks, *vs;
+            int64_t kst[4], vst[4];
+            attn_kv_cache_storage(kc, &ks, kst, &vs, vst);
+            // +inf in key 20's block 1, NaN in key 150's block 3, -inf in key 151's block 3 (tile 2)
+            const struct { int64_t key, block; uint16_t h; } bad[3] = {{20, 1, 0x7C00}, {150, 3, 0x7E00}, {151, 3, 0xFC00}};
+            for (int i = 0; i < 3; i++) {
+                uint8_t *blk = (uint8_t *)vs + qbytes(dt, bad[i].key * vst[2] + bad[i].block * QK);
+                blk[0] = (uint8_t)(bad[i].h & 0xFF), blk[1] = (uint8_t)(bad[i].h >> 8);
+            }
+            float *q = randu(H * D, 1.0f, &seed), *o = malloc((size_t)(H * D) * 4), *r = malloc((size_t)(H * D) * 4);
+            attn_sdpa_desc d;
+            attn_sdpa_desc_init(&d);
+            d.batch = 1, d.n_heads = H, d.len_q = 1, d.head_dim = D, d.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+            attn_layout_strides(ATTN_LAYOUT_BHLD, 1, H, 1, D, d.q_stride);
+            attn_layout_strides(ATTN_LAYOUT_BHLD, 1, H, 1, D, d.o_stride);
+            ASSERT_OK(attn_kv_cache_attend(ctx, kc, &d, q, o, NULL));
+            ref_on_storage(kc, &d, q, r, NULL);
+            int nonfinite = 0;
+            for (int64_t e = 0; e < H * D; e++) {
+                harness_checks++;
+                if (!isfinite(r[e])) {
+                    nonfinite++;
+                    if (isfinite(o[e]) || (isnan(r[e]) && !isnan(o[e])) || (isinf(r[e]) && o[e] != r[e]))
+                        FAIL("%s %s: out[%lld] = %g where the reference has %g", attn_dtype_name(dt), attn_isa_name(isas[ii]),
+                             (long long)e, (double)o[e], (double)r[e]);
+                } else if (!(fabs((double)o[e] - (double)r[e]) <= 0.02 + 0.02 * fabs((double)r[e]))) {
+                    FAIL("%s %s: out[%lld] = %g against the reference's %g", attn_dtype_name(dt), attn_isa_name(isas[ii]),
+                         (long long)e, (double)o[e], (double)r[e]);
+                }
+            }
+            ASSERT_TRUE(nonfinite >= H * 2 * 16); // the columns of blocks 1 and 3 (but for quants of 0)
+            free(k), free(v), free(q), free(o), free(r);
+            attn_kv_cache_free(kc);
+            attn_ctx_free(ctx);
+        }
+}
+
 // The module's cached forward on a quantised cache follows the float forward within the bound's
 // scale (head_dim 32).
 static void test_module_cached(void) {
@@ -704,7 +778,7 @@ int main(int argc, char **argv) {
     static const harness_case cases[] = {
         HARNESS_CASE(test_ggml_bytes),     HARNESS_CASE(test_value_bound),     HARNESS_CASE(test_cache_storage),
         HARNESS_CASE(test_cache_kernels),  HARNESS_CASE(test_attention_bound), HARNESS_CASE(test_direct_sdpa), HARNESS_CASE(test_exact_query),
-        HARNESS_CASE(test_module_cached),
+        HARNESS_CASE(test_nonfinite_values), HARNESS_CASE(test_module_cached),
     };
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
 }

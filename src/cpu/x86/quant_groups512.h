@@ -1,11 +1,14 @@
 // quant_groups512.h - what the AVX-512 decode kernels on dot-product instructions share
-// (quant_kernels_avx512vnni.c: q.k on vpdpbusd and the float P V of the "avx512vnni" table;
+// (quant_kernels_avx512vnni.c: q.k on vpdpbusd and the P V of the "avx512vnni" table on vpdpwssd;
 // quant_kernels_avx512bf16.c: P V on vdpbf16ps): the span of a group of blocks in a key or value row
 // and the masks of its two 64-byte loads, the scale check that makes a key's score, or its weighted
 // value, NaN where its block's scale is infinite or NaN, the P V weights times their keys' block
-// scales, and the P V sums' addition to the output rows. Include after simd512.h.
+// scales, two keys' quants paired for the dot products of pairs, and the P V sums' addition to the
+// output rows. Include after simd512.h.
 #ifndef ATTN_CPU_X86_QUANT_GROUPS512_H
 #define ATTN_CPU_X86_QUANT_GROUPS512_H
+
+#include <stdbool.h>
 
 #include "attn.h"
 #include "cpu/x86/quant_block.h"
@@ -80,6 +83,15 @@ INLINE void block_weights4(const attn_dtype dt, const uint8_t *v, int64_t stride
     }
     p = _mm512_permutexvar_ps(wl->tidx, p);
     for (int b = 0; b < 4; b++) x[b] = _mm512_mul_ps(p, _mm512_permutexvar_ps(wl->db[b], d)); // keys past nk: p = d = 0
+}
+
+// Two keys' 16 quant bytes side by side, x's and y's: word 2i of the result holds byte i of x, word
+// 2i + 1 byte i of y, zero-extended (sign: sign-extended), so that dword i pairs the two keys' byte i
+// for the dot products of pairs (vpdpwssd, vdpbf16ps).
+INLINE __m512i pair_bytes(const uint8_t *x, const uint8_t *y, bool sign) {
+    const __m128i a = _mm_loadu_si128((const __m128i *)x), b = _mm_loadu_si128((const __m128i *)y);
+    const __m256i ab = _mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b));
+    return sign ? _mm512_cvtepi8_epi16(ab) : _mm512_cvtepu8_epi16(ab);
 }
 
 // o's four rows (ldo apart; nr of them real) from column col0: o = alpha o + the sums c (row r's

@@ -47,8 +47,7 @@ INLINE void pair_weights(const attn_dtype dt, const uint8_t *v, int64_t stride, 
 // repeats its 16 entries). Q8_0: the int8 q, whose floats have zero low halves: their high words.
 INLINE void value_pairs(const attn_dtype dt, const uint8_t *x, const uint8_t *y, __m512i table, __m512bh *lo, __m512bh *hi) {
     if (dt == ATTN_DTYPE_Q4_0) {
-        const __m128i a = _mm_loadu_si128((const __m128i *)x), b = _mm_loadu_si128((const __m128i *)y);
-        const __m512i u = _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b)));
+        const __m512i u = pair_bytes(x, y, false);
         *lo = (__m512bh)_mm512_permutexvar_epi16(u, table);
         *hi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(u, 4), table);
     } else { // table: word 2i = word 2i + 1 of the first, 2i + 1 = that of the second
