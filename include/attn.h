@@ -473,9 +473,8 @@ typedef struct attn_sdpa_desc {
      * largest |q_t| of the row's block b (D / 32 blocks), and its lse by at most delta_q; against the
      * float32 k and v the bound above holds with delta + delta_q for delta, (1 + c) (1 + u) for 1 + c
      * and f added (both tested; in decoding on AVX512-BF16, Q4_0 about 1.5 and Q8_0 about 1.25 times as
-     * fast as the float kernels, on AVX512_VNNI about 1.6 and 1.3 times on an Ice Lake Xeon (1.4 and
-     * 1.3 on a CPU that also has AVX512-BF16, asked for AVX512_VNNI), on AVX2 about 1.4 and 1.1 times,
-     * BENCHMARKS.md). A key block with an infinite scale makes its key's score NaN there (the float
+     * fast as the float kernels, on AVX512_VNNI about 1.4-1.6 and 1.3 times on an Ice Lake Xeon, on
+     * AVX2 about 1.4 and 1.1 times, BENCHMARKS.md). A key block with an infinite scale makes its key's score NaN there (the float
      * kernels: +-inf or NaN). ATTN_ISA_AVX512 runs the float kernels on AVX-512
      * CPUs, ATTN_ISA_GENERIC on any.
      * Half values and blocks the caller wrote are read as they are, whatever their bits: a half is
