@@ -11,6 +11,7 @@
 #include <stdbool.h>
 
 #include "attn.h"
+#include "cpu/flash.h"
 #include "cpu/x86/quant_block.h"
 
 // The blocks of a group of at most `per` blocks starting at block first of a row of nb, and the byte
@@ -83,6 +84,20 @@ INLINE void block_weights4(const attn_dtype dt, const uint8_t *v, int64_t stride
     }
     p = _mm512_permutexvar_ps(wl->tidx, p);
     for (int b = 0; b < 4; b++) x[b] = _mm512_mul_ps(p, _mm512_permutexvar_ps(wl->db[b], d)); // keys past nk: p = d = 0
+}
+
+// The rows of keys j and j + 1 from byte off of each (rows `stride` bytes apart; for j + 1 = nj the
+// row of key j again, which its partner's weight 0 cancels), in *x and *y; with prefetch, their
+// bytes [off, off + span) one key tile (FLASH_BC rows) on are requested into L2 (decode_prefetch.h).
+INLINE void key_pair_rows(const uint8_t *v, int64_t stride, int j, int nj, int64_t off, int span, bool prefetch,
+                          const uint8_t **x, const uint8_t **y) {
+    *x = v + (int64_t)j * stride + off;
+    *y = j + 1 < nj ? *x + stride : *x;
+    if (prefetch) {
+        const int64_t pf = FLASH_BC * stride;
+        _mm_prefetch((const char *)*x + pf, _MM_HINT_T1), _mm_prefetch((const char *)*x + pf + span - 1, _MM_HINT_T1);
+        _mm_prefetch((const char *)*y + pf, _MM_HINT_T1), _mm_prefetch((const char *)*y + pf + span - 1, _MM_HINT_T1);
+    }
 }
 
 // Two keys' 16 quant bytes side by side, x's and y's: word 2i of the result holds byte i of x, word

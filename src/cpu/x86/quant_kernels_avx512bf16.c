@@ -67,15 +67,10 @@ INLINE void pv_pass(const attn_dtype dt, const uint8_t *v, int64_t stride, int n
                     float *o, int64_t ldo, int col0) {
     __m512 c[16];
     for (int x = 0; x < 16; x++) c[x] = _mm512_setzero_ps();
-    const int64_t pf = FLASH_BC * stride;
     const int bb_bytes = block_bytes(dt);
     for (int j = 0; j < nj; j += 2) {
-        const uint8_t *rx = v + (int64_t)j * stride + goff + (int64_t)b0 * bb_bytes;
-        const uint8_t *ry = j + 1 < nj ? rx + stride : rx; // weight 0 for the missing partner
-        if (prefetch) {
-            _mm_prefetch((const char *)rx + pf, _MM_HINT_T1), _mm_prefetch((const char *)rx + pf + nbp * bb_bytes - 1, _MM_HINT_T1);
-            _mm_prefetch((const char *)ry + pf, _MM_HINT_T1), _mm_prefetch((const char *)ry + pf + nbp * bb_bytes - 1, _MM_HINT_T1);
-        }
+        const uint8_t *rx, *ry;
+        key_pair_rows(v, stride, j, nj, goff + (int64_t)b0 * bb_bytes, nbp * bb_bytes, prefetch, &rx, &ry);
         for (int bb = 0; bb < nbp; bb++) {
             __m512bh lo, hi;
             value_pairs(dt, rx + bb * bb_bytes + 2, ry + bb * bb_bytes + 2, table, &lo, &hi);
