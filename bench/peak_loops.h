@@ -176,6 +176,8 @@ static void *peak_thread(void *arg) {
     else if (j->kind == PEAK_FMA512) peak_run_fma512(j);
     else if (j->kind == PEAK_DPBF16) peak_run_dpbf16(j);
     else peak_run_amxbf16(j);
+#else
+    (void)j; // no loops for other CPUs: peak_supported says so
 #endif
     return NULL;
 }

@@ -16,7 +16,10 @@
 #include <unistd.h>
 #endif
 
-static bool cpu_has_avx2_fma(void) {
+// The CPU checks below are static inline: a build without the kernels one checks for (any CPU
+// but x86, or a compiler without the flags) never calls it.
+
+static inline bool cpu_has_avx2_fma(void) {
 #if defined(ATTN_HAVE_AVX2) && (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
     __builtin_cpu_init();
     unsigned a, b, c, d; // F16C (half-precision conversions): CPUID leaf 1, ECX bit 29
@@ -27,7 +30,7 @@ static bool cpu_has_avx2_fma(void) {
 #endif
 }
 
-static bool cpu_has_avx512(void) {
+static inline bool cpu_has_avx512(void) {
 #if defined(ATTN_EMULATE_AVX512) // the kernels run through SIMDe on AVX2 (a test build)
     return cpu_has_avx2_fma();
 #elif defined(ATTN_HAVE_AVX512) && (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
@@ -40,7 +43,7 @@ static bool cpu_has_avx512(void) {
 
 // AVX512-VNNI (CPUID leaf 7, ECX bit 11) with AVX512-BW (EBX bit 30) for the byte and word
 // permutes and AVX512-VL (EBX bit 31): the block-type decode kernels' q.k.
-static bool cpu_has_avx512_vnni(void) {
+static inline bool cpu_has_avx512_vnni(void) {
 #if defined(ATTN_EMULATE_AVX512)
     return cpu_has_avx512();
 #elif defined(ATTN_HAVE_AVX512VNNI) && (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
@@ -54,7 +57,7 @@ static bool cpu_has_avx512_vnni(void) {
 
 // AVX512-BF16 (CPUID leaf 7 subleaf 1, EAX bit 5) beside AVX512-VNNI, whose q.k the bf16 tables'
 // block-type decode kernels take (every CPU with AVX512-BF16 so far has it).
-static bool cpu_has_avx512_bf16(void) {
+static inline bool cpu_has_avx512_bf16(void) {
 #if defined(ATTN_EMULATE_AVX512)
     return cpu_has_avx512_vnni();
 #elif defined(ATTN_HAVE_AVX512BF16) && (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
@@ -70,7 +73,7 @@ static bool cpu_has_avx512_bf16(void) {
 // (XCR0 bits 17 and 18), and on Linux the process's permission to use it, which is asked for here
 // (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA: granted once for the whole process, kept by the
 // kernel; asking again is harmless). Without the permission the first tile instruction would fault.
-static bool cpu_has_amx_bf16(void) {
+static inline bool cpu_has_amx_bf16(void) {
 #if defined(ATTN_EMULATE_AVX512)
     return cpu_has_avx512_bf16();
 #elif defined(ATTN_HAVE_AMXBF16) && defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
