@@ -71,11 +71,10 @@ static double block_head_max(attn_dtype dt, const void *x, const int64_t st[4], 
 
 // The reference on the cache's own storage (the same rounded values), relative error of `out`;
 // with q_rounded (Q8_0 and Q4_0 on attn_isa_int8_query's ISAs: the query rounded to int8), the
-// error beyond attn.h's bound for that rounding, with the weights' bf16 rounding where w_rounded
-// (the bf16 ISAs).
+// error beyond attn.h's bound for that rounding, with the weights' rounding of the ISA `isa`
+// (bf16 on the bf16 ISAs, int16 on AVX512_VNNI).
 static attn_status check(const attn_sdpa_desc *d, attn_kv_cache *kc, const float *q, const float *out, bool q_rounded,
-                         bool w_rounded,
-                         double *worst) {
+                         attn_isa isa, double *worst) {
     attn_ctx_params p;
     attn_ctx_params_init(&p);
     p.isa = ATTN_ISA_REF;
@@ -93,7 +92,10 @@ static attn_status check(const attn_sdpa_desc *d, attn_kv_cache *kc, const float
     *worst = 0;
     const int64_t D = d->head_dim, group = d->n_heads / c->n_kv_heads;
     double allowed = 0.0; // the row's: attn.h (kv_dtype), (exp(2 delta_q) (1 + u) - 1) max|v'| + f
-    const double u = w_rounded ? ldexp(1, -8) : 0.0, f = w_rounded ? (double)r.len_kv * ldexp(1, -122) : 0.0;
+    const bool bf16 = attn_isa_bf16_dot(isa), int16 = isa == ATTN_ISA_AVX512_VNNI;
+    const double u = bf16 ? ldexp(1, -8) : 0.0, f = bf16 ? (double)r.len_kv * ldexp(1, -122) : 0.0;
+    // AVX512_VNNI: Q (2^-9 m_d + S 2^-125), Q m_d from block_head_max (127 |d| for Q8_0: Q = 128)
+    const double q_most = c->dtype == ATTN_DTYPE_Q8_0 ? 128.0 : 8.0, q_ratio = c->dtype == ATTN_DTYPE_Q8_0 ? 128.0 / 127.0 : 1.0;
     double kmax = 0.0, vmax = 0.0; // of the kv head (b, hk) = `head`, a group's rows in a row
     int64_t head = -1;
     for (int64_t i = 0; st == ATTN_OK && i < n; i++) {
@@ -111,7 +113,8 @@ static attn_status check(const attn_sdpa_desc *d, attn_kv_cache *kc, const float
                 msum += 32.0 * m;
             }
             const double dq = ((1.0 / sqrt((double)D)) * (1.0 / 254 + ldexp(1, -20)) * msum + ldexp(1, -96) * (double)D) * kmax;
-            allowed = (exp(2 * dq) * (1 + u) - 1) * vmax + f;
+            allowed = (exp(2 * dq) * (1 + u) - 1) * vmax + f +
+                      (int16 ? q_ratio * vmax * ldexp(1, -9) + q_most * (double)r.len_kv * ldexp(1, -125) : 0.0);
         }
         const double e = fmax(0.0, fabs((double)out[i] - want[i]) - allowed) / (1e-3 + fabs((double)want[i]));
         if (!(e <= *worst)) *worst = e;
@@ -185,7 +188,7 @@ int cmd_bench_decode(int argc, char **argv) {
     double check_err = -1;
     const bool q_rounded = (dt == ATTN_DTYPE_Q8_0 || dt == ATTN_DTYPE_Q4_0) && attn_isa_int8_query(attn_ctx_isa(ctx));
     if (!no_check) {
-        if ((st = check(&d, kc, q, out, q_rounded, q_rounded && attn_isa_bf16_dot(attn_ctx_isa(ctx)), &check_err)) !=
+        if ((st = check(&d, kc, q, out, q_rounded, attn_ctx_isa(ctx), &check_err)) !=
             ATTN_OK) {
             cli_error("bench", EXIT_FAILURE_RUN, "reference check: %s", attn_strerror(st));
             goto done;
