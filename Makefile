@@ -48,6 +48,17 @@ install: all
 clean:
 	rm -rf $(BUILD)
 
+# ---- other CPUs ------------------------------------------------------------------------------
+# The library cross-built for 64-bit ARM (the portable kernels) with warnings as errors, and its C
+# tests and examples run under qemu-aarch64 (Debian: gcc-aarch64-linux-gnu and qemu-user; slow, an
+# emulator: it checks results, never speed). Python, parity and shell-script tests are left out.
+.PHONY: test-aarch64
+test-aarch64:
+	@cmake -S . -B build-aarch64 -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release \
+	    -DATTN_WERROR=ON -DATTN_CUDA=OFF $(CMAKE_FLAGS) > /dev/null
+	cmake --build build-aarch64 -j $(JOBS)
+	cd build-aarch64 && ATTN_TEST_EMULATOR=qemu-aarch64 ctest --output-on-failure -j $(JOBS) -R '^(test_|example_)'
+
 # ---- hardening (see docs/reliability.md) ------------------------------------------------------
 # The whole test suite under clang's AddressSanitizer + UndefinedBehaviorSanitizer.
 SAN_CC ?= clang
