@@ -85,9 +85,12 @@ static void model_q4_0(const float *x, uint8_t *y) {
     }
 }
 
+// The scale d of a block (its first two bytes, a half).
+static double model_scale(const uint8_t *y) { return model_f16_value((uint16_t)(y[0] | y[1] << 8)); }
+
 // Value j of a model block (ggml's dequantize_row_*: q * d).
 static double model_value(attn_dtype dt, const uint8_t *y, int j) {
-    const double d = model_f16_value((uint16_t)(y[0] | y[1] << 8));
+    const double d = model_scale(y);
     if (dt == ATTN_DTYPE_Q8_0) return (double)(int8_t)y[2 + j] * d;
     const int byte = y[2 + j % 16];
     return (double)((j < 16 ? byte & 15 : byte >> 4) - 8) * d;
@@ -341,8 +344,7 @@ static double weights_f(const attn_ctx *ctx, attn_dtype dt, double dmax, int64_t
 static double stored_scale_max(attn_dtype dt, const void *p, int64_t off, int64_t n) {
     double m = 0.0;
     for (int64_t e = off; e < off + n; e += QK) {
-        const uint8_t *y = (const uint8_t *)p + (size_t)(e / QK) * attn_dtype_size(dt);
-        m = fmax(m, fabs(model_f16_value((uint16_t)(y[0] | y[1] << 8))));
+        m = fmax(m, fabs(model_scale((const uint8_t *)p + (size_t)(e / QK) * attn_dtype_size(dt))));
     }
     return m;
 }

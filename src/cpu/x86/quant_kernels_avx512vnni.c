@@ -319,7 +319,7 @@ INLINE void ipv_pass(const attn_dtype dt, const uint8_t *v, int64_t stride, int 
 
 // The float weights wf of nj keys rounded to int16 for ipv_pass (wi), with their units and sums:
 // wmax[b] holds the weights' magnitudes' bit patterns' lane-wise maxima (lane 4r + l). False, with
-// nothing written, when a weight of the nr real rows is not finite.
+// wi and wsum not written, when a weight of the nr real rows is not finite.
 INLINE bool round_weights(const attn_dtype dt, const pv_fweights *wf, int nj, int nr, const __m512i wmax[4],
                           pv_iweights *wi, float unit[4][16], int32_t wsum[4][16]) {
     const __mmask16 real = (__mmask16)((1u << (4 * nr)) - 1);
