@@ -7,9 +7,15 @@
 // q4_0 at D = Dv = 128 (or the head dim given). A decoding step of `attn bench --op decode` costs at
 // least the sum per key and kv head, times the keys and kv heads, over the threads.
 //
+// With `stream`, the three kernels run in turn on each tile, as one work item of a decoding step
+// does, over the same 16 tiles in L2 and then over a cache of STREAM_KEYS keys in memory (the keys
+// and values of the 8 kv heads of `attn bench --op decode --len-kv 32768`, end to end; the cache on
+// huge pages where the system gives them, 64 MiB of other data read between passes): the
+// difference is what one thread waits for memory that its prefetches do not hide.
+//
 // Build against the static library of a build directory (the kernel tables are internal):
 //   cc -O2 -Iinclude -Isrc bench/decode_kernels.c build/libattn.a -lm -lpthread -o decode_kernels
-//   ./decode_kernels [D]
+//   ./decode_kernels [D] [stream]
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdint.h>
@@ -21,10 +27,14 @@
 #include "attn.h"
 #include "cpu/cpu.h"
 #include "cpu/flash.h"
+#include "internal.h"
 
 #define ROWS 4    // a GQA group of four query heads, one query each
 #define TILES 16  // key tiles walked in turn (in L2 for D = 128 and the types below)
 #define PASSES 400
+#define STREAM_KEYS (8 * 32768) // stream: keys of the cache in memory
+#define STREAM_PASSES 9
+#define EVICT_BYTES ((size_t)64 << 20)
 
 static double now_ns(void) {
     struct timespec t;
@@ -40,19 +50,32 @@ typedef struct bufs {
     void *prep;
 } bufs;
 
-// Random rows of type dt: standard-normal-ish values converted by attn_convert.
-static int fill(attn_dtype dt, int64_t n, void **out) {
-    float *x = malloc((size_t)n * sizeof(float));
-    *out = aligned_alloc(64, ((size_t)n * attn_dtype_size(dt) / (size_t)attn_dtype_block_size(dt) + 63) / 64 * 64);
-    if (x == NULL || *out == NULL) return -1;
+// Random values (standard-normal-ish, a fixed sequence) converted by attn_convert into n elements
+// of type dt at out, a chunk at a time.
+static int fill_into(attn_dtype dt, int64_t n, void *out) {
+    const int64_t chunk = 1 << 16; // a multiple of the block size
+    float *x = malloc((size_t)chunk * sizeof(float));
+    if (x == NULL) return -1;
     uint32_t s = 12345;
-    for (int64_t i = 0; i < n; i++) {
-        s = s * 1664525u + 1013904223u;
-        x[i] = ((float)(s >> 8) / 16777216.0f - 0.5f) * 3.0f;
+    for (int64_t i0 = 0; i0 < n; i0 += chunk) {
+        const int64_t c = n - i0 < chunk ? n - i0 : chunk;
+        for (int64_t i = 0; i < c; i++) {
+            s = s * 1664525u + 1013904223u;
+            x[i] = ((float)(s >> 8) / 16777216.0f - 0.5f) * 3.0f;
+        }
+        char *dst = (char *)out + (size_t)i0 * attn_dtype_size(dt) / (size_t)attn_dtype_block_size(dt);
+        if (attn_convert(dt, dst, ATTN_DTYPE_F32, x, c) != ATTN_OK) {
+            free(x);
+            return -1;
+        }
     }
-    const attn_status st = attn_convert(dt, *out, ATTN_DTYPE_F32, x, n);
     free(x);
-    return st == ATTN_OK ? 0 : -1;
+    return 0;
+}
+
+static int fill(attn_dtype dt, int64_t n, void **out) {
+    *out = aligned_alloc(64, ((size_t)n * attn_dtype_size(dt) / (size_t)attn_dtype_block_size(dt) + 63) / 64 * 64);
+    return *out == NULL ? -1 : fill_into(dt, n, *out);
 }
 
 // One kernel's time per key, the fastest pass over the TILES tiles (ns).
@@ -75,23 +98,42 @@ static void run(const attn__kernels *kn, attn_dtype dt, int D, bufs *b, int whic
     }
 }
 
-int main(int argc, char **argv) {
-    const int D = argc > 1 ? atoi(argv[1]) : 128;
-    if (D < 32 || D > 1024 || D % 32 != 0) {
-        fprintf(stderr, "usage: %s [D]   (D a multiple of 32, at most 1024)\n", argv[0]);
-        return 2;
+// stream: the three kernels in turn on each of the tiles of nkeys keys at k and v (rows of D
+// values of type dt, row_bytes apart), as a decoding step's work item runs them; returns the
+// fastest pass's nanoseconds per key. With evict, EVICT_BYTES of other data are written between
+// passes, so that each pass reads the cache from memory.
+static double walk(const attn__kernels *kn, attn_dtype dt, int D, const void *k, const void *v, int64_t nkeys,
+                   bufs *b, char *evict, int passes) {
+    const bool quant = dt == ATTN_DTYPE_Q8_0 || dt == ATTN_DTYPE_Q4_0;
+    double best = 1e30;
+    for (int p = 0; p < passes; p++) {
+        if (evict != NULL) memset(evict, p, EVICT_BYTES);
+        for (int r = 0; r < ROWS; r++) b->m[r] = -INFINITY, b->l[r] = 0.0f;
+        const double t0 = now_ns();
+        for (int64_t j0 = 0; j0 < nkeys; j0 += FLASH_BC) {
+            const char *kt = (const char *)k + (size_t)j0 * b->row_bytes;
+            const char *vt = (const char *)v + (size_t)j0 * b->row_bytes;
+            if (quant) kn->qk_rows_q(dt, kt, D, FLASH_BC, D, kn->prep_q != NULL ? b->prep : (void *)b->q, ROWS, b->st, 1, ROWS);
+            else kn->qk_rows(dt, kt, D, FLASH_BC, D, b->q, ROWS, b->st, 1, ROWS);
+            kn->softmax(b->st, FLASH_BC, ROWS, b->m, b->l, b->alpha);
+            (quant ? kn->pv_rows_q : kn->pv_rows)(dt, vt, D, FLASH_BC, D, b->st, ROWS, b->alpha, ROWS, b->o, D);
+        }
+        const double t = (now_ns() - t0) / (double)nkeys;
+        if (t < best) best = t;
     }
-    static const attn_isa isas[] = {ATTN_ISA_GENERIC, ATTN_ISA_AVX2, ATTN_ISA_AVX512, ATTN_ISA_AVX512_VNNI,
-                                    ATTN_ISA_AVX512_BF16, ATTN_ISA_AMX_BF16};
-    static const attn_dtype types[] = {ATTN_DTYPE_F16, ATTN_DTYPE_Q8_0, ATTN_DTYPE_Q4_0};
+    return best;
+}
+
+static const attn_isa isas[] = {ATTN_ISA_GENERIC, ATTN_ISA_AVX2, ATTN_ISA_AVX512, ATTN_ISA_AVX512_VNNI,
+                                ATTN_ISA_AVX512_BF16, ATTN_ISA_AMX_BF16};
+static const attn_dtype types[] = {ATTN_DTYPE_F16, ATTN_DTYPE_Q8_0, ATTN_DTYPE_Q4_0};
+static const char *const type_names[] = {"f16", "q8_0", "q4_0"};
+
+// The kernels alone, tiles in L2 (the default).
+static int kernels_alone(int D, bufs *b) {
     printf("decode row kernels, %d query rows, D = Dv = %d, %d tiles of %d keys in turn, ns per key (fastest of %d)\n",
            ROWS, D, TILES, FLASH_BC, PASSES);
     printf("%-12s %-5s %8s %8s %8s %8s\n", "isa", "kv", "q.k", "softmax", "P V", "sum");
-    bufs *b = aligned_alloc(64, (sizeof(bufs) + 63) / 64 * 64);
-    if (b == NULL) return 1;
-    memset(b, 0, sizeof *b);
-    b->prep = aligned_alloc(64, (ATTN_QPREP_BYTES(ROWS, D) + 63) / 64 * 64);
-    for (int i = 0; i < ROWS * D; i++) b->q[i] = 0.02f * (float)((i * 37) % 101 - 50);
     for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
         bool ok = true;
         const attn__kernels *kn = attn__kernels_for(isas[ii], &ok);
@@ -110,12 +152,71 @@ int main(int argc, char **argv) {
                     const double t = (now_ns() - t0) / (TILES * FLASH_BC);
                     if (t < best[w]) best[w] = t;
                 }
-            printf("%-12s %-5s %8.2f %8.2f %8.2f %8.2f\n", attn_isa_name(isas[ii]), ti == 0 ? "f16" : ti == 1 ? "q8_0" : "q4_0",
-                   best[QK], best[SOFTMAX], best[PV], best[QK] + best[SOFTMAX] + best[PV]);
+            printf("%-12s %-5s %8.2f %8.2f %8.2f %8.2f\n", attn_isa_name(isas[ii]), type_names[ti], best[QK], best[SOFTMAX],
+                   best[PV], best[QK] + best[SOFTMAX] + best[PV]);
             free(b->k), free(b->v);
         }
     }
+    return 0;
+}
+
+// stream: the kernels in turn, tiles in L2 against a cache in memory.
+static int streaming(int D, bufs *b) {
+    attn_ctx *ctx = NULL;
+    if (attn_ctx_create(NULL, &ctx) != ATTN_OK) return 1;
+    char *evict = malloc(EVICT_BYTES);
+    if (evict == NULL) return 1;
+    printf("decode row kernels in turn a tile (q.k, softmax, P V), %d query rows, D = Dv = %d, one thread, ns per key\n"
+           "in L2: %d tiles of %d keys (fastest of %d passes); memory: %d keys (fastest of %d, %zu MiB read between)\n",
+           ROWS, D, TILES, FLASH_BC, PASSES / 4, STREAM_KEYS, STREAM_PASSES, EVICT_BYTES >> 20);
+    printf("%-12s %-5s %9s %8s %8s %8s %10s\n", "isa", "kv", "MiB K+V", "in L2", "memory", "ratio", "GB/s");
+    int rc = 0;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0] && rc == 0; ti++) {
+        const attn_dtype dt = types[ti];
+        b->row_bytes = (size_t)D * attn_dtype_size(dt) / (size_t)attn_dtype_block_size(dt);
+        const size_t bytes = (size_t)STREAM_KEYS * b->row_bytes;
+        void *bk = NULL, *bv = NULL;
+        const int64_t n = (int64_t)TILES * FLASH_BC * D;
+        if (attn__alloc_large(ctx, bytes, &bk) != ATTN_OK || attn__alloc_large(ctx, bytes, &bv) != ATTN_OK ||
+            fill_into(dt, (int64_t)STREAM_KEYS * D, bk) != 0 || fill_into(dt, (int64_t)STREAM_KEYS * D, bv) != 0 ||
+            fill(dt, n, &b->k) != 0 || fill(dt, n, &b->v) != 0) {
+            rc = 1;
+        } else {
+            for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
+                bool ok = true;
+                const attn__kernels *kn = attn__kernels_for(isas[ii], &ok);
+                if (!ok || kn == NULL) continue;
+                if (kn->prep_q != NULL) kn->prep_q(dt, b->q, ROWS, D, b->prep);
+                const double near = walk(kn, dt, D, b->k, b->v, (int64_t)TILES * FLASH_BC, b, NULL, PASSES / 4);
+                const double far = walk(kn, dt, D, bk, bv, STREAM_KEYS, b, evict, STREAM_PASSES);
+                printf("%-12s %-5s %9.1f %8.2f %8.2f %8.2f %10.2f\n", attn_isa_name(isas[ii]), type_names[ti],
+                       2.0 * (double)bytes / 1048576.0, near, far, far / near, 2.0 * (double)b->row_bytes / far);
+            }
+        }
+        free(b->k), free(b->v);
+        b->k = b->v = NULL;
+        attn__free(ctx, bk), attn__free(ctx, bv);
+    }
+    free(evict);
+    attn_ctx_free(ctx);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    const int D = argc > 1 ? atoi(argv[1]) : 128;
+    const bool stream = argc > 2 && strcmp(argv[2], "stream") == 0;
+    if (D < 32 || D > 1024 || D % 32 != 0 || argc > 3 || (argc > 2 && !stream)) {
+        fprintf(stderr, "usage: %s [D [stream]]   (D a multiple of 32, at most 1024)\n", argv[0]);
+        return 2;
+    }
+    bufs *b = aligned_alloc(64, (sizeof(bufs) + 63) / 64 * 64);
+    if (b == NULL) return 1;
+    memset(b, 0, sizeof *b);
+    b->prep = aligned_alloc(64, (ATTN_QPREP_BYTES(ROWS, D) + 63) / 64 * 64);
+    if (b->prep == NULL) return 1;
+    for (int i = 0; i < ROWS * D; i++) b->q[i] = 0.02f * (float)((i * 37) % 101 - 50);
+    const int rc = stream ? streaming(D, b) : kernels_alone(D, b);
     printf("(sink %g)\n", (double)b->o[1] + (double)b->st[3]);
     free(b->prep), free(b);
-    return 0;
+    return rc;
 }
