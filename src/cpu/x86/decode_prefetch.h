@@ -35,6 +35,14 @@ static inline __attribute__((always_inline)) void decode_prefetch(const void *p,
     _mm_prefetch((const char *)p + i * decode_elem_bytes(dt) + DECODE_PF_BYTES, _MM_HINT_T1);
 }
 
+// Requests into L2 the lines of the n bytes from p, `ahead` bytes on: a row of a block-type cache
+// (Q8_0, Q4_0: blocks of 34 or 18 bytes, so a row starts anywhere in a line and its last line may
+// start past the steps of 64).
+static inline __attribute__((always_inline)) void decode_prefetch_bytes(const void *p, int64_t ahead, int n) {
+    for (int x = 0; x < n; x += 64) _mm_prefetch((const char *)p + ahead + x, _MM_HINT_T1);
+    _mm_prefetch((const char *)p + ahead + n - 1, _MM_HINT_T1);
+}
+
 // For a pass over columns [e, e + w) of a row (of Dv elements) whose column e is element i of p:
 // the lines that start in those columns, FLASH_BC rows of row_stride elements on, into L2.
 static inline __attribute__((always_inline)) void decode_prefetch_cols(const void *p, attn_dtype dt, int64_t i,

@@ -60,11 +60,6 @@ INLINE __m256 load8_unscaled(attn_dtype dt, const uint8_t *b, int c) {
 // Values 8c .. 8c + 7 (c < 4) of the block at b, its scale d broadcast in `d`, as floats.
 INLINE __m256 load8(attn_dtype dt, const uint8_t *b, __m256 d, int c) { return _mm256_mul_ps(load8_unscaled(dt, b, c), d); }
 
-// Requests the lines of the `bytes` bytes from p, DECODE_PF_BYTES on, into L2.
-INLINE void prefetch_row(const uint8_t *p, int bytes) {
-    for (int x = 0; x < bytes; x += 64) _mm_prefetch((const char *)p + x + DECODE_PF_BYTES, _MM_HINT_T1);
-}
-
 // The four sums of 8 lanes each of a0..a3.
 INLINE __m128 sum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     const __m256 s01 = _mm256_hadd_ps(a0, a1), s23 = _mm256_hadd_ps(a2, a3);
@@ -86,7 +81,10 @@ INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int
         for (int j = 0; j < nj; j += 2) {
             const uint8_t *ka = block_at(k, dt, (int64_t)j * ks_row);
             const uint8_t *kb = block_at(k, dt, (int64_t)(j + 1 < nj ? j + 1 : nj - 1) * ks_row);
-            if (r0 == 0) prefetch_row(ka, row_bytes), prefetch_row(kb, row_bytes);
+            if (r0 == 0) {
+                decode_prefetch_bytes(ka, DECODE_PF_BYTES, row_bytes);
+                decode_prefetch_bytes(kb, DECODE_PF_BYTES, row_bytes);
+            }
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
             for (int d0 = 0; d0 < D; d0 += ATTN_QBLOCK) {
                 const int64_t boff = d0 / ATTN_QBLOCK * block_bytes(dt);
@@ -272,7 +270,10 @@ INLINE void qk_rows_int8(const attn_dtype dt, const void *k, int64_t ks_row, int
         for (int j = 0; j < nj; j += 2) {
             const uint8_t *x0 = block_at(k, dt, (int64_t)j * ks_row);
             const uint8_t *x1 = block_at(k, dt, (int64_t)(j + 1 < nj ? j + 1 : nj - 1) * ks_row);
-            if (r0 == 0) prefetch_row(x0, row_bytes), prefetch_row(x1, row_bytes);
+            if (r0 == 0) {
+                decode_prefetch_bytes(x0, DECODE_PF_BYTES, row_bytes);
+                decode_prefetch_bytes(x1, DECODE_PF_BYTES, row_bytes);
+            }
             __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
             for (int g = 0; g < G; g++) {
                 const int64_t off = (int64_t)g * per * block_bytes(dt);

@@ -45,12 +45,6 @@ INLINE void load_block_scaled(attn_dtype dt, const uint8_t *b, __m512 *lo, __m51
     }
 }
 
-// Requests the lines of the `bytes` bytes from p, `ahead` bytes on, into L2.
-INLINE void prefetch_bytes(const uint8_t *p, int64_t ahead, int bytes) {
-    for (int x = 0; x < bytes; x += 64) _mm_prefetch((const char *)p + ahead + x, _MM_HINT_T1);
-    _mm_prefetch((const char *)p + ahead + bytes - 1, _MM_HINT_T1); // the last line, where it starts past x
-}
-
 // Four query rows against four keys per pass; a tile's last keys (nj not a multiple of 4) repeat
 // its last key, and every key's sum is the same whatever its place in the group.
 INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const float *q, int rows,
@@ -64,7 +58,7 @@ INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int
             const uint8_t *kb[4];
             for (int c = 0; c < 4; c++) {
                 kb[c] = block_at(k, dt, (int64_t)(j + c < nj ? j + c : nj - 1) * ks_row);
-                if (r0 == 0) prefetch_bytes(kb[c], DECODE_PF_BYTES, row_bytes);
+                if (r0 == 0) decode_prefetch_bytes(kb[c], DECODE_PF_BYTES, row_bytes);
             }
             // accumulators in named variables (an array is kept in memory across the loop)
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
@@ -120,7 +114,7 @@ INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int
         __m512 c8 = c0, c9 = c0, c10 = c0, c11 = c0, c12 = c0, c13 = c0, c14 = c0, c15 = c0;
         const uint8_t *bj = b;
         for (int j = 0; j < nj; j++, bj += row_bytes) {
-            if (prefetch) prefetch_bytes(bj, pf, bb + off1);
+            if (prefetch) decode_prefetch_bytes(bj, pf, bb + off1);
             const float *pj = pp + (int64_t)j * ldp;
             const __m512 w0 = _mm512_set1_ps(pj[0]), w1 = _mm512_set1_ps(pj[1]), w2 = _mm512_set1_ps(pj[2]),
                          w3 = _mm512_set1_ps(pj[3]);

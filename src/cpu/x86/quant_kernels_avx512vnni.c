@@ -163,11 +163,7 @@ INLINE void qk_rows_int8(const attn_dtype dt, const void *k, int64_t ks_row, int
             const uint8_t *x[4];
             for (int c = 0; c < 4; c++) {
                 x[c] = (const uint8_t *)k + (int64_t)(j + c < nj ? j + c : nj - 1) * stride;
-                if (r0 == 0) {
-                    _mm_prefetch((const char *)x[c] + DECODE_PF_BYTES, _MM_HINT_T1);
-                    _mm_prefetch((const char *)x[c] + DECODE_PF_BYTES + row_bytes - 1, _MM_HINT_T1);
-                    for (int e = 64; e < row_bytes - 1; e += 64) _mm_prefetch((const char *)x[c] + DECODE_PF_BYTES + e, _MM_HINT_T1);
-                }
+                if (r0 == 0) decode_prefetch_bytes(x[c], DECODE_PF_BYTES, row_bytes);
             }
             __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
             for (int g = 0; g < G; g++) {
