@@ -9,17 +9,11 @@
 #include "half.h"
 #include "quant.h"
 
-// 2^x as 2^n * p(x - n), n = round(x), p a degree-6 polynomial fitted to 2^f on [-0.5, 0.5] for the
-// smallest relative error. For x in [-126, 128] the relative error is below 1.2e-7 (measured: 7.7e-8
-// evaluated with fused multiply-adds as the SIMD kernels do, 9.6e-8 with separate multiplies and
-// adds as here; test_kernels checks it). x < -126.5 (including -inf) gives exactly 0; x > 128
-// gives +inf; NaN gives NaN.
-#define EXP2_C1 0.6931471824645996f
-#define EXP2_C2 0.24022647738456726f
-#define EXP2_C3 0.055503323674201965f
-#define EXP2_C4 0.00961843691766262f
-#define EXP2_C5 0.0013398875016719103f
-#define EXP2_C6 0.00015353360504377633f
+// 2^x as 2^n * p(x - n), n = round(x), p the degree-6 polynomial ATTN_EXP2_C1..C6 of cpu.h, fitted
+// to 2^f on [-0.5, 0.5] for the smallest relative error. For x in [-126, 128] the relative error is
+// below 1.2e-7 (measured: 7.7e-8 evaluated with fused multiply-adds as the SIMD kernels do, 9.6e-8
+// with separate multiplies and adds as here; test_kernels checks it). x < -126.5 (including -inf)
+// gives exactly 0; x > 128 gives +inf; NaN gives NaN.
 
 // Written with selects instead of branches, so that loops of it vectorise: the clamped argument
 // (NaN read as 0 for the integer part) rounded to nearest even by adding and subtracting 1.5 * 2^23
@@ -31,12 +25,12 @@ static inline float exp2_lanes(float x) {
     c = c == c ? c : 0.0f;
     const float n = (c + 12582912.0f) - 12582912.0f;
     const float f = c - n; // exact
-    float p = EXP2_C6;
-    p = p * f + EXP2_C5;
-    p = p * f + EXP2_C4;
-    p = p * f + EXP2_C3;
-    p = p * f + EXP2_C2;
-    p = p * f + EXP2_C1;
+    float p = ATTN_EXP2_C6;
+    p = p * f + ATTN_EXP2_C5;
+    p = p * f + ATTN_EXP2_C4;
+    p = p * f + ATTN_EXP2_C3;
+    p = p * f + ATTN_EXP2_C2;
+    p = p * f + ATTN_EXP2_C1;
     p = p * f + 1.0f;
     const int32_t e = (int32_t)n + 127; // 0 .. 255; 0 makes the scale (and the result) zero
     union {

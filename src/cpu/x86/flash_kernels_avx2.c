@@ -13,6 +13,17 @@
 #include "cpu/x86/quant_kernels.h"
 #include "half.h"
 
+// p(f) of cpu.h's exp2 polynomial, fused multiply-adds (f in [-0.5, 0.5]: 2^f).
+static inline __m256 exp2_poly_ps(__m256 f) {
+    __m256 p = _mm256_set1_ps(ATTN_EXP2_C6);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(ATTN_EXP2_C5));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(ATTN_EXP2_C4));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(ATTN_EXP2_C3));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(ATTN_EXP2_C2));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(ATTN_EXP2_C1));
+    return _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+}
+
 // 2^x, same polynomial as attn__exp2f (cpu/generic/flash_kernels.c), fused: within 1 ulp on
 // [-126, 128]; x < -126.5 and -inf give 0; NaN stays NaN (min/max take x as the second operand).
 static inline __m256 exp2_ps(__m256 x) {
@@ -20,13 +31,7 @@ static inline __m256 exp2_ps(__m256 x) {
     x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);
     const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m256 f = _mm256_sub_ps(x, n);
-    __m256 p = _mm256_set1_ps(0.00015353360504377633f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.0013398875016719103f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.00961843691766262f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.055503323674201965f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.24022647738456726f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.6931471824645996f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    const __m256 p = exp2_poly_ps(f);
     __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)); // 0 .. 255
     const __m256 top = _mm256_castsi256_ps(_mm256_cmpgt_epi32(e, _mm256_set1_epi32(254)));
     e = _mm256_min_epi32(e, _mm256_set1_epi32(254));
@@ -39,13 +44,7 @@ static inline __m256 exp2_nonpos_ps(__m256 x) {
     x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);
     const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m256 f = _mm256_sub_ps(x, n);
-    __m256 p = _mm256_set1_ps(0.00015353360504377633f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.0013398875016719103f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.00961843691766262f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.055503323674201965f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.24022647738456726f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.6931471824645996f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    const __m256 p = exp2_poly_ps(f);
     const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)); // 0 .. 127
     return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(e, 23)));
 }

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "cpu/cpu.h"
 #include "cpu/x86/simd512.h"
 
 // exp2_ps512 (below) without its upper clamp, for x finite, -inf or NaN (+inf gives NaN; x >= 129
@@ -19,12 +20,12 @@ INLINE __m512 exp2_ps512_upto129(__m512 x) {
     x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(0.00015353360504377633f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.0013398875016719103f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.00961843691766262f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.055503323674201965f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24022647738456726f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931471824645996f));
+    __m512 p = _mm512_set1_ps(ATTN_EXP2_C6);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(ATTN_EXP2_C5));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(ATTN_EXP2_C4));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(ATTN_EXP2_C3));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(ATTN_EXP2_C2));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(ATTN_EXP2_C1));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);
 }
