@@ -1350,6 +1350,7 @@ static void test_safetensors_truncated(void) {
             ASSERT_EQ_INT(c.live, 1);
             spit(in_tmp("cut.safetensors"), b.p, len);
             ASSERT_STATUS(attn_safetensors_read(ctx, in_tmp("cut.safetensors"), &l), ATTN_ERR_BAD_FILE);
+            ASSERT_MSG_HAS(ctx, "cut.safetensors"); // format errors name the file
             ASSERT_EQ_INT(c.live, 1);
         }
         unsigned char *longer = malloc(b.n + 3);

@@ -21,6 +21,13 @@ const char *attn__path_tail(const char *path) {
     return n > FILE_PATH_TAIL ? path + (n - FILE_PATH_TAIL) : path;
 }
 
+attn_status attn__file_status(attn_ctx *ctx, attn_status st, const char *path) {
+    if (st == ATTN_OK || st == ATTN_ERR_IO || st == ATTN_ERR_OUT_OF_MEMORY) return st;
+    char msg[ATTN_ERR_MSG_SIZE];
+    memcpy(msg, ctx->err, sizeof msg);
+    return attn__fail(ctx, st, "'%s': %s", attn__path_tail(path), msg);
+}
+
 // ATTN_ERR_IO "<action> '<path>': <strerror(err)>".
 static attn_status io_fail(attn_ctx *ctx, int err, const char *action, const char *path) {
     char buf[128];

@@ -24,6 +24,11 @@
 // The last characters of `path` (at most 96 bytes), for error messages.
 const char *attn__path_tail(const char *path);
 
+// A reader's status st for the file `path`, with the file named in front of the context's message
+// when st says the file's contents are wrong (not for ATTN_ERR_IO or ATTN_ERR_OUT_OF_MEMORY, whose
+// messages name it or have nothing of it to name).
+attn_status attn__file_status(attn_ctx *ctx, attn_status st, const char *path);
+
 // Reads the regular file `path` whole. *data (from attn__alloc; free it with attn__free) holds
 // *size bytes plus a NUL byte after them, so text can be used as a C string. Files larger than
 // max_size bytes are refused (ATTN_ERR_IO) before any allocation. On failure *data = NULL.

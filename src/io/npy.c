@@ -388,13 +388,7 @@ attn_status attn_npy_read(attn_ctx *ctx, const char *path, attn_tensor *out) {
     npy_src src = {NULL, &f, f.size, 0};
     attn_status st = npy_load(ctx, &src, out);
     attn__file_close(&f);
-    if (st != ATTN_OK && st != ATTN_ERR_IO && st != ATTN_ERR_OUT_OF_MEMORY) {
-        // Name the file in format errors.
-        char msg[ATTN_ERR_MSG_SIZE];
-        memcpy(msg, ctx->err, sizeof msg);
-        attn__fail(ctx, st, "'%s': %s", attn__path_tail(path), msg);
-    }
-    return st;
+    return attn__file_status(ctx, st, path); // names the file in format errors
 }
 
 // ---- writing ---------------------------------------------------------------------------------

@@ -382,12 +382,7 @@ attn_status attn_safetensors_read(attn_ctx *ctx, const char *path, attn_tensor_l
     ATTN_RETURN_IF_ERR(attn__file_open(ctx, path, &f));
     attn_status st = read_file(ctx, &f, out);
     attn__file_close(&f);
-    if (st != ATTN_OK && st != ATTN_ERR_IO && st != ATTN_ERR_OUT_OF_MEMORY) {
-        char msg[ATTN_ERR_MSG_SIZE];
-        memcpy(msg, ctx->err, sizeof msg);
-        attn__fail(ctx, st, "'%s': %s", attn__path_tail(path), msg);
-    }
-    return st;
+    return attn__file_status(ctx, st, path); // names the file in format errors
 }
 
 // ---- writing ---------------------------------------------------------------------------------
