@@ -10,7 +10,7 @@
 // With `stream`, the three kernels run in turn on each tile, as one work item of a decoding step
 // does, over the same 16 tiles in L2 and then over a cache of STREAM_KEYS keys in memory (the keys
 // and values of the 8 kv heads of `attn bench --op decode --len-kv 32768`, end to end; the cache on
-// huge pages where the system gives them, 64 MiB of other data read between passes): the
+// huge pages where the system gives them, 64 MiB of other data written between passes): the
 // difference is what one thread waits for memory that its prefetches do not hide.
 //
 // Build against the static library of a build directory (the kernel tables are internal):
@@ -167,7 +167,7 @@ static int streaming(int D, bufs *b) {
     char *evict = malloc(EVICT_BYTES);
     if (evict == NULL) return 1;
     printf("decode row kernels in turn a tile (q.k, softmax, P V), %d query rows, D = Dv = %d, one thread, ns per key\n"
-           "in L2: %d tiles of %d keys (fastest of %d passes); memory: %d keys (fastest of %d, %zu MiB read between)\n",
+           "in L2: %d tiles of %d keys (fastest of %d passes); memory: %d keys (fastest of %d, %zu MiB written between)\n",
            ROWS, D, TILES, FLASH_BC, PASSES / 4, STREAM_KEYS, STREAM_PASSES, EVICT_BYTES >> 20);
     printf("%-12s %-5s %9s %8s %8s %8s %10s\n", "isa", "kv", "MiB K+V", "in L2", "memory", "ratio", "GB/s");
     int rc = 0;
