@@ -1,17 +1,22 @@
-// zmm_mix.c - what a 512-bit instruction costs beside vdpbf16ps on this CPU: the cycles of a loop of
-// 8 independent vdpbf16ps, of 8 independent instructions of another kind, and of the two interleaved.
-// Where the two kinds run on separate pipes the mix takes as long as the slower kind alone; where
-// they share pipes (as 512-bit operations do on a CPU that runs them as two 256-bit halves) it takes
-// more: "each adds" is the mix's cycles beyond the 8 vdpbf16ps alone, per instruction of the other
-// kind (1.00: it takes the dot products' pipes as if it were one). The decode kernels of the bf16
-// tables (src/cpu/x86/quant_kernels_avx512vnni.c, quant_kernels_avx512bf16.c) spend about as many
-// of these other instructions as dot products; BENCHMARKS.md reads their cost from this.
+// zmm_mix.c - what a 512-bit instruction costs beside the dot products of the decode kernels on this
+// CPU: the cycles of a loop of 8 independent dot products (vdpbf16ps where the CPU has AVX512-BF16,
+// else vpdpwssd, the P V of the "avx512vnni" table), of 8 independent instructions of another kind,
+// and of the two interleaved. Where the two kinds run on separate pipes the mix takes as long as the
+// slower kind alone; where they share pipes (as 512-bit operations do on a CPU that runs them as two
+// 256-bit halves, or on the pipe that shuffles) it takes more: "each adds" is the mix's cycles
+// beyond the 8 dot products alone, per instruction of the other kind (1.00: it takes the dot
+// products' pipes as if it were one). The decode kernels of the bf16 and VNNI tables
+// (src/cpu/x86/quant_kernels_avx512vnni.c, quant_kernels_avx512bf16.c) spend about as many of these
+// other instructions as dot products; BENCHMARKS.md reads their cost from this. Rows whose
+// instruction the CPU lacks (vcvtne2ps2bf16 without AVX512-BF16, the byte permutes without
+// AVX512-VBMI) are left out.
 //
-// Build and run (x86-64 with AVX512-BF16, AVX512-VNNI and AVX512-VBMI; one thread):
-//   cc -O2 -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mavx512vnni -mavx512vbmi bench/zmm_mix.c -o zmm_mix
+// Build and run (x86-64 with AVX512-VNNI; one thread):
+//   cc -O2 bench/zmm_mix.c -o zmm_mix
 //   ./zmm_mix
 // Cycles are wall time times the clock measured by a chain of dependent adds (one a cycle).
 #define _POSIX_C_SOURCE 200809L
+#include <stdbool.h>
 #include <stdio.h>
 #include <time.h>
 
@@ -29,6 +34,10 @@ static double now_ns(void) {
 
 // One instruction writing zmm register i (8 .. 15) from zmm30 and zmm31 (the broadcast: from the stack).
 #define BF(i) "vdpbf16ps %%zmm30, %%zmm31, %%zmm" #i "\n\t"
+#define WSSD(i) "vpdpwssd %%zmm30, %%zmm31, %%zmm" #i "\n\t"
+#define FMA(i) "vfmadd231ps %%zmm30, %%zmm31, %%zmm" #i "\n\t"
+#define PERMB(i) "vpermb %%zmm30, %%zmm31, %%zmm" #i "\n\t"
+#define PERMT2B(i) "vpermt2b %%zmm30, %%zmm31, %%zmm" #i "\n\t"
 #define DPBUSD(i) "vpdpbusd %%zmm30, %%zmm31, %%zmm" #i "\n\t"
 #define MULPS(i) "vmulps %%zmm30, %%zmm31, %%zmm" #i "\n\t"
 #define PERMW(i) "vpermw %%zmm30, %%zmm31, %%zmm" #i "\n\t"
@@ -45,20 +54,22 @@ static double now_ns(void) {
 #define TERNLOG(i) "vpternlogd $0xf8, %%zmm30, %%zmm31, %%zmm" #i "\n\t"
 #define BCSTD(i) "vpbroadcastd 8(%%rsp), %%zmm" #i "\n\t"
 
-// vdpbf16ps accumulates into zmm0 .. 7 (eight chains), the other kind writes zmm8 .. 15.
-#define BF8 BF(0) BF(1) BF(2) BF(3) BF(4) BF(5) BF(6) BF(7)
+// The dot products accumulate into zmm0 .. 7 (eight chains), the other kind writes zmm8 .. 15.
+#define BASE8(B) B(0) B(1) B(2) B(3) B(4) B(5) B(6) B(7)
 #define ALONE(OP) OP(8) OP(9) OP(10) OP(11) OP(12) OP(13) OP(14) OP(15)
-#define MIX(OP) BF(0) OP(8) BF(1) OP(9) BF(2) OP(10) BF(3) OP(11) BF(4) OP(12) BF(5) OP(13) BF(6) OP(14) BF(7) OP(15)
+#define MIX(B, OP) B(0) OP(8) B(1) OP(9) B(2) OP(10) B(3) OP(11) B(4) OP(12) B(5) OP(13) B(6) OP(14) B(7) OP(15)
 
 #define LOOP(name, body)                                                                                           \
     static void name(long n) {                                                                                     \
         for (long i = 0; i < n; i++) __asm__ volatile(body ::: CLOBBERS);                                          \
     }
-#define KIND(OP) LOOP(alone_##OP, ALONE(OP)) LOOP(mix_##OP, MIX(OP))
+#define KIND(OP) LOOP(alone_##OP, ALONE(OP)) LOOP(bf_##OP, MIX(BF, OP)) LOOP(wssd_##OP, MIX(WSSD, OP))
 
-LOOP(bf_alone, BF8)
-KIND(DPBUSD) KIND(MULPS) KIND(PERMW) KIND(PERMT2W) KIND(PSHUFB) KIND(SHUFI) KIND(MOVZXBW) KIND(MOVSXBD)
-KIND(CVTDQ2PS) KIND(CVTPH2PS) KIND(CVTNE2) KIND(SRLW) KIND(ANDD) KIND(TERNLOG) KIND(BCSTD)
+LOOP(bf_alone, BASE8(BF))
+LOOP(wssd_alone, BASE8(WSSD))
+KIND(DPBUSD) KIND(WSSD) KIND(FMA) KIND(MULPS) KIND(PERMW) KIND(PERMT2W) KIND(PERMB) KIND(PERMT2B) KIND(PSHUFB)
+KIND(SHUFI) KIND(MOVZXBW) KIND(MOVSXBD) KIND(CVTDQ2PS) KIND(CVTPH2PS) KIND(CVTNE2) KIND(SRLW) KIND(ANDD)
+KIND(TERNLOG) KIND(BCSTD)
 
 static void add_chain(long n) {
     long x = 0;
@@ -79,24 +90,37 @@ static double ns_per_iter(void (*f)(long)) {
 }
 
 int main(void) {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512vnni")) {
+        fprintf(stderr, "zmm_mix: this CPU lacks AVX512-VNNI\n");
+        return 1;
+    }
+    const bool bf16 = __builtin_cpu_supports("avx512bf16"), vbmi = __builtin_cpu_supports("avx512vbmi");
+    const char *base_name = bf16 ? "vdpbf16ps" : "vpdpwssd";
     const double ghz = 4.0 / ns_per_iter(add_chain); // four dependent adds an iteration
-    const double bf = ns_per_iter(bf_alone) * ghz;
-    printf("clock %.2f GHz (dependent adds); 8 vdpbf16ps alone: %.2f cycles\n", ghz, bf);
-    printf("%-16s %10s %16s %14s\n", "8 of", "alone", "with 8 vdpbf16ps", "each adds");
+    const double base = ns_per_iter(bf16 ? bf_alone : wssd_alone) * ghz;
+    printf("clock %.2f GHz (dependent adds); 8 %s alone: %.2f cycles\n", ghz, base_name, base);
+    printf("%-16s %10s %11s %-9s %10s\n", "8 of", "alone", "with 8", base_name, "each adds");
     const struct {
         const char *name;
-        void (*alone)(long), (*mix)(long);
+        void (*alone)(long), (*bf)(long), (*wssd)(long);
+        bool needs_bf16, needs_vbmi;
     } kinds[] = {
-#define ROW(OP, text) {text, alone_##OP, mix_##OP},
-        ROW(DPBUSD, "vpdpbusd") ROW(MULPS, "vmulps") ROW(PERMW, "vpermw") ROW(PERMT2W, "vpermt2w") ROW(PSHUFB, "vpshufb")
-        ROW(SHUFI, "vshufi32x4") ROW(MOVZXBW, "vpmovzxbw") ROW(MOVSXBD, "vpmovsxbd") ROW(CVTDQ2PS, "vcvtdq2ps")
-        ROW(CVTPH2PS, "vcvtph2ps") ROW(CVTNE2, "vcvtne2ps2bf16") ROW(SRLW, "vpsrlw") ROW(ANDD, "vpandd")
-        ROW(TERNLOG, "vpternlogd") ROW(BCSTD, "dword broadcast")
+#define ROW(OP, text, b, v) {text, alone_##OP, bf_##OP, wssd_##OP, b, v},
+        ROW(DPBUSD, "vpdpbusd", false, false) ROW(WSSD, "vpdpwssd", false, false) ROW(FMA, "vfmadd231ps", false, false)
+        ROW(MULPS, "vmulps", false, false) ROW(PERMW, "vpermw", false, false) ROW(PERMT2W, "vpermt2w", false, false)
+        ROW(PERMB, "vpermb", false, true) ROW(PERMT2B, "vpermt2b", false, true) ROW(PSHUFB, "vpshufb", false, false)
+        ROW(SHUFI, "vshufi32x4", false, false) ROW(MOVZXBW, "vpmovzxbw", false, false)
+        ROW(MOVSXBD, "vpmovsxbd", false, false) ROW(CVTDQ2PS, "vcvtdq2ps", false, false)
+        ROW(CVTPH2PS, "vcvtph2ps", false, false) ROW(CVTNE2, "vcvtne2ps2bf16", true, false)
+        ROW(SRLW, "vpsrlw", false, false) ROW(ANDD, "vpandd", false, false) ROW(TERNLOG, "vpternlogd", false, false)
+        ROW(BCSTD, "dword broadcast", false, false)
 #undef ROW
     };
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
-        const double a = ns_per_iter(kinds[k].alone) * ghz, m = ns_per_iter(kinds[k].mix) * ghz;
-        printf("%-16s %10.2f %16.2f %14.2f\n", kinds[k].name, a, m, (m - bf) / 8.0);
+        if ((kinds[k].needs_bf16 && !bf16) || (kinds[k].needs_vbmi && !vbmi)) continue;
+        const double a = ns_per_iter(kinds[k].alone) * ghz, m = ns_per_iter(bf16 ? kinds[k].bf : kinds[k].wssd) * ghz;
+        printf("%-16s %10.2f %21.2f %10.2f\n", kinds[k].name, a, m, (m - base) / 8.0);
     }
     return 0;
 }
