@@ -78,22 +78,32 @@ static int fill(attn_dtype dt, int64_t n, void **out) {
     return *out == NULL ? -1 : fill_into(dt, n, *out);
 }
 
+// The row kernels of table kn on one key tile: q.k of b's query rows against the FLASH_BC key rows
+// at kt into b->st (through prep_q's form where the table has one), and P V of b->st's weights with
+// the value rows at vt into b->o.
+static void qk_tile(const attn__kernels *kn, attn_dtype dt, int D, const void *kt, bufs *b) {
+    if (!attn__is_block_dtype(dt)) kn->qk_rows(dt, kt, D, FLASH_BC, D, b->q, ROWS, b->st, 1, ROWS);
+    else kn->qk_rows_q(dt, kt, D, FLASH_BC, D, kn->prep_q != NULL ? b->prep : (void *)b->q, ROWS, b->st, 1, ROWS);
+}
+
+static void pv_tile(const attn__kernels *kn, attn_dtype dt, int D, const void *vt, bufs *b) {
+    (attn__is_block_dtype(dt) ? kn->pv_rows_q : kn->pv_rows)(dt, vt, D, FLASH_BC, D, b->st, ROWS, b->alpha, ROWS, b->o, D);
+}
+
 // One kernel's time per key, the fastest pass over the TILES tiles (ns).
 enum { QK, SOFTMAX, PV, N_KERNELS };
 
 static void run(const attn__kernels *kn, attn_dtype dt, int D, bufs *b, int which) {
-    const bool quant = dt == ATTN_DTYPE_Q8_0 || dt == ATTN_DTYPE_Q4_0;
     for (int t = 0; t < TILES; t++) {
         const char *kt = (const char *)b->k + (size_t)t * FLASH_BC * b->row_bytes;
         const char *vt = (const char *)b->v + (size_t)t * FLASH_BC * b->row_bytes;
         if (which == QK) {
-            if (quant) kn->qk_rows_q(dt, kt, D, FLASH_BC, D, kn->prep_q != NULL ? b->prep : (void *)b->q, ROWS, b->st, 1, ROWS);
-            else kn->qk_rows(dt, kt, D, FLASH_BC, D, b->q, ROWS, b->st, 1, ROWS);
+            qk_tile(kn, dt, D, kt, b);
         } else if (which == SOFTMAX) {
             for (int r = 0; r < ROWS; r++) b->m[r] = 4.0f; // the weights stay below 1, as after a first tile
             kn->softmax(b->st, FLASH_BC, ROWS, b->m, b->l, b->alpha);
         } else {
-            (quant ? kn->pv_rows_q : kn->pv_rows)(dt, vt, D, FLASH_BC, D, b->st, ROWS, b->alpha, ROWS, b->o, D);
+            pv_tile(kn, dt, D, vt, b);
         }
     }
 }
@@ -104,7 +114,6 @@ static void run(const attn__kernels *kn, attn_dtype dt, int D, bufs *b, int whic
 // passes, so that each pass reads the cache from memory.
 static double walk(const attn__kernels *kn, attn_dtype dt, int D, const void *k, const void *v, int64_t nkeys,
                    bufs *b, char *evict, int passes) {
-    const bool quant = dt == ATTN_DTYPE_Q8_0 || dt == ATTN_DTYPE_Q4_0;
     double best = 1e30;
     for (int p = 0; p < passes; p++) {
         if (evict != NULL) memset(evict, p, EVICT_BYTES);
@@ -113,10 +122,9 @@ static double walk(const attn__kernels *kn, attn_dtype dt, int D, const void *k,
         for (int64_t j0 = 0; j0 < nkeys; j0 += FLASH_BC) {
             const char *kt = (const char *)k + (size_t)j0 * b->row_bytes;
             const char *vt = (const char *)v + (size_t)j0 * b->row_bytes;
-            if (quant) kn->qk_rows_q(dt, kt, D, FLASH_BC, D, kn->prep_q != NULL ? b->prep : (void *)b->q, ROWS, b->st, 1, ROWS);
-            else kn->qk_rows(dt, kt, D, FLASH_BC, D, b->q, ROWS, b->st, 1, ROWS);
+            qk_tile(kn, dt, D, kt, b);
             kn->softmax(b->st, FLASH_BC, ROWS, b->m, b->l, b->alpha);
-            (quant ? kn->pv_rows_q : kn->pv_rows)(dt, vt, D, FLASH_BC, D, b->st, ROWS, b->alpha, ROWS, b->o, D);
+            pv_tile(kn, dt, D, vt, b);
         }
         const double t = (now_ns() - t0) / (double)nkeys;
         if (t < best) best = t;
