@@ -1,8 +1,10 @@
 // flash_kernels.c (generic) - the portable implementations of the flash primitives of cpu.h: plain
-// C loops over the tile layouts, written so a compiler can vectorise them for any target. Always
+// C loops over the tile layouts, written so a compiler can vectorise them for any target, and the
+// tile product (gemm, which pv runs on too) in GCC's and Clang's 128-bit vector types. Always
 // built; selected with ATTN_ISA_GENERIC and on CPUs without AVX2. Same results as the AVX2 kernels
 // up to the order of floating-point sums.
 #include <math.h>
+#include <string.h>
 
 #include "cpu/cpu.h"
 #include "philox.h"
@@ -48,18 +50,72 @@ static void exp2_generic(const float *x, float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = exp2_lanes(x[i]);
 }
 
+// The products a block of GEMM_MR rows and GEMM_NR columns at a time, its sums held in registers
+// across the whole k loop instead of a row of C loaded and stored at every k: GCC's and Clang's
+// vector types (the target's 128-bit vectors: SSE2, NEON, ...), with a plain loop elsewhere and for
+// the edges. Each element still sums its products in k order from its start value (a multiply, then
+// an add), so the results are those of a loop over one element at a time, bit for bit.
+#define GEMM_MR 4
+#define GEMM_NR 8
+
+static void gemm_edge(const float *A, int64_t a_rs, int64_t a_cs, int mr, int K, const float *B, int64_t ldb, int nr,
+                      float *C, int64_t ldc, bool accumulate) {
+    for (int r = 0; r < mr; r++) {
+        float *c = C + (int64_t)r * ldc;
+        if (!accumulate)
+            for (int n = 0; n < nr; n++) c[n] = 0.0f;
+        for (int k = 0; k < K; k++) {
+            const float a = A[(int64_t)r * a_rs + (int64_t)k * a_cs];
+            const float *b = B + (int64_t)k * ldb;
+            for (int n = 0; n < nr; n++) c[n] += a * b[n];
+        }
+    }
+}
+
+#if defined(__GNUC__)
+typedef float gemm_vec __attribute__((vector_size(16))); // 4 floats
+
+static inline gemm_vec vec_load(const float *p) {
+    gemm_vec v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static void gemm_full(const float *A, int64_t a_rs, int64_t a_cs, int K, const float *B, int64_t ldb, float *C,
+                      int64_t ldc, bool accumulate) {
+    gemm_vec c[GEMM_MR][2];
+    for (int r = 0; r < GEMM_MR; r++)
+        for (int h = 0; h < 2; h++) c[r][h] = accumulate ? vec_load(C + (int64_t)r * ldc + 4 * h) : (gemm_vec){0};
+    for (int k = 0; k < K; k++) {
+        const float *b = B + (int64_t)k * ldb;
+        const gemm_vec b0 = vec_load(b), b1 = vec_load(b + 4);
+        const float *a = A + (int64_t)k * a_cs;
+        for (int r = 0; r < GEMM_MR; r++) {
+            const float ar = a[(int64_t)r * a_rs];
+            c[r][0] += ar * b0;
+            c[r][1] += ar * b1;
+        }
+    }
+    for (int r = 0; r < GEMM_MR; r++)
+        for (int h = 0; h < 2; h++) memcpy(C + (int64_t)r * ldc + 4 * h, &c[r][h], sizeof(gemm_vec));
+}
+#else
+static void gemm_full(const float *A, int64_t a_rs, int64_t a_cs, int K, const float *B, int64_t ldb, float *C,
+                      int64_t ldc, bool accumulate) {
+    gemm_edge(A, a_rs, a_cs, GEMM_MR, K, B, ldb, GEMM_NR, C, ldc, accumulate);
+}
+#endif
+
 static void gemm_generic(const float *A, int64_t a_rs, int64_t a_cs, int M, int K, const float *B, int64_t ldb, int N,
                          float *C, int64_t ldc, bool accumulate) {
-    for (int m = 0; m < M; m++) {
-        float *c = C + (int64_t)m * ldc;
-        if (!accumulate)
-            for (int n = 0; n < N; n++) c[n] = 0.0f;
-        const float *a = A + (int64_t)m * a_rs;
-        for (int k = 0; k < K; k++) {
-            const float av = a[(int64_t)k * a_cs];
-            const float *b = B + (int64_t)k * ldb;
-            for (int n = 0; n < N; n++) c[n] += av * b[n];
-        }
+    for (int m0 = 0; m0 < M; m0 += GEMM_MR) {
+        const int mr = M - m0 < GEMM_MR ? M - m0 : GEMM_MR;
+        const float *a = A + (int64_t)m0 * a_rs;
+        float *c = C + (int64_t)m0 * ldc;
+        int n0 = 0;
+        if (mr == GEMM_MR)
+            for (; n0 + GEMM_NR <= N; n0 += GEMM_NR) gemm_full(a, a_rs, a_cs, K, B + n0, ldb, c + n0, ldc, accumulate);
+        if (n0 < N) gemm_edge(a, a_rs, a_cs, mr, K, B + n0, ldb, N - n0, c + n0, ldc, accumulate);
     }
 }
 
@@ -110,17 +166,12 @@ static void softmax_generic(float *st, int nj, int br, float *m, float *l, float
     }
 }
 
+// ot = alpha ot + V^T st: the columns of ot scaled, then the product, V read as the transposed A.
 static void pv_generic(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
                        const float *alpha, float *ot) {
-    for (int d = 0; d < Dv; d++) {
-        float *o = ot + (int64_t)d * br;
-        for (int i = 0; i < br; i++) o[i] *= alpha[i];
-        for (int j = 0; j < nj; j++) {
-            const float vv = v[(int64_t)j * vs_row + (int64_t)d * vs_d];
-            const float *p = st + (int64_t)j * br;
-            for (int i = 0; i < br; i++) o[i] += vv * p[i];
-        }
-    }
+    for (int d = 0; d < Dv; d++)
+        for (int i = 0; i < br; i++) ot[(int64_t)d * br + i] *= alpha[i];
+    gemm_generic(v, vs_d, vs_row, Dv, nj, st, br, br, ot, br, true);
 }
 
 #define ROW_CHUNK 256 // values of a key or value row the decode row kernels convert at a time (a multiple of 32)
