@@ -231,24 +231,29 @@ static void qk_rows_q_generic(attn_dtype dt, const void *k, int64_t ks_row, int 
     qk_rows_generic(dt, k, ks_row, nj, D, q, rows, s, s_r, s_j);
 }
 
-// o row r = alpha[r] o row r + sum_j pt[j ldp + r] v row j: each value row converted once.
+// o row r = alpha[r] o row r + sum_j pt[j ldp + r] v row j on the tile product (pt as the
+// transposed A): float32 rows read in place, other types PV_GROUP rows at a time converted once
+// into a buffer. Each element sums its keys in order, as one key at a time would.
+#define PV_GROUP 8
 static void pv_rows_generic(attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pt,
                             int64_t ldp, const float *alpha, int rows, float *o, int64_t ldo) {
-    float buf[ROW_CHUNK];
     for (int r = 0; r < rows; r++) {
         float *orow = o + (int64_t)r * ldo;
         for (int e = 0; e < Dv; e++) orow[e] *= alpha[r];
     }
-    for (int j = 0; j < nj; j++)
+    if (dt == ATTN_DTYPE_F32) {
+        gemm_generic(pt, 1, ldp, rows, nj, (const float *)v, vs_row, Dv, o, ldo, true);
+        return;
+    }
+    float buf[PV_GROUP][ROW_CHUNK];
+    for (int j0 = 0; j0 < nj; j0 += PV_GROUP) {
+        const int kg = nj - j0 < PV_GROUP ? nj - j0 : PV_GROUP;
         for (int c0 = 0; c0 < Dv; c0 += ROW_CHUNK) {
             const int n = Dv - c0 < ROW_CHUNK ? Dv - c0 : ROW_CHUNK;
-            const float *vf = row_chunk(dt, v, (int64_t)j * vs_row + c0, n, buf);
-            for (int r = 0; r < rows; r++) {
-                const float w = pt[(int64_t)j * ldp + r];
-                float *orow = o + (int64_t)r * ldo + c0;
-                for (int e = 0; e < n; e++) orow[e] += w * vf[e];
-            }
+            for (int j = 0; j < kg; j++) (void)row_chunk(dt, v, (int64_t)(j0 + j) * vs_row + c0, n, buf[j]);
+            gemm_generic(pt + (int64_t)j0 * ldp, 1, ldp, rows, kg, buf[0], ROW_CHUNK, n, o + c0, ldo, true);
         }
+    }
 }
 
 static void philox_lanes_generic(uint32_t c0, int64_t i0, uint32_t c2, uint32_t c3, uint64_t seed,
