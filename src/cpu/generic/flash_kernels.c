@@ -195,8 +195,45 @@ static const float *row_chunk(attn_dtype dt, const void *p, int64_t off, int n, 
     return buf;
 }
 
+// part[r][i] += the products q[r ldq + d] kf[d] of d = i (mod PARTS) in order, for nr rows and
+// d < n. Four rows at a time in vector registers (eight accumulators: the sums of one row alone
+// would wait on each other's latency), the same sums in the same order as one row at a time.
+static void dot_rows(const float *q, int64_t ldq, int nr, const float *kf, int n, float part[][PARTS]) {
+    int r = 0;
+#if defined(__GNUC__)
+    _Static_assert(PARTS == 8, "two vectors of four partial sums a row");
+    for (; r + 4 <= nr; r += 4) {
+        gemm_vec a[4][2];
+        for (int x = 0; x < 4; x++) a[x][0] = vec_load(part[r + x]), a[x][1] = vec_load(part[r + x] + 4);
+        int d = 0;
+        for (; d + PARTS <= n; d += PARTS) {
+            const gemm_vec k0 = vec_load(kf + d), k1 = vec_load(kf + d + 4);
+            for (int x = 0; x < 4; x++) {
+                const float *qr = q + (int64_t)(r + x) * ldq + d;
+                a[x][0] += vec_load(qr) * k0;
+                a[x][1] += vec_load(qr + 4) * k1;
+            }
+        }
+        for (int x = 0; x < 4; x++) {
+            memcpy(part[r + x], &a[x][0], sizeof(gemm_vec)), memcpy(part[r + x] + 4, &a[x][1], sizeof(gemm_vec));
+            for (int e = d; e < n; e++) part[r + x][e % PARTS] += q[(int64_t)(r + x) * ldq + e] * kf[e];
+        }
+    }
+#endif
+    for (; r < nr; r++) {
+        const float *qr = q + (int64_t)r * ldq;
+        float a[PARTS]; // in registers across the loop
+        for (int i = 0; i < PARTS; i++) a[i] = part[r][i];
+        int d = 0;
+        for (; d + PARTS <= n; d += PARTS)
+            for (int i = 0; i < PARTS; i++) a[i] += qr[d + i] * kf[d + i];
+        for (; d < n; d++) a[d % PARTS] += qr[d] * kf[d];
+        for (int i = 0; i < PARTS; i++) part[r][i] = a[i];
+    }
+}
+
 // s[r s_r + j s_j] = q row r . key row j: each key row converted once (float32 read in place), the
-// products summed in PARTS lanes, then the lanes in order.
+// products summed in PARTS lanes (dot_rows), then the lanes in order.
 static void qk_rows_generic(attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const float *q, int rows,
                             float *s, int64_t s_r, int64_t s_j) {
     float buf[ROW_CHUNK];
@@ -206,17 +243,7 @@ static void qk_rows_generic(attn_dtype dt, const void *k, int64_t ks_row, int nj
             float part[8][PARTS] = {{0}};
             for (int c0 = 0; c0 < D; c0 += ROW_CHUNK) {
                 const int n = D - c0 < ROW_CHUNK ? D - c0 : ROW_CHUNK;
-                const float *kf = row_chunk(dt, k, (int64_t)j * ks_row + c0, n, buf);
-                for (int r = 0; r < nr; r++) {
-                    const float *qr = q + (int64_t)(r0 + r) * D + c0;
-                    float a[PARTS]; // in registers across the loop
-                    for (int i = 0; i < PARTS; i++) a[i] = part[r][i];
-                    int d = 0;
-                    for (; d + PARTS <= n; d += PARTS)
-                        for (int i = 0; i < PARTS; i++) a[i] += qr[d + i] * kf[d + i];
-                    for (; d < n; d++) a[d % PARTS] += qr[d] * kf[d];
-                    for (int i = 0; i < PARTS; i++) part[r][i] = a[i];
-                }
+                dot_rows(q + (int64_t)r0 * D + c0, D, nr, row_chunk(dt, k, (int64_t)j * ks_row + c0, n, buf), n, part);
             }
             for (int r = 0; r < nr; r++) {
                 float acc = 0.0f;
