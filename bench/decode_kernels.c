@@ -15,6 +15,7 @@
 //
 // Build against the static library of a build directory (the kernel tables are internal):
 //   cc -O2 -Iinclude -Isrc bench/decode_kernels.c build/libattn.a -lm -lpthread -o decode_kernels
+// (make builds it too, as build/bench/decode_kernels, with the library's flags)
 //   ./decode_kernels [D] [stream]
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -81,13 +82,13 @@ static int fill(attn_dtype dt, int64_t n, void **out) {
 // The row kernels of table kn on one key tile: q.k of b's query rows against the FLASH_BC key rows
 // at kt into b->st (through prep_q's form where the table has one), and P V of b->st's weights with
 // the value rows at vt into b->o.
-static void qk_tile(const attn__kernels *kn, attn_dtype dt, int D, const void *kt, bufs *b) {
-    if (!attn__is_block_dtype(dt)) kn->qk_rows(dt, kt, D, FLASH_BC, D, b->q, ROWS, b->st, 1, ROWS);
-    else kn->qk_rows_q(dt, kt, D, FLASH_BC, D, kn->prep_q != NULL ? b->prep : (void *)b->q, ROWS, b->st, 1, ROWS);
+static void qk_tile(const attn__kernels *kn, attn_dtype dt, int D, const void *kt, int nj, bufs *b) {
+    if (!attn__is_block_dtype(dt)) kn->qk_rows(dt, kt, D, nj, D, b->q, ROWS, b->st, 1, ROWS);
+    else kn->qk_rows_q(dt, kt, D, nj, D, kn->prep_q != NULL ? b->prep : (void *)b->q, ROWS, b->st, 1, ROWS);
 }
 
-static void pv_tile(const attn__kernels *kn, attn_dtype dt, int D, const void *vt, bufs *b) {
-    (attn__is_block_dtype(dt) ? kn->pv_rows_q : kn->pv_rows)(dt, vt, D, FLASH_BC, D, b->st, ROWS, b->alpha, ROWS, b->o, D);
+static void pv_tile(const attn__kernels *kn, attn_dtype dt, int D, const void *vt, int nj, bufs *b) {
+    (attn__is_block_dtype(dt) ? kn->pv_rows_q : kn->pv_rows)(dt, vt, D, nj, D, b->st, ROWS, b->alpha, ROWS, b->o, D);
 }
 
 // One kernel's time per key, the fastest pass over the TILES tiles (ns).
@@ -98,12 +99,12 @@ static void run(const attn__kernels *kn, attn_dtype dt, int D, bufs *b, int whic
         const char *kt = (const char *)b->k + (size_t)t * FLASH_BC * b->row_bytes;
         const char *vt = (const char *)b->v + (size_t)t * FLASH_BC * b->row_bytes;
         if (which == QK) {
-            qk_tile(kn, dt, D, kt, b);
+            qk_tile(kn, dt, D, kt, FLASH_BC, b);
         } else if (which == SOFTMAX) {
             for (int r = 0; r < ROWS; r++) b->m[r] = 4.0f; // the weights stay below 1, as after a first tile
             kn->softmax(b->st, FLASH_BC, ROWS, b->m, b->l, b->alpha);
         } else {
-            pv_tile(kn, dt, D, vt, b);
+            pv_tile(kn, dt, D, vt, FLASH_BC, b);
         }
     }
 }
@@ -119,12 +120,13 @@ static double walk(const attn__kernels *kn, attn_dtype dt, int D, const void *k,
         if (evict != NULL) memset(evict, p, EVICT_BYTES);
         for (int r = 0; r < ROWS; r++) b->m[r] = -INFINITY, b->l[r] = 0.0f;
         const double t0 = now_ns();
-        for (int64_t j0 = 0; j0 < nkeys; j0 += FLASH_BC) {
+        for (int64_t j0 = 0; j0 < nkeys; j0 += FLASH_BC) { // the last tile holds what is left
+            const int nj = nkeys - j0 < FLASH_BC ? (int)(nkeys - j0) : FLASH_BC;
             const char *kt = (const char *)k + (size_t)j0 * b->row_bytes;
             const char *vt = (const char *)v + (size_t)j0 * b->row_bytes;
-            qk_tile(kn, dt, D, kt, b);
-            kn->softmax(b->st, FLASH_BC, ROWS, b->m, b->l, b->alpha);
-            pv_tile(kn, dt, D, vt, b);
+            qk_tile(kn, dt, D, kt, nj, b);
+            kn->softmax(b->st, nj, ROWS, b->m, b->l, b->alpha);
+            pv_tile(kn, dt, D, vt, nj, b);
         }
         const double t = (now_ns() - t0) / (double)nkeys;
         if (t < best) best = t;
