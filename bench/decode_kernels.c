@@ -79,9 +79,9 @@ static int fill(attn_dtype dt, int64_t n, void **out) {
     return *out == NULL ? -1 : fill_into(dt, n, *out);
 }
 
-// The row kernels of table kn on one key tile: q.k of b's query rows against the FLASH_BC key rows
-// at kt into b->st (through prep_q's form where the table has one), and P V of b->st's weights with
-// the value rows at vt into b->o.
+// The row kernels of table kn on one key tile: q.k of b's query rows against the nj (at most
+// FLASH_BC) key rows at kt into b->st (through prep_q's form where the table has one), and P V of
+// b->st's weights with the nj value rows at vt into b->o.
 static void qk_tile(const attn__kernels *kn, attn_dtype dt, int D, const void *kt, int nj, bufs *b) {
     if (!attn__is_block_dtype(dt)) kn->qk_rows(dt, kt, D, nj, D, b->q, ROWS, b->st, 1, ROWS);
     else kn->qk_rows_q(dt, kt, D, nj, D, kn->prep_q != NULL ? b->prep : (void *)b->q, ROWS, b->st, 1, ROWS);
