@@ -20,11 +20,12 @@
 // query's rounding (attn_isa_int8_query); a block with an infinite or NaN scale makes its key's
 // score NaN (d_k + (d_k - d_k)).
 //
-// pv_rows folds d into the weights: per block of 32 columns it first forms each key's four weights
-// times the block's scale (p * d, one rounding more than p * (q * d); the error bound of attn.h
-// allows it), then runs the block's two halves of 16 columns over the keys with the quants as floats
-// (8 accumulators: four rows, two vectors; Q4_0's n - 8 as the sum over n less 8 times the sum of
-// the weights), which takes the scale's conversion and two multiplies out of every key's step.
+// pv_rows folds d into the weights: for four blocks of 32 columns at a time it first forms each
+// key's four weights times each block's scale (p * d, one rounding more than p * (q * d); the error
+// bound of attn.h allows it; two blocks a vector), then runs each block's two halves of 16 columns
+// over the keys with the quants as floats (8 accumulators: four rows, two vectors; Q4_0's n - 8 as
+// the sum over n less 8 times the sum of the weights), which takes the scale's conversion and two
+// multiplies out of every key's step.
 //
 // Prefetch (see decode_prefetch.h): qk_rows requests each key row's lines DECODE_PF_BYTES ahead as
 // it reads the row; each pv_rows pass requests the half-block it reads, FLASH_BC rows on.
@@ -293,18 +294,18 @@ void attn__qk_rows_q_avx2(attn_dtype dt, const void *k, int64_t ks_row, int nj, 
 }
 
 // Half h (columns 16h .. 16h + 15) of one block of the value rows (b: key 0's block, the next
-// key's row_bytes on) for four rows with the weights w (the block's scale folded in): per key two
-// vectors of quants (load8_quants: Q4_0's -8 is pv_rows_impl's) and the four weights broadcast,
-// eight accumulators, left in c[0..7] (row r: c[2r], c[2r + 1]).
-INLINE void pv_half(const attn_dtype dt, const int h, const uint8_t *b, int64_t row_bytes, int nj,
-                    const float (*w)[4], bool prefetch, __m256 c[8]) {
+// key's row_bytes on) for four rows with the weights w (the block's scale folded in; key j's four
+// at w[16 j]): per key two vectors of quants (load8_quants: Q4_0's -8 is pv_rows_impl's) and the
+// four weights broadcast, eight accumulators, left in c[0..7] (row r: c[2r], c[2r + 1]).
+INLINE void pv_half(const attn_dtype dt, const int h, const uint8_t *b, int64_t row_bytes, int nj, const float *w,
+                    bool prefetch, __m256 c[8]) {
     __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
     const int64_t pf = FLASH_BC * row_bytes; // the same columns, a tile on
-    for (int j = 0; j < nj; j++, b += row_bytes) {
+    for (int j = 0; j < nj; j++, b += row_bytes, w += 16) {
         if (prefetch) _mm_prefetch((const char *)b + pf + 2 + 16 * h, _MM_HINT_T1);
         const __m256 v0 = load8_quants(dt, b, 2 * h), v1 = load8_quants(dt, b, 2 * h + 1);
-        const __m256 w0 = _mm256_broadcast_ss(&w[j][0]), w1 = _mm256_broadcast_ss(&w[j][1]),
-                     w2 = _mm256_broadcast_ss(&w[j][2]), w3 = _mm256_broadcast_ss(&w[j][3]);
+        const __m256 w0 = _mm256_broadcast_ss(w), w1 = _mm256_broadcast_ss(w + 1), w2 = _mm256_broadcast_ss(w + 2),
+                     w3 = _mm256_broadcast_ss(w + 3);
         c0 = _mm256_fmadd_ps(w0, v0, c0), c1 = _mm256_fmadd_ps(w0, v1, c1);
         c2 = _mm256_fmadd_ps(w1, v0, c2), c3 = _mm256_fmadd_ps(w1, v1, c3);
         c4 = _mm256_fmadd_ps(w2, v0, c4), c5 = _mm256_fmadd_ps(w2, v1, c5);
@@ -313,33 +314,54 @@ INLINE void pv_half(const attn_dtype dt, const int h, const uint8_t *b, int64_t 
     c[0] = c0, c[1] = c1, c[2] = c2, c[3] = c3, c[4] = c4, c[5] = c5, c[6] = c6, c[7] = c7;
 }
 
-// Four rows (pp: their weights in the tile, pp[0..3], advancing by ldp) and nj <= PV_KEYS keys, a
-// block of 32 columns at a time: first each key's four weights times the block's scale (w), then
-// the block's two halves on the quants; Q4_0's n - 8 as the sum over the nibbles n less 8 times
-// the sum of the weights (ws); the sums are added to the rows of o, scaled by alpha when `scale_o`.
+// The scales of the nbg (at most four) blocks from b as floats, lanes past nbg 0.
+INLINE __m128 group_scales(const attn_dtype dt, const uint8_t *b, int nbg) {
+    const int bb = block_bytes(dt);
+    const uint32_t s0 = scale_bits(b), s1 = nbg > 1 ? scale_bits(b + bb) : 0u;
+    const uint32_t s2 = nbg > 2 ? scale_bits(b + 2 * bb) : 0u, s3 = nbg > 3 ? scale_bits(b + 3 * bb) : 0u;
+    return _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128((int)(s0 | s1 << 16)), (int)(s2 | s3 << 16), 1));
+}
+
+// Four rows (pp: their weights in the tile, pp[0..3], advancing by ldp) and nj <= PV_KEYS keys, four
+// blocks of 32 columns at a time: first each key's four weights times each block's scale (w, two
+// blocks a vector: the products are those of one block at a time, p * d, and ws sums them over the
+// keys in the same order), then each block's two halves on the quants; Q4_0's n - 8 as the sum
+// over the nibbles n less 8 times the sum of the weights (ws); the sums are added to the rows of o,
+// scaled by alpha when `scale_o`.
 INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pp,
                          int64_t ldp, const float *alpha, bool scale_o, int nr, bool prefetch, float *o, int64_t ldo) {
     const int64_t row_bytes = vs_row / ATTN_QBLOCK * block_bytes(dt);
-    float w[PV_KEYS][4] __attribute__((aligned(16)));
-    for (int e = 0; e < Dv; e += ATTN_QBLOCK) {
-        const uint8_t *b = block_at(v, dt, e);
-        __m128 ws = _mm_setzero_ps();
+    const __m256i lo = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), hi = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+    float w[PV_KEYS * 16] __attribute__((aligned(32))); // key j: block g's four weights at w[16 j + 4 g]
+    for (int e0 = 0; e0 < Dv; e0 += 4 * ATTN_QBLOCK) {
+        const int nbg = (Dv - e0) / ATTN_QBLOCK < 4 ? (Dv - e0) / ATTN_QBLOCK : 4;
+        const uint8_t *b0 = block_at(v, dt, e0);
+        __m256 ws01 = _mm256_setzero_ps(), ws23 = ws01;
         for (int j = 0; j < nj; j++) {
-            const __m128 x = _mm_mul_ps(_mm_loadu_ps(pp + (int64_t)j * ldp), _mm_set1_ps(scale_f(b + (int64_t)j * row_bytes)));
-            _mm_store_ps(w[j], x);
-            ws = _mm_add_ps(ws, x);
+            const __m256 p = _mm256_broadcast_ps((const __m128 *)(pp + (int64_t)j * ldp));
+            const __m256 d = _mm256_castps128_ps256(group_scales(dt, b0 + (int64_t)j * row_bytes, nbg));
+            const __m256 x01 = _mm256_mul_ps(p, _mm256_permutevar8x32_ps(d, lo));
+            const __m256 x23 = _mm256_mul_ps(p, _mm256_permutevar8x32_ps(d, hi));
+            _mm256_store_ps(w + 16 * j, x01), _mm256_store_ps(w + 16 * j + 8, x23);
+            if (dt == ATTN_DTYPE_Q4_0) ws01 = _mm256_add_ps(ws01, x01), ws23 = _mm256_add_ps(ws23, x23);
         }
-        float wsum[4];
-        _mm_storeu_ps(wsum, _mm_mul_ps(ws, _mm_set1_ps(dt == ATTN_DTYPE_Q4_0 ? 8.0f : 0.0f)));
-        __m256 c[16];
-        pv_half(dt, 0, b, row_bytes, nj, (const float (*)[4])w, prefetch, c);
-        pv_half(dt, 1, b, row_bytes, nj, (const float (*)[4])w, prefetch, c + 8);
-        for (int r = 0; r < nr; r++) {
-            float *orow = o + (int64_t)r * ldo + e;
-            const __m256 a = _mm256_set1_ps(scale_o ? alpha[r] : 1.0f), m = _mm256_set1_ps(wsum[r]);
-            for (int x = 0; x < 4; x++) // column vector x: half x / 2, its vector x % 2
-                _mm256_storeu_ps(orow + 8 * x, _mm256_fmadd_ps(a, _mm256_loadu_ps(orow + 8 * x),
-                                                               _mm256_sub_ps(c[8 * (x / 2) + 2 * r + x % 2], m)));
+        float wsum[16] __attribute__((aligned(32))); // 8 times block g's sum of row r's weights at 4g + r
+        _mm256_store_ps(wsum, _mm256_mul_ps(ws01, _mm256_set1_ps(8.0f)));
+        _mm256_store_ps(wsum + 8, _mm256_mul_ps(ws23, _mm256_set1_ps(8.0f)));
+        for (int g = 0; g < nbg; g++) {
+            const int e = e0 + g * ATTN_QBLOCK;
+            const uint8_t *b = block_at(v, dt, e);
+            __m256 c[16];
+            pv_half(dt, 0, b, row_bytes, nj, w + 4 * g, prefetch, c);
+            pv_half(dt, 1, b, row_bytes, nj, w + 4 * g, prefetch, c + 8);
+            for (int r = 0; r < nr; r++) {
+                float *orow = o + (int64_t)r * ldo + e;
+                const __m256 a = _mm256_set1_ps(scale_o ? alpha[r] : 1.0f);
+                const __m256 m = _mm256_set1_ps(dt == ATTN_DTYPE_Q4_0 ? wsum[4 * g + r] : 0.0f);
+                for (int x = 0; x < 4; x++) // column vector x: half x / 2, its vector x % 2
+                    _mm256_storeu_ps(orow + 8 * x, _mm256_fmadd_ps(a, _mm256_loadu_ps(orow + 8 * x),
+                                                                   _mm256_sub_ps(c[8 * (x / 2) + 2 * r + x % 2], m)));
+            }
         }
     }
 }
