@@ -127,9 +127,17 @@ static void softmax_compact(float *st, int nj, float *m, float *l, float *alpha)
     const __m128 m4 = _mm_loadu_ps(m);
     const __m256 m_old = _mm256_insertf128_ps(_mm256_castps128_ps256(m4), m4, 1);
     const int n8 = nj / 2 * 8;
-    __m256 mx = m_old;
-    for (int i = 0; i < n8; i += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(st + i));
-    if (nj % 2) mx = _mm256_max_ps(mx, _mm256_insertf128_ps(neg_inf, _mm_loadu_ps(st + n8), 0));
+    // four chains of maxima, not one chain of the max's latency (the same maximum in any order where
+    // no score is NaN; a NaN score makes its row's sum, and so its output, NaN either way)
+    __m256 mx = m_old, mx1 = neg_inf, mx2 = neg_inf, mx3 = neg_inf;
+    int k = 0;
+    for (; k + 32 <= n8; k += 32) {
+        mx = _mm256_max_ps(mx, _mm256_loadu_ps(st + k)), mx1 = _mm256_max_ps(mx1, _mm256_loadu_ps(st + k + 8));
+        mx2 = _mm256_max_ps(mx2, _mm256_loadu_ps(st + k + 16)), mx3 = _mm256_max_ps(mx3, _mm256_loadu_ps(st + k + 24));
+    }
+    for (; k < n8; k += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(st + k));
+    if (nj % 2) mx1 = _mm256_max_ps(mx1, _mm256_insertf128_ps(neg_inf, _mm_loadu_ps(st + n8), 0));
+    mx = _mm256_max_ps(_mm256_max_ps(mx, mx1), _mm256_max_ps(mx2, mx3));
     mx = _mm256_max_ps(mx, _mm256_permute2f128_ps(mx, mx, 1));
     mx = _mm256_permute2f128_ps(mx, mx, 0);
     const __m256 base = _mm256_blendv_ps(mx, _mm256_setzero_ps(), _mm256_cmp_ps(mx, neg_inf, _CMP_EQ_OQ));

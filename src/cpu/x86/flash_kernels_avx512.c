@@ -88,9 +88,17 @@ static void softmax_compact(float *st, int nj, int br, float *m, float *l, float
     const __m512 m_old = _mm512_permutexvar_ps(col_of, _mm512_maskz_loadu_ps(cols, m));
     const int64_t n = (int64_t)nj * br, n16 = n / 16 * 16;
     const __mmask16 tail = (__mmask16)((1u << (n - n16)) - 1u);
-    __m512 mx = m_old;
-    for (int64_t i = 0; i < n16; i += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(st + i));
-    if (tail) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(neg_inf, tail, st + n16));
+    // four chains of maxima, not one chain of the max's latency (the same maximum in any order where
+    // no score is NaN; a NaN score makes its row's sum, and so its output, NaN either way)
+    __m512 mx = m_old, mx1 = neg_inf, mx2 = neg_inf, mx3 = neg_inf;
+    int64_t k = 0;
+    for (; k + 64 <= n16; k += 64) {
+        mx = _mm512_max_ps(mx, _mm512_loadu_ps(st + k)), mx1 = _mm512_max_ps(mx1, _mm512_loadu_ps(st + k + 16));
+        mx2 = _mm512_max_ps(mx2, _mm512_loadu_ps(st + k + 32)), mx3 = _mm512_max_ps(mx3, _mm512_loadu_ps(st + k + 48));
+    }
+    for (; k < n16; k += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(st + k));
+    if (tail) mx1 = _mm512_max_ps(mx1, _mm512_mask_loadu_ps(neg_inf, tail, st + n16));
+    mx = _mm512_max_ps(_mm512_max_ps(mx, mx1), _mm512_max_ps(mx2, mx3));
     mx = _mm512_max_ps(mx, _mm512_shuffle_f32x4(mx, mx, _MM_SHUFFLE(1, 0, 3, 2)));
     if (br == 4) mx = _mm512_max_ps(mx, _mm512_shuffle_f32x4(mx, mx, _MM_SHUFFLE(2, 3, 0, 1)));
     mx = _mm512_permutexvar_ps(col_of, mx);
