@@ -345,7 +345,7 @@ INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int
             _mm256_store_ps(w + 16 * j, x01), _mm256_store_ps(w + 16 * j + 8, x23);
             if (dt == ATTN_DTYPE_Q4_0) ws01 = _mm256_add_ps(ws01, x01), ws23 = _mm256_add_ps(ws23, x23);
         }
-        float wsum[16] __attribute__((aligned(32))); // 8 times block g's sum of row r's weights at 4g + r
+        float wsum[16] __attribute__((aligned(32))); // 8 times block g's sum of row r's weights at 4g + r (Q4_0)
         _mm256_store_ps(wsum, _mm256_mul_ps(ws01, _mm256_set1_ps(8.0f)));
         _mm256_store_ps(wsum + 8, _mm256_mul_ps(ws23, _mm256_set1_ps(8.0f)));
         for (int g = 0; g < nbg; g++) {
@@ -357,7 +357,7 @@ INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int
             for (int r = 0; r < nr; r++) {
                 float *orow = o + (int64_t)r * ldo + e;
                 const __m256 a = _mm256_set1_ps(scale_o ? alpha[r] : 1.0f);
-                const __m256 m = _mm256_set1_ps(dt == ATTN_DTYPE_Q4_0 ? wsum[4 * g + r] : 0.0f);
+                const __m256 m = _mm256_set1_ps(wsum[4 * g + r]); // 0 for Q8_0
                 for (int x = 0; x < 4; x++) // column vector x: half x / 2, its vector x % 2
                     _mm256_storeu_ps(orow + 8 * x, _mm256_fmadd_ps(a, _mm256_loadu_ps(orow + 8 * x),
                                                                    _mm256_sub_ps(c[8 * (x / 2) + 2 * r + x % 2], m)));
