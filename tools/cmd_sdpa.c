@@ -118,7 +118,7 @@ int cmd_sdpa(int argc, char **argv) {
         {"--alibi", ARG_STRING, &alibi_path, "SLOPES.npy", "ALiBi slopes, float32 (H)", false, false},
         {"--softcap", ARG_FLOAT, &softcap, "C", "logit soft-capping C * tanh(s / C)", false, false},
         {"--sinks", ARG_STRING, &sinks_path, "Z.npy", "attention sink logits, float32 (H)", false, false},
-        {"--kv-dtype", ARG_STRING, &kv_dtype, "T", "f32, f16 or bf16: round k and v to T first", false, false},
+        {"--kv-dtype", ARG_STRING, &kv_dtype, "T", "f32, f16, bf16, q8_0 or q4_0: round k and v to T first", false, false},
         {"--dtype", ARG_STRING, &all_dtype, "T", "f32, f16 or bf16: q, k, v, out and gradients in T", false, false},
         {"--isa", ARG_STRING, &isa_name, "ISA", "kernels: " ATTN_ISA_NAMES, false, false},
         {"--grad-out", ARG_STRING, &grad_path, "DO.npy", "dL/d out: run the backward too", false, false},
