@@ -1,0 +1,115 @@
+// flash_kernels.c - the float32 forward's tile kernels of each kernel table this CPU runs, alone:
+// the product S^T = K Q^T (gemm), the online softmax and P V (pv), on one work item's tiles of
+// FLASH_BC keys against BR = 128 queries (attn__qk and the calls of flash_fwd.c), over TILES key
+// and value tiles that stay in L2, walked in turn. Reports GFLOP/s for the two products (2 nj BR D
+// each a tile), nanoseconds a tile for the softmax, and the three together as GFLOP/s of the tile's
+// two products, each the fastest of PASSES passes: the kernels' instruction cost without the rest of
+// a forward call (the gathering of q, masks, the next tile's prefetch, the output). Compare the
+// products with the one-thread FMA peak of bench/peak.c measured in the same minute.
+//
+// Build against the static library of a build directory (the kernel tables are internal):
+//   cc -O2 -Iinclude -Isrc bench/flash_kernels.c build/libattn.a -lm -lpthread -o flash_kernels
+// (make builds it too, as build/bench/flash_kernels, with the library's flags)
+//   ./flash_kernels [D]     (D = Dv, default 64)
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "attn.h"
+#include "cpu/cpu.h"
+#include "cpu/flash.h"
+
+#define BR 128   // queries of a work item (flash_fwd.c's FLASH_BR)
+#define TILES 8  // key and value tiles walked in turn (in L2 at D = 64: 8 x 2 x 24 KiB)
+#define PASSES 300
+
+static double now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
+}
+
+typedef struct bufs {
+    float *qt;          // (D, BR): the queries transposed, as flash_fwd.c lays them out
+    float *k, *v;       // TILES * FLASH_BC rows of D values
+    float *st;          // (FLASH_BC, BR) scores, then weights
+    float *ot;          // (D, BR) output, transposed
+    float m[BR] __attribute__((aligned(64))), l[BR] __attribute__((aligned(64))), alpha[BR] __attribute__((aligned(64)));
+} bufs;
+
+static float *alloc_floats(int64_t n) { return aligned_alloc(64, ((size_t)n * sizeof(float) + 63) / 64 * 64); }
+
+// A fixed sequence of values in [-scale/2, scale/2).
+static void fill(float *x, int64_t n, float scale, uint32_t seed) {
+    for (int64_t i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        x[i] = ((float)(seed >> 8) / 16777216.0f - 0.5f) * scale;
+    }
+}
+
+enum { QK, SOFTMAX, PV, ALL, N_KERNELS };
+
+// One pass of kernel `which` over the TILES tiles (ALL: the three in turn on each tile).
+static void run(const attn__kernels *kn, int D, bufs *b, int which) {
+    for (int t = 0; t < TILES; t++) {
+        const float *kt = b->k + (int64_t)t * FLASH_BC * D, *vt = b->v + (int64_t)t * FLASH_BC * D;
+        if (which == QK || which == ALL) attn__qk(kn, kt, D, 1, FLASH_BC, D, b->qt, BR, b->st);
+        if (which == SOFTMAX || which == ALL) {
+            for (int i = 0; i < BR; i++) b->m[i] = 2.0f; // the weights stay at most 1, as after a first tile
+            kn->softmax(b->st, FLASH_BC, BR, b->m, b->l, b->alpha);
+        }
+        if (which == PV || which == ALL) kn->pv(vt, D, 1, FLASH_BC, D, b->st, BR, b->alpha, b->ot);
+    }
+}
+
+static const attn_isa isas[] = {ATTN_ISA_GENERIC, ATTN_ISA_AVX2, ATTN_ISA_AVX512, ATTN_ISA_AVX512_VNNI,
+                                ATTN_ISA_AVX512_BF16, ATTN_ISA_AMX_BF16};
+
+int main(int argc, char **argv) {
+    const int D = argc > 1 ? atoi(argv[1]) : 64;
+    if (D < 1 || D > 512 || argc > 2) {
+        fprintf(stderr, "usage: %s [D]   (D = Dv, 1 to 512)\n", argv[0]);
+        return 2;
+    }
+    bufs b;
+    b.qt = alloc_floats((int64_t)D * BR), b.st = alloc_floats((int64_t)FLASH_BC * BR), b.ot = alloc_floats((int64_t)D * BR);
+    b.k = alloc_floats((int64_t)TILES * FLASH_BC * D), b.v = alloc_floats((int64_t)TILES * FLASH_BC * D);
+    if (b.qt == NULL || b.st == NULL || b.ot == NULL || b.k == NULL || b.v == NULL) return 1;
+    // q pre-scaled as flash_fwd.c scales it (1/sqrt(D) log2(e)), so the scores stay small
+    fill(b.qt, (int64_t)D * BR, 3.0f * 1.4426950f / sqrtf((float)D), 1u);
+    fill(b.k, (int64_t)TILES * FLASH_BC * D, 3.0f, 2u);
+    fill(b.v, (int64_t)TILES * FLASH_BC * D, 3.0f, 3u);
+    const double flops = 2.0 * FLASH_BC * BR * D * TILES; // one product over the tiles
+    printf("forward tile kernels, float32, %d queries x %d keys a tile, D = Dv = %d, %d tiles in turn, one thread "
+           "(fastest of %d)\n", BR, FLASH_BC, D, TILES, PASSES);
+    printf("%-12s %12s %12s %12s %12s\n", "isa", "qk GFLOP/s", "softmax ns", "P V GFLOP/s", "all GFLOP/s");
+    double sink = 0.0;
+    for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
+        bool ok = true;
+        const attn__kernels *kn = attn__kernels_for(isas[ii], &ok);
+        if (!ok || kn == NULL) continue;
+        for (int i = 0; i < BR; i++) b.m[i] = 2.0f, b.l[i] = 0.0f, b.alpha[i] = 1.0f;
+        memset(b.ot, 0, (size_t)D * BR * sizeof(float));
+        double best[N_KERNELS] = {1e30, 1e30, 1e30, 1e30};
+        for (int p = 0; p < PASSES; p++) {
+            for (int w = 0; w < N_KERNELS; w++) {
+                const double t0 = now_ns();
+                run(kn, D, &b, w);
+                const double t = now_ns() - t0;
+                if (t < best[w]) best[w] = t;
+            }
+            memset(b.ot, 0, (size_t)D * BR * sizeof(float)); // P V's sums stay bounded
+        }
+        printf("%-12s %12.1f %12.1f %12.1f %12.1f\n", attn_isa_name(isas[ii]), flops / best[QK], best[SOFTMAX] / TILES,
+               flops / best[PV], 2.0 * flops / best[ALL]);
+        run(kn, D, &b, ALL);
+        sink += (double)b.ot[1] + (double)b.ot[(int64_t)D * BR - 1] + (double)b.l[0];
+    }
+    printf("(sink %g)\n", sink);
+    free(b.qt), free(b.st), free(b.ot), free(b.k), free(b.v);
+    return 0;
+}
