@@ -5,6 +5,14 @@ tensor is printed with torch's own formatter under the same caption the demo use
 tests/demo_transcript.cmake compares the two texts line by line.
 
 Run once with Debian's torch: /usr/bin/python3 tests/golden/gen_demo_transcript.py
+
+torch's float32 products sum in an order that depends on the CPU's kernels, so a printed value whose
+exact result lies near a rounding boundary can differ by one in the last printed place from machine
+to machine. The last section's "concatenated @ W_o", row 0, column 1, is -6.89315015 in exact
+arithmetic on the float32 inputs: torch's sums gave the float32 just below it in magnitude
+(-6.8931499, printed -6.8931, as attn demo prints it) on the machine that wrote the committed file,
+and the nearest float32 (-6.8931503, printed -6.8932) on an Ice Lake Xeon. Read the diff of a
+regenerated file before committing it.
 """
 import io
 import math
