@@ -2,8 +2,8 @@
 // compiled with -mavx512f for this file only; chosen at run time when the CPU and the OS support it).
 //
 // With 32 registers the blocks grow: the general product uses 6 rows x 64 columns (24
-// accumulators, 4 vector loads and 6 broadcasts per 24 FMAs), P V uses 4 output rows x 64
-// columns. Narrower blocks serve the edges. exp2 scales with vscalefps, which needs no exponent bit tricks.
+// accumulators, 4 vector loads and 6 broadcasts per 24 FMAs), and so does P V (6 output rows x 64
+// columns). Narrower blocks serve the edges. exp2 scales with vscalefps, which needs no exponent bit tricks.
 #include "cpu/x86/simd512.h"
 #include <math.h>
 
@@ -127,10 +127,12 @@ static void softmax_avx512(float *st, int nj, int br, float *m, float *l, float 
     else softmax512_tile(st, nj, br, m, l, alpha, NULL, NULL);
 }
 
-// ot[r][c*16 ..] = alpha * ot[r][..] + sum_j v[j][r] * st[j][c*16 ..] for R output rows, C registers.
+// ot[r][c*16 ..] = alpha * ot[r][..] + sum_j v[j][r] * st[j][c*16 ..] for R <= 6 output rows and C
+// registers: R C accumulators, the tile's C vectors loaded once per key for all R rows (R = 6, C = 4:
+// the 6 x 64 block, 24 FMAs to 4 loads of the tile, as the general product's block).
 INLINE void pv_block(const float *v, int64_t vs_row, int64_t vs_d, int nj, const float *st, int br, const float *alpha,
                      float *ot, const int R, const int C) {
-    __m512 acc[4][4], al[4];
+    __m512 acc[6][4], al[4];
 ATTN_UNROLL
     for (int c = 0; c < C; c++) al[c] = _mm512_load_ps(alpha + 16 * c);
 ATTN_UNROLL
@@ -154,26 +156,34 @@ ATTN_UNROLL
         for (int c = 0; c < C; c++) _mm512_store_ps(ot + (int64_t)r * br + 16 * c, acc[r][c]);
 }
 
-INLINE void pv_rows(const float *v, int64_t vs_row, int64_t vs_d, int nj, const float *st, int br, const float *alpha,
-                    float *ot, const int R) {
-    int i0 = 0;
-    for (; i0 + 64 <= br; i0 += 64) pv_block(v, vs_row, vs_d, nj, st + i0, br, alpha + i0, ot + i0, R, 4);
-    if (i0 + 32 <= br) {
-        pv_block(v, vs_row, vs_d, nj, st + i0, br, alpha + i0, ot + i0, R, 2);
-        i0 += 32;
-    }
-    if (i0 < br) pv_block(v, vs_row, vs_d, nj, st + i0, br, alpha + i0, ot + i0, R, 1);
-}
-
-static void pv_avx512(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
-                      const float *alpha, float *ot) {
+// Every output row d for the columns [i0, i0 + 16 C): six rows at a time, then 4, 2 and 1.
+INLINE void pv_dv_rows(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
+                    const float *alpha, float *ot, const int C) {
     int d = 0;
-    for (; d + 4 <= Dv; d += 4) pv_rows(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st, br, alpha, ot + (int64_t)d * br, 4);
+    for (; d + 6 <= Dv; d += 6) pv_block(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st, br, alpha, ot + (int64_t)d * br, 6, C);
+    if (d + 4 <= Dv) {
+        pv_block(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st, br, alpha, ot + (int64_t)d * br, 4, C);
+        d += 4;
+    }
     if (d + 2 <= Dv) {
-        pv_rows(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st, br, alpha, ot + (int64_t)d * br, 2);
+        pv_block(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st, br, alpha, ot + (int64_t)d * br, 2, C);
         d += 2;
     }
-    if (d < Dv) pv_rows(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st, br, alpha, ot + (int64_t)d * br, 1);
+    if (d < Dv) pv_block(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st, br, alpha, ot + (int64_t)d * br, 1, C);
+}
+
+// The columns in blocks of 64 (then 32 and 16), each block's weights (nj x 64 floats) read for all
+// of Dv's rows before the next: they stay in L1 beside the value tile, where the whole tile of
+// weights (nj x br) would not.
+static void pv_avx512(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
+                      const float *alpha, float *ot) {
+    int i0 = 0;
+    for (; i0 + 64 <= br; i0 += 64) pv_dv_rows(v, vs_row, vs_d, nj, Dv, st + i0, br, alpha + i0, ot + i0, 4);
+    if (i0 + 32 <= br) {
+        pv_dv_rows(v, vs_row, vs_d, nj, Dv, st + i0, br, alpha + i0, ot + i0, 2);
+        i0 += 32;
+    }
+    if (i0 < br) pv_dv_rows(v, vs_row, vs_d, nj, Dv, st + i0, br, alpha + i0, ot + i0, 1);
 }
 
 static void bwd_p_avx512(float *st, int nj, int br, const float *lse2) {
