@@ -2,7 +2,9 @@
 // instruction set: it tiles the problem, applies masks, runs the online softmax and finalises,
 // calling the primitives of a kernel table (cpu.h) for the inner loops.
 //
-// Work items are (batch, head, tile of BR queries), heaviest first, shared by the context's threads.
+// Work items are (batch, head, tile of BR queries), shared by the context's threads: a head's query
+// tiles in a row, heaviest first, so that a thread's next item usually reads the keys and values its
+// caches already hold (every item streams its head's K and V).
 // For each item the queries are packed once (transposed, scaled by scale*log2 e); then each tile of
 // BC keys gives S^T = K Q^T, the masks turn hidden scores into -inf (a hidden key is never read),
 // the online softmax rescales the running output, and O^T += V^T P^T. No (L, S) matrix exists; the
@@ -231,9 +233,11 @@ static void flash_task(void *arg, int64_t task, int thread) {
     const flash_job *J = arg;
     const attn_sdpa_desc *d = J->d;
     const attn__sdpa_shape *sh = J->sh;
-    const int64_t BH = sh->B * sh->H;
-    // heaviest query tiles (the last ones, under a causal mask) first
-    const int64_t qtile = J->n_qtiles - 1 - task / BH, bh = task % BH;
+    // a head's items in turn, its heaviest query tiles (the last ones, under a causal mask) first.
+    // Taken query tile by query tile across the heads instead, consecutive items read different
+    // heads' K and V from L3 or memory (on an Ice Lake, one thread at L = S = 1024 then spent a tenth
+    // of its time in the next tile's prefetches: BENCHMARKS.md)
+    const int64_t qtile = J->n_qtiles - 1 - task % J->n_qtiles, bh = task / J->n_qtiles;
     const int64_t b = bh / sh->H, h = bh % sh->H, hk = h / sh->group;
     const int64_t i0 = qtile * J->br;
     const int nq = (int)(sh->L - i0 < J->br ? sh->L - i0 : J->br), brp = J->brp;
