@@ -158,7 +158,7 @@ ATTN_UNROLL
 
 // Every output row d for the columns [i0, i0 + 16 C): six rows at a time, then 4, 2 and 1.
 INLINE void pv_dv_rows(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
-                    const float *alpha, float *ot, const int C) {
+                       const float *alpha, float *ot, const int C) {
     int d = 0;
     for (; d + 6 <= Dv; d += 6) pv_block(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st, br, alpha, ot + (int64_t)d * br, 6, C);
     if (d + 4 <= Dv) {
