@@ -4,7 +4,7 @@
 # work is not optimised away) that is a finite number: a kernel or a walk that reads garbage, or
 # makes NaN or infinity, fails.
 #   decode PROG: bench/decode_kernels.c at D = 32 in both modes, a generic row for each cache type
-#   flash PROG:  bench/flash_kernels.c at D = 32, a generic row
+#   flash PROG:  bench/flash_kernels.c at D = 32, in L2 and over 20 tiles with the prefetch, a generic row
 # usage: kernels_smoke.sh decode|flash PROG
 kind="$1"
 prog="$2"
@@ -13,7 +13,7 @@ trap 'rm -f "$tmp"' EXIT
 failures=0
 case "$kind" in
     decode) runs="32:f16,q8_0,q4_0 32_stream:f16,q8_0,q4_0" ;;
-    flash) runs="32:" ;;
+    flash) runs="32: 32_20_prefetch:" ;;
     *) echo "usage: $0 decode|flash PROG" >&2; exit 2 ;;
 esac
 for run in $runs; do
