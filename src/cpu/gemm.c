@@ -28,17 +28,23 @@ typedef struct gemm_job {
 
 // A thread's scratch: the packed input rows xt (in, 64), the row block they hold (packed_rb: -1 at
 // the start of a call) and the microkernel's output tile st (96, 64).
-static size_t thread_scratch(int64_t in, int64_t **packed_rb, float **xt, float **st, char *base) {
+typedef struct gemm_scratch {
+    int64_t *packed_rb;
+    float *xt, *st;
+} gemm_scratch;
+
+// The bytes of a thread's scratch for `in` input features; with s, its pieces from base.
+static size_t thread_scratch(int64_t in, char *base, gemm_scratch *s) {
     attn__arena a = {.base = base};
     int64_t *tag = attn__arena_take(&a, sizeof(int64_t));
     float *p = attn__arena_take(&a, (size_t)in * GEMM_ROWS * sizeof(float));
     float *q = attn__arena_take(&a, (size_t)GEMM_OUT_SUB * GEMM_ROWS * sizeof(float));
-    if (xt != NULL) *packed_rb = tag, *xt = p, *st = q;
+    if (s != NULL) s->packed_rb = tag, s->xt = p, s->st = q;
     return a.used;
 }
 
 size_t attn__gemm_workspace(const attn_ctx *ctx, int64_t in) {
-    size_t per = (thread_scratch(in, NULL, NULL, NULL, NULL) + ATTN_ALIGN - 1) & ~(size_t)(ATTN_ALIGN - 1);
+    size_t per = (thread_scratch(in, NULL, NULL) + ATTN_ALIGN - 1) & ~(size_t)(ATTN_ALIGN - 1);
     return per * (size_t)attn__pool_threads(ctx->pool) + ATTN_ALIGN;
 }
 
@@ -47,9 +53,10 @@ static void gemm_task(void *arg, int64_t task, int thread) {
     const int64_t rb = task / J->n_out_blocks, ob = task % J->n_out_blocks;
     const int64_t r0 = rb * GEMM_ROWS, nr = J->rows - r0 < GEMM_ROWS ? J->rows - r0 : GEMM_ROWS;
     const int64_t o0 = ob * GEMM_OUT, no = J->out - o0 < GEMM_OUT ? J->out - o0 : GEMM_OUT;
-    int64_t *packed_rb;
-    float *xt, *st;
-    thread_scratch(J->in, &packed_rb, &xt, &st, J->scratch + (size_t)thread * J->per_thread);
+    gemm_scratch sc;
+    thread_scratch(J->in, J->scratch + (size_t)thread * J->per_thread, &sc);
+    int64_t *packed_rb = sc.packed_rb;
+    float *xt = sc.xt, *st = sc.st;
     // xt (in, 64) = x[r0:r0+nr, :]^T, zero columns past nr; in tiles of 16 inputs, so each row of x
     // is read a cache line at a time and the tile of xt written stays in L1. Items go row block by
     // row block, so a thread's next item usually has the same rows packed already.
@@ -83,9 +90,9 @@ static void gemv_task(void *arg, int64_t task, int thread) {
     const int64_t o0 = task * GEMM_OUT, no = J->out - o0 < GEMM_OUT ? J->out - o0 : GEMM_OUT;
     const float *xr = J->x;
     if (J->ldx != J->in) { // rows packed at stride in, as qk_rows reads them
-        int64_t *packed_rb;
-        float *xt, *st;
-        thread_scratch(J->in, &packed_rb, &xt, &st, J->scratch + (size_t)thread * J->per_thread);
+        gemm_scratch sc;
+        thread_scratch(J->in, J->scratch + (size_t)thread * J->per_thread, &sc);
+        float *xt = sc.xt;
         for (int64_t r = 0; r < J->rows; r++) memcpy(xt + r * J->in, J->x + r * J->ldx, (size_t)J->in * sizeof(float));
         xr = xt;
     }
@@ -99,7 +106,7 @@ static void gemv_task(void *arg, int64_t task, int thread) {
 
 void attn__gemm_linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const float *W,
                        bool w_in_out, const float *b, int64_t out, float *y, int64_t ldy, void *ws) {
-    const size_t per = (thread_scratch(in, NULL, NULL, NULL, NULL) + ATTN_ALIGN - 1) & ~(size_t)(ATTN_ALIGN - 1);
+    const size_t per = (thread_scratch(in, NULL, NULL) + ATTN_ALIGN - 1) & ~(size_t)(ATTN_ALIGN - 1);
     gemm_job J = {
         .kn = ctx->kernels, .x = x, .W = W, .b = b, .rows = rows, .in = in, .ldx = ldx, .out = out, .ldy = ldy,
         .ws_row = w_in_out ? 1 : in, .ws_d = w_in_out ? out : 1, .y = y,
@@ -110,10 +117,9 @@ void attn__gemm_linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in, 
         attn__pool_run(ctx->pool, J.n_out_blocks, gemv_task, &J);
     else {
         for (int t = 0; t < attn__pool_threads(ctx->pool); t++) { // no rows packed yet
-            int64_t *packed_rb;
-            float *xt, *st;
-            thread_scratch(in, &packed_rb, &xt, &st, J.scratch + (size_t)t * per);
-            *packed_rb = -1;
+            gemm_scratch sc;
+            thread_scratch(in, J.scratch + (size_t)t * per, &sc);
+            *sc.packed_rb = -1;
         }
         attn__pool_run(ctx->pool, ((rows + GEMM_ROWS - 1) / GEMM_ROWS) * J.n_out_blocks, gemm_task, &J);
     }
