@@ -299,7 +299,8 @@ typedef struct attn_ctx_params {
     attn_allocator allocator; /* all allocations go through it; {NULL,NULL,NULL} = aligned_alloc/free */
     int use_blas;             /* 0 (default): every product on the library's own GEMM and the
                                  context's threads; 1: projections through CBLAS (see attn_has_blas)
-                                 on contexts running AVX2 or portable kernels. The BLAS runs its own
+                                 on contexts running AVX2 or portable kernels, except the decoding
+                                 steps of F16 / BF16 modules (see there). The BLAS runs its own
                                  threads (OPENBLAS_NUM_THREADS), which busy-wait after each call and
                                  compete with the context's: measured in BENCHMARKS.md. */
 } attn_ctx_params;
@@ -830,7 +831,12 @@ typedef struct attn_mha attn_mha;
  *    (4 bytes per parameter and input element, plus the float32 results before rounding: for
  *    E = 768, 9.4 MB of parameters) and runs the float32 pipeline; the module keeps no float32
  *    copy, so its own memory is half the float32 module's, and parameters written through
- *    attn_mha_param_typed_at are used by the next call.
+ *    attn_mha_param_typed_at are used by the next call. One exception: a step of
+ *    attn_mha_forward_cached of at most 8 token rows (batch * len; decoding) on a context with
+ *    kernels (not ATTN_ISA_REF) converts only the biases; its four projections read the weights
+ *    in the type, each converted exactly as it is loaded, with the sums the library's own product
+ *    gives the float32 weights (the same bits), never through CBLAS (use_blas). Decoding reads every weight once a
+ *    step, so there a half module's step is faster than a float32 module's (BENCHMARKS.md).
  *  - Training: attn_mha_backward treats each rounding as the identity (as autograd does) and keeps
  *    its sums and intermediate gradients in float32. dquery, dkey and dvalue are rounded once to the
  *    type; the parameters' gradients are float32 (dparams stays float *): a mixed-precision trainer

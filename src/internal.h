@@ -205,6 +205,13 @@ bool attn__blas_linear(const attn_ctx *ctx, const float *x, int64_t rows, int64_
                        bool w_in_out, const float *b, int64_t out, float *y, int64_t ldy);
 void attn__linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const float *W, bool w_in_out,
                   const float *b, int64_t out, float *y, int64_t ldy, void *ws);
+// The same map (W in nn.Linear's layout) with W of type wdt (F16 or BF16) read as it is, converted
+// exactly as it is loaded: the bits of the library's own few-rows product on W converted to float32
+// (never BLAS). Only where attn__linear_half_applies: a context with kernels (not ATTN_ISA_REF) and
+// few rows (decoding). ws as attn__linear's.
+bool attn__linear_half_applies(const attn_ctx *ctx, int64_t rows, int64_t in);
+void attn__linear_half(attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const void *W,
+                       attn_dtype wdt, const float *b, int64_t out, float *y, int64_t ldy, void *ws);
 
 // ---- random ------------------------------------------------------------------------------------
 // One float32 uniform in [0,1) with 24 random bits (torch's uniform_real_distribution<float>).

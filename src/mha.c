@@ -131,6 +131,40 @@ static mha_views views_of(const attn_mha *m, const float *all) {
     return v;
 }
 
+// The projections of attn_mha_forward_cached for an F16 / BF16 module whose decoding products read
+// its weights as they are (attn__linear_half): the weights in the module's storage, the biases
+// converted to float32 into bias (4E floats: q, k, v, then out; NULL where the module has none).
+typedef struct half_weights {
+    const void *wq, *wk, *wv, *wo;
+    const float *bq, *bk, *bv, *bo;
+} half_weights;
+
+static const void *param_typed(const attn_mha *m, const char *name, int64_t plus) {
+    const attn__param *prm = attn__params_find(&m->params, name);
+    if (prm == NULL) return NULL;
+    return (const char *)m->params.storage + (size_t)(prm->offset + plus) * attn_dtype_size(m->params.dtype);
+}
+
+static half_weights half_weights_of(const attn_ctx *ctx, const attn_mha *m, float *bias) {
+    const int64_t E = m->cfg.embed_dim;
+    const attn_dtype dt = m->params.dtype;
+    half_weights h = {0};
+    if (m->packed) { // (3E, E): W_q; W_k; W_v
+        h.wq = param_typed(m, "in_proj_weight", 0);
+        h.wk = param_typed(m, "in_proj_weight", E * E);
+        h.wv = param_typed(m, "in_proj_weight", 2 * E * E);
+    } else {
+        h.wq = param_typed(m, "q_proj_weight", 0);
+        h.wk = param_typed(m, "k_proj_weight", 0);
+        h.wv = param_typed(m, "v_proj_weight", 0);
+    }
+    h.wo = param_typed(m, "out_proj.weight", 0);
+    const void *bin = param_typed(m, "in_proj_bias", 0), *bout = param_typed(m, "out_proj.bias", 0);
+    if (bin != NULL) attn__to_f32(ctx, dt, bin, bias, 3 * E), h.bq = bias, h.bk = bias + E, h.bv = bias + 2 * E;
+    if (bout != NULL) attn__to_f32(ctx, dt, bout, bias + 3 * E, E), h.bo = bias + 3 * E;
+    return h;
+}
+
 // ---- F16 / BF16 modules: float32 at the edges ---------------------------------------------------
 // A module of F16 or BF16 computes with the pipeline of the float32 module: each call converts its
 // parameters and inputs (exactly) to float32 in the call's workspace, the pipeline rounds the
@@ -149,6 +183,7 @@ typedef struct stage_sizes {
     int64_t query, key, value, out, weights; // elements; 0 = not staged
     bool key_is_query, value_is_query, value_is_key;
     bool backward;
+    bool no_params;                          // the parameters are read in their own type (no copy)
     const void *dquery, *dkey, *dvalue;      // the caller's gradient buffers (backward)
 } stage_sizes;
 
@@ -156,7 +191,7 @@ static void stage_layout(const attn_mha *m, const stage_sizes *z, attn__arena *a
     memset(b, 0, sizeof *b);
     if (m->cfg.dtype == ATTN_DTYPE_F32) return;
     const size_t f = sizeof(float);
-    b->params = attn__arena_take(a, (size_t)m->params.numel * f);
+    b->params = z->no_params ? NULL : attn__arena_take(a, (size_t)m->params.numel * f);
     b->query = attn__arena_take(a, (size_t)z->query * f);
     b->key = z->key_is_query ? b->query : attn__arena_take(a, (size_t)z->key * f);
     b->value = z->value_is_query ? b->query : z->value_is_key ? b->key : attn__arena_take(a, (size_t)z->value * f);
@@ -517,6 +552,14 @@ attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *m, const attn_mha_args *a
 
 // ---- decoding with a KV cache ---------------------------------------------------------------
 
+// One projection of attn_mha_forward_cached, y (rows, E; row stride ldy) = x (rows, E) W^T + b: with
+// the float32 weight wf, or with wh, the module's own F16 / BF16 weight, read as it is.
+static void cached_project(attn_ctx *ctx, const float *x, int64_t rows, int64_t E, const float *wf, const void *wh,
+                           attn_dtype dt, const float *b, float *y, int64_t ldy, void *ws) {
+    if (wh != NULL) attn__linear_half(ctx, x, rows, E, E, wh, dt, b, E, y, ldy, ws);
+    else attn__linear(ctx, x, rows, E, E, wf, false, b, E, y, ldy, ws);
+}
+
 attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *m, attn_kv_cache *cache, const void *x, int64_t batch,
                                     int64_t len, void *out) {
     if (ctx == NULL) return ATTN_ERR_INVALID_ARG;
@@ -571,12 +614,15 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *m, attn_kv_cache *c
     ATTN_RETURN_IF_ERR(attn__sdpa_prepare(ctx, &d, &sh, &run));
 
     const size_t lin_ws = attn__linear_workspace(ctx, E), sdpa_ws = attn__sdpa_workspace(ctx, &sh, &run);
-    // x and out of an F16 / BF16 module are staged as float32, x as the forward's query
-    const stage_sizes z = {.query = rows * E, .out = rows * E};
+    // x and out of an F16 / BF16 module are staged as float32, x as the forward's query; its
+    // parameters too, unless the few rows of a decoding step read them as they are (direct)
+    const bool direct = dt != ATTN_DTYPE_F32 && attn__linear_half_applies(ctx, rows, E);
+    const stage_sizes z = {.query = rows * E, .out = rows * E, .no_params = direct};
     attn__arena a = {0};
     attn__arena_take(&a, (size_t)(rows * W3) * sizeof(float));
     attn__arena_take(&a, (size_t)(rows * E) * sizeof(float));
     attn__arena_take(&a, lin_ws > sdpa_ws ? lin_ws : sdpa_ws);
+    attn__arena_take(&a, direct ? (size_t)(4 * E) * sizeof(float) : 0);
     stage_bufs b;
     stage_layout(m, &z, &a, &b);
     void *ws;
@@ -585,24 +631,28 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *m, attn_kv_cache *c
     float *qkv = attn__arena_take(&a, (size_t)(rows * W3) * sizeof(float));
     float *att = attn__arena_take(&a, (size_t)(rows * E) * sizeof(float));
     void *scratch = attn__arena_take(&a, lin_ws > sdpa_ws ? lin_ws : sdpa_ws);
+    float *bias = attn__arena_take(&a, direct ? (size_t)(4 * E) * sizeof(float) : 0);
     stage_layout(m, &z, &a, &b);
     const float *xf = x;
     float *of = out;
     if (dt != ATTN_DTYPE_F32) {
-        attn__to_f32(ctx, dt, m->params.storage, b.params, m->params.numel);
+        if (!direct) attn__to_f32(ctx, dt, m->params.storage, b.params, m->params.numel);
         attn__to_f32(ctx, dt, x, b.query, z.query);
         xf = b.query, of = b.out;
     }
 
-    const mha_views v = views_of(m, dt == ATTN_DTYPE_F32 ? (const float *)m->params.storage : b.params);
-    attn__linear(ctx, xf, rows, E, E, v.wq, false, v.bq, E, qkv, W3, scratch);
-    attn__linear(ctx, xf, rows, E, E, v.wk, false, v.bk, E, qkv + E, W3, scratch);
-    attn__linear(ctx, xf, rows, E, E, v.wv, false, v.bv, E, qkv + 2 * E, W3, scratch);
+    mha_views v = {0};
+    half_weights h = {0};
+    if (direct) h = half_weights_of(ctx, m, bias);
+    else v = views_of(m, dt == ATTN_DTYPE_F32 ? (const float *)m->params.storage : b.params);
+    cached_project(ctx, xf, rows, E, v.wq, h.wq, dt, direct ? h.bq : v.bq, qkv, W3, scratch);
+    cached_project(ctx, xf, rows, E, v.wk, h.wk, dt, direct ? h.bk : v.bk, qkv + E, W3, scratch);
+    cached_project(ctx, xf, rows, E, v.wv, h.wv, dt, direct ? h.bv : v.bv, qkv + 2 * E, W3, scratch);
     attn__round_to(dt, qkv, rows * W3); // the projections are tensors of the module's type
     ATTN_RETURN_IF_ERR(attn_kv_cache_append(ctx, cache, len, qkv + E, qkv_s, qkv + 2 * E, qkv_s)); // fits: checked
     attn__sdpa_run(ctx, &run, &sh, qkv, kstore, vstore, att, NULL, NULL, scratch);
     attn__round_to(dt, att, rows * E);
-    attn__linear(ctx, att, rows, E, E, v.wo, false, v.bo, E, of, E, scratch);
+    cached_project(ctx, att, rows, E, v.wo, h.wo, dt, direct ? h.bo : v.bo, of, E, scratch);
     if (dt != ATTN_DTYPE_F32) attn__from_f32(dt, b.out, out, z.out);
     return ATTN_OK;
 }

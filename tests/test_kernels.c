@@ -526,6 +526,51 @@ static void linear_and_modules(void) {
     attn_ctx_free(ref);
 }
 
+// The few-rows linear map (decoding's projections) with float16 and bfloat16 weights read as they
+// are (attn__linear_half, what a half-precision module's cached forward runs): the same bits as the
+// float32 map on the weights widened, on every fused table, 1 and 3 threads, rows 1 to 8, x at a
+// row stride wider than in (the rows packed first) and not.
+static void test_linear_half_weights(void) {
+    const int64_t shapes[][3] = {{1, 7, 5}, {3, 768, 500}, {8, 37, 200}, {5, 64, 193}}; // rows, in, out
+    const attn_dtype types[2] = {ATTN_DTYPE_F16, ATTN_DTYPE_BF16};
+    attn_isa isas[16];
+    const int n = fused_isas(isas);
+    const int saved_blas = use_blas;
+    use_blas = 0; // the float32 map's own products (BLAS would sum in its own order)
+    uint32_t seed = 23;
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++)
+        for (int t = 0; t < 2; t++) {
+            const int64_t rows = shapes[c][0], in = shapes[c][1], out = shapes[c][2], ldx = in + (int64_t)c % 2 * 3;
+            const attn_dtype dt = types[t];
+            float *x = malloc((size_t)(rows * ldx) * 4), *w = malloc((size_t)(out * in) * 4), *b = malloc((size_t)out * 4);
+            uint16_t *h = malloc((size_t)(out * in) * 2);
+            float *want = malloc((size_t)(rows * out) * 4), *got = malloc((size_t)(rows * out) * 4);
+            for (int64_t i = 0; i < rows * ldx; i++) x[i] = rand_unit(&seed) - 0.5f;
+            for (int64_t i = 0; i < out * in; i++) w[i] = rand_unit(&seed) - 0.5f;
+            for (int64_t i = 0; i < out; i++) b[i] = rand_unit(&seed);
+            ASSERT_OK(attn_convert(dt, h, ATTN_DTYPE_F32, w, out * in));
+            ASSERT_OK(attn_convert(ATTN_DTYPE_F32, w, dt, h, out * in)); // w: the half weights widened
+            for (int ii = 0; ii < n; ii++)
+                for (int threads = 1; threads <= 3; threads += 2) {
+                    attn_ctx *ctx = make_ctx(isas[ii], threads);
+                    ASSERT_TRUE(attn__linear_half_applies(ctx, rows, in));
+                    void *ws = malloc(attn__linear_workspace(ctx, in));
+                    ASSERT_TRUE(ws != NULL);
+                    attn__linear(ctx, x, rows, in, ldx, w, false, b, out, want, out, ws);
+                    memset(got, 0xFF, (size_t)(rows * out) * 4);
+                    attn__linear_half(ctx, x, rows, in, ldx, h, dt, b, out, got, out, ws);
+                    ASSERT_BITS_EQ(got, want, rows * out);
+                    free(ws);
+                    attn_ctx_free(ctx);
+                }
+            free(x), free(w), free(b), free(h), free(want), free(got);
+        }
+    attn_ctx *ref = make_ctx(ATTN_ISA_REF, 1); // no kernels: the map needs its float32 weights
+    ASSERT_TRUE(!attn__linear_half_applies(ref, 1, 16));
+    attn_ctx_free(ref);
+    use_blas = saved_blas;
+}
+
 // The exponential of the softmax: relative error against exp2 in double over [-126, 128] at most
 // 1.2e-7 (about 1 ulp) on every table, exact 0 for -inf and far below
 // the float range, exact 1 at 0, +inf past 128, NaN kept.
@@ -941,6 +986,7 @@ int main(int argc, char **argv) {
         HARNESS_CASE(test_non_finite_and_fully_masked),
         HARNESS_CASE(test_float_mask_past_log2_range),
         HARNESS_CASE(test_linear_and_modules),
+        HARNESS_CASE(test_linear_half_weights),
     };
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
 }

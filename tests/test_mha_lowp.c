@@ -491,7 +491,9 @@ static void test_training(void) {
 }
 
 // The cached forward of a half module, with a cache of its type and a float32 one, prefill then
-// token by token, against the full causal forward of the same module at every step.
+// token by token, against the full causal forward of the same module at every step. Every
+// parameter is random, the biases too (the module's initialisation leaves them 0): the steps'
+// projections read the weights in the module's type and the biases converted (mha.c).
 static void test_cached(void) {
     const attn_dtype types[2] = {ATTN_DTYPE_F16, ATTN_DTYPE_BF16};
     attn_isa isas[17]; // the fused ones and the reference
@@ -507,13 +509,23 @@ static void test_cached(void) {
                 cfg.dtype = dt, cfg.batch_first = 1;
                 attn_mha *m;
                 ASSERT_OK(attn_mha_create(ctx, &cfg, &m));
+                uint32_t s = 99;
+                for (int i = 0; i < attn_mha_param_count(m); i++) {
+                    int64_t shape[3], numel = 1;
+                    int nd;
+                    void *h;
+                    ASSERT_OK(attn_mha_param_typed_at(m, i, NULL, &nd, shape, NULL, &h));
+                    for (int d = 0; d < nd; d++) numel *= shape[d];
+                    pair p = pair_rand(dt, numel, 0.4f, &s);
+                    memcpy(h, p.h, (size_t)numel * 2);
+                    pair_free(&p);
+                }
                 attn_kv_cache_config kc;
                 attn_kv_cache_config_init(&kc);
                 kc.batch = N, kc.n_kv_heads = H, kc.head_dim = E / H, kc.capacity = total;
                 kc.dtype = cache_t ? ATTN_DTYPE_F32 : dt;
                 attn_kv_cache *cache;
                 ASSERT_OK(attn_kv_cache_create(ctx, &kc, &cache));
-                uint32_t s = 99;
                 pair x = pair_rand(dt, N * total * E, 1.0f, &s), full = pair_new(N * total * E);
                 attn_mha_args a;
                 attn_mha_args_init(&a);

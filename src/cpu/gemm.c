@@ -4,8 +4,9 @@
 //
 // Work items are (block of 64 rows, block of 192 output features), spread over the context's
 // threads a row block at a time: a thread packs a block's rows once for its items of that block (a
-// few rows take the dot-product path of gemv_task instead). Every output element is computed by one
-// item with a fixed order of operations, so the result does not depend on the thread count.
+// few rows take the dot-product path of gemv_task instead, which also reads float16 and bfloat16
+// weights as they are). Every output element is computed by one item with a fixed order of
+// operations, so the result does not depend on the thread count.
 #include <string.h>
 
 #include "cpu/cpu.h"
@@ -17,7 +18,9 @@
 
 typedef struct gemm_job {
     const attn__kernels *kn;
-    const float *x, *W, *b;
+    const float *x, *b;
+    const void *W;        // of type wdt: F32 (gemm_task), or F16 or BF16 too (gemv_task)
+    attn_dtype wdt;
     int64_t rows, in, ldx, out, ldy;
     int64_t ws_row, ws_d; // W as "key rows": element (o, i) at o*ws_row + i*ws_d
     float *y;
@@ -74,7 +77,7 @@ static void gemm_task(void *arg, int64_t task, int thread) {
         const int nj = (int)(no - s0 < GEMM_OUT_SUB ? no - s0 : GEMM_OUT_SUB);
         const int64_t o = o0 + s0;
         // st (nj, 64) = W[o:o+nj, :] xt, i.e. y[r0:r0+nr, o:o+nj]^T
-        attn__qk(J->kn, J->W + o * J->ws_row, J->ws_row, J->ws_d, nj, (int)J->in, xt, GEMM_ROWS, st);
+        attn__qk(J->kn, (const float *)J->W + o * J->ws_row, J->ws_row, J->ws_d, nj, (int)J->in, xt, GEMM_ROWS, st);
         for (int64_t r = 0; r < nr; r++) {
             float *yr = J->y + (r0 + r) * J->ldy + o;
             for (int j = 0; j < nj; j++) yr[j] = st[(int64_t)j * GEMM_ROWS + r] + (J->b != NULL ? J->b[o + j] : 0.0f);
@@ -83,8 +86,9 @@ static void gemm_task(void *arg, int64_t task, int thread) {
 }
 
 // Few rows (decoding: one token per sequence) with W in nn.Linear's layout: y = x W^T as dot
-// products along W's rows (the qk_rows kernel), so W streams through once at memory speed instead
-// of feeding a tile of 64 mostly empty rows. Items are blocks of output features.
+// products along W's rows (the qk_rows kernel, which converts float16 and bfloat16 rows exactly as
+// it loads them), so W streams through once at memory speed instead of feeding a tile of 64 mostly
+// empty rows. Items are blocks of output features.
 static void gemv_task(void *arg, int64_t task, int thread) {
     const gemm_job *J = arg;
     const int64_t o0 = task * GEMM_OUT, no = J->out - o0 < GEMM_OUT ? J->out - o0 : GEMM_OUT;
@@ -96,7 +100,8 @@ static void gemv_task(void *arg, int64_t task, int thread) {
         for (int64_t r = 0; r < J->rows; r++) memcpy(xt + r * J->in, J->x + r * J->ldx, (size_t)J->in * sizeof(float));
         xr = xt;
     }
-    J->kn->qk_rows(ATTN_DTYPE_F32, J->W + o0 * J->in, J->in, (int)no, (int)J->in, xr, (int)J->rows, J->y + o0, J->ldy, 1);
+    const char *w = (const char *)J->W + (size_t)(o0 * J->in) * attn_dtype_size(J->wdt);
+    J->kn->qk_rows(J->wdt, w, J->in, (int)no, (int)J->in, xr, (int)J->rows, J->y + o0, J->ldy, 1);
     if (J->b != NULL)
         for (int64_t r = 0; r < J->rows; r++)
             for (int64_t j = 0; j < no; j++) J->y[r * J->ldy + o0 + j] += J->b[o0 + j];
@@ -104,18 +109,32 @@ static void gemv_task(void *arg, int64_t task, int thread) {
 
 #define GEMV_MAX_ROWS 8
 
-void attn__gemm_linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const float *W,
-                       bool w_in_out, const float *b, int64_t out, float *y, int64_t ldy, void *ws) {
+bool attn__gemv_applies(int64_t rows, int64_t in) { return rows <= GEMV_MAX_ROWS && in <= INT32_MAX; }
+
+static gemm_job job_of(attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const void *W,
+                       attn_dtype wdt, bool w_in_out, const float *b, int64_t out, float *y, int64_t ldy, void *ws) {
     const size_t per = (thread_scratch(in, NULL, NULL) + ATTN_ALIGN - 1) & ~(size_t)(ATTN_ALIGN - 1);
-    gemm_job J = {
-        .kn = ctx->kernels, .x = x, .W = W, .b = b, .rows = rows, .in = in, .ldx = ldx, .out = out, .ldy = ldy,
-        .ws_row = w_in_out ? 1 : in, .ws_d = w_in_out ? out : 1, .y = y,
+    return (gemm_job){
+        .kn = ctx->kernels, .x = x, .b = b, .W = W, .wdt = wdt, .rows = rows,
+        .in = in, .ldx = ldx, .out = out, .ldy = ldy, .ws_row = w_in_out ? 1 : in, .ws_d = w_in_out ? out : 1, .y = y,
         .n_out_blocks = (out + GEMM_OUT - 1) / GEMM_OUT,
         .scratch = (char *)(((uintptr_t)ws + ATTN_ALIGN - 1) & ~(uintptr_t)(ATTN_ALIGN - 1)), .per_thread = per,
     };
-    if (rows <= GEMV_MAX_ROWS && !w_in_out && in <= INT32_MAX)
-        attn__pool_run(ctx->pool, J.n_out_blocks, gemv_task, &J);
-    else {
+}
+
+void attn__gemv_linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const void *W,
+                       attn_dtype wdt, const float *b, int64_t out, float *y, int64_t ldy, void *ws) {
+    gemm_job J = job_of(ctx, x, rows, in, ldx, W, wdt, false, b, out, y, ldy, ws);
+    attn__pool_run(ctx->pool, J.n_out_blocks, gemv_task, &J);
+}
+
+void attn__gemm_linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const float *W,
+                       bool w_in_out, const float *b, int64_t out, float *y, int64_t ldy, void *ws) {
+    if (!w_in_out && attn__gemv_applies(rows, in)) {
+        attn__gemv_linear(ctx, x, rows, in, ldx, W, ATTN_DTYPE_F32, b, out, y, ldy, ws);
+    } else {
+        gemm_job J = job_of(ctx, x, rows, in, ldx, W, ATTN_DTYPE_F32, w_in_out, b, out, y, ldy, ws);
+        const size_t per = J.per_thread;
         for (int t = 0; t < attn__pool_threads(ctx->pool); t++) { // no rows packed yet
             gemm_scratch sc;
             thread_scratch(in, J.scratch + (size_t)t * per, &sc);

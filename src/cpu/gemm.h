@@ -9,5 +9,13 @@ size_t attn__gemm_workspace(const attn_ctx *ctx, int64_t in);
 // y (rows, out) at row stride ldy = x (rows, in) at ldx times W^T (+ b), on ctx's kernels and threads.
 void attn__gemm_linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const float *W,
                        bool w_in_out, const float *b, int64_t out, float *y, int64_t ldy, void *ws);
+// Whether attn__gemm_linear takes the few-rows path (dot products along W's rows, W (out, in)) for
+// rows rows of in features: the path attn__gemv_linear runs.
+bool attn__gemv_applies(int64_t rows, int64_t in);
+// The few-rows path with W (out, in) of type wdt (F32, F16 or BF16) read as it is (half precision
+// converted exactly as it is loaded): y = x W^T (+ b), the sums of the float32 path on the same
+// values. Only where attn__gemv_applies; ws as attn__gemm_linear's.
+void attn__gemv_linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const void *W,
+                       attn_dtype wdt, const float *b, int64_t out, float *y, int64_t ldy, void *ws);
 
 #endif
