@@ -36,4 +36,8 @@ run "mha" "mha F32 B=1 E=64 H=4 L=30" -- --op mha --embed-dim 64 --heads 4 --len
 for kv in f32 f16 bf16 q8_0 q4_0; do
     run "decode $kv" "kv=$kv.*$agrees" -- --op decode --heads 8 --kv-heads 2 --len-kv 300 --head-dim 64 --kv-dtype $kv
 done
+for dt in f32 bf16; do # (no reference check)
+    run "mha-decode $dt" "mha-decode B=2 E=64 H=4 S=100 dtype=$dt kv=$dt" -- --op mha-decode --batch 2 --embed-dim 64 --heads 4 --len-kv 100 --dtype $dt
+done
+run "mha-decode f16 q8_0" "dtype=f16 kv=q8_0" -- --op mha-decode --embed-dim 64 --heads 2 --len-kv 40 --dtype f16 --kv-dtype q8_0
 if [ "$failures" -ne 0 ]; then echo "$failures failures"; exit 1; fi

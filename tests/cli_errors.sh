@@ -74,6 +74,9 @@ expect 1 "sdpa sinks of the wrong shape" -- $attn sdpa --q $d/q4.npy --k $d/q4.n
 expect 2 "demo with an argument" -- $attn demo --frob
 expect 2 "bench --dropout out of range" -- $attn bench --dropout 1
 expect 2 "bench --dropout with the module" -- $attn bench --op mha --dropout 0.1
+expect 2 "bench --op mha-decode with a bad embed dim" -- $attn bench --op mha-decode --embed-dim 30 --heads 4
+expect 2 "bench --op mha-decode with a block-type module" -- $attn bench --op mha-decode --dtype q8_0
+expect 1 "bench --op mha-decode, a bf16 module with an f16 cache" -- $attn bench --op mha-decode --dtype bf16 --kv-dtype f16 --embed-dim 64 --heads 4 --len-kv 8
 expect 2 "bench --device cuda --dropout out of range" -- $attn bench --device cuda --backward --dropout 1.5
 expect 2 "bench --device cuda --op mha with a bad embed dim" -- $attn bench --device cuda --op mha --embed-dim 30 --heads 4
 expect 2 "bench --device cuda --backward of a decode" -- $attn bench --device cuda --op decode --backward
@@ -94,6 +97,7 @@ for isa in amxbf16 avx512bf16 avx512vnni avx512 avx2; do
         expect_isa mha mha --state $d/state.safetensors --heads 2 --query $d/q.npy --out $tmp/isa.npy --isa $isa
         expect_isa bench bench --repeat 1 --isa $isa
         expect_isa "bench --op decode" bench --op decode --repeat 1 --isa $isa
+        expect_isa "bench --op mha-decode" bench --op mha-decode --repeat 1 --isa $isa
         break
     fi
 done
@@ -109,5 +113,6 @@ expect_bad_isa sdpa sdpa --q $d/q4.npy --k $d/q4.npy --v $d/q4.npy --out $tmp/is
 expect_bad_isa mha mha --state $d/state.safetensors --heads 2 --query $d/q.npy --out $tmp/isa.npy
 expect_bad_isa bench bench --repeat 1
 expect_bad_isa "bench --op decode" bench --op decode --repeat 1
+expect_bad_isa "bench --op mha-decode" bench --op mha-decode --repeat 1
 if [ "$failures" -ne 0 ]; then echo "$failures failures"; exit 1; fi
 echo "all CLI error checks passed"

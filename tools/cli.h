@@ -36,6 +36,7 @@ int cmd_mha(int argc, char **argv);
 int cmd_sdpa(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_bench_decode(int argc, char **argv); // attn bench --op decode
+int cmd_bench_mha_decode(int argc, char **argv); // attn bench --op mha-decode
 int cmd_bench_cuda(int argc, char **argv);   // attn bench --device cuda
 
 #endif

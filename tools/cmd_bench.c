@@ -13,7 +13,7 @@
 #include "cli.h"
 
 static const char summary[] =
-    "usage: attn bench [--op sdpa|mha|decode] [--batch B] [--heads H] [--kv-heads Hkv] [--len-q L] [--len-kv S]\n"
+    "usage: attn bench [--op sdpa|mha|decode|mha-decode] [--batch B] [--heads H] [--kv-heads Hkv] [--len-q L] [--len-kv S]\n"
     "                  [--head-dim D] [--embed-dim E] [--causal] [--threads T] [--isa ISA]\n"
     "                  [--backward] [--dropout P] [--dtype f32|f16|bf16] [--repeat R] [--no-check] [--blas]\n"
     "                  [--json] [--device cpu|cuda]\n"
@@ -38,7 +38,8 @@ static const char summary[] =
     "ATTN_DROPOUT_RNG_PHILOX, seed 1), in the forward and the backward; the sampled check is skipped\n"
     "then (its strided view moves the rows the mask is drawn for).\n"
     "Defaults: sdpa, B=1, H=12, L=S=1024, D=64, E=768, 1 thread, R=5.\n"
-    "--op decode times one decoding step against a KV cache: see attn bench --op decode --help.";
+    "--op decode times one decoding step against a KV cache: see attn bench --op decode --help;\n"
+    "--op mha-decode one decoding step of the module (attn_mha_forward_cached): attn bench --op mha-decode --help.";
 
 static double now(void) {
     struct timespec ts;
@@ -165,10 +166,12 @@ int cmd_bench(int argc, char **argv) {
         if (strcmp(argv[i], "--device") == 0 && strcmp(argv[i + 1], "cpu") != 0) return cmd_bench_cuda(argc, argv);
     for (int i = 1; i + 1 < argc; i++) // decoding has options of its own
         if (strcmp(argv[i], "--op") == 0 && strcmp(argv[i + 1], "decode") == 0) return cmd_bench_decode(argc, argv);
+        else if (strcmp(argv[i], "--op") == 0 && strcmp(argv[i + 1], "mha-decode") == 0)
+            return cmd_bench_mha_decode(argc, argv);
     bench_opts o = {.op = "sdpa", .isa = "auto", .B = 1, .H = 12, .Hkv = 0, .L = 1024, .S = 0, .D = 64, .E = 768,
                     .threads = 1, .repeat = 5};
     arg_spec specs[] = {
-        {"--op", ARG_STRING, &o.op, "sdpa|mha|decode", "what to time (default sdpa)", false, false},
+        {"--op", ARG_STRING, &o.op, "sdpa|mha|decode|mha-decode", "what to time (default sdpa)", false, false},
         {"--batch", ARG_INT, &o.B, "B", "batch size (default 1)", false, false},
         {"--heads", ARG_INT, &o.H, "H", "query heads (default 12)", false, false},
         {"--kv-heads", ARG_INT, &o.Hkv, "Hkv", "key/value heads for sdpa (default H)", false, false},
