@@ -835,8 +835,9 @@ typedef struct attn_mha attn_mha;
  *    attn_mha_forward_cached of at most 8 token rows (batch * len; decoding) on a context with
  *    kernels (not ATTN_ISA_REF) converts only the biases; its four projections read the weights
  *    in the type, each converted exactly as it is loaded, with the sums the library's own product
- *    gives the float32 weights (the same bits), never through CBLAS (use_blas). Decoding reads every weight once a
- *    step, so there a half module's step is faster than a float32 module's (BENCHMARKS.md).
+ *    gives the float32 weights (the same bits), never through CBLAS (use_blas). Decoding reads
+ *    every weight once a step, so there a half module's step is faster than a float32 module's
+ *    (BENCHMARKS.md).
  *  - Training: attn_mha_backward treats each rounding as the identity (as autograd does) and keeps
  *    its sums and intermediate gradients in float32. dquery, dkey and dvalue are rounded once to the
  *    type; the parameters' gradients are float32 (dparams stays float *): a mixed-precision trainer

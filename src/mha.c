@@ -132,19 +132,22 @@ static mha_views views_of(const attn_mha *m, const float *all) {
 }
 
 // The projections of attn_mha_forward_cached for an F16 / BF16 module whose decoding products read
-// its weights as they are (attn__linear_half): the weights in the module's storage, the biases
-// converted to float32 into bias (4E floats: q, k, v, then out; NULL where the module has none).
+// its weights as they are (attn__linear_half): the weights in the module's storage, the biases as
+// float32.
 typedef struct half_weights {
     const void *wq, *wk, *wv, *wo;
     const float *bq, *bk, *bv, *bo;
 } half_weights;
 
+// Element `plus` of the parameter `name` in the module's storage (NULL if the module has none).
 static const void *param_typed(const attn_mha *m, const char *name, int64_t plus) {
     const attn__param *prm = attn__params_find(&m->params, name);
     if (prm == NULL) return NULL;
     return (const char *)m->params.storage + (size_t)(prm->offset + plus) * attn_dtype_size(m->params.dtype);
 }
 
+// The module's half_weights, its biases converted into bias (4E floats: q, k, v, then out; NULL
+// views where the module has none).
 static half_weights half_weights_of(const attn_ctx *ctx, const attn_mha *m, float *bias) {
     const int64_t E = m->cfg.embed_dim;
     const attn_dtype dt = m->params.dtype;

@@ -37,6 +37,12 @@ int cmd_sdpa(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_bench_decode(int argc, char **argv); // attn bench --op decode
 int cmd_bench_mha_decode(int argc, char **argv); // attn bench --op mha-decode
+// The benches' clock (seconds, monotonic) and qsort comparison of doubles (cmd_bench.c).
+double cli_now(void);
+int cli_cmp_double(const void *a, const void *b);
+// Appends S positions of standard normal keys and values (B, Hkv, S, D) to kc, a block at a time
+// (cmd_bench_decode.c).
+attn_status cli_fill_cache(attn_ctx *ctx, attn_kv_cache *kc, int64_t B, int64_t Hkv, int64_t S, int64_t D);
 int cmd_bench_cuda(int argc, char **argv);   // attn bench --device cuda
 
 #endif

@@ -41,7 +41,7 @@ static const char summary[] =
     "--op decode times one decoding step against a KV cache: see attn bench --op decode --help;\n"
     "--op mha-decode one decoding step of the module (attn_mha_forward_cached): attn bench --op mha-decode --help.";
 
-static double now(void) {
+double cli_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -53,7 +53,7 @@ static double peak_rss_mb(void) {
     return (double)ru.ru_maxrss / 1024.0; // Linux reports KiB
 }
 
-static int cmp_double(const void *a, const void *b) {
+int cli_cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
@@ -280,14 +280,14 @@ int cmd_bench(int argc, char **argv) {
     if (!o.no_check && !mha && o.dropout == 0.0 && check_sdpa(&o, &d, q, k, v, out, &check_err) != 0) goto done;
     double *times = malloc((size_t)o.repeat * sizeof(double));
     if (times == NULL) goto done;
-    double started = now();
+    double started = cli_now();
     for (int64_t r = 0; r < o.repeat; r++) {
-        double t0 = now();
+        double t0 = cli_now();
         st = mha ? attn_mha_forward(ctx, m, &a, out, NULL) : attn_sdpa_fwd(ctx, &d, q, k, v, out, lse, NULL);
         if (st == ATTN_OK && o.backward) st = attn_sdpa_bwd(ctx, &d, q, k, v, out, dout, lse, NULL, dq, dk, dv, NULL);
-        times[r] = now() - t0;
+        times[r] = cli_now() - t0;
         if (st != ATTN_OK) break;
-        if (now() - started > 10.0 && !o.json)
+        if (cli_now() - started > 10.0 && !o.json)
             fprintf(stderr, "attn bench: run %lld of %lld, %.1f ms\n", (long long)r + 1, (long long)o.repeat,
                     times[r] * 1e3);
     }
@@ -296,7 +296,7 @@ int cmd_bench(int argc, char **argv) {
         cli_fail("bench", ctx, st, "forward");
         goto done;
     }
-    qsort(times, (size_t)o.repeat, sizeof(double), cmp_double);
+    qsort(times, (size_t)o.repeat, sizeof(double), cli_cmp_double);
     const double median = o.repeat % 2 ? times[o.repeat / 2] : 0.5 * (times[o.repeat / 2 - 1] + times[o.repeat / 2]);
     const double fastest = times[0];
     free(times);

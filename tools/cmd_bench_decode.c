@@ -5,7 +5,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cli.h"
 
@@ -24,19 +23,7 @@ static const char summary[] =
     "included); --json ends the output with one JSON object (median_ms, fastest_ms, gbps, ...).\n"
     "Defaults: B=1, H=32, Hkv=8, S=4096, D=128, f32, 1 thread, R=50.";
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-// Fills the cache with S positions of random keys and values, a block at a time.
-static attn_status fill(attn_ctx *ctx, attn_kv_cache *kc, int64_t B, int64_t Hkv, int64_t S, int64_t D) {
+attn_status cli_fill_cache(attn_ctx *ctx, attn_kv_cache *kc, int64_t B, int64_t Hkv, int64_t S, int64_t D) {
     const int64_t block = 1024;
     float *k = malloc((size_t)(B * Hkv * block * D) * sizeof(float));
     float *v = malloc((size_t)(B * Hkv * block * D) * sizeof(float));
@@ -171,7 +158,7 @@ int cmd_bench_decode(int argc, char **argv) {
         cli_error("bench", EXIT_FAILURE_RUN, "out of memory");
         goto done;
     }
-    if ((st = attn_kv_cache_create(ctx, &cc, &kc)) != ATTN_OK || (st = fill(ctx, kc, B, Hkv, S, D)) != ATTN_OK ||
+    if ((st = attn_kv_cache_create(ctx, &cc, &kc)) != ATTN_OK || (st = cli_fill_cache(ctx, kc, B, Hkv, S, D)) != ATTN_OK ||
         (st = attn_rand_normal(attn_ctx_generator(ctx), q, B * H * D, 0.0, 1.0)) != ATTN_OK) {
         cli_fail("bench", ctx, st, "filling the cache");
         goto done;
@@ -199,15 +186,15 @@ int cmd_bench_decode(int argc, char **argv) {
         }
     }
     for (int64_t r = 0; r < repeat && st == ATTN_OK; r++) {
-        const double t0 = now();
+        const double t0 = cli_now();
         st = attn_kv_cache_attend(ctx, kc, &d, q, out, NULL);
-        times[r] = now() - t0;
+        times[r] = cli_now() - t0;
     }
     if (st != ATTN_OK) {
         cli_fail("bench", ctx, st, "attend");
         goto done;
     }
-    qsort(times, (size_t)repeat, sizeof(double), cmp_double);
+    qsort(times, (size_t)repeat, sizeof(double), cli_cmp_double);
     const double median = repeat % 2 ? times[repeat / 2] : 0.5 * (times[repeat / 2 - 1] + times[repeat / 2]);
     const double fastest = times[0];
     const double bytes = (double)B * (double)Hkv * (double)S * 2.0 * (double)D * (double)attn_dtype_size(dt) /

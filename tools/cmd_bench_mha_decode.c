@@ -6,7 +6,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cli.h"
 
@@ -26,34 +25,7 @@ static const char summary[] =
     "--json ends the output with one JSON object (median_ms, fastest_ms, gbps, ...).\n"
     "Defaults: B=1, H=12, E=768, S=1024, f32, 1 thread, R=50.";
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 #define STEP_INPUTS 16 // different tokens the timed steps take in turn
-
-// S positions of standard normal keys and values for every sequence and head, a block at a time.
-static attn_status fill(attn_ctx *ctx, attn_kv_cache *kc, int64_t B, int64_t H, int64_t S, int64_t D) {
-    const int64_t block = 256;
-    float *k = malloc((size_t)(B * H * block * D) * sizeof(float));
-    float *v = malloc((size_t)(B * H * block * D) * sizeof(float));
-    attn_status st = k != NULL && v != NULL ? ATTN_OK : ATTN_ERR_OUT_OF_MEMORY;
-    for (int64_t at = 0; at < S && st == ATTN_OK; at += block) {
-        const int64_t n = S - at < block ? S - at : block;
-        st = attn_rand_normal(attn_ctx_generator(ctx), k, B * H * n * D, 0.0, 1.0);
-        if (st == ATTN_OK) st = attn_rand_normal(attn_ctx_generator(ctx), v, B * H * n * D, 0.0, 1.0);
-        if (st == ATTN_OK) st = attn_kv_cache_append(ctx, kc, n, k, NULL, v, NULL);
-    }
-    free(k), free(v);
-    return st;
-}
 
 int cmd_bench_mha_decode(int argc, char **argv) {
     const char *op = "mha-decode", *isa_name = "auto", *dtype_name = "f32", *kv_name = NULL;
@@ -115,7 +87,7 @@ int cmd_bench_mha_decode(int argc, char **argv) {
     attn_kv_cache_config cc;
     attn_kv_cache_config_init(&cc);
     cc.batch = B, cc.n_kv_heads = H, cc.head_dim = D, cc.capacity = S + repeat + 1, cc.dtype = kdt;
-    if ((st = attn_kv_cache_create(ctx, &cc, &kc)) != ATTN_OK || (st = fill(ctx, kc, B, H, S, D)) != ATTN_OK ||
+    if ((st = attn_kv_cache_create(ctx, &cc, &kc)) != ATTN_OK || (st = cli_fill_cache(ctx, kc, B, H, S, D)) != ATTN_OK ||
         (st = attn_rand_normal(attn_ctx_generator(ctx), xf, STEP_INPUTS * B * E, 0.0, 1.0)) != ATTN_OK ||
         (st = attn_convert(dt, x, ATTN_DTYPE_F32, xf, STEP_INPUTS * B * E)) != ATTN_OK) {
         cli_fail("bench", ctx, st, "filling the cache");
@@ -123,14 +95,14 @@ int cmd_bench_mha_decode(int argc, char **argv) {
     }
     for (int64_t r = -1; r < repeat; r++) { // r = -1: the warm-up
         const void *xr = (const char *)x + (size_t)(((r + 1) % STEP_INPUTS) * B * E) * es;
-        const double t0 = now();
+        const double t0 = cli_now();
         if ((st = attn_mha_forward_cached(ctx, m, kc, xr, B, 1, out)) != ATTN_OK) {
             cli_fail("bench", ctx, st, "decoding step");
             goto done;
         }
-        if (r >= 0) times[r] = now() - t0;
+        if (r >= 0) times[r] = cli_now() - t0;
     }
-    qsort(times, (size_t)repeat, sizeof(double), cmp_double);
+    qsort(times, (size_t)repeat, sizeof(double), cli_cmp_double);
     const double median = repeat % 2 ? times[repeat / 2] : 0.5 * (times[repeat / 2 - 1] + times[repeat / 2]);
     const double fastest = times[0];
     const double wbytes = 4.0 * (double)E * (double)E * (double)es;
