@@ -78,6 +78,8 @@ expect 2 "bench --op mha-decode with a bad embed dim" -- $attn bench --op mha-de
 expect 2 "bench --op mha-decode with a block-type module" -- $attn bench --op mha-decode --dtype q8_0
 expect 2 "bench --op mha-decode with a cache past int64" -- $attn bench --op mha-decode --len-kv 9223372036854775807
 expect 2 "bench --op decode with a query past int64" -- $attn bench --op decode --batch 4611686018427387904
+expect 2 "bench with a query past int64" -- $attn bench --len-q 4611686018427387904
+expect 2 "bench --op mha with an input past int64" -- $attn bench --op mha --batch 4611686018427387904
 expect 1 "bench --op mha-decode, a bf16 module with an f16 cache" -- $attn bench --op mha-decode --dtype bf16 --kv-dtype f16 --embed-dim 64 --heads 4 --len-kv 8
 expect 2 "bench --device cuda --dropout out of range" -- $attn bench --device cuda --backward --dropout 1.5
 expect 2 "bench --device cuda --op mha with a bad embed dim" -- $attn bench --device cuda --op mha --embed-dim 30 --heads 4

@@ -40,6 +40,8 @@ int cmd_bench_mha_decode(int argc, char **argv); // attn bench --op mha-decode
 // The benches' clock (seconds, monotonic) and qsort comparison of doubles (cmd_bench.c).
 double cli_now(void);
 int cli_cmp_double(const void *a, const void *b);
+// Whether a tensor of a * b * c * d elements (each >= 1) of up to 8 bytes each passes 2^63 bytes.
+bool cli_too_large(int64_t a, int64_t b, int64_t c, int64_t d);
 // Appends S positions of standard normal keys and values (B, Hkv, S, D) to kc, a block at a time
 // (cmd_bench_decode.c).
 attn_status cli_fill_cache(attn_ctx *ctx, attn_kv_cache *kc, int64_t B, int64_t Hkv, int64_t S, int64_t D);

@@ -53,6 +53,12 @@ static double peak_rss_mb(void) {
     return (double)ru.ru_maxrss / 1024.0; // Linux reports KiB
 }
 
+bool cli_too_large(int64_t a, int64_t b, int64_t c, int64_t d) {
+    int64_t n;
+    return __builtin_mul_overflow(a, b, &n) || __builtin_mul_overflow(n, c, &n) || __builtin_mul_overflow(n, d, &n) ||
+           n > INT64_MAX / 8;
+}
+
 int cli_cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -209,6 +215,8 @@ int cmd_bench(int argc, char **argv) {
     if (!(o.dropout >= 0.0 && o.dropout < 1.0) || (mha && o.dropout > 0.0))
         return cli_error("bench", EXIT_USAGE, "--dropout must be in [0, 1), with --op sdpa");
     if (mha) o.S = o.L, o.Hkv = o.H, o.D = o.E / o.H;
+    if (cli_too_large(o.B, o.H, o.L, o.D) || cli_too_large(o.B, o.Hkv, o.S, o.D) || cli_too_large(o.L, o.B, o.E, 1))
+        return cli_error("bench", EXIT_USAGE, "the tensors of these sizes would pass 2^63 bytes");
     attn_dtype dt = ATTN_DTYPE_F32;
     if (o.dtype != NULL && !cli_parse_float_dtype(o.dtype, &dt))
         return cli_error("bench", EXIT_USAGE, "--dtype must be f32, f16 or bf16, not '%s'", o.dtype);

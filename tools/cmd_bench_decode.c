@@ -140,7 +140,7 @@ int cmd_bench_decode(int argc, char **argv) {
     if (B < 1 || H < 1 || Hkv < 1 || S < 1 || D < 1 || repeat < 1 || threads < 1 || threads > 4096)
         return cli_error("bench", EXIT_USAGE, "sizes, --threads and --repeat must be >= 1");
     if (H % Hkv != 0) return cli_error("bench", EXIT_USAGE, "--heads must be a multiple of --kv-heads");
-    if (B > INT64_MAX / 8 / H / D) // (8: bytes of an element, at most)
+    if (cli_too_large(B, H, D, 1))
         return cli_error("bench", EXIT_USAGE, "--batch times --heads times --head-dim is too large");
 
     attn_ctx_params p;

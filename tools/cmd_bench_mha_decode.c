@@ -58,7 +58,7 @@ int cmd_bench_mha_decode(int argc, char **argv) {
     if (B < 1 || H < 1 || E < 1 || S < 1 || repeat < 1 || threads < 1 || threads > 4096)
         return cli_error("bench", EXIT_USAGE, "sizes, --threads and --repeat must be >= 1");
     if (E % H != 0) return cli_error("bench", EXIT_USAGE, "--embed-dim must be a multiple of --heads");
-    if (B > INT64_MAX / 8 / STEP_INPUTS / E || S > INT64_MAX - repeat - 1) // (8: bytes of an element, at most)
+    if (cli_too_large(STEP_INPUTS, B, E, 1) || S > INT64_MAX - repeat - 1)
         return cli_error("bench", EXIT_USAGE, "--batch times --embed-dim, or --len-kv plus --repeat, is too large");
     const int64_t D = E / H;
 
