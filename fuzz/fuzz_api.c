@@ -1095,9 +1095,11 @@ static int64_t kv_bytes(attn_dtype dt, int64_t n) {
  * to three steps of drawn batch and len (now and then zero, negative or past the room), x or out
  * NULL. Judged from attn.h: a module with kdim or vdim other than E, bias_k or add_zero_attn, a
  * cache that does not fit the module and the batch, batch or len < 1, len past the cache's room, a
- * NULL argument fail, and a refusal leaves out, the cache's length and its storage's bytes as they
- * were; an accepted step adds len to the length and gives finite outputs while every step's
- * input has been tame (a cached NaN reaches later queries).
+ * NULL argument fail, and so does a half module's cache of the other half type; a refusal leaves
+ * out, the cache's length and its storage's bytes as they were; an accepted step adds len to the
+ * length and, for a float32 module, gives finite outputs while every step's input has been tame (a
+ * cached NaN reaches later queries; a half module's tame values may still pass float16's range).
+ * A half module takes and gives values of its type (x drawn as floats, then rounded).
  */
 static void mha_cached_once(env *e, attn_mha *m, const attn_mha_config *rc) {
     fuzz_data *fd = e->fd;
@@ -1115,6 +1117,8 @@ static void mha_cached_once(env *e, attn_mha *m, const attn_mha_config *rc) {
     if (attn_kv_cache_create(e->ctx, &kcfg, &kc) != ATTN_OK) return;
     const attn_kv_cache_config *c = attn_kv_cache_get_config(kc);
     const bool module_ok = rc->kdim == E && rc->vdim == E && !rc->add_bias_kv && !rc->add_zero_attn;
+    const bool half = rc->dtype != ATTN_DTYPE_F32;
+    const size_t es = half ? 2 : 4;
     const int steps = 1 + (int)fuzz_data_pick(fd, 3);
     bool tame_cache = true; /* every step so far appended tame keys and values */
     for (int st_i = 0; st_i < steps; st_i++) {
@@ -1129,12 +1133,19 @@ static void mha_cached_once(env *e, attn_mha *m, const attn_mha_config *rc) {
         if (batch < 1 || n < 1) bad(&j, "batch or len < 1");
         if (c->batch != batch || c->n_kv_heads != H || c->head_dim != hd || c->head_dim_v != hd) bad(&j, "a cache that does not fit");
         if (n > room) bad(&j, "len past the cache's room");
+        if (half && (c->dtype == ATTN_DTYPE_F16 || c->dtype == ATTN_DTYPE_BF16) && c->dtype != rc->dtype)
+            bad(&j, "a half cache of the other half type");
         int64_t rows = 0, nx = 0;
         const bool small = batch >= 1 && n >= 1 && fuzz_mul(batch, n, &rows) && fuzz_mul(rows, E, &nx) && nx <= (1 << 14);
         if (!small && j.v != J_INVALID) continue;
         float *x = null_x ? NULL : small ? env_buf(e, (size_t)nx * 4) : dummy(e, false);
         const bool tame = x == NULL || !small || fill_floats(e, x, nx, pick_amp(e));
-        float *o = null_o ? NULL : small ? env_buf(e, (size_t)nx * 4) : dummy(e, false);
+        void *xin = x;
+        if (half && x != NULL && small) {
+            xin = env_buf(e, (size_t)nx * 2);
+            FUZZ_CHECK(attn_convert(rc->dtype, xin, ATTN_DTYPE_F32, x, nx) == ATTN_OK, "convert x");
+        }
+        void *o = null_o ? NULL : small ? env_buf(e, (size_t)nx * es) : dummy(e, false);
         void *kst, *vst;
         attn_kv_cache_storage(kc, &kst, NULL, &vst, NULL);
         const int64_t kb = kv_bytes(c->dtype, c->batch * c->n_kv_heads * c->capacity * c->head_dim);
@@ -1143,7 +1154,7 @@ static void mha_cached_once(env *e, attn_mha *m, const attn_mha_config *rc) {
         memcpy(k0, kst, (size_t)kb), memcpy(v0, vst, (size_t)vb);
         const size_t ws = maybe_workspace(e, ctx, 0, false);
         arm(e);
-        const attn_status st = attn_mha_forward_cached(ctx, m, kc, x, batch, n, o);
+        const attn_status st = attn_mha_forward_cached(ctx, m, kc, xin, batch, n, o);
         disarm(e);
         expect(e, &j, ctx, st, ws != SIZE_MAX, "attn_mha_forward_cached");
         drop_workspace(ctx, ws);
@@ -1152,13 +1163,13 @@ static void mha_cached_once(env *e, attn_mha *m, const attn_mha_config *rc) {
             if (is_argument_error(st) || st == ATTN_ERR_CAPACITY || st == ATTN_ERR_UNSUPPORTED) {
                 FUZZ_CHECK(memcmp(k0, kst, (size_t)kb) == 0 && memcmp(v0, vst, (size_t)vb) == 0,
                            "a refused cached forward wrote the cache");
-                FUZZ_CHECK(poisoned(o, small ? nx * 4 : (int64_t)DUMMY_BYTES), "out written by a refused cached forward");
+                FUZZ_CHECK(poisoned(o, small ? nx * (int64_t)es : (int64_t)DUMMY_BYTES), "out written by a refused cached forward");
             }
             continue;
         }
         FUZZ_CHECK(attn_kv_cache_length(kc) == len + n, "length after a cached forward of %lld", (long long)n);
         tame_cache = tame_cache && tame;
-        if (j.v == J_VALID && tame_cache) check_finite(o, nx, "cached out");
+        if (j.v == J_VALID && tame_cache && !half) check_finite(o, nx, "cached out");
     }
     attn_kv_cache_free(kc);
 }
@@ -1288,6 +1299,10 @@ static void fuzz_mha(env *e) {
                "unknown name found (typed)");
     FUZZ_CHECK(attn_mha_weights_len_kv(m, 5) == 5 + rc->add_bias_kv + rc->add_zero_attn, "weights_len_kv");
     if (!f32) { /* the forwards below build float inputs (half modules: tests/test_mha_lowp.c) */
+        if (fuzz_data_chance(fd, 1, 3)) {
+            mha_cached_once(e, m, rc);
+            env_release(e);
+        }
         attn_mha_free(m);
         return;
     }
