@@ -131,13 +131,14 @@ static mha_views views_of(const attn_mha *m, const float *all) {
     return v;
 }
 
-// The projections of attn_mha_forward_cached for an F16 / BF16 module whose decoding products read
-// its weights as they are (attn__linear_half): the weights in the module's storage, the biases as
-// float32.
-typedef struct half_weights {
+// The four projections of attn_mha_forward_cached: weights of type dt (F32: the module's or the
+// call's float32 copy; F16 / BF16: the module's storage, read as it is by attn__linear_half) and
+// float32 biases.
+typedef struct proj_weights {
     const void *wq, *wk, *wv, *wo;
     const float *bq, *bk, *bv, *bo;
-} half_weights;
+    attn_dtype dt;
+} proj_weights;
 
 // Element `plus` of the parameter `name` in the module's storage (NULL if the module has none).
 static const void *param_typed(const attn_mha *m, const char *name, int64_t plus) {
@@ -146,12 +147,12 @@ static const void *param_typed(const attn_mha *m, const char *name, int64_t plus
     return (const char *)m->params.storage + (size_t)(prm->offset + plus) * attn_dtype_size(m->params.dtype);
 }
 
-// The module's half_weights, its biases converted into bias (4E floats: q, k, v, then out; NULL
-// views where the module has none).
-static half_weights half_weights_of(const attn_ctx *ctx, const attn_mha *m, float *bias) {
+// An F16 / BF16 module's weights in its storage, its biases converted into bias (4E floats: q, k,
+// v, then out; NULL where the module has none).
+static proj_weights half_weights_of(const attn_ctx *ctx, const attn_mha *m, float *bias) {
     const int64_t E = m->cfg.embed_dim;
     const attn_dtype dt = m->params.dtype;
-    half_weights h = {0};
+    proj_weights h = {.dt = dt};
     if (m->packed) { // (3E, E): W_q; W_k; W_v
         h.wq = param_typed(m, "in_proj_weight", 0);
         h.wk = param_typed(m, "in_proj_weight", E * E);
@@ -555,12 +556,12 @@ attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *m, const attn_mha_args *a
 
 // ---- decoding with a KV cache ---------------------------------------------------------------
 
-// One projection of attn_mha_forward_cached, y (rows, E; row stride ldy) = x (rows, E) W^T + b: with
-// the float32 weight wf, or with wh, the module's own F16 / BF16 weight, read as it is.
-static void cached_project(attn_ctx *ctx, const float *x, int64_t rows, int64_t E, const float *wf, const void *wh,
-                           attn_dtype dt, const float *b, float *y, int64_t ldy, void *ws) {
-    if (wh != NULL) attn__linear_half(ctx, x, rows, E, E, wh, dt, b, E, y, ldy, ws);
-    else attn__linear(ctx, x, rows, E, E, wf, false, b, E, y, ldy, ws);
+// One projection of attn_mha_forward_cached, y (rows, E; row stride ldy) = x (rows, E) W^T + b with
+// W of type dt (proj_weights).
+static void cached_project(attn_ctx *ctx, const float *x, int64_t rows, int64_t E, const void *w, attn_dtype dt,
+                           const float *b, float *y, int64_t ldy, void *ws) {
+    if (dt != ATTN_DTYPE_F32) attn__linear_half(ctx, x, rows, E, E, w, dt, b, E, y, ldy, ws);
+    else attn__linear(ctx, x, rows, E, E, w, false, b, E, y, ldy, ws);
 }
 
 attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *m, attn_kv_cache *cache, const void *x, int64_t batch,
@@ -644,18 +645,20 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *m, attn_kv_cache *c
         xf = b.query, of = b.out;
     }
 
-    mha_views v = {0};
-    half_weights h = {0};
+    proj_weights h;
     if (direct) h = half_weights_of(ctx, m, bias);
-    else v = views_of(m, dt == ATTN_DTYPE_F32 ? (const float *)m->params.storage : b.params);
-    cached_project(ctx, xf, rows, E, v.wq, h.wq, dt, direct ? h.bq : v.bq, qkv, W3, scratch);
-    cached_project(ctx, xf, rows, E, v.wk, h.wk, dt, direct ? h.bk : v.bk, qkv + E, W3, scratch);
-    cached_project(ctx, xf, rows, E, v.wv, h.wv, dt, direct ? h.bv : v.bv, qkv + 2 * E, W3, scratch);
+    else {
+        const mha_views v = views_of(m, dt == ATTN_DTYPE_F32 ? (const float *)m->params.storage : b.params);
+        h = (proj_weights){v.wq, v.wk, v.wv, v.wo, v.bq, v.bk, v.bv, v.bo, ATTN_DTYPE_F32};
+    }
+    cached_project(ctx, xf, rows, E, h.wq, h.dt, h.bq, qkv, W3, scratch);
+    cached_project(ctx, xf, rows, E, h.wk, h.dt, h.bk, qkv + E, W3, scratch);
+    cached_project(ctx, xf, rows, E, h.wv, h.dt, h.bv, qkv + 2 * E, W3, scratch);
     attn__round_to(dt, qkv, rows * W3); // the projections are tensors of the module's type
     ATTN_RETURN_IF_ERR(attn_kv_cache_append(ctx, cache, len, qkv + E, qkv_s, qkv + 2 * E, qkv_s)); // fits: checked
     attn__sdpa_run(ctx, &run, &sh, qkv, kstore, vstore, att, NULL, NULL, scratch);
     attn__round_to(dt, att, rows * E);
-    cached_project(ctx, att, rows, E, v.wo, h.wo, dt, direct ? h.bo : v.bo, of, E, scratch);
+    cached_project(ctx, att, rows, E, h.wo, h.dt, h.bo, of, E, scratch);
     if (dt != ATTN_DTYPE_F32) attn__from_f32(dt, b.out, out, z.out);
     return ATTN_OK;
 }
