@@ -819,7 +819,8 @@ typedef struct attn_mha attn_mha;
  *  - Computation: the projections x W^T + b are float32 sums of the exact values, then q, k and v are
  *    rounded to the type (torch's bfloat16 linear); bias_k and bias_v are values of the type; q is
  *    then divided by sqrt(head_dim) in float32; the attention is the float32 SDPA on those values
- *    (exactly what attn_sdpa_fwd computes with q_dtype and kv_dtype of the type); its output (the
+ *    (exactly what attn_sdpa_fwd computes with q_dtype and kv_dtype of the type; a BF16 module on
+ *    the bf16 dot products differs, below); its output (the
  *    heads concatenated) is rounded to the type, as torch's is, before out_proj; out_proj's float32
  *    sum is rounded once into out. The weights are computed in float32 and rounded once.
  *    Where torch 2.x differs: with need_weights it rounds the scores and the softmax to the type too
@@ -827,17 +828,31 @@ typedef struct attn_mha attn_mha;
  *    the same for head dims that are powers of 4); and its products are its own. Measured against
  *    torch 2.x on random modules (parity_mha_lowp): outputs and weights within 2 units of the type
  *    (2^-8 bf16, 2^-11 f16) of the largest element.
- *  - Each call converts the parameters and inputs to float32 into the context's scratch memory
- *    (4 bytes per parameter and input element, plus the float32 results before rounding: for
- *    E = 768, 9.4 MB of parameters) and runs the float32 pipeline; the module keeps no float32
+ *  - A call converts the inputs and the parameters it reads as float32 (below) to float32 in the
+ *    context's scratch memory (4 bytes per parameter and input element, plus the float32 results
+ *    before rounding: for E = 768, 9.4 MB for all the parameters); the module keeps no float32
  *    copy, so its own memory is half the float32 module's, and parameters written through
- *    attn_mha_param_typed_at are used by the next call. One exception: a step of
- *    attn_mha_forward_cached of at most 8 token rows (batch * len; decoding) on a context with
- *    kernels (not ATTN_ISA_REF) converts only the biases; its four projections read the weights
- *    in the type, each converted exactly as it is loaded, with the sums the library's own product
- *    gives the float32 weights (the same bits), never through CBLAS (use_blas). Decoding reads
- *    every weight once a step, so there a half module's step is faster than a float32 module's
- *    (BENCHMARKS.md).
+ *    attn_mha_param_typed_at are used by the next call. Two exceptions, on contexts with kernels
+ *    (not ATTN_ISA_REF), where the projections read the weights in the type, never through CBLAS
+ *    (use_blas):
+ *    - Few rows: a projection of at most 8 token rows (a sequence's in attn_mha_forward, batch *
+ *      len in attn_mha_forward_cached: decoding steps) converts each weight exactly as it is loaded, with the
+ *      sums the library's own product gives the float32 weights (the same bits). Such a step of
+ *      attn_mha_forward_cached converts only the biases. Decoding reads every weight once a step,
+ *      so there a half module's step is faster than a float32 module's (BENCHMARKS.md).
+ *    - bf16 dot products (attn_isa_bf16_dot: ATTN_ISA_AVX512_BF16, ATTN_ISA_AMX_BF16): a BF16
+ *      module's projections of more rows with an even input width (embed_dim, kdim, vdim) run on
+ *      vdpbf16ps / tdpbf16ps: exact products of the bf16 inputs and weights summed in float32 in
+ *      the instructions' order (not the float32 module's bits). Its attention, when no weights
+ *      are asked for and head_dim is even, runs as attn_sdpa_fwd does on bf16 q, k and v there:
+ *      q's division by sqrt(head_dim) becomes the kernel's scale (the same scores when head_dim
+ *      is a power of 4) and the weights are rounded to bf16 before P V. attn_mha_forward_train
+ *      runs the same forward; the backward stays float32. Such a module is about 1.7x faster than
+ *      the float32 one at E = 768, L = 1024 (BENCHMARKS.md); F16 modules and CPUs without the
+ *      instructions keep the float32 products.
+ *    A forward (attn_mha_forward, attn_mha_forward_train, attn_mha_forward_cached) converts only
+ *    what it reads as float32: the biases and the weights of the projections outside these two
+ *    cases; attn_mha_backward converts every parameter.
  *  - Training: attn_mha_backward treats each rounding as the identity (as autograd does) and keeps
  *    its sums and intermediate gradients in float32. dquery, dkey and dvalue are rounded once to the
  *    type; the parameters' gradients are float32 (dparams stays float *): a mixed-precision trainer
@@ -857,7 +872,17 @@ typedef struct attn_mha attn_mha;
  * and each attention weight w' (averaged or per head) within u |w| + (1 + u)(exp(2 max_h delta_h) -
  * 1 + 2^-15) + t of w. (The 2^-24 terms are the float32 sums of both modules; delta_h is the
  * change of the scores from rounding q and k, in the exponent; 2 u covers the rounding of v and of
- * the heads' output.) The gradients are checked against the float32 module's within 8 u of each
+ * the heads' output.) On the bf16 dot products (above) the projections' sums differ from the
+ * float32 module's by up to r = 2 (d + 2) 2^-24 (sum_i |x_i W_ti| + |b_t|) + 2^-126 (sum_i |W_ti| +
+ * 2 d + 2) per element (d the input width; the last term the instructions' flushing of subnormals
+ * to zero), so the bound takes, with e_q = u |q_it| + (1 + u) r_q and e_k = max over head h's keys
+ * of u |k_jt| + (1 + u) r_k,
+ *   delta_h = ((K_h + e_k) sum_t e_q + e_k sum_t |q_it| + 2 (hd + 2) 2^-24 K_h sum_t |q_it|) / sqrt(hd),
+ *   K_h = max_j |k_j|_inf,  eps_h = (exp(2 delta_h) - 1 + c u + 2^-15)(V_h + 2 R_h) + 2 R_h,
+ * R_h the largest r of head h's values, c = 3 where the attention ran on the dot products (the
+ * rounded weights; delta_h then gains 2^-126 sum_t |q_it| / sqrt(hd) + 2^-125 hd K_h and eps_h
+ * S' 2^-125, attn_sdpa_desc.q_dtype's terms) and 2 otherwise, and the output's sum of |Wo| terms
+ * gains 2^-126 (sum_t |Wo[e,t]| + 2 E + 2). (With r = 0 these are the expressions above.) The gradients are checked against the float32 module's within 8 u of each
  * tensor's largest element (2.8 u seen); this is a tested tolerance, not a proven bound.
  */
 

@@ -152,6 +152,8 @@ attn_status attn__check_block_kv(attn_ctx *ctx, const attn_sdpa_desc *d, const a
 attn_status attn__sdpa_prepare(attn_ctx *ctx, const attn_sdpa_desc *desc, attn__sdpa_shape *sh, attn_sdpa_desc *run);
 // Scratch needed by attn__sdpa_run for a checked descriptor.
 size_t attn__sdpa_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d);
+// Whether attn__sdpa_run's forward runs on ctx's bf16 dot products for a checked descriptor.
+bool attn__sdpa_dot_applies(const attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh);
 // Runs the kernel chosen for ctx on a checked descriptor with `ws` (>= attn__sdpa_workspace bytes).
 // q, out (and in the backward out, dout, dq, dk, dv) are of the desc's q_dtype, out_dtype, grad_dtype.
 void attn__sdpa_run(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, const void *q,
@@ -205,11 +207,14 @@ bool attn__blas_linear(const attn_ctx *ctx, const float *x, int64_t rows, int64_
                        bool w_in_out, const float *b, int64_t out, float *y, int64_t ldy);
 void attn__linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const float *W, bool w_in_out,
                   const float *b, int64_t out, float *y, int64_t ldy, void *ws);
-// The same map (W in nn.Linear's layout) with W of type wdt (F16 or BF16) read as it is, converted
-// exactly as it is loaded: the bits of the library's own few-rows product on W converted to float32
-// (never BLAS). Only where attn__linear_half_applies: a context with kernels (not ATTN_ISA_REF) and
-// few rows (decoding). ws as attn__linear's.
-bool attn__linear_half_applies(const attn_ctx *ctx, int64_t rows, int64_t in);
+// The same map (W in nn.Linear's layout) with W of type wdt (F16 or BF16) read as it is, never
+// through BLAS. Few rows (decoding): W converted exactly as it is loaded, the bits of the library's
+// own few-rows product on W converted to float32. More rows, BF16 W on a table with bf16 dot
+// products (AVX512-BF16, AMX-BF16): x's rows rounded to bf16 and the products on those instructions
+// (cpu/gemm.h's attn__gemm_dot_linear: float32 sums in their own order). Only where
+// attn__linear_half_applies (a context with kernels, not ATTN_ISA_REF, and one of those two cases).
+// ws as attn__linear's.
+bool attn__linear_half_applies(const attn_ctx *ctx, attn_dtype wdt, int64_t rows, int64_t in);
 void attn__linear_half(attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const void *W,
                        attn_dtype wdt, const float *b, int64_t out, float *y, int64_t ldy, void *ws);
 

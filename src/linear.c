@@ -38,13 +38,15 @@ void attn__linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64
         linear_ref(x, rows, in, ldx, W, w_in_out, b, out, y, ldy);
 }
 
-bool attn__linear_half_applies(const attn_ctx *ctx, int64_t rows, int64_t in) {
-    return ctx->kernels != NULL && attn__gemv_applies(rows, in);
+bool attn__linear_half_applies(const attn_ctx *ctx, attn_dtype wdt, int64_t rows, int64_t in) {
+    return ctx->kernels != NULL &&
+           (attn__gemv_applies(rows, in) || (wdt == ATTN_DTYPE_BF16 && attn__gemm_dot_applies(ctx, in)));
 }
 
 void attn__linear_half(attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const void *W,
                        attn_dtype wdt, const float *b, int64_t out, float *y, int64_t ldy, void *ws) {
-    attn__gemv_linear(ctx, x, rows, in, ldx, W, wdt, b, out, y, ldy, ws);
+    if (attn__gemv_applies(rows, in)) attn__gemv_linear(ctx, x, rows, in, ldx, W, wdt, b, out, y, ldy, ws);
+    else attn__gemm_dot_linear(ctx, x, rows, in, ldx, W, b, out, y, ldy, ws);
 }
 
 attn_status attn_linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in_features, const float *w,

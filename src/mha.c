@@ -148,7 +148,7 @@ static const void *param_typed(const attn_mha *m, const char *name, int64_t plus
 }
 
 // An F16 / BF16 module's weights in its storage, its biases converted into bias (4E floats: q, k,
-// v, then out; NULL where the module has none).
+// v, then out; NULL where the module has none; bias NULL: the biases left NULL).
 static proj_weights half_weights_of(const attn_ctx *ctx, const attn_mha *m, float *bias) {
     const int64_t E = m->cfg.embed_dim;
     const attn_dtype dt = m->params.dtype;
@@ -164,6 +164,7 @@ static proj_weights half_weights_of(const attn_ctx *ctx, const attn_mha *m, floa
     }
     h.wo = param_typed(m, "out_proj.weight", 0);
     const void *bin = param_typed(m, "in_proj_bias", 0), *bout = param_typed(m, "out_proj.bias", 0);
+    if (bias == NULL) return h;
     if (bin != NULL) attn__to_f32(ctx, dt, bin, bias, 3 * E), h.bq = bias, h.bk = bias + E, h.bv = bias + 2 * E;
     if (bout != NULL) attn__to_f32(ctx, dt, bout, bias + 3 * E, E), h.bo = bias + 3 * E;
     return h;
@@ -431,6 +432,30 @@ static attn_status mha_setup(attn_ctx *ctx, attn_mha *m, const attn_mha_args *ar
     return ATTN_OK;
 }
 
+// A forward's float32 copy of the parameters into all (table order): every parameter but the
+// weights its projections read in place (attn__linear_half_applies for their token rows and input
+// width, the rule of mha_core.c's projections), whose slots are left unwritten.
+static void stage_forward_params(attn_ctx *ctx, const attn_mha *m, const attn__mha_io *io, float *all) {
+    const attn_mha_config *cf = &m->cfg;
+    const attn_dtype dt = m->params.dtype;
+    const int64_t E = cf->embed_dim, EE = E * E;
+    const char *base = m->params.storage;
+    for (int i = 0; i < m->params.count; i++) {
+        const attn__param *p = &m->params.items[i];
+        int64_t rows = 0, width = 0, slices = 1; // a weight of `slices` (E, width) blocks: q's, then k's and v's
+        if (strcmp(p->name, "in_proj_weight") == 0) slices = 3, width = E;
+        else if (strcmp(p->name, "q_proj_weight") == 0 || strcmp(p->name, "out_proj.weight") == 0) rows = io->L, width = E;
+        else if (strcmp(p->name, "k_proj_weight") == 0) rows = io->S, width = cf->kdim;
+        else if (strcmp(p->name, "v_proj_weight") == 0) rows = io->S, width = cf->vdim;
+        for (int64_t s = 0; s < slices; s++) {
+            const int64_t off = p->offset + (slices > 1 ? s * EE : 0), n = slices > 1 ? EE : p->numel;
+            if (slices > 1) rows = s == 0 ? io->L : io->S;
+            if (width > 0 && attn__linear_half_applies(ctx, dt, rows, width)) continue;
+            attn__to_f32(ctx, dt, base + (size_t)off * attn_dtype_size(dt), all + off, n);
+        }
+    }
+}
+
 // Takes the call's workspace: core_size bytes for the pipeline (*core_ws) and, for an F16 / BF16
 // module, the float32 copies, filled (parameters and inputs converted; for the backward, dout in
 // place of out), with the spec and io pointed at them.
@@ -448,9 +473,12 @@ static attn_status mha_begin(attn_ctx *ctx, const attn_mha *m, mha_call *c, size
     if (dt == ATTN_DTYPE_F32) return ATTN_OK;
     const stage_sizes *z = &c->z;
     attn__mha_io *io = &c->io;
-    attn__to_f32(ctx, dt, m->params.storage, b->params, m->params.numel);
+    if (z->backward) attn__to_f32(ctx, dt, m->params.storage, b->params, m->params.numel);
+    else stage_forward_params(ctx, m, &c->io, b->params);
     const mha_views v = views_of(m, b->params);
     set_weights(&c->spec, &v);
+    const proj_weights h = half_weights_of(ctx, m, NULL); // read in place where the products can
+    c->spec.wq_t = h.wq, c->spec.wk_t = h.wk, c->spec.wv_t = h.wv, c->spec.wo_t = h.wo;
     attn__to_f32(ctx, dt, io->query, b->query, z->query);
     if (b->key != b->query) attn__to_f32(ctx, dt, io->key, b->key, z->key);
     if (b->value != b->query && b->value != b->key) attn__to_f32(ctx, dt, io->value, b->value, z->value);
@@ -620,7 +648,7 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *m, attn_kv_cache *c
     const size_t lin_ws = attn__linear_workspace(ctx, E), sdpa_ws = attn__sdpa_workspace(ctx, &sh, &run);
     // x and out of an F16 / BF16 module are staged as float32, x as the forward's query; its
     // parameters too, unless the few rows of a decoding step read them as they are (direct)
-    const bool direct = dt != ATTN_DTYPE_F32 && attn__linear_half_applies(ctx, rows, E);
+    const bool direct = dt != ATTN_DTYPE_F32 && attn__linear_half_applies(ctx, dt, rows, E);
     const stage_sizes z = {.query = rows * E, .out = rows * E, .no_params = direct};
     attn__arena a = {0};
     attn__arena_take(&a, (size_t)(rows * W3) * sizeof(float));

@@ -20,6 +20,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "cpu/cpu.h"
 #include "half.h"
 #include "mha_core.h"
 
@@ -27,6 +28,7 @@
 typedef struct core_bufs {
     attn_generator *gen;      // saved: the generator before the attention (training)
     float *qb, *kb, *vb, *cb, *lse;
+    uint16_t *qh, *kh, *vh;   // plan->dot: q, k, v as bf16 for the attention
     void *mask, *kpm;
     void *sdpa_ws;
     void *linear_ws;
@@ -71,6 +73,10 @@ static void core_layout(const attn__mha_spec *spec, const attn__mha_io *io, cons
     b->vb = attn__arena_take(keep, N * S2 * E * f);
     b->cb = spec->wo != NULL || sv != NULL ? attn__arena_take(keep, N * L * E * f) : NULL;
     b->lse = sv != NULL ? attn__arena_take(sv, N * (size_t)spec->H * L * f) : NULL;
+    const size_t h = plan->dot ? sizeof(uint16_t) : 0;
+    b->qh = attn__arena_take(a, N * L * E * h);
+    b->kh = attn__arena_take(a, N * S2 * E * h);
+    b->vh = attn__arena_take(a, N * S2 * E * h);
     take_masks(spec, io, plan, a, &b->mask, &b->kpm);
     b->sdpa_ws = attn__arena_take(a, plan->sdpa_ws_size);
     b->linear_ws = attn__arena_take(a, plan->linear_ws_size);
@@ -94,6 +100,13 @@ static void bwd_layout(const attn__mha_spec *spec, const attn__mha_io *io, const
     take_masks(spec, io, plan, a, &b->mask, &b->kpm);
     b->sdpa_ws = attn__arena_take(a, plan->sdpa_bwd_ws_size);
     b->mm_ws = attn__arena_take(a, plan->matmul_ws_size);
+}
+
+// The attention's descriptor on bf16 copies of q, k and v (plan->dot), from d.
+static attn_sdpa_desc dot_desc(attn_sdpa_desc d, float scale) {
+    d.q_dtype = d.kv_dtype = ATTN_DTYPE_BF16;
+    d.scale = scale;
+    return d;
 }
 
 attn_status attn__mha_core_plan(attn_ctx *ctx, const attn__mha_spec *spec, const attn__mha_io *io,
@@ -182,6 +195,22 @@ attn_status attn__mha_core_plan(attn_ctx *ctx, const attn__mha_spec *spec, const
     d->key_padding_mask = NULL;
     plan->sdpa_ws_size = attn__sdpa_workspace(ctx, &plan->sh, d);
     d->mask = (io->attn_mask != NULL || plan->causal_mask) ? (const void *)plan : NULL;
+    // A BF16 pipeline whose attention fits the bf16 dot products runs it there: on bf16 copies of
+    // q, k and v, with q's division by sqrt(hd) left to the kernel's scale (the same scores for head
+    // dims that are powers of 4), its weights rounded to bf16 before P V (attn.h).
+    if (spec->dtype == ATTN_DTYPE_BF16 && d->weights_mode == ATTN_WEIGHTS_NONE) {
+        const float div = (float)sqrt((double)plan->hd); // q's division (attn__mha_core_run)
+        attn_sdpa_desc dd = dot_desc(*d, spec->prescale_q ? 1.0f / div : d->scale);
+        dd.key_padding_mask = io->key_padding_mask != NULL ? (const void *)plan : NULL;
+        ATTN_RETURN_IF_ERR(attn__sdpa_check(ctx, &dd, &plan->sh_dot));
+        plan->dot = attn__sdpa_dot_applies(ctx, &dd, &plan->sh_dot);
+        if (plan->dot) {
+            plan->dot_scale = dd.scale;
+            dd.mask = dd.key_padding_mask = NULL;
+            const size_t w = attn__sdpa_workspace(ctx, &plan->sh_dot, &dd);
+            if (w > plan->sdpa_ws_size) plan->sdpa_ws_size = w;
+        }
+    }
     ATTN_RETURN_IF_ERR(attn__sdpa_bwd_check(ctx, d, &plan->sh, false));
     d->mask = NULL;
     int64_t widest = spec->dq > spec->dk ? spec->dq : spec->dk;
@@ -242,21 +271,40 @@ static void set_masks(const attn__mha_spec *spec, const attn__mha_io *io, const 
     }
 }
 
+// y[i] = x[i] as bf16, x holding bf16 values (exact).
+static void to_bf16(const attn__kernels *kn, const float *x, int64_t n, uint16_t *y) {
+    const int64_t n16 = n / 16 * 16;
+    kn->round_bf16(x, n16, y);
+    for (int64_t i = n16; i < n; i++) y[i] = attn__f32_to_bf16(x[i]);
+}
+
+// y (rows, E; row stride ldy) = x (rows, d; row stride ldx) W^T + b: with the weights in the spec's
+// type (Wt) where those can be read in place, else with the float32 ones.
+static void project(attn_ctx *ctx, const attn__mha_spec *spec, const float *x, int64_t rows, int64_t d, int64_t ldx,
+                    const float *W, bool w_in_out, const void *Wt, const float *b, float *y, int64_t ldy, void *ws) {
+    if (Wt != NULL && attn__linear_half_applies(ctx, spec->dtype, rows, d))
+        attn__linear_half(ctx, x, rows, d, ldx, Wt, spec->dtype, b, spec->E, y, ldy, ws);
+    else
+        attn__linear(ctx, x, rows, d, ldx, W, w_in_out, b, spec->E, y, ldy, ws);
+}
+
 void attn__mha_core_run(attn_ctx *ctx, const attn__mha_spec *spec, const attn__mha_io *io,
                         const attn__mha_plan *plan, void *ws, void *saved) {
     const int64_t N = io->N, L = io->L, S = io->S, S2 = plan->S2, E = spec->E;
     attn__arena a = {.base = ws}, sv = {.base = saved};
     core_bufs b;
     core_layout(spec, io, plan, &a, saved != NULL ? &sv : NULL, &b);
+    // the float32 q, k, v feed the attention, or only the backward when it runs on bf16 copies
+    const bool keep_float = !plan->dot || saved != NULL;
 
     // 1. projections, one sequence at a time: qb[n] = query[n] Wq^T + bq, etc.
     for (int64_t n = 0; n < N; n++) {
-        attn__linear(ctx, io->query + n * io->q_bs, L, spec->dq, io->q_rs, spec->wq, spec->w_in_out, spec->bq, E,
-                     b.qb + n * L * E, E, b.linear_ws);
-        attn__linear(ctx, io->key + n * io->k_bs, S, spec->dk, io->k_rs, spec->wk, spec->w_in_out, spec->bk, E,
-                     b.kb + n * S2 * E, E, b.linear_ws);
-        attn__linear(ctx, io->value + n * io->v_bs, S, spec->dv, io->v_rs, spec->wv, spec->w_in_out, spec->bv, E,
-                     b.vb + n * S2 * E, E, b.linear_ws);
+        project(ctx, spec, io->query + n * io->q_bs, L, spec->dq, io->q_rs, spec->wq, spec->w_in_out, spec->wq_t, spec->bq,
+                b.qb + n * L * E, E, b.linear_ws);
+        project(ctx, spec, io->key + n * io->k_bs, S, spec->dk, io->k_rs, spec->wk, spec->w_in_out, spec->wk_t, spec->bk,
+                b.kb + n * S2 * E, E, b.linear_ws);
+        project(ctx, spec, io->value + n * io->v_bs, S, spec->dv, io->v_rs, spec->wv, spec->w_in_out, spec->wv_t, spec->bv,
+                b.vb + n * S2 * E, E, b.linear_ws);
         // 2. extra key positions: bias_k/bias_v, then the zero key/value
         int64_t s = S;
         if (spec->bias_k != NULL) {
@@ -269,12 +317,20 @@ void attn__mha_core_run(attn_ctx *ctx, const attn__mha_spec *spec, const attn__m
             memset(b.vb + (n * S2 + s) * E, 0, (size_t)E * sizeof(float));
         }
         // the projections of a low-precision module are tensors of its type (bias_k, bias_v are)
-        attn__round_to(spec->dtype, b.qb + n * L * E, L * E);
-        attn__round_to(spec->dtype, b.kb + n * S2 * E, S * E);
-        attn__round_to(spec->dtype, b.vb + n * S2 * E, S * E);
+        if (keep_float) {
+            attn__round_to(spec->dtype, b.qb + n * L * E, L * E);
+            attn__round_to(spec->dtype, b.kb + n * S2 * E, S * E);
+            attn__round_to(spec->dtype, b.vb + n * S2 * E, S * E);
+        }
+    }
+    // q, k, v rounded to bf16 for the attention on dot products (the values of the kept copies)
+    if (plan->dot) {
+        to_bf16(ctx->kernels, b.qb, N * L * E, b.qh);
+        to_bf16(ctx->kernels, b.kb, N * S2 * E, b.kh);
+        to_bf16(ctx->kernels, b.vb, N * S2 * E, b.vh);
     }
     // 3. nn.MultiheadAttention scales q before the product: a float32 division by float(sqrt(hd))
-    if (spec->prescale_q) {
+    if (spec->prescale_q && keep_float) {
         const float div = (float)sqrt((double)plan->hd);
         for (int64_t i = 0; i < N * L * E; i++) b.qb[i] /= div;
     }
@@ -287,7 +343,11 @@ void attn__mha_core_run(attn_ctx *ctx, const attn__mha_spec *spec, const attn__m
         memcpy(saved, &hdr, sizeof hdr);
         *b.gen = ctx->gen; // the dropout mask is regenerated from this state in the backward
     }
-    if (b.cb != NULL) {
+    if (plan->dot) { // cb exists: a BF16 spec has an output projection
+        attn_sdpa_desc dc = dot_desc(d, plan->dot_scale);
+        memcpy(dc.o_stride, plan->sd.q_stride, sizeof dc.o_stride);
+        attn__sdpa_run(ctx, &dc, &plan->sh_dot, b.qh, b.kh, b.vh, b.cb, b.lse, NULL, b.sdpa_ws);
+    } else if (b.cb != NULL) {
         attn_sdpa_desc dc = d;
         memcpy(dc.o_stride, plan->sd.q_stride, sizeof dc.o_stride); // cb is (N, L, E) like qb
         attn__sdpa_run(ctx, &dc, &plan->sh, b.qb, b.kb, b.vb, b.cb, b.lse, io->weights, b.sdpa_ws);
@@ -298,8 +358,8 @@ void attn__mha_core_run(attn_ctx *ctx, const attn__mha_spec *spec, const attn__m
     // 6. output projection of the concatenated heads, or the heads themselves
     for (int64_t n = 0; n < N && b.cb != NULL; n++) {
         if (spec->wo != NULL) {
-            attn__linear(ctx, b.cb + n * L * E, L, E, E, spec->wo, false, spec->bo, E, io->out + n * io->o_bs,
-                         io->o_rs, b.linear_ws);
+            project(ctx, spec, b.cb + n * L * E, L, E, E, spec->wo, false, spec->wo_t, spec->bo, io->out + n * io->o_bs,
+                    io->o_rs, b.linear_ws);
         } else {
             for (int64_t r = 0; r < L; r++)
                 memcpy(io->out + n * io->o_bs + r * io->o_rs, b.cb + (n * L + r) * E, (size_t)E * sizeof(float));

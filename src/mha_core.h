@@ -18,6 +18,8 @@ typedef struct attn__mha_spec {
     const float *bias_k, *bias_v; // (E) each or NULL: one extra key/value position
     bool add_zero_attn;     // one all-zero key/value position after bias_k
     const float *wo, *bo;   // out_proj (E, E) and (E), or wo = NULL for no output projection
+    const void *wq_t, *wk_t, *wv_t, *wo_t; // the same weights in `dtype` (nn.Linear layout, not
+                            // w_in_out), or NULL: read in place where attn__linear_half applies
     bool prescale_q;        // q /= sqrt(head_dim) before the product (nn.MultiheadAttention);
                             // otherwise the scores are scaled (the book's modules)
     double dropout;         // on the weights when io->training
@@ -53,6 +55,10 @@ typedef struct attn__mha_plan {
     attn_sdpa_desc sd;      // strides set; pointers filled at run time
     attn__sdpa_shape sh;
     bool pad_mask, pad_kpm, causal_mask; // masks copied into the workspace, widened to S'
+    bool dot;               // a BF16 spec on bf16 dot products: the attention runs on bf16 copies of
+                            // q, k, v (sd with q_dtype = kv_dtype = BF16 and scale dot_scale, sh_dot)
+    float dot_scale;
+    attn__sdpa_shape sh_dot;
     size_t sdpa_ws_size;    // scratch of the SDPA kernel
     size_t linear_ws_size;  // scratch of the projections
     size_t ws_size;         // all scratch of the pipeline (forward)

@@ -172,6 +172,10 @@ static bool use_flash(const attn_ctx *ctx, const attn_sdpa_desc *d) {
     return ctx->kernels != NULL && d->weights_mode == ATTN_WEIGHTS_NONE;
 }
 
+bool attn__sdpa_dot_applies(const attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_shape *sh) {
+    return ctx->kernels != NULL && attn__fwd_dot_applies(ctx->kernels, d, sh);
+}
+
 size_t attn__sdpa_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d) {
     return use_flash(ctx, d) ? attn__flash_fwd_workspace(ctx, sh, d) : attn__sdpa_ref_workspace(sh);
 }

@@ -553,7 +553,7 @@ static void test_linear_half_weights(void) {
             for (int ii = 0; ii < n; ii++)
                 for (int threads = 1; threads <= 3; threads += 2) {
                     attn_ctx *ctx = make_ctx(isas[ii], threads);
-                    ASSERT_TRUE(attn__linear_half_applies(ctx, rows, in));
+                    ASSERT_TRUE(attn__linear_half_applies(ctx, dt, rows, in));
                     void *ws = malloc(attn__linear_workspace(ctx, in));
                     ASSERT_TRUE(ws != NULL);
                     attn__linear(ctx, x, rows, in, ldx, w, false, b, out, want, out, ws);
@@ -566,9 +566,70 @@ static void test_linear_half_weights(void) {
             free(x), free(w), free(b), free(h), free(want), free(got);
         }
     attn_ctx *ref = make_ctx(ATTN_ISA_REF, 1); // no kernels: the map needs its float32 weights
-    ASSERT_TRUE(!attn__linear_half_applies(ref, 1, 16));
+    ASSERT_TRUE(!attn__linear_half_applies(ref, ATTN_DTYPE_BF16, 1, 16));
     attn_ctx_free(ref);
     use_blas = saved_blas;
+}
+
+// The linear map with bfloat16 weights on the bf16 dot products (attn__linear_half past the few
+// rows, what a bf16 module's projections run on AVX512-BF16 and AMX-BF16): against double sums of
+// the exact products on x rounded to bf16, within (in + 2) 2^-24 of the terms' absolute sum plus the
+// instructions' flushing (gemm.h); the same bits on 1 and 3 threads; rows past a 64-row block, odd
+// out, in not a multiple of 16, x at a wider row stride; and where the path does not apply.
+static void test_linear_bf16_dot(void) {
+    const int64_t shapes[][3] = {{9, 2, 5}, {64, 768, 200}, {130, 38, 97}, {65, 96, 193}, {12, 30, 1}}; // rows, in, out
+    attn_isa isas[16];
+    const int n = fused_isas(isas);
+    uint32_t seed = 31;
+    int ran = 0;
+    for (int ii = 0; ii < n; ii++) {
+        attn_ctx *probe = make_ctx(isas[ii], 1);
+        ASSERT_TRUE(!attn__linear_half_applies(probe, ATTN_DTYPE_F16, 9, 64));
+        ASSERT_TRUE(!attn__linear_half_applies(probe, ATTN_DTYPE_BF16, 9, 63));
+        ASSERT_EQ_INT(attn__linear_half_applies(probe, ATTN_DTYPE_BF16, 9, 64), attn_isa_bf16_dot(isas[ii]) != 0);
+        attn_ctx_free(probe);
+        if (!attn_isa_bf16_dot(isas[ii])) continue;
+        for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+            const int64_t rows = shapes[c][0], in = shapes[c][1], out = shapes[c][2], ldx = in + (int64_t)c % 2 * 3;
+            float *x = malloc((size_t)(rows * ldx) * 4), *b = malloc((size_t)out * 4);
+            uint16_t *w = malloc((size_t)(out * in) * 2);
+            float *got = malloc((size_t)(rows * out) * 4), *got3 = malloc((size_t)(rows * out) * 4);
+            for (int64_t i = 0; i < rows * ldx; i++) x[i] = 4.0f * rand_unit(&seed) - 2.0f; // rounded by the map
+            for (int64_t i = 0; i < out * in; i++) w[i] = attn__f32_to_bf16(rand_unit(&seed) - 0.5f);
+            for (int64_t i = 0; i < out; i++) b[i] = rand_unit(&seed);
+            for (int threads = 1; threads <= 3; threads += 2) {
+                attn_ctx *ctx = make_ctx(isas[ii], threads);
+                ASSERT_TRUE(attn__linear_half_applies(ctx, ATTN_DTYPE_BF16, rows, in));
+                void *ws = malloc(attn__linear_workspace(ctx, in));
+                ASSERT_TRUE(ws != NULL);
+                float *y = threads == 1 ? got : got3;
+                memset(y, 0xFF, (size_t)(rows * out) * 4);
+                attn__linear_half(ctx, x, rows, in, ldx, w, ATTN_DTYPE_BF16, c % 2 ? b : NULL, out, y, out, ws);
+                free(ws);
+                attn_ctx_free(ctx);
+            }
+            ASSERT_BITS_EQ(got3, got, rows * out);
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t o = 0; o < out; o++) {
+                    double want = c % 2 ? b[o] : 0.0, abs = c % 2 ? fabs(b[o]) : 0.0, wa = 0.0;
+                    for (int64_t i = 0; i < in; i++) {
+                        const double t = (double)attn__bf16_to_f32(attn__f32_to_bf16(x[r * ldx + i])) *
+                                         attn__bf16_to_f32(w[o * in + i]);
+                        want += t, abs += fabs(t), wa += fabs(attn__bf16_to_f32(w[o * in + i]));
+                    }
+                    const double bound = (double)(in + 2) * 0x1p-24 * abs + 0x1p-126 * (wa + 2.0 * (double)in + 2.0);
+                    const double e = fabs(got[r * out + o] - want);
+                    harness_checks++;
+                    if (!(e <= bound))
+                        FAIL("%s rows %lld in %lld: y[%lld][%lld] = %.9g, want %.9g (error %.3g > %.3g)",
+                             attn_isa_name(isas[ii]), (long long)rows, (long long)in, (long long)r, (long long)o,
+                             got[r * out + o], want, e, bound);
+                }
+            free(x), free(b), free(w), free(got), free(got3);
+        }
+        ran++;
+    }
+    if (ran == 0) SKIP("no instruction set with bf16 dot products on this CPU");
 }
 
 // The exponential of the softmax: relative error against exp2 in double over [-126, 128] at most
@@ -987,6 +1048,7 @@ int main(int argc, char **argv) {
         HARNESS_CASE(test_float_mask_past_log2_range),
         HARNESS_CASE(test_linear_and_modules),
         HARNESS_CASE(test_linear_half_weights),
+        HARNESS_CASE(test_linear_bf16_dot),
     };
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
 }

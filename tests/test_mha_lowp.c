@@ -122,21 +122,30 @@ static const float *param(attn_mha *m, const char *name) {
     return attn_mha_param(m, name, NULL, NULL, &d) == ATTN_OK ? d : NULL;
 }
 
-// x (rows, width) of sequence n projected by rows [e0, e0 + E) of W (E, width) and b: y (rows, E), double.
+// x (rows, width) of sequence n projected by W (E, width) and b: y (rows, E), double; ya the sums of
+// the terms' absolute values (|b| included), rho the bound on the dot-product projections' extra
+// error (attn.h: 2 (d + 2) 2^-24 ya + 2^-126 (sum_i |W_ti| + 2 d + 2)).
 static void project(const mcase *c, const float *x, int64_t n, int64_t rows, int64_t width, const float *W,
-                    const float *b, double *y) {
+                    const float *b, double *y, double *rho) {
     for (int64_t r = 0; r < rows; r++)
         for (int64_t e = 0; e < c->E; e++) {
-            double a = b != NULL ? b[e] : 0.0;
-            for (int64_t i = 0; i < width; i++) a += (double)x[at(c, n, r, i, rows, width)] * W[e * width + i];
+            double a = b != NULL ? b[e] : 0.0, ya = b != NULL ? fabs(b[e]) : 0.0, wa = 0.0;
+            for (int64_t i = 0; i < width; i++) {
+                const double t = (double)x[at(c, n, r, i, rows, width)] * W[e * width + i];
+                a += t, ya += fabs(t), wa += fabs(W[e * width + i]);
+            }
             y[r * c->E + e] = a;
+            rho[r * c->E + e] = 2.0 * (double)(width + 2) * 0x1p-24 * ya + 0x1p-126 * (wa + 2.0 * (double)width + 2.0);
         }
 }
 
 // attn.h's bound on |out16 - out32| and |weights16 - weights32| for the float32 module m32 on the
 // float inputs q, k, v; checks every element of out16 (float values of the half results) and w16.
-static void check_bound(const mcase *c, attn_dtype dt, attn_mha *m32, const float *q, const float *k, const float *v,
-                        const float *out32, const float *out16, const float *w32, const float *w16, const char *what) {
+// dot: the half module ran on bf16 dot products (its projections' sums in their order, rho; the
+// attention's weights rounded to bf16 where it asks for no weights; the instructions' flushing).
+static void check_bound(const mcase *c, attn_dtype dt, bool dot, attn_mha *m32, const float *q, const float *k,
+                        const float *v, const float *out32, const float *out16, const float *w32, const float *w16,
+                        const char *what) {
     const int64_t N = c->N, L = c->L, S = c->S, E = c->E, H = c->H, hd = E / H;
     const int64_t S2 = S + c->bias_kv + c->zero_attn;
     const double u = unit(dt);
@@ -147,33 +156,46 @@ static void check_bound(const mcase *c, attn_dtype dt, attn_mha *m32, const floa
     const float *bi = param(m32, "in_proj_bias"), *wo = param(m32, "out_proj.weight"), *bo = param(m32, "out_proj.bias");
     const float *bk = param(m32, "bias_k"), *bv = param(m32, "bias_v");
     double *Q = calloc((size_t)(L * E), 8), *K = calloc((size_t)(S2 * E), 8), *V = calloc((size_t)(S2 * E), 8);
+    double *rQ = calloc((size_t)(L * E), 8), *rK = calloc((size_t)(S2 * E), 8), *rV = calloc((size_t)(S2 * E), 8);
     double *eps = calloc((size_t)H, 8), *vmax = calloc((size_t)H, 8);
+    const bool dot_attn = dot && c->weights == 0; // attn.h: the weights keep the float32 attention
     for (int64_t n = 0; n < N; n++) {
-        project(c, q, n, L, E, wq, bi, Q);
-        project(c, k, n, S, c->kdim, wk, bi != NULL ? bi + E : NULL, K);
-        project(c, v, n, S, c->vdim, wv, bi != NULL ? bi + 2 * E : NULL, V);
+        project(c, q, n, L, E, wq, bi, Q, rQ);
+        project(c, k, n, S, c->kdim, wk, bi != NULL ? bi + E : NULL, K, rK);
+        project(c, v, n, S, c->vdim, wv, bi != NULL ? bi + 2 * E : NULL, V, rV);
         for (int64_t e = 0; bk != NULL && e < E; e++) K[S * E + e] = bk[e], V[S * E + e] = bv[e]; // zero key: 0
+        if (!dot) // the float32 products of both modules sum in the same order: the same projections
+            for (int64_t i = 0; i < L * E; i++) rQ[i] = 0;
+        for (int64_t i = 0; !dot && i < S2 * E; i++) rK[i] = rV[i] = 0;
         for (int64_t i = 0; i < L; i++) {
             double dmax = 0;
             for (int64_t h = 0; h < H; h++) {
-                double qs = 0, km = 0, vm = 0;
-                for (int64_t t = 0; t < hd; t++) qs += fabs(Q[i * E + h * hd + t]);
+                double qs = 0, qe = 0, km = 0, ke = 0, vm = 0, rv = 0;
+                for (int64_t t = 0; t < hd; t++) {
+                    const int64_t o = i * E + h * hd + t;
+                    qs += fabs(Q[o]), qe += u * fabs(Q[o]) + (1 + u) * rQ[o];
+                }
                 for (int64_t j = 0; j < S2; j++)
                     for (int64_t t = 0; t < hd; t++) {
-                        km = fmax(km, fabs(K[j * E + h * hd + t]));
-                        vm = fmax(vm, fabs(V[j * E + h * hd + t]));
+                        const int64_t o = j * E + h * hd + t;
+                        km = fmax(km, fabs(K[o])), ke = fmax(ke, u * fabs(K[o]) + (1 + u) * rK[o]);
+                        vm = fmax(vm, fabs(V[o])), rv = fmax(rv, rV[o]);
                     }
-                const double delta = (2 * u + u * u + 2 * (hd + 2) * 0x1p-24) * qs / sqrt((double)hd) * km;
-                eps[h] = (exp(2 * delta) - 1 + 2 * u + 0x1p-15) * vm;
+                double delta = ((km + ke) * qe + qs * ke + 2 * (hd + 2) * 0x1p-24 * qs * km) / sqrt((double)hd);
+                if (dot_attn) delta += 0x1p-126 * qs / sqrt((double)hd) + 0x1p-125 * (double)hd * km;
+                eps[h] = (exp(2 * delta) - 1 + (dot_attn ? 3 : 2) * u + 0x1p-15) * (vm + 2 * rv) + 2 * rv +
+                         (dot_attn ? (double)S2 * 0x1p-125 : 0.0);
                 vmax[h] = vm;
                 dmax = fmax(dmax, delta);
             }
             const int64_t row = c->batch_first || c->unbatched ? n * L + i : i * N + n;
             for (int64_t e = 0; e < E; e++) {
-                double rest = 2 * E * 0x1p-24 * (bo != NULL ? fabs(bo[e]) : 0.0);
+                double rest = 2 * E * 0x1p-24 * (bo != NULL ? fabs(bo[e]) : 0.0), wa = 0;
                 for (int64_t t = 0; t < E; t++) {
                     rest += fabs(wo[e * E + t]) * (eps[t / hd] + 2 * E * 0x1p-24 * vmax[t / hd]);
+                    wa += fabs(wo[e * E + t]);
                 }
+                if (dot) rest += 0x1p-126 * (wa + 2.0 * (double)E + 2.0); // the instructions' flushing
                 const double want = out32[row * E + e], got = out16[row * E + e];
                 const double bound = u * fabs(want) + (1 + u) * rest + tiny(dt);
                 harness_checks++;
@@ -196,7 +218,7 @@ static void check_bound(const mcase *c, attn_dtype dt, attn_mha *m32, const floa
                 }
         }
     }
-    free(Q), free(K), free(V), free(eps), free(vmax);
+    free(Q), free(K), free(V), free(rQ), free(rK), free(rV), free(eps), free(vmax);
 }
 
 // Inputs and masks of a case, of type dt (and as floats).
@@ -268,7 +290,8 @@ static void forward_case(const mcase *c, attn_dtype dt, uint32_t seed, float sca
         pair_widen(dt, &w);
         char what[96];
         snprintf(what, sizeof what, "%s %s seed %u", attn_dtype_name(dt), attn_isa_name(isas[ii]), seed);
-        check_bound(c, dt, m32, x.q.f, c->self ? x.q.f : x.k.f, c->self ? x.q.f : x.v.f, out32, out.f, w32,
+        const bool dot = dt == ATTN_DTYPE_BF16 && attn_isa_bf16_dot(isas[ii]);
+        check_bound(c, dt, dot, m32, x.q.f, c->self ? x.q.f : x.k.f, c->self ? x.q.f : x.v.f, out32, out.f, w32,
                     c->weights ? w.f : NULL, what);
         pair_free(&out), pair_free(&w), free(out32), free(w32);
         free_inputs(&x);
@@ -290,9 +313,22 @@ static void test_forward_large_logits(void) {
     uint32_t s = 777;
     for (int it = 0; it < 12; it++) {
         mcase c = random_case(&s);
-        c.weights = 1;
+        c.weights = it / 2 % 2; // without weights a bf16 module's attention may run on the dot products
         forward_case(&c, it % 2 ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16, 900u + (uint32_t)it, 30.0f);
     }
+}
+
+// Sequences longer than a block of the products' rows (64) and inputs wide enough for their
+// 16-pair steps, without weights: the shapes of the bf16 dot-product path, with its odd widths.
+static void test_forward_long(void) {
+    const int64_t shapes[][5] = {{64, 4, 70, 70, 64}, {96, 2, 130, 67, 33}, {48, 3, 9, 200, 48}}; // E, H, L, S, kdim
+    for (int i = 0; i < 3; i++)
+        for (int t = 0; t < 2; t++) {
+            mcase c = {.N = 2 - i % 2, .E = shapes[i][0], .H = shapes[i][1], .L = shapes[i][2], .S = shapes[i][3]};
+            c.kdim = shapes[i][4], c.vdim = c.E, c.bias = 1, c.self = c.L == c.S && c.kdim == c.E;
+            c.batch_first = i == 1, c.mask = i == 0 ? 3 : 0, c.kpm = i == 2;
+            forward_case(&c, t ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16, 1300u + (uint32_t)(2 * i + t), 1.0f);
+        }
 }
 
 // create: torch's float32 draws rounded to nearest even; the accessors.
@@ -604,7 +640,8 @@ static void test_bad_arguments(void) {
 int main(int argc, char **argv) {
     static const harness_case cases[] = {
         HARNESS_CASE(test_create_rounds),  HARNESS_CASE(test_from_state),  HARNESS_CASE(test_forward_random),
-        HARNESS_CASE(test_forward_large_logits), HARNESS_CASE(test_training), HARNESS_CASE(test_cached),
+        HARNESS_CASE(test_forward_large_logits),
+        HARNESS_CASE(test_forward_long), HARNESS_CASE(test_training), HARNESS_CASE(test_cached),
         HARNESS_CASE(test_bad_arguments),
     };
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));

@@ -5,12 +5,15 @@
 // Work items are (block of 64 rows, block of 192 output features), spread over the context's
 // threads a row block at a time: a thread packs a block's rows once for its items of that block (a
 // few rows take the dot-product path of gemv_task instead, which also reads float16 and bfloat16
-// weights as they are). Every output element is computed by one item with a fixed order of
-// operations, so the result does not depend on the thread count.
+// weights as they are). bfloat16 weights on a table with bf16 dot products (gemm_bf16) run the same
+// items on that kernel instead: the rows packed in bf16 pairs, W's rows read in place. Every output
+// element is computed by one item with a fixed order of operations, so the result does not depend
+// on the thread count.
 #include <string.h>
 
 #include "cpu/cpu.h"
 #include "cpu/gemm.h"
+#include "half.h"
 
 #define GEMM_ROWS 64  // input rows per item (the packed tile's width)
 #define GEMM_OUT 192  // output features per item
@@ -19,7 +22,7 @@
 typedef struct gemm_job {
     const attn__kernels *kn;
     const float *x, *b;
-    const void *W;        // of type wdt: F32 (gemm_task), or F16 or BF16 too (gemv_task)
+    const void *W;        // of type wdt: F32 (gemm_task), BF16 (gemm_dot_task), F32, F16 or BF16 (gemv_task)
     attn_dtype wdt;
     int64_t rows, in, ldx, out, ldy;
     int64_t ws_row, ws_d; // W as "key rows": element (o, i) at o*ws_row + i*ws_d
@@ -30,7 +33,8 @@ typedef struct gemm_job {
 } gemm_job;
 
 // A thread's scratch: the packed input rows xt (in, 64), the row block they hold (packed_rb: -1 at
-// the start of a call) and the microkernel's output tile st (96, 64).
+// the start of a call) and the microkernel's output tile st (96, 64). The dot path keeps in xt's
+// bytes the rows rounded to bf16 (64, in) and then those rows in pairs along in (in / 2, 64 pairs).
 typedef struct gemm_scratch {
     int64_t *packed_rb;
     float *xt, *st;
@@ -49,6 +53,14 @@ static size_t thread_scratch(int64_t in, char *base, gemm_scratch *s) {
 size_t attn__gemm_workspace(const attn_ctx *ctx, int64_t in) {
     size_t per = (thread_scratch(in, NULL, NULL) + ATTN_ALIGN - 1) & ~(size_t)(ATTN_ALIGN - 1);
     return per * (size_t)attn__pool_threads(ctx->pool) + ATTN_ALIGN;
+}
+
+// y[r0:r0+nr, o:o+nj] = st^T (+ b[o:o+nj]), st (nj, 64) the microkernel's tile.
+static void write_rows(const gemm_job *J, int64_t r0, int64_t nr, int64_t o, int nj, const float *st) {
+    for (int64_t r = 0; r < nr; r++) {
+        float *yr = J->y + (r0 + r) * J->ldy + o;
+        for (int j = 0; j < nj; j++) yr[j] = st[(int64_t)j * GEMM_ROWS + r] + (J->b != NULL ? J->b[o + j] : 0.0f);
+    }
 }
 
 static void gemm_task(void *arg, int64_t task, int thread) {
@@ -78,10 +90,37 @@ static void gemm_task(void *arg, int64_t task, int thread) {
         const int64_t o = o0 + s0;
         // st (nj, 64) = W[o:o+nj, :] xt, i.e. y[r0:r0+nr, o:o+nj]^T
         attn__qk(J->kn, (const float *)J->W + o * J->ws_row, J->ws_row, J->ws_d, nj, (int)J->in, xt, GEMM_ROWS, st);
+        write_rows(J, r0, nr, o, nj, st);
+    }
+}
+
+// gemm_task on bf16 dot products: the block's rows rounded to bf16 (exact for rows holding bf16
+// values) and paired along the input features, then st = W[o:o+nj, :] (its bf16 pairs in place)
+// times them, each sum over the pairs in ascending order.
+static void gemm_dot_task(void *arg, int64_t task, int thread) {
+    const gemm_job *J = arg;
+    const int64_t rb = task / J->n_out_blocks, ob = task % J->n_out_blocks;
+    const int64_t r0 = rb * GEMM_ROWS, nr = J->rows - r0 < GEMM_ROWS ? J->rows - r0 : GEMM_ROWS;
+    const int64_t o0 = ob * GEMM_OUT, no = J->out - o0 < GEMM_OUT ? J->out - o0 : GEMM_OUT;
+    const int64_t in = J->in, in16 = in / 16 * 16;
+    gemm_scratch sc;
+    thread_scratch(in, J->scratch + (size_t)thread * J->per_thread, &sc);
+    uint16_t *xr = (uint16_t *)sc.xt, *xp = xr + GEMM_ROWS * in; // (nr, in) bf16; (in / 2, 64) pairs
+    if (*sc.packed_rb != rb) {
         for (int64_t r = 0; r < nr; r++) {
-            float *yr = J->y + (r0 + r) * J->ldy + o;
-            for (int j = 0; j < nj; j++) yr[j] = st[(int64_t)j * GEMM_ROWS + r] + (J->b != NULL ? J->b[o + j] : 0.0f);
+            const float *src = J->x + (r0 + r) * J->ldx;
+            J->kn->round_bf16(src, in16, xr + r * in);
+            for (int64_t i = in16; i < in; i++) xr[r * in + i] = attn__f32_to_bf16(src[i]);
         }
+        J->kn->transpose_pairs_bf16(xr, in, (int)nr, (int)(in / 2), GEMM_ROWS, 0, xp);
+        *sc.packed_rb = rb;
+    }
+    const uint16_t *W = J->W;
+    for (int64_t s0 = 0; s0 < no; s0 += GEMM_OUT_SUB) {
+        const int nj = (int)(no - s0 < GEMM_OUT_SUB ? no - s0 : GEMM_OUT_SUB);
+        const int64_t o = o0 + s0;
+        J->kn->gemm_bf16(W + o * in, in, 2, nj, (int)(in / 2), xp, GEMM_ROWS, GEMM_ROWS, sc.st, GEMM_ROWS, NULL, 1.0f);
+        write_rows(J, r0, nr, o, nj, sc.st);
     }
 }
 
@@ -128,18 +167,32 @@ void attn__gemv_linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in, 
     attn__pool_run(ctx->pool, J.n_out_blocks, gemv_task, &J);
 }
 
+// Runs J's tiled items (64 rows by 192 output features) with `task`, no rows packed yet.
+static void run_tiles(attn_ctx *ctx, gemm_job *J, void (*task)(void *, int64_t, int)) {
+    for (int t = 0; t < attn__pool_threads(ctx->pool); t++) {
+        gemm_scratch sc;
+        thread_scratch(J->in, J->scratch + (size_t)t * J->per_thread, &sc);
+        *sc.packed_rb = -1;
+    }
+    attn__pool_run(ctx->pool, ((J->rows + GEMM_ROWS - 1) / GEMM_ROWS) * J->n_out_blocks, task, J);
+}
+
 void attn__gemm_linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const float *W,
                        bool w_in_out, const float *b, int64_t out, float *y, int64_t ldy, void *ws) {
     if (!w_in_out && attn__gemv_applies(rows, in)) {
         attn__gemv_linear(ctx, x, rows, in, ldx, W, ATTN_DTYPE_F32, b, out, y, ldy, ws);
     } else {
         gemm_job J = job_of(ctx, x, rows, in, ldx, W, ATTN_DTYPE_F32, w_in_out, b, out, y, ldy, ws);
-        const size_t per = J.per_thread;
-        for (int t = 0; t < attn__pool_threads(ctx->pool); t++) { // no rows packed yet
-            gemm_scratch sc;
-            thread_scratch(in, J.scratch + (size_t)t * per, &sc);
-            *sc.packed_rb = -1;
-        }
-        attn__pool_run(ctx->pool, ((rows + GEMM_ROWS - 1) / GEMM_ROWS) * J.n_out_blocks, gemm_task, &J);
+        run_tiles(ctx, &J, gemm_task);
     }
+}
+
+bool attn__gemm_dot_applies(const attn_ctx *ctx, int64_t in) {
+    return ctx->kernels != NULL && ctx->kernels->gemm_bf16 != NULL && in % 2 == 0 && in <= INT32_MAX;
+}
+
+void attn__gemm_dot_linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const uint16_t *W,
+                           const float *b, int64_t out, float *y, int64_t ldy, void *ws) {
+    gemm_job J = job_of(ctx, x, rows, in, ldx, W, ATTN_DTYPE_BF16, false, b, out, y, ldy, ws);
+    run_tiles(ctx, &J, gemm_dot_task);
 }

@@ -17,5 +17,15 @@ bool attn__gemv_applies(int64_t rows, int64_t in);
 // values. Only where attn__gemv_applies; ws as attn__gemm_linear's.
 void attn__gemv_linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const void *W,
                        attn_dtype wdt, const float *b, int64_t out, float *y, int64_t ldy, void *ws);
+// Whether attn__gemm_dot_linear runs on ctx for `in` input features: a kernel table with bf16 dot
+// products (gemm_bf16) and in even.
+bool attn__gemm_dot_applies(const attn_ctx *ctx, int64_t in);
+// y = x W^T (+ b) with W (out, in) of bfloat16 read in place and the rows of x rounded to bfloat16
+// (exact when they hold bfloat16 values), on gemm_bf16: float32 sums of the exact products, each
+// over the input pairs in ascending order (not the float32 path's order or bits; the dot
+// instructions flush subnormal inputs and results to zero). Only where attn__gemm_dot_applies; ws
+// as attn__gemm_linear's.
+void attn__gemm_dot_linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const uint16_t *W,
+                           const float *b, int64_t out, float *y, int64_t ldy, void *ws);
 
 #endif
