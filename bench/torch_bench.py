@@ -16,7 +16,8 @@ Ops:
         .float() and computes in float32, and "path" says so.
 With --backward (core, sdpa) each run is the forward and autograd's backward of out given a fixed
 dL/dout (q, k, v require gradients; their .grad are cleared between runs). --dtype bf16|f16 (core,
-sdpa) makes q, k, v and dL/dout tensors of that type (default f32).
+sdpa) makes q, k, v and dL/dout tensors of that type (default f32); for mha, the module (.to(dtype))
+and its input.
 The caller sets OMP_NUM_THREADS / OPENBLAS_NUM_THREADS and glibc's malloc variables before Python
 starts, so torch sees them at import. Prints {"median_ms": best time, "median_of_runs_ms": ..., ...}:
 the key median_ms holds PyTorch's best run after warm-up (see best_ms), its median is kept beside it.
@@ -100,7 +101,7 @@ def main():
     ap.add_argument("--embed-dim", type=int, default=768)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--backward", action="store_true")
-    ap.add_argument("--dtype", choices=list(KV_DTYPES), default="f32", help="core, sdpa: q, k, v (and dL/dout) type")
+    ap.add_argument("--dtype", choices=list(KV_DTYPES), default="f32", help="core, sdpa: q, k, v (and dL/dout) type; mha: the module's")
     ap.add_argument("--repeat", type=int, default=5)
     a = ap.parse_args()
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
@@ -162,9 +163,9 @@ def main():
         else:
             best = None
             for batch_first, train in ((True, False), (False, True)):
-                m = torch.nn.MultiheadAttention(E, H, batch_first=batch_first)
+                m = torch.nn.MultiheadAttention(E, H, batch_first=batch_first).to(dt)
                 m.train(train)
-                x = torch.randn(B, L, E) if batch_first else torch.randn(L, B, E)
+                x = (torch.randn(B, L, E) if batch_first else torch.randn(L, B, E)).to(dt)
                 mask = torch.triu(torch.ones(L, L, dtype=torch.bool), 1) if a.causal else None
                 t = median_ms(lambda: m(x, x, x, need_weights=False, attn_mask=mask), a.repeat)
                 if best is None or t < best[0]:
