@@ -846,8 +846,10 @@ typedef struct attn_mha attn_mha;
  *      the instructions' order (not the float32 module's bits). Its attention, when no weights
  *      are asked for and head_dim is even, runs as attn_sdpa_fwd does on bf16 q, k and v there:
  *      q's division by sqrt(head_dim) becomes the kernel's scale (the same scores when head_dim
- *      is a power of 4) and the weights are rounded to bf16 before P V. attn_mha_forward_train
- *      runs the same forward; the backward stays float32. Such a module is about 1.7x faster than
+ *      is a power of 4) and the weights are rounded to bf16 before P V; attn_mha_forward_cached
+ *      with a BF16 cache attends so too (a prompt's rows; decoding-shaped steps keep the float32
+ *      kernels, as attn_sdpa_fwd does). attn_mha_forward_train runs the same forward; the backward
+ *      stays float32. Such a module is about 1.7x faster than
  *      the float32 one at E = 768, L = 1024 (BENCHMARKS.md); F16 modules and CPUs without the
  *      instructions keep the float32 products.
  *    A forward (attn_mha_forward, attn_mha_forward_train, attn_mha_forward_cached) converts only

@@ -644,6 +644,19 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *m, attn_kv_cache *c
     attn__sdpa_shape sh;
     attn_sdpa_desc run;
     ATTN_RETURN_IF_ERR(attn__sdpa_prepare(ctx, &d, &sh, &run));
+    // A BF16 module with a BF16 cache attends on the bf16 dot products where the step's shape fits
+    // them (a prompt; decoding steps stay float32), q then as bf16 rows of E (qh, ctx_s's layout)
+    bool dot = false;
+    if (dt == ATTN_DTYPE_BF16 && kc->dtype == ATTN_DTYPE_BF16) {
+        attn_sdpa_desc dd = d;
+        attn__sdpa_shape shd;
+        attn_sdpa_desc rund;
+        dd.q_dtype = ATTN_DTYPE_BF16;
+        memcpy(dd.q_stride, ctx_s, sizeof ctx_s);
+        ATTN_RETURN_IF_ERR(attn__sdpa_prepare(ctx, &dd, &shd, &rund));
+        dot = attn__sdpa_dot_applies(ctx, &rund, &shd);
+        if (dot) sh = shd, run = rund;
+    }
 
     const size_t lin_ws = attn__linear_workspace(ctx, E), sdpa_ws = attn__sdpa_workspace(ctx, &sh, &run);
     // x and out of an F16 / BF16 module are staged as float32, x as the forward's query; its
@@ -655,6 +668,7 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *m, attn_kv_cache *c
     attn__arena_take(&a, (size_t)(rows * E) * sizeof(float));
     attn__arena_take(&a, lin_ws > sdpa_ws ? lin_ws : sdpa_ws);
     attn__arena_take(&a, direct ? (size_t)(4 * E) * sizeof(float) : 0);
+    attn__arena_take(&a, dot ? (size_t)(rows * E) * sizeof(uint16_t) : 0);
     stage_bufs b;
     stage_layout(m, &z, &a, &b);
     void *ws;
@@ -664,6 +678,7 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *m, attn_kv_cache *c
     float *att = attn__arena_take(&a, (size_t)(rows * E) * sizeof(float));
     void *scratch = attn__arena_take(&a, lin_ws > sdpa_ws ? lin_ws : sdpa_ws);
     float *bias = attn__arena_take(&a, direct ? (size_t)(4 * E) * sizeof(float) : 0);
+    uint16_t *qh = attn__arena_take(&a, dot ? (size_t)(rows * E) * sizeof(uint16_t) : 0);
     stage_layout(m, &z, &a, &b);
     const float *xf = x;
     float *of = out;
@@ -684,7 +699,9 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *m, attn_kv_cache *c
     cached_project(ctx, xf, rows, E, h.wv, h.dt, h.bv, qkv + 2 * E, W3, scratch);
     attn__round_to(dt, qkv, rows * W3); // the projections are tensors of the module's type
     ATTN_RETURN_IF_ERR(attn_kv_cache_append(ctx, cache, len, qkv + E, qkv_s, qkv + 2 * E, qkv_s)); // fits: checked
-    attn__sdpa_run(ctx, &run, &sh, qkv, kstore, vstore, att, NULL, NULL, scratch);
+    if (dot) // qkv's q rows hold bf16 values: exact
+        for (int64_t r = 0; r < rows; r++) attn__from_f32(dt, qkv + r * W3, qh + r * E, E);
+    attn__sdpa_run(ctx, &run, &sh, dot ? (const void *)qh : qkv, kstore, vstore, att, NULL, NULL, scratch);
     attn__round_to(dt, att, rows * E);
     cached_project(ctx, att, rows, E, h.wo, h.dt, h.bo, of, E, scratch);
     if (dt != ATTN_DTYPE_F32) attn__from_f32(dt, b.out, out, z.out);
