@@ -33,6 +33,19 @@ run "sdpa causal GQA" "$agrees" -- --heads 4 --kv-heads 2 --len-q 70 --len-kv 70
 run "sdpa forward+backward" "forward+backward.*$agrees" -- --heads 2 --len-q 50 --len-kv 50 --head-dim 32 --backward
 run "sdpa bf16" "$agrees" -- --heads 2 --len-q 64 --len-kv 64 --head-dim 64 --dtype bf16
 run "mha" "mha F32 B=1 E=64 H=4 L=30" -- --op mha --embed-dim 64 --heads 4 --len-q 30 # (no reference check)
+# a bf16 module's row against the peak of the instructions its products run on (AUTO's table)
+run "mha bf16" "mha BF16 B=1 E=64 H=4 L=70" -- --op mha --embed-dim 64 --heads 4 --len-q 70 --dtype bf16
+json=$(tail -n 1 "$tmp/out")
+case "$json" in
+    *'"isa": "avx512bf16"'*) peak='"vdpbf16ps"' ;;
+    *'"isa": "amxbf16"'*) peak='"tdpbf16ps"' ;;
+    *'"isa": "avx512'*) peak='"FMA (512-bit)"' ;;
+    *'"isa": "avx2"'*) peak='"FMA (256-bit)"' ;;
+    *) peak=null ;;
+esac
+if ! echo "$json" | grep -qF "\"peak_instr\": $peak"; then
+    echo "FAIL mha bf16: peak_instr is not $peak in: $json"; failures=$((failures + 1))
+fi
 for kv in f32 f16 bf16 q8_0 q4_0; do
     run "decode $kv" "kv=$kv.*$agrees" -- --op decode --heads 8 --kv-heads 2 --len-kv 300 --head-dim 64 --kv-dtype $kv
 done

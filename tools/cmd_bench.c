@@ -33,7 +33,8 @@ static const char summary[] =
     "(fp32 FMAs, 256- or 512-bit; bf16 tensors on avx512bf16: vdpbf16ps, on amxbf16: tdpbf16ps),\n"
     "printed with the row's % of it.\n"
     "With --op mha, --dtype f16 or bf16 runs the module in that type (attn_mha_config.dtype: parameters,\n"
-    "input and output of the type, float32 sums), with the same peak measurement.\n"
+    "input and output of the type, float32 sums), with the same peak measurement (a bf16 module's\n"
+    "products run on the bf16 dot products where the CPU has them).\n"
     "--dropout P (sdpa) applies dropout drawn from the counter-based Philox generator (dropout_rng =\n"
     "ATTN_DROPOUT_RNG_PHILOX, seed 1), in the forward and the backward; the sampled check is skipped\n"
     "then (its strided view moves the rows the mask is drawn for).\n"
@@ -97,10 +98,12 @@ static void round_in_place(float *x, size_t n, attn_dtype dt) {
     free(h);
 }
 
-// The instructions the kernels of `isa` compute the attention's products with, for the peak: the bf16
-// dot products for SDPA on bf16 tensors on AVX512-BF16 or AMX-BF16 (attn.h), float32 FMAs otherwise.
+// The instructions the kernels of `isa` compute the row's products with, for the peak: the bf16 dot
+// products for SDPA on bf16 tensors and for a bf16 module (its projections and attention) on
+// AVX512-BF16 or AMX-BF16 (attn.h), float32 FMAs otherwise.
 static bool row_peak_kind(attn_isa isa, const bench_opts *o, attn_dtype dt, peak_kind *kind) {
-    const bool dot = dt == ATTN_DTYPE_BF16 && strcmp(o->op, "sdpa") == 0 && o->D % 2 == 0;
+    const bool mha = strcmp(o->op, "mha") == 0;
+    const bool dot = dt == ATTN_DTYPE_BF16 && (mha ? o->E % 2 == 0 : o->D % 2 == 0);
     if (isa == ATTN_ISA_AMX_BF16) *kind = dot ? PEAK_AMXBF16 : PEAK_FMA512;
     else if (isa == ATTN_ISA_AVX512_BF16) *kind = dot ? PEAK_DPBF16 : PEAK_FMA512;
     else if (isa == ATTN_ISA_AVX512 || isa == ATTN_ISA_AVX512_VNNI) *kind = PEAK_FMA512;
