@@ -215,7 +215,11 @@ attn_status attn__mha_convert(attn_ctx *ctx, attn_mha *src, attn_dtype dtype, at
     c.dtype = dtype;
     attn_mha *m;
     attn_status st = attn__mha_alloc(ctx, &c, !src->packed, &m);
-    if (st == ATTN_OK) st = attn_convert(dtype, m->params.storage, src->params.dtype, src->params.storage, src->params.numel);
+    if (st != ATTN_OK) { // m was not set: nothing of it to free
+        attn_mha_free(src);
+        return st;
+    }
+    st = attn_convert(dtype, m->params.storage, src->params.dtype, src->params.storage, src->params.numel);
     attn_mha_free(src);
     if (st != ATTN_OK) {
         attn_mha_free(m);

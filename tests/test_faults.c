@@ -106,6 +106,18 @@ static attn_status call_mha_create(attn_ctx *ctx, void *st) {
     return r;
 }
 
+// A bfloat16 module: drawn in float32, then converted (a second module, its own allocations).
+static attn_status call_mha_create_bf16(attn_ctx *ctx, void *st) {
+    state *s = st;
+    attn_mha_config c;
+    attn_mha_config_init(&c, 8, 2);
+    c.dtype = ATTN_DTYPE_BF16;
+    s->mha = (attn_mha *)s;
+    attn_status r = attn_mha_create(ctx, &c, &s->mha);
+    if (r != ATTN_OK && s->mha != NULL) FAIL("mha_create (bf16) left a module pointer on failure");
+    return r;
+}
+
 static void setup_mha(attn_ctx *ctx, void *st) {
     state *s = st;
     attn_mha_config c;
@@ -269,6 +281,7 @@ static void test_every_allocation_of_every_call(void) {
     static const scenario scenarios[] = {
         {"attn_ctx_reserve", NULL, call_ctx_reserve, NULL},
         {"attn_mha_create", NULL, call_mha_create, teardown_mha},
+        {"attn_mha_create (bf16)", NULL, call_mha_create_bf16, teardown_mha},
         {"attn_mha_forward (mask)", setup_mha, call_mha_forward, teardown_mha},
         {"attn_mha_forward (causal)", setup_mha, call_mha_forward_causal, teardown_mha},
         {"attn_mha_create_from_state", setup_state_list, call_mha_from_state, teardown_mha},
