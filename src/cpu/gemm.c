@@ -32,9 +32,10 @@ typedef struct gemm_job {
     size_t per_thread;
 } gemm_job;
 
-// A thread's scratch: the packed input rows xt (in, 64), the row block they hold (packed_rb: -1 at
-// the start of a call) and the microkernel's output tile st (96, 64). The dot path keeps in xt's
-// bytes the rows rounded to bf16 (64, in) and then those rows in pairs along in (in / 2, 64 pairs).
+// A thread's scratch: the packed input rows xt (in, w), the row block they hold (packed_rb: -1 at
+// the start of a call) and the microkernel's output tile st (96, w), w <= 64 the block's rows
+// rounded up to whole vectors. The dot path keeps in xt's bytes the rows rounded to bf16 (64, in)
+// and then those rows in pairs along in (in / 2, w pairs).
 typedef struct gemm_scratch {
     int64_t *packed_rb;
     float *xt, *st;
@@ -55,11 +56,15 @@ size_t attn__gemm_workspace(const attn_ctx *ctx, int64_t in) {
     return per * (size_t)attn__pool_threads(ctx->pool) + ATTN_ALIGN;
 }
 
-// y[r0:r0+nr, o:o+nj] = st^T (+ b[o:o+nj]), st (nj, 64) the microkernel's tile.
-static void write_rows(const gemm_job *J, int64_t r0, int64_t nr, int64_t o, int nj, const float *st) {
+// The tile width for nr rows: whole vectors of the microkernels (a block of few rows computes no
+// more than its rows need).
+static int64_t tile_width(int64_t nr) { return (nr + ATTN_TILE_BR_ALIGN - 1) / ATTN_TILE_BR_ALIGN * ATTN_TILE_BR_ALIGN; }
+
+// y[r0:r0+nr, o:o+nj] = st^T (+ b[o:o+nj]), st (nj, w) the microkernel's tile.
+static void write_rows(const gemm_job *J, int64_t r0, int64_t nr, int64_t o, int nj, const float *st, int64_t w) {
     for (int64_t r = 0; r < nr; r++) {
         float *yr = J->y + (r0 + r) * J->ldy + o;
-        for (int j = 0; j < nj; j++) yr[j] = st[(int64_t)j * GEMM_ROWS + r] + (J->b != NULL ? J->b[o + j] : 0.0f);
+        for (int j = 0; j < nj; j++) yr[j] = st[(int64_t)j * w + r] + (J->b != NULL ? J->b[o + j] : 0.0f);
     }
 }
 
@@ -72,25 +77,26 @@ static void gemm_task(void *arg, int64_t task, int thread) {
     thread_scratch(J->in, J->scratch + (size_t)thread * J->per_thread, &sc);
     int64_t *packed_rb = sc.packed_rb;
     float *xt = sc.xt, *st = sc.st;
-    // xt (in, 64) = x[r0:r0+nr, :]^T, zero columns past nr; in tiles of 16 inputs, so each row of x
+    const int64_t w = tile_width(nr);
+    // xt (in, w) = x[r0:r0+nr, :]^T, zero columns past nr; in tiles of 16 inputs, so each row of x
     // is read a cache line at a time and the tile of xt written stays in L1. Items go row block by
     // row block, so a thread's next item usually has the same rows packed already.
     for (int64_t i0 = 0; *packed_rb != rb && i0 < J->in; i0 += 16) {
         const int64_t ni = J->in - i0 < 16 ? J->in - i0 : 16;
         for (int64_t r = 0; r < nr; r++) {
             const float *src = J->x + (r0 + r) * J->ldx + i0;
-            for (int64_t i = 0; i < ni; i++) xt[(i0 + i) * GEMM_ROWS + r] = src[i];
+            for (int64_t i = 0; i < ni; i++) xt[(i0 + i) * w + r] = src[i];
         }
         for (int64_t i = 0; i < ni; i++)
-            for (int64_t r = nr; r < GEMM_ROWS; r++) xt[(i0 + i) * GEMM_ROWS + r] = 0.0f;
+            for (int64_t r = nr; r < w; r++) xt[(i0 + i) * w + r] = 0.0f;
     }
     *packed_rb = rb;
     for (int64_t s0 = 0; s0 < no; s0 += GEMM_OUT_SUB) {
         const int nj = (int)(no - s0 < GEMM_OUT_SUB ? no - s0 : GEMM_OUT_SUB);
         const int64_t o = o0 + s0;
-        // st (nj, 64) = W[o:o+nj, :] xt, i.e. y[r0:r0+nr, o:o+nj]^T
-        attn__qk(J->kn, (const float *)J->W + o * J->ws_row, J->ws_row, J->ws_d, nj, (int)J->in, xt, GEMM_ROWS, st);
-        write_rows(J, r0, nr, o, nj, st);
+        // st (nj, w) = W[o:o+nj, :] xt, i.e. y[r0:r0+nr, o:o+nj]^T
+        attn__qk(J->kn, (const float *)J->W + o * J->ws_row, J->ws_row, J->ws_d, nj, (int)J->in, xt, (int)w, st);
+        write_rows(J, r0, nr, o, nj, st, w);
     }
 }
 
@@ -102,25 +108,25 @@ static void gemm_dot_task(void *arg, int64_t task, int thread) {
     const int64_t rb = task / J->n_out_blocks, ob = task % J->n_out_blocks;
     const int64_t r0 = rb * GEMM_ROWS, nr = J->rows - r0 < GEMM_ROWS ? J->rows - r0 : GEMM_ROWS;
     const int64_t o0 = ob * GEMM_OUT, no = J->out - o0 < GEMM_OUT ? J->out - o0 : GEMM_OUT;
-    const int64_t in = J->in, in16 = in / 16 * 16;
+    const int64_t in = J->in, in16 = in / 16 * 16, w = tile_width(nr);
     gemm_scratch sc;
     thread_scratch(in, J->scratch + (size_t)thread * J->per_thread, &sc);
-    uint16_t *xr = (uint16_t *)sc.xt, *xp = xr + GEMM_ROWS * in; // (nr, in) bf16; (in / 2, 64) pairs
+    uint16_t *xr = (uint16_t *)sc.xt, *xp = xr + GEMM_ROWS * in; // (nr, in) bf16; (in / 2, w) pairs
     if (*sc.packed_rb != rb) {
         for (int64_t r = 0; r < nr; r++) {
             const float *src = J->x + (r0 + r) * J->ldx;
             J->kn->round_bf16(src, in16, xr + r * in);
             for (int64_t i = in16; i < in; i++) xr[r * in + i] = attn__f32_to_bf16(src[i]);
         }
-        J->kn->transpose_pairs_bf16(xr, in, (int)nr, (int)(in / 2), GEMM_ROWS, 0, xp);
+        J->kn->transpose_pairs_bf16(xr, in, (int)nr, (int)(in / 2), (int)w, 0, xp);
         *sc.packed_rb = rb;
     }
     const uint16_t *W = J->W;
     for (int64_t s0 = 0; s0 < no; s0 += GEMM_OUT_SUB) {
         const int nj = (int)(no - s0 < GEMM_OUT_SUB ? no - s0 : GEMM_OUT_SUB);
         const int64_t o = o0 + s0;
-        J->kn->gemm_bf16(W + o * in, in, 2, nj, (int)(in / 2), xp, GEMM_ROWS, GEMM_ROWS, sc.st, GEMM_ROWS, NULL, 1.0f);
-        write_rows(J, r0, nr, o, nj, sc.st);
+        J->kn->gemm_bf16(W + o * in, in, 2, nj, (int)(in / 2), xp, w, (int)w, sc.st, w, NULL, 1.0f);
+        write_rows(J, r0, nr, o, nj, sc.st, w);
     }
 }
 
