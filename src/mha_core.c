@@ -5,6 +5,7 @@
 //   cb (N, L, E)                                 merged heads, when there is an out_proj or when
 //                                                training (the backward needs the attention output)
 //   lse (N, H, L)                                the attention's log-sum-exp (training)
+//   qh, kh, vh (as qb, kb, vb; bf16)             q, k, v for an attention on bf16 dot products
 //   masks widened to S' columns                  only when extra keys exist and a mask is given
 // Heads are column blocks of width hd = E / H, so SDPA reads them in place through strides.
 //
@@ -16,7 +17,10 @@
 // A spec of dtype F16 or BF16 rounds the projections q, k, v (before q's scaling) and the heads'
 // output to the type, as torch's bfloat16 / float16 modules hold them; the buffers stay float32, so
 // SDPA and the products read the type's values exactly as they would read the type. The backward
-// keeps its gradients in float32 (the rounding is the identity there, as in autograd).
+// keeps its gradients in float32 (the rounding is the identity there, as in autograd). Projections
+// read the weights in the spec's type where attn__linear_half can (few rows, or BF16 on bf16 dot
+// products), and a BF16 spec's attention runs on the bf16 dot products when it fits them
+// (plan->dot: qh, kh, vh, the scale in the kernel; the float32 copies kept only for the backward).
 #include <math.h>
 #include <string.h>
 
