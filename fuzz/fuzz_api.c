@@ -1174,6 +1174,58 @@ static void mha_cached_once(env *e, attn_mha *m, const attn_mha_config *rc) {
     attn_kv_cache_free(kc);
 }
 
+/* A half module's forward on valid arguments of the shapes its products take on the bf16 dot
+ * products and in tiles (more than 8 and more than 64 rows, any widths, self-attention or not,
+ * causal, weights, training): the inputs drawn as floats and rounded to the module's type, out and
+ * the weights of that type. (Argument checks are the float32 module's, shared; the values are
+ * tests/test_mha_lowp.c's.) */
+static void mha_half_forward_once(env *e, attn_mha *m, const attn_mha_config *rc) {
+    fuzz_data *fd = e->fd;
+    const int64_t E = rc->embed_dim, H = rc->num_heads, kd = rc->kdim, vd = rc->vdim;
+    attn_mha_args a;
+    attn_mha_args_init(&a);
+    a.batch = 1 + (int64_t)fuzz_data_pick(fd, 2);
+    a.len_q = 1 + (int64_t)fuzz_data_pick(fd, 80);
+    const bool self = kd == E && vd == E && fuzz_data_bool(fd);
+    a.len_kv = self ? a.len_q : 1 + (int64_t)fuzz_data_pick(fd, 80);
+    a.causal = fuzz_data_chance(fd, 1, 3);
+    a.need_weights = fuzz_data_chance(fd, 1, 4);
+    a.average_attn_weights = fuzz_data_bool(fd);
+    a.training = rc->dropout < 1.0 && fuzz_data_chance(fd, 1, 4);
+    const int64_t N = a.batch, L = a.len_q, S = a.len_kv, S2 = S + (rc->add_bias_kv ? 1 : 0) + (rc->add_zero_attn ? 1 : 0);
+    int64_t nq, nk, nv, nw;
+    if (!(fuzz_mul(N * L, E, &nq) && fuzz_mul(N * S, kd, &nk) && fuzz_mul(N * S, vd, &nv) &&
+          fuzz_mul(N * (a.average_attn_weights ? 1 : H) * L, S2, &nw)))
+        return;
+    int64_t work; /* the projections' and the attention's multiply-adds, about */
+    if (nq + nk + nv + (a.need_weights ? nw : 0) > (1 << 16) || !fuzz_mul(N * (L + 2 * S2), E, &work) ||
+        !fuzz_mul(work, E + S2, &work) || work > SMALL_WORK)
+        return;
+    const int64_t nx = nq > nk ? (nq > nv ? nq : nv) : (nk > nv ? nk : nv);
+    float *x = env_buf(e, (size_t)nx * 4);
+    fill_floats(e, x, nx, pick_amp(e));
+    void *q = env_buf(e, (size_t)nq * 2), *k = self ? q : env_buf(e, (size_t)nk * 2), *v = self ? q : env_buf(e, (size_t)nv * 2);
+    FUZZ_CHECK(attn_convert(rc->dtype, q, ATTN_DTYPE_F32, x, nq) == ATTN_OK, "convert query");
+    if (!self) {
+        FUZZ_CHECK(attn_convert(rc->dtype, k, ATTN_DTYPE_F32, x, nk) == ATTN_OK, "convert key");
+        FUZZ_CHECK(attn_convert(rc->dtype, v, ATTN_DTYPE_F32, x, nv) == ATTN_OK, "convert value");
+    }
+    a.query = q;
+    a.key = self ? NULL : k;
+    a.value = self ? NULL : v;
+    void *o = env_buf(e, (size_t)nq * 2), *w = a.need_weights ? env_buf(e, (size_t)nw * 2) : NULL;
+    attn_ctx *ctx = env_ctx(e);
+    if (ctx == NULL) return;
+    const judge j = {J_VALID, NULL};
+    const size_t ws = maybe_workspace(e, ctx, 0, false);
+    arm(e);
+    const attn_status st = attn_mha_forward(ctx, m, &a, o, w);
+    disarm(e);
+    expect(e, &j, ctx, st, ws != SIZE_MAX, "attn_mha_forward (half module)");
+    drop_workspace(ctx, ws);
+    if (st == ATTN_OK) FUZZ_CHECK(!poisoned(o, 2), "out of a half module's forward not written");
+}
+
 static void fuzz_mha(env *e) {
     fuzz_data *fd = e->fd;
     attn_mha_config cfg;
@@ -1299,6 +1351,10 @@ static void fuzz_mha(env *e) {
                "unknown name found (typed)");
     FUZZ_CHECK(attn_mha_weights_len_kv(m, 5) == 5 + rc->add_bias_kv + rc->add_zero_attn, "weights_len_kv");
     if (!f32) { /* the forwards below build float inputs (half modules: tests/test_mha_lowp.c) */
+        if (fuzz_data_chance(fd, 1, 2)) {
+            mha_half_forward_once(e, m, rc);
+            env_release(e);
+        }
         if (fuzz_data_chance(fd, 1, 3)) {
             mha_cached_once(e, m, rc);
             env_release(e);
