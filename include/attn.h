@@ -849,8 +849,8 @@ typedef struct attn_mha attn_mha;
  *      is a power of 4) and the weights are rounded to bf16 before P V; attn_mha_forward_cached
  *      with a BF16 cache attends so too (a prompt's rows; decoding-shaped steps keep the float32
  *      kernels, as attn_sdpa_fwd does). attn_mha_forward_train runs the same forward; the backward
- *      stays float32. Such a module is about 1.7x faster than
- *      the float32 one at E = 768, L = 1024 (BENCHMARKS.md); F16 modules and CPUs without the
+ *      stays float32. Such a module is about 1.8x faster than
+ *      the float32 one at E = 768, L = 1024, 1.9x at E = 2048 (BENCHMARKS.md); F16 modules and CPUs without the
  *      instructions keep the float32 products.
  *    A forward (attn_mha_forward, attn_mha_forward_train, attn_mha_forward_cached) converts only
  *    what it reads as float32: the biases and the weights of the projections outside these two
