@@ -47,8 +47,11 @@ void attn__to_f32(const attn_ctx *ctx, attn_dtype dt, const void *src, float *ds
 }
 
 void attn__from_f32(attn_dtype dt, const float *src, void *dst, int64_t n) {
-    if (dt == ATTN_DTYPE_F32)
-        memmove(dst, src, (size_t)n * sizeof(float));
+    uint16_t *h = dst;
+    if (dt == ATTN_DTYPE_BF16) // the type tested once: the loop vectorises
+        for (int64_t i = 0; i < n; i++) h[i] = attn__f32_to_bf16(src[i]);
+    else if (dt == ATTN_DTYPE_F16)
+        for (int64_t i = 0; i < n; i++) h[i] = attn__f32_to_f16(src[i]);
     else
-        for (int64_t i = 0; i < n; i++) attn__elem_set(dst, dt, i, src[i]);
+        memmove(dst, src, (size_t)n * sizeof(float));
 }
