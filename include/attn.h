@@ -820,9 +820,8 @@ typedef struct attn_mha attn_mha;
  *    rounded to the type (torch's bfloat16 linear); bias_k and bias_v are values of the type; q is
  *    then divided by sqrt(head_dim) in float32; the attention is the float32 SDPA on those values
  *    (exactly what attn_sdpa_fwd computes with q_dtype and kv_dtype of the type; a BF16 module on
- *    the bf16 dot products differs, below); its output (the
- *    heads concatenated) is rounded to the type, as torch's is, before out_proj; out_proj's float32
- *    sum is rounded once into out. The weights are computed in float32 and rounded once.
+ *    the bf16 dot products differs, below); its output (the heads concatenated) is rounded to the
+ *    type, as torch's is, before out_proj; out_proj's float32 sum is rounded once into out. The weights are computed in float32 and rounded once.
  *    Where torch 2.x differs: with need_weights it rounds the scores and the softmax to the type too
  *    (its fused path does not); it scales q after rounding it in the type (q * (1/sqrt(head_dim)),
  *    the same for head dims that are powers of 4); and its products are its own. Measured against
@@ -836,10 +835,11 @@ typedef struct attn_mha attn_mha;
  *    (not ATTN_ISA_REF), where the projections read the weights in the type, never through CBLAS
  *    (use_blas):
  *    - Few rows: a projection of at most 8 token rows (a sequence's in attn_mha_forward, batch *
- *      len in attn_mha_forward_cached: decoding steps) converts each weight exactly as it is loaded, with the
- *      sums the library's own product gives the float32 weights (the same bits). Such a step of
- *      attn_mha_forward_cached converts only the biases. Decoding reads every weight once a step,
- *      so there a half module's step is faster than a float32 module's (BENCHMARKS.md).
+ *      len in attn_mha_forward_cached: decoding steps) converts each weight exactly as it is
+ *      loaded, with the sums the library's own product gives the float32 weights (the same bits).
+ *      Such a step of attn_mha_forward_cached converts only the biases. Decoding reads every
+ *      weight once a step, so there a half module's step is faster than a float32 module's
+ *      (BENCHMARKS.md).
  *    - bf16 dot products (attn_isa_bf16_dot: ATTN_ISA_AVX512_BF16, ATTN_ISA_AMX_BF16): a BF16
  *      module's projections of more rows with an even input width (embed_dim, kdim, vdim) run on
  *      vdpbf16ps / tdpbf16ps: exact products of the bf16 inputs and weights summed in float32 in
@@ -849,9 +849,9 @@ typedef struct attn_mha attn_mha;
  *      is a power of 4) and the weights are rounded to bf16 before P V; attn_mha_forward_cached
  *      with a BF16 cache attends so too (a prompt's rows; decoding-shaped steps keep the float32
  *      kernels, as attn_sdpa_fwd does). attn_mha_forward_train runs the same forward; the backward
- *      stays float32. Such a module is about 1.8x faster than
- *      the float32 one at E = 768, L = 1024, 1.9x at E = 2048 (BENCHMARKS.md); F16 modules and CPUs without the
- *      instructions keep the float32 products.
+ *      stays float32. Such a module is about 1.8x faster than the float32 one at E = 768,
+ *      L = 1024, 1.9x at E = 2048 (BENCHMARKS.md); F16 modules and CPUs without the instructions
+ *      keep the float32 products.
  *    A forward (attn_mha_forward, attn_mha_forward_train, attn_mha_forward_cached) converts only
  *    what it reads as float32: the biases and the weights of the projections outside these two
  *    cases; attn_mha_backward converts every parameter.
@@ -884,8 +884,9 @@ typedef struct attn_mha attn_mha;
  * R_h the largest r of head h's values, c = 3 where the attention ran on the dot products (the
  * rounded weights; delta_h then gains 2^-126 sum_t |q_it| / sqrt(hd) + 2^-125 hd K_h and eps_h
  * S' 2^-125, attn_sdpa_desc.q_dtype's terms) and 2 otherwise, and the output's sum of |Wo| terms
- * gains 2^-126 (sum_t |Wo[e,t]| + 2 E + 2). (With r = 0 these are the expressions above.) The gradients are checked against the float32 module's within 8 u of each
- * tensor's largest element (2.8 u seen); this is a tested tolerance, not a proven bound.
+ * gains 2^-126 (sum_t |Wo[e,t]| + 2 E + 2). (With r = 0 these are the expressions above.) The
+ * gradients are checked against the float32 module's within 8 u of each tensor's largest element
+ * (2.8 u seen); this is a tested tolerance, not a proven bound.
  */
 
 typedef struct attn_mha_config {
