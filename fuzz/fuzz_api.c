@@ -901,6 +901,19 @@ static void mha_train_once(env *e, attn_mha *m, const mha_call *c) {
 }
 
 /* Runs one forward pass of module m (configuration cfg as created) with arguments from the input. */
+/* attn_mha_forward on arguments judged j, armed (the failing allocator, a workspace maybe short);
+ * its status checked against j. */
+static attn_status run_mha_forward(env *e, const judge *j, attn_ctx *ctx, attn_mha *m, const attn_mha_args *a,
+                                   void *o, void *w, const char *what) {
+    const size_t ws = maybe_workspace(e, ctx, 0, false);
+    arm(e);
+    const attn_status st = attn_mha_forward(ctx, m, a, o, w);
+    disarm(e);
+    expect(e, j, ctx, st, ws != SIZE_MAX, what);
+    drop_workspace(ctx, ws);
+    return st;
+}
+
 static void mha_forward_once(env *e, attn_mha *m, const attn_mha_config *cfg) {
     fuzz_data *fd = e->fd;
     const int64_t E = cfg->embed_dim, H = cfg->num_heads, kd = cfg->kdim, vd = cfg->vdim;
@@ -1038,13 +1051,7 @@ static void mha_forward_once(env *e, attn_mha *m, const attn_mha_config *cfg) {
     }
     float *o = env_buf(e, (size_t)nq * 4);
     float *w = want_w ? env_buf(e, (size_t)nw * 4) : NULL;
-    const size_t ws = maybe_workspace(e, ctx, 0, false);
-
-    arm(e);
-    const attn_status st = attn_mha_forward(ctx, m, &a, o, w);
-    disarm(e);
-    expect(e, &j, ctx, st, ws != SIZE_MAX, "attn_mha_forward");
-    drop_workspace(ctx, ws);
+    const attn_status st = run_mha_forward(e, &j, ctx, m, &a, o, w, "attn_mha_forward");
     if (st != ATTN_OK || j.v != J_VALID || !tame) return;
 
     /* Module parameters are finite (initialised by the library), inputs are tame. */
@@ -1217,12 +1224,7 @@ static void mha_half_forward_once(env *e, attn_mha *m, const attn_mha_config *rc
     attn_ctx *ctx = env_ctx(e);
     if (ctx == NULL) return;
     const judge j = {J_VALID, NULL};
-    const size_t ws = maybe_workspace(e, ctx, 0, false);
-    arm(e);
-    const attn_status st = attn_mha_forward(ctx, m, &a, o, w);
-    disarm(e);
-    expect(e, &j, ctx, st, ws != SIZE_MAX, "attn_mha_forward (half module)");
-    drop_workspace(ctx, ws);
+    const attn_status st = run_mha_forward(e, &j, ctx, m, &a, o, w, "attn_mha_forward (half module)");
     if (st == ATTN_OK) FUZZ_CHECK(!poisoned(o, 2), "out of a half module's forward not written");
 }
 
