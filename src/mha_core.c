@@ -275,13 +275,6 @@ static void set_masks(const attn__mha_spec *spec, const attn__mha_io *io, const 
     }
 }
 
-// y[i] = x[i] as bf16, x holding bf16 values (exact).
-static void to_bf16(const attn__kernels *kn, const float *x, int64_t n, uint16_t *y) {
-    const int64_t n16 = n / 16 * 16;
-    kn->round_bf16(x, n16, y);
-    for (int64_t i = n16; i < n; i++) y[i] = attn__f32_to_bf16(x[i]);
-}
-
 // y (rows, E; row stride ldy) = x (rows, d; row stride ldx) W^T + b: with the weights in the spec's
 // type (Wt) where those can be read in place, else with the float32 ones.
 static void project(attn_ctx *ctx, const attn__mha_spec *spec, const float *x, int64_t rows, int64_t d, int64_t ldx,
@@ -329,9 +322,9 @@ void attn__mha_core_run(attn_ctx *ctx, const attn__mha_spec *spec, const attn__m
     }
     // q, k, v rounded to bf16 for the attention on dot products (the values of the kept copies)
     if (plan->dot) {
-        to_bf16(ctx->kernels, b.qb, N * L * E, b.qh);
-        to_bf16(ctx->kernels, b.kb, N * S2 * E, b.kh);
-        to_bf16(ctx->kernels, b.vb, N * S2 * E, b.vh);
+        attn__round_bf16_any(ctx->kernels, b.qb, N * L * E, b.qh);
+        attn__round_bf16_any(ctx->kernels, b.kb, N * S2 * E, b.kh);
+        attn__round_bf16_any(ctx->kernels, b.vb, N * S2 * E, b.vh);
     }
     // 3. nn.MultiheadAttention scales q before the product: a float32 division by float(sqrt(hd))
     if (spec->prescale_q && keep_float) {

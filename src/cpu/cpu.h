@@ -13,6 +13,7 @@
 #ifndef ATTN_CPU_H
 #define ATTN_CPU_H
 
+#include "half.h"
 #include "internal.h"
 
 #define ATTN_TILE_BR_ALIGN 16 // tile widths are multiples of this
@@ -119,6 +120,14 @@ struct attn__kernels {
 static inline void attn__qk(const attn__kernels *kn, const float *k, int64_t ks_row, int64_t ks_d, int nj, int D,
                             const float *qt, int br, float *st) {
     kn->gemm(k, ks_row, ks_d, nj, D, qt, br, br, st, br, false);
+}
+
+// y[i] = x[i] rounded to bf16, i < n of any size (a table with round_bf16): the kernel on the whole
+// vectors, attn__f32_to_bf16 on the last n % 16 values.
+static inline void attn__round_bf16_any(const attn__kernels *kn, const float *x, int64_t n, uint16_t *y) {
+    const int64_t n16 = n / 16 * 16;
+    kn->round_bf16(x, n16, y);
+    for (int64_t i = n16; i < n; i++) y[i] = attn__f32_to_bf16(x[i]);
 }
 
 extern const attn__kernels attn__kernels_generic;

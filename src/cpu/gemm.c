@@ -13,7 +13,6 @@
 
 #include "cpu/cpu.h"
 #include "cpu/gemm.h"
-#include "half.h"
 
 #define GEMM_ROWS 64  // input rows per item (the packed tile's width)
 #define GEMM_OUT 192  // output features per item
@@ -108,16 +107,12 @@ static void gemm_dot_task(void *arg, int64_t task, int thread) {
     const int64_t rb = task / J->n_out_blocks, ob = task % J->n_out_blocks;
     const int64_t r0 = rb * GEMM_ROWS, nr = J->rows - r0 < GEMM_ROWS ? J->rows - r0 : GEMM_ROWS;
     const int64_t o0 = ob * GEMM_OUT, no = J->out - o0 < GEMM_OUT ? J->out - o0 : GEMM_OUT;
-    const int64_t in = J->in, in16 = in / 16 * 16, w = tile_width(nr);
+    const int64_t in = J->in, w = tile_width(nr);
     gemm_scratch sc;
     thread_scratch(in, J->scratch + (size_t)thread * J->per_thread, &sc);
     uint16_t *xr = (uint16_t *)sc.xt, *xp = xr + GEMM_ROWS * in; // (nr, in) bf16; (in / 2, w) pairs
     if (*sc.packed_rb != rb) {
-        for (int64_t r = 0; r < nr; r++) {
-            const float *src = J->x + (r0 + r) * J->ldx;
-            J->kn->round_bf16(src, in16, xr + r * in);
-            for (int64_t i = in16; i < in; i++) xr[r * in + i] = attn__f32_to_bf16(src[i]);
-        }
+        for (int64_t r = 0; r < nr; r++) attn__round_bf16_any(J->kn, J->x + (r0 + r) * J->ldx, in, xr + r * in);
         J->kn->transpose_pairs_bf16(xr, in, (int)nr, (int)(in / 2), (int)w, 0, xp);
         *sc.packed_rb = rb;
     }
