@@ -444,10 +444,11 @@ typedef struct attn_sdpa_desc {
      * so every row is whole blocks: value (b, h, s, t) lies in block o / 32 of the tensor, o =
      * b*stride[0] + h*stride[1] + s*stride[2] + t, at byte (o / 32) * attn_dtype_size(kv_dtype);
      * ATTN_ERR_INVALID_ARG otherwise. Scores are float32 sums of products with the dequantised keys
-     * (q * d, exact); in the weighted sum of the values the AVX2 decode kernels multiply each weight
-     * by the block's scale d first and then by q (one float32 rounding more per product), those of
-     * AVX512_VNNI and the bf16 ISAs round that product (below), the other AVX-512 ones multiply each
-     * weight by the exact q * d. Against the float32 k and v they were quantised from, a row's output
+     * (q * d, exact); in the weighted sum of the values the decode kernels of AVX2, AVX512_VNNI and
+     * the bf16 ISAs multiply each weight by the block's scale d first and round that product (below;
+     * in a tile whose weights are not all finite AVX2 and AVX512_VNNI multiply it by q in float32,
+     * one float32 rounding more per product), the other AVX-512 ones multiply each weight by the
+     * exact q * d. Against the float32 k and v they were quantised from, a row's output
      * differs by at most (exp(2 delta) * (1 + c) - 1) * max|v| + exp(2 delta) * a, plus float32 rounding,
      * with delta = scale * sum_t |q_t| * (c * max|k| + a), max over the row's kv head, and c, a the
      * per-value bound of attn_convert (Q8_0: c = 1/254 + 2^-11 + 2^-20, a = 2^-18; Q4_0: c = 1/8 +
@@ -460,17 +461,17 @@ typedef struct attn_sdpa_desc {
      * below 2^-96 in magnitude becomes 0; a query holding a NaN or an infinity is left in float32).
      * Those of the bf16 ISAs also run P V on vdpbf16ps: each weight times its key's block scale d is
      * rounded to bf16 (to nearest even; vdpbf16ps takes one below 2^-126 as 0) before meeting the
-     * values' quants (Q8_0's q, Q4_0's q - 8: exact in bf16). AVX512_VNNI runs P V on vpdpwssd:
-     * each weight times its key's block scale, w = p * d, is rounded to int16 against the largest
-     * |w| of its row and block over a tile of at most 96 keys, W (32767 * w / W to nearest; W taken
-     * as at least 2^-110), and meets the quants as int16 (exact); a tile holding a weight that is not
-     * finite runs the float products instead. AVX2's P V is its float kernel's. Against the
+     * values' quants (Q8_0's q, Q4_0's q - 8: exact in bf16). AVX512_VNNI runs P V on vpdpwssd and
+     * AVX2 on vpmaddwd: each weight times its key's block scale, w = p * d, is rounded to int16
+     * against the largest |w| of its row and block over a tile of at most 96 keys, W (32767 * w / W
+     * to nearest; W taken as at least 2^-110), and meets the quants as int16 (exact); a tile holding
+     * a weight that is not finite runs the float products instead. Against the
      * reference on the same stored blocks (k', v' the dequantised values, S keys) a row of those
      * kernels then differs by at most (exp(2 delta_q) * (1 + u) - 1) * max|v'| + f, plus float32
      * rounding, with u = 2^-8 and f = S * 2^-122 on the bf16 ISAs, u = 0 and f = Q * (2^-9 * m_d +
-     * S * 2^-125) on AVX512_VNNI (m_d the largest |d| of the kv head's value blocks, Q = 128 for Q8_0
-     * and 8 for Q4_0: the quants' largest magnitude, so that Q * m_d is about max|v'| for blocks
-     * attn_convert wrote), 0 and 0 on AVX2; delta_q = (scale * (1/254 + 2^-20) * sum_b 32 m_b + 2^-96 D) * max|k'| and m_b the
+     * S * 2^-125) on AVX512_VNNI and AVX2 (m_d the largest |d| of the kv head's value blocks, Q = 128
+     * for Q8_0 and 8 for Q4_0: the quants' largest magnitude, so that Q * m_d is about max|v'| for
+     * blocks attn_convert wrote); delta_q = (scale * (1/254 + 2^-20) * sum_b 32 m_b + 2^-96 D) * max|k'| and m_b the
      * largest |q_t| of the row's block b (D / 32 blocks), and its lse by at most delta_q; against the
      * float32 k and v the bound above holds with delta + delta_q for delta, (1 + c) (1 + u) for 1 + c
      * and f added (both tested; in decoding on AVX512-BF16, Q4_0 about 1.5 and Q8_0 about 1.25 times as

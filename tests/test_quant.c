@@ -332,11 +332,11 @@ static bool q_rounds(const attn_ctx *ctx, const attn_sdpa_desc *d) {
 static double weights_u(const attn_ctx *ctx) { return attn_isa_bf16_dot(attn_ctx_isa(ctx)) ? ldexp(1, -8) : 0.0; }
 
 // attn.h's f of those kernels: S 2^-122 on the bf16 ISAs (the flush of tiny weights), Q (2^-9 m_d +
-// S 2^-125) on AVX512_VNNI (the weights rounded to int16: m_d the values' largest block scale, dmax,
-// Q = 128 for Q8_0 and 8 for Q4_0), 0 on AVX2.
+// S 2^-125) on AVX512_VNNI and AVX2 (the weights rounded to int16: m_d the values' largest block
+// scale, dmax, Q = 128 for Q8_0 and 8 for Q4_0).
 static double weights_f(const attn_ctx *ctx, attn_dtype dt, double dmax, int64_t S) {
     if (attn_isa_bf16_dot(attn_ctx_isa(ctx))) return (double)S * ldexp(1, -122);
-    if (attn_ctx_isa(ctx) != ATTN_ISA_AVX512_VNNI) return 0.0;
+    if (attn_ctx_isa(ctx) != ATTN_ISA_AVX512_VNNI && attn_ctx_isa(ctx) != ATTN_ISA_AVX2) return 0.0;
     return (dt == ATTN_DTYPE_Q8_0 ? 128.0 : 8.0) * (ldexp(1, -9) * dmax + (double)S * ldexp(1, -125));
 }
 
@@ -367,7 +367,7 @@ static void model_rounded_query(const float *q, int64_t n, int64_t D, float scal
 // and n_kv_heads) against the reference: o and lse (lse may be NULL) of every row, with float32
 // rounding's 2e-6 + 2e-5 max|v'|. Where the query is rounded (q_rounds): against the reference on
 // model_rounded_query's query within the weights' rounding (bf16 ISAs: 2^-8 max|v'| + S 2^-122;
-// AVX512_VNNI: weights_f; AVX2 none), and against the reference on q within attn.h's bound, delta_q with qstep (1/254; 0
+// AVX512_VNNI and AVX2: weights_f, their int16 rounding), and against the reference on q within attn.h's bound, delta_q with qstep (1/254; 0
 // for queries int8 holds exactly) for 1/254; elsewhere against the reference on q.
 static void assert_block_kernels(const char *what, attn_dtype dt, const attn_ctx *ctx, const attn_sdpa_desc *d,
                                  const float *q, const void *k, const void *v, const float *o, const float *lse,
@@ -656,8 +656,8 @@ static void test_direct_sdpa(void) {
 
 // The decode kernels of attn_isa_int8_query's ISAs for both block types on queries of integers
 // whose every block holds +-127: int8 holds them exactly, so the kernels differ from the reference
-// only by the weights' bf16 rounding (2^-8; the float weights of AVX2 and AVX512_VNNI: float32
-// rounding), sharper than the general bound (a 1% error in the weights fails).
+// only by the weights' rounding (bf16: 2^-8; the int16 weights of AVX2 and AVX512_VNNI: weights_f),
+// sharper than the general bound (a 1% error in the weights fails).
 static void test_exact_query(void) {
     attn_isa isas[16];
     const int n_isa = fused_isas(isas);
@@ -699,8 +699,8 @@ static void test_exact_query(void) {
 }
 
 // Value blocks with an infinite or NaN scale in a decoding step on every ISA: the output columns
-// that weigh them are non-finite exactly where the reference's are (AVX512_VNNI's P V takes such a
-// tile's float products instead of rounding its weights to int16), and the other columns, in the
+// that weigh them are non-finite exactly where the reference's are (the P V of AVX2 and AVX512_VNNI
+// takes such a tile's float products instead of rounding its weights to int16), and the other columns, in the
 // same tiles and in others, stay within a loose bound of the reference.
 static void test_nonfinite_values(void) {
     attn_isa isas[16];

@@ -21,11 +21,11 @@
 // score NaN (d_k + (d_k - d_k)).
 //
 // pv_rows folds d into the weights: for four blocks of 32 columns at a time it first forms each
-// key's four weights times each block's scale (p * d, one rounding more than p * (q * d); the error
-// bound of attn.h allows it; two blocks a vector), then runs each block's two halves of 16 columns
-// over the keys with the quants as floats (8 accumulators: four rows, two vectors; Q4_0's n - 8 as
-// the sum over n less 8 times the sum of the weights), which takes the scale's conversion and two
-// multiplies out of every key's step.
+// key's four weights times each block's scale (p * d; two blocks a vector), rounds them to int16
+// against their largest magnitude over the tile (as the AVX512_VNNI table, "P V" below) and runs
+// each block's two halves of 16 columns over the keys in pairs on vpmaddwd (8 accumulators: four
+// rows, two vectors; Q4_0's n - 8 as the sum over n less 8 times the sum of the weights); a tile
+// whose weights are not all finite takes the same passes with the quants as floats.
 //
 // Prefetch (see decode_prefetch.h): qk_rows requests each key row's lines DECODE_PF_BYTES ahead as
 // it reads the row; each pv_rows pass requests the half-block it reads, FLASH_BC rows on.
@@ -293,10 +293,28 @@ void attn__qk_rows_q_avx2(attn_dtype dt, const void *k, int64_t ks_row, int nj, 
     qk_rows_prepared(dt, k, ks_row, nj, D, q, rows, s, s_r, s_j);
 }
 
+// P V. The float form multiplies the quants as floats by the weights times their keys' block
+// scales (p * d, folded in once a key and block) in vector FMAs: 64 a key for four rows and 128
+// columns, and a conversion of the quants for every 8 of them, where the FMA ports are two of four.
+// The integer form rounds those products w = p * d of each row and block over the tile (at most
+// PV_KEYS keys) to int16 against their largest magnitude W, w' = round(w * 32767 / W) (W taken as at
+// least 2^-110), as the AVX512_VNNI table does; two keys' quants (exact in int16: Q4_0's nibbles n,
+// Q8_0's q) go in each dword, and vpmaddwd meets them with the two keys' rounded weights, its int32
+// sums added by vpaddd: 32 vpmaddwd a key for four rows and 128 columns where the float form takes 64
+// FMAs and 16 conversions, on the same two pipes of a Zen 3, the additions on any of four (the sums
+// are exact: at most 96 * 32767 * 128 in magnitude). The sums are scaled back by W / 32767; Q4_0's n - 8 is the nibbles'
+// sum less 8 times the rounded weights' sum. attn.h's kv_dtype bound gives the error this adds (each
+// weight within W / 65534 plus float32 rounding; over a tile a row's weights sum to at least their
+// largest). A tile whose weights are not all finite (an infinite or NaN block scale:
+// nan_if_infinite in group_scales) takes the float form, where such a scale makes the rows that
+// weigh it NaN or +-inf as the float kernels' q * d values do.
+
+_Static_assert(PV_KEYS <= 96, "the int32 sums of the int16 P V and attn.h's bound assume tiles of at most 96 keys");
+
 // Half h (columns 16h .. 16h + 15) of one block of the value rows (b: key 0's block, the next
 // key's row_bytes on) for four rows with the weights w (the block's scale folded in; key j's four
-// at w[16 j]): per key two vectors of quants (load8_quants: Q4_0's -8 is pv_rows_impl's) and the
-// four weights broadcast, eight accumulators, left in c[0..7] (row r: c[2r], c[2r + 1]).
+// at w[16 j]), in floats: per key two vectors of quants (load8_quants: Q4_0's -8 is the caller's)
+// and the four weights broadcast, eight accumulators, left in c[0..7] (row r: c[2r], c[2r + 1]).
 INLINE void pv_half(const attn_dtype dt, const int h, const uint8_t *b, int64_t row_bytes, int nj, const float *w,
                     bool prefetch, __m256 c[8]) {
     __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
@@ -314,6 +332,62 @@ INLINE void pv_half(const attn_dtype dt, const int h, const uint8_t *b, int64_t 
     c[0] = c0, c[1] = c1, c[2] = c2, c[3] = c3, c[4] = c4, c[5] = c5, c[6] = c6, c[7] = c7;
 }
 
+// c + the products of a and b's word pairs (vpmaddwd, vpaddd). GCC (12) gives the sum a register of
+// its own and copies it back into the accumulator carried through the loop (a move an instruction,
+// and a spill in ipv_half); the addition itself in that case.
+INLINE __m256i add_madd(__m256i c, __m256i a, __m256i b) {
+    const __m256i t = _mm256_madd_epi16(a, b);
+#if defined(__GNUC__) && !defined(__clang__)
+    __asm__("vpaddd %1, %0, %0" : "+x"(c) : "x"(t));
+    return c;
+#else
+    return _mm256_add_epi32(c, t);
+#endif
+}
+
+// The products of one key pair (x, y: their blocks; wi: the pair's dwords of rounded weights, row r
+// at wi[r]) for half h added to c[0..7] as ipv_half's. The pair's 16 quant bytes of the half are
+// interleaved (vpunpck[lh]bw) and widened to words, so that dword c holds both keys' value of
+// column c.
+INLINE void ipv_pair(const attn_dtype dt, const int h, const uint8_t *x, const uint8_t *y, const int32_t *wi, __m256i c[8]) {
+    const int off = dt == ATTN_DTYPE_Q4_0 ? 2 : 2 + 16 * h; // Q4_0: the half's nibbles, low or high, of all 16 bytes
+    const __m128i xa = _mm_loadu_si128((const __m128i *)(x + off)), ya = _mm_loadu_si128((const __m128i *)(y + off));
+    __m256i v0, v1; // columns 16h .. 16h + 7 and 16h + 8 .. 16h + 15, both keys' values a dword
+    if (dt == ATTN_DTYPE_Q4_0) {
+        const __m256i m4 = _mm256_set1_epi16(0x0F);
+        const __m256i lo = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(xa, ya)), hi = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(xa, ya));
+        v0 = h == 0 ? _mm256_and_si256(lo, m4) : _mm256_srli_epi16(lo, 4);
+        v1 = h == 0 ? _mm256_and_si256(hi, m4) : _mm256_srli_epi16(hi, 4);
+    } else {
+        v0 = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(xa, ya)), v1 = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(xa, ya));
+    }
+    for (int r = 0; r < 4; r++) {
+        const __m256i w = _mm256_set1_epi32(wi[r]);
+        c[2 * r] = add_madd(c[2 * r], v0, w), c[2 * r + 1] = add_madd(c[2 * r + 1], v1, w);
+    }
+}
+
+// The same half as pv_half on the rounded weights, keys in pairs (wi: pair i's 16 dwords from wi[16
+// i], dword r: row r's int16 weights of keys 2i (low word) and 2i + 1 for this block; a tile's odd
+// last key pairs with itself under the weight 0): int32 sums in c[0..7] as pv_half's, which requests
+// the same lines a tile on when `prefetch`.
+INLINE void ipv_half(const attn_dtype dt, const int h, const uint8_t *b, int64_t row_bytes, int nj, const int32_t *wi,
+                     bool prefetch, __m256i c[8]) {
+    __m256i acc[8];
+    for (int x = 0; x < 8; x++) acc[x] = _mm256_setzero_si256();
+    const int64_t pf = FLASH_BC * row_bytes + 2 + 16 * h;
+    int j = 0;
+    for (; j + 1 < nj; j += 2, b += 2 * row_bytes, wi += 16) {
+        if (prefetch) _mm_prefetch((const char *)b + pf, _MM_HINT_T1), _mm_prefetch((const char *)b + row_bytes + pf, _MM_HINT_T1);
+        ipv_pair(dt, h, b, b + row_bytes, wi, acc);
+    }
+    if (j < nj) {
+        if (prefetch) _mm_prefetch((const char *)b + pf, _MM_HINT_T1);
+        ipv_pair(dt, h, b, b, wi, acc);
+    }
+    for (int x = 0; x < 8; x++) c[x] = acc[x];
+}
+
 // The scales of the nbg (at most four) blocks from b as floats, lanes past nbg 0.
 INLINE __m128 group_scales(const attn_dtype dt, const uint8_t *b, int nbg) {
     const int bb = block_bytes(dt);
@@ -322,46 +396,115 @@ INLINE __m128 group_scales(const attn_dtype dt, const uint8_t *b, int nbg) {
     return _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128((int)(s0 | s1 << 16)), (int)(s2 | s3 << 16), 1));
 }
 
+// A tile's weights for the integer form: wf (key j: block g's four at wf[16 j + 4 g], row r's at
+// + r) rounded against wmax (lane 4 (g % 2) + r of wmax[g / 2]: the largest magnitude's bits, over
+// the keys) into wi (pair i's dwords at wi[16 i + 4 g + r]), with unit[4 g + r] = W / 32767 and
+// wsum[4 g + r] the rounded weights' sum. False, with nothing written, when a weight of the nr real
+// rows is not finite.
+INLINE bool round_weights(const float *wf, int nj, int nr, const __m256i wmax[2], int32_t *wi, float unit[16],
+                          int32_t wsum[16]) {
+    const __m256i real = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), _mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3));
+    const __m256i inf = _mm256_set1_epi32(0x7F7FFFFF);
+    const __m256i bad = _mm256_or_si256(_mm256_cmpgt_epi32(wmax[0], inf), _mm256_cmpgt_epi32(wmax[1], inf));
+    if (!_mm256_testz_si256(bad, real)) return false;
+    __m256 scale[2];
+    for (int x = 0; x < 2; x++) {
+        const __m256 top = _mm256_max_ps(_mm256_castsi256_ps(wmax[x]), _mm256_set1_ps(0x1p-110f));
+        scale[x] = _mm256_div_ps(_mm256_set1_ps(32767.0f), top);
+        _mm256_storeu_ps(unit + 8 * x, _mm256_div_ps(top, _mm256_set1_ps(32767.0f)));
+    }
+    __m256i sum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int j = 0; j < nj; j += 2, wi += 16)
+        for (int x = 0; x < 2; x++) {
+            const __m256 f0 = _mm256_mul_ps(_mm256_load_ps(wf + 16 * j + 8 * x), scale[x]);
+            const __m256i y0 = _mm256_cvtps_epi32(_mm256_round_ps(f0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            __m256i y1 = _mm256_setzero_si256();
+            if (j + 1 < nj) {
+                const __m256 f1 = _mm256_mul_ps(_mm256_load_ps(wf + 16 * (j + 1) + 8 * x), scale[x]);
+                y1 = _mm256_cvtps_epi32(_mm256_round_ps(f1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            }
+            sum[x] = _mm256_add_epi32(sum[x], _mm256_add_epi32(y0, y1));
+            _mm256_store_si256((__m256i *)(wi + 8 * x), _mm256_blend_epi16(y0, _mm256_slli_epi32(y1, 16), 0xAA));
+        }
+    _mm256_storeu_si256((__m256i *)wsum, sum[0]), _mm256_storeu_si256((__m256i *)(wsum + 8), sum[1]);
+    return true;
+}
+
+// o's nr rows (ldo apart) at column e: o = a o + f (row r's 16 columns in f[2r], f[2r + 1]; a =
+// alpha[r] when scale_o, else 1).
+INLINE void add_half(const __m256 f[8], const float *alpha, bool scale_o, int nr, float *o, int64_t ldo, int e) {
+    for (int r = 0; r < nr; r++) {
+        float *orow = o + (int64_t)r * ldo + e;
+        const __m256 a = _mm256_set1_ps(scale_o ? alpha[r] : 1.0f);
+        for (int x = 0; x < 2; x++)
+            _mm256_storeu_ps(orow + 8 * x, _mm256_fmadd_ps(a, _mm256_loadu_ps(orow + 8 * x), f[2 * r + x]));
+    }
+}
+
+// Half h of block g of a group for four rows: in f[2r], f[2r + 1] row r's sums over the nj keys of
+// the block's columns 16h .. 16h + 15, from the rounded weights (ints: wi, with their sums isum and
+// units unit) or the float ones (w, with 8 times their sums wsum); prefetch: pv_half's.
+INLINE void half_sums(const attn_dtype dt, const int h, bool ints, const uint8_t *b, int64_t row_bytes, int nj, int g,
+                      const int32_t *wi, const int32_t isum[16], const float unit[16], const float *w,
+                      const float wsum[16], bool prefetch, __m256 f[8]) {
+    if (ints) {
+        __m256i c[8];
+        ipv_half(dt, h, b, row_bytes, nj, wi + 4 * g, prefetch, c);
+        for (int r = 0; r < 4; r++) {
+            const __m256i less = _mm256_set1_epi32(dt == ATTN_DTYPE_Q4_0 ? 8 * isum[4 * g + r] : 0);
+            const __m256 u = _mm256_set1_ps(unit[4 * g + r]);
+            for (int x = 0; x < 2; x++) f[2 * r + x] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(c[2 * r + x], less)), u);
+        }
+    } else {
+        pv_half(dt, h, b, row_bytes, nj, w + 4 * g, prefetch, f);
+        for (int r = 0; r < 4; r++) {
+            const __m256 m = _mm256_set1_ps(wsum[4 * g + r]); // 0 for Q8_0
+            f[2 * r] = _mm256_sub_ps(f[2 * r], m), f[2 * r + 1] = _mm256_sub_ps(f[2 * r + 1], m);
+        }
+    }
+}
+
 // Four rows (pp: their weights in the tile, pp[0..3], advancing by ldp) and nj <= PV_KEYS keys, four
 // blocks of 32 columns at a time: first each key's four weights times each block's scale (w, two
-// blocks a vector: the products are those of one block at a time, p * d, and ws sums them over the
-// keys in the same order), then each block's two halves on the quants; Q4_0's n - 8 as the sum
-// over the nibbles n less 8 times the sum of the weights (ws); the sums are added to the rows of o,
-// scaled by alpha when `scale_o`.
+// blocks a vector: p * d), with their largest magnitudes and (float form) sums over the keys; then,
+// in the integer form where those weights are finite (round_weights), else in the float form, each
+// block's two halves; Q4_0's n - 8 as the sum over the nibbles n less 8 times the sum of the weights;
+// the sums are added to the rows of o, scaled by alpha when `scale_o`.
 INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pp,
                          int64_t ldp, const float *alpha, bool scale_o, int nr, bool prefetch, float *o, int64_t ldo) {
     const int64_t row_bytes = vs_row / ATTN_QBLOCK * block_bytes(dt);
     const __m256i lo = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), hi = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
-    float w[PV_KEYS * 16] __attribute__((aligned(32))); // key j: block g's four weights at w[16 j + 4 g]
+    const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
+    float w[PV_KEYS * 16] __attribute__((aligned(32)));      // key j: block g's four weights at w[16 j + 4 g]
+    int32_t wi[PV_KEYS / 2 * 16 + 16] __attribute__((aligned(32))); // the same rounded, pair i at wi[16 i]
+    float unit[16];
+    int32_t isum[16];
     for (int e0 = 0; e0 < Dv; e0 += 4 * ATTN_QBLOCK) {
         const int nbg = (Dv - e0) / ATTN_QBLOCK < 4 ? (Dv - e0) / ATTN_QBLOCK : 4;
         const uint8_t *b0 = block_at(v, dt, e0);
         __m256 ws01 = _mm256_setzero_ps(), ws23 = ws01;
+        __m256i wmax[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
         for (int j = 0; j < nj; j++) {
             const __m256 p = _mm256_broadcast_ps((const __m128 *)(pp + (int64_t)j * ldp));
             const __m256 d = _mm256_castps128_ps256(group_scales(dt, b0 + (int64_t)j * row_bytes, nbg));
             const __m256 x01 = _mm256_mul_ps(p, _mm256_permutevar8x32_ps(d, lo));
             const __m256 x23 = _mm256_mul_ps(p, _mm256_permutevar8x32_ps(d, hi));
             _mm256_store_ps(w + 16 * j, x01), _mm256_store_ps(w + 16 * j + 8, x23);
+            wmax[0] = _mm256_max_epu32(wmax[0], _mm256_and_si256(_mm256_castps_si256(x01), magnitude));
+            wmax[1] = _mm256_max_epu32(wmax[1], _mm256_and_si256(_mm256_castps_si256(x23), magnitude));
             if (dt == ATTN_DTYPE_Q4_0) ws01 = _mm256_add_ps(ws01, x01), ws23 = _mm256_add_ps(ws23, x23);
         }
+        const bool ints = round_weights(w, nj, nr, wmax, wi, unit, isum);
         float wsum[16] __attribute__((aligned(32))); // 8 times block g's sum of row r's weights at 4g + r (Q4_0)
         _mm256_store_ps(wsum, _mm256_mul_ps(ws01, _mm256_set1_ps(8.0f)));
         _mm256_store_ps(wsum + 8, _mm256_mul_ps(ws23, _mm256_set1_ps(8.0f)));
         for (int g = 0; g < nbg; g++) {
-            const int e = e0 + g * ATTN_QBLOCK;
-            const uint8_t *b = block_at(v, dt, e);
-            __m256 c[16];
-            pv_half(dt, 0, b, row_bytes, nj, w + 4 * g, prefetch, c);
-            pv_half(dt, 1, b, row_bytes, nj, w + 4 * g, prefetch, c + 8);
-            for (int r = 0; r < nr; r++) {
-                float *orow = o + (int64_t)r * ldo + e;
-                const __m256 a = _mm256_set1_ps(scale_o ? alpha[r] : 1.0f);
-                const __m256 m = _mm256_set1_ps(wsum[4 * g + r]); // 0 for Q8_0
-                for (int x = 0; x < 4; x++) // column vector x: half x / 2, its vector x % 2
-                    _mm256_storeu_ps(orow + 8 * x, _mm256_fmadd_ps(a, _mm256_loadu_ps(orow + 8 * x),
-                                                                   _mm256_sub_ps(c[8 * (x / 2) + 2 * r + x % 2], m)));
-            }
+            const uint8_t *b = block_at(v, dt, e0 + g * ATTN_QBLOCK);
+            __m256 f[8];
+            half_sums(dt, 0, ints, b, row_bytes, nj, g, wi, isum, unit, w, wsum, prefetch, f);
+            add_half(f, alpha, scale_o, nr, o, ldo, e0 + g * ATTN_QBLOCK);
+            half_sums(dt, 1, ints, b, row_bytes, nj, g, wi, isum, unit, w, wsum, prefetch, f);
+            add_half(f, alpha, scale_o, nr, o, ldo, e0 + g * ATTN_QBLOCK + 16);
         }
     }
 }
