@@ -87,47 +87,51 @@ attn_status attn__mha_alloc(attn_ctx *ctx, const attn_mha_config *cfg_in, bool s
     return ATTN_OK;
 }
 
-// The module's projection weights and biases, wherever the layout keeps them.
-typedef struct mha_views {
-    const float *wq, *wk, *wv, *bq, *bk, *bv, *bias_k, *bias_v, *wo, *bo;
-} mha_views;
+// ---- where the parameters live ------------------------------------------------------------------
+// The one map from the state_dict's names to the four projections (q, k, v, out): the table item
+// holding each one's weight (E rows of `width` inputs) and bias (E values) and their element offsets
+// there. in_proj_weight stacks W_q, W_k, W_v (the packed layout; else q_proj_weight, k_proj_weight
+// and v_proj_weight hold one each), in_proj_bias stacks b_q, b_k, b_v. Every view of the parameters
+// (float32, typed, the gradients, the forward's conversions) is made through it.
+enum { PROJ_Q, PROJ_K, PROJ_V, PROJ_O, PROJS };
 
-// The float32 parameters a call computes with: the module's storage for an F32 module, else its
-// parameters converted into the call's workspace (stage_params).
-static const float *param_f32(const attn__params *p, const float *all, const char *name) {
-    const attn__param *prm = attn__params_find(p, name);
-    return prm != NULL ? all + prm->offset : NULL;
+typedef struct proj_place {
+    const attn__param *w, *b; // b NULL without biases
+    int64_t woff, boff, width;
+} proj_place;
+
+static void proj_places(const attn_mha *m, proj_place pl[PROJS]) {
+    const attn__params *p = &m->params;
+    const int64_t E = m->cfg.embed_dim, width[3] = {E, m->cfg.kdim, m->cfg.vdim};
+    static const char *const own[3] = {"q_proj_weight", "k_proj_weight", "v_proj_weight"};
+    const attn__param *in_w = attn__params_find(p, "in_proj_weight"), *in_b = attn__params_find(p, "in_proj_bias");
+    for (int i = 0; i < 3; i++)
+        pl[i] = (proj_place){.w = m->packed ? in_w : attn__params_find(p, own[i]), .b = in_b,
+                             .woff = m->packed ? i * E * E : 0, .boff = i * E, .width = width[i]};
+    pl[PROJ_O] = (proj_place){.w = attn__params_find(p, "out_proj.weight"), .b = attn__params_find(p, "out_proj.bias"),
+                              .width = E};
 }
+
+// The module's projection weights and biases and bias_k / bias_v, as float32.
+typedef struct mha_views {
+    const float *w[PROJS], *b[PROJS], *bias_k, *bias_v;
+} mha_views;
 
 // The views of `all`: every parameter, as float32, in table order (m->params.numel values). With
 // all NULL, markers only: each present parameter points at the module's storage (a call is planned
 // before its float32 copy exists; planning needs to know which parameters there are).
 static mha_views views_of(const attn_mha *m, const float *all) {
-    const int64_t E = m->cfg.embed_dim;
+    proj_place pl[PROJS];
+    proj_places(m, pl);
+    const float *mk = m->params.storage;
+    const attn__param *bk = attn__params_find(&m->params, "bias_k"), *bv = attn__params_find(&m->params, "bias_v");
     mha_views v = {0};
-    const attn__params *p = &m->params;
-    if (all == NULL) {
-        const float *mk = m->params.storage;
-        const bool b = attn__params_find(p, "in_proj_bias") != NULL, kv = attn__params_find(p, "bias_k") != NULL;
-        v.wq = v.wk = v.wv = v.wo = mk;
-        v.bq = v.bk = v.bv = v.bo = b ? mk : NULL;
-        v.bias_k = v.bias_v = kv ? mk : NULL;
-        return v;
+    for (int i = 0; i < PROJS; i++) {
+        v.w[i] = all == NULL ? mk : all + pl[i].w->offset + pl[i].woff;
+        if (pl[i].b != NULL) v.b[i] = all == NULL ? mk : all + pl[i].b->offset + pl[i].boff;
     }
-    if (m->packed) {
-        const float *w = param_f32(p, all, "in_proj_weight"); // (3E, E): W_q; W_k; W_v
-        v.wq = w, v.wk = w + E * E, v.wv = w + 2 * E * E;
-    } else {
-        v.wq = param_f32(p, all, "q_proj_weight");
-        v.wk = param_f32(p, all, "k_proj_weight");
-        v.wv = param_f32(p, all, "v_proj_weight");
-    }
-    const float *b = param_f32(p, all, "in_proj_bias");
-    if (b != NULL) v.bq = b, v.bk = b + E, v.bv = b + 2 * E;
-    v.bias_k = param_f32(p, all, "bias_k");
-    v.bias_v = param_f32(p, all, "bias_v");
-    v.wo = param_f32(p, all, "out_proj.weight");
-    v.bo = param_f32(p, all, "out_proj.bias");
+    if (bk != NULL) v.bias_k = all == NULL ? mk : all + bk->offset;
+    if (bv != NULL) v.bias_v = all == NULL ? mk : all + bv->offset;
     return v;
 }
 
@@ -135,38 +139,28 @@ static mha_views views_of(const attn_mha *m, const float *all) {
 // call's float32 copy; F16 / BF16: the module's storage, read as it is by attn__linear_half) and
 // float32 biases.
 typedef struct proj_weights {
-    const void *wq, *wk, *wv, *wo;
-    const float *bq, *bk, *bv, *bo;
+    const void *w[PROJS];
+    const float *b[PROJS];
     attn_dtype dt;
 } proj_weights;
-
-// Element `plus` of the parameter `name` in the module's storage (NULL if the module has none).
-static const void *param_typed(const attn_mha *m, const char *name, int64_t plus) {
-    const attn__param *prm = attn__params_find(&m->params, name);
-    if (prm == NULL) return NULL;
-    return (const char *)m->params.storage + (size_t)(prm->offset + plus) * attn_dtype_size(m->params.dtype);
-}
 
 // An F16 / BF16 module's weights in its storage, its biases converted into bias (4E floats: q, k,
 // v, then out; NULL where the module has none; bias NULL: the biases left NULL).
 static proj_weights half_weights_of(const attn_ctx *ctx, const attn_mha *m, float *bias) {
     const int64_t E = m->cfg.embed_dim;
     const attn_dtype dt = m->params.dtype;
+    const size_t size = attn_dtype_size(dt);
+    const char *base = m->params.storage;
+    proj_place pl[PROJS];
+    proj_places(m, pl);
     proj_weights h = {.dt = dt};
-    if (m->packed) { // (3E, E): W_q; W_k; W_v
-        h.wq = param_typed(m, "in_proj_weight", 0);
-        h.wk = param_typed(m, "in_proj_weight", E * E);
-        h.wv = param_typed(m, "in_proj_weight", 2 * E * E);
-    } else {
-        h.wq = param_typed(m, "q_proj_weight", 0);
-        h.wk = param_typed(m, "k_proj_weight", 0);
-        h.wv = param_typed(m, "v_proj_weight", 0);
+    for (int i = 0; i < PROJS; i++) {
+        h.w[i] = base + (size_t)(pl[i].w->offset + pl[i].woff) * size;
+        if (bias != NULL && pl[i].b != NULL) {
+            attn__to_f32(ctx, dt, base + (size_t)(pl[i].b->offset + pl[i].boff) * size, bias + i * E, E);
+            h.b[i] = bias + i * E;
+        }
     }
-    h.wo = param_typed(m, "out_proj.weight", 0);
-    const void *bin = param_typed(m, "in_proj_bias", 0), *bout = param_typed(m, "out_proj.bias", 0);
-    if (bias == NULL) return h;
-    if (bin != NULL) attn__to_f32(ctx, dt, bin, bias, 3 * E), h.bq = bias, h.bk = bias + E, h.bv = bias + 2 * E;
-    if (bout != NULL) attn__to_f32(ctx, dt, bout, bias + 3 * E, E), h.bo = bias + 3 * E;
     return h;
 }
 
@@ -324,8 +318,9 @@ static attn_status check_mask(attn_ctx *ctx, const char *what, attn_dtype dt) {
 }
 
 static void set_weights(attn__mha_spec *spec, const mha_views *v) {
-    spec->wq = v->wq, spec->wk = v->wk, spec->wv = v->wv, spec->bq = v->bq, spec->bk = v->bk, spec->bv = v->bv;
-    spec->bias_k = v->bias_k, spec->bias_v = v->bias_v, spec->wo = v->wo, spec->bo = v->bo;
+    spec->wq = v->w[PROJ_Q], spec->wk = v->w[PROJ_K], spec->wv = v->w[PROJ_V], spec->wo = v->w[PROJ_O];
+    spec->bq = v->b[PROJ_Q], spec->bk = v->b[PROJ_K], spec->bv = v->b[PROJ_V], spec->bo = v->b[PROJ_O];
+    spec->bias_k = v->bias_k, spec->bias_v = v->bias_v;
 }
 
 // Validates args against the module and fills the core's spec and io.
@@ -437,26 +432,26 @@ static attn_status mha_setup(attn_ctx *ctx, attn_mha *m, const attn_mha_args *ar
 }
 
 // A forward's float32 copy of the parameters into all (table order): every parameter but the
-// weights its projections read in place (attn__linear_half_applies for their token rows and input
-// width, the rule of mha_core.c's projections), whose slots are left unwritten.
+// weights its projections read in place (attn__linear_half_applies for their token rows, L for q
+// and out, S for k and v, and input width, the rule of mha_core.c's projections), whose slots are
+// left unwritten.
 static void stage_forward_params(attn_ctx *ctx, const attn_mha *m, const attn__mha_io *io, float *all) {
-    const attn_mha_config *cf = &m->cfg;
     const attn_dtype dt = m->params.dtype;
-    const int64_t E = cf->embed_dim, EE = E * E;
+    const int64_t E = m->cfg.embed_dim, rows[PROJS] = {io->L, io->S, io->S, io->L};
     const char *base = m->params.storage;
+    proj_place pl[PROJS];
+    proj_places(m, pl);
     for (int i = 0; i < m->params.count; i++) {
         const attn__param *p = &m->params.items[i];
-        int64_t rows = 0, width = 0, slices = 1; // a weight of `slices` (E, width) blocks: q's, then k's and v's
-        if (strcmp(p->name, "in_proj_weight") == 0) slices = 3, width = E;
-        else if (strcmp(p->name, "q_proj_weight") == 0 || strcmp(p->name, "out_proj.weight") == 0) rows = io->L, width = E;
-        else if (strcmp(p->name, "k_proj_weight") == 0) rows = io->S, width = cf->kdim;
-        else if (strcmp(p->name, "v_proj_weight") == 0) rows = io->S, width = cf->vdim;
-        for (int64_t s = 0; s < slices; s++) {
-            const int64_t off = p->offset + (slices > 1 ? s * EE : 0), n = slices > 1 ? EE : p->numel;
-            if (slices > 1) rows = s == 0 ? io->L : io->S;
-            if (width > 0 && attn__linear_half_applies(ctx, dt, rows, width)) continue;
-            attn__to_f32(ctx, dt, base + (size_t)off * attn_dtype_size(dt), all + off, n);
+        bool weights = false; // p holds projection weights: converted projection by projection
+        for (int k = 0; k < PROJS; k++) {
+            if (pl[k].w != p) continue;
+            weights = true;
+            if (attn__linear_half_applies(ctx, dt, rows[k], pl[k].width)) continue;
+            const int64_t off = p->offset + pl[k].woff;
+            attn__to_f32(ctx, dt, base + (size_t)off * attn_dtype_size(dt), all + off, E * pl[k].width);
         }
+        if (!weights) attn__to_f32(ctx, dt, base + (size_t)p->offset * attn_dtype_size(dt), all + p->offset, p->numel);
     }
 }
 
@@ -482,7 +477,7 @@ static attn_status mha_begin(attn_ctx *ctx, const attn_mha *m, mha_call *c, size
     const mha_views v = views_of(m, b->params);
     set_weights(&c->spec, &v);
     const proj_weights h = half_weights_of(ctx, m, NULL); // read in place where the products can
-    c->spec.wq_t = h.wq, c->spec.wk_t = h.wk, c->spec.wv_t = h.wv, c->spec.wo_t = h.wo;
+    c->spec.wq_t = h.w[PROJ_Q], c->spec.wk_t = h.w[PROJ_K], c->spec.wv_t = h.w[PROJ_V], c->spec.wo_t = h.w[PROJ_O];
     attn__to_f32(ctx, dt, io->query, b->query, z->query);
     if (b->key != b->query) attn__to_f32(ctx, dt, io->key, b->key, z->key);
     if (b->value != b->query && b->value != b->key) attn__to_f32(ctx, dt, io->value, b->value, z->value);
@@ -564,20 +559,18 @@ attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *m, const attn_mha_args *a
     const bool staged = m->cfg.dtype != ATTN_DTYPE_F32;
     attn__mha_grads g = {0};
     g.dquery = staged ? b.dquery : dquery, g.dkey = staged ? b.dkey : dkey, g.dvalue = staged ? b.dvalue : dvalue;
-    const int64_t E = m->cfg.embed_dim;
-    for (int i = 0; dparams != NULL && i < m->params.count; i++) {
-        float *dp = dparams[i];
-        const char *name = m->params.items[i].name;
-        if (dp == NULL) continue;
-        if (strcmp(name, "in_proj_weight") == 0) g.dwq = dp, g.dwk = dp + E * E, g.dwv = dp + 2 * E * E;
-        else if (strcmp(name, "q_proj_weight") == 0) g.dwq = dp;
-        else if (strcmp(name, "k_proj_weight") == 0) g.dwk = dp;
-        else if (strcmp(name, "v_proj_weight") == 0) g.dwv = dp;
-        else if (strcmp(name, "in_proj_bias") == 0) g.dbq = dp, g.dbk = dp + E, g.dbv = dp + 2 * E;
-        else if (strcmp(name, "bias_k") == 0) g.dbias_k = dp;
-        else if (strcmp(name, "bias_v") == 0) g.dbias_v = dp;
-        else if (strcmp(name, "out_proj.weight") == 0) g.dwo = dp;
-        else if (strcmp(name, "out_proj.bias") == 0) g.dbo = dp;
+    if (dparams != NULL) { // each parameter's gradient buffer, seen as the projections' (proj_places)
+        proj_place pl[PROJS];
+        proj_places(m, pl);
+        float **dw[PROJS] = {&g.dwq, &g.dwk, &g.dwv, &g.dwo}, **db[PROJS] = {&g.dbq, &g.dbk, &g.dbv, &g.dbo};
+        for (int k = 0; k < PROJS; k++) {
+            float *gw = dparams[pl[k].w - m->params.items], *gb = pl[k].b != NULL ? dparams[pl[k].b - m->params.items] : NULL;
+            *dw[k] = gw != NULL ? gw + pl[k].woff : NULL;
+            *db[k] = gb != NULL ? gb + pl[k].boff : NULL;
+        }
+        const attn__param *bk = attn__params_find(&m->params, "bias_k"), *bv = attn__params_find(&m->params, "bias_v");
+        if (bk != NULL) g.dbias_k = dparams[bk - m->params.items];
+        if (bv != NULL) g.dbias_v = dparams[bv - m->params.items];
     }
     attn__mha_core_backward(ctx, &c.spec, &c.io, &c.plan, saved, c.io.out, &g, ws);
     if (b.dquery != NULL) attn__from_f32(m->cfg.dtype, b.dquery, dquery, c.z.query);
@@ -696,18 +689,17 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *m, attn_kv_cache *c
     if (direct) h = half_weights_of(ctx, m, bias);
     else {
         const mha_views v = views_of(m, dt == ATTN_DTYPE_F32 ? (const float *)m->params.storage : b.params);
-        h = (proj_weights){v.wq, v.wk, v.wv, v.wo, v.bq, v.bk, v.bv, v.bo, ATTN_DTYPE_F32};
+        h = (proj_weights){.dt = ATTN_DTYPE_F32};
+        for (int i = 0; i < PROJS; i++) h.w[i] = v.w[i], h.b[i] = v.b[i];
     }
-    cached_project(ctx, xf, rows, E, h.wq, h.dt, h.bq, qkv, W3, scratch);
-    cached_project(ctx, xf, rows, E, h.wk, h.dt, h.bk, qkv + E, W3, scratch);
-    cached_project(ctx, xf, rows, E, h.wv, h.dt, h.bv, qkv + 2 * E, W3, scratch);
+    for (int i = PROJ_Q; i <= PROJ_V; i++) cached_project(ctx, xf, rows, E, h.w[i], h.dt, h.b[i], qkv + i * E, W3, scratch);
     attn__round_to(dt, qkv, rows * W3); // the projections are tensors of the module's type
     ATTN_RETURN_IF_ERR(attn_kv_cache_append(ctx, cache, len, qkv + E, qkv_s, qkv + 2 * E, qkv_s)); // fits: checked
     if (dot) // qkv's q rows hold bf16 values: exact
         for (int64_t r = 0; r < rows; r++) attn__from_f32(dt, qkv + r * W3, qh + r * E, E);
     attn__sdpa_run(ctx, &run, &sh, dot ? (const void *)qh : qkv, kstore, vstore, att, NULL, NULL, scratch);
     attn__round_to(dt, att, rows * E);
-    cached_project(ctx, att, rows, E, h.wo, h.dt, h.bo, of, E, scratch);
+    cached_project(ctx, att, rows, E, h.w[PROJ_O], h.dt, h.b[PROJ_O], of, E, scratch);
     if (dt != ATTN_DTYPE_F32) attn__from_f32(dt, b.out, out, z.out);
     return ATTN_OK;
 }
