@@ -55,11 +55,12 @@ static inline int fuzz_int8_weights(const attn_ctx *ctx, attn_dtype kv_dtype) {
     return fuzz_on_int8_query(ctx, kv_dtype) && attn_isa_bf16_dot(attn_ctx_isa(ctx));
 }
 
-/* Whether those kernels round the weights of P V to int16 instead (AVX512_VNNI), and attn.h's f of
- * that rounding for S keys whose value blocks' largest finite scale magnitude is dmax:
+/* Whether those kernels round the weights of P V to int16 instead (AVX512_VNNI and AVX2), and
+ * attn.h's f of that rounding for S keys whose value blocks' largest finite scale magnitude is dmax:
  * Q (2^-9 dmax + S 2^-125), Q = 128 for Q8_0 and 8 for Q4_0. */
 static inline int fuzz_int16_weights(const attn_ctx *ctx, attn_dtype kv_dtype) {
-    return fuzz_on_int8_query(ctx, kv_dtype) && attn_ctx_isa(ctx) == ATTN_ISA_AVX512_VNNI;
+    const attn_isa isa = attn_ctx_isa(ctx);
+    return fuzz_on_int8_query(ctx, kv_dtype) && (isa == ATTN_ISA_AVX512_VNNI || isa == ATTN_ISA_AVX2);
 }
 
 static inline double fuzz_int16_term(attn_dtype kv_dtype, double dmax, int64_t S) {
