@@ -30,9 +30,7 @@ attn_status attn_convert(attn_dtype dst_dtype, void *dst, attn_dtype src_dtype, 
         float *o = dst;
         for (int64_t i = 0; i < n; i++) o[i] = attn__kv_at(src, src_dtype, i);
     } else {
-        const float *x = src;
-        uint16_t *o = dst;
-        for (int64_t i = 0; i < n; i++) o[i] = dst_dtype == ATTN_DTYPE_F16 ? attn__f32_to_f16(x[i]) : attn__f32_to_bf16(x[i]);
+        attn__from_f32(NULL, dst_dtype, src, dst, n);
     }
     return ATTN_OK;
 }
@@ -46,12 +44,24 @@ void attn__to_f32(const attn_ctx *ctx, attn_dtype dt, const void *src, float *ds
         for (int64_t i = 0; i < n; i++) dst[i] = attn__kv_at(src, dt, i);
 }
 
-void attn__from_f32(attn_dtype dt, const float *src, void *dst, int64_t n) {
+void attn__from_f32(const attn_ctx *ctx, attn_dtype dt, const float *src, void *dst, int64_t n) {
     uint16_t *h = dst;
-    if (dt == ATTN_DTYPE_BF16) // the type tested once: the loop vectorises
-        for (int64_t i = 0; i < n; i++) h[i] = attn__f32_to_bf16(src[i]);
-    else if (dt == ATTN_DTYPE_F16)
-        for (int64_t i = 0; i < n; i++) h[i] = attn__f32_to_f16(src[i]);
-    else
+    if (dt == ATTN_DTYPE_F32)
         memmove(dst, src, (size_t)n * sizeof(float));
+    else if (ctx != NULL && ctx->kernels != NULL)
+        ctx->kernels->f32_to_half(dt, src, h, n);
+    else if (dt == ATTN_DTYPE_BF16) // the type tested once: the loops vectorise
+        for (int64_t i = 0; i < n; i++) h[i] = attn__f32_to_bf16(src[i]);
+    else
+        for (int64_t i = 0; i < n; i++) h[i] = attn__f32_to_f16(src[i]);
+}
+
+void attn__round_half(const attn_ctx *ctx, attn_dtype dt, float *x, int64_t n) {
+    if (dt != ATTN_DTYPE_F16 && dt != ATTN_DTYPE_BF16) return;
+    uint16_t h[1024]; // a chunk at a time, through the context's vector conversions
+    for (int64_t i = 0; i < n; i += 1024) {
+        const int64_t c = n - i < 1024 ? n - i : 1024;
+        attn__from_f32(ctx, dt, x + i, h, c);
+        attn__to_f32(ctx, dt, h, x + i, c);
+    }
 }

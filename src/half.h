@@ -42,20 +42,20 @@ static inline float attn__f16_to_f32(uint16_t h) {
     return attn__bits_f32((sub & is_sub) | (big & ~is_sub) | sign);
 }
 
+// The three cases as selects too (a loop of them vectorises): a normal half rounds the 13 dropped
+// mantissa bits to nearest even and rebiases; below 2^-14 the sum |f| + 0.5 rounds |f| to a
+// multiple of 2^-24 (0.5's unit in the last place; to nearest even, the float addition's rounding)
+// whose count is the subnormal half (1024: the smallest normal one); 65520 and above is infinity;
+// NaN stays NaN, quiet, with the top of its payload.
 static inline uint16_t attn__f32_to_f16(float f) {
     const uint32_t u = attn__f32_bits(f), sign = (u >> 16) & 0x8000u, abs = u & 0x7fffffffu;
-    if (abs > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((abs >> 13) & 0x3ffu)); // NaN stays NaN
-    if (abs >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); // rounds to >= 65520: inf
-    if (abs < 0x38800000u) { // below 2^-14: subnormal half (or zero), rounded to nearest even
-        const float a = attn__bits_f32(abs) * 16777216.0f;  // exact: in units of 2^-24
-        const uint32_t n = (uint32_t)a;
-        const float rest = a - (float)n;
-        const uint32_t r = n + (rest > 0.5f || (rest == 0.5f && (n & 1u)));
-        return (uint16_t)(sign | r);
-    }
-    const uint32_t mant_odd = (abs >> 13) & 1u;
-    const uint32_t rounded = abs + 0xfffu + mant_odd; // round to nearest even on the 13 dropped bits
-    return (uint16_t)(sign | (((rounded - 0x38000000u) >> 13) & 0x7fffu));
+    const uint32_t nan = 0x7e00u | ((abs >> 13) & 0x3ffu);
+    const uint32_t normal = ((abs + 0xfffu + ((abs >> 13) & 1u) - 0x38000000u) >> 13) & 0x7fffu;
+    const uint32_t sub = attn__f32_bits(attn__bits_f32(abs) + 0.5f) - 0x3f000000u;
+    const uint32_t is_sub = 0u - (uint32_t)(abs < 0x38800000u), is_big = 0u - (uint32_t)(abs >= 0x477ff000u);
+    const uint32_t is_nan = 0u - (uint32_t)(abs > 0x7f800000u); // all ones or 0
+    const uint32_t finite = (sub & is_sub) | (normal & ~is_sub), big = (nan & is_nan) | (0x7c00u & ~is_nan);
+    return (uint16_t)(sign | (big & is_big) | (finite & ~is_big));
 }
 
 static inline float attn__bf16_to_f32(uint16_t h) { return attn__bits_f32((uint32_t)h << 16); }
@@ -74,15 +74,6 @@ static inline uint16_t attn__bf16_times_pow2(uint16_t v, int k) {
     const int ex = (v >> 7) & 0xff;
     if (ex != 0 && ex != 0xff && ex + k >= 1 && ex + k <= 0xfe) return (uint16_t)(v + k * 128);
     return attn__f32_to_bf16(ldexpf(attn__bf16_to_f32(v), k));
-}
-
-// x[i] = x[i] rounded to nearest even in dtype F16 (2) or BF16 (3) and back (exact), i < n: the
-// float32 value a tensor of that type would hold. Other dtypes leave x as it is.
-static inline void attn__round_to(int dtype, float *x, int64_t n) {
-    if (dtype == 2)
-        for (int64_t i = 0; i < n; i++) x[i] = attn__f16_to_f32(attn__f32_to_f16(x[i]));
-    else if (dtype == 3)
-        for (int64_t i = 0; i < n; i++) x[i] = attn__bf16_to_f32(attn__f32_to_bf16(x[i]));
 }
 
 // The block types: ATTN_QBLOCK values per block, a half scale (little-endian) then the quants.

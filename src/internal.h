@@ -111,8 +111,12 @@ static inline size_t attn__kv_bytes(attn_dtype dt, int64_t off) {
 // dst[i] = src[i] of dtype dt (F32, F16 or BF16) as float, exactly, i < n (the context's vector
 // conversion when it has kernels).
 void attn__to_f32(const attn_ctx *ctx, attn_dtype dt, const void *src, float *dst, int64_t n);
-// dst[i] (of dtype dt: F32, F16 or BF16) = src[i] rounded to nearest even, i < n.
-void attn__from_f32(attn_dtype dt, const float *src, void *dst, int64_t n);
+// dst[i] (of dtype dt: F32, F16 or BF16) = src[i] rounded to nearest even, i < n (the context's
+// vector conversion when it has kernels; ctx may be NULL).
+void attn__from_f32(const attn_ctx *ctx, attn_dtype dt, const float *src, void *dst, int64_t n);
+// x[i] = x[i] rounded to nearest even in dtype dt (F16 or BF16) and back, exactly, i < n: the float32
+// value a tensor of that type would hold. Other dtypes leave x as it is.
+void attn__round_half(const attn_ctx *ctx, attn_dtype dt, float *x, int64_t n);
 
 // ---- checked size arithmetic -------------------------------------------------------------
 // Return false on overflow (or a negative operand), true otherwise.

@@ -105,9 +105,10 @@ void attn_kv_cache_storage(attn_kv_cache *cache, void **k, int64_t k_stride[4], 
 }
 
 // Rows (B, Hkv, n) of width w from src (at stride s) into dst (B, Hkv, capacity, w) from position
-// `at`, converted to dt (block types: quantised block by block).
-static void copy_rows(const attn_kv_cache_config *c, attn_dtype dt, int64_t at, int64_t n, int64_t w,
-                      const float *src, const int64_t s[4], void *dst) {
+// `at`, converted to dt (block types: quantised block by block; halves of contiguous rows by the
+// context's vector conversion).
+static void copy_rows(const attn_ctx *ctx, const attn_kv_cache_config *c, attn_dtype dt, int64_t at, int64_t n,
+                      int64_t w, const float *src, const int64_t s[4], void *dst) {
     for (int64_t b = 0; b < c->batch; b++)
         for (int64_t h = 0; h < c->n_kv_heads; h++)
             for (int64_t i = 0; i < n; i++) {
@@ -122,10 +123,11 @@ static void copy_rows(const attn_kv_cache_config *c, attn_dtype dt, int64_t at, 
                 } else if (dt == ATTN_DTYPE_F32) {
                     float *d = (float *)dst + o;
                     for (int64_t e = 0; e < w; e++) d[e] = r[e * s[3]];
+                } else if (s[3] == 1) {
+                    attn__from_f32(ctx, dt, r, (uint16_t *)dst + o, w);
                 } else {
                     uint16_t *d = (uint16_t *)dst + o;
-                    for (int64_t e = 0; e < w; e++)
-                        d[e] = dt == ATTN_DTYPE_F16 ? attn__f32_to_f16(r[e * s[3]]) : attn__f32_to_bf16(r[e * s[3]]);
+                    for (int64_t e = 0; e < w; e++) attn__elem_set(d, dt, e, r[e * s[3]]);
                 }
             }
 }
@@ -161,8 +163,8 @@ attn_status attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, int64_t n,
     const int64_t nk[4] = {c->batch, c->n_kv_heads, n, c->head_dim}, nv[4] = {c->batch, c->n_kv_heads, n, c->head_dim_v};
     ATTN_RETURN_IF_ERR(check_strides(ctx, "k", nk, ks));
     ATTN_RETURN_IF_ERR(check_strides(ctx, "v", nv, vs));
-    copy_rows(c, c->dtype, cache->length, n, c->head_dim, k, ks, cache->k);
-    copy_rows(c, c->dtype, cache->length, n, c->head_dim_v, v, vs, cache->v);
+    copy_rows(ctx, c, c->dtype, cache->length, n, c->head_dim, k, ks, cache->k);
+    copy_rows(ctx, c, c->dtype, cache->length, n, c->head_dim_v, v, vs, cache->v);
     cache->length += n;
     return ATTN_OK;
 }

@@ -495,8 +495,8 @@ attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *m, const attn_mha_args *ar
     stage_bufs b;
     ATTN_RETURN_IF_ERR(mha_begin(ctx, m, &c, c.plan.ws_size, &ws, &b));
     attn__mha_core_run(ctx, &c.spec, &c.io, &c.plan, ws, NULL);
-    if (b.out != NULL) attn__from_f32(m->cfg.dtype, b.out, out, c.z.out); // F16 / BF16: rounded once
-    if (b.weights != NULL) attn__from_f32(m->cfg.dtype, b.weights, weights, c.z.weights);
+    if (b.out != NULL) attn__from_f32(ctx, m->cfg.dtype, b.out, out, c.z.out); // F16 / BF16: rounded once
+    if (b.weights != NULL) attn__from_f32(ctx, m->cfg.dtype, b.weights, weights, c.z.weights);
     return ATTN_OK;
 }
 
@@ -527,8 +527,8 @@ attn_status attn_mha_forward_train(attn_ctx *ctx, attn_mha *m, const attn_mha_ar
     stage_bufs b;
     ATTN_RETURN_IF_ERR(mha_begin(ctx, m, &c, c.plan.ws_size, &ws, &b));
     attn__mha_core_run(ctx, &c.spec, &c.io, &c.plan, ws, saved);
-    if (b.out != NULL) attn__from_f32(m->cfg.dtype, b.out, out, c.z.out);
-    if (b.weights != NULL) attn__from_f32(m->cfg.dtype, b.weights, weights, c.z.weights);
+    if (b.out != NULL) attn__from_f32(ctx, m->cfg.dtype, b.out, out, c.z.out);
+    if (b.weights != NULL) attn__from_f32(ctx, m->cfg.dtype, b.weights, weights, c.z.weights);
     return ATTN_OK;
 }
 
@@ -573,9 +573,9 @@ attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *m, const attn_mha_args *a
         if (bv != NULL) g.dbias_v = dparams[bv - m->params.items];
     }
     attn__mha_core_backward(ctx, &c.spec, &c.io, &c.plan, saved, c.io.out, &g, ws);
-    if (b.dquery != NULL) attn__from_f32(m->cfg.dtype, b.dquery, dquery, c.z.query);
-    if (b.dkey != NULL) attn__from_f32(m->cfg.dtype, b.dkey, dkey, c.z.key);
-    if (b.dvalue != NULL) attn__from_f32(m->cfg.dtype, b.dvalue, dvalue, c.z.value);
+    if (b.dquery != NULL) attn__from_f32(ctx, m->cfg.dtype, b.dquery, dquery, c.z.query);
+    if (b.dkey != NULL) attn__from_f32(ctx, m->cfg.dtype, b.dkey, dkey, c.z.key);
+    if (b.dvalue != NULL) attn__from_f32(ctx, m->cfg.dtype, b.dvalue, dvalue, c.z.value);
     return ATTN_OK;
 }
 
@@ -693,13 +693,13 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *m, attn_kv_cache *c
         for (int i = 0; i < PROJS; i++) h.w[i] = v.w[i], h.b[i] = v.b[i];
     }
     for (int i = PROJ_Q; i <= PROJ_V; i++) cached_project(ctx, xf, rows, E, h.w[i], h.dt, h.b[i], qkv + i * E, W3, scratch);
-    attn__round_to(dt, qkv, rows * W3); // the projections are tensors of the module's type
+    attn__round_half(ctx, dt, qkv, rows * W3); // the projections are tensors of the module's type
     ATTN_RETURN_IF_ERR(attn_kv_cache_append(ctx, cache, len, qkv + E, qkv_s, qkv + 2 * E, qkv_s)); // fits: checked
     if (dot) // qkv's q rows hold bf16 values: exact
-        for (int64_t r = 0; r < rows; r++) attn__from_f32(dt, qkv + r * W3, qh + r * E, E);
+        for (int64_t r = 0; r < rows; r++) attn__from_f32(ctx, dt, qkv + r * W3, qh + r * E, E);
     attn__sdpa_run(ctx, &run, &sh, dot ? (const void *)qh : qkv, kstore, vstore, att, NULL, NULL, scratch);
-    attn__round_to(dt, att, rows * E);
+    attn__round_half(ctx, dt, att, rows * E);
     cached_project(ctx, att, rows, E, h.w[PROJ_O], h.dt, h.b[PROJ_O], of, E, scratch);
-    if (dt != ATTN_DTYPE_F32) attn__from_f32(dt, b.out, out, z.out);
+    if (dt != ATTN_DTYPE_F32) attn__from_f32(ctx, dt, b.out, out, z.out);
     return ATTN_OK;
 }

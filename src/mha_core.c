@@ -315,9 +315,9 @@ void attn__mha_core_run(attn_ctx *ctx, const attn__mha_spec *spec, const attn__m
         }
         // the projections of a low-precision module are tensors of its type (bias_k, bias_v are)
         if (keep_float) {
-            attn__round_to(spec->dtype, b.qb + n * L * E, L * E);
-            attn__round_to(spec->dtype, b.kb + n * S2 * E, S * E);
-            attn__round_to(spec->dtype, b.vb + n * S2 * E, S * E);
+            attn__round_half(ctx, spec->dtype, b.qb + n * L * E, L * E);
+            attn__round_half(ctx, spec->dtype, b.kb + n * S2 * E, S * E);
+            attn__round_half(ctx, spec->dtype, b.vb + n * S2 * E, S * E);
         }
     }
     // q, k, v rounded to bf16 for the attention on dot products (the values of the kept copies)
@@ -351,7 +351,7 @@ void attn__mha_core_run(attn_ctx *ctx, const attn__mha_spec *spec, const attn__m
     } else {
         attn__sdpa_run(ctx, &d, &plan->sh, b.qb, b.kb, b.vb, io->out, NULL, io->weights, b.sdpa_ws);
     }
-    if (b.cb != NULL) attn__round_to(spec->dtype, b.cb, N * L * E); // the heads' output, of the type
+    if (b.cb != NULL) attn__round_half(ctx, spec->dtype, b.cb, N * L * E); // the heads' output, of the type
     // 6. output projection of the concatenated heads, or the heads themselves
     for (int64_t n = 0; n < N && b.cb != NULL; n++) {
         if (spec->wo != NULL) {

@@ -1032,9 +1032,84 @@ static void test_f16_every_value(void) {
     }
 }
 
+// Float32 rounded to a half type, modelled in double arithmetic (exact): F16 by scaling to its
+// unit in the last place, BF16 by the same at 8 significant bits; to nearest even (nearbyint),
+// overflow to infinity, NaN quiet with the top of its payload.
+static uint16_t model_half(attn_dtype dt, float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const bool f16 = dt == ATTN_DTYPE_F16;
+    const uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    if (isnan(f)) return f16 ? (uint16_t)(sign | 0x7e00u | ((u >> 13) & 0x3ffu)) : (uint16_t)((u >> 16) | 0x40u);
+    const double a = fabs((double)f);
+    const int mant = f16 ? 10 : 7, emin = f16 ? -14 : -126, bias = f16 ? 15 : 127, emax = f16 ? 15 : 127;
+    int e;
+    frexp(a, &e); // a = m 2^e, m in [0.5, 1): the leading bit is 2^(e - 1)
+    const int E = a == 0.0 || e - 1 < emin ? emin : e - 1;
+    const double units = nearbyint(ldexp(a, mant - E)); // in units of 2^(E - mant)
+    const double r = ldexp(units, E - mant);             // the rounded magnitude, exact
+    if (r >= ldexp(2.0, emax)) return (uint16_t)(sign | (f16 ? 0x7c00u : 0x7f80u));
+    if (r < ldexp(1.0, emin)) return (uint16_t)(sign | (uint16_t)ldexp(r, mant - emin)); // subnormal or zero
+    frexp(r, &e);
+    const int Er = e - 1;
+    return (uint16_t)(sign | (uint16_t)((Er + bias) << mant) | (uint16_t)(ldexp(r, mant - Er) - ldexp(1.0, mant)));
+}
+
+// cpu.h's f32_to_half of every table and attn__f32_to_f16 / attn__f32_to_bf16 against model_half:
+// every sign and exponent with the bits below each type's last place at the rounding points (0,
+// 1, just below, at and above half, all ones) over random upper bits, plus random floats, in an
+// array whose length leaves a tail past the tables' vectors.
+static void test_f32_to_half(void) {
+    uint32_t seed = 11;
+    enum { PER = 24 };
+    const int64_t n = 512 * 2 * 6 * PER + 3 * 4099 + 13;
+    float *x = malloc((size_t)n * 4);
+    uint16_t *y = malloc((size_t)n * 2);
+    int64_t k = 0;
+    for (uint32_t se = 0; se < 512; se++)          // sign and exponent
+        for (int t = 0; t < 2; t++) {              // the bits dropped: 13 (F16) or 16 (BF16)
+            const int drop = t == 0 ? 13 : 16;
+            const uint32_t half = 1u << (drop - 1), low[6] = {0, 1, half - 1, half, half + 1, (1u << drop) - 1};
+            for (int l = 0; l < 6; l++)
+                for (int r = 0; r < PER; r++) {
+                    const uint32_t upper = (lcg(&seed) << drop) & 0x7fffffu;
+                    const uint32_t u = se << 23 | upper | low[l];
+                    memcpy(&x[k++], &u, 4);
+                }
+        }
+    while (k < n) {
+        const uint32_t u = lcg(&seed) ^ (lcg(&seed) << 16);
+        memcpy(&x[k++], &u, 4);
+    }
+    for (int di = 0; di < 2; di++) {
+        const attn_dtype dt = di == 0 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16;
+        for (int64_t i = 0; i < n; i++) {
+            const uint16_t want = model_half(dt, x[i]), got = dt == ATTN_DTYPE_F16 ? attn__f32_to_f16(x[i]) : attn__f32_to_bf16(x[i]);
+            harness_checks++;
+            if (got != want) FAIL("%s of 0x%08x: scalar 0x%04x, model 0x%04x", attn_dtype_name(dt), (unsigned)attn__f32_bits(x[i]), got, want);
+        }
+        for (int isa = ATTN_ISA_GENERIC; isa <= ATTN_ISA_AVX512_VNNI; isa++) {
+            bool ok;
+            const attn__kernels *kn = attn__kernels_for((attn_isa)isa, &ok);
+            if (!ok) continue;
+            memset(y, 0xab, (size_t)n * 2);
+            kn->f32_to_half(dt, x, y, n);
+            for (int64_t i = 0; i < n; i++) {
+                const uint16_t want = model_half(dt, x[i]);
+                harness_checks++;
+                if (y[i] != want)
+                    FAIL("%s f32_to_half %s of 0x%08x (element %lld): 0x%04x, model 0x%04x", kn->name, attn_dtype_name(dt),
+                         (unsigned)attn__f32_bits(x[i]), (long long)i, y[i], want);
+            }
+        }
+    }
+    free(x), free(y);
+}
+
 int main(int argc, char **argv) {
     static const harness_case cases[] = {
         HARNESS_CASE(test_isa_requests),        HARNESS_CASE(test_f16_every_value),
+        HARNESS_CASE(test_f32_to_half),
         HARNESS_CASE(test_bf16_primitives),
         HARNESS_CASE(test_exp2_error_bound),
         HARNESS_CASE(test_size_grid),

@@ -64,6 +64,9 @@ struct attn__kernels {
                     const float *alpha, int rows, float *o, int64_t ldo);
     // y[i] = x[i] converted exactly from ATTN_DTYPE_F16 or ATTN_DTYPE_BF16 to float, n values.
     void (*half_to_f32)(attn_dtype dt, const uint16_t *x, float *y, int64_t n);
+    // y[i] = x[i] rounded to ATTN_DTYPE_F16 or ATTN_DTYPE_BF16 to nearest even, n values: the bits
+    // attn__f32_to_f16 and attn__f32_to_bf16 give.
+    void (*f32_to_half)(attn_dtype dt, const float *x, uint16_t *y, int64_t n);
     // The block types Q8_0 and Q4_0 (attn.h; blocks of 32 values along the rows, ks_row and vs_row
     // multiples of 32, D and Dv too): qk_rows_q and pv_rows_q compute what qk_rows and pv_rows do,
     // dequantising in registers; dequant_rows writes n values (a multiple of 32) of x as floats.
@@ -133,9 +136,10 @@ static inline void attn__round_bf16_any(const attn__kernels *kn, const float *x,
 extern const attn__kernels attn__kernels_generic;
 #if defined(ATTN_HAVE_AVX2)
 extern const attn__kernels attn__kernels_avx2;
-// The AVX2 philox_lanes, which the AVX-512 table shares (flash_kernels_avx2.c).
+// The AVX2 philox_lanes and f32_to_half, which the AVX-512 tables share (flash_kernels_avx2.c).
 void attn__philox_lanes_avx2(uint32_t c0, int64_t i0, uint32_t c2, uint32_t c3, uint64_t seed,
                              uint32_t w[4][ATTN_PHILOX_LANES]);
+void attn__f32_to_half_avx2(attn_dtype dt, const float *x, uint16_t *y, int64_t n);
 #endif
 #if defined(ATTN_HAVE_AVX512)
 extern const attn__kernels attn__kernels_avx512;

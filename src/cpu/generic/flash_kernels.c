@@ -184,6 +184,13 @@ static void half_to_f32_generic(attn_dtype dt, const uint16_t *x, float *y, int6
         for (int64_t i = 0; i < n; i++) y[i] = attn__bf16_to_f32(x[i]);
 }
 
+static void f32_to_half_generic(attn_dtype dt, const float *x, uint16_t *y, int64_t n) {
+    if (dt == ATTN_DTYPE_F16)
+        for (int64_t i = 0; i < n; i++) y[i] = attn__f32_to_f16(x[i]);
+    else
+        for (int64_t i = 0; i < n; i++) y[i] = attn__f32_to_bf16(x[i]);
+}
+
 // Values [off, off + n) of a row of dtype dt as floats, each converted once for all the query rows:
 // in place for F32, else into buf (the block types: off and n multiples of 32, attn__dequantize).
 static const float *row_chunk(attn_dtype dt, const void *p, int64_t off, int n, float *buf) {
@@ -300,6 +307,7 @@ const attn__kernels attn__kernels_generic = {
     .qk_rows = qk_rows_generic,
     .pv_rows = pv_rows_generic,
     .half_to_f32 = half_to_f32_generic,
+    .f32_to_half = f32_to_half_generic,
     .qk_rows_q = qk_rows_q_generic, // attn__kv_at reads every type
     .pv_rows_q = pv_rows_generic,
     .dequant_rows = attn__dequantize,

@@ -414,6 +414,36 @@ static void half_to_f32_avx2(attn_dtype dt, const uint16_t *x, float *y, int64_t
     }
 }
 
+// cpu.h's f32_to_half, also the AVX-512 tables': F16 by F16C's vcvtps2ph (to nearest even; NaN
+// quiet with the top of its payload, as attn__f32_to_f16), BF16 by attn__f32_to_bf16's integer
+// rounding on eight lanes, two vectors packed to sixteen halves; the last n % 16 values scalar.
+void attn__f32_to_half_avx2(attn_dtype dt, const float *x, uint16_t *y, int64_t n) {
+    int64_t i = 0;
+    if (dt == ATTN_DTYPE_F16) {
+        for (; i + 16 <= n; i += 16) {
+            _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+            _mm_storeu_si128((__m128i *)(y + i + 8), _mm256_cvtps_ph(_mm256_loadu_ps(x + i + 8), _MM_FROUND_TO_NEAREST_INT));
+        }
+        for (; i < n; i++) y[i] = attn__f32_to_f16(x[i]);
+        return;
+    }
+    const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1), inf = _mm256_set1_epi32(0x7f800000);
+    const __m256i magnitude = _mm256_set1_epi32(0x7fffffff), quiet = _mm256_set1_epi32(0x40);
+    for (; i + 16 <= n; i += 16) {
+        __m256i h[2];
+        for (int v = 0; v < 2; v++) {
+            const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(x + i + 8 * v));
+            const __m256i nearest = _mm256_srli_epi32(
+                _mm256_add_epi32(_mm256_add_epi32(u, bias), _mm256_and_si256(_mm256_srli_epi32(u, 16), one)), 16);
+            const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), quiet);
+            h[v] = _mm256_blendv_epi8(nearest, nan, _mm256_cmpgt_epi32(_mm256_and_si256(u, magnitude), inf));
+        }
+        // packus interleaves the 128-bit lanes: quadwords 0, 2, 1, 3 after it
+        _mm256_storeu_si256((__m256i *)(y + i), _mm256_permute4x64_epi64(_mm256_packus_epi32(h[0], h[1]), 0xD8));
+    }
+    for (; i < n; i++) y[i] = attn__f32_to_bf16(x[i]);
+}
+
 // The high and low 32 bits of the eight 32 x 32-bit products x * m: even lanes by one
 // vpmuludq, odd lanes by one on the shifted vector, blended back into place.
 static inline void mul_hilo(__m256i x, __m256i m, __m256i *hi, __m256i *lo) {
@@ -458,6 +488,7 @@ const attn__kernels attn__kernels_avx2 = {
     .qk_rows = qk_rows_avx2,
     .pv_rows = pv_rows_avx2,
     .half_to_f32 = half_to_f32_avx2,
+    .f32_to_half = attn__f32_to_half_avx2,
     .qk_rows_q = attn__qk_rows_q_avx2,
     .pv_rows_q = attn__pv_rows_q_avx2,
     .prep_q = attn__prep_q_avx2,

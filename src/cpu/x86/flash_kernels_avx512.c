@@ -370,6 +370,7 @@ static void half_to_f32_avx512(attn_dtype dt, const uint16_t *x, float *y, int64
     .qk_rows = qk_rows_avx512, \
     .pv_rows = pv_rows_avx512, \
     .half_to_f32 = half_to_f32_avx512, \
+    .f32_to_half = attn__f32_to_half_avx2, \
     .dequant_rows = attn__dequant_rows_avx512, \
     .philox_lanes = attn__philox_lanes_avx2
 
