@@ -135,8 +135,12 @@ static inline void attn__scatter(void *p, int dtype, int64_t off, int64_t stride
             for (int64_t i = 0; i < n; i++) y[i] = attn__f32_to_bf16(src[i] * scale);
         else
             for (int64_t i = 0; i < n; i++) y[i * stride] = attn__f32_to_bf16(src[i * src_stride] * scale);
-    } else {
-        for (int64_t i = 0; i < n; i++) attn__elem_set(p, dtype, off + i * stride, src[i * src_stride] * scale);
+    } else { // ATTN_DTYPE_F16, the same way
+        uint16_t *y = (uint16_t *)p + off;
+        if (stride == 1 && src_stride == 1)
+            for (int64_t i = 0; i < n; i++) y[i] = attn__f32_to_f16(src[i] * scale);
+        else
+            for (int64_t i = 0; i < n; i++) y[i * stride] = attn__f32_to_f16(src[i * src_stride] * scale);
     }
 }
 
