@@ -179,6 +179,13 @@ INLINE __m256i load_pair(const uint8_t *a, const uint8_t *b) {
 // The scales of the two keys' blocks, lane 4l + c: key l's block of column c (0 past the row's end;
 // NaN for an infinite or NaN scale), as floats.
 INLINE __m256 pair_scales(const attn_dtype dt, const uint8_t *x0, const uint8_t *x1, int blocks) {
+    if (dt == ATTN_DTYPE_Q8_0) { // two blocks a key, each scale in two lanes: one 16-bit unpack
+        const int bb = block_bytes(dt);
+        const uint32_t s0 = scale_bits(x0) | (blocks > 1 ? (uint32_t)scale_bits(x0 + bb) << 16 : 0u);
+        const uint32_t s1 = scale_bits(x1) | (blocks > 1 ? (uint32_t)scale_bits(x1 + bb) << 16 : 0u);
+        const __m128i s = _mm_insert_epi32(_mm_cvtsi32_si128((int)s0), (int)s1, 1);
+        return nan_if_infinite(_mm256_cvtph_ps(_mm_unpacklo_epi16(s, s)));
+    }
     uint64_t w[2] = {0, 0};
     for (int c = 0; c < 4; c++) {
         const int b = column_block(dt, c);
