@@ -302,15 +302,14 @@ void attn__qk_rows_q_avx2(attn_dtype dt, const void *k, int64_t ks_row, int nj, 
 
 // P V. The float form multiplies the quants as floats by the weights times their keys' block
 // scales (p * d, folded in once a key and block) in vector FMAs: 64 a key for four rows and 128
-// columns, and a conversion of the quants for every 8 of them, where the FMA ports are two of four.
-// The integer form rounds those products w = p * d of each row and block over the tile (at most
-// PV_KEYS keys) to int16 against their largest magnitude W, w' = round(w * 32767 / W) (W taken as at
-// least 2^-110), as the AVX512_VNNI table does; two keys' quants (exact in int16: Q4_0's nibbles n,
-// Q8_0's q) go in each dword, and vpmaddwd meets them with the two keys' rounded weights, its int32
-// sums added by vpaddd: 32 vpmaddwd a key for four rows and 128 columns where the float form takes 64
-// FMAs and 16 conversions, on the same two pipes of a Zen 3, the additions on any of four (the sums
-// are exact: at most 96 * 32767 * 128 in magnitude). The sums are scaled back by W / 32767; Q4_0's n - 8 is the nibbles'
-// sum less 8 times the rounded weights' sum. attn.h's kv_dtype bound gives the error this adds (each
+// columns, and a conversion of the quants for every 8 of them. The integer form rounds those
+// products w = p * d of each row and block over the tile (at most PV_KEYS keys) to int16 against
+// their largest magnitude W, w' = round(w * 32767 / W) (W taken as at least 2^-110), as the
+// AVX512_VNNI table does; two keys' quants (exact in int16: Q4_0's nibbles n, Q8_0's q) go in each
+// dword, and vpmaddwd meets them with the two keys' rounded weights, its int32 sums added by vpaddd:
+// 32 vpmaddwd and 32 vpaddd a key (the sums are exact: at most 96 * 32767 * 128 in magnitude). The
+// sums are scaled back by W / 32767; Q4_0's n - 8 is the nibbles' sum less 8 times the rounded
+// weights' sum. attn.h's kv_dtype bound gives the error this adds (each
 // weight within W / 65534 plus float32 rounding; over a tile a row's weights sum to at least their
 // largest). A tile whose weights are not all finite (an infinite or NaN block scale:
 // nan_if_infinite in group_scales) takes the float form, where such a scale makes the rows that
