@@ -27,8 +27,7 @@ attn_status attn_convert(attn_dtype dst_dtype, void *dst, attn_dtype src_dtype, 
     if (src_dtype == dst_dtype) {
         memmove(dst, src, (size_t)n * attn_dtype_size(src_dtype));
     } else if (from_half) {
-        float *o = dst;
-        for (int64_t i = 0; i < n; i++) o[i] = attn__kv_at(src, src_dtype, i);
+        attn__to_f32(NULL, src_dtype, src, dst, n);
     } else {
         attn__from_f32(NULL, dst_dtype, src, dst, n);
     }
@@ -36,12 +35,15 @@ attn_status attn_convert(attn_dtype dst_dtype, void *dst, attn_dtype src_dtype, 
 }
 
 void attn__to_f32(const attn_ctx *ctx, attn_dtype dt, const void *src, float *dst, int64_t n) {
+    const uint16_t *h = src;
     if (dt == ATTN_DTYPE_F32)
         memmove(dst, src, (size_t)n * sizeof(float));
-    else if (ctx->kernels != NULL)
-        ctx->kernels->half_to_f32(dt, src, dst, n);
+    else if (ctx != NULL && ctx->kernels != NULL)
+        ctx->kernels->half_to_f32(dt, h, dst, n);
+    else if (dt == ATTN_DTYPE_BF16) // the type tested once: the loops vectorise
+        for (int64_t i = 0; i < n; i++) dst[i] = attn__bf16_to_f32(h[i]);
     else
-        for (int64_t i = 0; i < n; i++) dst[i] = attn__kv_at(src, dt, i);
+        for (int64_t i = 0; i < n; i++) dst[i] = attn__f16_to_f32(h[i]);
 }
 
 void attn__from_f32(const attn_ctx *ctx, attn_dtype dt, const float *src, void *dst, int64_t n) {

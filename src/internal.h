@@ -109,7 +109,7 @@ static inline size_t attn__kv_bytes(attn_dtype dt, int64_t off) {
 
 // ---- element types -------------------------------------------------------------------------------
 // dst[i] = src[i] of dtype dt (F32, F16 or BF16) as float, exactly, i < n (the context's vector
-// conversion when it has kernels).
+// conversion when it has kernels; ctx may be NULL).
 void attn__to_f32(const attn_ctx *ctx, attn_dtype dt, const void *src, float *dst, int64_t n);
 // dst[i] (of dtype dt: F32, F16 or BF16) = src[i] rounded to nearest even, i < n (the context's
 // vector conversion when it has kernels; ctx may be NULL).
