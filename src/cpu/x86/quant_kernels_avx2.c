@@ -186,7 +186,15 @@ INLINE __m256 pair_scales(const attn_dtype dt, const uint8_t *x0, const uint8_t 
         const __m128i s = _mm_insert_epi32(_mm_cvtsi32_si128((int)s0), (int)s1, 1);
         return nan_if_infinite(_mm256_cvtph_ps(_mm_unpacklo_epi16(s, s)));
     }
-    uint64_t w[2] = {0, 0};
+    if (blocks >= 4) { // Q4_0, a whole group: key l's four scales in dwords 2l, 2l + 1
+        const int bb = block_bytes(dt);
+        const uint32_t a0 = scale_bits(x0) | (uint32_t)scale_bits(x0 + bb) << 16;
+        const uint32_t a1 = scale_bits(x0 + 2 * bb) | (uint32_t)scale_bits(x0 + 3 * bb) << 16;
+        const uint32_t b0 = scale_bits(x1) | (uint32_t)scale_bits(x1 + bb) << 16;
+        const uint32_t b1 = scale_bits(x1 + 2 * bb) | (uint32_t)scale_bits(x1 + 3 * bb) << 16;
+        return nan_if_infinite(_mm256_cvtph_ps(_mm_setr_epi32((int)a0, (int)a1, (int)b0, (int)b1)));
+    }
+    uint64_t w[2] = {0, 0}; // Q4_0's last group of fewer blocks
     for (int c = 0; c < 4; c++) {
         const int b = column_block(dt, c);
         if (b < blocks)
