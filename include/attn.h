@@ -117,7 +117,8 @@ ATTN_API const char *attn_dtype_name(attn_dtype dtype);
 /**
  * Converts n elements between F32 and F16 or BF16 (either way; the same type is a copy). F32 to
  * half rounds to nearest even as torch's .half() / .bfloat16(), overflow gives inf and NaN stays
- * NaN; half to F32 is exact. dst and src may be the same buffer only for the same type.
+ * NaN; half to F32 is exact. (This, as all of the library's float arithmetic, assumes the default
+ * floating-point environment: rounding to nearest, subnormals not flushed.) dst and src may be the same buffer only for the same type.
  * F32 to Q8_0 or Q4_0 quantises n values (n a multiple of 32) block by block and writes the bytes
  * ggml's reference quantisers (quantize_row_q8_0_ref, quantize_row_q4_0_ref) write for the same
  * finite input: Q8_0 d = max|x| / 127, q = roundf(x * (1/d)); Q4_0 d = x_m / -8 with x_m the

@@ -44,9 +44,9 @@ static inline float attn__f16_to_f32(uint16_t h) {
 
 // The three cases as selects too (a loop of them vectorises): a normal half rounds the 13 dropped
 // mantissa bits to nearest even and rebiases; below 2^-14 the sum |f| + 0.5 rounds |f| to a
-// multiple of 2^-24 (0.5's unit in the last place; to nearest even, the float addition's rounding)
-// whose count is the subnormal half (1024: the smallest normal one); 65520 and above is infinity;
-// NaN stays NaN, quiet, with the top of its payload.
+// multiple of 2^-24 (0.5's unit in the last place; to nearest even, the float addition's rounding
+// in the default environment) whose count is the subnormal half (1024: the smallest normal one);
+// 65520 and above is infinity; NaN stays NaN, quiet, with the top of its payload.
 static inline uint16_t attn__f32_to_f16(float f) {
     const uint32_t u = attn__f32_bits(f), sign = (u >> 16) & 0x8000u, abs = u & 0x7fffffffu;
     const uint32_t nan = 0x7e00u | ((abs >> 13) & 0x3ffu);
