@@ -22,6 +22,7 @@
 //   ./zmm_mix
 // Cycles are wall time times the clock measured by a chain of dependent adds (one a cycle).
 #define _POSIX_C_SOURCE 200809L
+#include <cpuid.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <time.h>
@@ -183,7 +184,9 @@ static void ymm_table(double ghz) {
 int main(void) {
     __builtin_cpu_init();
     const bool zmm = __builtin_cpu_supports("avx512vnni");
-    const bool ymm = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    unsigned a, b, c, d; // F16C: CPUID leaf 1, ECX bit 29 (not every compiler's __builtin_cpu_supports knows it)
+    const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
+    const bool ymm = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
     if (!zmm && !ymm) {
         fprintf(stderr, "zmm_mix: this CPU lacks AVX512-VNNI and AVX2\n");
         return 1;
