@@ -480,8 +480,8 @@ INLINE void half_sums(const attn_dtype dt, const int h, bool ints, const uint8_t
 
 // Four rows (pp: their weights in the tile, pp[0..3], advancing by ldp) and nj <= PV_KEYS keys, four
 // blocks of 32 columns at a time: first each key's four weights times each block's scale (w, two
-// blocks a vector: p * d), with their largest magnitudes and (float form) sums over the keys; then,
-// in the integer form where those weights are finite (round_weights), else in the float form, each
+// blocks a vector: p * d), with their largest magnitudes over the keys; then, in the integer form
+// where those weights are finite (round_weights), else in the float form (with their sums), each
 // block's two halves; Q4_0's n - 8 as the sum over the nibbles n less 8 times the sum of the weights;
 // the sums are added to the rows of o, scaled by alpha when `scale_o`.
 INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pp,
@@ -496,7 +496,6 @@ INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int
     for (int e0 = 0; e0 < Dv; e0 += 4 * ATTN_QBLOCK) {
         const int nbg = (Dv - e0) / ATTN_QBLOCK < 4 ? (Dv - e0) / ATTN_QBLOCK : 4;
         const uint8_t *b0 = block_at(v, dt, e0);
-        __m256 ws01 = _mm256_setzero_ps(), ws23 = ws01;
         __m256i wmax[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
         for (int j = 0; j < nj; j++) {
             const __m256 p = _mm256_broadcast_ps((const __m128 *)(pp + (int64_t)j * ldp));
@@ -506,10 +505,12 @@ INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int
             _mm256_store_ps(w + 16 * j, x01), _mm256_store_ps(w + 16 * j + 8, x23);
             wmax[0] = _mm256_max_epu32(wmax[0], _mm256_and_si256(_mm256_castps_si256(x01), magnitude));
             wmax[1] = _mm256_max_epu32(wmax[1], _mm256_and_si256(_mm256_castps_si256(x23), magnitude));
-            if (dt == ATTN_DTYPE_Q4_0) ws01 = _mm256_add_ps(ws01, x01), ws23 = _mm256_add_ps(ws23, x23);
         }
         const bool ints = round_weights(w, nj, nr, wmax, wi, unit, isum);
-        float wsum[16] __attribute__((aligned(32))); // 8 times block g's sum of row r's weights at 4g + r (Q4_0)
+        float wsum[16] __attribute__((aligned(32))); // float form: 8 times block g's sum of row r's weights at 4g + r (Q4_0)
+        __m256 ws01 = _mm256_setzero_ps(), ws23 = ws01;
+        for (int j = 0; !ints && dt == ATTN_DTYPE_Q4_0 && j < nj; j++) // the keys in order
+            ws01 = _mm256_add_ps(ws01, _mm256_load_ps(w + 16 * j)), ws23 = _mm256_add_ps(ws23, _mm256_load_ps(w + 16 * j + 8));
         _mm256_store_ps(wsum, _mm256_mul_ps(ws01, _mm256_set1_ps(8.0f)));
         _mm256_store_ps(wsum + 8, _mm256_mul_ps(ws23, _mm256_set1_ps(8.0f)));
         for (int g = 0; g < nbg; g++) {
