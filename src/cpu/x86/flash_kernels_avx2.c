@@ -160,37 +160,67 @@ static void softmax_compact(float *st, int nj, float *m, float *l, float *alpha)
     _mm_storeu_ps(m, _mm256_castps256_ps128(mx));
 }
 
-static void softmax_avx2(float *st, int nj, int br, float *m, float *l, float *alpha) {
+// The softmax of W (1 or 2) vectors of columns from st (br apart a key): each key's row of 16
+// columns is one cache line, read in the maximum pass and again in the exponential pass, so both
+// vectors of a line are taken together, the 2W exponentials of two keys in flight at once. Each
+// column's sum adds its even keys and its odd keys apart and the two at the end, whatever W is.
+static inline __attribute__((always_inline)) void softmax_cols(float *st, int nj, int br, float *m, float *l,
+                                                               float *alpha, const int W) {
     const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
+    __m256 m_old[2], mx[2], mx1[2], base[2], sum0[2], sum1[2];
+    ATTN_UNROLL
+    for (int w = 0; w < W; w++) m_old[w] = _mm256_load_ps(m + 8 * w), mx[w] = m_old[w], mx1[w] = neg_inf;
+    const float *sr = st;
+    int j = 0;
+    for (; j + 2 <= nj; j += 2, sr += 2 * br) {
+        ATTN_UNROLL
+        for (int w = 0; w < W; w++)
+            mx[w] = _mm256_max_ps(mx[w], _mm256_load_ps(sr + 8 * w)),
+            mx1[w] = _mm256_max_ps(mx1[w], _mm256_load_ps(sr + br + 8 * w));
+    }
+    ATTN_UNROLL
+    for (int w = 0; w < W; w++) {
+        if (j < nj) mx[w] = _mm256_max_ps(mx[w], _mm256_load_ps(sr + 8 * w));
+        mx[w] = _mm256_max_ps(mx[w], mx1[w]);
+        base[w] = _mm256_blendv_ps(mx[w], _mm256_setzero_ps(), _mm256_cmp_ps(mx[w], neg_inf, _CMP_EQ_OQ));
+        sum0[w] = _mm256_setzero_ps(), sum1[w] = sum0[w];
+    }
+    float *s = st;
+    for (j = 0; j + 2 <= nj; j += 2, s += 2 * br) {
+        __m256 e0[2], e1[2];
+        ATTN_UNROLL
+        for (int w = 0; w < W; w++) {
+            e0[w] = exp2_nonpos_ps(_mm256_sub_ps(_mm256_load_ps(s + 8 * w), base[w]));
+            e1[w] = exp2_nonpos_ps(_mm256_sub_ps(_mm256_load_ps(s + br + 8 * w), base[w]));
+        }
+        ATTN_UNROLL
+        for (int w = 0; w < W; w++) {
+            _mm256_store_ps(s + 8 * w, e0[w]), _mm256_store_ps(s + br + 8 * w, e1[w]);
+            sum0[w] = _mm256_add_ps(sum0[w], e0[w]), sum1[w] = _mm256_add_ps(sum1[w], e1[w]);
+        }
+    }
+    ATTN_UNROLL
+    for (int w = 0; w < W; w++) {
+        if (j < nj) {
+            const __m256 e0 = exp2_nonpos_ps(_mm256_sub_ps(_mm256_load_ps(s + 8 * w), base[w]));
+            _mm256_store_ps(s + 8 * w, e0);
+            sum0[w] = _mm256_add_ps(sum0[w], e0);
+        }
+        const __m256 a = exp2_nonpos_ps(_mm256_sub_ps(m_old[w], base[w]));
+        _mm256_store_ps(alpha + 8 * w, a);
+        _mm256_store_ps(l + 8 * w, _mm256_fmadd_ps(a, _mm256_load_ps(l + 8 * w), _mm256_add_ps(sum0[w], sum1[w])));
+        _mm256_store_ps(m + 8 * w, mx[w]);
+    }
+}
+
+static void softmax_avx2(float *st, int nj, int br, float *m, float *l, float *alpha) {
     if (br == 4) {
         softmax_compact(st, nj, m, l, alpha);
         return;
     }
-    for (int i0 = 0; i0 < br; i0 += 8) {
-        const __m256 m_old = _mm256_load_ps(m + i0);
-        __m256 mx = m_old;
-        float *s = st + i0;
-        for (int j = 0; j < nj; j++, s += br) mx = _mm256_max_ps(mx, _mm256_load_ps(s));
-        const __m256 base = _mm256_blendv_ps(mx, _mm256_setzero_ps(), _mm256_cmp_ps(mx, neg_inf, _CMP_EQ_OQ));
-        const __m256 a = exp2_nonpos_ps(_mm256_sub_ps(m_old, base));
-        __m256 sum0 = _mm256_setzero_ps(), sum1 = sum0;
-        s = st + i0;
-        int j = 0;
-        for (; j + 2 <= nj; j += 2, s += 2 * br) {
-            const __m256 e0 = exp2_nonpos_ps(_mm256_sub_ps(_mm256_load_ps(s), base));
-            const __m256 e1 = exp2_nonpos_ps(_mm256_sub_ps(_mm256_load_ps(s + br), base));
-            _mm256_store_ps(s, e0), _mm256_store_ps(s + br, e1);
-            sum0 = _mm256_add_ps(sum0, e0), sum1 = _mm256_add_ps(sum1, e1);
-        }
-        if (j < nj) {
-            const __m256 e0 = exp2_nonpos_ps(_mm256_sub_ps(_mm256_load_ps(s), base));
-            _mm256_store_ps(s, e0);
-            sum0 = _mm256_add_ps(sum0, e0);
-        }
-        _mm256_store_ps(alpha + i0, a);
-        _mm256_store_ps(l + i0, _mm256_fmadd_ps(a, _mm256_load_ps(l + i0), _mm256_add_ps(sum0, sum1)));
-        _mm256_store_ps(m + i0, mx);
-    }
+    int i0 = 0;
+    for (; i0 + 16 <= br; i0 += 16) softmax_cols(st + i0, nj, br, m + i0, l + i0, alpha + i0, 2);
+    if (i0 < br) softmax_cols(st + i0, nj, br, m + i0, l + i0, alpha + i0, 1); // br = 8
 }
 
 // ot[r][0..16) = alpha * ot[r][..] + sum_j v[j][r] * st[j][0..16) for R = 1 .. 6 output rows: 2R
