@@ -664,6 +664,55 @@ static void test_exp2_error_bound(void) {
     free(x), free(y);
 }
 
+// The float product of every table (cpu.h's gemm, which every float tile product and P V run on)
+// against double sums: every row count from 1 to 13 and 64 and 97 (the register blocks and each
+// remainder of them), A read by rows (a_cs = 1) and by columns (a_rs = 1), sums started from 0 over
+// a NaN-poisoned C and accumulated onto C; the columns past N of each row of C stay untouched.
+static void test_gemm_blocks(void) {
+    const int ms[15] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 64, 97}, ks[3] = {1, 7, 64}, ns[2] = {16, 48};
+    const int maxm = 97, maxk = 64, ldb = 64, ldc = 64;
+    float *A = malloc(sizeof(float) * maxm * maxk), *B = malloc(sizeof(float) * maxk * ldb);
+    float *C = malloc(sizeof(float) * maxm * ldc), *C0 = malloc(sizeof(float) * maxm * ldc);
+    uint32_t seed = 7;
+    for (int i = 0; i < maxm * maxk; i++) A[i] = 2.0f * rand_unit(&seed) - 1.0f;
+    for (int i = 0; i < maxk * ldb; i++) B[i] = 2.0f * rand_unit(&seed) - 1.0f;
+    for (int i = 0; i < maxm * ldc; i++) C0[i] = 2.0f * rand_unit(&seed) - 1.0f;
+    for (int isa = ATTN_ISA_GENERIC; isa <= ATTN_ISA_AMX_BF16; isa++) {
+        bool ok;
+        const attn__kernels *kn = attn__kernels_for((attn_isa)isa, &ok);
+        if (!ok) continue;
+        for (int mi = 0; mi < 15; mi++)
+            for (int ki = 0; ki < 3; ki++)
+                for (int ni = 0; ni < 2; ni++)
+                    for (int layout = 0; layout < 2; layout++)
+                        for (int acc = 0; acc < 2; acc++) {
+                            const int M = ms[mi], K = ks[ki], N = ns[ni];
+                            const int64_t a_rs = layout == 0 ? K : 1, a_cs = layout == 0 ? 1 : M;
+                            for (int i = 0; i < M * ldc; i++) C[i] = acc || i % ldc >= N ? C0[i] : NAN;
+                            kn->gemm(A, a_rs, a_cs, M, K, B, ldb, N, C, ldc, acc != 0);
+                            for (int m = 0; m < M; m++)
+                                for (int n = 0; n < ldc; n++) {
+                                    const float got = C[m * ldc + n];
+                                    harness_checks++;
+                                    if (n >= N) {
+                                        if (attn__f32_bits(got) != attn__f32_bits(C0[m * ldc + n]))
+                                            FAIL("%s gemm M%d K%d N%d: C[%d][%d] past N written", kn->name, M, K, N, m, n);
+                                        continue;
+                                    }
+                                    double want = acc ? C0[m * ldc + n] : 0.0, mag = fabs(want);
+                                    for (int k = 0; k < K; k++) {
+                                        const double p = (double)A[m * a_rs + k * a_cs] * B[k * ldb + n];
+                                        want += p, mag += fabs(p);
+                                    }
+                                    if (!(fabs(got - want) <= (K + 2) * 0x1p-24 * mag))
+                                        FAIL("%s gemm M%d K%d N%d a_rs %lld acc %d: C[%d][%d] = %.9g, want %.9g", kn->name,
+                                             M, K, N, (long long)a_rs, acc, m, n, (double)got, want);
+                                }
+                        }
+    }
+    free(A), free(B), free(C), free(C0);
+}
+
 // The online softmax kernel of every table against double precision, on wide tiles (br a multiple
 // of 16) and the compact tiles of decoding (br 4 and 8): scores in [-2, 2] with one key per column
 // 300 higher (at a different key in each column, so only each column's maximum over all of the
@@ -1119,6 +1168,7 @@ int main(int argc, char **argv) {
         HARNESS_CASE(test_decode_shapes),
         HARNESS_CASE(test_sinks),
         HARNESS_CASE(test_softmax_tiles),
+        HARNESS_CASE(test_gemm_blocks),
         HARNESS_CASE(test_non_finite_and_fully_masked),
         HARNESS_CASE(test_float_mask_past_log2_range),
         HARNESS_CASE(test_linear_and_modules),

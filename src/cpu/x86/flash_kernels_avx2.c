@@ -55,68 +55,54 @@ static void exp2_avx2(const float *x, float *y, int64_t n) {
     for (; i < n; i++) y[i] = attn__exp2f(x[i]);
 }
 
-// C[0:6, 0:16] (+)= A[0:6, 0:K] B[0:K, 0:16]: rows of A broadcast element by element (any
-// strides), B and C read as vectors (unaligned loads: row strides need not be multiples of 16).
-static inline void gemm_6x16(const float *A, int64_t a_rs, int64_t a_cs, int K, const float *B, int64_t ldb, float *C,
-                             int64_t ldc, bool acc) {
-    const float *a0 = A, *a1 = A + a_rs, *a2 = A + 2 * a_rs, *a3 = A + 3 * a_rs, *a4 = A + 4 * a_rs, *a5 = A + 5 * a_rs;
-    __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
-    if (acc) {
-        c00 = _mm256_loadu_ps(C), c01 = _mm256_loadu_ps(C + 8);
-        c10 = _mm256_loadu_ps(C + ldc), c11 = _mm256_loadu_ps(C + ldc + 8);
-        c20 = _mm256_loadu_ps(C + 2 * ldc), c21 = _mm256_loadu_ps(C + 2 * ldc + 8);
-        c30 = _mm256_loadu_ps(C + 3 * ldc), c31 = _mm256_loadu_ps(C + 3 * ldc + 8);
-        c40 = _mm256_loadu_ps(C + 4 * ldc), c41 = _mm256_loadu_ps(C + 4 * ldc + 8);
-        c50 = _mm256_loadu_ps(C + 5 * ldc), c51 = _mm256_loadu_ps(C + 5 * ldc + 8);
-    } else {
-        c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
-        c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+// C[0:R, 0:16] (+)= A[0:R, 0:K] B[0:K, 0:16] for R = 1 .. 6 rows: rows of A broadcast element by
+// element (any strides), B and C read as vectors (unaligned loads: row strides need not be
+// multiples of 16). 2R accumulators: R = 6 is the 6 x 16 block; a product's last M % 6 rows take
+// R = 4, 2 and 1, whose 8, 4 and 2 chains of FMAs keep more of the pipes busy than rows one by one.
+static inline __attribute__((always_inline)) void gemm_rx16(const float *A, int64_t a_rs, int64_t a_cs, int K,
+                                                            const float *B, int64_t ldb, float *C, int64_t ldc,
+                                                            bool acc, const int R) {
+    __m256 c[6][2];
+    ATTN_UNROLL
+    for (int r = 0; r < R; r++) {
+        c[r][0] = acc ? _mm256_loadu_ps(C + (int64_t)r * ldc) : _mm256_setzero_ps();
+        c[r][1] = acc ? _mm256_loadu_ps(C + (int64_t)r * ldc + 8) : _mm256_setzero_ps();
     }
     const float *b = B;
     for (int k = 0; k < K; k++, b += ldb) {
-        const int64_t o = (int64_t)k * a_cs;
+        const float *ak = A + (int64_t)k * a_cs;
         const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
-        __m256 x = _mm256_broadcast_ss(a0 + o);
-        c00 = _mm256_fmadd_ps(x, b0, c00), c01 = _mm256_fmadd_ps(x, b1, c01);
-        x = _mm256_broadcast_ss(a1 + o);
-        c10 = _mm256_fmadd_ps(x, b0, c10), c11 = _mm256_fmadd_ps(x, b1, c11);
-        x = _mm256_broadcast_ss(a2 + o);
-        c20 = _mm256_fmadd_ps(x, b0, c20), c21 = _mm256_fmadd_ps(x, b1, c21);
-        x = _mm256_broadcast_ss(a3 + o);
-        c30 = _mm256_fmadd_ps(x, b0, c30), c31 = _mm256_fmadd_ps(x, b1, c31);
-        x = _mm256_broadcast_ss(a4 + o);
-        c40 = _mm256_fmadd_ps(x, b0, c40), c41 = _mm256_fmadd_ps(x, b1, c41);
-        x = _mm256_broadcast_ss(a5 + o);
-        c50 = _mm256_fmadd_ps(x, b0, c50), c51 = _mm256_fmadd_ps(x, b1, c51);
+        ATTN_UNROLL
+        for (int r = 0; r < R; r++) {
+            const __m256 x = _mm256_broadcast_ss(ak + (int64_t)r * a_rs);
+            c[r][0] = _mm256_fmadd_ps(x, b0, c[r][0]), c[r][1] = _mm256_fmadd_ps(x, b1, c[r][1]);
+        }
     }
-    _mm256_storeu_ps(C, c00), _mm256_storeu_ps(C + 8, c01);
-    _mm256_storeu_ps(C + ldc, c10), _mm256_storeu_ps(C + ldc + 8, c11);
-    _mm256_storeu_ps(C + 2 * ldc, c20), _mm256_storeu_ps(C + 2 * ldc + 8, c21);
-    _mm256_storeu_ps(C + 3 * ldc, c30), _mm256_storeu_ps(C + 3 * ldc + 8, c31);
-    _mm256_storeu_ps(C + 4 * ldc, c40), _mm256_storeu_ps(C + 4 * ldc + 8, c41);
-    _mm256_storeu_ps(C + 5 * ldc, c50), _mm256_storeu_ps(C + 5 * ldc + 8, c51);
+    ATTN_UNROLL
+    for (int r = 0; r < R; r++)
+        _mm256_storeu_ps(C + (int64_t)r * ldc, c[r][0]), _mm256_storeu_ps(C + (int64_t)r * ldc + 8, c[r][1]);
 }
 
-// One row of A (the last M % 6 rows).
-static inline void gemm_1x16(const float *A, int64_t a_cs, int K, const float *B, int64_t ldb, float *C, bool acc) {
-    __m256 c0 = acc ? _mm256_loadu_ps(C) : _mm256_setzero_ps(), c1 = acc ? _mm256_loadu_ps(C + 8) : _mm256_setzero_ps();
-    const float *b = B;
-    for (int k = 0; k < K; k++, b += ldb) {
-        const __m256 x = _mm256_broadcast_ss(A + (int64_t)k * a_cs);
-        c0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(b), c0);
-        c1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(b + 8), c1);
-    }
-    _mm256_storeu_ps(C, c0), _mm256_storeu_ps(C + 8, c1);
+// All N columns of R rows.
+static inline __attribute__((always_inline)) void gemm_rows(const float *A, int64_t a_rs, int64_t a_cs, int K,
+                                                            const float *B, int64_t ldb, int N, float *C, int64_t ldc,
+                                                            bool acc, const int R) {
+    for (int n = 0; n < N; n += 16) gemm_rx16(A, a_rs, a_cs, K, B + n, ldb, C + n, ldc, acc, R);
 }
 
 static void gemm_avx2(const float *A, int64_t a_rs, int64_t a_cs, int M, int K, const float *B, int64_t ldb, int N,
                       float *C, int64_t ldc, bool acc) {
     int m = 0;
-    for (; m + 6 <= M; m += 6)
-        for (int n = 0; n < N; n += 16)
-            gemm_6x16(A + (int64_t)m * a_rs, a_rs, a_cs, K, B + n, ldb, C + (int64_t)m * ldc + n, ldc, acc);
-    for (; m < M; m++)
-        for (int n = 0; n < N; n += 16) gemm_1x16(A + (int64_t)m * a_rs, a_cs, K, B + n, ldb, C + (int64_t)m * ldc + n, acc);
+    for (; m + 6 <= M; m += 6) gemm_rows(A + (int64_t)m * a_rs, a_rs, a_cs, K, B, ldb, N, C + (int64_t)m * ldc, ldc, acc, 6);
+    if (m + 4 <= M) {
+        gemm_rows(A + (int64_t)m * a_rs, a_rs, a_cs, K, B, ldb, N, C + (int64_t)m * ldc, ldc, acc, 4);
+        m += 4;
+    }
+    if (m + 2 <= M) {
+        gemm_rows(A + (int64_t)m * a_rs, a_rs, a_cs, K, B, ldb, N, C + (int64_t)m * ldc, ldc, acc, 2);
+        m += 2;
+    }
+    if (m < M) gemm_rows(A + (int64_t)m * a_rs, a_rs, a_cs, K, B, ldb, N, C + (int64_t)m * ldc, ldc, acc, 1);
 }
 
 // The softmax of a compact tile of four columns (br = 4): the tile read as one array, two keys
