@@ -73,11 +73,13 @@ attn_status attn__alloc_large(attn_ctx *ctx, size_t size, void **out);
 // Returns ctx scratch of at least `size` bytes in *out (grows the owned buffer if needed).
 attn_status attn__workspace(attn_ctx *ctx, size_t size, void **out);
 
-// A bump allocator over a workspace: every piece starts on an ATTN_ALIGN boundary. Used both to
-// size a workspace (base NULL: only `used` grows) and to carve it, so the two cannot disagree.
+// A bump allocator over a workspace: every piece starts on an ATTN_ALIGN boundary (those of 4 KiB or
+// more staggered against each other: attn__arena_take). Used both to size a workspace (base NULL:
+// only `used` grows) and to carve it, so the two cannot disagree.
 typedef struct attn__arena {
     char *base;
     size_t used;
+    int tiles; // pieces of 4 KiB or more taken so far (attn__arena_take staggers them)
 } attn__arena;
 void *attn__arena_take(attn__arena *a, size_t bytes);
 

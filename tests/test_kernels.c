@@ -664,6 +664,40 @@ static void test_exp2_error_bound(void) {
     free(x), free(y);
 }
 
+// The scratch arena: sizing (no base) and carving take the same bytes; every piece is aligned,
+// inside the size and after the one before; pieces of 4 KiB or more, here all multiples of 4 KiB as
+// the tiles are, start at addresses modulo 4096 that differ from those of the 63 such pieces before
+// (attn__arena_take).
+static void test_arena_pieces(void) {
+    enum { N = 200 };
+    size_t sizes[N];
+    for (int i = 0; i < N; i++) sizes[i] = i % 3 == 1 ? (size_t)(24 + i) : (size_t)(1 + i % 4) * 4096;
+    attn__arena sz = {0};
+    for (int i = 0; i < N; i++) harness_checks++, (void)attn__arena_take(&sz, sizes[i]);
+    char *base = aligned_alloc(4096, (sz.used + 4095) / 4096 * 4096);
+    if (base == NULL) FAIL("out of memory");
+    attn__arena a = {.base = base};
+    int large = 0;
+    size_t large_mod[N], end = 0;
+    for (int i = 0; i < N; i++) {
+        const size_t at = (size_t)((char *)attn__arena_take(&a, sizes[i]) - base);
+        harness_checks++;
+        if (at % ATTN_ALIGN != 0 || at < end || at + sizes[i] > sz.used)
+            FAIL("arena piece %d (%zu bytes) at %zu: the one before ends at %zu, size %zu", i, sizes[i], at, end, sz.used);
+        end = at + sizes[i];
+        if (sizes[i] < 4096) continue;
+        for (int k = 0; k < large && k < 63; k++) {
+            harness_checks++;
+            if (large_mod[large - 1 - k] == at % 4096)
+                FAIL("arena pieces of 4 KiB or more %d apart start at the same address modulo 4096 (%zu)", k + 1, at % 4096);
+        }
+        large_mod[large++] = at % 4096;
+    }
+    harness_checks++;
+    if (a.used != sz.used) FAIL("arena: carved %zu bytes, sized %zu", a.used, sz.used);
+    free(base);
+}
+
 // The float product of every table (cpu.h's gemm, which every float tile product and P V run on)
 // against double sums: every row count from 1 to 13 and 64 and 97 (the register blocks and each
 // remainder of them), A read by rows (a_cs = 1) and by columns (a_rs = 1), sums started from 0 over
@@ -1169,6 +1203,7 @@ int main(int argc, char **argv) {
         HARNESS_CASE(test_sinks),
         HARNESS_CASE(test_softmax_tiles),
         HARNESS_CASE(test_gemm_blocks),
+        HARNESS_CASE(test_arena_pieces),
         HARNESS_CASE(test_non_finite_and_fully_masked),
         HARNESS_CASE(test_float_mask_past_log2_range),
         HARNESS_CASE(test_linear_and_modules),
