@@ -664,6 +664,50 @@ static void test_exp2_error_bound(void) {
     free(x), free(y);
 }
 
+// The float P V of every table against double sums: ot[d][i] = alpha[i] ot[d][i] + sum_j v[j][d]
+// st[j][i] for output rows Dv from 1 to 13, 64 and 97 (the register blocks and their remainders),
+// tiles of 16 to 128 columns (32-column blocks and a 16-column tail), value rows in place (vs_d = 1)
+// or strided (a transposed layout).
+static void test_pv_blocks(void) {
+    const int dvs[15] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 64, 97}, brs[4] = {16, 32, 48, 128}, njs[3] = {1, 7, 96};
+    const int maxdv = 97, maxbr = 128, maxnj = 96;
+    float *v = malloc(sizeof(float) * maxnj * maxdv), *st = aligned_alloc(64, sizeof(float) * maxnj * maxbr);
+    float *ot = aligned_alloc(64, sizeof(float) * maxdv * maxbr), *o0 = malloc(sizeof(float) * maxdv * maxbr);
+    _Alignas(64) float alpha[128];
+    uint32_t seed = 11;
+    for (int i = 0; i < maxnj * maxdv; i++) v[i] = 2.0f * rand_unit(&seed) - 1.0f;
+    for (int i = 0; i < maxnj * maxbr; i++) st[i] = rand_unit(&seed);
+    for (int i = 0; i < maxdv * maxbr; i++) o0[i] = 2.0f * rand_unit(&seed) - 1.0f;
+    for (int i = 0; i < maxbr; i++) alpha[i] = i % 5 == 0 ? 0.0f : rand_unit(&seed);
+    for (int isa = ATTN_ISA_GENERIC; isa <= ATTN_ISA_AMX_BF16; isa++) {
+        bool ok;
+        const attn__kernels *kn = attn__kernels_for((attn_isa)isa, &ok);
+        if (!ok) continue;
+        for (int di = 0; di < 15; di++)
+            for (int bi = 0; bi < 4; bi++)
+                for (int ni = 0; ni < 3; ni++)
+                    for (int layout = 0; layout < 2; layout++) {
+                        const int Dv = dvs[di], br = brs[bi], nj = njs[ni];
+                        const int64_t vs_row = layout == 0 ? Dv : 1, vs_d = layout == 0 ? 1 : nj;
+                        memcpy(ot, o0, sizeof(float) * (size_t)(Dv * br));
+                        kn->pv(v, vs_row, vs_d, nj, Dv, st, br, alpha, ot);
+                        for (int d = 0; d < Dv; d++)
+                            for (int i = 0; i < br; i++) {
+                                double want = (double)alpha[i] * o0[d * br + i], mag = fabs(want);
+                                for (int j = 0; j < nj; j++) {
+                                    const double p = (double)v[j * vs_row + d * vs_d] * st[j * br + i];
+                                    want += p, mag += fabs(p);
+                                }
+                                harness_checks++;
+                                if (!(fabs(ot[d * br + i] - want) <= (nj + 2) * 0x1p-24 * mag))
+                                    FAIL("%s pv Dv %d br %d nj %d vs_d %lld: ot[%d][%d] = %.9g, want %.9g", kn->name, Dv,
+                                         br, nj, (long long)vs_d, d, i, (double)ot[d * br + i], want);
+                            }
+                    }
+    }
+    free(v), free(st), free(ot), free(o0);
+}
+
 // The scratch arena: sizing (no base) and carving take the same bytes; every piece is aligned,
 // inside the size and after the one before; pieces of 4 KiB or more, here all multiples of 4 KiB as
 // the tiles are, start at addresses modulo 4096 that differ from those of the 63 such pieces before
@@ -1203,6 +1247,7 @@ int main(int argc, char **argv) {
         HARNESS_CASE(test_sinks),
         HARNESS_CASE(test_softmax_tiles),
         HARNESS_CASE(test_gemm_blocks),
+        HARNESS_CASE(test_pv_blocks),
         HARNESS_CASE(test_arena_pieces),
         HARNESS_CASE(test_non_finite_and_fully_masked),
         HARNESS_CASE(test_float_mask_past_log2_range),
