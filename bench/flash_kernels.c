@@ -5,7 +5,8 @@
 // BR D each a tile), nanoseconds a tile for the softmax, and the three together as GFLOP/s of the
 // tile's two products, each the fastest of PASSES passes, then the three together's median pass:
 // the kernels' instruction cost without the rest of a forward call (the gathering of q, masks, the
-// output). Compare the products with the one-thread FMA peak of bench/peak.c measured in the same
+// output). The query, score and output tiles are carved by the library's scratch arena, as a forward
+// work item's are, so that their addresses lie against each other the same way. Compare the products with the one-thread FMA peak of bench/peak.c measured in the same
 // minute.
 //
 // More tiles than L2 holds (at D = 64, 24 KiB of keys and 24 of values a tile) make the kernels
@@ -106,10 +107,17 @@ int main(int argc, char **argv) {
     const int passes = tiles <= TILES ? PASSES : (PASSES * TILES / tiles > 20 ? PASSES * TILES / tiles : 20);
     bufs b;
     b.tiles = tiles, b.prefetch = prefetch;
-    b.qt = alloc_floats((int64_t)D * BR), b.st = alloc_floats((int64_t)FLASH_BC * BR), b.ot = alloc_floats((int64_t)D * BR);
+    // the three tiles carved from one block by the library's scratch arena, in flash_fwd.c's order,
+    // so that they lie against each other as a forward work item's do (attn__arena_take)
+    attn__arena sized = {0};
+    const size_t qt_bytes = (size_t)D * BR * sizeof(float), st_bytes = (size_t)FLASH_BC * BR * sizeof(float);
+    (void)attn__arena_take(&sized, qt_bytes), (void)attn__arena_take(&sized, st_bytes), (void)attn__arena_take(&sized, qt_bytes);
+    char *tiles_block = aligned_alloc(4096, (sized.used + 4095) / 4096 * 4096);
+    attn__arena carve = {.base = tiles_block};
+    b.qt = attn__arena_take(&carve, qt_bytes), b.st = attn__arena_take(&carve, st_bytes), b.ot = attn__arena_take(&carve, qt_bytes);
     b.k = alloc_floats((int64_t)tiles * FLASH_BC * D), b.v = alloc_floats((int64_t)tiles * FLASH_BC * D);
     double *all_t = malloc(sizeof(double) * (size_t)passes);
-    if (b.qt == NULL || b.st == NULL || b.ot == NULL || b.k == NULL || b.v == NULL || all_t == NULL) return 1;
+    if (tiles_block == NULL || b.st == NULL || b.ot == NULL || b.k == NULL || b.v == NULL || all_t == NULL) return 1;
     // q pre-scaled as flash_fwd.c scales it (1/sqrt(D) log2(e)), so the scores stay small
     fill(b.qt, (int64_t)D * BR, 3.0f * 1.4426950f / sqrtf((float)D), 1u);
     fill(b.k, (int64_t)tiles * FLASH_BC * D, 3.0f, 2u);
@@ -145,6 +153,6 @@ int main(int argc, char **argv) {
         sink += (double)b.ot[1] + (double)b.ot[(int64_t)D * BR - 1] + (double)b.l[0];
     }
     printf("(sink %g)\n", sink);
-    free(b.qt), free(b.st), free(b.ot), free(b.k), free(b.v), free(all_t);
+    free(tiles_block), free(b.k), free(b.v), free(all_t);
     return 0;
 }
