@@ -258,6 +258,25 @@ static void test_window_alibi_softcap_half(void) {
     check_problem(&nanw, 641u);
 }
 
+// Value rows a multiple of 512 bytes apart (Dv = 128, 256), which the forward copies or converts
+// into a tile with padded rows (flash_fwd.c, attn__fwd_copies_v): float32, half precision, causal,
+// masks, dropout, and an infinite value (the tile's zero-skipping P V on the copy).
+static void test_value_rows_512(void) {
+    for (int c = 0; c <= 2; c++) {
+        problem p = {1, 2, 1, 130, 200, 128, 128, (attn_causal)c, c, c == 1 ? 1 : 0, 0.0f, c == 2 ? 0.2 : 0.0, 0, NO_EXT};
+        check_problem(&p, 671u + (uint32_t)c);
+    }
+    problem wide = {2, 2, 2, 70, 100, 64, 256, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, 0, NO_EXT};
+    check_problem(&wide, 681u);
+    for (int poison = 2; poison <= 4; poison += 2) {
+        problem inf = {1, 2, 1, 40, 150, 128, 128, ATTN_CAUSAL_NONE, 0, 0, 0.0f, 0.0, poison, NO_EXT};
+        check_problem(&inf, 683u + (uint32_t)poison);
+    }
+    problem half = {1, 2, 1, 70, 130, 128, 128, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 0, 0.0f,
+                    ATTN_DTYPE_F16, 0};
+    check_problem(&half, 691u);
+}
+
 // Attention sinks on every path that ends a softmax row: the tiled forward (fully masked rows from
 // causal alignment, a mask or a window, dropout, half precision, ALiBi and soft-capping beside), the
 // decoding path (one and several chunks), and sinks that take all the weight, none, or are NaN or
@@ -1242,6 +1261,7 @@ int main(int argc, char **argv) {
         HARNESS_CASE(test_size_grid),
         HARNESS_CASE(test_options),
         HARNESS_CASE(test_window_alibi_softcap_half),
+        HARNESS_CASE(test_value_rows_512),
         HARNESS_CASE(test_half_error_bound),
         HARNESS_CASE(test_decode_shapes),
         HARNESS_CASE(test_sinks),

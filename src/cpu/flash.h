@@ -26,7 +26,9 @@ typedef struct attn__fwd_tiles {
     float *ot;              // (Dv, brp) output accumulator
     float *m, *l, *alpha;   // (brp) running max (log2), sum, rescale factor
     float *th;              // (BC, brp) tanh of soft-capped scores (with softcap)
-    float *kf, *vf;         // (BC, D), (BC, Dv): a half-precision key and value tile as floats
+    float *kf;              // (BC, D): a half-precision key tile as floats
+    float *vf;              // (BC, vld): a half-precision value tile as floats, or a float32 one copied
+    int64_t vld;            // vf's row stride (Dv, or Dv + 16: flash_fwd.c's vtile_ld)
     // With bf16 dot products (`dot`; cpu.h's gemm_bf16, its "packed in pairs" layouts), instead of
     // qt, ot, kf and vf:
     int dvp;                // Dv rounded up to a multiple of 16
@@ -37,6 +39,10 @@ typedef struct attn__fwd_tiles {
 } attn__fwd_tiles;
 size_t attn__fwd_tiles_layout(const attn__sdpa_shape *sh, const attn_sdpa_desc *d, int brp, bool dot,
                               attn__fwd_tiles *t, char *base);
+// Whether the float32 forward copies each value tile into vf: value rows (float32, elements
+// contiguous) a multiple of 512 bytes apart, which P V would read down a column through a few of L1's
+// sets (flash_fwd.c's vtile_ld).
+bool attn__fwd_copies_v(const attn_sdpa_desc *d, bool dot);
 // O^T += V^T P^T with a loop that skips zero weights, for value tiles holding NaN or inf.
 void attn__pv_skipping_zeros(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
                              const float *alpha, float *ot);
@@ -105,10 +111,11 @@ bool attn__fwd_dot_applies(const attn__kernels *kn, const attn_sdpa_desc *d, con
 void attn__pair_tile_bf16(const attn__kernels *kn, const uint16_t *x, const int64_t s[4], int64_t b, int64_t h,
                           int64_t i0, int64_t nr, int64_t n, int64_t w, float p2, uint16_t *y);
 
-// Rows [0, nj) of a half-precision or block-quantised (Q8_0, Q4_0: es = 1, rs a multiple of 32) key
-// or value tile (row stride rs, element stride es) converted to floats, (nj, n) contiguous.
+// Rows [0, nj) of a key or value tile (row stride rs, element stride es) of any cache type (F32;
+// half precision; block-quantised, Q8_0 and Q4_0: es = 1, rs a multiple of 32) as floats, (nj, n),
+// rows ld floats apart.
 void attn__half_tile(const attn__kernels *kn, attn_dtype dt, const void *src, int64_t rs, int64_t es, int nj,
-                     int64_t n, float *dst);
+                     int64_t n, int64_t ld, float *dst);
 
 // The fused backward (flash_bwd.c).
 size_t attn__flash_bwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d,

@@ -45,6 +45,18 @@ typedef struct flash_job {
     size_t per_thread;
 } flash_job;
 
+// The row stride of a value tile in scratch: Dv floats, 16 more where Dv floats are a multiple of 512
+// bytes. P V walks a column of the tile down its rows (a block of output rows against every key),
+// and rows 512 bytes apart fall into 8 of a 32 KiB L1's 64 sets, too few ways for a tile's 96 rows
+// beside the weights' (whose rows, 128 queries, are 512 bytes apart too): at D = 128 the AVX2 P V in
+// L2 read 89 GFLOP/s with value rows 512 bytes apart, 94-96 with 576.
+static int64_t vtile_ld(int64_t Dv) { return Dv % 128 == 0 ? Dv + 16 : Dv; }
+
+bool attn__fwd_copies_v(const attn_sdpa_desc *d, bool dot) {
+    return !dot && d->kv_dtype == ATTN_DTYPE_F32 && d->v_stride[3] == 1 && d->v_stride[2] != 0 &&
+           d->v_stride[2] % 128 == 0;
+}
+
 size_t attn__fwd_tiles_layout(const attn__sdpa_shape *sh, const attn_sdpa_desc *d, int brp, bool dot,
                               attn__fwd_tiles *t, char *base) {
     attn__arena a = {.base = base};
@@ -60,7 +72,8 @@ size_t attn__fwd_tiles_layout(const attn__sdpa_shape *sh, const attn_sdpa_desc *
     x.alpha = attn__arena_take(&a, (size_t)brp * f);
     x.th = d->softcap > 0.0f ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)brp * f) : NULL;
     x.kf = half ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)sh->D * f) : NULL;
-    x.vf = half ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)sh->Dv * f) : NULL;
+    x.vld = vtile_ld(sh->Dv);
+    x.vf = half || attn__fwd_copies_v(d, dot) ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)x.vld * f) : NULL;
     x.qp = dot ? attn__arena_take(&a, (size_t)sh->D * (size_t)brp * h) : NULL;
     x.pp = dot ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)brp * h) : NULL;
     x.vp = dot ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)x.dvp * h) : NULL;
@@ -69,15 +82,17 @@ size_t attn__fwd_tiles_layout(const attn__sdpa_shape *sh, const attn_sdpa_desc *
     return a.used;
 }
 
-// Rows [j0, j0+nj) of a half-precision or block-quantised k or v head (row stride rs, element
-// stride es; block types: es = 1, rs a multiple of the block) as floats (nj, n) contiguous.
+// Rows [0, nj) of a k or v tile of any cache type (row stride rs, element stride es; block types:
+// es = 1, rs a multiple of the block) as floats (nj, n), rows ld apart (flash.h).
 void attn__half_tile(const attn__kernels *kn, attn_dtype dt, const void *src, int64_t rs, int64_t es, int nj,
-                     int64_t n, float *dst) {
+                     int64_t n, int64_t ld, float *dst) {
     const size_t row_bytes = attn__kv_bytes(dt, rs); // rows rs elements apart (a whole number of blocks)
     for (int j = 0; j < nj; j++) {
         const void *r = (const char *)src + (size_t)j * row_bytes;
-        float *o = dst + (int64_t)j * n;
-        if (attn__is_block_dtype(dt))
+        float *o = dst + (int64_t)j * ld;
+        if (dt == ATTN_DTYPE_F32 && es == 1)
+            memcpy(o, r, (size_t)n * sizeof(float));
+        else if (attn__is_block_dtype(dt))
             kn->dequant_rows(dt, r, o, n);
         else if (es == 1)
             kn->half_to_f32(dt, r, o, n);
@@ -281,9 +296,12 @@ static void flash_task(void *arg, int64_t task, int thread) {
         const float *vt = (const float *)(vbase + attn__kv_bytes(d->kv_dtype, j0 * d->v_stride[2]));
         int64_t ks_row = d->k_stride[2], ks_d = d->k_stride[3], vs_row = d->v_stride[2], vs_d = d->v_stride[3];
         if (half) {
-            attn__half_tile(J->kn, d->kv_dtype, kt, ks_row, ks_d, nj, D, t.kf);
-            attn__half_tile(J->kn, d->kv_dtype, vt, vs_row, vs_d, nj, Dv, t.vf);
-            kt = t.kf, vt = t.vf, ks_row = D, ks_d = 1, vs_row = Dv, vs_d = 1;
+            attn__half_tile(J->kn, d->kv_dtype, kt, ks_row, ks_d, nj, D, D, t.kf);
+            kt = t.kf, ks_row = D, ks_d = 1;
+        }
+        if (t.vf != NULL) { // half precision, or float32 rows a multiple of 512 bytes apart
+            attn__half_tile(J->kn, d->kv_dtype, vt, vs_row, vs_d, nj, Dv, t.vld, t.vf);
+            vt = t.vf, vs_row = t.vld, vs_d = 1;
         }
         // the bounds alone hide some of this tile's scores: the bf16 products skip what they hide
         const bool bounded = !masked && attn__tile_crosses_bounds(d, sh, i0, nq, j0, nj);
