@@ -6,8 +6,8 @@
 // tile's two products, each the fastest of PASSES passes, then the three together's median pass:
 // the kernels' instruction cost without the rest of a forward call (the gathering of q, masks, the
 // output). The query, score and output tiles are carved by the library's scratch arena, as a forward
-// work item's are, so that their addresses lie against each other the same way. Compare the products with the one-thread FMA peak of bench/peak.c measured in the same
-// minute.
+// work item's are, so that their addresses lie against each other the same way. Compare the
+// products with the one-thread FMA peak of bench/peak.c measured in the same minute.
 //
 // More tiles than L2 holds (at D = 64, 24 KiB of keys and 24 of values a tile) make the kernels
 // read them from L3 or memory; with `prefetch`, the three together request the next tile's key and

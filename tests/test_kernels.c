@@ -68,7 +68,7 @@ static data make_data(const problem *p, uint32_t seed) {
     x.fkpm = malloc((size_t)(p->B * p->S) * 4), x.bkpm = malloc((size_t)(p->B * p->S));
     for (int64_t i = 0; i < nq; i++) x.q[i] = 4.0f * rand_unit(&seed) - 2.0f;
     for (int64_t i = 0; i < nk; i++) x.k[i] = 4.0f * rand_unit(&seed) - 2.0f;
-    for (int64_t i = 0; i < nv; i++) x.v[i] = 2.0f * rand_unit(&seed) - 1.0f;
+    for (int64_t i = 0; i < nv; i++) x.v[i] = rand_sym(&seed);
     for (int64_t i = 0; i < nm; i++) {
         float u = rand_unit(&seed);
         x.bmask[i] = u < 0.2f;
@@ -259,7 +259,7 @@ static void test_window_alibi_softcap_half(void) {
 }
 
 // Value rows a multiple of 512 bytes apart (Dv = 128, 256), which the forward copies or converts
-// into a tile with padded rows (flash_fwd.c, attn__fwd_copies_v): float32, half precision, causal,
+// into a tile with padded rows (flash_fwd.c's copies_v): float32, half precision, causal,
 // masks, dropout, and an infinite value (the tile's zero-skipping P V on the copy).
 static void test_value_rows_512(void) {
     for (int c = 0; c <= 2; c++) {
@@ -694,9 +694,9 @@ static void test_pv_blocks(void) {
     float *ot = aligned_alloc(64, sizeof(float) * maxdv * maxbr), *o0 = malloc(sizeof(float) * maxdv * maxbr);
     _Alignas(64) float alpha[128];
     uint32_t seed = 11;
-    for (int i = 0; i < maxnj * maxdv; i++) v[i] = 2.0f * rand_unit(&seed) - 1.0f;
+    for (int i = 0; i < maxnj * maxdv; i++) v[i] = rand_sym(&seed);
     for (int i = 0; i < maxnj * maxbr; i++) st[i] = rand_unit(&seed);
-    for (int i = 0; i < maxdv * maxbr; i++) o0[i] = 2.0f * rand_unit(&seed) - 1.0f;
+    for (int i = 0; i < maxdv * maxbr; i++) o0[i] = rand_sym(&seed);
     for (int i = 0; i < maxbr; i++) alpha[i] = i % 5 == 0 ? 0.0f : rand_unit(&seed);
     for (int isa = ATTN_ISA_GENERIC; isa <= ATTN_ISA_AMX_BF16; isa++) {
         bool ok;
@@ -771,9 +771,9 @@ static void test_gemm_blocks(void) {
     float *A = malloc(sizeof(float) * maxm * maxk), *B = malloc(sizeof(float) * maxk * ldb);
     float *C = malloc(sizeof(float) * maxm * ldc), *C0 = malloc(sizeof(float) * maxm * ldc);
     uint32_t seed = 7;
-    for (int i = 0; i < maxm * maxk; i++) A[i] = 2.0f * rand_unit(&seed) - 1.0f;
-    for (int i = 0; i < maxk * ldb; i++) B[i] = 2.0f * rand_unit(&seed) - 1.0f;
-    for (int i = 0; i < maxm * ldc; i++) C0[i] = 2.0f * rand_unit(&seed) - 1.0f;
+    for (int i = 0; i < maxm * maxk; i++) A[i] = rand_sym(&seed);
+    for (int i = 0; i < maxk * ldb; i++) B[i] = rand_sym(&seed);
+    for (int i = 0; i < maxm * ldc; i++) C0[i] = rand_sym(&seed);
     for (int isa = ATTN_ISA_GENERIC; isa <= ATTN_ISA_AMX_BF16; isa++) {
         bool ok;
         const attn__kernels *kn = attn__kernels_for((attn_isa)isa, &ok);

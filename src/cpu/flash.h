@@ -39,10 +39,6 @@ typedef struct attn__fwd_tiles {
 } attn__fwd_tiles;
 size_t attn__fwd_tiles_layout(const attn__sdpa_shape *sh, const attn_sdpa_desc *d, int brp, bool dot,
                               attn__fwd_tiles *t, char *base);
-// Whether the float32 forward copies each value tile into vf: value rows (float32, elements
-// contiguous) a multiple of 512 bytes apart, which P V would read down a column through a few of L1's
-// sets (flash_fwd.c's vtile_ld).
-bool attn__fwd_copies_v(const attn_sdpa_desc *d, bool dot);
 // O^T += V^T P^T with a loop that skips zero weights, for value tiles holding NaN or inf.
 void attn__pv_skipping_zeros(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
                              const float *alpha, float *ot);

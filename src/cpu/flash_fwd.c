@@ -52,7 +52,10 @@ typedef struct flash_job {
 // L2 read 89 GFLOP/s with value rows 512 bytes apart, 94-96 with 576.
 static int64_t vtile_ld(int64_t Dv) { return Dv % 128 == 0 ? Dv + 16 : Dv; }
 
-bool attn__fwd_copies_v(const attn_sdpa_desc *d, bool dot) {
+// Whether the float32 forward copies each value tile into vf: value rows (float32, elements
+// contiguous) a multiple of 512 bytes apart, which P V would read down a column through a few of L1's
+// sets (vtile_ld).
+static bool copies_v(const attn_sdpa_desc *d, bool dot) {
     return !dot && d->kv_dtype == ATTN_DTYPE_F32 && d->v_stride[3] == 1 && d->v_stride[2] != 0 &&
            d->v_stride[2] % 128 == 0;
 }
@@ -73,7 +76,7 @@ size_t attn__fwd_tiles_layout(const attn__sdpa_shape *sh, const attn_sdpa_desc *
     x.th = d->softcap > 0.0f ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)brp * f) : NULL;
     x.kf = half ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)sh->D * f) : NULL;
     x.vld = vtile_ld(sh->Dv);
-    x.vf = half || attn__fwd_copies_v(d, dot) ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)x.vld * f) : NULL;
+    x.vf = half || copies_v(d, dot) ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)x.vld * f) : NULL;
     x.qp = dot ? attn__arena_take(&a, (size_t)sh->D * (size_t)brp * h) : NULL;
     x.pp = dot ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)brp * h) : NULL;
     x.vp = dot ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)x.dvp * h) : NULL;
