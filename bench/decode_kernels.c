@@ -102,7 +102,7 @@ static void run(const attn__kernels *kn, attn_dtype dt, int D, bufs *b, int whic
             qk_tile(kn, dt, D, kt, FLASH_BC, b);
         } else if (which == SOFTMAX) {
             for (int r = 0; r < ROWS; r++) b->m[r] = 4.0f; // the weights stay below 1, as after a first tile
-            kn->softmax(b->st, FLASH_BC, ROWS, b->m, b->l, b->alpha);
+            kn->softmax(b->st, FLASH_BC, ROWS, ROWS, b->m, b->l, b->alpha);
         } else {
             pv_tile(kn, dt, D, vt, FLASH_BC, b);
         }
@@ -125,7 +125,7 @@ static double walk(const attn__kernels *kn, attn_dtype dt, int D, const void *k,
             const char *kt = (const char *)k + (size_t)j0 * b->row_bytes;
             const char *vt = (const char *)v + (size_t)j0 * b->row_bytes;
             qk_tile(kn, dt, D, kt, nj, b);
-            kn->softmax(b->st, nj, ROWS, b->m, b->l, b->alpha);
+            kn->softmax(b->st, nj, ROWS, ROWS, b->m, b->l, b->alpha);
             pv_tile(kn, dt, D, vt, nj, b);
         }
         const double t = (now_ns() - t0) / (double)nkeys;

@@ -686,16 +686,18 @@ static void test_exp2_error_bound(void) {
 // The float P V of every table against double sums: ot[d][i] = alpha[i] ot[d][i] + sum_j v[j][d]
 // st[j][i] for output rows Dv from 1 to 13, 64 and 97 (the register blocks and their remainders),
 // tiles of 16 to 128 columns (32-column blocks and a 16-column tail), value rows in place (vs_d = 1)
-// or strided (a transposed layout).
+// or strided (a transposed layout), the rows of st and ot br or br + 16 floats apart (the padding
+// columns NaN: neither read, which would make sums NaN, nor written).
 static void test_pv_blocks(void) {
     const int dvs[15] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 64, 97}, brs[4] = {16, 32, 48, 128}, njs[3] = {1, 7, 96};
-    const int maxdv = 97, maxbr = 128, maxnj = 96;
-    float *v = malloc(sizeof(float) * maxnj * maxdv), *st = aligned_alloc(64, sizeof(float) * maxnj * maxbr);
-    float *ot = aligned_alloc(64, sizeof(float) * maxdv * maxbr), *o0 = malloc(sizeof(float) * maxdv * maxbr);
+    const int maxdv = 97, maxbr = 128, maxnj = 96, maxld = maxbr + 16;
+    float *v = malloc(sizeof(float) * maxnj * maxdv), *s0 = malloc(sizeof(float) * maxnj * maxbr);
+    float *st = aligned_alloc(64, sizeof(float) * maxnj * maxld), *ot = aligned_alloc(64, sizeof(float) * maxdv * maxld);
+    float *o0 = malloc(sizeof(float) * maxdv * maxbr);
     _Alignas(64) float alpha[128];
     uint32_t seed = 11;
     for (int i = 0; i < maxnj * maxdv; i++) v[i] = rand_sym(&seed);
-    for (int i = 0; i < maxnj * maxbr; i++) st[i] = rand_unit(&seed);
+    for (int i = 0; i < maxnj * maxbr; i++) s0[i] = rand_unit(&seed);
     for (int i = 0; i < maxdv * maxbr; i++) o0[i] = rand_sym(&seed);
     for (int i = 0; i < maxbr; i++) alpha[i] = i % 5 == 0 ? 0.0f : rand_unit(&seed);
     for (int isa = ATTN_ISA_GENERIC; isa <= ATTN_ISA_AMX_BF16; isa++) {
@@ -705,26 +707,33 @@ static void test_pv_blocks(void) {
         for (int di = 0; di < 15; di++)
             for (int bi = 0; bi < 4; bi++)
                 for (int ni = 0; ni < 3; ni++)
-                    for (int layout = 0; layout < 2; layout++) {
-                        const int Dv = dvs[di], br = brs[bi], nj = njs[ni];
-                        const int64_t vs_row = layout == 0 ? Dv : 1, vs_d = layout == 0 ? 1 : nj;
-                        memcpy(ot, o0, sizeof(float) * (size_t)(Dv * br));
-                        kn->pv(v, vs_row, vs_d, nj, Dv, st, br, alpha, ot);
+                    for (int layout = 0; layout < 4; layout++) {
+                        const int Dv = dvs[di], br = brs[bi], nj = njs[ni], ld = layout < 2 ? br : br + 16;
+                        const int64_t vs_row = layout % 2 == 0 ? Dv : 1, vs_d = layout % 2 == 0 ? 1 : nj;
+                        for (int r = 0; r < nj; r++)
+                            for (int i = 0; i < ld; i++) st[r * ld + i] = i < br ? s0[r * br + i] : NAN;
+                        for (int r = 0; r < Dv; r++)
+                            for (int i = 0; i < ld; i++) ot[r * ld + i] = i < br ? o0[r * br + i] : NAN;
+                        kn->pv(v, vs_row, vs_d, nj, Dv, st, br, ld, alpha, ot);
                         for (int d = 0; d < Dv; d++)
-                            for (int i = 0; i < br; i++) {
+                            for (int i = 0; i < ld; i++) {
+                                if (i >= br) {
+                                    if (!isnan(ot[d * ld + i])) FAIL("%s pv ld %d: wrote padding ot[%d][%d]", kn->name, ld, d, i);
+                                    continue;
+                                }
                                 double want = (double)alpha[i] * o0[d * br + i], mag = fabs(want);
                                 for (int j = 0; j < nj; j++) {
-                                    const double p = (double)v[j * vs_row + d * vs_d] * st[j * br + i];
+                                    const double p = (double)v[j * vs_row + d * vs_d] * s0[j * br + i];
                                     want += p, mag += fabs(p);
                                 }
                                 harness_checks++;
-                                if (!(fabs(ot[d * br + i] - want) <= (nj + 2) * 0x1p-24 * mag))
-                                    FAIL("%s pv Dv %d br %d nj %d vs_d %lld: ot[%d][%d] = %.9g, want %.9g", kn->name, Dv,
-                                         br, nj, (long long)vs_d, d, i, (double)ot[d * br + i], want);
+                                if (!(fabs(ot[d * ld + i] - want) <= (nj + 2) * 0x1p-24 * mag))
+                                    FAIL("%s pv Dv %d br %d ld %d nj %d vs_d %lld: ot[%d][%d] = %.9g, want %.9g", kn->name,
+                                         Dv, br, ld, nj, (long long)vs_d, d, i, (double)ot[d * ld + i], want);
                             }
                     }
     }
-    free(v), free(st), free(ot), free(o0);
+    free(v), free(s0), free(st), free(ot), free(o0);
 }
 
 // The scratch arena: sizing (no base) and carving take the same bytes; every piece is aligned,
@@ -814,11 +823,12 @@ static void test_gemm_blocks(void) {
 // of 16) and the compact tiles of decoding (br 4 and 8): scores in [-2, 2] with one key per column
 // 300 higher (at a different key in each column, so only each column's maximum over all of the
 // tile's keys keeps exp2 finite), a column hidden so far and in this tile (m and every score
-// -inf: weights and alpha 0), -inf scores, and tiles of 1 to 97 keys.
+// -inf: weights and alpha 0), -inf scores, and tiles of 1 to 97 keys; the wide tiles' rows also
+// br + 16 floats apart, the padding columns NaN (neither read nor written).
 static void test_softmax_tiles(void) {
     const attn_isa isas[3] = {ATTN_ISA_GENERIC, ATTN_ISA_AVX2, ATTN_ISA_AVX512};
     const int brs[4] = {4, 8, 16, 32}, njs[5] = {1, 2, 3, 7, 97};
-    float *st = aligned_alloc(64, 97 * 32 * sizeof(float)), *s0 = malloc(97 * 32 * sizeof(float));
+    float *st = aligned_alloc(64, 97 * 48 * sizeof(float)), *s0 = malloc(97 * 32 * sizeof(float));
     _Alignas(64) float m[32], l[32], alpha[32];
     float m0[32], l0[32];
     uint32_t seed = 99;
@@ -826,9 +836,10 @@ static void test_softmax_tiles(void) {
         bool ok;
         const attn__kernels *kn = attn__kernels_for(isas[t], &ok);
         if (!ok) continue;
-        for (int bi = 0; bi < 4; bi++)
+        for (int bi = 0; bi < 8; bi++)
             for (int ni = 0; ni < 5; ni++) {
-                const int br = brs[bi], nj = njs[ni];
+                const int br = brs[bi % 4], nj = njs[ni], ld = bi < 4 ? br : br + 16;
+                if (ld != br && br < 16) continue; // compact tiles: ld = br
                 for (int i = 0; i < br; i++) {
                     m0[i] = i % 3 == 0 ? -INFINITY : 4.0f * rand_unit(&seed) - 2.0f;
                     l0[i] = m0[i] == -INFINITY ? 0.0f : 1.0f + rand_unit(&seed);
@@ -841,9 +852,13 @@ static void test_softmax_tiles(void) {
                         if (i == 1 || (j + i) % 11 == 5) x = -INFINITY;
                         s0[j * br + i] = x;
                     }
-                memcpy(st, s0, (size_t)(nj * br) * sizeof(float));
+                for (int j = 0; j < nj; j++)
+                    for (int i = 0; i < ld; i++) st[j * ld + i] = i < br ? s0[j * br + i] : NAN;
                 memcpy(m, m0, sizeof m), memcpy(l, l0, sizeof l);
-                kn->softmax(st, nj, br, m, l, alpha);
+                kn->softmax(st, nj, br, ld, m, l, alpha);
+                for (int j = 0; j < nj; j++)
+                    for (int i = br; i < ld; i++)
+                        if (!isnan(st[j * ld + i])) FAIL("%s softmax br %d ld %d: wrote padding [%d][%d]", kn->name, br, ld, j, i);
                 for (int i = 0; i < br; i++) {
                     double mx = m0[i];
                     for (int j = 0; j < nj; j++) mx = fmax(mx, s0[j * br + i]);
@@ -853,9 +868,9 @@ static void test_softmax_tiles(void) {
                         const double p = exp2((double)s0[j * br + i] - base);
                         sum += p;
                         harness_checks++;
-                        if (!(fabs(st[j * br + i] - p) <= 1e-6 * p + 0x1p-126)) // below 2^-126: 0
-                            FAIL("%s softmax br %d nj %d: weight [%d][%d] %.9g, want %.9g", kn->name, br, nj, j, i,
-                                 (double)st[j * br + i], p);
+                        if (!(fabs(st[j * ld + i] - p) <= 1e-6 * p + 0x1p-126)) // below 2^-126: 0
+                            FAIL("%s softmax br %d ld %d nj %d: weight [%d][%d] %.9g, want %.9g", kn->name, br, ld, nj, j,
+                                 i, (double)st[j * ld + i], p);
                     }
                     const double lw = a * l0[i] + sum;
                     harness_checks++;
@@ -974,27 +989,30 @@ static void test_bf16_primitives(void) {
         // softmax_pairs_bf16 against softmax then pack_pairs_bf16: the same bits, for an odd key count
         // and columns with hidden keys, a running maximum, and nothing seen yet; then with spans of
         // keys per 16 columns (the scores outside them -inf): odd and even ends, an empty span, a
-        // span of one key, the whole tile
+        // span of one key, the whole tile; softmax_pairs_bf16's scores in rows SL apart (the padding
+        // NaN, unread)
         if (kn->softmax_pairs_bf16 != NULL) {
-            enum { SJ = 7, SB = 32 };
+            enum { SJ = 7, SB = 32, SL = SB + 16 };
             const int32_t spans[4][4] = {{2, 5, 1, 7}, {0, 0, 6, 7}, {3, 4, 0, 7}, {4, 6, 3, 3}};
             for (int sv = 0; sv <= 4; sv++) { // sv == 4: no span
                 const int32_t *span = sv < 4 ? spans[sv] : NULL;
-                _Alignas(64) float s1[SJ * SB], s2[SJ * SB], m1[SB], m2[SB], l1[SB], l2[SB], a1[SB], a2[SB];
+                _Alignas(64) float s1[SJ * SB], s2[SJ * SL], m1[SB], m2[SB], l1[SB], l2[SB], a1[SB], a2[SB];
                 uint16_t p1[(SJ + 1) * SB], p2[(SJ + 1) * SB];
-                for (int i = 0; i < SJ * SB; i++) s1[i] = s2[i] = i % 11 == 3 ? -INFINITY : rand_sym(&seed) * 20.0f;
+                for (int i = 0; i < SJ * SB; i++) s1[i] = i % 11 == 3 ? -INFINITY : rand_sym(&seed) * 20.0f;
                 for (int i = 0; i < SB; i++) {
                     m1[i] = m2[i] = i % 4 == 0 ? -INFINITY : rand_sym(&seed) * 10.0f;
                     l1[i] = l2[i] = m1[i] == -INFINITY ? 0.0f : rand_unit(&seed) * 3.0f;
                 }
-                for (int i = 0; i < SJ; i++) s1[i * SB + 5] = s2[i * SB + 5] = -INFINITY; // a column hiding every key
+                for (int i = 0; i < SJ; i++) s1[i * SB + 5] = -INFINITY; // a column hiding every key
                 for (int j = 0; j < SJ && span != NULL; j++)
                     for (int i = 0; i < SB; i++)
-                        if (j < span[2 * (i / 16)] || j >= span[2 * (i / 16) + 1]) s1[j * SB + i] = s2[j * SB + i] = -INFINITY;
+                        if (j < span[2 * (i / 16)] || j >= span[2 * (i / 16) + 1]) s1[j * SB + i] = -INFINITY;
+                for (int j = 0; j < SJ; j++)
+                    for (int i = 0; i < SL; i++) s2[j * SL + i] = i < SB ? s1[j * SB + i] : NAN;
                 memset(p1, 0xab, sizeof p1), memset(p2, 0xcd, sizeof p2);
-                kn->softmax(s1, SJ, SB, m1, l1, a1);
+                kn->softmax(s1, SJ, SB, SB, m1, l1, a1);
                 kn->pack_pairs_bf16(s1, SB, SJ, SB, p1);
-                kn->softmax_pairs_bf16(s2, SJ, SB, m2, l2, a2, p2, span);
+                kn->softmax_pairs_bf16(s2, SJ, SB, SL, m2, l2, a2, p2, span);
                 ASSERT_TRUE(memcmp(p1, p2, sizeof(uint16_t) * (SJ + 1) * SB) == 0);
                 ASSERT_TRUE(memcmp(m1, m2, sizeof m1) == 0 && memcmp(l1, l2, sizeof l1) == 0 && memcmp(a1, a2, sizeof a1) == 0);
             }
@@ -1017,13 +1035,13 @@ static void test_bf16_primitives(void) {
                         s1[j * SB + i] = s2[j * SB + i] = sc;
                     }
                 memset(p1, 0xab, sizeof p1), memset(p2, 0xcd, sizeof p2);
-                kn->softmax(s1, SJ, SB, m1, l1, a1);
+                kn->softmax(s1, SJ, SB, SB, m1, l1, a1);
                 kn->pack_pairs_bf16(s1, SB, SJ, SB, p1);
                 const float m_old[16] = {m2[0], m2[1], m2[2], m2[3], m2[4], m2[5], m2[6], m2[7], m2[8], m2[9], m2[10],
                                          m2[11], m2[12], m2[13], m2[14], m2[15]};
                 const float l_old[16] = {l2[0], l2[1], l2[2], l2[3], l2[4], l2[5], l2[6], l2[7], l2[8], l2[9], l2[10],
                                          l2[11], l2[12], l2[13], l2[14], l2[15]};
-                kn->softmax_pairs_bf16(s2, SJ, SB, m2, l2, a2, p2, sv == 1 ? span : NULL);
+                kn->softmax_pairs_bf16(s2, SJ, SB, SB, m2, l2, a2, p2, sv == 1 ? span : NULL);
                 for (int i = 0; i < 16; i++) {
                     ASSERT_TRUE(m2[i] == m_old[i] && a2[i] == 1.0f);
                     double sum = 0.0;

@@ -9,6 +9,8 @@
 //   st (nj, BR):  S^T = K qt for the nj keys of a key tile; then, in place, P^T = exp2(S^T - m)
 //   ot (Dv, BR):  the output accumulator, transposed
 //   m, l (BR):    running maximum (log2 domain) and running sum of each query column
+// The rows of qt, st and ot lie ld floats apart (ld >= BR, a multiple of 16): the forward pads them
+// when BR floats are a multiple of 512 bytes, whose walks down a column would crowd a few of L1's sets.
 // Key and value rows are read in place from the caller's tensors with any strides.
 #ifndef ATTN_CPU_H
 #define ATTN_CPU_H
@@ -33,13 +35,16 @@ struct attn__kernels {
     // vectors: N must be a multiple of ATTN_TILE_BR_ALIGN (pad B and C).
     void (*gemm)(const float *A, int64_t a_rs, int64_t a_cs, int M, int K, const float *B, int64_t ldb, int N, float *C,
                  int64_t ldc, bool accumulate);
-    // Online softmax update of one key tile, in place (all in the log2 domain):
+    // Online softmax update of one key tile, in place (all in the log2 domain), st[j][i] standing for
+    // st[j*ld + i], columns i < br:
     //   m' = max(m, max_j st[j][i]); alpha[i] = exp2(m - m'); st = exp2(st - m');
     //   l = alpha*l + sum_j st[j][i]; m = m'. A column whose m' is -inf gets st = 0, alpha = 0.
-    //   br is a multiple of ATTN_TILE_BR_ALIGN, or 4 or 8: a compact tile of few rows (decoding).
-    void (*softmax)(float *st, int nj, int br, float *m, float *l, float *alpha);
-    // ot[d*br + i] = alpha[i] * ot[d*br + i] + sum_j v[j*vs_row + d*vs_d] * st[j*br + i]
-    void (*pv)(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
+    //   br is a multiple of ATTN_TILE_BR_ALIGN (ld too, ld >= br; columns br to ld are neither read
+    //   nor written), or 4 or 8 with ld = br: a compact tile of few rows (decoding).
+    void (*softmax)(float *st, int nj, int br, int64_t ld, float *m, float *l, float *alpha);
+    // ot[d*ld + i] = alpha[i] * ot[d*ld + i] + sum_j v[j*vs_row + d*vs_d] * st[j*ld + i] for i < br
+    // (br and ld as softmax's, br a multiple of ATTN_TILE_BR_ALIGN)
+    void (*pv)(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br, int64_t ld,
                const float *alpha, float *ot);
     // y[i] = 2^x[i] for n values, with the error bound documented in attn.h (exp2 of -inf is 0).
     void (*exp2)(const float *x, float *y, int64_t n);
@@ -97,8 +102,9 @@ struct attn__kernels {
     //   transpose_pairs_bf16: y[2*(e*w + i) + t] = x[i*ld + 2e + t] * 2^k rounded to bf16 (to nearest
     //     even; exact unless that leaves the normal range) for i < rows, 0 for rows <= i < w (a
     //     multiple of 16), e < npairs: bf16 rows (elements contiguous) in pairs along the rows.
-    //   softmax_pairs_bf16: softmax (above) for br a multiple of 16 whose weights go, rounded to bf16,
-    //     to y in pack_pairs_bf16's layout (y (ceil(nj/2), br pairs)) instead of back into st. span
+    //   softmax_pairs_bf16: softmax (above) for br a multiple of 16 (st's rows ld apart) whose weights
+    //     go, rounded to bf16, to y in pack_pairs_bf16's layout (y (ceil(nj/2), br pairs)) instead of
+    //     back into st. span
     //     (NULL: every key) holds, for columns 16c to 16c + 15, keys [span[2c], span[2c + 1]) outside
     //     which their scores are all -inf: the kernel skips those keys (their weights written 0).
     //   scale_to_bf16: y[i] = x[i] * scale (a float32 product) rounded to bf16 to nearest even, i < n,
@@ -110,7 +116,7 @@ struct attn__kernels {
     void (*round_bf16)(const float *x, int64_t n, uint16_t *y);
     void (*transpose_pairs_bf16)(const uint16_t *x, int64_t ld, int rows, int npairs, int w, int k, uint16_t *y);
     void (*scale_to_bf16)(const float *x, int64_t n, float scale, uint16_t *y);
-    void (*softmax_pairs_bf16)(float *st, int nj, int br, float *m, float *l, float *alpha, uint16_t *y,
+    void (*softmax_pairs_bf16)(float *st, int nj, int br, int64_t ld, float *m, float *l, float *alpha, uint16_t *y,
                                const int32_t *span);
     // Dropout (src/philox.h): the Philox4x32-10 words w[word][l] of the counters {c0, i0 + l, c2, c3},
     // l < ATTN_PHILOX_LANES, under key {low, high 32 bits of seed}: one key group of a tile for that
@@ -119,10 +125,11 @@ struct attn__kernels {
                          uint32_t w[4][ATTN_PHILOX_LANES]);
 };
 
-// S^T = K Q^T: st (nj, br) = k (nj, D at row/feature strides) times qt (D, br).
+// S^T = K Q^T: st (nj, br) = k (nj, D at row/feature strides) times qt (D, br), the rows of qt and
+// st ld apart.
 static inline void attn__qk(const attn__kernels *kn, const float *k, int64_t ks_row, int64_t ks_d, int nj, int D,
-                            const float *qt, int br, float *st) {
-    kn->gemm(k, ks_row, ks_d, nj, D, qt, br, br, st, br, false);
+                            const float *qt, int br, int64_t ld, float *st) {
+    kn->gemm(k, ks_row, ks_d, nj, D, qt, ld, br, st, ld, false);
 }
 
 // y[i] = x[i] rounded to bf16, i < n of any size (a table with round_bf16): the kernel on the whole
@@ -158,8 +165,8 @@ void attn__pair_rows_bf16_avx512(const uint16_t *x, int64_t ld, int rows, int co
 void attn__round_bf16_avx512(const float *x, int64_t n, uint16_t *y);
 void attn__transpose_pairs_bf16_avx512(const uint16_t *x, int64_t ld, int rows, int npairs, int w, int k, uint16_t *y);
 void attn__scale_to_bf16_avx512(const float *x, int64_t n, float scale, uint16_t *y);
-void attn__softmax_pairs_bf16_avx512(float *st, int nj, int br, float *m, float *l, float *alpha, uint16_t *pp,
-                                     const int32_t *span);
+void attn__softmax_pairs_bf16_avx512(float *st, int nj, int br, int64_t ld, float *m, float *l, float *alpha,
+                                     uint16_t *pp, const int32_t *span);
 #endif
 #if defined(ATTN_HAVE_AMXBF16)
 // The "avx512bf16" table with gemm_bf16 on AMX-BF16 tiles (flash_kernels_amx.c).

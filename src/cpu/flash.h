@@ -18,14 +18,23 @@ static inline float attn__clamp_flt(double x) {
 #define FLASH_BC 96 // keys per forward tile: a multiple of the 6-row register block
 #endif
 
+// The row stride of the forward's query, score and output tiles of brp columns: brp, 16 more where
+// brp floats are a multiple of 512 bytes (brp = 128, the usual width). The softmax's two passes and
+// P V walk the score tile down a column of 16 queries (a line a key), and 96 lines 512 bytes apart
+// fall into 8 of a 32 KiB L1's 64 sets, too few ways to keep them between passes: with 576 bytes the
+// AVX2 softmax of a 96 x 128 tile in L2 took 3.6 us instead of 4.0, and P V at D = 64 reached 98-99
+// GFLOP/s instead of 93-97 (bench/flash_kernels).
+static inline int64_t attn__fwd_tile_ld(int brp) { return brp % 128 == 0 ? brp + 16 : brp; }
+
 // A forward thread's tiles (brp query columns), carved from its scratch by attn__fwd_tiles_layout
 // (which returns the bytes; base NULL only sizes).
 typedef struct attn__fwd_tiles {
-    float *qt;              // (D, brp) queries transposed, times scale * log2 e
-    float *st;              // (BC, brp) scores, then weights
-    float *ot;              // (Dv, brp) output accumulator
+    int64_t ld;             // the row stride of qt, st, ot and th: attn__fwd_tile_ld(brp)
+    float *qt;              // (D, brp; rows ld apart) queries transposed, times scale * log2 e
+    float *st;              // (BC, brp; rows ld apart) scores, then weights
+    float *ot;              // (Dv, brp; rows ld apart) output accumulator
     float *m, *l, *alpha;   // (brp) running max (log2), sum, rescale factor
-    float *th;              // (BC, brp) tanh of soft-capped scores (with softcap)
+    float *th;              // (BC, brp; rows ld apart) tanh of soft-capped scores (with softcap)
     float *kf;              // (BC, D): a half-precision key tile as floats
     float *vf;              // (BC, vld): a half-precision value tile as floats, or a float32 one copied
     int64_t vld;            // vf's row stride (Dv, or Dv + 16: flash_fwd.c's vtile_ld)
@@ -41,7 +50,7 @@ size_t attn__fwd_tiles_layout(const attn__sdpa_shape *sh, const attn_sdpa_desc *
                               attn__fwd_tiles *t, char *base);
 // O^T += V^T P^T with a loop that skips zero weights, for value tiles holding NaN or inf.
 void attn__pv_skipping_zeros(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
-                             const float *alpha, float *ot);
+                             int64_t ld, const float *alpha, float *ot);
 
 // The bf16 dot products' score scale (scale * log2 e, given as qscale) = *qp2 * *qrest: the power of
 // two *qp2 is multiplied into the packed bf16 queries (exactly, unless that underflows) and *qrest
@@ -83,17 +92,18 @@ int attn__first_query_seeing(const attn_sdpa_desc *d, const attn__sdpa_shape *sh
 // True when the causal or window bounds cut through the tile (some of its scores are hidden).
 bool attn__tile_crosses_bounds(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i0, int nq, int64_t j0,
                                int nj);
-// The causal and window bounds alone on the score tile st (nj keys from j0, brp columns of which
-// nq are the queries from i0). Returns false when every score of the tile is hidden.
-bool attn__bounds_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int brp, int64_t i0, int nq, int64_t j0,
+// The causal and window bounds alone on the score tile st (nj keys from j0, rows ld floats apart,
+// whose first nq columns are the queries from i0). Returns false when every score of the tile is
+// hidden.
+bool attn__bounds_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t ld, int64_t i0, int nq, int64_t j0,
                        int nj, float *st);
 // The bounds, the attention mask and the key padding mask on the tile, in the log2 domain.
 // Returns false when every score of the tile is hidden.
-bool attn__mask_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int brp, int64_t b, int64_t h, int64_t i0,
+bool attn__mask_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t ld, int64_t b, int64_t h, int64_t i0,
                      int nq, int64_t j0, int nj, float *st);
-// Soft-capping and ALiBi on the tile (before the masks); th (nj x brp) receives tanh of the capped
-// scores over the cap, for the backward (unused without soft-capping).
-void attn__score_transform(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int brp,
+// Soft-capping and ALiBi on the tile (before the masks); th (nj rows ld apart) receives tanh of the
+// capped scores over the cap, for the backward (unused without soft-capping).
+void attn__score_transform(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t ld,
                            int64_t h, int64_t i0, int nq, int64_t j0, int nj, float *st, float *th);
 
 // Whether the forward (flash_fwd.c) runs on the table's bf16 dot products: bf16 q, k and v, an even

@@ -149,7 +149,7 @@ static bool tile_pair(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int6
                          BWD_BR, BWD_BR, t->st, BWD_BR, NULL, J->qrest);
     else
         attn__qk(J->kn, J->k + attn__offset4(d->k_stride, b, hk, j0, 0), d->k_stride[2], d->k_stride[3], nj,
-                 (int)sh->D, t->qt, BWD_BR, t->st);
+                 (int)sh->D, t->qt, BWD_BR, BWD_BR, t->st);
     if (d->softcap > 0.0f || d->alibi_slopes != NULL)
         attn__score_transform(J->kn, d, sh, BWD_BR, h, i0, nq, j0, nj, t->st, t->th);
     if (d->mask != NULL || d->key_padding_mask != NULL) {

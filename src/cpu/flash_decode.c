@@ -99,21 +99,22 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
     const int64_t chunk = task % J->keys.n_chunks, bhk = task / J->keys.n_chunks;
     const int64_t b = bhk / sh->Hkv, hk = bhk % sh->Hkv, L = sh->L;
     const int brp = J->brp, D = (int)sh->D, Dv = (int)sh->Dv, rows = (int)(sh->group * L);
-    const int ld = J->narrow ? (rows + 3) / 4 * 4 : brp; // the score tile's row stride (narrow: compact)
     attn__fwd_tiles t;
     attn__fwd_tiles_layout(sh, d, brp, false, &t, J->scratch + (size_t)thread * J->per_thread);
+    const int64_t ld = J->narrow ? (rows + 3) / 4 * 4 : t.ld; // the tiles' row stride (narrow: a compact st)
+    const int br = J->narrow ? (int)ld : brp;                  // the score tile's columns
 
     // qt (D, brp): column g * L + i = q[b, hk * group + g, i, :] * scale * log2(e) (narrow: qr below)
     if (!J->narrow) {
         for (int dd = 0; dd < D; dd++) {
-            float *row = t.qt + (int64_t)dd * brp;
+            float *row = t.qt + (int64_t)dd * ld;
             for (int64_t g = 0; g < sh->group; g++) {
                 const float *src = J->q + attn__offset4(d->q_stride, b, hk * sh->group + g, 0, dd);
                 for (int64_t i = 0; i < L; i++) row[g * L + i] = src[i * d->q_stride[2]] * J->qscale;
             }
             for (int r = rows; r < brp; r++) row[r] = 0.0f;
         }
-        memset(t.ot, 0, (size_t)Dv * (size_t)brp * sizeof(float));
+        memset(t.ot, 0, (size_t)Dv * (size_t)ld * sizeof(float));
     }
     for (int r = 0; r < brp; r++) t.m[r] = -INFINITY, t.l[r] = 0.0f;
 
@@ -158,7 +159,7 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
                 attn__half_tile(J->kn, d->kv_dtype, kraw, ks_row, ks_d, nj, D, D, t.kf);
                 kt = t.kf, ks_row = D, ks_d = 1;
             }
-            attn__qk(J->kn, kt, ks_row, ks_d, nj, D, t.qt, brp, t.st);
+            attn__qk(J->kn, kt, ks_row, ks_d, nj, D, t.qt, brp, ld, t.st);
         }
         bool any_visible = !(masked || attn__tile_crosses_bounds(d, sh, 0, (int)L, j0, nj));
         for (int64_t g = 0; g < sh->group; g++) { // the group's heads: column blocks of L
@@ -172,7 +173,7 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
                 any_visible |= attn__bounds_tile(d, sh, ld, 0, (int)L, j0, nj, sg);
         }
         if (!any_visible) continue;
-        J->kn->softmax(t.st, nj, ld, t.m, t.l, t.alpha);
+        J->kn->softmax(t.st, nj, br, ld, t.m, t.l, t.alpha);
         if (half && (careful || !J->narrow)) {
             attn__half_tile(J->kn, d->kv_dtype, vraw, vs_row, vs_d, nj, Dv, Dv, t.vf);
             vt = t.vf, vs_row = Dv, vs_d = 1;
@@ -194,9 +195,9 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
                                                             rows, orow, Dv);
             }
         } else if (bad) {
-            attn__pv_skipping_zeros(vt, vs_row, vs_d, nj, Dv, t.st, brp, t.alpha, t.ot);
+            attn__pv_skipping_zeros(vt, vs_row, vs_d, nj, Dv, t.st, brp, ld, t.alpha, t.ot);
         } else {
-            J->kn->pv(vt, vs_row, vs_d, nj, Dv, t.st, brp, t.alpha, t.ot);
+            J->kn->pv(vt, vs_row, vs_d, nj, Dv, t.st, brp, ld, t.alpha, t.ot);
         }
     }
     float *part = J->part + task * J->part_floats;
@@ -207,7 +208,7 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
         memcpy(po, orow, (size_t)rows * (size_t)Dv * sizeof(float));
     else
         for (int r = 0; r < rows; r++)
-            for (int e = 0; e < Dv; e++) po[(int64_t)r * Dv + e] = t.ot[(int64_t)e * brp + r];
+            for (int e = 0; e < Dv; e++) po[(int64_t)r * Dv + e] = t.ot[(int64_t)e * ld + r];
     return !attn__f32_any_nonfinite(po, (int64_t)rows * Dv);
 }
 

@@ -48,8 +48,8 @@ typedef struct flash_job {
 // The row stride of a value tile in scratch: Dv floats, 16 more where Dv floats are a multiple of 512
 // bytes. P V walks a column of the tile down its rows (a block of output rows against every key),
 // and rows 512 bytes apart fall into 8 of a 32 KiB L1's 64 sets, too few ways for a tile's 96 rows
-// beside the weights' (whose rows, 128 queries, are 512 bytes apart too): at D = 128 the AVX2 P V in
-// L2 read 89 GFLOP/s with value rows 512 bytes apart, 94-96 with 576.
+// beside the weights' (as with the score tile: attn__fwd_tile_ld): at D = 128 the AVX2 P V in L2
+// read 89 GFLOP/s with value rows 512 bytes apart, 94-96 with 576 (score rows 512 apart both times).
 static int64_t vtile_ld(int64_t Dv) { return Dv % 128 == 0 ? Dv + 16 : Dv; }
 
 // Whether the float32 forward copies each value tile into vf: value rows (float32, elements
@@ -67,13 +67,14 @@ size_t attn__fwd_tiles_layout(const attn__sdpa_shape *sh, const attn_sdpa_desc *
     const bool half = d->kv_dtype != ATTN_DTYPE_F32 && !dot;
     attn__fwd_tiles x;
     x.dvp = (int)((sh->Dv + 15) / 16 * 16);
-    x.qt = dot ? NULL : attn__arena_take(&a, (size_t)sh->D * (size_t)brp * f);
-    x.st = attn__arena_take(&a, (size_t)FLASH_BC * (size_t)brp * f);
-    x.ot = dot ? NULL : attn__arena_take(&a, (size_t)sh->Dv * (size_t)brp * f);
+    x.ld = attn__fwd_tile_ld(brp);
+    x.qt = dot ? NULL : attn__arena_take(&a, (size_t)sh->D * (size_t)x.ld * f);
+    x.st = attn__arena_take(&a, (size_t)FLASH_BC * (size_t)x.ld * f);
+    x.ot = dot ? NULL : attn__arena_take(&a, (size_t)sh->Dv * (size_t)x.ld * f);
     x.m = attn__arena_take(&a, (size_t)brp * f);
     x.l = attn__arena_take(&a, (size_t)brp * f);
     x.alpha = attn__arena_take(&a, (size_t)brp * f);
-    x.th = d->softcap > 0.0f ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)brp * f) : NULL;
+    x.th = d->softcap > 0.0f ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)x.ld * f) : NULL;
     x.kf = half ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)sh->D * f) : NULL;
     x.vld = vtile_ld(sh->Dv);
     x.vf = half || copies_v(d, dot) ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)x.vld * f) : NULL;
@@ -119,13 +120,13 @@ static int choose_br(const attn__sdpa_shape *sh, int threads) {
 }
 
 void attn__pv_skipping_zeros(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
-                              const float *alpha, float *ot) {
+                              int64_t ld, const float *alpha, float *ot) {
     for (int t = 0; t < Dv; t++) {
-        float *o = ot + (int64_t)t * br;
+        float *o = ot + (int64_t)t * ld;
         for (int i = 0; i < br; i++) o[i] *= alpha[i];
         for (int j = 0; j < nj; j++) {
             const float vv = v[(int64_t)j * vs_row + (int64_t)t * vs_d];
-            const float *p = st + (int64_t)j * br;
+            const float *p = st + (int64_t)j * ld;
             for (int i = 0; i < br; i++)
                 if (p[i] != 0.0f) o[i] += vv * p[i];
         }
@@ -162,14 +163,14 @@ void attn__pair_tile_bf16(const attn__kernels *kn, const uint16_t *x, const int6
 }
 
 // The bf16 path's O += P V for a value tile holding NaN or inf: o[i*ldo + c] = alpha[i] o[i*ldo + c]
-// + sum over the keys j whose weight st[j*br + i] is not 0 of that weight times v[j*vs_row + c].
-static void pv_rows_skipping_zeros(const uint16_t *v, int64_t vs_row, int nj, int Dv, const float *st, int br,
+// + sum over the keys j whose weight st[j*ld + i] is not 0 of that weight times v[j*vs_row + c].
+static void pv_rows_skipping_zeros(const uint16_t *v, int64_t vs_row, int nj, int Dv, const float *st, int64_t ld,
                                    const float *alpha, int nq, float *o, int64_t ldo) {
     for (int i = 0; i < nq; i++) {
         float *row = o + (int64_t)i * ldo;
         for (int c = 0; c < Dv; c++) row[c] *= alpha[i];
         for (int j = 0; j < nj; j++) {
-            const float p = st[(int64_t)j * br + i];
+            const float p = st[(int64_t)j * ld + i];
             if (p == 0.0f) continue;
             for (int c = 0; c < Dv; c++) row[c] += p * attn__bf16_to_f32(v[(int64_t)j * vs_row + c]);
         }
@@ -218,7 +219,7 @@ static void qk_bf16_trimmed(const flash_job *J, const uint16_t *kt, int64_t ks_r
         const int c0 = attn__first_query_seeing(J->d, J->sh, i0, nq, j0 + r) / 16 * 16;
         if (c0 >= brp) continue; // nq = brp queries and none sees these keys: all -inf
         J->kn->gemm_bf16(kt + (int64_t)r * ks_row, ks_row, 2, rows, D / 2, t->qp + 2 * c0, brp, brp - c0,
-                         t->st + (int64_t)r * brp + c0, brp, NULL, J->qrest);
+                         t->st + (int64_t)r * t->ld + c0, t->ld, NULL, J->qrest);
     }
 }
 
@@ -263,6 +264,7 @@ static void flash_task(void *arg, int64_t task, int thread) {
     attn__fwd_tiles t;
     const bool dot = J->dot;
     attn__fwd_tiles_layout(sh, d, brp, dot, &t, J->scratch + (size_t)thread * J->per_thread);
+    const int64_t ld = t.ld; // qt's, st's and ot's row stride
 
     if (dot) {
         // qp (D/2, brp pairs): the queries' bf16 elements times the power of two qp2
@@ -270,12 +272,12 @@ static void flash_task(void *arg, int64_t task, int thread) {
         memset(t.o, 0, (size_t)brp * (size_t)t.dvp * sizeof(float));
     } else { // qt (D, brp) = q[b, h, i0:i0+nq, :]^T * scale * log2(e) as floats, zero padding columns
         for (int dd = 0; dd < D; dd++) {
-            float *row = t.qt + (int64_t)dd * brp;
+            float *row = t.qt + (int64_t)dd * ld;
             const int64_t src = attn__offset4(d->q_stride, b, h, i0, dd);
             attn__gather(row, J->q, d->q_dtype, src, d->q_stride[2], nq, J->qscale);
             for (int i = nq; i < brp; i++) row[i] = 0.0f;
         }
-        memset(t.ot, 0, (size_t)Dv * (size_t)brp * sizeof(float));
+        memset(t.ot, 0, (size_t)Dv * (size_t)ld * sizeof(float));
     }
     for (int i = 0; i < brp; i++) t.m[i] = -INFINITY, t.l[i] = 0.0f;
 
@@ -312,14 +314,14 @@ static void flash_task(void *arg, int64_t task, int thread) {
         if (trim)
             qk_bf16_trimmed(J, (const uint16_t *)kt, ks_row, nj, &t, i0, nq, j0);
         else if (dot) // S^T (nj, brp) = scale log2(e) K Q^T, the key rows' pairs read in place
-            J->kn->gemm_bf16((const uint16_t *)kt, ks_row, 2, nj, D / 2, t.qp, brp, brp, t.st, brp, NULL, J->qrest);
+            J->kn->gemm_bf16((const uint16_t *)kt, ks_row, 2, nj, D / 2, t.qp, brp, brp, t.st, ld, NULL, J->qrest);
         else
-            attn__qk(J->kn, kt, ks_row, ks_d, nj, D, t.qt, brp, t.st);
-        if (transform) attn__score_transform(J->kn, d, sh, brp, h, i0, nq, j0, nj, t.st, t.th);
+            attn__qk(J->kn, kt, ks_row, ks_d, nj, D, t.qt, brp, ld, t.st);
+        if (transform) attn__score_transform(J->kn, d, sh, ld, h, i0, nq, j0, nj, t.st, t.th);
         if (masked) {
-            if (!attn__mask_tile(d, sh, brp, b, h, i0, nq, j0, nj, t.st)) continue; // every score hidden: nothing to add
+            if (!attn__mask_tile(d, sh, ld, b, h, i0, nq, j0, nj, t.st)) continue; // every score hidden: nothing to add
         } else if (bounded) {
-            if (!attn__bounds_tile(d, sh, brp, i0, nq, j0, nj, t.st)) continue;
+            if (!attn__bounds_tile(d, sh, ld, i0, nq, j0, nj, t.st)) continue;
         }
         const bool v_bad = J->v_bad[(b * sh->Hkv + hk) * J->n_kvtiles + j0 / FLASH_BC];
         // bf16 dot products on finite values without dropout: the weights go straight into bf16 pairs
@@ -327,25 +329,25 @@ static void flash_task(void *arg, int64_t task, int thread) {
         if (fused) { // on a trimmed tile, each 16 columns' exps over the keys they see
             int32_t span[2 * ((FLASH_BR + ATTN_TILE_BR_ALIGN - 1) / ATTN_TILE_BR_ALIGN)]; // brp / 16 pairs
             if (trim) visible_spans(J, i0, nq, j0, nj, span);
-            J->kn->softmax_pairs_bf16(t.st, nj, brp, t.m, t.l, t.alpha, t.pp, trim ? span : NULL);
+            J->kn->softmax_pairs_bf16(t.st, nj, brp, ld, t.m, t.l, t.alpha, t.pp, trim ? span : NULL);
         } else {
-            J->kn->softmax(t.st, nj, brp, t.m, t.l, t.alpha);
+            J->kn->softmax(t.st, nj, brp, ld, t.m, t.l, t.alpha);
             if (J->drop.on) // dropout: weights of dropped keys become 0 (after the row sums)
-                attn__dropout_tile(&J->drop, b, h, i0, nq, j0, nj, t.st, brp, 1.0f);
+                attn__dropout_tile(&J->drop, b, h, i0, nq, j0, nj, t.st, ld, 1.0f);
         }
         if (dot && v_bad) {
-            pv_rows_skipping_zeros((const uint16_t *)vt, vs_row, nj, Dv, t.st, brp, t.alpha, nq, t.o, t.dvp);
+            pv_rows_skipping_zeros((const uint16_t *)vt, vs_row, nj, Dv, t.st, ld, t.alpha, nq, t.o, t.dvp);
         } else if (dot) { // O (nq, dvp) = alpha O + P V: weights rounded to bf16, both paired along the keys
-            if (!fused) J->kn->pack_pairs_bf16(t.st, brp, nj, brp, t.pp);
+            if (!fused) J->kn->pack_pairs_bf16(t.st, ld, nj, brp, t.pp);
             J->kn->pair_rows_bf16((const uint16_t *)vt, vs_row, nj, Dv, t.dvp, t.vp);
             if (trim)
                 pv_bf16_trimmed(J, nj, &t, i0, nq, j0);
             else
                 J->kn->gemm_bf16(t.pp, 2, 2 * (int64_t)brp, nq, (nj + 1) / 2, t.vp, t.dvp, t.dvp, t.o, t.dvp, t.alpha, 1.0f);
         } else if (v_bad) {
-            attn__pv_skipping_zeros(vt, vs_row, vs_d, nj, Dv, t.st, brp, t.alpha, t.ot);
+            attn__pv_skipping_zeros(vt, vs_row, vs_d, nj, Dv, t.st, brp, ld, t.alpha, t.ot);
         } else {
-            J->kn->pv(vt, vs_row, vs_d, nj, Dv, t.st, brp, t.alpha, t.ot);
+            J->kn->pv(vt, vs_row, vs_d, nj, Dv, t.st, brp, ld, t.alpha, t.ot);
         }
     }
     // out = O / l (0 for a fully masked row; l with the head's sink), times the dropout scale; lse
@@ -358,7 +360,7 @@ static void flash_task(void *arg, int64_t task, int thread) {
         if (dot && d->out_dtype == ATTN_DTYPE_BF16 && d->o_stride[3] == 1 && J->kn->scale_to_bf16 != NULL)
             J->kn->scale_to_bf16(t.o + (int64_t)i * t.dvp, Dv, inv, (uint16_t *)J->out + o);
         else if (dot) attn__scatter(J->out, d->out_dtype, o, d->o_stride[3], t.o + (int64_t)i * t.dvp, 1, Dv, inv);
-        else attn__scatter(J->out, d->out_dtype, o, d->o_stride[3], t.ot + i, brp, Dv, inv);
+        else attn__scatter(J->out, d->out_dtype, o, d->o_stride[3], t.ot + i, ld, Dv, inv);
         if (J->lse != NULL) J->lse[bh * sh->L + i0 + i] = row_lse;
     }
 }

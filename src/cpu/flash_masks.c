@@ -1,5 +1,5 @@
 // flash_masks.c - what the fused forward and backward apply to a transposed score tile st (nj keys
-// x brp queries, log2 domain, scores already times scale*log2 e): the causal and local-window
+// x nq queries, rows ld apart, log2 domain, scores already times scale*log2 e): the causal and local-window
 // bounds (whole tiles outside them are skipped by the callers), soft-capping and ALiBi, attention
 // masks (bool or additive) and key padding masks. A hidden score becomes -inf whatever its value,
 // so NaN in a key that a query cannot see never reaches that query.
@@ -54,7 +54,7 @@ bool attn__tile_crosses_bounds(const attn_sdpa_desc *d, const attn__sdpa_shape *
     return j0 + nj - 1 > hi_of(d, sh, i0) || j0 < lo_of(d, sh, i0 + nq - 1);
 }
 
-bool attn__bounds_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int brp, int64_t i0, int nq, int64_t j0,
+bool attn__bounds_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t ld, int64_t i0, int nq, int64_t j0,
                        int nj, float *st) {
     bool any_visible = false;
     // Key jj is seen by the queries i with lo(i) <= jj <= hi(i). lo and hi never decrease with i, so
@@ -63,7 +63,7 @@ bool attn__bounds_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int 
     int64_t first = 0, end = 0;
     for (int j = 0; j < nj; j++) {
         const int64_t jj = j0 + j;
-        float *s = st + (int64_t)j * brp;
+        float *s = st + (int64_t)j * ld;
         while (first < nq && hi_of(d, sh, i0 + first) < jj) first++;
         while (end < nq && lo_of(d, sh, i0 + end) <= jj) end++;
         const int64_t last = end > first ? end : first; // visible: [first, last)
@@ -79,7 +79,7 @@ static inline float mask_value(const void *mask, attn_dtype dt, int64_t off) {
     return ((const float *)mask)[off];
 }
 
-bool attn__mask_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int brp, int64_t b, int64_t h, int64_t i0,
+bool attn__mask_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t ld, int64_t b, int64_t h, int64_t i0,
                      int nq, int64_t j0, int nj, float *st) {
     const bool bounded = d->causal != ATTN_CAUSAL_NONE || d->use_window;
     bool any_visible = false;
@@ -89,7 +89,7 @@ bool attn__mask_tile(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int br
         if (d->key_padding_mask != NULL)
             kpm = mask_value(d->key_padding_mask, d->key_padding_mask_dtype,
                              b * d->key_padding_mask_stride[0] + jj * d->key_padding_mask_stride[1]);
-        float *s = st + (int64_t)j * brp;
+        float *s = st + (int64_t)j * ld;
         for (int i = 0; i < nq; i++) {
             const int64_t ii = i0 + i;
             bool hidden = kpm == -INFINITY || (bounded && (jj > hi_of(d, sh, ii) || jj < lo_of(d, sh, ii)));
@@ -133,7 +133,7 @@ static void tanh_row(const attn__kernels *kn, const float *z, float *out, int n)
     }
 }
 
-void attn__score_transform(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int brp,
+void attn__score_transform(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t ld,
                            int64_t h, int64_t i0, int nq, int64_t j0, int nj, float *st, float *th) {
     if (d->softcap > 0.0f) { // log2 domain: st = C2 tanh(st / C2) with C2 = softcap * log2 e
         // In double, then clamped to float's range: a cap near FLT_MAX (or near 0) must not turn
@@ -141,7 +141,7 @@ void attn__score_transform(const attn__kernels *kn, const attn_sdpa_desc *d, con
         const float c2 = attn__clamp_flt((double)d->softcap * LOG2E), inv = attn__clamp_flt(1.0 / (double)c2);
         float z[64];
         for (int j = 0; j < nj; j++) {
-            float *s = st + (int64_t)j * brp, *t = th + (int64_t)j * brp;
+            float *s = st + (int64_t)j * ld, *t = th + (int64_t)j * ld;
             for (int c = 0; c < nq; c += 64) {
                 const int m = nq - c < 64 ? nq - c : 64;
                 for (int i = 0; i < m; i++) z[i] = s[c + i] * inv;
@@ -154,7 +154,7 @@ void attn__score_transform(const attn__kernels *kn, const attn_sdpa_desc *d, con
         const float slope2 = attn__clamp_flt((double)d->alibi_slopes[h] * LOG2E); // inf * 0 on the diagonal: NaN
         const int64_t off = diag_off(d, sh);
         for (int j = 0; j < nj; j++) {
-            float *s = st + (int64_t)j * brp;
+            float *s = st + (int64_t)j * ld;
             for (int i = 0; i < nq; i++) {
                 const int64_t dist = i0 + i + off - (j0 + j);
                 s[i] -= slope2 * (float)(dist < 0 ? -dist : dist);

@@ -94,7 +94,7 @@ static void gemm_task(void *arg, int64_t task, int thread) {
         const int nj = (int)(no - s0 < GEMM_OUT_SUB ? no - s0 : GEMM_OUT_SUB);
         const int64_t o = o0 + s0;
         // st (nj, w) = W[o:o+nj, :] xt, i.e. y[r0:r0+nr, o:o+nj]^T
-        attn__qk(J->kn, (const float *)J->W + o * J->ws_row, J->ws_row, J->ws_d, nj, (int)J->in, xt, (int)w, st);
+        attn__qk(J->kn, (const float *)J->W + o * J->ws_row, J->ws_row, J->ws_d, nj, (int)J->in, xt, (int)w, w, st);
         write_rows(J, r0, nr, o, nj, st, w);
     }
 }

@@ -140,13 +140,13 @@ static void bwd_ds_generic(const float *pt, float *dst, int nj, int br, const fl
 // along contiguous columns (the same operations in the same order per column as one column at a
 // time). The running max ignores NaN scores as fmaxf does.
 #define SOFTMAX_COLS 64
-static void softmax_generic(float *st, int nj, int br, float *m, float *l, float *alpha) {
+static void softmax_generic(float *st, int nj, int br, int64_t ld, float *m, float *l, float *alpha) {
     for (int i0 = 0; i0 < br; i0 += SOFTMAX_COLS) {
         const int nc = br - i0 < SOFTMAX_COLS ? br - i0 : SOFTMAX_COLS;
         float mx[SOFTMAX_COLS], base[SOFTMAX_COLS], sum[SOFTMAX_COLS];
         for (int i = 0; i < nc; i++) mx[i] = m[i0 + i];
         for (int j = 0; j < nj; j++) {
-            const float *row = st + (int64_t)j * br + i0;
+            const float *row = st + (int64_t)j * ld + i0;
             for (int i = 0; i < nc; i++) mx[i] = row[i] > mx[i] || mx[i] != mx[i] ? row[i] : mx[i];
         }
         for (int i = 0; i < nc; i++) {
@@ -155,7 +155,7 @@ static void softmax_generic(float *st, int nj, int br, float *m, float *l, float
             sum[i] = 0.0f;
         }
         for (int j = 0; j < nj; j++) {
-            float *row = st + (int64_t)j * br + i0;
+            float *row = st + (int64_t)j * ld + i0;
             for (int i = 0; i < nc; i++) {
                 const float e = exp2_lanes(row[i] - base[i]);
                 row[i] = e;
@@ -168,10 +168,10 @@ static void softmax_generic(float *st, int nj, int br, float *m, float *l, float
 
 // ot = alpha ot + V^T st: the columns of ot scaled, then the product, V read as the transposed A.
 static void pv_generic(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
-                       const float *alpha, float *ot) {
+                       int64_t ld, const float *alpha, float *ot) {
     for (int d = 0; d < Dv; d++)
-        for (int i = 0; i < br; i++) ot[(int64_t)d * br + i] *= alpha[i];
-    gemm_generic(v, vs_d, vs_row, Dv, nj, st, br, br, ot, br, true);
+        for (int i = 0; i < br; i++) ot[(int64_t)d * ld + i] *= alpha[i];
+    gemm_generic(v, vs_d, vs_row, Dv, nj, st, ld, br, ot, ld, true);
 }
 
 #define ROW_CHUNK 256 // values of a key or value row the decode row kernels convert at a time (a multiple of 32)

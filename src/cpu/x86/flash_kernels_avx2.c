@@ -150,7 +150,7 @@ static void softmax_compact(float *st, int nj, float *m, float *l, float *alpha)
 // columns is one cache line, read in the maximum pass and again in the exponential pass, so both
 // vectors of a line are taken together, the 2W exponentials of two keys in flight at once. Each
 // column's sum adds its even keys and its odd keys apart and the two at the end, whatever W is.
-static inline __attribute__((always_inline)) void softmax_cols(float *st, int nj, int br, float *m, float *l,
+static inline __attribute__((always_inline)) void softmax_cols(float *st, int nj, int64_t ld, float *m, float *l,
                                                                float *alpha, const int W) {
     const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
     __m256 m_old[2], mx[2], mx1[2], base[2], sum0[2], sum1[2];
@@ -158,11 +158,11 @@ static inline __attribute__((always_inline)) void softmax_cols(float *st, int nj
     for (int w = 0; w < W; w++) m_old[w] = _mm256_load_ps(m + 8 * w), mx[w] = m_old[w], mx1[w] = neg_inf;
     const float *sr = st;
     int j = 0;
-    for (; j + 2 <= nj; j += 2, sr += 2 * br) {
+    for (; j + 2 <= nj; j += 2, sr += 2 * ld) {
         ATTN_UNROLL
         for (int w = 0; w < W; w++)
             mx[w] = _mm256_max_ps(mx[w], _mm256_load_ps(sr + 8 * w)),
-            mx1[w] = _mm256_max_ps(mx1[w], _mm256_load_ps(sr + br + 8 * w));
+            mx1[w] = _mm256_max_ps(mx1[w], _mm256_load_ps(sr + ld + 8 * w));
     }
     ATTN_UNROLL
     for (int w = 0; w < W; w++) {
@@ -172,16 +172,16 @@ static inline __attribute__((always_inline)) void softmax_cols(float *st, int nj
         sum0[w] = _mm256_setzero_ps(), sum1[w] = sum0[w];
     }
     float *s = st;
-    for (j = 0; j + 2 <= nj; j += 2, s += 2 * br) {
+    for (j = 0; j + 2 <= nj; j += 2, s += 2 * ld) {
         __m256 e0[2], e1[2];
         ATTN_UNROLL
         for (int w = 0; w < W; w++) {
             e0[w] = exp2_nonpos_ps(_mm256_sub_ps(_mm256_load_ps(s + 8 * w), base[w]));
-            e1[w] = exp2_nonpos_ps(_mm256_sub_ps(_mm256_load_ps(s + br + 8 * w), base[w]));
+            e1[w] = exp2_nonpos_ps(_mm256_sub_ps(_mm256_load_ps(s + ld + 8 * w), base[w]));
         }
         ATTN_UNROLL
         for (int w = 0; w < W; w++) {
-            _mm256_store_ps(s + 8 * w, e0[w]), _mm256_store_ps(s + br + 8 * w, e1[w]);
+            _mm256_store_ps(s + 8 * w, e0[w]), _mm256_store_ps(s + ld + 8 * w, e1[w]);
             sum0[w] = _mm256_add_ps(sum0[w], e0[w]), sum1[w] = _mm256_add_ps(sum1[w], e1[w]);
         }
     }
@@ -199,28 +199,28 @@ static inline __attribute__((always_inline)) void softmax_cols(float *st, int nj
     }
 }
 
-static void softmax_avx2(float *st, int nj, int br, float *m, float *l, float *alpha) {
+static void softmax_avx2(float *st, int nj, int br, int64_t ld, float *m, float *l, float *alpha) {
     if (br == 4) {
         softmax_compact(st, nj, m, l, alpha);
         return;
     }
     int i0 = 0;
-    for (; i0 + 16 <= br; i0 += 16) softmax_cols(st + i0, nj, br, m + i0, l + i0, alpha + i0, 2);
-    if (i0 < br) softmax_cols(st + i0, nj, br, m + i0, l + i0, alpha + i0, 1); // br = 8
+    for (; i0 + 16 <= br; i0 += 16) softmax_cols(st + i0, nj, ld, m + i0, l + i0, alpha + i0, 2);
+    if (i0 < br) softmax_cols(st + i0, nj, ld, m + i0, l + i0, alpha + i0, 1); // br = 8
 }
 
 // ot[r][0..16) = alpha * ot[r][..] + sum_j v[j][r] * st[j][0..16) for R = 1 .. 6 output rows: 2R
 // accumulators, the tile's two vectors loaded once per key for all R rows (R = 6: the 6 x 16 block).
 static inline __attribute__((always_inline)) void pv_block(const float *v, int64_t vs_row, int64_t vs_d, int nj,
-                                                           const float *st, int br, __m256 al0, __m256 al1, float *ot,
+                                                           const float *st, int64_t ld, __m256 al0, __m256 al1, float *ot,
                                                            const int R) {
     __m256 a0[6], a1[6];
 ATTN_UNROLL
     for (int r = 0; r < R; r++) {
-        a0[r] = _mm256_mul_ps(_mm256_load_ps(ot + (int64_t)r * br), al0);
-        a1[r] = _mm256_mul_ps(_mm256_load_ps(ot + (int64_t)r * br + 8), al1);
+        a0[r] = _mm256_mul_ps(_mm256_load_ps(ot + (int64_t)r * ld), al0);
+        a1[r] = _mm256_mul_ps(_mm256_load_ps(ot + (int64_t)r * ld + 8), al1);
     }
-    for (int j = 0; j < nj; j++, v += vs_row, st += br) {
+    for (int j = 0; j < nj; j++, v += vs_row, st += ld) {
         const __m256 p0 = _mm256_load_ps(st), p1 = _mm256_load_ps(st + 8);
 ATTN_UNROLL
         for (int r = 0; r < R; r++) {
@@ -230,28 +230,28 @@ ATTN_UNROLL
     }
 ATTN_UNROLL
     for (int r = 0; r < R; r++) {
-        _mm256_store_ps(ot + (int64_t)r * br, a0[r]);
-        _mm256_store_ps(ot + (int64_t)r * br + 8, a1[r]);
+        _mm256_store_ps(ot + (int64_t)r * ld, a0[r]);
+        _mm256_store_ps(ot + (int64_t)r * ld + 8, a1[r]);
     }
 }
 
 static void pv_avx2(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
-                    const float *alpha, float *ot) {
+                    int64_t ld, const float *alpha, float *ot) {
     for (int i0 = 0; i0 < br; i0 += 16) {
         const __m256 al0 = _mm256_load_ps(alpha + i0), al1 = _mm256_load_ps(alpha + i0 + 8);
         int d = 0;
         for (; d + 6 <= Dv; d += 6)
-            pv_block(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st + i0, br, al0, al1, ot + (int64_t)d * br + i0, 6);
+            pv_block(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st + i0, ld, al0, al1, ot + (int64_t)d * ld + i0, 6);
         if (d + 4 <= Dv) {
-            pv_block(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st + i0, br, al0, al1, ot + (int64_t)d * br + i0, 4);
+            pv_block(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st + i0, ld, al0, al1, ot + (int64_t)d * ld + i0, 4);
             d += 4;
         }
         if (d + 2 <= Dv) {
-            pv_block(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st + i0, br, al0, al1, ot + (int64_t)d * br + i0, 2);
+            pv_block(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st + i0, ld, al0, al1, ot + (int64_t)d * ld + i0, 2);
             d += 2;
         }
         for (; d < Dv; d++)
-            pv_block(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st + i0, br, al0, al1, ot + (int64_t)d * br + i0, 1);
+            pv_block(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st + i0, ld, al0, al1, ot + (int64_t)d * ld + i0, 1);
     }
 }
 

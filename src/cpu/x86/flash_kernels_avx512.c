@@ -122,15 +122,15 @@ static void softmax_compact(float *st, int nj, int br, float *m, float *l, float
     _mm512_mask_storeu_ps(m, cols, mx);
 }
 
-static void softmax_avx512(float *st, int nj, int br, float *m, float *l, float *alpha) {
+static void softmax_avx512(float *st, int nj, int br, int64_t ld, float *m, float *l, float *alpha) {
     if (br < 16) softmax_compact(st, nj, br, m, l, alpha);
-    else softmax512_tile(st, nj, br, m, l, alpha, NULL, NULL);
+    else softmax512_tile(st, nj, br, ld, m, l, alpha, NULL, NULL);
 }
 
 // ot[r][c*16 ..] = alpha * ot[r][..] + sum_j v[j][r] * st[j][c*16 ..] for R <= 6 output rows and C
 // registers: R C accumulators, the tile's C vectors loaded once per key for all R rows (R = 6, C = 4:
 // the 6 x 64 block, 24 FMAs to 4 loads of the tile, as the general product's block).
-INLINE void pv_block(const float *v, int64_t vs_row, int64_t vs_d, int nj, const float *st, int br, const float *alpha,
+INLINE void pv_block(const float *v, int64_t vs_row, int64_t vs_d, int nj, const float *st, int64_t ld, const float *alpha,
                      float *ot, const int R, const int C) {
     __m512 acc[6][4], al[4];
 ATTN_UNROLL
@@ -138,8 +138,8 @@ ATTN_UNROLL
 ATTN_UNROLL
     for (int r = 0; r < R; r++)
 ATTN_UNROLL
-        for (int c = 0; c < C; c++) acc[r][c] = _mm512_mul_ps(_mm512_load_ps(ot + (int64_t)r * br + 16 * c), al[c]);
-    for (int j = 0; j < nj; j++, v += vs_row, st += br) {
+        for (int c = 0; c < C; c++) acc[r][c] = _mm512_mul_ps(_mm512_load_ps(ot + (int64_t)r * ld + 16 * c), al[c]);
+    for (int j = 0; j < nj; j++, v += vs_row, st += ld) {
         __m512 p[4];
 ATTN_UNROLL
         for (int c = 0; c < C; c++) p[c] = _mm512_load_ps(st + 16 * c);
@@ -153,37 +153,37 @@ ATTN_UNROLL
 ATTN_UNROLL
     for (int r = 0; r < R; r++)
 ATTN_UNROLL
-        for (int c = 0; c < C; c++) _mm512_store_ps(ot + (int64_t)r * br + 16 * c, acc[r][c]);
+        for (int c = 0; c < C; c++) _mm512_store_ps(ot + (int64_t)r * ld + 16 * c, acc[r][c]);
 }
 
 // Every output row d for the columns [i0, i0 + 16 C): six rows at a time, then 4, 2 and 1.
-INLINE void pv_dv_rows(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
+INLINE void pv_dv_rows(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int64_t ld,
                        const float *alpha, float *ot, const int C) {
     int d = 0;
-    for (; d + 6 <= Dv; d += 6) pv_block(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st, br, alpha, ot + (int64_t)d * br, 6, C);
+    for (; d + 6 <= Dv; d += 6) pv_block(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st, ld, alpha, ot + (int64_t)d * ld, 6, C);
     if (d + 4 <= Dv) {
-        pv_block(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st, br, alpha, ot + (int64_t)d * br, 4, C);
+        pv_block(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st, ld, alpha, ot + (int64_t)d * ld, 4, C);
         d += 4;
     }
     if (d + 2 <= Dv) {
-        pv_block(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st, br, alpha, ot + (int64_t)d * br, 2, C);
+        pv_block(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st, ld, alpha, ot + (int64_t)d * ld, 2, C);
         d += 2;
     }
-    if (d < Dv) pv_block(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st, br, alpha, ot + (int64_t)d * br, 1, C);
+    if (d < Dv) pv_block(v + (int64_t)d * vs_d, vs_row, vs_d, nj, st, ld, alpha, ot + (int64_t)d * ld, 1, C);
 }
 
 // The columns in blocks of 64 (then 32 and 16), each block's weights (nj x 64 floats) read for all
 // of Dv's rows before the next: they stay in L1 beside the value tile, where the whole tile of
 // weights (nj x br) would not.
 static void pv_avx512(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,
-                      const float *alpha, float *ot) {
+                      int64_t ld, const float *alpha, float *ot) {
     int i0 = 0;
-    for (; i0 + 64 <= br; i0 += 64) pv_dv_rows(v, vs_row, vs_d, nj, Dv, st + i0, br, alpha + i0, ot + i0, 4);
+    for (; i0 + 64 <= br; i0 += 64) pv_dv_rows(v, vs_row, vs_d, nj, Dv, st + i0, ld, alpha + i0, ot + i0, 4);
     if (i0 + 32 <= br) {
-        pv_dv_rows(v, vs_row, vs_d, nj, Dv, st + i0, br, alpha + i0, ot + i0, 2);
+        pv_dv_rows(v, vs_row, vs_d, nj, Dv, st + i0, ld, alpha + i0, ot + i0, 2);
         i0 += 32;
     }
-    if (i0 < br) pv_dv_rows(v, vs_row, vs_d, nj, Dv, st + i0, br, alpha + i0, ot + i0, 1);
+    if (i0 < br) pv_dv_rows(v, vs_row, vs_d, nj, Dv, st + i0, ld, alpha + i0, ot + i0, 1);
 }
 
 static void bwd_p_avx512(float *st, int nj, int br, const float *lse2) {

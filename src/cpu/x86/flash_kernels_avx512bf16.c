@@ -98,9 +98,9 @@ void attn__gemm_bf16_avx512(const uint16_t *A, int64_t a_rs, int64_t a_ps, int M
                   rowscale != NULL ? rowscale + m : NULL, scale, 1);
 }
 
-void attn__softmax_pairs_bf16_avx512(float *st, int nj, int br, float *m, float *l, float *alpha, uint16_t *pp,
-                                     const int32_t *span) {
-    softmax512_tile(st, nj, br, m, l, alpha, pp, span);
+void attn__softmax_pairs_bf16_avx512(float *st, int nj, int br, int64_t ld, float *m, float *l, float *alpha,
+                                     uint16_t *pp, const int32_t *span) {
+    softmax512_tile(st, nj, br, ld, m, l, alpha, pp, span);
 }
 
 void attn__pack_pairs_bf16_avx512(const float *x, int64_t ld, int rows, int n, uint16_t *y) {

@@ -36,22 +36,22 @@ INLINE __m512 exp2_ps512_upto129(__m512 x) {
 // max take x as their second operand).
 INLINE __m512 exp2_ps512(__m512 x) { return exp2_ps512_upto129(_mm512_min_ps(_mm512_set1_ps(129.0f), x)); }
 
-// The weights 2^(s - base) of 16 columns (st + i0, rows br apart) for keys [jb, je) of nj (jb even),
-// into pp as pairs (0 for the pairs outside) or back into st (pp NULL: jb = 0, je = nj); returns
+// The weights 2^(s - base) of 16 columns (st + i0, rows ld apart) for keys [jb, je) of nj (jb even),
+// into pp as pairs (rows of br pairs; 0 for the pairs outside) or back into st (pp NULL: jb = 0, je = nj); returns
 // their sum (the even keys' and the odd keys' summed apart, then added) and *seen the largest
 // score read (base where none is larger).
-INLINE __m512 softmax512_exps(float *st, int i0, int br, int jb, int je, int nj, __m512 base, uint16_t *pp,
-                              __m512 *seen) {
+INLINE __m512 softmax512_exps(float *st, int i0, int br, int64_t ld, int jb, int je, int nj, __m512 base,
+                              uint16_t *pp, __m512 *seen) {
     __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0, mx0 = base, mx1 = base;
     int j = 0;
     for (; j < jb; j += 2) SOFTMAX512_STORE_PAIRS(pp + 2 * ((int64_t)(j / 2) * br + i0), sum0, sum0);
-    float *s = st + i0 + (int64_t)jb * br;
-    for (; j + 2 <= je; j += 2, s += 2 * br) {
-        const __m512 x0 = _mm512_load_ps(s), x1 = _mm512_load_ps(s + br);
+    float *s = st + i0 + (int64_t)jb * ld;
+    for (; j + 2 <= je; j += 2, s += 2 * ld) {
+        const __m512 x0 = _mm512_load_ps(s), x1 = _mm512_load_ps(s + ld);
         mx0 = _mm512_max_ps(mx0, x0), mx1 = _mm512_max_ps(mx1, x1);
         const __m512 e0 = exp2_ps512_upto129(_mm512_sub_ps(x0, base)), e1 = exp2_ps512_upto129(_mm512_sub_ps(x1, base));
         if (pp != NULL) SOFTMAX512_STORE_PAIRS(pp + 2 * ((int64_t)(j / 2) * br + i0), e0, e1);
-        else _mm512_store_ps(s, e0), _mm512_store_ps(s + br, e1);
+        else _mm512_store_ps(s, e0), _mm512_store_ps(s + ld, e1);
         sum0 = _mm512_add_ps(sum0, e0), sum1 = _mm512_add_ps(sum1, e1);
     }
     if (j < je) { // an odd last key: its partner is past nj or hidden (weight 0)
@@ -68,15 +68,15 @@ INLINE __m512 softmax512_exps(float *st, int i0, int br, int jb, int je, int nj,
     return _mm512_add_ps(sum0, sum1);
 }
 
-// The largest of m_old and the scores of 16 columns (st + i0, rows br apart) for keys [jb, je): the
+// The largest of m_old and the scores of 16 columns (st + i0, rows ld apart) for keys [jb, je): the
 // maxima in softmax512_exps's order, so the same bits as its *seen for base m_old.
-INLINE __m512 softmax512_max(const float *st, int i0, int br, int jb, int je, __m512 m_old) {
+INLINE __m512 softmax512_max(const float *st, int i0, int64_t ld, int jb, int je, __m512 m_old) {
     __m512 mx0 = m_old, mx1 = m_old;
-    const float *s = st + i0 + (int64_t)jb * br;
+    const float *s = st + i0 + (int64_t)jb * ld;
     int j = jb;
-    for (; j + 2 <= je; j += 2, s += 2 * br) {
+    for (; j + 2 <= je; j += 2, s += 2 * ld) {
         mx0 = _mm512_max_ps(mx0, _mm512_load_ps(s));
-        mx1 = _mm512_max_ps(mx1, _mm512_load_ps(s + br));
+        mx1 = _mm512_max_ps(mx1, _mm512_load_ps(s + ld));
     }
     if (j < je) mx0 = _mm512_max_ps(mx0, _mm512_load_ps(s));
     return _mm512_max_ps(mx0, mx1);
@@ -86,7 +86,7 @@ INLINE __m512 softmax512_max(const float *st, int i0, int br, int jb, int je, __
 // base: weights up to 2^8, exact in float32 and as wide as bf16 holds them.
 #define SOFTMAX512_LAZY_MAX 8.0f
 
-// The softmax update of cpu.h for br a multiple of 16. With pp (not NULL) the weights go to pp as
+// The softmax update of cpu.h for br a multiple of 16 (st's rows ld apart). With pp (not NULL) the weights go to pp as
 // bf16 pairs along the keys (pack_pairs_bf16's layout, (ceil(nj/2), br pairs); the pair of an odd
 // last key holds 0) instead of back into st; the row sums are of the float weights either way.
 // span (with pp only; NULL: every key) holds for each 16 columns c the keys [span[2c], span[2c+1])
@@ -97,7 +97,7 @@ INLINE __m512 softmax512_max(const float *st, int i0, int br, int jb, int je, __
 // column's max by more than SOFTMAX512_LAZY_MAX, m stays, alpha is 1 and l gains the sums; else the
 // pass is redone on the tile's max as below. Either base gives the same softmax: the weights and l
 // are scaled alike, and the weights' bf16 rounding is relative.
-INLINE void softmax512_tile(float *st, int nj, int br, float *m, float *l, float *alpha, uint16_t *pp,
+INLINE void softmax512_tile(float *st, int nj, int br, int64_t ld, float *m, float *l, float *alpha, uint16_t *pp,
                             const int32_t *span) {
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
     for (int i0 = 0; i0 < br; i0 += 16) {
@@ -106,7 +106,7 @@ INLINE void softmax512_tile(float *st, int nj, int br, float *m, float *l, float
         __m512 seen;
         const bool first_try = pp != NULL && _mm512_cmp_ps_mask(m_old, neg_inf, _CMP_EQ_OQ) == 0;
         if (first_try) {
-            const __m512 sum = softmax512_exps(st, i0, br, jb, je, nj, m_old, pp, &seen);
+            const __m512 sum = softmax512_exps(st, i0, br, ld, jb, je, nj, m_old, pp, &seen);
             const __m512 limit = _mm512_add_ps(m_old, _mm512_set1_ps(SOFTMAX512_LAZY_MAX));
             if (_mm512_cmp_ps_mask(seen, limit, _CMP_GT_OQ) == 0) {
                 _mm512_store_ps(alpha + i0, _mm512_set1_ps(1.0f));
@@ -115,10 +115,10 @@ INLINE void softmax512_tile(float *st, int nj, int br, float *m, float *l, float
             }
         }
         // the tile's max: a first try that failed has read it already
-        const __m512 mx = first_try ? seen : softmax512_max(st, i0, br, jb, je, m_old);
+        const __m512 mx = first_try ? seen : softmax512_max(st, i0, ld, jb, je, m_old);
         const __m512 base = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ), _mm512_setzero_ps());
         const __m512 a = exp2_ps512(_mm512_sub_ps(m_old, base));
-        const __m512 sum = softmax512_exps(st, i0, br, jb, je, nj, base, pp, &seen);
+        const __m512 sum = softmax512_exps(st, i0, br, ld, jb, je, nj, base, pp, &seen);
         _mm512_store_ps(alpha + i0, a);
         _mm512_store_ps(l + i0, _mm512_fmadd_ps(a, _mm512_load_ps(l + i0), sum));
         _mm512_store_ps(m + i0, mx);
