@@ -120,8 +120,8 @@ void attn__pair_tile_bf16(const attn__kernels *kn, const uint16_t *x, const int6
 // Rows [0, nj) of a key or value tile (row stride rs, element stride es) of any cache type (F32;
 // half precision; block-quantised, Q8_0 and Q4_0: es = 1, rs a multiple of 32) as floats, (nj, n),
 // rows ld floats apart.
-void attn__half_tile(const attn__kernels *kn, attn_dtype dt, const void *src, int64_t rs, int64_t es, int nj,
-                     int64_t n, int64_t ld, float *dst);
+void attn__rows_as_f32(const attn__kernels *kn, attn_dtype dt, const void *src, int64_t rs, int64_t es, int nj,
+                       int64_t n, int64_t ld, float *dst);
 
 // The fused backward (flash_bwd.c).
 size_t attn__flash_bwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d,

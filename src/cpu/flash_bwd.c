@@ -551,10 +551,10 @@ static void half_task(void *arg, int64_t bhk, int thread) {
     const attn_sdpa_desc *d = H->d;
     const attn__sdpa_shape *sh = H->sh;
     const int64_t b = bhk / sh->Hkv, hk = bhk % sh->Hkv;
-    attn__half_tile(H->kn, d->kv_dtype, (const uint16_t *)H->k + attn__offset4(d->k_stride, b, hk, 0, 0), d->k_stride[2],
-                    d->k_stride[3], (int)sh->S, sh->D, sh->D, H->k_f32 + bhk * sh->S * sh->D);
-    attn__half_tile(H->kn, d->kv_dtype, (const uint16_t *)H->v + attn__offset4(d->v_stride, b, hk, 0, 0), d->v_stride[2],
-                    d->v_stride[3], (int)sh->S, sh->Dv, sh->Dv, H->v_f32 + bhk * sh->S * sh->Dv);
+    attn__rows_as_f32(H->kn, d->kv_dtype, (const uint16_t *)H->k + attn__offset4(d->k_stride, b, hk, 0, 0),
+                      d->k_stride[2], d->k_stride[3], (int)sh->S, sh->D, sh->D, H->k_f32 + bhk * sh->S * sh->D);
+    attn__rows_as_f32(H->kn, d->kv_dtype, (const uint16_t *)H->v + attn__offset4(d->v_stride, b, hk, 0, 0),
+                      d->v_stride[2], d->v_stride[3], (int)sh->S, sh->Dv, sh->Dv, H->v_f32 + bhk * sh->S * sh->Dv);
 }
 
 size_t attn__flash_bwd_workspace(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d,

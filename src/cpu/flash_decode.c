@@ -156,7 +156,7 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
             else J->kn->qk_rows(d->kv_dtype, kraw, ks_row, nj, D, qr, rows, t.st, 1, ld);
         } else {
             if (half) {
-                attn__half_tile(J->kn, d->kv_dtype, kraw, ks_row, ks_d, nj, D, D, t.kf);
+                attn__rows_as_f32(J->kn, d->kv_dtype, kraw, ks_row, ks_d, nj, D, D, t.kf);
                 kt = t.kf, ks_row = D, ks_d = 1;
             }
             attn__qk(J->kn, kt, ks_row, ks_d, nj, D, t.qt, brp, ld, t.st);
@@ -175,7 +175,7 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
         if (!any_visible) continue;
         J->kn->softmax(t.st, nj, br, ld, t.m, t.l, t.alpha);
         if (half && (careful || !J->narrow)) {
-            attn__half_tile(J->kn, d->kv_dtype, vraw, vs_row, vs_d, nj, Dv, Dv, t.vf);
+            attn__rows_as_f32(J->kn, d->kv_dtype, vraw, vs_row, vs_d, nj, Dv, Dv, t.vf);
             vt = t.vf, vs_row = Dv, vs_d = 1;
         }
         const bool bad = careful && tile_not_finite(vt, vs_row, vs_d, nj, Dv);

@@ -88,8 +88,8 @@ size_t attn__fwd_tiles_layout(const attn__sdpa_shape *sh, const attn_sdpa_desc *
 
 // Rows [0, nj) of a k or v tile of any cache type (row stride rs, element stride es; block types:
 // es = 1, rs a multiple of the block) as floats (nj, n), rows ld apart (flash.h).
-void attn__half_tile(const attn__kernels *kn, attn_dtype dt, const void *src, int64_t rs, int64_t es, int nj,
-                     int64_t n, int64_t ld, float *dst) {
+void attn__rows_as_f32(const attn__kernels *kn, attn_dtype dt, const void *src, int64_t rs, int64_t es, int nj,
+                       int64_t n, int64_t ld, float *dst) {
     const size_t row_bytes = attn__kv_bytes(dt, rs); // rows rs elements apart (a whole number of blocks)
     for (int j = 0; j < nj; j++) {
         const void *r = (const char *)src + (size_t)j * row_bytes;
@@ -301,11 +301,11 @@ static void flash_task(void *arg, int64_t task, int thread) {
         const float *vt = (const float *)(vbase + attn__kv_bytes(d->kv_dtype, j0 * d->v_stride[2]));
         int64_t ks_row = d->k_stride[2], ks_d = d->k_stride[3], vs_row = d->v_stride[2], vs_d = d->v_stride[3];
         if (half) {
-            attn__half_tile(J->kn, d->kv_dtype, kt, ks_row, ks_d, nj, D, D, t.kf);
+            attn__rows_as_f32(J->kn, d->kv_dtype, kt, ks_row, ks_d, nj, D, D, t.kf);
             kt = t.kf, ks_row = D, ks_d = 1;
         }
         if (t.vf != NULL) { // half precision, or float32 rows a multiple of 512 bytes apart
-            attn__half_tile(J->kn, d->kv_dtype, vt, vs_row, vs_d, nj, Dv, t.vld, t.vf);
+            attn__rows_as_f32(J->kn, d->kv_dtype, vt, vs_row, vs_d, nj, Dv, t.vld, t.vf);
             vt = t.vf, vs_row = t.vld, vs_d = 1;
         }
         // the bounds alone hide some of this tile's scores: the bf16 products skip what they hide
