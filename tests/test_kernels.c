@@ -260,7 +260,8 @@ static void test_window_alibi_softcap_half(void) {
 
 // Value rows a multiple of 512 bytes apart (Dv = 128, 256), which the forward copies or converts
 // into a tile with padded rows (flash_fwd.c's copies_v): float32, half precision, causal,
-// masks, dropout, and an infinite value (the tile's zero-skipping P V on the copy).
+// masks, dropout, and an infinite value (the tile's zero-skipping P V on the copy); and the decoding
+// path's wide tiles (group x L from 9 to 64 rows), which copy them the same way.
 static void test_value_rows_512(void) {
     for (int c = 0; c <= 2; c++) {
         problem p = {1, 2, 1, 130, 200, 128, 128, (attn_causal)c, c, c == 1 ? 1 : 0, 0.0f, c == 2 ? 0.2 : 0.0, 0, NO_EXT};
@@ -275,6 +276,12 @@ static void test_value_rows_512(void) {
     problem half = {1, 2, 1, 70, 130, 128, 128, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 0, 0.0f,
                     ATTN_DTYPE_F16, 0};
     check_problem(&half, 691u);
+    for (int c = 0; c < 4; c++) { // 16 rows, one chunk; 64 rows, two chunks, bottom-right; inf; float16
+        const attn_causal causal = c == 1 ? ATTN_CAUSAL_BOTTOM_RIGHT : ATTN_CAUSAL_NONE;
+        problem dec = {1, 8, 2, c == 1 ? 16 : 4, c == 1 ? 1600 : 300, 128, 128, causal, 0, 0, 0.0f, 0.0, c == 2 ? 2 : 0,
+                       0, 0, 0, 0, 0.0f, c == 3 ? ATTN_DTYPE_F16 : ATTN_DTYPE_F32, 0};
+        check_problem(&dec, 695u + (uint32_t)c);
+    }
 }
 
 // Attention sinks on every path that ends a softmax row: the tiled forward (fully masked rows from

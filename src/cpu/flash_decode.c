@@ -174,9 +174,11 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
         }
         if (!any_visible) continue;
         J->kn->softmax(t.st, nj, br, ld, t.m, t.l, t.alpha);
-        if (half && (careful || !J->narrow)) {
-            attn__rows_as_f32(J->kn, d->kv_dtype, vraw, vs_row, vs_d, nj, Dv, Dv, t.vf);
-            vt = t.vf, vs_row = Dv, vs_d = 1;
+        // as floats: half precision (narrow: only to skip a bad tile's zero weights), and for the wide
+        // tile's P V float32 rows a multiple of 512 bytes apart (as the forward copies them)
+        if (t.vf != NULL && (half ? careful || !J->narrow : !J->narrow)) {
+            attn__rows_as_f32(J->kn, d->kv_dtype, vraw, vs_row, vs_d, nj, Dv, t.vld, t.vf);
+            vt = t.vf, vs_row = t.vld, vs_d = 1;
         }
         const bool bad = careful && tile_not_finite(vt, vs_row, vs_d, nj, Dv);
         if (J->narrow) { // O (rows, Dv) = alpha O + P V, P read from the tile
