@@ -286,9 +286,12 @@ ATTN_API int attn_isa_bf16_dot(attn_isa isa);
 ATTN_API int attn_isa_int8_query(attn_isa isa);
 
 /**
- * @return 1 when this build computes projections through CBLAS (found at build time: option
- * ATTN_BLAS), which it does on contexts running AVX2 or portable kernels; 0 otherwise. BLAS
- * calls run the BLAS library's own threads (for OpenBLAS: OPENBLAS_NUM_THREADS).
+ * @return 1 when contexts with use_blas can compute projections through CBLAS, which they do on AVX2
+ * or portable kernels: this build knows one (found at build time, option ATTN_BLAS; not linked) and
+ * it can be loaded now; 0 otherwise. The library is loaded (dlopen) by the first context created
+ * with use_blas, or by this call, and stays loaded for the process; a program that does neither
+ * never loads it, nor starts its threads. BLAS calls run the BLAS library's own threads (for
+ * OpenBLAS: OPENBLAS_NUM_THREADS, which it reads when it is loaded).
  */
 ATTN_API int attn_has_blas(void);
 
@@ -300,11 +303,13 @@ typedef struct attn_ctx_params {
     uint64_t seed;            /* seed of the context's generator (default 0) */
     attn_allocator allocator; /* all allocations go through it; {NULL,NULL,NULL} = aligned_alloc/free */
     int use_blas;             /* 0 (default): every product on the library's own GEMM and the
-                                 context's threads; 1: projections through CBLAS (see attn_has_blas)
-                                 on contexts running AVX2 or portable kernels, except the decoding
-                                 steps of F16 / BF16 modules (see there). The BLAS runs its own
-                                 threads (OPENBLAS_NUM_THREADS), which busy-wait after each call and
-                                 compete with the context's: measured in BENCHMARKS.md. */
+                                 context's threads; 1: projections through CBLAS (see attn_has_blas:
+                                 loaded when the context is created; where it cannot be, the
+                                 context's own GEMM serves) on contexts running AVX2 or portable
+                                 kernels, except the decoding steps of F16 / BF16 modules (see
+                                 there). The BLAS runs its own threads (OPENBLAS_NUM_THREADS), which
+                                 busy-wait after each call and compete with the context's: measured
+                                 in BENCHMARKS.md. */
 } attn_ctx_params;
 
 /** Fills `params` with the defaults (1 thread, AUTO, seed 0, system allocator, use_blas 0). */

@@ -152,6 +152,7 @@ attn_status attn_ctx_create(const attn_ctx_params *params, attn_ctx **out) {
         attn__free_with(&a, ctx);
         return st;
     }
+    attn__blas_load(ctx); // use_blas: the CBLAS library, loaded now (no library: the own GEMM serves)
     *out = ctx;
     return ATTN_OK;
 }
@@ -160,6 +161,7 @@ void attn_ctx_free(attn_ctx *ctx) {
     if (ctx == NULL) return;
     attn_allocator a = ctx->alloc;
     attn__pool_free(ctx->pool);
+    attn__blas_unload(ctx);
     if (!ctx->ws_external) attn__free_with(&a, ctx->ws);
     attn__free_with(&a, ctx);
 }

@@ -30,6 +30,8 @@ struct attn_ctx {
     const attn__kernels *kernels;   // the kernel table chosen for isa (NULL for ATTN_ISA_REF)
     int n_threads;
     bool use_blas;                  // projections may go through CBLAS
+    void *blas_lib;                 // with use_blas: the CBLAS library loaded for it (blas.c), or NULL
+    void (*blas_sgemm)(void);       // its cblas_sgemm (NULL: the library's own GEMM serves)
     attn__pool *pool;               // NULL when n_threads == 1
     attn_generator gen;
     char err[ATTN_ERR_MSG_SIZE];
@@ -207,10 +209,14 @@ size_t attn__linear_workspace(const attn_ctx *ctx, int64_t in);
 size_t attn__matmul_workspace(const attn_ctx *ctx, int64_t N);
 void attn__matmul(attn_ctx *ctx, int64_t M, int64_t N, int64_t K, const float *A, int64_t a_rs, int64_t a_cs,
                   const float *B, int64_t b_rs, int64_t b_cs, float *C, int64_t ldc, bool accumulate, void *ws);
-// The same product through CBLAS when this build has it and it is the faster choice for ctx's
-// kernels (see blas.c); returns false (doing nothing) otherwise.
+// The same product through CBLAS when ctx loaded it and it is the faster choice for ctx's kernels
+// (see blas.c); returns false (doing nothing) otherwise.
 bool attn__blas_linear(const attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const float *W,
                        bool w_in_out, const float *b, int64_t out, float *y, int64_t ldy);
+// With use_blas: loads the CBLAS library into ctx->blas_lib / blas_sgemm (left NULL where this
+// build has none or it cannot be loaded); attn__blas_unload lets it go.
+void attn__blas_load(attn_ctx *ctx);
+void attn__blas_unload(attn_ctx *ctx);
 void attn__linear(attn_ctx *ctx, const float *x, int64_t rows, int64_t in, int64_t ldx, const float *W, bool w_in_out,
                   const float *b, int64_t out, float *y, int64_t ldy, void *ws);
 // The same map (W in nn.Linear's layout) with W of type wdt (F16 or BF16) read as it is, never
