@@ -48,7 +48,8 @@ def isa_supported(isa):
 
 
 def has_blas():
-    """Whether the library computes projections through CBLAS."""
+    """Whether contexts made with use_blas=True compute projections through CBLAS (the build knows
+    one and it can be loaded; this loads it, as such a context does)."""
     return bool(_lib.fn("attn_has_blas")())
 
 

@@ -57,7 +57,9 @@ class Context(Handle):
     isa: "auto", "ref" (scalar reference), "generic", "avx2", "avx512", "avx512vnni", "avx512bf16"
         or "amxbf16";
     seed: seed of the context's generator (torch.manual_seed's numbers), used by dropout and by
-    module initialisation. Usable as a context manager; close() frees it (also on garbage
+    module initialisation;
+    use_blas: projections through CBLAS, loaded now (see has_blas; without it the library's own
+    GEMM serves). Usable as a context manager; close() frees it (also on garbage
     collection). Objects created with a context (MHA, KVCache) keep it alive."""
 
     _FREE, _WHAT = "attn_ctx_free", "the context"
