@@ -261,7 +261,8 @@ static void test_window_alibi_softcap_half(void) {
 // Value rows a multiple of 512 bytes apart (Dv = 128, 256), which the forward copies or converts
 // into a tile with padded rows (flash_fwd.c's copies_v): float32, half precision, causal,
 // masks, dropout, and an infinite value (the tile's zero-skipping P V on the copy); and the decoding
-// path's wide tiles (group x L from 9 to 64 rows), which copy them the same way.
+// path's wide tiles (group x L from 9 to 64 rows), which copy them the same way, and their key rows
+// (as far apart) too.
 static void test_value_rows_512(void) {
     for (int c = 0; c <= 2; c++) {
         problem p = {1, 2, 1, 130, 200, 128, 128, (attn_causal)c, c, c == 1 ? 1 : 0, 0.0f, c == 2 ? 0.2 : 0.0, 0, NO_EXT};

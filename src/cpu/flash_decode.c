@@ -72,11 +72,20 @@ typedef struct decode_job {
     char *scratch;
     size_t per_thread, narrow_off; // narrow: offset of (NARROW_ROWS, Dv) O and (NARROW_ROWS, D) q,
     size_t prep_off;               // and of q as the kernel table's prep_q writes it (block types)
+    size_t kcopy_off;              // wide, copies_k: offset of a key tile's copy (FLASH_BC, D); else 0
 } decode_job;
 
 // The narrow path applies: few rows, keys feature-major (position stride 1), values row-major.
 static bool narrow_applies(const attn__sdpa_shape *sh, const attn_sdpa_desc *d) {
     return sh->group * sh->L <= NARROW_ROWS && d->k_stride[3] == 1 && d->v_stride[3] == 1;
+}
+
+// Whether the wide path copies each float32 key tile before K Q^T: key rows a multiple of 512 bytes
+// apart (D = 128, 256 contiguous), which the product read in place from memory about a fifth slower
+// than from the copy at D = 128 (at D = 64, rows 256 bytes apart, the copy was slower: BENCHMARKS.md).
+static bool copies_k(const attn__sdpa_shape *sh, const attn_sdpa_desc *d) {
+    return !narrow_applies(sh, d) && d->kv_dtype == ATTN_DTYPE_F32 && d->k_stride[3] == 1 && d->k_stride[2] != 0 &&
+           d->k_stride[2] % 128 == 0;
 }
 
 // 1 when the (nj, n) tile at row stride rs, element stride es holds a NaN or an infinity.
@@ -155,9 +164,11 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
             if (quant) J->kn->qk_rows_q(d->kv_dtype, kraw, ks_row, nj, D, qq, rows, t.st, 1, ld);
             else J->kn->qk_rows(d->kv_dtype, kraw, ks_row, nj, D, qr, rows, t.st, 1, ld);
         } else {
-            if (half) {
-                attn__rows_as_f32(J->kn, d->kv_dtype, kraw, ks_row, ks_d, nj, D, D, t.kf);
-                kt = t.kf, ks_row = D, ks_d = 1;
+            float *kc = half ? t.kf : NULL;
+            if (J->kcopy_off != 0) kc = (float *)(J->scratch + (size_t)thread * J->per_thread + J->kcopy_off);
+            if (kc != NULL) { // half precision as floats, or float32 rows a multiple of 512 bytes apart
+                attn__rows_as_f32(J->kn, d->kv_dtype, kraw, ks_row, ks_d, nj, D, D, kc);
+                kt = kc, ks_row = D, ks_d = 1;
             }
             attn__qk(J->kn, kt, ks_row, ks_d, nj, D, t.qt, brp, ld, t.st);
         }
@@ -255,7 +266,7 @@ static void merge_task(void *arg, int64_t bhk, int thread) {
 typedef struct decode_layout {
     float *part;
     char *scratch;
-    size_t per_thread, part_floats, narrow_off, prep_off;
+    size_t per_thread, part_floats, narrow_off, prep_off, kcopy_off;
 } decode_layout;
 
 static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d, char *base,
@@ -273,6 +284,11 @@ static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn
         dl->prep_off = dl->per_thread;
         if (attn__is_block_dtype(d->kv_dtype) && ctx->kernels->prep_q != NULL)
             dl->per_thread += (ATTN_QPREP_BYTES(NARROW_ROWS, sh->D) + align) & ~align;
+    }
+    dl->kcopy_off = 0;
+    if (copies_k(sh, d)) { // a key tile's copy (FLASH_BC, D)
+        dl->kcopy_off = dl->per_thread;
+        dl->per_thread += ((size_t)FLASH_BC * (size_t)sh->D * sizeof(float) + align) & ~align;
     }
     dl->scratch = attn__arena_take(&a, dl->per_thread * (size_t)attn__pool_threads(ctx->pool));
     return a.used;
@@ -292,6 +308,7 @@ void attn__decode_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_s
         .brp = brp_of(sh), .keys = keys_of(sh, d), .qscale = (float)((double)sh->scale * LOG2E),
         .part = dl.part, .part_floats = dl.part_floats, .narrow = narrow_applies(sh, d), .scratch = dl.scratch,
         .per_thread = dl.per_thread, .narrow_off = dl.narrow_off, .prep_off = dl.prep_off,
+        .kcopy_off = dl.kcopy_off,
     };
     // q k^T and p v: 2 (D + Dv) flops per query row and key
     attn__pool *pool = attn__pool_for(ctx->pool, 2.0 * (double)(sh->B * sh->H * sh->L) * (double)sh->S *
