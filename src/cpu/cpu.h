@@ -104,9 +104,9 @@ struct attn__kernels {
     //     multiple of 16), e < npairs: bf16 rows (elements contiguous) in pairs along the rows.
     //   softmax_pairs_bf16: softmax (above) for br a multiple of 16 (st's rows ld apart) whose weights
     //     go, rounded to bf16, to y in pack_pairs_bf16's layout (y (ceil(nj/2), br pairs)) instead of
-    //     back into st. span
-    //     (NULL: every key) holds, for columns 16c to 16c + 15, keys [span[2c], span[2c + 1]) outside
-    //     which their scores are all -inf: the kernel skips those keys (their weights written 0).
+    //     back into st. span (NULL: every key) holds, for columns 16c to 16c + 15, keys [span[2c],
+    //     span[2c + 1]) outside which their scores are all -inf: the kernel skips those keys (their
+    //     weights written 0).
     //   scale_to_bf16: y[i] = x[i] * scale (a float32 product) rounded to bf16 to nearest even, i < n,
     //     subnormals included (the bits attn__f32_to_bf16 gives).
     void (*gemm_bf16)(const uint16_t *A, int64_t a_rs, int64_t a_ps, int M, int K2, const uint16_t *B, int64_t ldb,

@@ -35,7 +35,7 @@ typedef struct attn__fwd_tiles {
     float *ot;              // (Dv, brp; rows ld apart) output accumulator
     float *m, *l, *alpha;   // (brp) running max (log2), sum, rescale factor
     float *th;              // (BC, brp; rows ld apart) tanh of soft-capped scores (with softcap)
-    float *kf;              // (BC, D): a half-precision key tile as floats
+    float *kf;              // (BC, D): a half-precision key tile as floats, or a float32 one copied (copy_k)
     float *vf;              // (BC, vld): a half-precision value tile as floats, or a float32 one copied
     int64_t vld;            // vf's row stride (Dv, or Dv + 16: flash_fwd.c's vtile_ld)
     // With bf16 dot products (`dot`; cpu.h's gemm_bf16, its "packed in pairs" layouts), instead of
@@ -46,7 +46,8 @@ typedef struct attn__fwd_tiles {
     uint16_t *vp;           // (BC/2, dvp) pairs: the values of keys 2e, 2e+1
     float *o;               // (brp, dvp) the output accumulator, rows of queries
 } attn__fwd_tiles;
-size_t attn__fwd_tiles_layout(const attn__sdpa_shape *sh, const attn_sdpa_desc *d, int brp, bool dot,
+// copy_k: kf also for float32 keys (decoding's wide tiles copy key rows a multiple of 512 bytes apart).
+size_t attn__fwd_tiles_layout(const attn__sdpa_shape *sh, const attn_sdpa_desc *d, int brp, bool dot, bool copy_k,
                               attn__fwd_tiles *t, char *base);
 // O^T += V^T P^T with a loop that skips zero weights, for value tiles holding NaN or inf.
 void attn__pv_skipping_zeros(const float *v, int64_t vs_row, int64_t vs_d, int nj, int Dv, const float *st, int br,

@@ -72,7 +72,6 @@ typedef struct decode_job {
     char *scratch;
     size_t per_thread, narrow_off; // narrow: offset of (NARROW_ROWS, Dv) O and (NARROW_ROWS, D) q,
     size_t prep_off;               // and of q as the kernel table's prep_q writes it (block types)
-    size_t kcopy_off;              // wide, copies_k: offset of a key tile's copy (FLASH_BC, D); else 0
 } decode_job;
 
 // The narrow path applies: few rows, keys feature-major (position stride 1), values row-major.
@@ -109,7 +108,7 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
     const int64_t b = bhk / sh->Hkv, hk = bhk % sh->Hkv, L = sh->L;
     const int brp = J->brp, D = (int)sh->D, Dv = (int)sh->Dv, rows = (int)(sh->group * L);
     attn__fwd_tiles t;
-    attn__fwd_tiles_layout(sh, d, brp, false, &t, J->scratch + (size_t)thread * J->per_thread);
+    attn__fwd_tiles_layout(sh, d, brp, false, copies_k(sh, d), &t, J->scratch + (size_t)thread * J->per_thread);
     const int64_t ld = J->narrow ? (rows + 3) / 4 * 4 : t.ld; // the tiles' row stride (narrow: a compact st)
     const int br = J->narrow ? (int)ld : brp;                  // the score tile's columns
 
@@ -164,11 +163,9 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
             if (quant) J->kn->qk_rows_q(d->kv_dtype, kraw, ks_row, nj, D, qq, rows, t.st, 1, ld);
             else J->kn->qk_rows(d->kv_dtype, kraw, ks_row, nj, D, qr, rows, t.st, 1, ld);
         } else {
-            float *kc = half ? t.kf : NULL;
-            if (J->kcopy_off != 0) kc = (float *)(J->scratch + (size_t)thread * J->per_thread + J->kcopy_off);
-            if (kc != NULL) { // half precision as floats, or float32 rows a multiple of 512 bytes apart
-                attn__rows_as_f32(J->kn, d->kv_dtype, kraw, ks_row, ks_d, nj, D, D, kc);
-                kt = kc, ks_row = D, ks_d = 1;
+            if (t.kf != NULL) { // half precision as floats, or float32 rows a multiple of 512 bytes apart
+                attn__rows_as_f32(J->kn, d->kv_dtype, kraw, ks_row, ks_d, nj, D, D, t.kf);
+                kt = t.kf, ks_row = D, ks_d = 1;
             }
             attn__qk(J->kn, kt, ks_row, ks_d, nj, D, t.qt, brp, ld, t.st);
         }
@@ -187,7 +184,7 @@ static bool decode_item(const decode_job *J, int64_t task, int thread, bool care
         J->kn->softmax(t.st, nj, br, ld, t.m, t.l, t.alpha);
         // as floats: half precision (narrow: only to skip a bad tile's zero weights), and for the wide
         // tile's P V float32 rows a multiple of 512 bytes apart (as the forward copies them)
-        if (t.vf != NULL && (half ? careful || !J->narrow : !J->narrow)) {
+        if (t.vf != NULL && (!J->narrow || (half && careful))) {
             attn__rows_as_f32(J->kn, d->kv_dtype, vraw, vs_row, vs_d, nj, Dv, t.vld, t.vf);
             vt = t.vf, vs_row = t.vld, vs_d = 1;
         }
@@ -266,7 +263,7 @@ static void merge_task(void *arg, int64_t bhk, int thread) {
 typedef struct decode_layout {
     float *part;
     char *scratch;
-    size_t per_thread, part_floats, narrow_off, prep_off, kcopy_off;
+    size_t per_thread, part_floats, narrow_off, prep_off;
 } decode_layout;
 
 static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn_sdpa_desc *d, char *base,
@@ -277,18 +274,13 @@ static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn
     dl->part_floats = (size_t)brp * (size_t)(2 + sh->Dv);
     dl->part = attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * keys.n_chunks) * dl->part_floats * sizeof(float));
     const size_t align = ATTN_ALIGN - 1;
-    dl->per_thread = (attn__fwd_tiles_layout(sh, d, brp, false, NULL, NULL) + align) & ~align;
+    dl->per_thread = (attn__fwd_tiles_layout(sh, d, brp, false, copies_k(sh, d), NULL, NULL) + align) & ~align;
     dl->narrow_off = dl->prep_off = dl->per_thread;
     if (narrow_applies(sh, d)) { // O (rows, Dv), q (rows, D), then q for prep_q (block types)
         dl->per_thread += ((size_t)NARROW_ROWS * (size_t)(sh->Dv + sh->D) * sizeof(float) + align) & ~align;
         dl->prep_off = dl->per_thread;
         if (attn__is_block_dtype(d->kv_dtype) && ctx->kernels->prep_q != NULL)
             dl->per_thread += (ATTN_QPREP_BYTES(NARROW_ROWS, sh->D) + align) & ~align;
-    }
-    dl->kcopy_off = 0;
-    if (copies_k(sh, d)) { // a key tile's copy (FLASH_BC, D)
-        dl->kcopy_off = dl->per_thread;
-        dl->per_thread += ((size_t)FLASH_BC * (size_t)sh->D * sizeof(float) + align) & ~align;
     }
     dl->scratch = attn__arena_take(&a, dl->per_thread * (size_t)attn__pool_threads(ctx->pool));
     return a.used;
@@ -308,7 +300,6 @@ void attn__decode_fwd(attn_ctx *ctx, const attn_sdpa_desc *d, const attn__sdpa_s
         .brp = brp_of(sh), .keys = keys_of(sh, d), .qscale = (float)((double)sh->scale * LOG2E),
         .part = dl.part, .part_floats = dl.part_floats, .narrow = narrow_applies(sh, d), .scratch = dl.scratch,
         .per_thread = dl.per_thread, .narrow_off = dl.narrow_off, .prep_off = dl.prep_off,
-        .kcopy_off = dl.kcopy_off,
     };
     // q k^T and p v: 2 (D + Dv) flops per query row and key
     attn__pool *pool = attn__pool_for(ctx->pool, 2.0 * (double)(sh->B * sh->H * sh->L) * (double)sh->S *

@@ -60,7 +60,7 @@ static bool copies_v(const attn_sdpa_desc *d, bool dot) {
            d->v_stride[2] % 128 == 0;
 }
 
-size_t attn__fwd_tiles_layout(const attn__sdpa_shape *sh, const attn_sdpa_desc *d, int brp, bool dot,
+size_t attn__fwd_tiles_layout(const attn__sdpa_shape *sh, const attn_sdpa_desc *d, int brp, bool dot, bool copy_k,
                               attn__fwd_tiles *t, char *base) {
     attn__arena a = {.base = base};
     const size_t f = sizeof(float), h = sizeof(uint16_t);
@@ -75,7 +75,7 @@ size_t attn__fwd_tiles_layout(const attn__sdpa_shape *sh, const attn_sdpa_desc *
     x.l = attn__arena_take(&a, (size_t)brp * f);
     x.alpha = attn__arena_take(&a, (size_t)brp * f);
     x.th = d->softcap > 0.0f ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)x.ld * f) : NULL;
-    x.kf = half ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)sh->D * f) : NULL;
+    x.kf = half || copy_k ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)sh->D * f) : NULL;
     x.vld = vtile_ld(sh->Dv);
     x.vf = half || copies_v(d, dot) ? attn__arena_take(&a, (size_t)FLASH_BC * (size_t)x.vld * f) : NULL;
     x.qp = dot ? attn__arena_take(&a, (size_t)sh->D * (size_t)brp * h) : NULL;
@@ -263,7 +263,7 @@ static void flash_task(void *arg, int64_t task, int thread) {
     const int D = (int)sh->D, Dv = (int)sh->Dv;
     attn__fwd_tiles t;
     const bool dot = J->dot;
-    attn__fwd_tiles_layout(sh, d, brp, dot, &t, J->scratch + (size_t)thread * J->per_thread);
+    attn__fwd_tiles_layout(sh, d, brp, dot, false, &t, J->scratch + (size_t)thread * J->per_thread);
     const int64_t ld = t.ld; // qt's, st's and ot's row stride
 
     if (dot) {
@@ -425,8 +425,9 @@ static size_t layout(const attn_ctx *ctx, const attn__sdpa_shape *sh, const attn
     fl->v_bad = attn__arena_take(&a, (size_t)(sh->B * sh->Hkv * n_kvtiles));
     fl->keep = attn__arena_take(&a, attn__dropout_bits_bytes(d, sh));
     const int brp = (br + ATTN_TILE_BR_ALIGN - 1) / ATTN_TILE_BR_ALIGN * ATTN_TILE_BR_ALIGN;
-    fl->per_thread = (attn__fwd_tiles_layout(sh, d, brp, attn__fwd_dot_applies(ctx->kernels, d, sh), NULL, NULL) + ATTN_ALIGN - 1) &
-                     ~(size_t)(ATTN_ALIGN - 1);
+    const bool dot = attn__fwd_dot_applies(ctx->kernels, d, sh);
+    fl->per_thread =
+        (attn__fwd_tiles_layout(sh, d, brp, dot, false, NULL, NULL) + ATTN_ALIGN - 1) & ~(size_t)(ATTN_ALIGN - 1);
     fl->scratch = attn__arena_take(&a, fl->per_thread * (size_t)threads);
     return a.used;
 }
