@@ -237,6 +237,38 @@ static void pv_bf16_trimmed(const flash_job *J, int nj, const attn__fwd_tiles *t
     }
 }
 
+// The float32 products of such a tile, the same way: S^T's key rows in groups of TRIM_ROWS_F32 (the
+// gemm kernels' 6-row block) from the first 16-query block that sees the group's first key, and O^T's
+// query columns, TRIM_COLS at a time (the AVX-512 pv's 32-column block), over the keys from the
+// first their first query sees to the last their last one sees. The sums of the whole tile with
+// only zero products left out (the pv kernels add each column's keys in order).
+#define TRIM_ROWS_F32 6
+#define TRIM_COLS 32
+
+static void qk_f32_trimmed(const flash_job *J, const float *kt, int64_t ks_row, int64_t ks_d, int nj,
+                           const attn__fwd_tiles *t, int64_t i0, int nq, int64_t j0) {
+    const int D = (int)J->sh->D, brp = J->brp;
+    for (int r = 0; r < nj; r += TRIM_ROWS_F32) {
+        const int rows = nj - r < TRIM_ROWS_F32 ? nj - r : TRIM_ROWS_F32;
+        const int c0 = attn__first_query_seeing(J->d, J->sh, i0, nq, j0 + r) / 16 * 16;
+        if (c0 >= brp) continue; // nq = brp queries and none sees these keys: all -inf
+        attn__qk(J->kn, kt + (int64_t)r * ks_row, ks_row, ks_d, rows, D, t->qt + c0, brp - c0, t->ld,
+                 t->st + (int64_t)r * t->ld + c0);
+    }
+}
+
+static void pv_f32_trimmed(const flash_job *J, const float *vt, int64_t vs_row, int64_t vs_d, int nj,
+                           const attn__fwd_tiles *t, int64_t i0, int nq, int64_t j0) {
+    for (int c = 0; c < nq; c += TRIM_COLS) { // columns past nq are padding, never read
+        const int w = J->brp - c < TRIM_COLS ? J->brp - c : TRIM_COLS; // brp: a multiple of 16
+        int lo, hi;
+        tile_keys_seen(J, i0 + c, nq - c < w ? nq - c : w, j0, nj, &lo, &hi);
+        if (lo == hi) continue; // their running maxima unchanged: alpha = 1
+        J->kn->pv(vt + (int64_t)lo * vs_row, vs_row, vs_d, hi - lo, (int)J->sh->Dv, t->st + (int64_t)lo * t->ld + c, w,
+                  t->ld, t->alpha + c, t->ot + c);
+    }
+}
+
 // For each ATTN_TILE_BR_ALIGN (16) query columns c of the tile (i0, nq) x (j0, nj): the keys [span[2c],
 // span[2c + 1]) of the tile that any of them sees (none for columns past nq), for softmax_pairs_bf16.
 static void visible_spans(const flash_job *J, int64_t i0, int nq, int64_t j0, int nj, int32_t *span) {
@@ -310,9 +342,11 @@ static void flash_task(void *arg, int64_t task, int thread) {
         }
         // the bounds alone hide some of this tile's scores: the bf16 products skip what they hide
         const bool bounded = !masked && attn__tile_crosses_bounds(d, sh, i0, nq, j0, nj);
-        const bool trim = dot && bounded && !transform;
-        if (trim)
+        const bool trim = bounded && !transform;
+        if (trim && dot)
             qk_bf16_trimmed(J, (const uint16_t *)kt, ks_row, nj, &t, i0, nq, j0);
+        else if (trim)
+            qk_f32_trimmed(J, kt, ks_row, ks_d, nj, &t, i0, nq, j0);
         else if (dot) // S^T (nj, brp) = scale log2(e) K Q^T, the key rows' pairs read in place
             J->kn->gemm_bf16((const uint16_t *)kt, ks_row, 2, nj, D / 2, t.qp, brp, brp, t.st, ld, NULL, J->qrest);
         else
@@ -346,6 +380,8 @@ static void flash_task(void *arg, int64_t task, int thread) {
                 J->kn->gemm_bf16(t.pp, 2, 2 * (int64_t)brp, nq, (nj + 1) / 2, t.vp, t.dvp, t.dvp, t.o, t.dvp, t.alpha, 1.0f);
         } else if (v_bad) {
             attn__pv_skipping_zeros(vt, vs_row, vs_d, nj, Dv, t.st, brp, ld, t.alpha, t.ot);
+        } else if (trim) {
+            pv_f32_trimmed(J, vt, vs_row, vs_d, nj, &t, i0, nq, j0);
         } else {
             J->kn->pv(vt, vs_row, vs_d, nj, Dv, t.st, brp, ld, t.alpha, t.ot);
         }
