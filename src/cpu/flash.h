@@ -90,6 +90,10 @@ int64_t attn__keys_visible_from(const attn_sdpa_desc *d, const attn__sdpa_shape 
 // (hi(i) >= jj), as i - i0; nq when none does. The queries after it see jj too, up to the window's
 // lower edge.
 int attn__first_query_seeing(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i0, int nq, int64_t jj);
+// The keys [*lo, *hi) of the tile of nj keys from j0 that any of the n queries from q0 sees under
+// the causal and window bounds, relative to j0 and clamped to the tile (*lo == *hi: none).
+void attn__tile_keys_seen(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t q0, int n, int64_t j0, int nj,
+                          int *lo, int *hi);
 // True when the causal or window bounds cut through the tile (some of its scores are hidden).
 bool attn__tile_crosses_bounds(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i0, int nq, int64_t j0,
                                int nj);

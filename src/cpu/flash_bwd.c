@@ -96,6 +96,7 @@ typedef struct bwd_tiles {
     // BR ones (gemm_bf16's row scale when it accumulates)
     uint16_t *pb, *dsb, *dsp;
     float *ones;
+    bool trim;               // the pair's float32 products only over what the bounds leave (tile_pair)
 } bwd_tiles;
 
 static size_t tiles_layout(int Dp, int Dvp, bool dot, bwd_tiles *t, char *base) {
@@ -138,21 +139,81 @@ static void load_queries(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, i
     }
 }
 
+// A float32 tile pair that the causal or window bounds alone cut through (no mask, no soft-capping or
+// ALiBi) takes its five products in groups of TRIM_ROWS keys or queries (the gemm kernels' 6-row
+// block) without what the bounds hide, as the forward does: S^T and dP^T each group of keys from the
+// first 16-query block that sees its first key (the entries before are hidden, so P and dS are 0
+// there whatever they held), dK and dV each group of keys summed from the first query that sees it,
+// dQ each group of queries summed over the keys the group sees. Only zero products are left out.
+#define TRIM_ROWS 6
+
+// C (nj, BWD_BR) = A (nj rows at a_rs, a_cs; K) B (K, BWD_BR): S^T or dP^T of a tile pair.
+static void keys_by_queries(const bwd_job *J, const bwd_tiles *t, int64_t i0, int nq, int64_t j0, int nj,
+                            const float *A, int64_t a_rs, int64_t a_cs, int K, const float *B, float *C) {
+    if (!t->trim) {
+        J->kn->gemm(A, a_rs, a_cs, nj, K, B, BWD_BR, BWD_BR, C, BWD_BR, false);
+        return;
+    }
+    for (int r = 0; r < nj; r += TRIM_ROWS) {
+        const int rows = nj - r < TRIM_ROWS ? nj - r : TRIM_ROWS;
+        const int c0 = attn__first_query_seeing(J->d, J->sh, i0, nq, j0 + r) / 16 * 16;
+        if (c0 >= BWD_BR) continue; // nq = BWD_BR queries and none sees these keys
+        J->kn->gemm(A + (int64_t)r * a_rs, a_rs, a_cs, rows, K, B + c0, BWD_BR, BWD_BR - c0,
+                    C + (int64_t)r * BWD_BR + c0, BWD_BR, false);
+    }
+}
+
+// C (nj, N) += A (nj keys x nq queries, rows BWD_BR apart) B (nq, N at ldb): dK or dV of a tile pair.
+static void keys_from_queries(const bwd_job *J, const bwd_tiles *t, int64_t i0, int nq, int64_t j0, int nj,
+                              const float *A, const float *B, int64_t ldb, int N, float *C, int64_t ldc) {
+    if (!t->trim) {
+        J->kn->gemm(A, BWD_BR, 1, nj, nq, B, ldb, N, C, ldc, true);
+        return;
+    }
+    for (int r = 0; r < nj; r += TRIM_ROWS) {
+        const int rows = nj - r < TRIM_ROWS ? nj - r : TRIM_ROWS;
+        const int c = attn__first_query_seeing(J->d, J->sh, i0, nq, j0 + r);
+        if (c < nq)
+            J->kn->gemm(A + (int64_t)r * BWD_BR + c, BWD_BR, 1, rows, nq - c, B + (int64_t)c * ldb, ldb, N,
+                        C + (int64_t)r * ldc, ldc, true);
+    }
+}
+
+// C (nq, N) += A^T B (nj, N at ldb), A the pair's dS^T (nj, BWD_BR) read transposed: dQ of a tile pair.
+static void queries_from_keys(const bwd_job *J, const bwd_tiles *t, int64_t i0, int nq, int64_t j0, int nj,
+                              const float *A, const float *B, int64_t ldb, int N, float *C, int64_t ldc) {
+    if (!t->trim) {
+        J->kn->gemm(A, 1, BWD_BR, nq, nj, B, ldb, N, C, ldc, true);
+        return;
+    }
+    for (int r = 0; r < nq; r += TRIM_ROWS) {
+        const int rows = nq - r < TRIM_ROWS ? nq - r : TRIM_ROWS;
+        int lo, hi;
+        attn__tile_keys_seen(J->d, J->sh, i0 + r, rows, j0, nj, &lo, &hi);
+        if (lo < hi)
+            J->kn->gemm(A + (int64_t)lo * BWD_BR + r, 1, BWD_BR, rows, hi - lo, B + (int64_t)lo * ldb, ldb, N,
+                        C + (int64_t)r * ldc, ldc, true);
+    }
+}
+
 // P^T and dS^T of tile pair (b, h, query tile at i0) x (key tile at j0) into t->st, t->dpt. Returns
 // false when every score is hidden (the pair contributes nothing).
 static bool tile_pair(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int64_t i0, int nq, int64_t j0, int nj) {
     const attn_sdpa_desc *d = J->d;
     const attn__sdpa_shape *sh = J->sh;
     const int64_t hk = h / sh->group;
+    const bool masked = d->mask != NULL || d->key_padding_mask != NULL;
+    const bool transform = d->softcap > 0.0f || d->alibi_slopes != NULL;
+    t->trim = !J->dot && !masked && !transform && attn__tile_crosses_bounds(d, sh, i0, nq, j0, nj);
     if (J->dot) // S^T = scale log2(e) K Q^T, the key rows' pairs read in place
         J->kn->gemm_bf16(J->kb + attn__offset4(d->k_stride, b, hk, j0, 0), d->k_stride[2], 2, nj, (int)sh->D / 2, t->qp,
                          BWD_BR, BWD_BR, t->st, BWD_BR, NULL, J->qrest);
     else
-        attn__qk(J->kn, J->k + attn__offset4(d->k_stride, b, hk, j0, 0), d->k_stride[2], d->k_stride[3], nj,
-                 (int)sh->D, t->qt, BWD_BR, BWD_BR, t->st);
-    if (d->softcap > 0.0f || d->alibi_slopes != NULL)
+        keys_by_queries(J, t, i0, nq, j0, nj, J->k + attn__offset4(d->k_stride, b, hk, j0, 0), d->k_stride[2],
+                        d->k_stride[3], (int)sh->D, t->qt, t->st);
+    if (transform)
         attn__score_transform(J->kn, d, sh, BWD_BR, h, i0, nq, j0, nj, t->st, t->th);
-    if (d->mask != NULL || d->key_padding_mask != NULL) {
+    if (masked) {
         if (!attn__mask_tile(d, sh, BWD_BR, b, h, i0, nq, j0, nj, t->st)) return false;
     } else if (attn__tile_crosses_bounds(d, sh, i0, nq, j0, nj)) {
         if (!attn__bounds_tile(d, sh, BWD_BR, i0, nq, j0, nj, t->st)) return false;
@@ -163,8 +224,8 @@ static bool tile_pair(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int6
         J->kn->gemm_bf16(J->vb + attn__offset4(d->v_stride, b, hk, j0, 0), d->v_stride[2], 2, nj, (int)sh->Dv / 2, t->dop,
                          BWD_BR, BWD_BR, t->dpt, BWD_BR, NULL, 1.0f);
     else
-        J->kn->gemm(J->v + attn__offset4(d->v_stride, b, hk, j0, 0), d->v_stride[2], d->v_stride[3], nj, (int)sh->Dv,
-                    t->dot, BWD_BR, BWD_BR, t->dpt, BWD_BR, false);
+        keys_by_queries(J, t, i0, nq, j0, nj, J->v + attn__offset4(d->v_stride, b, hk, j0, 0), d->v_stride[2],
+                        d->v_stride[3], (int)sh->Dv, t->dot, t->dpt);
     if (J->drop.on) // the forward's dropout: dP of dropped weights is 0, kept ones scaled
         attn__dropout_tile(&J->drop, b, h, i0, nq, j0, nj, t->dpt, BWD_BR, J->drop.keep_scale);
     J->kn->bwd_ds(t->st, t->dpt, nj, BWD_BR, t->rowdot); // 0 where P is 0, whatever dP holds
@@ -246,19 +307,19 @@ static void kv_tile(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t hk, int64
             if (qbad)
                 gemm_skip_zeros(t->dpt, BWD_BR, 1, nj, nq, qr, J->q_ld, J->Dp, t->acc1, J->Dp);
             else
-                J->kn->gemm(t->dpt, BWD_BR, 1, nj, nq, qr, J->q_ld, J->Dp, t->acc1, J->Dp, true);
+                keys_from_queries(J, t, i0, nq, j0, nj, t->dpt, qr, J->q_ld, J->Dp, t->acc1, J->Dp);
             if (dq_acc != NULL) { // dQ_i += dS k_rows, dS read transposed from dS^T (as pass 2 does)
                 float *dqi = dq_acc + ((h - hk * sh->group) * sh->L + i0) * J->Dp;
                 if (bad)
                     gemm_skip_zeros(t->dpt, 1, BWD_BR, nq, nj, kr, J->k_ld, J->Dp, dqi, J->Dp);
                 else
-                    J->kn->gemm(t->dpt, 1, BWD_BR, nq, nj, kr, J->k_ld, J->Dp, dqi, J->Dp, true);
+                    queries_from_keys(J, t, i0, nq, j0, nj, t->dpt, kr, J->k_ld, J->Dp, dqi, J->Dp);
             }
             if (J->drop.on) attn__dropout_tile(&J->drop, b, h, i0, nq, j0, nj, t->st, BWD_BR, J->drop.keep_scale);
             if (qbad)
                 gemm_skip_zeros(t->st, BWD_BR, 1, nj, nq, dr, J->do_ld, J->Dvp, t->acc2, J->Dvp);
             else
-                J->kn->gemm(t->st, BWD_BR, 1, nj, nq, dr, J->do_ld, J->Dvp, t->acc2, J->Dvp, true);
+                keys_from_queries(J, t, i0, nq, j0, nj, t->st, dr, J->do_ld, J->Dvp, t->acc2, J->Dvp);
         }
     const float scale = J->sh->scale;
     for (int j = 0; j < nj; j++) {
@@ -327,7 +388,7 @@ static void pass2_tile(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int
         if (bad)
             gemm_skip_zeros(t->dpt, 1, BWD_BR, nq, nj, kr, J->k_ld, J->Dp, t->acc1, J->Dp);
         else
-            J->kn->gemm(t->dpt, 1, BWD_BR, nq, nj, kr, J->k_ld, J->Dp, t->acc1, J->Dp, true);
+            queries_from_keys(J, t, i0, nq, j0, nj, t->dpt, kr, J->k_ld, J->Dp, t->acc1, J->Dp);
     }
     const float scale = sh->scale;
     for (int i = 0; i < nq; i++) {

@@ -202,15 +202,6 @@ static void prefetch_tile(const char *head, attn_dtype dt, int64_t rs, int64_t j
 // would leave it unchanged). The same sums as the whole tile: exact.
 #define TRIM_ROWS 24
 
-// The keys [*lo, *hi) of the tile's nj from j0 that any of the n queries from q0 sees under the
-// causal and window bounds, relative to j0 and clamped to the tile (*lo == *hi: none).
-static void tile_keys_seen(const flash_job *J, int64_t q0, int n, int64_t j0, int nj, int *lo, int *hi) {
-    const int64_t a = attn__keys_visible_from(J->d, J->sh, q0) - j0;
-    const int64_t b = attn__keys_visible_until(J->d, J->sh, q0 + n - 1) - j0;
-    *lo = a < 0 ? 0 : a > nj ? nj : (int)a;
-    *hi = b < *lo ? *lo : b > nj ? nj : (int)b;
-}
-
 static void qk_bf16_trimmed(const flash_job *J, const uint16_t *kt, int64_t ks_row, int nj, const attn__fwd_tiles *t,
                             int64_t i0, int nq, int64_t j0) {
     const int D = (int)J->sh->D, brp = J->brp;
@@ -228,7 +219,7 @@ static void pv_bf16_trimmed(const flash_job *J, int nj, const attn__fwd_tiles *t
     for (int r = 0; r < nq; r += TRIM_ROWS) {
         const int rows = nq - r < TRIM_ROWS ? nq - r : TRIM_ROWS;
         int lo, hi;
-        tile_keys_seen(J, i0 + r, rows, j0, nj, &lo, &hi);
+        attn__tile_keys_seen(J->d, J->sh, i0 + r, rows, j0, nj, &lo, &hi);
         if (lo == hi) continue;
         const int p0 = lo / 2, p1 = (hi + 1) / 2;
         J->kn->gemm_bf16(t->pp + 2 * r + (int64_t)p0 * 2 * brp, 2, 2 * (int64_t)brp, rows, p1 - p0,
@@ -262,7 +253,7 @@ static void pv_f32_trimmed(const flash_job *J, const float *vt, int64_t vs_row, 
     for (int c = 0; c < nq; c += TRIM_COLS) { // columns past nq are padding, never read
         const int w = J->brp - c < TRIM_COLS ? J->brp - c : TRIM_COLS; // brp: a multiple of 16
         int lo, hi;
-        tile_keys_seen(J, i0 + c, nq - c < w ? nq - c : w, j0, nj, &lo, &hi);
+        attn__tile_keys_seen(J->d, J->sh, i0 + c, nq - c < w ? nq - c : w, j0, nj, &lo, &hi);
         if (lo == hi) continue; // their running maxima unchanged: alpha = 1
         J->kn->pv(vt + (int64_t)lo * vs_row, vs_row, vs_d, hi - lo, (int)J->sh->Dv, t->st + (int64_t)lo * t->ld + c, w,
                   t->ld, t->alpha + c, t->ot + c);
@@ -275,7 +266,7 @@ static void visible_spans(const flash_job *J, int64_t i0, int nq, int64_t j0, in
     for (int c = 0; c < J->brp / ATTN_TILE_BR_ALIGN; c++) {
         const int first = c * ATTN_TILE_BR_ALIGN, n = nq - first < ATTN_TILE_BR_ALIGN ? nq - first : ATTN_TILE_BR_ALIGN;
         int lo = 0, hi = 0;
-        if (n > 0) tile_keys_seen(J, i0 + first, n, j0, nj, &lo, &hi);
+        if (n > 0) attn__tile_keys_seen(J->d, J->sh, i0 + first, n, j0, nj, &lo, &hi);
         span[2 * c] = lo, span[2 * c + 1] = hi;
     }
 }

@@ -48,6 +48,14 @@ int attn__first_query_seeing(const attn_sdpa_desc *d, const attn__sdpa_shape *sh
     return f <= 0 ? 0 : f >= nq ? nq : (int)f;
 }
 
+void attn__tile_keys_seen(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t q0, int n, int64_t j0, int nj,
+                          int *lo, int *hi) {
+    const int64_t a = attn__keys_visible_from(d, sh, q0) - j0;
+    const int64_t b = attn__keys_visible_until(d, sh, q0 + n - 1) - j0;
+    *lo = a < 0 ? 0 : a > nj ? nj : (int)a;
+    *hi = b < *lo ? *lo : b > nj ? nj : (int)b;
+}
+
 bool attn__tile_crosses_bounds(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i0, int nq, int64_t j0,
                                int nj) {
     if (d->causal == ATTN_CAUSAL_NONE && !d->use_window) return false;
