@@ -122,6 +122,13 @@ bool attn__fwd_dot_applies(const attn__kernels *kn, const attn_sdpa_desc *d, con
 void attn__pair_tile_bf16(const attn__kernels *kn, const uint16_t *x, const int64_t s[4], int64_t b, int64_t h,
                           int64_t i0, int64_t nr, int64_t n, int64_t w, float p2, uint16_t *y);
 
+// A tile of rows transposed to floats: y (n rows ld apart, w columns), y[c*ld + i] = x[b, h, i0 + i, c]
+// * scale for i < nr, 0 for nr <= i < w (x of type dt, F32 or a half type, at element strides s).
+// Contiguous rows are read 8 at a time, 64 elements of each (half types through the table's
+// half_to_f32); other layouts element by element.
+void attn__tile_f32(const attn__kernels *kn, const void *x, attn_dtype dt, const int64_t s[4], int64_t b, int64_t h,
+                    int64_t i0, int64_t nr, int64_t n, int64_t w, int64_t ld, float scale, float *y);
+
 // Rows [0, nj) of a key or value tile (row stride rs, element stride es) of any cache type (F32;
 // half precision; block-quantised, Q8_0 and Q4_0: es = 1, rs a multiple of 32) as floats, (nj, n),
 // rows ld floats apart.

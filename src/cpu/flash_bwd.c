@@ -442,6 +442,10 @@ static void pair_along_rows(const attn__kernels *kn, const uint16_t *x, const in
     }
 }
 
+// Element off of x (type dt: F32 or a half type).
+static const void *elem(const void *x, attn_dtype dt, int64_t off) { return (const char *)x + attn__kv_bytes(dt, off); }
+
+#define ROWDOT_CHUNK 64
 static void prep_rows_task(void *arg, int64_t bh, int thread) {
     (void)thread;
     const prep_job *P = arg;
@@ -463,16 +467,8 @@ static void prep_rows_task(void *arg, int64_t bh, int thread) {
         const int64_t i0 = it * BWD_BR, nq = sh->L - i0 < BWD_BR ? sh->L - i0 : BWD_BR;
         float *qt = J->qt_all + (bh * J->n_qtiles + it) * sh->D * BWD_BR;
         float *dot = J->dot_all + (bh * J->n_qtiles + it) * sh->Dv * BWD_BR;
-        for (int64_t c = 0; c < sh->D; c++) {
-            const int64_t src = attn__offset4(d->q_stride, b, h, i0, c);
-            attn__gather(qt + c * BWD_BR, J->q, d->q_dtype, src, d->q_stride[2], nq, J->qscale);
-            for (int64_t i = nq; i < BWD_BR; i++) qt[c * BWD_BR + i] = 0.0f;
-        }
-        for (int64_t c = 0; c < sh->Dv; c++) {
-            const int64_t src = attn__offset4(d->o_stride, b, h, i0, c);
-            attn__gather(dot + c * BWD_BR, J->dout, d->out_dtype, src, d->o_stride[2], nq, 1.0f);
-            for (int64_t i = nq; i < BWD_BR; i++) dot[c * BWD_BR + i] = 0.0f;
-        }
+        attn__tile_f32(J->kn, J->q, d->q_dtype, d->q_stride, b, h, i0, nq, sh->D, BWD_BR, BWD_BR, J->qscale, qt);
+        attn__tile_f32(J->kn, J->dout, d->out_dtype, d->o_stride, b, h, i0, nq, sh->Dv, BWD_BR, BWD_BR, 1.0f, dot);
         uint8_t bad = 0;
         for (int64_t e = 0; e < sh->D * BWD_BR; e++) bad |= !isfinite(qt[e]);
         for (int64_t e = 0; e < sh->Dv * BWD_BR; e++) bad |= !isfinite(dot[e]);
@@ -480,22 +476,26 @@ static void prep_rows_task(void *arg, int64_t bh, int thread) {
     }
     for (int64_t i = 0; J->q_pack != NULL && i < sh->L; i++) {
         float *r = J->q_pack + (bh * sh->L + i) * J->q_ld;
-        const int64_t src = attn__offset4(d->q_stride, b, h, i, 0);
-        attn__gather(r, J->q, d->q_dtype, src, d->q_stride[3], sh->D, 1.0f);
+        attn__rows_as_f32(J->kn, d->q_dtype, elem(J->q, d->q_dtype, attn__offset4(d->q_stride, b, h, i, 0)), 0,
+                          d->q_stride[3], 1, sh->D, J->q_ld, r);
         for (int64_t c = sh->D; c < J->q_ld; c++) r[c] = 0.0f;
     }
     for (int64_t i = 0; J->do_pack != NULL && i < sh->L; i++) {
         float *r = J->do_pack + (bh * sh->L + i) * J->do_ld;
-        const int64_t src = attn__offset4(d->o_stride, b, h, i, 0);
-        attn__gather(r, J->dout, d->out_dtype, src, d->o_stride[3], sh->Dv, 1.0f);
+        attn__rows_as_f32(J->kn, d->out_dtype, elem(J->dout, d->out_dtype, attn__offset4(d->o_stride, b, h, i, 0)), 0,
+                          d->o_stride[3], 1, sh->Dv, J->do_ld, r);
         for (int64_t c = sh->Dv; c < J->do_ld; c++) r[c] = 0.0f;
     }
-    for (int64_t i = 0; i < sh->L; i++) {
-        const int64_t o = attn__offset4(d->o_stride, b, h, i, 0);
+    for (int64_t i = 0; i < sh->L; i++) { // dout . out in double, ROWDOT_CHUNK elements of each as floats at a time
+        const int64_t o = attn__offset4(d->o_stride, b, h, i, 0), es = d->o_stride[3];
         double acc = 0.0;
-        for (int64_t c = 0; c < sh->Dv; c++)
-            acc += (double)attn__kv_at(P->out, d->out_dtype, o + c * d->o_stride[3]) *
-                   attn__kv_at(J->dout, d->out_dtype, o + c * d->o_stride[3]);
+        for (int64_t c0 = 0; c0 < sh->Dv; c0 += ROWDOT_CHUNK) {
+            const int64_t n = sh->Dv - c0 < ROWDOT_CHUNK ? sh->Dv - c0 : ROWDOT_CHUNK;
+            float of[ROWDOT_CHUNK], df[ROWDOT_CHUNK];
+            attn__rows_as_f32(J->kn, d->out_dtype, elem(P->out, d->out_dtype, o + c0 * es), 0, es, 1, n, n, of);
+            attn__rows_as_f32(J->kn, d->out_dtype, elem(J->dout, d->out_dtype, o + c0 * es), 0, es, 1, n, n, df);
+            for (int64_t c = 0; c < n; c++) acc += (double)of[c] * df[c];
+        }
         P->rowdot[bh * sh->L + i] = (float)acc;
         // clamped as the forward clamps its scores: an lse past FLT_MAX ln 2 (the reference's, of a
         // row with a float mask term that large) still gives its top keys their weight

@@ -162,6 +162,38 @@ void attn__pair_tile_bf16(const attn__kernels *kn, const uint16_t *x, const int6
     }
 }
 
+#define TILE_ROWS 8  // rows attn__tile_f32 reads at a time
+#define TILE_COLS 64 // and elements of each
+void attn__tile_f32(const attn__kernels *kn, const void *x, attn_dtype dt, const int64_t s[4], int64_t b, int64_t h,
+                    int64_t i0, int64_t nr, int64_t n, int64_t w, int64_t ld, float scale, float *y) {
+    if (s[3] == 1 || n == 1) {
+        float buf[TILE_ROWS][TILE_COLS];
+        const float *row[TILE_ROWS];
+        for (int64_t i = 0; i < nr; i += TILE_ROWS) {
+            const int ni = nr - i < TILE_ROWS ? (int)(nr - i) : TILE_ROWS;
+            for (int64_t c = 0; c < n; c += TILE_COLS) {
+                const int nc = n - c < TILE_COLS ? (int)(n - c) : TILE_COLS;
+                for (int r = 0; r < ni; r++) {
+                    const int64_t src = attn__offset4(s, b, h, i0 + i + r, c);
+                    if (dt == ATTN_DTYPE_F32) {
+                        row[r] = (const float *)x + src;
+                    } else {
+                        kn->half_to_f32(dt, (const uint16_t *)x + src, buf[r], nc);
+                        row[r] = buf[r];
+                    }
+                }
+                for (int cc = 0; cc < nc; cc++)
+                    for (int r = 0; r < ni; r++) y[(c + cc) * ld + i + r] = row[r][cc] * scale;
+            }
+        }
+    } else {
+        for (int64_t c = 0; c < n; c++)
+            attn__gather(y + c * ld, x, dt, attn__offset4(s, b, h, i0, c), s[2], nr, scale);
+    }
+    for (int64_t c = 0; c < n; c++)
+        for (int64_t i = nr; i < w; i++) y[c * ld + i] = 0.0f;
+}
+
 // The bf16 path's O += P V for a value tile holding NaN or inf: o[i*ldo + c] = alpha[i] o[i*ldo + c]
 // + sum over the keys j whose weight st[j*ld + i] is not 0 of that weight times v[j*vs_row + c].
 static void pv_rows_skipping_zeros(const uint16_t *v, int64_t vs_row, int nj, int Dv, const float *st, int64_t ld,
@@ -271,44 +303,6 @@ static void visible_spans(const flash_job *J, int64_t i0, int nq, int64_t j0, in
     }
 }
 
-// qt (D, brp; rows ld apart) = q[b, h, i0:i0+nq, :]^T * scale * log2(e) as floats, the columns past
-// nq zero. Contiguous rows are read QROWS at a time, QCOLS elements of each (half types converted by
-// the table's vector conversion), and written transposed; other layouts element by element.
-#define QROWS 8
-#define QCOLS 64
-static void query_tile_f32(const flash_job *J, int64_t b, int64_t h, int64_t i0, int nq, float *qt, int64_t ld) {
-    const attn_sdpa_desc *d = J->d;
-    const int D = (int)J->sh->D;
-    const float qscale = J->qscale;
-    if (d->q_stride[3] == 1 || D == 1) {
-        float buf[QROWS][QCOLS];
-        const float *row[QROWS];
-        for (int i = 0; i < nq; i += QROWS) {
-            const int ni = nq - i < QROWS ? nq - i : QROWS;
-            for (int c = 0; c < D; c += QCOLS) {
-                const int nc = D - c < QCOLS ? D - c : QCOLS;
-                for (int r = 0; r < ni; r++) {
-                    const int64_t src = attn__offset4(d->q_stride, b, h, i0 + i + r, c);
-                    if (d->q_dtype == ATTN_DTYPE_F32) {
-                        row[r] = (const float *)J->q + src;
-                    } else {
-                        J->kn->half_to_f32(d->q_dtype, (const uint16_t *)J->q + src, buf[r], nc);
-                        row[r] = buf[r];
-                    }
-                }
-                for (int cc = 0; cc < nc; cc++)
-                    for (int r = 0; r < ni; r++) qt[(int64_t)(c + cc) * ld + i + r] = row[r][cc] * qscale;
-            }
-        }
-    } else {
-        for (int dd = 0; dd < D; dd++)
-            attn__gather(qt + (int64_t)dd * ld, J->q, d->q_dtype, attn__offset4(d->q_stride, b, h, i0, dd),
-                         d->q_stride[2], nq, qscale);
-    }
-    for (int dd = 0; dd < D; dd++)
-        for (int i = nq; i < J->brp; i++) qt[(int64_t)dd * ld + i] = 0.0f;
-}
-
 static void flash_task(void *arg, int64_t task, int thread) {
     const flash_job *J = arg;
     const attn_sdpa_desc *d = J->d;
@@ -331,8 +325,8 @@ static void flash_task(void *arg, int64_t task, int thread) {
         // qp (D/2, brp pairs): the queries' bf16 elements times the power of two qp2
         attn__pair_tile_bf16(J->kn, J->q, d->q_stride, b, h, i0, nq, D, brp, J->qp2, t.qp);
         memset(t.o, 0, (size_t)brp * (size_t)t.dvp * sizeof(float));
-    } else {
-        query_tile_f32(J, b, h, i0, nq, t.qt, ld);
+    } else { // qt (D, brp) = q[b, h, i0:i0+nq, :]^T * scale * log2(e) as floats, zero padding columns
+        attn__tile_f32(J->kn, J->q, d->q_dtype, d->q_stride, b, h, i0, nq, D, brp, ld, J->qscale, t.qt);
         memset(t.ot, 0, (size_t)Dv * (size_t)ld * sizeof(float));
     }
     for (int i = 0; i < brp; i++) t.m[i] = -INFINITY, t.l[i] = 0.0f;
