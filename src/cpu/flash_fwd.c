@@ -303,6 +303,18 @@ static void visible_spans(const flash_job *J, int64_t i0, int nq, int64_t j0, in
     }
 }
 
+// y[c] = col[c * ld] * scale rounded to the half type dt (to nearest even), c < n: a query's column of
+// the transposed output tile, 64 values at a time through the table's f32_to_half.
+static void column_to_half(const attn__kernels *kn, attn_dtype dt, const float *col, int64_t ld, int n, float scale,
+                           uint16_t *y) {
+    float buf[64];
+    for (int c0 = 0; c0 < n; c0 += 64) {
+        const int nc = n - c0 < 64 ? n - c0 : 64;
+        for (int c = 0; c < nc; c++) buf[c] = col[(int64_t)(c0 + c) * ld] * scale;
+        kn->f32_to_half(dt, buf, y + c0, nc);
+    }
+}
+
 static void flash_task(void *arg, int64_t task, int thread) {
     const flash_job *J = arg;
     const attn_sdpa_desc *d = J->d;
@@ -414,6 +426,8 @@ static void flash_task(void *arg, int64_t task, int thread) {
         if (dot && d->out_dtype == ATTN_DTYPE_BF16 && d->o_stride[3] == 1 && J->kn->scale_to_bf16 != NULL)
             J->kn->scale_to_bf16(t.o + (int64_t)i * t.dvp, Dv, inv, (uint16_t *)J->out + o);
         else if (dot) attn__scatter(J->out, d->out_dtype, o, d->o_stride[3], t.o + (int64_t)i * t.dvp, 1, Dv, inv);
+        else if (d->out_dtype != ATTN_DTYPE_F32 && d->o_stride[3] == 1)
+            column_to_half(J->kn, d->out_dtype, t.ot + i, ld, Dv, inv, (uint16_t *)J->out + o);
         else attn__scatter(J->out, d->out_dtype, o, d->o_stride[3], t.ot + i, ld, Dv, inv);
         if (J->lse != NULL) J->lse[bh * sh->L + i0 + i] = row_lse;
     }
