@@ -129,9 +129,9 @@ void attn__pair_tile_bf16(const attn__kernels *kn, const uint16_t *x, const int6
 void attn__tile_f32(const attn__kernels *kn, const void *x, attn_dtype dt, const int64_t s[4], int64_t b, int64_t h,
                     int64_t i0, int64_t nr, int64_t n, int64_t w, int64_t ld, float scale, float *y);
 
-// Rows [0, nj) of a key or value tile (row stride rs, element stride es) of any cache type (F32;
-// half precision; block-quantised, Q8_0 and Q4_0: es = 1, rs a multiple of 32) as floats, (nj, n),
-// rows ld floats apart.
+// Rows [0, nj) of a key or value tile, or of query, out or dout rows (row stride rs, element stride
+// es) of any type k and v may have (F32; half precision; block-quantised, Q8_0 and Q4_0: es = 1, rs a
+// multiple of 32) as floats, (nj, n), rows ld floats apart.
 void attn__rows_as_f32(const attn__kernels *kn, attn_dtype dt, const void *src, int64_t rs, int64_t es, int nj,
                        int64_t n, int64_t ld, float *dst);
 

@@ -370,7 +370,7 @@ static void flash_task(void *arg, int64_t task, int thread) {
             attn__rows_as_f32(J->kn, d->kv_dtype, vt, vs_row, vs_d, nj, Dv, t.vld, t.vf);
             vt = t.vf, vs_row = t.vld, vs_d = 1;
         }
-        // the bounds alone hide some of this tile's scores: the bf16 products skip what they hide
+        // the bounds alone hide some of this tile's scores: the products skip what they hide
         const bool bounded = !masked && attn__tile_crosses_bounds(d, sh, i0, nq, j0, nj);
         const bool trim = bounded && !transform;
         if (trim && dot)
