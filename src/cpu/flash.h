@@ -26,6 +26,13 @@ static inline float attn__clamp_flt(double x) {
 // GFLOP/s instead of 93-97 (bench/flash_kernels).
 static inline int64_t attn__fwd_tile_ld(int brp) { return brp % 128 == 0 ? brp + 16 : brp; }
 
+// Whether a key or value tensor (type dt, element strides s) has float32 rows, elements contiguous,
+// a multiple of 512 bytes apart: rows a product would read down a column through a few of L1's sets,
+// which the forward (values) and decoding's wide tiles (keys and values) copy into padded rows.
+static inline bool attn__f32_rows_512_apart(attn_dtype dt, const int64_t s[4]) {
+    return dt == ATTN_DTYPE_F32 && s[3] == 1 && s[2] != 0 && s[2] % 128 == 0;
+}
+
 // A forward thread's tiles (brp query columns), carved from its scratch by attn__fwd_tiles_layout
 // (which returns the bytes; base NULL only sizes).
 typedef struct attn__fwd_tiles {
@@ -94,6 +101,16 @@ int attn__first_query_seeing(const attn_sdpa_desc *d, const attn__sdpa_shape *sh
 // the causal and window bounds, relative to j0 and clamped to the tile (*lo == *hi: none).
 void attn__tile_keys_seen(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t q0, int n, int64_t j0, int nj,
                           int *lo, int *hi);
+// The float32 gemm kernels' row block (cpu.h's gemm: 6 rows at a time), the groups of key or query rows
+// in which products of tiles cut by the bounds skip what the bounds hide.
+#define ATTN_TRIM_ROWS 6
+// C (nj, w; rows ld apart) = A (nj rows at a_rs, a_cs; K) B (K, w; rows ld apart) for a tile the causal
+// or window bounds cut through, its rows the nj keys from j0, its first nq of w columns the queries
+// from i0 (S^T = K Q^T, or the backward's dP^T = V dO^T): each group of ATTN_TRIM_ROWS keys from the
+// first 16-query block that sees the group's first key. The entries before, hidden, are not written.
+void attn__key_rows_product(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i0,
+                            int nq, int64_t j0, int nj, const float *A, int64_t a_rs, int64_t a_cs, int K,
+                            const float *B, int w, int64_t ld, float *C);
 // True when the causal or window bounds cut through the tile (some of its scores are hidden).
 bool attn__tile_crosses_bounds(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i0, int nq, int64_t j0,
                                int nj);

@@ -140,27 +140,20 @@ static void load_queries(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, i
 }
 
 // A float32 tile pair that the causal or window bounds alone cut through (no mask, no soft-capping or
-// ALiBi) takes its five products in groups of TRIM_ROWS keys or queries (the gemm kernels' 6-row
+// ALiBi) takes its five products in groups of ATTN_TRIM_ROWS keys or queries (the gemm kernels' 6-row
 // block) without what the bounds hide, as the forward does: S^T and dP^T each group of keys from the
-// first 16-query block that sees its first key (the entries before are hidden, so P and dS are 0
-// there whatever they held), dK and dV each group of keys summed from the first query that sees it,
-// dQ each group of queries summed over the keys the group sees. Only zero products are left out.
-#define TRIM_ROWS 6
+// first 16-query block that sees its first key (attn__key_rows_product; the entries before are
+// hidden, so P and dS are 0 there whatever they held), dK and dV each group of keys summed from the
+// first query that sees it, dQ each group of queries summed over the keys the group sees. Only zero
+// products are left out.
 
 // C (nj, BWD_BR) = A (nj rows at a_rs, a_cs; K) B (K, BWD_BR): S^T or dP^T of a tile pair.
 static void keys_by_queries(const bwd_job *J, const bwd_tiles *t, int64_t i0, int nq, int64_t j0, int nj,
                             const float *A, int64_t a_rs, int64_t a_cs, int K, const float *B, float *C) {
-    if (!t->trim) {
+    if (t->trim)
+        attn__key_rows_product(J->kn, J->d, J->sh, i0, nq, j0, nj, A, a_rs, a_cs, K, B, BWD_BR, BWD_BR, C);
+    else
         J->kn->gemm(A, a_rs, a_cs, nj, K, B, BWD_BR, BWD_BR, C, BWD_BR, false);
-        return;
-    }
-    for (int r = 0; r < nj; r += TRIM_ROWS) {
-        const int rows = nj - r < TRIM_ROWS ? nj - r : TRIM_ROWS;
-        const int c0 = attn__first_query_seeing(J->d, J->sh, i0, nq, j0 + r) / 16 * 16;
-        if (c0 >= BWD_BR) continue; // nq = BWD_BR queries and none sees these keys
-        J->kn->gemm(A + (int64_t)r * a_rs, a_rs, a_cs, rows, K, B + c0, BWD_BR, BWD_BR - c0,
-                    C + (int64_t)r * BWD_BR + c0, BWD_BR, false);
-    }
 }
 
 // C (nj, N) += A (nj keys x nq queries, rows BWD_BR apart) B (nq, N at ldb): dK or dV of a tile pair.
@@ -170,8 +163,8 @@ static void keys_from_queries(const bwd_job *J, const bwd_tiles *t, int64_t i0, 
         J->kn->gemm(A, BWD_BR, 1, nj, nq, B, ldb, N, C, ldc, true);
         return;
     }
-    for (int r = 0; r < nj; r += TRIM_ROWS) {
-        const int rows = nj - r < TRIM_ROWS ? nj - r : TRIM_ROWS;
+    for (int r = 0; r < nj; r += ATTN_TRIM_ROWS) {
+        const int rows = nj - r < ATTN_TRIM_ROWS ? nj - r : ATTN_TRIM_ROWS;
         const int c = attn__first_query_seeing(J->d, J->sh, i0, nq, j0 + r);
         if (c < nq)
             J->kn->gemm(A + (int64_t)r * BWD_BR + c, BWD_BR, 1, rows, nq - c, B + (int64_t)c * ldb, ldb, N,
@@ -186,8 +179,8 @@ static void queries_from_keys(const bwd_job *J, const bwd_tiles *t, int64_t i0, 
         J->kn->gemm(A, 1, BWD_BR, nq, nj, B, ldb, N, C, ldc, true);
         return;
     }
-    for (int r = 0; r < nq; r += TRIM_ROWS) {
-        const int rows = nq - r < TRIM_ROWS ? nq - r : TRIM_ROWS;
+    for (int r = 0; r < nq; r += ATTN_TRIM_ROWS) {
+        const int rows = nq - r < ATTN_TRIM_ROWS ? nq - r : ATTN_TRIM_ROWS;
         int lo, hi;
         attn__tile_keys_seen(J->d, J->sh, i0 + r, rows, j0, nj, &lo, &hi);
         if (lo < hi)

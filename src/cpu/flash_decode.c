@@ -83,8 +83,7 @@ static bool narrow_applies(const attn__sdpa_shape *sh, const attn_sdpa_desc *d) 
 // apart (D = 128, 256 contiguous), which the product read in place from memory about a fifth slower
 // than from the copy at D = 128 (at D = 64, rows 256 bytes apart, the copy was slower: BENCHMARKS.md).
 static bool copies_k(const attn__sdpa_shape *sh, const attn_sdpa_desc *d) {
-    return !narrow_applies(sh, d) && d->kv_dtype == ATTN_DTYPE_F32 && d->k_stride[3] == 1 && d->k_stride[2] != 0 &&
-           d->k_stride[2] % 128 == 0;
+    return !narrow_applies(sh, d) && attn__f32_rows_512_apart(d->kv_dtype, d->k_stride);
 }
 
 // 1 when the (nj, n) tile at row stride rs, element stride es holds a NaN or an infinity.

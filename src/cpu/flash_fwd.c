@@ -56,8 +56,7 @@ static int64_t vtile_ld(int64_t Dv) { return Dv % 128 == 0 ? Dv + 16 : Dv; }
 // contiguous) a multiple of 512 bytes apart, which P V would read down a column through a few of L1's
 // sets (vtile_ld).
 static bool copies_v(const attn_sdpa_desc *d, bool dot) {
-    return !dot && d->kv_dtype == ATTN_DTYPE_F32 && d->v_stride[3] == 1 && d->v_stride[2] != 0 &&
-           d->v_stride[2] % 128 == 0;
+    return !dot && attn__f32_rows_512_apart(d->kv_dtype, d->v_stride);
 }
 
 size_t attn__fwd_tiles_layout(const attn__sdpa_shape *sh, const attn_sdpa_desc *d, int brp, bool dot, bool copy_k,
@@ -260,25 +259,12 @@ static void pv_bf16_trimmed(const flash_job *J, int nj, const attn__fwd_tiles *t
     }
 }
 
-// The float32 products of such a tile, the same way: S^T's key rows in groups of TRIM_ROWS_F32 (the
-// gemm kernels' 6-row block) from the first 16-query block that sees the group's first key, and O^T's
-// query columns, TRIM_COLS at a time (the AVX-512 pv's 32-column block), over the keys from the
-// first their first query sees to the last their last one sees. The sums of the whole tile with
-// only zero products left out (the pv kernels add each column's keys in order).
-#define TRIM_ROWS_F32 6
+// The float32 products of such a tile, the same way: S^T by attn__key_rows_product (key rows in groups
+// of the gemm kernels' 6-row block), and O^T's query columns, TRIM_COLS at a time (the AVX-512 pv's
+// 32-column block), over the keys from the first their first query sees to the last their last one
+// sees. The sums of the whole tile with only zero products left out (the pv kernels add each column's
+// keys in order).
 #define TRIM_COLS 32
-
-static void qk_f32_trimmed(const flash_job *J, const float *kt, int64_t ks_row, int64_t ks_d, int nj,
-                           const attn__fwd_tiles *t, int64_t i0, int nq, int64_t j0) {
-    const int D = (int)J->sh->D, brp = J->brp;
-    for (int r = 0; r < nj; r += TRIM_ROWS_F32) {
-        const int rows = nj - r < TRIM_ROWS_F32 ? nj - r : TRIM_ROWS_F32;
-        const int c0 = attn__first_query_seeing(J->d, J->sh, i0, nq, j0 + r) / 16 * 16;
-        if (c0 >= brp) continue; // nq = brp queries and none sees these keys: all -inf
-        attn__qk(J->kn, kt + (int64_t)r * ks_row, ks_row, ks_d, rows, D, t->qt + c0, brp - c0, t->ld,
-                 t->st + (int64_t)r * t->ld + c0);
-    }
-}
 
 static void pv_f32_trimmed(const flash_job *J, const float *vt, int64_t vs_row, int64_t vs_d, int nj,
                            const attn__fwd_tiles *t, int64_t i0, int nq, int64_t j0) {
@@ -376,7 +362,7 @@ static void flash_task(void *arg, int64_t task, int thread) {
         if (trim && dot)
             qk_bf16_trimmed(J, (const uint16_t *)kt, ks_row, nj, &t, i0, nq, j0);
         else if (trim)
-            qk_f32_trimmed(J, kt, ks_row, ks_d, nj, &t, i0, nq, j0);
+            attn__key_rows_product(J->kn, d, sh, i0, nq, j0, nj, kt, ks_row, ks_d, D, t.qt, brp, ld, t.st);
         else if (dot) // S^T (nj, brp) = scale log2(e) K Q^T, the key rows' pairs read in place
             J->kn->gemm_bf16((const uint16_t *)kt, ks_row, 2, nj, D / 2, t.qp, brp, brp, t.st, ld, NULL, J->qrest);
         else

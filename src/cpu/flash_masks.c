@@ -56,6 +56,17 @@ void attn__tile_keys_seen(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, i
     *hi = b < *lo ? *lo : b > nj ? nj : (int)b;
 }
 
+void attn__key_rows_product(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i0,
+                            int nq, int64_t j0, int nj, const float *A, int64_t a_rs, int64_t a_cs, int K,
+                            const float *B, int w, int64_t ld, float *C) {
+    for (int r = 0; r < nj; r += ATTN_TRIM_ROWS) {
+        const int rows = nj - r < ATTN_TRIM_ROWS ? nj - r : ATTN_TRIM_ROWS;
+        const int c0 = attn__first_query_seeing(d, sh, i0, nq, j0 + r) / 16 * 16;
+        if (c0 >= w) continue; // nq = w queries and none sees these keys
+        kn->gemm(A + (int64_t)r * a_rs, a_rs, a_cs, rows, K, B + c0, ld, w - c0, C + (int64_t)r * ld + c0, ld, false);
+    }
+}
+
 bool attn__tile_crosses_bounds(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i0, int nq, int64_t j0,
                                int nj) {
     if (d->causal == ATTN_CAUSAL_NONE && !d->use_window) return false;
