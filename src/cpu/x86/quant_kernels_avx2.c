@@ -204,54 +204,67 @@ INLINE __m256 pair_scales(const attn_dtype dt, const uint8_t *x0, const uint8_t 
     return nan_if_infinite(_mm256_cvtph_ps(_mm_set_epi64x((long long)w[1], (long long)w[0])));
 }
 
-// Two keys' groups (x0, x1: the group's first block; `blocks` of them in the row) against four
-// query rows' groups p[r]: acc[r] lane 4l + c gains row r's products with key l over column c.
-// Each block's 16 quant bytes (Q4_0) or two halves (Q8_0) of both keys are loaded into the two
-// lanes, transposed by dwords (or qwords) into the step vectors, split into nibbles (Q4_0) or
-// taken as |q| (Q8_0, the query bytes given q's sign: vpmaddubsw multiplies unsigned by signed
-// bytes); each row's steps meet them with its query bytes in vpmaddubsw, whose pair sums Q4_0
-// adds in 16 bits over its 8 steps (at most 8 * 2 * 15 * 127 = 30480) and Q8_0 in 32 after
-// vpmaddwd (a pair reaches 2 * 128 * 127); then one conversion and one multiply by d_k d_q a row.
+// Q4_0: two keys' groups (x0, x1: the group's first block; `blocks` of them in the row) against four
+// query rows' groups p[r]: in i32[r] lane 4l + c row r's products with key l over column c (the
+// nibbles n, less 8 times the query's column sum: n - 8). Each block's 16 quant bytes of both keys
+// are loaded into the two lanes, transposed by dwords into the step vectors and split into nibbles;
+// each row's 8 steps meet them with its query bytes in vpmaddubsw (unsigned times signed bytes,
+// pairs summed), added in 16 bits (at most 8 * 2 * 15 * 127 = 30480) and widened once by vpmaddwd.
+INLINE void q4_pairs(const uint8_t *x0, const uint8_t *x1, int blocks, const q_group *const p[4], __m256i i32[4]) {
+    const int bb = block_bytes(ATTN_DTYPE_Q4_0);
+    __m256i x[4], k[8];
+    for (int b = 0; b < 4; b++) x[b] = load_pair(b < blocks ? x0 + b * bb + 2 : NULL, x1 + b * bb + 2);
+    const __m256i t01l = _mm256_unpacklo_epi32(x[0], x[1]), t01h = _mm256_unpackhi_epi32(x[0], x[1]);
+    const __m256i t23l = _mm256_unpacklo_epi32(x[2], x[3]), t23h = _mm256_unpackhi_epi32(x[2], x[3]);
+    const __m256i st[4] = {_mm256_unpacklo_epi64(t01l, t23l), _mm256_unpackhi_epi64(t01l, t23l),
+                           _mm256_unpacklo_epi64(t01h, t23h), _mm256_unpackhi_epi64(t01h, t23h)};
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int t = 0; t < 4; t++) k[t] = _mm256_and_si256(st[t], m4), k[4 + t] = _mm256_and_si256(_mm256_srli_epi16(st[t], 4), m4);
+    for (int r = 0; r < 4; r++) {
+        __m256i a = _mm256_maddubs_epi16(k[0], _mm256_load_si256((const __m256i *)p[r]->q[0]));
+        for (int s = 1; s < 8; s++)
+            a = _mm256_add_epi16(a, _mm256_maddubs_epi16(k[s], _mm256_load_si256((const __m256i *)p[r]->q[s])));
+        i32[r] = _mm256_add_epi32(_mm256_madd_epi16(a, _mm256_set1_epi16(1)), _mm256_load_si256((const __m256i *)p[r]->init));
+    }
+}
+
+// Q8_0, a group of two blocks (column c: block c / 2): both halves of each block of both keys loaded
+// into the two lanes and transposed by qwords into the step vectors st, k their magnitudes |k|
+// (vpmaddubsw multiplies unsigned by signed bytes; q8_row gives the query bytes k's sign).
+INLINE void q8_steps(const uint8_t *x0, const uint8_t *x1, int blocks, __m256i st[4], __m256i k[4]) {
+    const int bb = block_bytes(ATTN_DTYPE_Q8_0);
+    __m256i lo[2], hi[2];
+    for (int b = 0; b < 2; b++) {
+        lo[b] = load_pair(b < blocks ? x0 + b * bb + 2 : NULL, x1 + b * bb + 2);
+        hi[b] = load_pair(b < blocks ? x0 + b * bb + 18 : NULL, x1 + b * bb + 18);
+    }
+    st[0] = _mm256_unpacklo_epi64(lo[0], lo[1]), st[1] = _mm256_unpackhi_epi64(lo[0], lo[1]);
+    st[2] = _mm256_unpacklo_epi64(hi[0], hi[1]), st[3] = _mm256_unpackhi_epi64(hi[0], hi[1]);
+    for (int t = 0; t < 4; t++) k[t] = _mm256_abs_epi8(st[t]);
+}
+
+// One query row's group p against q8_steps' vectors: lane 4l + c, the products with key l over column
+// c; each step's pair sums (at most 2 * 128 * 127) widened by vpmaddwd and added in 32 bits.
+INLINE __m256i q8_row(const __m256i st[4], const __m256i k[4], const q_group *p) {
+    __m256i i32 = _mm256_setzero_si256();
+    for (int t = 0; t < 4; t++) {
+        const __m256i qs = _mm256_sign_epi8(_mm256_load_si256((const __m256i *)p->q[t]), st[t]);
+        i32 = _mm256_add_epi32(i32, _mm256_madd_epi16(_mm256_maddubs_epi16(k[t], qs), _mm256_set1_epi16(1)));
+    }
+    return i32;
+}
+
+// Two keys' groups against four query rows' groups (q4_pairs; q8_steps and q8_row): acc[r] lane
+// 4l + c gains row r's products with key l over column c, converted and multiplied by d_k d_q.
 INLINE void keys_group(const attn_dtype dt, const uint8_t *x0, const uint8_t *x1, int blocks, const q_group *const p[4],
                        __m256 acc[4]) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    const int bb = block_bytes(dt);
-    __m256i k[8], st[4];
-    if (dt == ATTN_DTYPE_Q4_0) {
-        __m256i x[4];
-        for (int b = 0; b < 4; b++) x[b] = load_pair(b < blocks ? x0 + b * bb + 2 : NULL, x1 + b * bb + 2);
-        const __m256i t01l = _mm256_unpacklo_epi32(x[0], x[1]), t01h = _mm256_unpackhi_epi32(x[0], x[1]);
-        const __m256i t23l = _mm256_unpacklo_epi32(x[2], x[3]), t23h = _mm256_unpackhi_epi32(x[2], x[3]);
-        st[0] = _mm256_unpacklo_epi64(t01l, t23l), st[1] = _mm256_unpackhi_epi64(t01l, t23l);
-        st[2] = _mm256_unpacklo_epi64(t01h, t23h), st[3] = _mm256_unpackhi_epi64(t01h, t23h);
-        const __m256i m4 = _mm256_set1_epi8(0x0F);
-        for (int t = 0; t < 4; t++) k[t] = _mm256_and_si256(st[t], m4), k[4 + t] = _mm256_and_si256(_mm256_srli_epi16(st[t], 4), m4);
-    } else {
-        __m256i lo[2], hi[2];
-        for (int b = 0; b < 2; b++) {
-            lo[b] = load_pair(b < blocks ? x0 + b * bb + 2 : NULL, x1 + b * bb + 2);
-            hi[b] = load_pair(b < blocks ? x0 + b * bb + 18 : NULL, x1 + b * bb + 18);
-        }
-        st[0] = _mm256_unpacklo_epi64(lo[0], lo[1]), st[1] = _mm256_unpackhi_epi64(lo[0], lo[1]);
-        st[2] = _mm256_unpacklo_epi64(hi[0], hi[1]), st[3] = _mm256_unpackhi_epi64(hi[0], hi[1]);
-        for (int t = 0; t < 4; t++) k[t] = _mm256_abs_epi8(st[t]);
-    }
+    __m256i i32[4], st[4], k[4];
+    if (dt == ATTN_DTYPE_Q4_0) q4_pairs(x0, x1, blocks, p, i32);
+    else q8_steps(x0, x1, blocks, st, k);
     const __m256 dk = pair_scales(dt, x0, x1, blocks);
     for (int r = 0; r < 4; r++) {
-        __m256i i32;
-        if (dt == ATTN_DTYPE_Q4_0) {
-            __m256i a = _mm256_maddubs_epi16(k[0], _mm256_load_si256((const __m256i *)p[r]->q[0]));
-            for (int s = 1; s < 8; s++)
-                a = _mm256_add_epi16(a, _mm256_maddubs_epi16(k[s], _mm256_load_si256((const __m256i *)p[r]->q[s])));
-            i32 = _mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_load_si256((const __m256i *)p[r]->init));
-        } else {
-            i32 = _mm256_setzero_si256();
-            for (int t = 0; t < 4; t++) {
-                const __m256i qs = _mm256_sign_epi8(_mm256_load_si256((const __m256i *)p[r]->q[t]), st[t]);
-                i32 = _mm256_add_epi32(i32, _mm256_madd_epi16(_mm256_maddubs_epi16(k[t], qs), ones));
-            }
-        }
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_mul_ps(dk, _mm256_load_ps(p[r]->dq)), acc[r]);
+        const __m256i n = dt == ATTN_DTYPE_Q4_0 ? i32[r] : q8_row(st, k, p[r]);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(n), _mm256_mul_ps(dk, _mm256_load_ps(p[r]->dq)), acc[r]);
     }
 }
 
@@ -360,21 +373,25 @@ INLINE __m256i add_madd(__m256i c, __m256i a, __m256i b) {
 }
 
 // The products of one key pair (x, y: their blocks; wi: the pair's dwords of rounded weights, row r
-// at wi[r]) for half h added to c[0..7] as ipv_half's. The pair's 16 quant bytes of the half are
-// interleaved (vpunpck[lh]bw) and widened to words, so that dword c holds both keys' value of
-// column c.
+// at wi[r]) for half h added to c[0..7] as ipv_half's, whose columns they leave in the order
+// 0-3, 8-11 (c[2r]) and 4-7, 12-15 (c[2r + 1]) of the half. Each key's 16 quant bytes of the half
+// are widened to words straight from memory (vpmovzxbw / vpmovsxbw with a memory operand: the same
+// widening from a register is a lane-crossing shuffle that a Zen 3 runs at 0.8 a cycle, against 2) and
+// the two keys' words interleaved in each lane (vpunpck[lh]wd), so that a dword holds both keys'
+// value of one column.
 INLINE void ipv_pair(const attn_dtype dt, const int h, const uint8_t *x, const uint8_t *y, const int32_t *wi, __m256i c[8]) {
     const int off = dt == ATTN_DTYPE_Q4_0 ? 2 : 2 + 16 * h; // Q4_0: the half's nibbles, low or high, of all 16 bytes
-    const __m128i xa = _mm_loadu_si128((const __m128i *)(x + off)), ya = _mm_loadu_si128((const __m128i *)(y + off));
-    __m256i v0, v1; // columns 16h .. 16h + 7 and 16h + 8 .. 16h + 15, both keys' values a dword
+    const __m128i *xa = (const __m128i *)(x + off), *ya = (const __m128i *)(y + off);
+    __m256i xw, yw; // the half's 16 values of each key, as words
     if (dt == ATTN_DTYPE_Q4_0) {
         const __m256i m4 = _mm256_set1_epi16(0x0F);
-        const __m256i lo = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(xa, ya)), hi = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(xa, ya));
-        v0 = h == 0 ? _mm256_and_si256(lo, m4) : _mm256_srli_epi16(lo, 4);
-        v1 = h == 0 ? _mm256_and_si256(hi, m4) : _mm256_srli_epi16(hi, 4);
+        xw = _mm256_cvtepu8_epi16(_mm_loadu_si128(xa)), yw = _mm256_cvtepu8_epi16(_mm_loadu_si128(ya));
+        xw = h == 0 ? _mm256_and_si256(xw, m4) : _mm256_srli_epi16(xw, 4);
+        yw = h == 0 ? _mm256_and_si256(yw, m4) : _mm256_srli_epi16(yw, 4);
     } else {
-        v0 = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(xa, ya)), v1 = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(xa, ya));
+        xw = _mm256_cvtepi8_epi16(_mm_loadu_si128(xa)), yw = _mm256_cvtepi8_epi16(_mm_loadu_si128(ya));
     }
+    const __m256i v0 = _mm256_unpacklo_epi16(xw, yw), v1 = _mm256_unpackhi_epi16(xw, yw);
     for (int r = 0; r < 4; r++) {
         const __m256i w = _mm256_set1_epi32(wi[r]);
         c[2 * r] = add_madd(c[2 * r], v0, w), c[2 * r + 1] = add_madd(c[2 * r + 1], v1, w);
@@ -467,7 +484,11 @@ INLINE void half_sums(const attn_dtype dt, const int h, bool ints, const uint8_t
         for (int r = 0; r < 4; r++) {
             const __m256i less = _mm256_set1_epi32(dt == ATTN_DTYPE_Q4_0 ? 8 * isum[4 * g + r] : 0);
             const __m256 u = _mm256_set1_ps(unit[4 * g + r]);
-            for (int x = 0; x < 2; x++) f[2 * r + x] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(c[2 * r + x], less)), u);
+            // ipv_pair's column order (0-3, 8-11 and 4-7, 12-15) back to 0-7 and 8-15
+            const __m256i lo = _mm256_permute2x128_si256(c[2 * r], c[2 * r + 1], 0x20);
+            const __m256i hi = _mm256_permute2x128_si256(c[2 * r], c[2 * r + 1], 0x31);
+            f[2 * r] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(lo, less)), u);
+            f[2 * r + 1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hi, less)), u);
         }
     } else {
         pv_half(dt, h, b, row_bytes, nj, w + 4 * g, prefetch, f);
