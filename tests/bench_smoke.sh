@@ -31,6 +31,8 @@ agrees="agrees with the reference"
 run "sdpa" "$agrees" -- --heads 2 --len-q 40 --len-kv 70 --head-dim 32
 run "sdpa causal GQA" "$agrees" -- --heads 4 --kv-heads 2 --len-q 70 --len-kv 70 --head-dim 64 --causal
 run "sdpa forward+backward" "forward+backward.*$agrees" -- --heads 2 --len-q 50 --len-kv 50 --head-dim 32 --backward
+run "sdpa causal local window" "causal window=24,0 .*$agrees" -- --heads 2 --len-q 90 --head-dim 32 --causal --window 24,0
+run "sdpa local window forward+backward" "window=16,5 .*forward+backward.*$agrees" -- --heads 2 --len-q 60 --len-kv 75 --head-dim 32 --window 16,5 --backward
 run "sdpa bf16" "$agrees" -- --heads 2 --len-q 64 --len-kv 64 --head-dim 64 --dtype bf16
 run "mha" "mha F32 B=1 E=64 H=4 L=30" -- --op mha --embed-dim 64 --heads 4 --len-q 30 # (no reference check)
 # a bf16 module's row against the peak of the instructions its products run on (AUTO's table), or

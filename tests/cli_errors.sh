@@ -74,6 +74,9 @@ expect 1 "sdpa sinks of the wrong shape" -- $attn sdpa --q $d/q4.npy --k $d/q4.n
 expect 2 "demo with an argument" -- $attn demo --frob
 expect 2 "bench --dropout out of range" -- $attn bench --dropout 1
 expect 2 "bench --dropout with the module" -- $attn bench --op mha --dropout 0.1
+expect 2 "bench --window below -1" -- $attn bench --window -2,0
+expect 2 "bench --window without a right side" -- $attn bench --window 3
+expect 2 "bench --window with the module" -- $attn bench --op mha --window 3,3
 expect 2 "bench --op mha-decode with a bad embed dim" -- $attn bench --op mha-decode --embed-dim 30 --heads 4
 expect 2 "bench --op mha-decode with a block-type module" -- $attn bench --op mha-decode --dtype q8_0
 expect 2 "bench --op mha-decode with a cache past int64" -- $attn bench --op mha-decode --len-kv 9223372036854775807

@@ -22,6 +22,8 @@ int cli_isa(const char *cmd, const char *name, attn_isa *isa);
 // "f32", "f16" or "bf16" (false for anything else).
 bool cli_parse_float_dtype(const char *name, attn_dtype *dt); // f32, f16, bf16
 bool cli_parse_kv_dtype(const char *name, attn_dtype *dt);    // those and q8_0, q4_0
+// "LEFT,RIGHT" (--window of attn sdpa and attn bench), each an integer >= -1 (-1: unbounded).
+bool cli_parse_window(const char *s, int64_t *left, int64_t *right);
 // Replaces a float32 tensor's values by their conversion to `dt` (F16, BF16, or Q8_0 / Q4_0 with
 // its last dimension a multiple of 32), in its own buffer (never larger than the floats).
 attn_status cli_to_dtype(attn_tensor *t, attn_dtype dt);

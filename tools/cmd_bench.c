@@ -14,7 +14,8 @@
 
 static const char summary[] =
     "usage: attn bench [--op sdpa|mha|decode|mha-decode] [--batch B] [--heads H] [--kv-heads Hkv] [--len-q L] [--len-kv S]\n"
-    "                  [--head-dim D] [--embed-dim E] [--causal] [--threads T] [--isa ISA]\n"
+    "                  [--head-dim D] [--embed-dim E] [--causal] [--window LEFT,RIGHT] [--threads T]\n"
+    "                  [--isa ISA]\n"
     "                  [--backward] [--dropout P] [--dtype f32|f16|bf16] [--repeat R] [--no-check] [--blas]\n"
     "                  [--json] [--device cpu|cuda]\n"
     "\n"
@@ -26,6 +27,9 @@ static const char summary[] =
     "of R runs after one warm-up (and the fastest run: the steadier figure on a busy machine), the\n"
     "GFLOP/s (SDPA: 4*B*H*L*S*D, halved with --causal; MHA adds the four projections, 8*B*L*E^2) and\n"
     "the peak resident set; --json ends the output with one JSON object.\n"
+    "--window LEFT,RIGHT (sdpa) makes it local attention as attn sdpa's (attn_sdpa_desc's use_window):\n"
+    "query i sees keys i - LEFT .. i + RIGHT (-1: unbounded side; --causal bounds the right at i); the\n"
+    "GFLOP/s then count the visible pairs.\n"
     "With --backward (sdpa) each run is a forward and a backward, counted as 3.5 times the forward's\n"
     "flops (the backward as 2.5 times).\n"
     "--dtype (sdpa) gives q, k, v, out and the gradients that element type (attn_sdpa_desc's dtypes) and\n"
@@ -75,8 +79,9 @@ static float *alloc_randn(attn_ctx *ctx, size_t n) {
 }
 
 typedef struct bench_opts {
-    const char *op, *isa, *dtype, *device;
+    const char *op, *isa, *dtype, *device, *window;
     int64_t B, H, Hkv, L, S, D, E, threads, repeat;
+    int64_t win_left, win_right; // --window (-1: unbounded side)
     double dropout;
     bool causal, no_check, json, backward, blas;
 } bench_opts;
@@ -112,6 +117,27 @@ static bool row_peak_kind(attn_isa isa, const bench_opts *o, attn_dtype dt, peak
     return true;
 }
 
+// Whether query i sees key j under --causal (top left) and --window.
+static bool visible(const bench_opts *o, int64_t i, int64_t j) {
+    if (o->causal && j > i) return false;
+    if (o->window == NULL) return true;
+    return (o->win_left < 0 || j >= i - o->win_left) && (o->win_right < 0 || j <= i + o->win_right);
+}
+
+// Query-key pairs that --causal and --window leave visible (the causal count kept as L S / 2).
+static double visible_pairs(const bench_opts *o) {
+    if (o->window == NULL) return (double)o->L * (double)o->S * (o->causal ? 0.5 : 1.0);
+    double n = 0;
+    for (int64_t i = 0; i < o->L; i++) {
+        const int64_t lo = o->win_left < 0 || i - o->win_left < 0 ? 0 : i - o->win_left;
+        int64_t hi = o->S - 1;
+        if (o->win_right >= 0 && i + o->win_right < hi) hi = i + o->win_right;
+        if (o->causal && i < hi) hi = i;
+        if (hi >= lo) n += (double)(hi - lo + 1);
+    }
+    return n;
+}
+
 // Checks sampled rows of `out` (B, H, L, D contiguous) against the reference: up to 2 heads of batch
 // 0, 8 evenly spaced query rows, as a strided view with a float mask standing in for causality. The
 // error of each element is taken relative to |reference| + max|v| (attn.h's bounds have both terms).
@@ -129,7 +155,7 @@ static int check_sdpa(const bench_opts *o, const attn_sdpa_desc *d, const void *
     const int64_t group = o->H / o->Hkv;
     s.k_stride[1] = s.v_stride[1] = group > 1 ? 0 : d->k_stride[1]; // with GQA both sampled heads share kv head 0
     s.q_stride[2] = d->q_stride[2] * step;
-    s.causal = ATTN_CAUSAL_NONE;
+    s.causal = ATTN_CAUSAL_NONE, s.use_window = 0; // the mask below stands in for both at the sampled rows
     float *mask = calloc((size_t)(rows * o->S), sizeof(float));
     float *got = malloc((size_t)(heads * rows * o->D) * sizeof(float));
     if (mask == NULL || got == NULL) {
@@ -137,9 +163,10 @@ static int check_sdpa(const bench_opts *o, const attn_sdpa_desc *d, const void *
         attn_ctx_free(ref);
         return cli_error("bench", EXIT_FAILURE_RUN, "out of memory");
     }
-    if (o->causal) {
+    if (o->causal || o->window != NULL) {
         for (int64_t r = 0; r < rows; r++)
-            for (int64_t j = r * step + 1; j < o->S; j++) mask[r * o->S + j] = -INFINITY;
+            for (int64_t j = 0; j < o->S; j++)
+                if (!visible(o, r * step, j)) mask[r * o->S + j] = -INFINITY;
         s.mask = mask, s.mask_dtype = ATTN_DTYPE_F32;
         s.mask_stride[0] = s.mask_stride[1] = 0, s.mask_stride[2] = o->S, s.mask_stride[3] = 1;
     }
@@ -189,6 +216,7 @@ int cmd_bench(int argc, char **argv) {
         {"--head-dim", ARG_INT, &o.D, "D", "head dimension for sdpa (default 64)", false, false},
         {"--embed-dim", ARG_INT, &o.E, "E", "embedding dimension for mha (default 768)", false, false},
         {"--causal", ARG_FLAG, &o.causal, NULL, "causal mask", false, false},
+        {"--window", ARG_STRING, &o.window, "LEFT,RIGHT", "local window sizes (sdpa; -1: unbounded)", false, false},
         {"--backward", ARG_FLAG, &o.backward, NULL, "time forward + backward (sdpa)", false, false},
         {"--dropout", ARG_FLOAT, &o.dropout, "P", "Philox dropout probability in [0, 1) (sdpa; default 0)", false, false},
         {"--dtype", ARG_STRING, &o.dtype, "T", "element type f32, f16 or bf16 (sdpa; the module with mha); reports % of peak",
@@ -215,6 +243,8 @@ int cmd_bench(int argc, char **argv) {
     if (o.H % o.Hkv != 0) return cli_error("bench", EXIT_USAGE, "--heads must be a multiple of --kv-heads");
     if (mha && o.E % o.H != 0) return cli_error("bench", EXIT_USAGE, "--embed-dim must be a multiple of --heads");
     if (mha && o.backward) return cli_error("bench", EXIT_USAGE, "--backward times sdpa only");
+    if (o.window != NULL && (mha || !cli_parse_window(o.window, &o.win_left, &o.win_right)))
+        return cli_error("bench", EXIT_USAGE, "--window wants LEFT,RIGHT with integers >= -1, with --op sdpa");
     if (!(o.dropout >= 0.0 && o.dropout < 1.0) || (mha && o.dropout > 0.0))
         return cli_error("bench", EXIT_USAGE, "--dropout must be in [0, 1), with --op sdpa");
     if (mha) o.S = o.L, o.Hkv = o.H, o.D = o.E / o.H;
@@ -253,11 +283,12 @@ int cmd_bench(int argc, char **argv) {
         attn_sdpa_desc_init(&d);
         d.batch = o.B, d.n_heads = o.H, d.n_kv_heads = o.Hkv, d.len_q = o.L, d.len_kv = o.S, d.head_dim = o.D;
         d.causal = o.causal ? ATTN_CAUSAL_TOP_LEFT : ATTN_CAUSAL_NONE;
+        if (o.window != NULL) d.use_window = 1, d.window_left = o.win_left, d.window_right = o.win_right;
         attn_layout_strides(ATTN_LAYOUT_BHLD, o.B, o.H, o.L, o.D, d.q_stride);
         attn_layout_strides(ATTN_LAYOUT_BHLD, o.B, o.Hkv, o.S, o.D, d.k_stride);
         memcpy(d.v_stride, d.k_stride, sizeof d.k_stride);
         memcpy(d.o_stride, d.q_stride, sizeof d.q_stride);
-        flops = 4.0 * (double)o.B * (double)o.H * (double)o.L * (double)o.S * (double)o.D * (o.causal ? 0.5 : 1.0);
+        flops = 4.0 * (double)o.B * (double)o.H * (double)o.D * visible_pairs(&o);
         if (o.backward) flops *= 3.5;
         d.q_dtype = d.kv_dtype = d.out_dtype = d.grad_dtype = dt;
         if (o.dropout > 0.0) d.dropout_p = o.dropout, d.dropout_rng = ATTN_DROPOUT_RNG_PHILOX, d.dropout_seed = 1;
@@ -319,15 +350,16 @@ int cmd_bench(int argc, char **argv) {
         peak = peak_measure(kind, (int)o.threads, 20000000L, 3, &sink);
     const double io_mb = mha ? 2.0 * (double)(o.L * o.B * o.E) * (double)attn_dtype_size(dt) / 1048576.0
                              : (double)(2 * nq + 2 * nk) * (double)attn_dtype_size(dt) / 1048576.0; // q, k, v, out
-    char shape[160];
+    char shape[160], window[48] = ""; // "LEFT,RIGHT"
+    if (o.window != NULL) snprintf(window, sizeof window, "%lld,%lld", (long long)o.win_left, (long long)o.win_right);
     if (mha)
         snprintf(shape, sizeof shape, "mha %s B=%lld E=%lld H=%lld L=%lld", attn_dtype_name(dt), (long long)o.B,
                  (long long)o.E, (long long)o.H, (long long)o.L);
     else
         snprintf(shape, sizeof shape, "sdpa B=%lld H=%lld Hkv=%lld L=%lld S=%lld D=%lld", (long long)o.B,
                  (long long)o.H, (long long)o.Hkv, (long long)o.L, (long long)o.S, (long long)o.D);
-    printf("%s%s%s%s threads=%lld isa=%s: median %.3f ms (fastest %.3f), %.1f GFLOP/s, peak RSS %.1f MiB (inputs+outputs %.1f MiB)%s\n",
-           shape, o.causal ? " causal" : "", o.dropout > 0.0 ? " dropout(Philox)" : "", o.backward ? " forward+backward" : "",
+    printf("%s%s%s%s%s%s threads=%lld isa=%s: median %.3f ms (fastest %.3f), %.1f GFLOP/s, peak RSS %.1f MiB (inputs+outputs %.1f MiB)%s\n",
+           shape, o.causal ? " causal" : "", o.window != NULL ? " window=" : "", window, o.dropout > 0.0 ? " dropout(Philox)" : "", o.backward ? " forward+backward" : "",
            (long long)o.threads, attn_isa_name(attn_ctx_isa(ctx)), median * 1e3, fastest * 1e3, gflops,
            rss, io_mb, check_err >= 0 ? "; agrees with the reference" : "");
     if (o.dtype != NULL) {
@@ -339,12 +371,12 @@ int cmd_bench(int argc, char **argv) {
     }
     if (o.json)
         printf("{\"op\": \"%s\", \"batch\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"len_q\": %lld, \"len_kv\": %lld, "
-               "\"head_dim\": %lld, \"embed_dim\": %lld, \"causal\": %s, \"backward\": %s, \"threads\": %lld, \"isa\": \"%s\", "
+               "\"head_dim\": %lld, \"embed_dim\": %lld, \"causal\": %s, \"window\": %s%s%s, \"backward\": %s, \"threads\": %lld, \"isa\": \"%s\", "
                "\"repeat\": %lld, \"median_ms\": %.4f, \"fastest_ms\": %.4f, \"gflops\": %.2f, \"peak_rss_mb\": %.1f, \"io_mb\": %.1f, "
                "\"check_rel_err\": %.3g, \"dtype\": \"%s\", \"peak_instr\": %s%s%s, \"peak_gflops\": %.2f, "
                "\"pct_peak\": %.2f}\n",
                mha ? "mha" : "sdpa", (long long)o.B, (long long)o.H, (long long)o.Hkv, (long long)o.L, (long long)o.S,
-               (long long)o.D, (long long)o.E, o.causal ? "true" : "false", o.backward ? "true" : "false",
+               (long long)o.D, (long long)o.E, o.causal ? "true" : "false", o.window != NULL ? "\"" : "", o.window != NULL ? window : "null", o.window != NULL ? "\"" : "", o.backward ? "true" : "false",
                (long long)o.threads,
                attn_isa_name(attn_ctx_isa(ctx)), (long long)o.repeat, median * 1e3, fastest * 1e3, gflops, rss, io_mb, check_err,
                attn_dtype_name(dt), peak > 0 ? "\"" : "", peak > 0 ? peak_name(kind) : "null", peak > 0 ? "\"" : "", peak,

@@ -79,18 +79,6 @@ static int read_4d(attn_ctx *ctx, const char *what, const char *path, bool half_
     return 0;
 }
 
-// "LEFT,RIGHT" with each >= -1.
-static bool parse_window(const char *s, int64_t *left, int64_t *right) {
-    char *end;
-    long long a = strtoll(s, &end, 10);
-    if (end == s || *end != ',') return false;
-    const char *r = end + 1;
-    long long b = strtoll(r, &end, 10);
-    if (end == r || *end != '\0' || a < -1 || b < -1) return false;
-    *left = a, *right = b;
-    return true;
-}
-
 int cmd_sdpa(int argc, char **argv) {
     const char *q_path = NULL, *k_path = NULL, *v_path = NULL, *mask_path = NULL, *kpm_path = NULL, *out_path = NULL;
     const char *lse_path = NULL, *w_path = NULL, *grad_path = NULL, *grads_path = NULL;
@@ -134,7 +122,7 @@ int cmd_sdpa(int argc, char **argv) {
     if ((grad_path == NULL) != (grads_path == NULL))
         return cli_error("sdpa", EXIT_USAGE, "--grad-out and --grads-out go together");
     int64_t win_left = -1, win_right = -1;
-    if (window != NULL && !parse_window(window, &win_left, &win_right))
+    if (window != NULL && !cli_parse_window(window, &win_left, &win_right))
         return cli_error("sdpa", EXIT_USAGE, "--window wants LEFT,RIGHT with integers >= -1, got '%s'", window);
     if (!(softcap >= 0.0) || softcap > 3.4e38) return cli_error("sdpa", EXIT_USAGE, "--softcap must be >= 0 and finite");
     attn_dtype want_kv = ATTN_DTYPE_F32, want_all = ATTN_DTYPE_F32;

@@ -83,6 +83,17 @@ bool cli_parse_kv_dtype(const char *name, attn_dtype *dt) {
     return parse_dtype(name, sizeof dtype_names / sizeof dtype_names[0], dt);
 }
 
+bool cli_parse_window(const char *s, int64_t *left, int64_t *right) {
+    char *end;
+    long long a = strtoll(s, &end, 10);
+    if (end == s || *end != ',') return false;
+    const char *r = end + 1;
+    long long b = strtoll(r, &end, 10);
+    if (end == r || *end != '\0' || a < -1 || b < -1) return false;
+    *left = a, *right = b;
+    return true;
+}
+
 const char *cli_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap) {
     size_t len = 0;
     len += (size_t)snprintf(buf, cap, "(");
