@@ -97,6 +97,10 @@ int64_t attn__keys_visible_from(const attn_sdpa_desc *d, const attn__sdpa_shape 
 // (hi(i) >= jj), as i - i0; nq when none does. The queries after it see jj too, up to the window's
 // lower edge.
 int attn__first_query_seeing(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i0, int nq, int64_t jj);
+// One past the last query of [i0, i0 + nq) that sees key jj under the window's lower edge (lo(i) <=
+// jj), as i - i0 (0 when none does; nq without a lower edge). The queries before it see jj down to
+// the upper edge's first one.
+int attn__last_query_seeing(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i0, int nq, int64_t jj);
 // The keys [*lo, *hi) of the tile of nj keys from j0 that any of the n queries from q0 sees under
 // the causal and window bounds, relative to j0 and clamped to the tile (*lo == *hi: none).
 void attn__tile_keys_seen(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t q0, int n, int64_t j0, int nj,
@@ -107,7 +111,9 @@ void attn__tile_keys_seen(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, i
 // C (nj, w; rows ld apart) = A (nj rows at a_rs, a_cs; K) B (K, w; rows ld apart) for a tile the causal
 // or window bounds cut through, its rows the nj keys from j0, its first nq of w columns the queries
 // from i0 (S^T = K Q^T, or the backward's dP^T = V dO^T): each group of ATTN_TRIM_ROWS keys from the
-// first 16-query block that sees the group's first key. The entries before, hidden, are not written.
+// first 16-query block that sees the group's first key, up to the end of the 16-query block in which
+// the last query that sees the group's last key lies (to column w when that is the tile's last
+// real query). The entries outside, hidden (or the padding past nq), are not written.
 void attn__key_rows_product(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i0,
                             int nq, int64_t j0, int nj, const float *A, int64_t a_rs, int64_t a_cs, int K,
                             const float *B, int w, int64_t ld, float *C);

@@ -142,10 +142,11 @@ static void load_queries(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, i
 // A float32 tile pair that the causal or window bounds alone cut through (no mask, no soft-capping or
 // ALiBi) takes its five products in groups of ATTN_TRIM_ROWS keys or queries (the gemm kernels' 6-row
 // block) without what the bounds hide, as the forward does: S^T and dP^T each group of keys from the
-// first 16-query block that sees its first key (attn__key_rows_product; the entries before are
-// hidden, so P and dS are 0 there whatever they held), dK and dV each group of keys summed from the
-// first query that sees it, dQ each group of queries summed over the keys the group sees. Only zero
-// products are left out.
+// first 16-query block that sees its first key to the end of the block in which the last query that
+// sees its last key lies (attn__key_rows_product; the entries outside are hidden, so P and dS are 0
+// there whatever they held), dK and dV each group of keys summed over the queries from the first
+// that sees its first key to the last that sees its last, dQ each group of queries summed over the
+// keys the group sees. Only zero products are left out.
 
 // C (nj, BWD_BR) = A (nj rows at a_rs, a_cs; K) B (K, BWD_BR): S^T or dP^T of a tile pair.
 static void keys_by_queries(const bwd_job *J, const bwd_tiles *t, int64_t i0, int nq, int64_t j0, int nj,
@@ -166,8 +167,9 @@ static void keys_from_queries(const bwd_job *J, const bwd_tiles *t, int64_t i0, 
     for (int r = 0; r < nj; r += ATTN_TRIM_ROWS) {
         const int rows = nj - r < ATTN_TRIM_ROWS ? nj - r : ATTN_TRIM_ROWS;
         const int c = attn__first_query_seeing(J->d, J->sh, i0, nq, j0 + r);
-        if (c < nq)
-            J->kn->gemm(A + (int64_t)r * BWD_BR + c, BWD_BR, 1, rows, nq - c, B + (int64_t)c * ldb, ldb, N,
+        const int e = attn__last_query_seeing(J->d, J->sh, i0, nq, j0 + r + rows - 1);
+        if (c < e)
+            J->kn->gemm(A + (int64_t)r * BWD_BR + c, BWD_BR, 1, rows, e - c, B + (int64_t)c * ldb, ldb, N,
                         C + (int64_t)r * ldc, ldc, true);
     }
 }

@@ -48,6 +48,12 @@ int attn__first_query_seeing(const attn_sdpa_desc *d, const attn__sdpa_shape *sh
     return f <= 0 ? 0 : f >= nq ? nq : (int)f;
 }
 
+int attn__last_query_seeing(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i0, int nq, int64_t jj) {
+    if (!d->use_window || d->window_left < 0) return nq;
+    const int64_t e = jj - lo_of(d, sh, 0) - i0 + 1; // lo(i) = i + lo(0): the queries i <= jj - lo(0) see jj
+    return e <= 0 ? 0 : e >= nq ? nq : (int)e;
+}
+
 void attn__tile_keys_seen(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t q0, int n, int64_t j0, int nj,
                           int *lo, int *hi) {
     const int64_t a = attn__keys_visible_from(d, sh, q0) - j0;
@@ -62,8 +68,10 @@ void attn__key_rows_product(const attn__kernels *kn, const attn_sdpa_desc *d, co
     for (int r = 0; r < nj; r += ATTN_TRIM_ROWS) {
         const int rows = nj - r < ATTN_TRIM_ROWS ? nj - r : ATTN_TRIM_ROWS;
         const int c0 = attn__first_query_seeing(d, sh, i0, nq, j0 + r) / 16 * 16;
-        if (c0 >= w) continue; // nq = w queries and none sees these keys
-        kn->gemm(A + (int64_t)r * a_rs, a_rs, a_cs, rows, K, B + c0, ld, w - c0, C + (int64_t)r * ld + c0, ld, false);
+        const int e = attn__last_query_seeing(d, sh, i0, nq, j0 + r + rows - 1);
+        const int c1 = e == nq ? w : (e + 15) / 16 * 16 < w ? (e + 15) / 16 * 16 : w;
+        if (c0 >= c1) continue; // no query sees these keys
+        kn->gemm(A + (int64_t)r * a_rs, a_rs, a_cs, rows, K, B + c0, ld, c1 - c0, C + (int64_t)r * ld + c0, ld, false);
     }
 }
 
