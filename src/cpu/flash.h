@@ -105,15 +105,20 @@ int attn__last_query_seeing(const attn_sdpa_desc *d, const attn__sdpa_shape *sh,
 // the causal and window bounds, relative to j0 and clamped to the tile (*lo == *hi: none).
 void attn__tile_keys_seen(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t q0, int n, int64_t j0, int nj,
                           int *lo, int *hi);
+// The columns [*c0, *c1) of a tile of w columns (its first nq the queries from i0) that the products
+// of the keys first .. last need: from the first 16-query block in which a query sees key `first`
+// to the end of the block holding the last query that sees key `last` (w when that is the tile's
+// last real query); *c0 >= *c1 when no query sees them.
+void attn__key_group_columns(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i0, int nq, int w,
+                             int64_t first, int64_t last, int *c0, int *c1);
 // The float32 gemm kernels' row block (cpu.h's gemm: 6 rows at a time), the groups of key or query rows
 // in which products of tiles cut by the bounds skip what the bounds hide.
 #define ATTN_TRIM_ROWS 6
 // C (nj, w; rows ld apart) = A (nj rows at a_rs, a_cs; K) B (K, w; rows ld apart) for a tile the causal
 // or window bounds cut through, its rows the nj keys from j0, its first nq of w columns the queries
-// from i0 (S^T = K Q^T, or the backward's dP^T = V dO^T): each group of ATTN_TRIM_ROWS keys from the
-// first 16-query block that sees the group's first key, up to the end of the 16-query block in which
-// the last query that sees the group's last key lies (to column w when that is the tile's last
-// real query). The entries outside, hidden (or the padding past nq), are not written.
+// from i0 (S^T = K Q^T, or the backward's dP^T = V dO^T): each group of ATTN_TRIM_ROWS keys over
+// the columns attn__key_group_columns gives it. The entries outside, hidden (or the padding past
+// nq), are not written.
 void attn__key_rows_product(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i0,
                             int nq, int64_t j0, int nj, const float *A, int64_t a_rs, int64_t a_cs, int K,
                             const float *B, int w, int64_t ld, float *C);

@@ -226,8 +226,8 @@ static void prefetch_tile(const char *head, attn_dtype dt, int64_t rs, int64_t j
 
 // The bf16 products of a tile that the causal or window bounds cut through, without the parts they
 // hide, in groups of TRIM_ROWS rows (a multiple of the AVX-512 kernel's 6-row block): S^T's key rows
-// from the first 16-query block in which a query sees the group's first key (attn__bounds_tile
-// writes -inf over the columns before, unread), and O's query rows over the key pairs from the first
+// over the columns attn__key_group_columns gives them (attn__bounds_tile writes -inf over the
+// hidden columns outside, unread), and O's query rows over the key pairs from the first
 // key the group's first query sees to the last its last query sees (the weights outside are 0, and
 // a row that sees no key of the tile keeps its running max, so alpha = 1 and the skipped update
 // would leave it unchanged). The same sums as the whole tile: exact.
@@ -238,9 +238,10 @@ static void qk_bf16_trimmed(const flash_job *J, const uint16_t *kt, int64_t ks_r
     const int D = (int)J->sh->D, brp = J->brp;
     for (int r = 0; r < nj; r += TRIM_ROWS) {
         const int rows = nj - r < TRIM_ROWS ? nj - r : TRIM_ROWS;
-        const int c0 = attn__first_query_seeing(J->d, J->sh, i0, nq, j0 + r) / 16 * 16;
-        if (c0 >= brp) continue; // nq = brp queries and none sees these keys: all -inf
-        J->kn->gemm_bf16(kt + (int64_t)r * ks_row, ks_row, 2, rows, D / 2, t->qp + 2 * c0, brp, brp - c0,
+        int c0, c1;
+        attn__key_group_columns(J->d, J->sh, i0, nq, brp, j0 + r, j0 + r + rows - 1, &c0, &c1);
+        if (c0 >= c1) continue; // no query sees these keys: all -inf
+        J->kn->gemm_bf16(kt + (int64_t)r * ks_row, ks_row, 2, rows, D / 2, t->qp + 2 * c0, brp, c1 - c0,
                          t->st + (int64_t)r * t->ld + c0, t->ld, NULL, J->qrest);
     }
 }

@@ -62,14 +62,20 @@ void attn__tile_keys_seen(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, i
     *hi = b < *lo ? *lo : b > nj ? nj : (int)b;
 }
 
+void attn__key_group_columns(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i0, int nq, int w,
+                             int64_t first, int64_t last, int *c0, int *c1) {
+    const int e = attn__last_query_seeing(d, sh, i0, nq, last);
+    *c0 = attn__first_query_seeing(d, sh, i0, nq, first) / 16 * 16;
+    *c1 = e == nq ? w : (e + 15) / 16 * 16 < w ? (e + 15) / 16 * 16 : w;
+}
+
 void attn__key_rows_product(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i0,
                             int nq, int64_t j0, int nj, const float *A, int64_t a_rs, int64_t a_cs, int K,
                             const float *B, int w, int64_t ld, float *C) {
     for (int r = 0; r < nj; r += ATTN_TRIM_ROWS) {
         const int rows = nj - r < ATTN_TRIM_ROWS ? nj - r : ATTN_TRIM_ROWS;
-        const int c0 = attn__first_query_seeing(d, sh, i0, nq, j0 + r) / 16 * 16;
-        const int e = attn__last_query_seeing(d, sh, i0, nq, j0 + r + rows - 1);
-        const int c1 = e == nq ? w : (e + 15) / 16 * 16 < w ? (e + 15) / 16 * 16 : w;
+        int c0, c1;
+        attn__key_group_columns(d, sh, i0, nq, w, j0 + r, j0 + r + rows - 1, &c0, &c1);
         if (c0 >= c1) continue; // no query sees these keys
         kn->gemm(A + (int64_t)r * a_rs, a_rs, a_cs, rows, K, B + c0, ld, c1 - c0, C + (int64_t)r * ld + c0, ld, false);
     }
