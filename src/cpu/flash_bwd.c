@@ -483,13 +483,17 @@ static void prep_rows_task(void *arg, int64_t bh, int thread) {
     }
     for (int64_t i = 0; i < sh->L; i++) { // dout . out in double, ROWDOT_CHUNK elements of each as floats at a time
         const int64_t o = attn__offset4(d->o_stride, b, h, i, 0), es = d->o_stride[3];
+        // dout's row as floats where the loop above packed it (the same values: the conversion is exact)
+        const float *packed = J->do_pack != NULL ? J->do_pack + (bh * sh->L + i) * J->do_ld : NULL;
         double acc = 0.0;
         for (int64_t c0 = 0; c0 < sh->Dv; c0 += ROWDOT_CHUNK) {
             const int64_t n = sh->Dv - c0 < ROWDOT_CHUNK ? sh->Dv - c0 : ROWDOT_CHUNK;
             float of[ROWDOT_CHUNK], df[ROWDOT_CHUNK];
             attn__rows_as_f32(J->kn, d->out_dtype, elem(P->out, d->out_dtype, o + c0 * es), 0, es, 1, n, n, of);
-            attn__rows_as_f32(J->kn, d->out_dtype, elem(J->dout, d->out_dtype, o + c0 * es), 0, es, 1, n, n, df);
-            for (int64_t c = 0; c < n; c++) acc += (double)of[c] * df[c];
+            if (packed == NULL)
+                attn__rows_as_f32(J->kn, d->out_dtype, elem(J->dout, d->out_dtype, o + c0 * es), 0, es, 1, n, n, df);
+            const float *dr = packed != NULL ? packed + c0 : df;
+            for (int64_t c = 0; c < n; c++) acc += (double)of[c] * dr[c];
         }
         P->rowdot[bh * sh->L + i] = (float)acc;
         // clamped as the forward clamps its scores: an lse past FLT_MAX ln 2 (the reference's, of a
