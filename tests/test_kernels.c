@@ -328,11 +328,12 @@ static void test_decode_shapes(void) {
                          (attn_dtype)(idx % 3 == 0 ? ATTN_DTYPE_F16 : idx % 3 == 1 ? ATTN_DTYPE_F32 : ATTN_DTYPE_BF16), 0};
             check_problem(&p, 801u + (uint32_t)idx);
         }
-    // every packed row count of the row kernels (1 to 8: a block of four rows and a partial one),
-    // with value widths that end in a partial vector and in a partial block of columns
-    const int64_t rows_shapes[5][3] = {{2, 1, 1}, {1, 5, 1}, {2, 3, 1}, {1, 7, 1}, {1, 16, 2}}; // L, H, Hkv
-    for (int c = 0; c < 5; c++) {
-        problem p = {1, rows_shapes[c][1], rows_shapes[c][2], rows_shapes[c][0], 300, 40, c % 2 ? 72 : 20,
+    // every packed row count of the row kernels (1 to 8: a block of four rows and a partial one, one
+    // or two rows alone: decoding without GQA), with value widths that end in a partial vector and in
+    // a partial block of columns, and head dims that end in a partial vector
+    const int64_t rows_shapes[7][3] = {{2, 1, 1}, {1, 5, 1}, {2, 3, 1}, {1, 7, 1}, {1, 16, 2}, {1, 3, 3}, {1, 1, 1}};
+    for (int c = 0; c < 7; c++) { // rows_shapes: L, H, Hkv
+        problem p = {1, rows_shapes[c][1], rows_shapes[c][2], rows_shapes[c][0], 300, c < 5 ? 40 : 37, c % 2 ? 72 : 20,
                      ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0.0f, 0.0, 0, 0, 0, 0, 0, 0.0f,
                      (attn_dtype)(c % 3 == 0 ? ATTN_DTYPE_F32 : c % 3 == 1 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16), 0};
         check_problem(&p, 851u + (uint32_t)c);

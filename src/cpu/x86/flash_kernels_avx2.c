@@ -310,51 +310,76 @@ static inline __attribute__((always_inline)) __m128 sum4(__m256 a0, __m256 a1, _
     return _mm_add_ps(_mm256_castps256_ps128(s0123), _mm256_extractf128_ps(s0123, 1));
 }
 
-// Four rows against three keys at a time (12 accumulators; each q vector loaded once for the
-// three keys, each key vector once for the four rows): per key, the rows' partial sums in four
-// registers, reduced together. A tile's last keys (nj not a multiple of 3) repeat its last key,
-// and every key's sum runs along d in the same order whatever its place in the group.
+// One step of qk_rows_block: n (<= 8) elements from d of NK keys (at their offsets `at`) and NR rows,
+// the keys' lines DECODE_PF_BYTES on requested first with `prefetch`.
+static inline __attribute__((always_inline)) void qk_step(const attn_dtype dt, const int NR, const int NK,
+                                                          const void *k, const int64_t *at, const float *const *qr,
+                                                          int d, int n, bool prefetch, __m256 *acc) {
+    if (prefetch) {
+        ATTN_UNROLL
+        for (int c = 0; c < NK; c++) decode_prefetch(k, dt, at[c] + d);
+    }
+    __m256 kv[8];
+    ATTN_UNROLL
+    for (int c = 0; c < NK; c++) kv[c] = load_kv8(k, dt, at[c] + d, n);
+    ATTN_UNROLL
+    for (int r = 0; r < NR; r++) {
+        const __m256 x = load_f8(qr[r] + d, n);
+        ATTN_UNROLL
+        for (int c = 0; c < NK; c++) acc[r * NK + c] = _mm256_fmadd_ps(kv[c], x, acc[r * NK + c]);
+    }
+}
+
+// NR query rows against NK keys at a time (NR * NK accumulators, 12 or 8, a multiple of 4; each q
+// vector loaded once for the NK keys, each key vector once for the NR rows): rows past nr repeat
+// row 0 and a tile's last keys (nj not a multiple of NK) its last key. Every (row, key) sum runs
+// along d in one accumulator and is reduced by sum4, so its bits do not depend on NR, NK or the
+// key's place in the group. NR = 4 takes blocks of three or four rows, 2 and 1 the few rows of
+// decoding without GQA, which would otherwise spend four rows' products on one.
+static inline __attribute__((always_inline)) void qk_rows_block(const attn_dtype dt, const int NR, const int NK,
+                                                                const void *k, int64_t ks_row, int nj, int D,
+                                                                const float *q, int nr, float *s, int64_t s_r,
+                                                                int64_t s_j, bool prefetch) {
+    const int d8 = D / 8 * 8, line = decode_line_elems(dt);
+    const float *qr[4];
+    ATTN_UNROLL
+    for (int r = 0; r < NR; r++) qr[r] = q + (r < nr ? (int64_t)r * D : 0);
+    for (int j = 0; j < nj; j += NK) {
+        int64_t at[8];
+        ATTN_UNROLL
+        for (int c = 0; c < NK; c++) at[c] = (int64_t)(j + c < nj ? j + c : nj - 1) * ks_row;
+        __m256 acc[12];
+        ATTN_UNROLL
+        for (int x = 0; x < NR * NK; x++) acc[x] = _mm256_setzero_ps();
+        int d = 0; // whole vectors, then a partial one (two loops: one would test n at every step)
+        for (; d < d8; d += 8) qk_step(dt, NR, NK, k, at, qr, d, 8, prefetch && d % line == 0, acc);
+        if (d < D) qk_step(dt, NR, NK, k, at, qr, d, D - d, prefetch && d % line == 0, acc);
+        float out[12]; // out[c * NR + r]: key c, row r
+        ATTN_UNROLL
+        for (int i = 0; i < NR * NK; i += 4)
+            _mm_storeu_ps(out + i, sum4(acc[(i % NR) * NK + i / NR], acc[((i + 1) % NR) * NK + (i + 1) / NR],
+                                        acc[((i + 2) % NR) * NK + (i + 2) / NR], acc[((i + 3) % NR) * NK + (i + 3) / NR]));
+        const int nk = nj - j < NK ? nj - j : NK;
+        float *sj = s + (int64_t)j * s_j;
+        if (NR == 4 && nr == 4 && s_r == 1) { // a key's four scores adjacent (the tile layout)
+            for (int c = 0; c < nk; c++) _mm_storeu_ps(sj + c * s_j, _mm_loadu_ps(out + 4 * c));
+        } else {
+            for (int c = 0; c < nk; c++)
+                for (int r = 0; r < nr; r++) sj[c * s_j + r * s_r] = out[c * NR + r];
+        }
+    }
+}
+
 static inline __attribute__((always_inline)) void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row,
                                                                int nj, int D, const float *q, int rows, float *s,
                                                                int64_t s_r, int64_t s_j) {
-    const int d8 = D / 8 * 8, line = decode_line_elems(dt);
     for (int r0 = 0; r0 < rows; r0 += 4) {
         const int nr = rows - r0 < 4 ? rows - r0 : 4;
-        const float *q0 = q + (int64_t)r0 * D, *q1 = q0 + (nr > 1 ? D : 0), *q2 = q0 + (nr > 2 ? 2 * D : 0),
-                    *q3 = q0 + (nr > 3 ? 3 * D : 0);
-        for (int j = 0; j < nj; j += 3) {
-            const int64_t ka_at = (int64_t)j * ks_row, kb_at = (int64_t)(j + 1 < nj ? j + 1 : nj - 1) * ks_row,
-                          kc_at = (int64_t)(j + 2 < nj ? j + 2 : nj - 1) * ks_row;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-            __m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0;
-            for (int d = 0; d < D; d += 8) {
-                const int n = d < d8 ? 8 : D - d;
-                if (r0 == 0 && d % line == 0)
-                    decode_prefetch(k, dt, ka_at + d), decode_prefetch(k, dt, kb_at + d), decode_prefetch(k, dt, kc_at + d);
-                const __m256 ka = load_kv8(k, dt, ka_at + d, n), kb = load_kv8(k, dt, kb_at + d, n),
-                             kc = load_kv8(k, dt, kc_at + d, n);
-                __m256 x = load_f8(q0 + d, n);
-                a0 = _mm256_fmadd_ps(ka, x, a0), b0 = _mm256_fmadd_ps(kb, x, b0), c0 = _mm256_fmadd_ps(kc, x, c0);
-                x = load_f8(q1 + d, n);
-                a1 = _mm256_fmadd_ps(ka, x, a1), b1 = _mm256_fmadd_ps(kb, x, b1), c1 = _mm256_fmadd_ps(kc, x, c1);
-                x = load_f8(q2 + d, n);
-                a2 = _mm256_fmadd_ps(ka, x, a2), b2 = _mm256_fmadd_ps(kb, x, b2), c2 = _mm256_fmadd_ps(kc, x, c2);
-                x = load_f8(q3 + d, n);
-                a3 = _mm256_fmadd_ps(ka, x, a3), b3 = _mm256_fmadd_ps(kb, x, b3), c3 = _mm256_fmadd_ps(kc, x, c3);
-            }
-            float out[12];
-            _mm_storeu_ps(out, sum4(a0, a1, a2, a3));
-            _mm_storeu_ps(out + 4, sum4(b0, b1, b2, b3));
-            _mm_storeu_ps(out + 8, sum4(c0, c1, c2, c3));
-            const int nk = nj - j < 3 ? nj - j : 3;
-            float *sj = s + (int64_t)r0 * s_r + (int64_t)j * s_j;
-            if (nr == 4 && s_r == 1) { // a key's four scores adjacent (the tile layout)
-                for (int c = 0; c < nk; c++) _mm_storeu_ps(sj + c * s_j, _mm_loadu_ps(out + 4 * c));
-            } else {
-                for (int c = 0; c < nk; c++)
-                    for (int r = 0; r < nr; r++) sj[c * s_j + r * s_r] = out[4 * c + r];
-            }
-        }
+        const float *qb = q + (int64_t)r0 * D;
+        float *sb = s + (int64_t)r0 * s_r;
+        if (nr >= 3) qk_rows_block(dt, 4, 3, k, ks_row, nj, D, qb, nr, sb, s_r, s_j, r0 == 0);
+        else if (nr == 2) qk_rows_block(dt, 2, 4, k, ks_row, nj, D, qb, nr, sb, s_r, s_j, r0 == 0);
+        else qk_rows_block(dt, 1, 8, k, ks_row, nj, D, qb, nr, sb, s_r, s_j, r0 == 0);
     }
 }
 
@@ -365,47 +390,69 @@ static void qk_rows_avx2(attn_dtype dt, const void *k, int64_t ks_row, int nj, i
     else qk_rows_impl(ATTN_DTYPE_F32, k, ks_row, nj, D, q, rows, s, s_r, s_j);
 }
 
-// pv_rows over the columns [e, e + n0 + n1) of four rows (n0, n1 <= 8; `full`: both 8, known
-// when compiled): per key, two value vectors and the rows' four weights, adjacent in the tile
-// (pp[0..3], pp advancing by ldp), broadcast. The sums are left in c (row r: c[2r], c[2r + 1]).
-static inline __attribute__((always_inline)) void pv_cols(const attn_dtype dt, const bool full, const void *v,
-                                                          int64_t vs_row, int nj, int Dv, int e, int n0, int n1,
-                                                          const float *pp, int64_t ldp, bool prefetch, __m256 c[8]) {
-    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
+// pv_rows over NR rows and the NV vectors of columns from e (NR * NV = 8 accumulators; `full`:
+// all 8 * NV columns inside the row, known when compiled; else vector x holds the n = Dv - e - 8x
+// columns left, clamped to 0 .. 8): per key, the value vectors and the rows' weights, adjacent in the
+// tile (pp[0 .. NR - 1], pp advancing by ldp), broadcast. Row r's sums are left in out[r * NV ..].
+static inline __attribute__((always_inline)) void pv_cols(const attn_dtype dt, const int NR, const int NV,
+                                                          const bool full, const void *v, int64_t vs_row, int nj,
+                                                          int Dv, int e, const float *pp, int64_t ldp, bool prefetch,
+                                                          __m256 out[8]) {
+    __m256 c[8];
+    ATTN_UNROLL
+    for (int x = 0; x < NR * NV; x++) c[x] = _mm256_setzero_ps();
     for (int j = 0; j < nj; j++, pp += ldp) {
         const int64_t vj = (int64_t)j * vs_row + e;
-        if (prefetch) decode_prefetch_cols(v, dt, vj, vs_row, e, 16, Dv);
-        const __m256 v0 = load_kv8(v, dt, vj, full ? 8 : n0);
-        const __m256 v1 = full ? load_kv8(v, dt, vj + 8, 8) : (n1 > 0 ? load_kv8(v, dt, vj + 8, n1) : v0);
-        const __m256 w0 = _mm256_broadcast_ss(pp), w1 = _mm256_broadcast_ss(pp + 1), w2 = _mm256_broadcast_ss(pp + 2),
-                     w3 = _mm256_broadcast_ss(pp + 3);
-        c0 = _mm256_fmadd_ps(w0, v0, c0), c1 = _mm256_fmadd_ps(w0, v1, c1);
-        c2 = _mm256_fmadd_ps(w1, v0, c2), c3 = _mm256_fmadd_ps(w1, v1, c3);
-        c4 = _mm256_fmadd_ps(w2, v0, c4), c5 = _mm256_fmadd_ps(w2, v1, c5);
-        c6 = _mm256_fmadd_ps(w3, v0, c6), c7 = _mm256_fmadd_ps(w3, v1, c7);
+        if (prefetch) decode_prefetch_cols(v, dt, vj, vs_row, e, 8 * NV, Dv);
+        __m256 vv[8];
+        ATTN_UNROLL
+        for (int x = 0; x < NV; x++) {
+            const int n = full ? 8 : Dv - e - 8 * x;
+            vv[x] = n >= 8 ? load_kv8(v, dt, vj + 8 * x, 8) : n > 0 ? load_kv8(v, dt, vj + 8 * x, n) : _mm256_setzero_ps();
+        }
+        ATTN_UNROLL
+        for (int r = 0; r < NR; r++) {
+            const __m256 w = _mm256_broadcast_ss(pp + r);
+            ATTN_UNROLL
+            for (int x = 0; x < NV; x++) c[r * NV + x] = _mm256_fmadd_ps(w, vv[x], c[r * NV + x]);
+        }
     }
-    c[0] = c0, c[1] = c1, c[2] = c2, c[3] = c3, c[4] = c4, c[5] = c5, c[6] = c6, c[7] = c7;
+    ATTN_UNROLL
+    for (int x = 0; x < NR * NV; x++) out[x] = c[x];
 }
 
-// Four rows and 16 columns at a time; the sums are added to the rows of o scaled by alpha.
+// Blocks of NR rows (4, or 2 and 1 for the last rows) and 8 * NV columns; the sums are added to the
+// rows of o scaled by alpha.
+static inline __attribute__((always_inline)) void pv_rows_block(const attn_dtype dt, const int NR, const void *v,
+                                                                int64_t vs_row, int nj, int Dv, const float *pt,
+                                                                int64_t ldp, const float *alpha, int nr, float *o,
+                                                                int64_t ldo, bool prefetch) {
+    const int NV = 8 / NR, W = 8 * NV;
+    for (int e = 0; e < Dv; e += W) {
+        __m256 c[8];
+        if (Dv - e >= W) pv_cols(dt, NR, NV, true, v, vs_row, nj, Dv, e, pt, ldp, prefetch, c);
+        else pv_cols(dt, NR, NV, false, v, vs_row, nj, Dv, e, pt, ldp, prefetch, c);
+        const int ncols = Dv - e < W ? Dv - e : W;
+        for (int r = 0; r < nr; r++) {
+            float *orow = o + (int64_t)r * ldo + e;
+            const float a = alpha[r];
+            float t[64];
+            ATTN_UNROLL
+            for (int x = 0; x < NV; x++) _mm256_storeu_ps(t + 8 * x, c[r * NV + x]);
+            for (int x = 0; x < ncols; x++) orow[x] = a * orow[x] + t[x];
+        }
+    }
+}
+
 static inline __attribute__((always_inline)) void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row,
                                                                int nj, int Dv, const float *pt, int64_t ldp,
                                                                const float *alpha, int rows, float *o, int64_t ldo) {
     for (int r0 = 0; r0 < rows; r0 += 4) {
         const int nr = rows - r0 < 4 ? rows - r0 : 4;
-        for (int e = 0; e < Dv; e += 16) {
-            const int n0 = Dv - e < 8 ? Dv - e : 8, n1 = Dv - e - 8 < 0 ? 0 : (Dv - e - 8 < 8 ? Dv - e - 8 : 8);
-            __m256 c[8];
-            if (n0 + n1 == 16) pv_cols(dt, true, v, vs_row, nj, Dv, e, 8, 8, pt + r0, ldp, r0 == 0, c);
-            else pv_cols(dt, false, v, vs_row, nj, Dv, e, n0, n1, pt + r0, ldp, r0 == 0, c);
-            for (int r = 0; r < nr; r++) {
-                float *orow = o + (int64_t)(r0 + r) * ldo + e;
-                const float a = alpha[r0 + r];
-                float t[16];
-                _mm256_storeu_ps(t, c[2 * r]), _mm256_storeu_ps(t + 8, c[2 * r + 1]);
-                for (int x = 0; x < n0 + n1; x++) orow[x] = a * orow[x] + t[x];
-            }
-        }
+        float *ob = o + (int64_t)r0 * ldo;
+        if (nr >= 3) pv_rows_block(dt, 4, v, vs_row, nj, Dv, pt + r0, ldp, alpha + r0, nr, ob, ldo, r0 == 0);
+        else if (nr == 2) pv_rows_block(dt, 2, v, vs_row, nj, Dv, pt + r0, ldp, alpha + r0, nr, ob, ldo, r0 == 0);
+        else pv_rows_block(dt, 1, v, vs_row, nj, Dv, pt + r0, ldp, alpha + r0, nr, ob, ldo, r0 == 0);
     }
 }
 
