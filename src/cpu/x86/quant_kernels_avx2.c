@@ -204,13 +204,14 @@ INLINE __m256 pair_scales(const attn_dtype dt, const uint8_t *x0, const uint8_t 
     return nan_if_infinite(_mm256_cvtph_ps(_mm_set_epi64x((long long)w[1], (long long)w[0])));
 }
 
-// Q4_0: two keys' groups (x0, x1: the group's first block; `blocks` of them in the row) against four
-// query rows' groups p[r]: in i32[r] lane 4l + c row r's products with key l over column c (the
+// Q4_0: two keys' groups (x0, x1: the group's first block; `blocks` of them in the row) against NR
+// (4, 2 or 1) query rows' groups p[r]: in i32[r] lane 4l + c row r's products with key l over column c (the
 // nibbles n, less 8 times the query's column sum: n - 8). Each block's 16 quant bytes of both keys
 // are loaded into the two lanes, transposed by dwords into the step vectors and split into nibbles;
 // each row's 8 steps meet them with its query bytes in vpmaddubsw (unsigned times signed bytes,
 // pairs summed), added in 16 bits (at most 8 * 2 * 15 * 127 = 30480) and widened once by vpmaddwd.
-INLINE void q4_pairs(const uint8_t *x0, const uint8_t *x1, int blocks, const q_group *const p[4], __m256i i32[4]) {
+INLINE void q4_pairs(const int NR, const uint8_t *x0, const uint8_t *x1, int blocks, const q_group *const p[4],
+                     __m256i i32[4]) {
     const int bb = block_bytes(ATTN_DTYPE_Q4_0);
     __m256i x[4], k[8];
     for (int b = 0; b < 4; b++) x[b] = load_pair(b < blocks ? x0 + b * bb + 2 : NULL, x1 + b * bb + 2);
@@ -220,7 +221,7 @@ INLINE void q4_pairs(const uint8_t *x0, const uint8_t *x1, int blocks, const q_g
                            _mm256_unpacklo_epi64(t01h, t23h), _mm256_unpackhi_epi64(t01h, t23h)};
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int t = 0; t < 4; t++) k[t] = _mm256_and_si256(st[t], m4), k[4 + t] = _mm256_and_si256(_mm256_srli_epi16(st[t], 4), m4);
-    for (int r = 0; r < 4; r++) {
+    for (int r = 0; r < NR; r++) {
         __m256i a = _mm256_maddubs_epi16(k[0], _mm256_load_si256((const __m256i *)p[r]->q[0]));
         for (int s = 1; s < 8; s++)
             a = _mm256_add_epi16(a, _mm256_maddubs_epi16(k[s], _mm256_load_si256((const __m256i *)p[r]->q[s])));
@@ -254,15 +255,15 @@ INLINE __m256i q8_row(const __m256i st[4], const __m256i k[4], const q_group *p)
     return i32;
 }
 
-// Two keys' groups against four query rows' groups (q4_pairs; q8_steps and q8_row): acc[r] lane
+// Two keys' groups against NR query rows' groups (q4_pairs; q8_steps and q8_row): acc[r] lane
 // 4l + c gains row r's products with key l over column c, converted and multiplied by d_k d_q.
-INLINE void keys_group(const attn_dtype dt, const uint8_t *x0, const uint8_t *x1, int blocks, const q_group *const p[4],
-                       __m256 acc[4]) {
+INLINE void keys_group(const attn_dtype dt, const int NR, const uint8_t *x0, const uint8_t *x1, int blocks,
+                       const q_group *const p[4], __m256 acc[4]) {
     __m256i i32[4], st[4], k[4];
-    if (dt == ATTN_DTYPE_Q4_0) q4_pairs(x0, x1, blocks, p, i32);
+    if (dt == ATTN_DTYPE_Q4_0) q4_pairs(NR, x0, x1, blocks, p, i32);
     else q8_steps(x0, x1, blocks, st, k);
     const __m256 dk = pair_scales(dt, x0, x1, blocks);
-    for (int r = 0; r < 4; r++) {
+    for (int r = 0; r < NR; r++) {
         const __m256i n = dt == ATTN_DTYPE_Q4_0 ? i32[r] : q8_row(st, k, p[r]);
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(n), _mm256_mul_ps(dk, _mm256_load_ps(p[r]->dq)), acc[r]);
     }
@@ -287,32 +288,45 @@ INLINE void store_pair(__m256 h, float *s, int64_t s_r, int64_t s_j, int nr, int
         for (int r = 0; r < nr; r++) s[c * s_j + r * s_r] = out[4 * c + r];
 }
 
-// q.k of the prepared rows (G groups a row) against nj keys, two keys a pass (a tile's odd last key
-// repeats).
+// q.k of NR prepared rows (G groups a row; nr of them real, the others repeat the first) against nj
+// keys, two keys a pass (a tile's odd last key repeats). NR = 4 takes blocks of three or four rows,
+// 2 and 1 the few rows of decoding without GQA: a missing row's sums are the first row's, copied
+// rather than computed. Each (row, key) sum is the same whatever NR.
+INLINE void qk_rows_block(const attn_dtype dt, const int NR, const void *k, int64_t ks_row, int nj, const int D,
+                          const int G, const q_group *qg, int nr, bool prefetch, float *s, int64_t s_r, int64_t s_j) {
+    const int nb = D / ATTN_QBLOCK, per = qk_blocks(dt), row_bytes = nb * block_bytes(dt);
+    const q_group *qr[4];
+    for (int r = 0; r < 4; r++) qr[r] = qg + (int64_t)(r < nr ? r : 0) * G;
+    for (int j = 0; j < nj; j += 2) {
+        const uint8_t *x0 = block_at(k, dt, (int64_t)j * ks_row);
+        const uint8_t *x1 = block_at(k, dt, (int64_t)(j + 1 < nj ? j + 1 : nj - 1) * ks_row);
+        if (prefetch) {
+            decode_prefetch_bytes(x0, DECODE_PF_BYTES, row_bytes);
+            decode_prefetch_bytes(x1, DECODE_PF_BYTES, row_bytes);
+        }
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int g = 0; g < G; g++) {
+            const int64_t off = (int64_t)g * per * block_bytes(dt);
+            const q_group *const pg[4] = {qr[0] + g, qr[1] + g, qr[2] + g, qr[3] + g};
+            keys_group(dt, NR, x0 + off, x1 + off, nb - per * g, pg, acc);
+        }
+        for (int r = NR; r < 4; r++) acc[r] = acc[0];
+        // acc[r] lane 4l + c -> the sum over c: lane r of key 0 (low half), of key 1 (high half)
+        const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+        store_pair(h, s + (int64_t)j * s_j, s_r, s_j, nr, nj - j < 2 ? nj - j : 2);
+    }
+}
+
+// q.k of the prepared rows (G groups a row) against nj keys, four rows at a time.
 INLINE void qk_rows_int8(const attn_dtype dt, const void *k, int64_t ks_row, int nj, const int D, const int G,
                          const q_group *qg, int rows, float *s, int64_t s_r, int64_t s_j) {
-    const int nb = D / ATTN_QBLOCK, per = qk_blocks(dt), row_bytes = nb * block_bytes(dt);
     for (int r0 = 0; r0 < rows; r0 += 4) {
         const int nr = rows - r0 < 4 ? rows - r0 : 4;
-        const q_group *qr[4]; // missing rows repeat the first
-        for (int r = 0; r < 4; r++) qr[r] = qg + (int64_t)(r0 + (r < nr ? r : 0)) * G;
-        for (int j = 0; j < nj; j += 2) {
-            const uint8_t *x0 = block_at(k, dt, (int64_t)j * ks_row);
-            const uint8_t *x1 = block_at(k, dt, (int64_t)(j + 1 < nj ? j + 1 : nj - 1) * ks_row);
-            if (r0 == 0) {
-                decode_prefetch_bytes(x0, DECODE_PF_BYTES, row_bytes);
-                decode_prefetch_bytes(x1, DECODE_PF_BYTES, row_bytes);
-            }
-            __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-            for (int g = 0; g < G; g++) {
-                const int64_t off = (int64_t)g * per * block_bytes(dt);
-                const q_group *const pg[4] = {qr[0] + g, qr[1] + g, qr[2] + g, qr[3] + g};
-                keys_group(dt, x0 + off, x1 + off, nb - per * g, pg, acc);
-            }
-            // acc[r] lane 4l + c -> the sum over c: lane r of key 0 (low half), of key 1 (high half)
-            const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-            store_pair(h, s + (int64_t)r0 * s_r + (int64_t)j * s_j, s_r, s_j, nr, nj - j < 2 ? nj - j : 2);
-        }
+        const q_group *qb = qg + (int64_t)r0 * G;
+        float *sb = s + (int64_t)r0 * s_r;
+        if (nr >= 3) qk_rows_block(dt, 4, k, ks_row, nj, D, G, qb, nr, r0 == 0, sb, s_r, s_j);
+        else if (nr == 2) qk_rows_block(dt, 2, k, ks_row, nj, D, G, qb, nr, r0 == 0, sb, s_r, s_j);
+        else qk_rows_block(dt, 1, k, ks_row, nj, D, G, qb, nr, r0 == 0, sb, s_r, s_j);
     }
 }
 
@@ -373,13 +387,14 @@ INLINE __m256i add_madd(__m256i c, __m256i a, __m256i b) {
 }
 
 // The products of one key pair (x, y: their blocks; wi: the pair's dwords of rounded weights, row r
-// at wi[r]) for half h added to c[0..7] as ipv_half's, whose columns they leave in the order
+// at wi[r]) for half h added to c[0 .. 2 NR - 1] as ipv_half's, whose columns they leave in the order
 // 0-3, 8-11 (c[2r]) and 4-7, 12-15 (c[2r + 1]) of the half. Each key's 16 quant bytes of the half
 // are widened to words straight from memory (vpmovzxbw / vpmovsxbw with a memory operand: the same
 // widening from a register is a lane-crossing shuffle that a Zen 3 runs at 0.8 a cycle, against 2) and
 // the two keys' words interleaved in each lane (vpunpck[lh]wd), so that a dword holds both keys'
 // value of one column.
-INLINE void ipv_pair(const attn_dtype dt, const int h, const uint8_t *x, const uint8_t *y, const int32_t *wi, __m256i c[8]) {
+INLINE void ipv_pair(const attn_dtype dt, const int NR, const int h, const uint8_t *x, const uint8_t *y, const int32_t *wi,
+                     __m256i c[8]) {
     const int off = dt == ATTN_DTYPE_Q4_0 ? 2 : 2 + 16 * h; // Q4_0: the half's nibbles, low or high, of all 16 bytes
     const __m128i *xa = (const __m128i *)(x + off), *ya = (const __m128i *)(y + off);
     __m256i xw, yw; // the half's 16 values of each key, as words
@@ -392,7 +407,7 @@ INLINE void ipv_pair(const attn_dtype dt, const int h, const uint8_t *x, const u
         xw = _mm256_cvtepi8_epi16(_mm_loadu_si128(xa)), yw = _mm256_cvtepi8_epi16(_mm_loadu_si128(ya));
     }
     const __m256i v0 = _mm256_unpacklo_epi16(xw, yw), v1 = _mm256_unpackhi_epi16(xw, yw);
-    for (int r = 0; r < 4; r++) {
+    for (int r = 0; r < NR; r++) {
         const __m256i w = _mm256_set1_epi32(wi[r]);
         c[2 * r] = add_madd(c[2 * r], v0, w), c[2 * r + 1] = add_madd(c[2 * r + 1], v1, w);
     }
@@ -400,23 +415,23 @@ INLINE void ipv_pair(const attn_dtype dt, const int h, const uint8_t *x, const u
 
 // The same half as pv_half on the rounded weights, keys in pairs (wi: pair i's 16 dwords from wi[16
 // i], dword r: row r's int16 weights of keys 2i (low word) and 2i + 1 for this block; a tile's odd
-// last key pairs with itself under the weight 0): int32 sums in c[0..7] as pv_half's, which requests
-// the same lines a tile on when `prefetch`.
-INLINE void ipv_half(const attn_dtype dt, const int h, const uint8_t *b, int64_t row_bytes, int nj, const int32_t *wi,
-                     bool prefetch, __m256i c[8]) {
+// last key pairs with itself under the weight 0): int32 sums of NR rows in c[0 .. 2 NR - 1] as
+// pv_half's, which requests the same lines a tile on when `prefetch`.
+INLINE void ipv_half(const attn_dtype dt, const int NR, const int h, const uint8_t *b, int64_t row_bytes, int nj,
+                     const int32_t *wi, bool prefetch, __m256i c[8]) {
     __m256i acc[8];
-    for (int x = 0; x < 8; x++) acc[x] = _mm256_setzero_si256();
+    for (int x = 0; x < 2 * NR; x++) acc[x] = _mm256_setzero_si256();
     const int64_t pf = FLASH_BC * row_bytes + 2 + 16 * h;
     int j = 0;
     for (; j + 1 < nj; j += 2, b += 2 * row_bytes, wi += 16) {
         if (prefetch) _mm_prefetch((const char *)b + pf, _MM_HINT_T1), _mm_prefetch((const char *)b + row_bytes + pf, _MM_HINT_T1);
-        ipv_pair(dt, h, b, b + row_bytes, wi, acc);
+        ipv_pair(dt, NR, h, b, b + row_bytes, wi, acc);
     }
     if (j < nj) {
         if (prefetch) _mm_prefetch((const char *)b + pf, _MM_HINT_T1);
-        ipv_pair(dt, h, b, b, wi, acc);
+        ipv_pair(dt, NR, h, b, b, wi, acc);
     }
-    for (int x = 0; x < 8; x++) c[x] = acc[x];
+    for (int x = 0; x < 2 * NR; x++) c[x] = acc[x];
 }
 
 // The scales of the nbg (at most four) blocks from b as floats, lanes past nbg 0.
@@ -472,16 +487,17 @@ INLINE void add_half(const __m256 f[8], const float *alpha, bool scale_o, int nr
     }
 }
 
-// Half h of block g of a group for four rows: in f[2r], f[2r + 1] row r's sums over the nj keys of
+// Half h of block g of a group for NR rows: in f[2r], f[2r + 1] row r's sums over the nj keys of
 // the block's columns 16h .. 16h + 15, from the rounded weights (ints: wi, with their sums isum and
-// units unit) or the float ones (w, with 8 times their sums wsum); prefetch: pv_half's.
-INLINE void half_sums(const attn_dtype dt, const int h, bool ints, const uint8_t *b, int64_t row_bytes, int nj, int g,
+// units unit) or the float ones (w, with 8 times their sums wsum; four rows, a tile that is rarely
+// taken); prefetch: pv_half's.
+INLINE void half_sums(const attn_dtype dt, const int NR, const int h, bool ints, const uint8_t *b, int64_t row_bytes, int nj, int g,
                       const int32_t *wi, const int32_t isum[16], const float unit[16], const float *w,
                       const float wsum[16], bool prefetch, __m256 f[8]) {
     if (ints) {
         __m256i c[8];
-        ipv_half(dt, h, b, row_bytes, nj, wi + 4 * g, prefetch, c);
-        for (int r = 0; r < 4; r++) {
+        ipv_half(dt, NR, h, b, row_bytes, nj, wi + 4 * g, prefetch, c);
+        for (int r = 0; r < NR; r++) {
             const __m256i less = _mm256_set1_epi32(dt == ATTN_DTYPE_Q4_0 ? 8 * isum[4 * g + r] : 0);
             const __m256 u = _mm256_set1_ps(unit[4 * g + r]);
             // ipv_pair's column order (0-3, 8-11 and 4-7, 12-15) back to 0-7 and 8-15
@@ -499,14 +515,16 @@ INLINE void half_sums(const attn_dtype dt, const int h, bool ints, const uint8_t
     }
 }
 
-// Four rows (pp: their weights in the tile, pp[0..3], advancing by ldp) and nj <= PV_KEYS keys, four
+// NR rows (pp: their weights in the tile, pp[0..3], advancing by ldp; nr <= NR of them real) and nj <=
+// PV_KEYS keys, four
 // blocks of 32 columns at a time: first each key's four weights times each block's scale (w, two
 // blocks a vector: p * d), with their largest magnitudes over the keys; then, in the integer form
 // where those weights are finite (round_weights), else in the float form (with their sums), each
 // block's two halves; Q4_0's n - 8 as the sum over the nibbles n less 8 times the sum of the weights;
 // the sums are added to the rows of o, scaled by alpha when `scale_o`.
-INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pp,
-                         int64_t ldp, const float *alpha, bool scale_o, int nr, bool prefetch, float *o, int64_t ldo) {
+INLINE void pv_rows_block(const attn_dtype dt, const int NR, const void *v, int64_t vs_row, int nj, int Dv,
+                          const float *pp, int64_t ldp, const float *alpha, bool scale_o, int nr, bool prefetch, float *o,
+                          int64_t ldo) {
     const int64_t row_bytes = vs_row / ATTN_QBLOCK * block_bytes(dt);
     const __m256i lo = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), hi = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
     const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
@@ -537,12 +555,20 @@ INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int
         for (int g = 0; g < nbg; g++) {
             const uint8_t *b = block_at(v, dt, e0 + g * ATTN_QBLOCK);
             __m256 f[8];
-            half_sums(dt, 0, ints, b, row_bytes, nj, g, wi, isum, unit, w, wsum, prefetch, f);
+            half_sums(dt, NR, 0, ints, b, row_bytes, nj, g, wi, isum, unit, w, wsum, prefetch, f);
             add_half(f, alpha, scale_o, nr, o, ldo, e0 + g * ATTN_QBLOCK);
-            half_sums(dt, 1, ints, b, row_bytes, nj, g, wi, isum, unit, w, wsum, prefetch, f);
+            half_sums(dt, NR, 1, ints, b, row_bytes, nj, g, wi, isum, unit, w, wsum, prefetch, f);
             add_half(f, alpha, scale_o, nr, o, ldo, e0 + g * ATTN_QBLOCK + 16);
         }
     }
+}
+
+// quant_pv_rows.h's kernel: blocks of four rows, or of two and one (decoding without GQA).
+INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pp,
+                         int64_t ldp, const float *alpha, bool scale_o, int nr, bool prefetch, float *o, int64_t ldo) {
+    if (nr >= 3) pv_rows_block(dt, 4, v, vs_row, nj, Dv, pp, ldp, alpha, scale_o, nr, prefetch, o, ldo);
+    else if (nr == 2) pv_rows_block(dt, 2, v, vs_row, nj, Dv, pp, ldp, alpha, scale_o, nr, prefetch, o, ldo);
+    else pv_rows_block(dt, 1, v, vs_row, nj, Dv, pp, ldp, alpha, scale_o, nr, prefetch, o, ldo);
 }
 
 void attn__pv_rows_q_avx2(attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pt, int64_t ldp,
