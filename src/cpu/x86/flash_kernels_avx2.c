@@ -390,7 +390,7 @@ static void qk_rows_avx2(attn_dtype dt, const void *k, int64_t ks_row, int nj, i
     else qk_rows_impl(ATTN_DTYPE_F32, k, ks_row, nj, D, q, rows, s, s_r, s_j);
 }
 
-// pv_rows over NR rows and the NV vectors of columns from e (NR * NV = 8 accumulators; `full`:
+// pv_rows over NR rows and the NV vectors of columns from e (NR * NV <= 8 accumulators; `full`:
 // all 8 * NV columns inside the row, known when compiled; else vector x holds the n = Dv - e - 8x
 // columns left, clamped to 0 .. 8): per key, the value vectors and the rows' weights, adjacent in the
 // tile (pp[0 .. NR - 1], pp advancing by ldp), broadcast. Row r's sums are left in out[r * NV ..].
@@ -421,27 +421,56 @@ static inline __attribute__((always_inline)) void pv_cols(const attn_dtype dt, c
     for (int x = 0; x < NR * NV; x++) out[x] = c[x];
 }
 
-// Blocks of NR rows (4, or 2 and 1 for the last rows) and 8 * NV columns; the sums are added to the
-// rows of o scaled by alpha.
+// pv_cols' sums for NR rows (nr of them real) over the w <= 8 NV columns from e, added to the rows of
+// o scaled by alpha.
+static inline __attribute__((always_inline)) void pv_rows_cols(const attn_dtype dt, const int NR, const int NV,
+                                                           const bool full, const void *v, int64_t vs_row, int nj,
+                                                           int Dv, int e, int w, const float *pt, int64_t ldp,
+                                                           const float *alpha, int nr, float *o, int64_t ldo,
+                                                           bool prefetch) {
+    __m256 c[8];
+    pv_cols(dt, NR, NV, full, v, vs_row, nj, Dv, e, pt, ldp, prefetch, c);
+    ATTN_UNROLL
+    for (int r = 0; r < NR; r++) {
+        float *orow = o + (int64_t)r * ldo + e;
+        const __m256 a = _mm256_set1_ps(r < nr ? alpha[r] : 0.0f);
+        ATTN_UNROLL
+        for (int x = 0; x < NV; x++) { // a o + c, rounded twice (no FMA), as the other tables' row kernels
+            const int n = r < nr ? w - 8 * x : 0;
+            if (n >= 8) {
+                _mm256_storeu_ps(orow + 8 * x, _mm256_add_ps(_mm256_mul_ps(a, _mm256_loadu_ps(orow + 8 * x)), c[r * NV + x]));
+            } else if (n > 0) {
+                const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+                const __m256 y = _mm256_add_ps(_mm256_mul_ps(a, _mm256_maskload_ps(orow + 8 * x, m)), c[r * NV + x]);
+                _mm256_maskstore_ps(orow + 8 * x, m, y);
+            }
+        }
+    }
+}
+
+// Blocks of NR rows (4, or 2 and 1 for the last rows) and W = 64 / NR columns; the last Dv % W
+// columns in narrower blocks of whole vectors (32, 16 and 8 columns, each at most once) and a last
+// partial vector, so that no product is spent on columns past Dv.
 static inline __attribute__((always_inline)) void pv_rows_block(const attn_dtype dt, const int NR, const void *v,
                                                                 int64_t vs_row, int nj, int Dv, const float *pt,
                                                                 int64_t ldp, const float *alpha, int nr, float *o,
                                                                 int64_t ldo, bool prefetch) {
     const int NV = 8 / NR, W = 8 * NV;
-    for (int e = 0; e < Dv; e += W) {
-        __m256 c[8];
-        if (Dv - e >= W) pv_cols(dt, NR, NV, true, v, vs_row, nj, Dv, e, pt, ldp, prefetch, c);
-        else pv_cols(dt, NR, NV, false, v, vs_row, nj, Dv, e, pt, ldp, prefetch, c);
-        const int ncols = Dv - e < W ? Dv - e : W;
-        for (int r = 0; r < nr; r++) {
-            float *orow = o + (int64_t)r * ldo + e;
-            const float a = alpha[r];
-            float t[64];
-            ATTN_UNROLL
-            for (int x = 0; x < NV; x++) _mm256_storeu_ps(t + 8 * x, c[r * NV + x]);
-            for (int x = 0; x < ncols; x++) orow[x] = a * orow[x] + t[x];
-        }
+    int e = 0;
+    for (; e + W <= Dv; e += W) pv_rows_cols(dt, NR, NV, true, v, vs_row, nj, Dv, e, W, pt, ldp, alpha, nr, o, ldo, prefetch);
+    if (NV > 4 && Dv - e >= 32) {
+        pv_rows_cols(dt, NR, 4, true, v, vs_row, nj, Dv, e, 32, pt, ldp, alpha, nr, o, ldo, prefetch);
+        e += 32;
     }
+    if (NV > 2 && Dv - e >= 16) {
+        pv_rows_cols(dt, NR, 2, true, v, vs_row, nj, Dv, e, 16, pt, ldp, alpha, nr, o, ldo, prefetch);
+        e += 16;
+    }
+    if (Dv - e >= 8) {
+        pv_rows_cols(dt, NR, 1, true, v, vs_row, nj, Dv, e, 8, pt, ldp, alpha, nr, o, ldo, prefetch);
+        e += 8;
+    }
+    if (e < Dv) pv_rows_cols(dt, NR, 1, false, v, vs_row, nj, Dv, e, Dv - e, pt, ldp, alpha, nr, o, ldo, prefetch);
 }
 
 static inline __attribute__((always_inline)) void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row,
