@@ -435,7 +435,7 @@ static inline __attribute__((always_inline)) void pv_rows_cols(const attn_dtype 
         float *orow = o + (int64_t)r * ldo + e;
         const __m256 a = _mm256_set1_ps(r < nr ? alpha[r] : 0.0f);
         ATTN_UNROLL
-        for (int x = 0; x < NV; x++) { // a o + c, rounded twice (no FMA), as the other tables' row kernels
+        for (int x = 0; x < NV; x++) { // a o + c, rounded twice (a product, then a sum), as before
             const int n = r < nr ? w - 8 * x : 0;
             if (n >= 8) {
                 _mm256_storeu_ps(orow + 8 * x, _mm256_add_ps(_mm256_mul_ps(a, _mm256_loadu_ps(orow + 8 * x)), c[r * NV + x]));

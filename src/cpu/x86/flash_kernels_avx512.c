@@ -226,47 +226,67 @@ INLINE __m512 load_kv16(const void *p, attn_dtype dt, int64_t i, int n) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); // bfloat16
 }
 
-// Four query rows against four keys at a time (16 accumulators; each q vector loaded once for the
-// four keys, each key vector once for the four rows), 16 lanes of d per step, the 16 dot products
-// reduced together by sum16. A tile's last keys (nj not a multiple of 4) repeat its last key, and
-// every key's sum is the same whatever its place in the group.
+// One step of qk_rows_block: n (<= 16) elements from d of NK keys (at their offsets `at`) and NR
+// rows (masked loads past n), the keys' lines DECODE_PF_BYTES on requested first with `prefetch`.
+INLINE void qk_step(const attn_dtype dt, const int NR, const int NK, const void *k, const int64_t *at,
+                    const float *const *qr, int d, int n, bool prefetch, __m512 *acc) {
+    if (prefetch) {
+        ATTN_UNROLL
+        for (int c = 0; c < NK; c++) decode_prefetch(k, dt, at[c] + d);
+    }
+    const __mmask16 m = (__mmask16)(n == 16 ? 0xffffu : (1u << n) - 1u);
+    __m512 x[4];
+    ATTN_UNROLL
+    for (int r = 0; r < NR; r++) x[r] = _mm512_maskz_loadu_ps(m, qr[r] + d);
+    ATTN_UNROLL
+    for (int c = 0; c < NK; c++) {
+        const __m512 kv = load_kv16(k, dt, at[c] + d, n);
+        ATTN_UNROLL
+        for (int r = 0; r < NR; r++) acc[r * NK + c] = _mm512_fmadd_ps(kv, x[r], acc[r * NK + c]);
+    }
+}
+
+// NR query rows against NK = 16 / NR keys at a time (16 accumulators; each q vector loaded once for
+// the NK keys, each key vector once for the NR rows), 16 lanes of d per step, the 16 dot products
+// reduced together by sum16 (lane NR c + r: key c, row r). Rows past nr repeat row 0 and a tile's
+// last keys (nj not a multiple of NK) its last key; every (row, key) sum runs along d in one
+// accumulator and is reduced in the same order whatever its lane, so its bits do not depend on NR,
+// NK or the key's place in the group. NR = 4 takes blocks of three or four rows, 2 and 1 the few
+// rows of decoding without GQA, which would otherwise spend four rows' products on one.
+INLINE void qk_rows_block(const attn_dtype dt, const int NR, const void *k, int64_t ks_row, int nj, int D,
+                          const float *q, int nr, float *s, int64_t s_r, int64_t s_j, bool prefetch) {
+    const int NK = 16 / NR, d16 = D / 16 * 16, line = decode_line_elems(dt);
+    const float *qr[4];
+    ATTN_UNROLL
+    for (int r = 0; r < NR; r++) qr[r] = q + (r < nr ? (int64_t)r * D : 0);
+    for (int j = 0; j < nj; j += NK) {
+        int64_t at[16];
+        ATTN_UNROLL
+        for (int c = 0; c < NK; c++) at[c] = (int64_t)(j + c < nj ? j + c : nj - 1) * ks_row;
+        __m512 acc[16];
+        ATTN_UNROLL
+        for (int x = 0; x < 16; x++) acc[x] = _mm512_setzero_ps();
+        int d = 0; // whole vectors, then a partial one
+        for (; d < d16; d += 16) qk_step(dt, NR, NK, k, at, qr, d, 16, prefetch && d % line == 0, acc);
+        if (d < D) qk_step(dt, NR, NK, k, at, qr, d, D - d, prefetch && d % line == 0, acc);
+        __m512 lanes[16]; // lane i: key i / NR, row i % NR
+        ATTN_UNROLL
+        for (int i = 0; i < 16; i++) lanes[i] = acc[(i % NR) * NK + i / NR];
+        const __m512 sums = sum16(lanes);
+        const int nk = nj - j < NK ? nj - j : NK;
+        store_sums16(sums, NR, s + (int64_t)j * s_j, s_r, s_j, nr, nk);
+    }
+}
+
 INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const float *q, int rows,
                          float *s, int64_t s_r, int64_t s_j) {
-    const int d16 = D / 16 * 16, line = decode_line_elems(dt);
     for (int r0 = 0; r0 < rows; r0 += 4) {
         const int nr = rows - r0 < 4 ? rows - r0 : 4;
-        const float *q0 = q + (int64_t)r0 * D, *q1 = q0 + (nr > 1 ? D : 0), *q2 = q0 + (nr > 2 ? 2 * D : 0),
-                    *q3 = q0 + (nr > 3 ? 3 * D : 0);
-        for (int j = 0; j < nj; j += 4) {
-            int64_t kj[4];
-            for (int c = 0; c < 4; c++) kj[c] = (int64_t)(j + c < nj ? j + c : nj - 1) * ks_row;
-            // accumulators in named variables (an array is kept in memory across the loop)
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-            __m512 c0 = a0, c1 = a0, c2 = a0, c3 = a0, e0 = a0, e1 = a0, e2 = a0, e3 = a0;
-            for (int d = 0; d < D; d += 16) {
-                const int n = d < d16 ? 16 : D - d;
-                if (r0 == 0 && d % line == 0)
-                    for (int c = 0; c < 4; c++) decode_prefetch(k, dt, kj[c] + d);
-                const __mmask16 m = (__mmask16)(n == 16 ? 0xffffu : (1u << n) - 1u);
-                const __m512 x0 = _mm512_maskz_loadu_ps(m, q0 + d), x1 = _mm512_maskz_loadu_ps(m, q1 + d);
-                const __m512 x2 = _mm512_maskz_loadu_ps(m, q2 + d), x3 = _mm512_maskz_loadu_ps(m, q3 + d);
-#define KEY_STEP(kv, v0, v1, v2, v3)                                                                          \
-    v0 = _mm512_fmadd_ps(kv, x0, v0), v1 = _mm512_fmadd_ps(kv, x1, v1), v2 = _mm512_fmadd_ps(kv, x2, v2), \
-    v3 = _mm512_fmadd_ps(kv, x3, v3)
-                const __m512 ka = load_kv16(k, dt, kj[0] + d, n), kb = load_kv16(k, dt, kj[1] + d, n);
-                KEY_STEP(ka, a0, a1, a2, a3);
-                KEY_STEP(kb, b0, b1, b2, b3);
-                const __m512 kc = load_kv16(k, dt, kj[2] + d, n), ke = load_kv16(k, dt, kj[3] + d, n);
-                KEY_STEP(kc, c0, c1, c2, c3);
-                KEY_STEP(ke, e0, e1, e2, e3);
-#undef KEY_STEP
-            }
-            const __m512 acc[16] = {a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, e0, e1, e2, e3};
-            const __m512 sums = sum16(acc); // lane 4c + r: key j + c, row r0 + r
-            const int nk = nj - j < 4 ? nj - j : 4;
-            float *sj = s + (int64_t)r0 * s_r + (int64_t)j * s_j;
-            store_sums16(sums, sj, s_r, s_j, nr, nk);
-        }
+        const float *qb = q + (int64_t)r0 * D;
+        float *sb = s + (int64_t)r0 * s_r;
+        if (nr >= 3) qk_rows_block(dt, 4, k, ks_row, nj, D, qb, nr, sb, s_r, s_j, r0 == 0);
+        else if (nr == 2) qk_rows_block(dt, 2, k, ks_row, nj, D, qb, nr, sb, s_r, s_j, r0 == 0);
+        else qk_rows_block(dt, 1, k, ks_row, nj, D, qb, nr, sb, s_r, s_j, r0 == 0);
     }
 }
 
@@ -277,63 +297,98 @@ static void qk_rows_avx512(attn_dtype dt, const void *k, int64_t ks_row, int nj,
     else qk_rows_impl(ATTN_DTYPE_F32, k, ks_row, nj, D, q, rows, s, s_r, s_j);
 }
 
-// Columns of a row of Dv that vector x of a 64-column block from column e holds: 0 to 16.
+// Columns of a row of Dv that vector x of a block from column e holds: 0 to 16.
 INLINE int block_cols(int Dv, int e, int x) {
     const int left = Dv - e - 16 * x;
     return left < 0 ? 0 : left < 16 ? left : 16;
 }
 
-// pv_rows over the columns [e, e + 64) of four rows, cut at Dv (`full`: all 64 there, known when
-// compiled): per key, four value vectors and the rows' four weights, adjacent in the tile (pp[0..3],
-// pp advancing by ldp), broadcast. The sums are left in c (row r: c[4r .. 4r + 3]).
-INLINE void pv_cols(const attn_dtype dt, const bool full, const void *v, int64_t vs_row, int nj, int Dv, int e,
-                    const float *pp, int64_t ldp, bool prefetch, __m512 c[16]) {
-    int n[4]; // columns in each of the four vectors
-    for (int x = 0; x < 4; x++) n[x] = full ? 16 : block_cols(Dv, e, x);
-    // accumulators in named variables (an array is kept in memory across the loop)
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-    __m512 c0 = a0, c1 = a0, c2 = a0, c3 = a0, d0 = a0, d1 = a0, d2 = a0, d3 = a0;
+// pv_rows over NR rows and the NV vectors of columns from e (NR * NV <= 16 accumulators; `full`: all
+// 16 NV columns inside the row, known when compiled): per key, the value vectors and the rows'
+// weights, adjacent in the tile (pp[0 .. NR - 1], pp advancing by ldp), broadcast. Row r's sums are
+// left in out[r * NV ..].
+INLINE void pv_cols(const attn_dtype dt, const int NR, const int NV, const bool full, const void *v, int64_t vs_row,
+                    int nj, int Dv, int e, const float *pp, int64_t ldp, bool prefetch, __m512 out[16]) {
+    int n[16]; // columns in each vector
+    ATTN_UNROLL
+    for (int x = 0; x < NV; x++) n[x] = full ? 16 : block_cols(Dv, e, x);
+    __m512 c[16];
+    ATTN_UNROLL
+    for (int x = 0; x < NR * NV; x++) c[x] = _mm512_setzero_ps();
     for (int j = 0; j < nj; j++, pp += ldp) {
         const int64_t vj = (int64_t)j * vs_row + e;
-        if (prefetch) decode_prefetch_cols(v, dt, vj, vs_row, e, 64, Dv);
-        const __m512 v0 = load_kv16(v, dt, vj, n[0]);
-        const __m512 v1 = full || n[1] > 0 ? load_kv16(v, dt, vj + 16, n[1]) : v0;
-        const __m512 v2 = full || n[2] > 0 ? load_kv16(v, dt, vj + 32, n[2]) : v0;
-        const __m512 v3 = full || n[3] > 0 ? load_kv16(v, dt, vj + 48, n[3]) : v0;
-#define ROW_STEP(w, r0, r1, r2, r3)                                                                      \
-    r0 = _mm512_fmadd_ps(w, v0, r0), r1 = _mm512_fmadd_ps(w, v1, r1), r2 = _mm512_fmadd_ps(w, v2, r2), \
-    r3 = _mm512_fmadd_ps(w, v3, r3)
-        const __m512 w0 = _mm512_set1_ps(pp[0]), w1 = _mm512_set1_ps(pp[1]);
-        ROW_STEP(w0, a0, a1, a2, a3);
-        ROW_STEP(w1, b0, b1, b2, b3);
-        const __m512 w2 = _mm512_set1_ps(pp[2]), w3 = _mm512_set1_ps(pp[3]);
-        ROW_STEP(w2, c0, c1, c2, c3);
-        ROW_STEP(w3, d0, d1, d2, d3);
-#undef ROW_STEP
+        if (prefetch) decode_prefetch_cols(v, dt, vj, vs_row, e, 16 * NV, Dv);
+        __m512 vv[16];
+        ATTN_UNROLL
+        for (int x = 0; x < NV; x++) vv[x] = full || n[x] > 0 ? load_kv16(v, dt, vj + 16 * x, n[x]) : _mm512_setzero_ps();
+        ATTN_UNROLL
+        for (int r = 0; r < NR; r++) {
+            const __m512 w = _mm512_set1_ps(pp[r]);
+            ATTN_UNROLL
+            for (int x = 0; x < NV; x++) c[r * NV + x] = _mm512_fmadd_ps(w, vv[x], c[r * NV + x]);
+        }
     }
-    c[0] = a0, c[1] = a1, c[2] = a2, c[3] = a3, c[4] = b0, c[5] = b1, c[6] = b2, c[7] = b3;
-    c[8] = c0, c[9] = c1, c[10] = c2, c[11] = c3, c[12] = d0, c[13] = d1, c[14] = d2, c[15] = d3;
+    ATTN_UNROLL
+    for (int x = 0; x < NR * NV; x++) out[x] = c[x];
 }
 
-// Four rows and 64 columns at a time; the sums are added to the rows of o scaled by alpha.
+// pv_cols' sums for NR rows (nr of them real) over the w <= 16 NV columns from e, added to the rows
+// of o scaled by alpha.
+INLINE void pv_rows_cols(const attn_dtype dt, const int NR, const int NV, const bool full, const void *v,
+                         int64_t vs_row, int nj, int Dv, int e, int w, const float *pt, int64_t ldp,
+                         const float *alpha, int nr, float *o, int64_t ldo, bool prefetch) {
+    __m512 c[16];
+    pv_cols(dt, NR, NV, full, v, vs_row, nj, Dv, e, pt, ldp, prefetch, c);
+    ATTN_UNROLL
+    for (int r = 0; r < NR; r++) {
+        float *orow = o + (int64_t)r * ldo + e;
+        const __m512 a = _mm512_set1_ps(r < nr ? alpha[r] : 0.0f);
+        ATTN_UNROLL
+        for (int x = 0; x < NV; x++) {
+            const int cols = r < nr ? block_cols(e + w, e, x) : 0;
+            const __mmask16 m = (__mmask16)((1u << cols) - 1u); // 0 columns: none
+            _mm512_mask_storeu_ps(orow + 16 * x, m,
+                                  _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m, orow + 16 * x), c[r * NV + x]));
+        }
+    }
+}
+
+// Blocks of NR rows (4, or 2 and 1 for the last rows) and W = 256 / NR columns (64, 128, 256); the
+// last Dv % W columns in narrower blocks of whole vectors (128, 64, 32, 16 columns, each at most
+// once) and a last partial vector, so that no product is spent on columns past Dv.
+INLINE void pv_rows_block(const attn_dtype dt, const int NR, const void *v, int64_t vs_row, int nj, int Dv,
+                          const float *pt, int64_t ldp, const float *alpha, int nr, float *o, int64_t ldo,
+                          bool prefetch) {
+    const int NV = 16 / NR, W = 16 * NV;
+    int e = 0;
+    for (; e + W <= Dv; e += W) pv_rows_cols(dt, NR, NV, true, v, vs_row, nj, Dv, e, W, pt, ldp, alpha, nr, o, ldo, prefetch);
+    if (NV > 8 && Dv - e >= 128) {
+        pv_rows_cols(dt, NR, 8, true, v, vs_row, nj, Dv, e, 128, pt, ldp, alpha, nr, o, ldo, prefetch);
+        e += 128;
+    }
+    if (NV > 4 && Dv - e >= 64) {
+        pv_rows_cols(dt, NR, 4, true, v, vs_row, nj, Dv, e, 64, pt, ldp, alpha, nr, o, ldo, prefetch);
+        e += 64;
+    }
+    if (NV > 2 && Dv - e >= 32) {
+        pv_rows_cols(dt, NR, 2, true, v, vs_row, nj, Dv, e, 32, pt, ldp, alpha, nr, o, ldo, prefetch);
+        e += 32;
+    }
+    if (Dv - e >= 16) {
+        pv_rows_cols(dt, NR, 1, true, v, vs_row, nj, Dv, e, 16, pt, ldp, alpha, nr, o, ldo, prefetch);
+        e += 16;
+    }
+    if (e < Dv) pv_rows_cols(dt, NR, 1, false, v, vs_row, nj, Dv, e, Dv - e, pt, ldp, alpha, nr, o, ldo, prefetch);
+}
+
 INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pt,
                          int64_t ldp, const float *alpha, int rows, float *o, int64_t ldo) {
     for (int r0 = 0; r0 < rows; r0 += 4) {
         const int nr = rows - r0 < 4 ? rows - r0 : 4;
-        for (int e = 0; e < Dv; e += 64) {
-            __m512 c[16];
-            if (Dv - e >= 64) pv_cols(dt, true, v, vs_row, nj, Dv, e, pt + r0, ldp, r0 == 0, c);
-            else pv_cols(dt, false, v, vs_row, nj, Dv, e, pt + r0, ldp, r0 == 0, c);
-            for (int r = 0; r < nr; r++) {
-                float *orow = o + (int64_t)(r0 + r) * ldo + e;
-                const __m512 a = _mm512_set1_ps(alpha[r0 + r]);
-                for (int x = 0; x < 4; x++) {
-                    const __mmask16 m = (__mmask16)((1u << block_cols(Dv, e, x)) - 1u); // 0 columns: none
-                    _mm512_mask_storeu_ps(orow + 16 * x, m,
-                                          _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m, orow + 16 * x), c[4 * r + x]));
-                }
-            }
-        }
+        float *ob = o + (int64_t)r0 * ldo;
+        if (nr >= 3) pv_rows_block(dt, 4, v, vs_row, nj, Dv, pt + r0, ldp, alpha + r0, nr, ob, ldo, r0 == 0);
+        else if (nr == 2) pv_rows_block(dt, 2, v, vs_row, nj, Dv, pt + r0, ldp, alpha + r0, nr, ob, ldo, r0 == 0);
+        else pv_rows_block(dt, 1, v, vs_row, nj, Dv, pt + r0, ldp, alpha + r0, nr, ob, ldo, r0 == 0);
     }
 }
 

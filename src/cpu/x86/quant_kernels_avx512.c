@@ -86,7 +86,7 @@ INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int
             const __m512 sums = sum16(acc); // lane 4c + r: key j + c, row r0 + r
             const int nk = nj - j < 4 ? nj - j : 4;
             float *sj = s + (int64_t)r0 * s_r + (int64_t)j * s_j;
-            store_sums16(sums, sj, s_r, s_j, nr, nk);
+            store_sums16(sums, 4, sj, s_r, s_j, nr, nk);
         }
     }
 }

@@ -175,7 +175,7 @@ INLINE void qk_rows_int8(const attn_dtype dt, const void *k, int64_t ks_row, int
             // acc[r] lane 4l + c -> the sum over c, lane 4l + r
             const __m512 sums = quarter_sums4(acc);
             const int nk = nj - j < 4 ? nj - j : 4;
-            store_sums16(sums, s + (int64_t)r0 * s_r + (int64_t)j * s_j, s_r, s_j, nr, nk);
+            store_sums16(sums, 4, s + (int64_t)r0 * s_r + (int64_t)j * s_j, s_r, s_j, nr, nk);
         }
     }
 }

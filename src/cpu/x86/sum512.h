@@ -33,18 +33,18 @@ static inline __attribute__((always_inline)) __m512 sum16(const __m512 x[16]) {
     return quarter_sums4(z);
 }
 
-// The dot products of nk <= 4 keys with nr <= 4 query rows, lane 4c + r of sums (key c, row r),
-// into sj[c * s_j + r * s_r]: one store for the compact tile of four rows (s_r 1, s_j 4).
-static inline __attribute__((always_inline)) void store_sums16(__m512 sums, float *sj, int64_t s_r, int64_t s_j,
-                                                              int nr, int nk) {
-    if (nr == 4 && s_r == 1 && s_j == 4 && nk == 4) {
+// The dot products of nk <= 16 / NR keys with nr <= NR query rows, lane NR c + r of sums (key c, row
+// r), into sj[c * s_j + r * s_r]: one store for the compact tile of four rows (s_r 1, s_j 4).
+static inline __attribute__((always_inline)) void store_sums16(__m512 sums, const int NR, float *sj, int64_t s_r,
+                                                              int64_t s_j, int nr, int nk) {
+    if (NR == 4 && nr == 4 && s_r == 1 && s_j == 4 && nk == 4) {
         _mm512_storeu_ps(sj, sums);
         return;
     }
     float out[16];
     _mm512_storeu_ps(out, sums);
     for (int c = 0; c < nk; c++)
-        for (int r = 0; r < nr; r++) sj[c * s_j + r * s_r] = out[4 * c + r];
+        for (int r = 0; r < nr; r++) sj[c * s_j + r * s_r] = out[NR * c + r];
 }
 
 #endif
