@@ -14,6 +14,7 @@
 #include "cpu/cpu.h"
 #include "half.h"
 #include "harness.h"
+#include "quant.h"
 #include "test_data.h"
 
 static int use_blas = 1; // the contexts' use_blas (test_linear_and_modules runs with 0 and 1)
@@ -345,6 +346,100 @@ static void test_decode_shapes(void) {
                      1, 5 + 2000 * w, 0, 0, 0.0f, w ? ATTN_DTYPE_F16 : ATTN_DTYPE_F32, 0};
         check_problem(&p, 901u + (uint32_t)w);
     }
+}
+
+// A table's q . k rows for keys of type dt (the block types' kernel on q as its prep_q left it),
+// into the compact tile (a key's four rows adjacent).
+static void qk_rows_any(const attn__kernels *kn, attn_dtype dt, const void *k, int nj, int D, const void *q, int rows,
+                        float *s) {
+    if (attn__is_block_dtype(dt)) kn->qk_rows_q(dt, k, D, nj, D, q, rows, s, 1, 4);
+    else kn->qk_rows(dt, k, D, nj, D, (const float *)q, rows, s, 1, 4);
+}
+
+// The decode row kernels' blocks of one and two rows (and of three, a four-row block with a row
+// repeated) against the four-row block, on every table: a row's scores (qk_rows, and qk_rows_q on
+// prep_q's form) and its P V sums (pv_rows, pv_rows_q) must be the same bits whatever the number of
+// rows beside it, for float32, float16, bfloat16, Q8_0 and Q4_0 keys and values, head dims ending in
+// a partial vector and value widths ending in a partial block.
+static void test_decode_rows_bits(void) {
+    enum { NJ = 96, MAXD = 160 };
+    const int dims[4][2] = {{64, 64}, {128, 96}, {37, 20}, {40, 200}}; // D, Dv (the last two: float only)
+    const attn_dtype dts[5] = {ATTN_DTYPE_F32, ATTN_DTYPE_F16, ATTN_DTYPE_BF16, ATTN_DTYPE_Q8_0, ATTN_DTYPE_Q4_0};
+    const int njs[2] = {NJ, 7};
+    const int MAXDV = 200;
+    float *kf = malloc(sizeof(float) * NJ * MAXD), *vf = malloc(sizeof(float) * NJ * MAXDV);
+    float *q = malloc(sizeof(float) * 4 * MAXD), *pt = malloc(sizeof(float) * NJ * 4), alpha[4];
+    float *s4 = malloc(sizeof(float) * NJ * 4), *sr = malloc(sizeof(float) * NJ * 4);
+    float *o4 = malloc(sizeof(float) * 4 * MAXDV), *orr = malloc(sizeof(float) * 4 * MAXDV), *o0 = malloc(sizeof(float) * 4 * MAXDV);
+    void *kx = malloc(sizeof(float) * NJ * MAXD), *vx = malloc(sizeof(float) * NJ * MAXDV);
+    void *qp4 = aligned_alloc(64, (ATTN_QPREP_BYTES(4, MAXD) + 63) / 64 * 64);
+    void *qpr = aligned_alloc(64, (ATTN_QPREP_BYTES(4, MAXD) + 63) / 64 * 64);
+    uint32_t seed = 97;
+    for (int i = 0; i < NJ * MAXD; i++) kf[i] = rand_sym(&seed);
+    for (int i = 0; i < NJ * MAXDV; i++) vf[i] = rand_sym(&seed);
+    for (int i = 0; i < 4 * MAXD; i++) q[i] = 2.0f * rand_sym(&seed);
+    for (int i = 0; i < NJ * 4; i++) pt[i] = rand_unit(&seed);
+    for (int i = 0; i < 4 * MAXDV; i++) o0[i] = rand_sym(&seed);
+    for (int r = 0; r < 4; r++) alpha[r] = 0.25f + rand_unit(&seed);
+    for (int isa = ATTN_ISA_GENERIC; isa <= ATTN_ISA_AVX512_VNNI; isa++) {
+        bool ok;
+        const attn__kernels *kn = attn__kernels_for((attn_isa)isa, &ok);
+        if (!ok) continue;
+        for (int ti = 0; ti < 5; ti++)
+            for (int di = 0; di < 4; di++) {
+                const attn_dtype dt = dts[ti];
+                const bool block = attn__is_block_dtype(dt);
+                const int D = dims[di][0], Dv = dims[di][1];
+                if (block && (D % 32 || Dv % 32)) continue;
+                if (block) {
+                    attn__quantize(dt, kf, kx, (int64_t)NJ * D);
+                    attn__quantize(dt, vf, vx, (int64_t)NJ * Dv);
+                } else {
+                    ASSERT_OK(attn_convert(dt, kx, ATTN_DTYPE_F32, kf, (int64_t)NJ * D));
+                    ASSERT_OK(attn_convert(dt, vx, ATTN_DTYPE_F32, vf, (int64_t)NJ * Dv));
+                }
+                for (int ni = 0; ni < 2; ni++) {
+                    const int nj = njs[ni];
+                    // the four-row block: scores in the compact tile (a key's four rows adjacent)
+                    const void *q4 = q, *qr = q;
+                    if (block && kn->prep_q != NULL) {
+                        kn->prep_q(dt, q, 4, D, qp4), q4 = qp4;
+                    }
+                    qk_rows_any(kn, dt, kx, nj, D, q4, 4, s4);
+                    memcpy(o4, o0, sizeof(float) * 4 * Dv);
+                    (block ? kn->pv_rows_q : kn->pv_rows)(dt, vx, Dv, nj, Dv, pt, 4, alpha, 4, o4, Dv);
+                    for (int rows = 1; rows <= 3; rows++) {
+                        if (block && kn->prep_q != NULL) {
+                            kn->prep_q(dt, q, rows, D, qpr), qr = qpr;
+                        }
+                        for (int i = 0; i < NJ * 4; i++) sr[i] = NAN;
+                        qk_rows_any(kn, dt, kx, nj, D, qr, rows, sr);
+                        memcpy(orr, o0, sizeof(float) * 4 * Dv);
+                        (block ? kn->pv_rows_q : kn->pv_rows)(dt, vx, Dv, nj, Dv, pt, 4, alpha, rows, orr, Dv);
+                        for (int j = 0; j < nj; j++)
+                            for (int r = 0; r < rows; r++) {
+                                harness_checks++;
+                                if (memcmp(&sr[j * 4 + r], &s4[j * 4 + r], sizeof(float)) != 0)
+                                    FAIL("%s qk_rows %s D %d, %d rows: key %d row %d %.9g, four rows %.9g", kn->name,
+                                         attn_dtype_name(dt), D, rows, j, r, sr[j * 4 + r], s4[j * 4 + r]);
+                            }
+                        for (int r = 0; r < rows; r++)
+                            for (int e = 0; e < Dv; e++) {
+                                harness_checks++;
+                                if (memcmp(&orr[r * Dv + e], &o4[r * Dv + e], sizeof(float)) != 0)
+                                    FAIL("%s pv_rows %s Dv %d, %d rows: row %d column %d %.9g, four rows %.9g", kn->name,
+                                         attn_dtype_name(dt), Dv, rows, r, e, orr[r * Dv + e], o4[r * Dv + e]);
+                            }
+                        for (int r = rows; r < 4; r++) // rows past `rows` untouched
+                            for (int e = 0; e < Dv; e++)
+                                if (memcmp(&orr[r * Dv + e], &o0[r * Dv + e], sizeof(float)) != 0)
+                                    FAIL("%s pv_rows %s, %d rows: wrote row %d", kn->name, attn_dtype_name(dt), rows, r);
+                    }
+                }
+            }
+    }
+    free(kf), free(vf), free(q), free(pt), free(s4), free(sr), free(o4), free(orr), free(o0), free(kx), free(vx);
+    free(qp4), free(qpr);
 }
 
 // Half-precision k and v against float32 ones: the first-order bound of attn.h,
@@ -1291,6 +1386,7 @@ int main(int argc, char **argv) {
         HARNESS_CASE(test_value_rows_512),
         HARNESS_CASE(test_half_error_bound),
         HARNESS_CASE(test_decode_shapes),
+        HARNESS_CASE(test_decode_rows_bits),
         HARNESS_CASE(test_sinks),
         HARNESS_CASE(test_softmax_tiles),
         HARNESS_CASE(test_gemm_blocks),
