@@ -362,15 +362,15 @@ static void qk_rows_any(const attn__kernels *kn, attn_dtype dt, const void *k, i
 // rows beside it, for float32, float16, bfloat16, Q8_0 and Q4_0 keys and values, head dims ending in
 // a partial vector and value widths ending in a partial block.
 static void test_decode_rows_bits(void) {
-    enum { NJ = 96, MAXD = 160 };
+    enum { NJ = 96, MAXD = 128, MAXDV = 200 };
     const int dims[4][2] = {{64, 64}, {128, 96}, {37, 20}, {40, 200}}; // D, Dv (the last two: float only)
     const attn_dtype dts[5] = {ATTN_DTYPE_F32, ATTN_DTYPE_F16, ATTN_DTYPE_BF16, ATTN_DTYPE_Q8_0, ATTN_DTYPE_Q4_0};
     const int njs[2] = {NJ, 7};
-    const int MAXDV = 200;
     float *kf = malloc(sizeof(float) * NJ * MAXD), *vf = malloc(sizeof(float) * NJ * MAXDV);
     float *q = malloc(sizeof(float) * 4 * MAXD), *pt = malloc(sizeof(float) * NJ * 4), alpha[4];
     float *s4 = malloc(sizeof(float) * NJ * 4), *sr = malloc(sizeof(float) * NJ * 4);
-    float *o4 = malloc(sizeof(float) * 4 * MAXDV), *orr = malloc(sizeof(float) * 4 * MAXDV), *o0 = malloc(sizeof(float) * 4 * MAXDV);
+    float *o4 = malloc(sizeof(float) * 4 * MAXDV), *orr = malloc(sizeof(float) * 4 * MAXDV);
+    float *o0 = malloc(sizeof(float) * 4 * MAXDV);
     void *kx = malloc(sizeof(float) * NJ * MAXD), *vx = malloc(sizeof(float) * NJ * MAXDV);
     void *qp4 = aligned_alloc(64, (ATTN_QPREP_BYTES(4, MAXD) + 63) / 64 * 64);
     void *qpr = aligned_alloc(64, (ATTN_QPREP_BYTES(4, MAXD) + 63) / 64 * 64);
@@ -427,13 +427,15 @@ static void test_decode_rows_bits(void) {
                             for (int e = 0; e < Dv; e++) {
                                 harness_checks++;
                                 if (memcmp(&orr[r * Dv + e], &o4[r * Dv + e], sizeof(float)) != 0)
-                                    FAIL("%s pv_rows %s Dv %d, %d rows: row %d column %d %.9g, four rows %.9g", kn->name,
-                                         attn_dtype_name(dt), Dv, rows, r, e, orr[r * Dv + e], o4[r * Dv + e]);
+                                    FAIL("%s pv_rows %s Dv %d, %d rows: row %d column %d %.9g, four rows %.9g",
+                                         kn->name, attn_dtype_name(dt), Dv, rows, r, e, orr[r * Dv + e],
+                                         o4[r * Dv + e]);
                             }
                         for (int r = rows; r < 4; r++) // rows past `rows` untouched
                             for (int e = 0; e < Dv; e++)
                                 if (memcmp(&orr[r * Dv + e], &o0[r * Dv + e], sizeof(float)) != 0)
-                                    FAIL("%s pv_rows %s, %d rows: wrote row %d", kn->name, attn_dtype_name(dt), rows, r);
+                                    FAIL("%s pv_rows %s, %d rows: wrote row %d", kn->name, attn_dtype_name(dt), rows,
+                                         r);
                     }
                 }
             }

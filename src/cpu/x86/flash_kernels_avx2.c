@@ -356,9 +356,10 @@ static inline __attribute__((always_inline)) void qk_rows_block(const attn_dtype
         if (d < D) qk_step(dt, NR, NK, k, at, qr, d, D - d, prefetch && d % line == 0, acc);
         float out[12]; // out[c * NR + r]: key c, row r
         ATTN_UNROLL
-        for (int i = 0; i < NR * NK; i += 4)
+        for (int i = 0; i < NR * NK; i += 4) // vector i + t: key (i + t) / NR, row (i + t) % NR
             _mm_storeu_ps(out + i, sum4(acc[(i % NR) * NK + i / NR], acc[((i + 1) % NR) * NK + (i + 1) / NR],
-                                        acc[((i + 2) % NR) * NK + (i + 2) / NR], acc[((i + 3) % NR) * NK + (i + 3) / NR]));
+                                        acc[((i + 2) % NR) * NK + (i + 2) / NR],
+                                        acc[((i + 3) % NR) * NK + (i + 3) / NR]));
         const int nk = nj - j < NK ? nj - j : NK;
         float *sj = s + (int64_t)j * s_j;
         if (NR == 4 && nr == 4 && s_r == 1) { // a key's four scores adjacent (the tile layout)
@@ -391,9 +392,9 @@ static void qk_rows_avx2(attn_dtype dt, const void *k, int64_t ks_row, int nj, i
 }
 
 // pv_rows over NR rows and the NV vectors of columns from e (NR * NV <= 8 accumulators; `full`:
-// all 8 * NV columns inside the row, known when compiled; else vector x holds the n = Dv - e - 8x
-// columns left, clamped to 0 .. 8): per key, the value vectors and the rows' weights, adjacent in the
-// tile (pp[0 .. NR - 1], pp advancing by ldp), broadcast. Row r's sums are left in out[r * NV ..].
+// all 8 * NV columns inside the row, known when compiled; else NV is 1 and the row's last Dv - e < 8
+// columns): per key, the value vectors and the rows' weights, adjacent in the tile (pp[0 .. NR - 1],
+// pp advancing by ldp), broadcast. Row r's sums are left in out[r * NV ..].
 static inline __attribute__((always_inline)) void pv_cols(const attn_dtype dt, const int NR, const int NV,
                                                           const bool full, const void *v, int64_t vs_row, int nj,
                                                           int Dv, int e, const float *pp, int64_t ldp, bool prefetch,
@@ -406,10 +407,7 @@ static inline __attribute__((always_inline)) void pv_cols(const attn_dtype dt, c
         if (prefetch) decode_prefetch_cols(v, dt, vj, vs_row, e, 8 * NV, Dv);
         __m256 vv[8];
         ATTN_UNROLL
-        for (int x = 0; x < NV; x++) {
-            const int n = full ? 8 : Dv - e - 8 * x;
-            vv[x] = n >= 8 ? load_kv8(v, dt, vj + 8 * x, 8) : n > 0 ? load_kv8(v, dt, vj + 8 * x, n) : _mm256_setzero_ps();
-        }
+        for (int x = 0; x < NV; x++) vv[x] = load_kv8(v, dt, vj + 8 * x, full ? 8 : Dv - e);
         ATTN_UNROLL
         for (int r = 0; r < NR; r++) {
             const __m256 w = _mm256_broadcast_ss(pp + r);
@@ -438,7 +436,8 @@ static inline __attribute__((always_inline)) void pv_rows_cols(const attn_dtype 
         for (int x = 0; x < NV; x++) { // a o + c, rounded twice (a product, then a sum), as before
             const int n = r < nr ? w - 8 * x : 0;
             if (n >= 8) {
-                _mm256_storeu_ps(orow + 8 * x, _mm256_add_ps(_mm256_mul_ps(a, _mm256_loadu_ps(orow + 8 * x)), c[r * NV + x]));
+                const __m256 y = _mm256_add_ps(_mm256_mul_ps(a, _mm256_loadu_ps(orow + 8 * x)), c[r * NV + x]);
+                _mm256_storeu_ps(orow + 8 * x, y);
             } else if (n > 0) {
                 const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
                 const __m256 y = _mm256_add_ps(_mm256_mul_ps(a, _mm256_maskload_ps(orow + 8 * x, m)), c[r * NV + x]);
@@ -457,7 +456,8 @@ static inline __attribute__((always_inline)) void pv_rows_block(const attn_dtype
                                                                 int64_t ldo, bool prefetch) {
     const int NV = 8 / NR, W = 8 * NV;
     int e = 0;
-    for (; e + W <= Dv; e += W) pv_rows_cols(dt, NR, NV, true, v, vs_row, nj, Dv, e, W, pt, ldp, alpha, nr, o, ldo, prefetch);
+    for (; e + W <= Dv; e += W)
+        pv_rows_cols(dt, NR, NV, true, v, vs_row, nj, Dv, e, W, pt, ldp, alpha, nr, o, ldo, prefetch);
     if (NV > 4 && Dv - e >= 32) {
         pv_rows_cols(dt, NR, 4, true, v, vs_row, nj, Dv, e, 32, pt, ldp, alpha, nr, o, ldo, prefetch);
         e += 32;

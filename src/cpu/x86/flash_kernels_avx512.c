@@ -304,14 +304,12 @@ INLINE int block_cols(int Dv, int e, int x) {
 }
 
 // pv_rows over NR rows and the NV vectors of columns from e (NR * NV <= 16 accumulators; `full`: all
-// 16 NV columns inside the row, known when compiled): per key, the value vectors and the rows'
+// 16 NV columns inside the row, known when compiled; else NV is 1 and the row's last Dv - e < 16
+// columns): per key, the value vectors and the rows'
 // weights, adjacent in the tile (pp[0 .. NR - 1], pp advancing by ldp), broadcast. Row r's sums are
 // left in out[r * NV ..].
 INLINE void pv_cols(const attn_dtype dt, const int NR, const int NV, const bool full, const void *v, int64_t vs_row,
                     int nj, int Dv, int e, const float *pp, int64_t ldp, bool prefetch, __m512 out[16]) {
-    int n[16]; // columns in each vector
-    ATTN_UNROLL
-    for (int x = 0; x < NV; x++) n[x] = full ? 16 : block_cols(Dv, e, x);
     __m512 c[16];
     ATTN_UNROLL
     for (int x = 0; x < NR * NV; x++) c[x] = _mm512_setzero_ps();
@@ -320,7 +318,7 @@ INLINE void pv_cols(const attn_dtype dt, const int NR, const int NV, const bool 
         if (prefetch) decode_prefetch_cols(v, dt, vj, vs_row, e, 16 * NV, Dv);
         __m512 vv[16];
         ATTN_UNROLL
-        for (int x = 0; x < NV; x++) vv[x] = full || n[x] > 0 ? load_kv16(v, dt, vj + 16 * x, n[x]) : _mm512_setzero_ps();
+        for (int x = 0; x < NV; x++) vv[x] = load_kv16(v, dt, vj + 16 * x, full ? 16 : Dv - e);
         ATTN_UNROLL
         for (int r = 0; r < NR; r++) {
             const __m512 w = _mm512_set1_ps(pp[r]);
@@ -361,7 +359,8 @@ INLINE void pv_rows_block(const attn_dtype dt, const int NR, const void *v, int6
                           bool prefetch) {
     const int NV = 16 / NR, W = 16 * NV;
     int e = 0;
-    for (; e + W <= Dv; e += W) pv_rows_cols(dt, NR, NV, true, v, vs_row, nj, Dv, e, W, pt, ldp, alpha, nr, o, ldo, prefetch);
+    for (; e + W <= Dv; e += W)
+        pv_rows_cols(dt, NR, NV, true, v, vs_row, nj, Dv, e, W, pt, ldp, alpha, nr, o, ldo, prefetch);
     if (NV > 8 && Dv - e >= 128) {
         pv_rows_cols(dt, NR, 8, true, v, vs_row, nj, Dv, e, 128, pt, ldp, alpha, nr, o, ldo, prefetch);
         e += 128;

@@ -205,8 +205,8 @@ INLINE __m256 pair_scales(const attn_dtype dt, const uint8_t *x0, const uint8_t 
 }
 
 // Q4_0: two keys' groups (x0, x1: the group's first block; `blocks` of them in the row) against NR
-// (4, 2 or 1) query rows' groups p[r]: in i32[r] lane 4l + c row r's products with key l over column c (the
-// nibbles n, less 8 times the query's column sum: n - 8). Each block's 16 quant bytes of both keys
+// (4, 2 or 1) query rows' groups p[r]: in i32[r] lane 4l + c row r's products with key l over column
+// c (the nibbles n, less 8 times the query's column sum: n - 8). Each block's 16 quant bytes of both keys
 // are loaded into the two lanes, transposed by dwords into the step vectors and split into nibbles;
 // each row's 8 steps meet them with its query bytes in vpmaddubsw (unsigned times signed bytes,
 // pairs summed), added in 16 bits (at most 8 * 2 * 15 * 127 = 30480) and widened once by vpmaddwd.
@@ -387,14 +387,14 @@ INLINE __m256i add_madd(__m256i c, __m256i a, __m256i b) {
 }
 
 // The products of one key pair (x, y: their blocks; wi: the pair's dwords of rounded weights, row r
-// at wi[r]) for half h added to c[0 .. 2 NR - 1] as ipv_half's, whose columns they leave in the order
-// 0-3, 8-11 (c[2r]) and 4-7, 12-15 (c[2r + 1]) of the half. Each key's 16 quant bytes of the half
+// at wi[r]) for half h added to c[0 .. 2 NR - 1] as ipv_half's, whose columns they leave in the
+// order 0-3, 8-11 (c[2r]) and 4-7, 12-15 (c[2r + 1]) of the half. Each key's 16 quant bytes of the half
 // are widened to words straight from memory (vpmovzxbw / vpmovsxbw with a memory operand: the same
 // widening from a register is a lane-crossing shuffle that a Zen 3 runs at 0.8 a cycle, against 2) and
 // the two keys' words interleaved in each lane (vpunpck[lh]wd), so that a dword holds both keys'
 // value of one column.
-INLINE void ipv_pair(const attn_dtype dt, const int NR, const int h, const uint8_t *x, const uint8_t *y, const int32_t *wi,
-                     __m256i c[8]) {
+INLINE void ipv_pair(const attn_dtype dt, const int NR, const int h, const uint8_t *x, const uint8_t *y,
+                     const int32_t *wi, __m256i c[8]) {
     const int off = dt == ATTN_DTYPE_Q4_0 ? 2 : 2 + 16 * h; // Q4_0: the half's nibbles, low or high, of all 16 bytes
     const __m128i *xa = (const __m128i *)(x + off), *ya = (const __m128i *)(y + off);
     __m256i xw, yw; // the half's 16 values of each key, as words
@@ -491,8 +491,8 @@ INLINE void add_half(const __m256 f[8], const float *alpha, bool scale_o, int nr
 // the block's columns 16h .. 16h + 15, from the rounded weights (ints: wi, with their sums isum and
 // units unit) or the float ones (w, with 8 times their sums wsum; four rows, a tile that is rarely
 // taken); prefetch: pv_half's.
-INLINE void half_sums(const attn_dtype dt, const int NR, const int h, bool ints, const uint8_t *b, int64_t row_bytes, int nj, int g,
-                      const int32_t *wi, const int32_t isum[16], const float unit[16], const float *w,
+INLINE void half_sums(const attn_dtype dt, const int NR, const int h, bool ints, const uint8_t *b, int64_t row_bytes,
+                      int nj, int g, const int32_t *wi, const int32_t isum[16], const float unit[16], const float *w,
                       const float wsum[16], bool prefetch, __m256 f[8]) {
     if (ints) {
         __m256i c[8];
@@ -523,8 +523,8 @@ INLINE void half_sums(const attn_dtype dt, const int NR, const int h, bool ints,
 // block's two halves; Q4_0's n - 8 as the sum over the nibbles n less 8 times the sum of the weights;
 // the sums are added to the rows of o, scaled by alpha when `scale_o`.
 INLINE void pv_rows_block(const attn_dtype dt, const int NR, const void *v, int64_t vs_row, int nj, int Dv,
-                          const float *pp, int64_t ldp, const float *alpha, bool scale_o, int nr, bool prefetch, float *o,
-                          int64_t ldo) {
+                          const float *pp, int64_t ldp, const float *alpha, bool scale_o, int nr, bool prefetch,
+                          float *o, int64_t ldo) {
     const int64_t row_bytes = vs_row / ATTN_QBLOCK * block_bytes(dt);
     const __m256i lo = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), hi = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
     const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
