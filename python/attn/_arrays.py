@@ -29,6 +29,8 @@ def fail_type(message):
 
 def real(x, what):
     """x as a float: a real number (int, float, numpy or torch scalar), not a bool, string or complex."""
+    if type(x) is float:  # the common case, without the checks' isinstance calls
+        return x
     if not isinstance(x, (bool, np.bool_, str, bytes, numbers.Complex)) or isinstance(x, numbers.Real):
         if not isinstance(x, (bool, np.bool_)):
             try:
@@ -140,10 +142,13 @@ def check_qkv(q, k, v):
     check_ndim(k, 4, "k", "(B, Hkv, S, D)")
     check_ndim(v, 4, "v", "(B, Hkv, S, Dv)")
     B, H, L, D = q.shape
-    check_shape(k, (B, None, None, D), "k", ("B", "Hkv", "S", "D"))
-    Hkv, S = k.shape[1], k.shape[2]
-    check_shape(v, (B, Hkv, S, None), "v", ("B", "Hkv", "S", "Dv"))
-    return B, H, L, D, Hkv, S, v.shape[3]
+    kB, Hkv, S, kD = k.shape
+    if kB != B or kD != D:
+        check_shape(k, (B, None, None, D), "k", ("B", "Hkv", "S", "D"))
+    vB, vH, vS, Dv = v.shape
+    if vB != B or vH != Hkv or vS != S:
+        check_shape(v, (B, Hkv, S, None), "v", ("B", "Hkv", "S", "Dv"))
+    return B, H, L, D, Hkv, S, Dv
 
 
 def check_qkv_varlen(q, k, v):

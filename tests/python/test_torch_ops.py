@@ -17,6 +17,10 @@ Covered:
   - torch.library.opcheck of the four ops (schema, fake tensors, autograd registration, AOT; with
     and without sinks); torch.compile(fullgraph=True) of modules using them (aot_eager, and
     inductor when a C++ compiler is present; sinks as a parameter), against eager;
+  - the forward ops' implementation called without the dispatcher (_ops._unwatched): when it is
+    (no gradient to record, plain tensors or parameters) and when not (grad, a tensor subclass, a
+    dispatch or function mode, the profiler, vmap); a dispatch mode and the profiler see the ops;
+    the same bits as through the ops (masks, sinks, dropout, varlen); torch.compile without grad;
   - MultiheadAttention against nn.MultiheadAttention: state_dict both ways, outputs and weights
     for every option, parameter gradients, batch_first, unbatched input;
   - errors: AttnError with the status name (sinks of another shape or type among them); CUDA
@@ -51,7 +55,8 @@ if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 4):  # pragma: 
 
 import attn  # noqa: E402
 import attn.torch as at  # noqa: E402
-from attn.torch import _call, _cuda  # noqa: E402
+from attn.torch import _call, _cuda, _ops  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 torch.set_num_threads(1)
 HAVE_CXX = any(shutil.which(c) for c in ("c++", "g++", "clang++"))
@@ -729,6 +734,89 @@ class TestOpsAndCompile(unittest.TestCase, Close):
     @unittest.skipUnless(HAVE_CXX, "inductor needs a C++ compiler")
     def test_compile_inductor(self):
         self.compiled_matches_eager("inductor")
+
+
+# ---- calls without the dispatcher (_ops.forward, _ops.varlen_forward) ----------------------------
+
+class _SeenOps(TorchDispatchMode):
+    """Records the ops the dispatcher hands it (the op then runs as usual)."""
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+class TestDirectCalls(unittest.TestCase):
+    """The public functions run the forward op's implementation straight when nothing could tell
+    the difference, and the op whenever something watches, traces or records."""
+
+    def test_when_the_op_is_skipped(self):
+        q, k, v = rnd(1, 2, 3, 8), rnd(1, 2, 5, 8), rnd(1, 2, 5, 8)
+        param = torch.nn.Parameter(torch.zeros(2), requires_grad=False)
+        self.assertTrue(_ops._unwatched((q, k, v, None, param)))
+        with torch.no_grad():  # no autograd node to record, even for inputs that require grad
+            self.assertTrue(_ops._unwatched((q.requires_grad_(), k, v)))
+        self.assertFalse(_ops._unwatched((q, k, v)))  # q requires grad, grad mode on
+        q.requires_grad_(False)
+        cases = [("a dispatch mode", _SeenOps), ("a function mode", lambda: torch.device("cpu")),
+                 ("the profiler", torch.profiler.profile)]
+        for what, make in cases:
+            with self.subTest(what), make():
+                self.assertFalse(_ops._unwatched((q, k, v)))
+        self.assertTrue(_ops._unwatched((q, k, v)))
+        self.assertFalse(_ops._unwatched((q, k.as_subclass(_Sub), v)))
+        inside = []
+        torch.func.vmap(lambda x: inside.append(_ops._unwatched((x,))) or x)(q)
+        self.assertEqual(inside, [False])  # vmap's batched tensors
+
+    def test_observers_see_the_op(self):
+        q, k, v = rnd(2, 2, 3, 8), rnd(2, 2, 5, 8), rnd(2, 2, 5, 8)
+        cq = torch.tensor([0, 2, 3])
+        with _SeenOps() as mode:
+            at.sdpa(q, k, v, causal=True)
+            at.sdpa_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1)[:4], v[0].transpose(0, 1)[:4], cq,
+                           torch.tensor([0, 1, 4]))
+        self.assertIn("attn.sdpa_fwd.default", mode.seen)
+        self.assertIn("attn.sdpa_varlen_fwd.default", mode.seen)
+        with torch.profiler.profile() as prof:
+            at.sdpa(q, k, v)
+        self.assertIn("attn::sdpa_fwd", [e.name for e in prof.events()])
+
+    def test_compiled_without_grad(self):  # traced as the op (fullgraph: no break for the direct call)
+        q, k, v = rnd(1, 2, 3, 8), rnd(1, 2, 5, 8), rnd(1, 2, 5, 8)
+        f = torch.compile(lambda q, k, v: at.sdpa(q, k, v, causal=True) * 2.0, fullgraph=True, backend="aot_eager")
+        with torch.no_grad():
+            self.assertTrue(torch.equal(f(q, k, v), at.sdpa(q, k, v, causal=True) * 2.0))
+
+    def test_same_bits_as_the_op(self):
+        torch.manual_seed(3)
+        q, k, v = rnd(2, 4, 5, 8), rnd(2, 2, 7, 8), rnd(2, 2, 7, 6)
+        mask = rnd(2, 1, 5, 7)
+        sinks = torch.nn.Parameter(torch.randn(4), requires_grad=False)
+        calls = [lambda: at.sdpa(q, k, v, mask, enable_gqa=True, return_lse=True),
+                 lambda: at.sdpa(q, k, v, causal="bottom_right", window=(3, 1), softcap=4.0, enable_gqa=True,
+                                 sinks=sinks, return_lse=True),
+                 lambda: at.sdpa(q, k, v, dropout_p=0.3, enable_gqa=True, return_lse=True),
+                 lambda: at.sdpa_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
+                                        torch.tensor([0, 2, 5]), torch.tensor([0, 3, 7]), causal=True,
+                                        return_lse=True)]
+        for i, call in enumerate(calls):
+            with self.subTest(i):
+                torch.manual_seed(7)  # the dropout's seed is drawn from torch's generator
+                direct = call()
+                torch.manual_seed(7)
+                with _SeenOps() as mode:
+                    through_op = call()
+                self.assertTrue(any("attn." in op for op in mode.seen))
+                for a, b in zip(direct, through_op):
+                    self.assertTrue(torch.equal(a, b), "call %d" % i)
+
+
+class _Sub(torch.Tensor):
+    pass
 
 
 # ---- MultiheadAttention ---------------------------------------------------------------------------

@@ -51,7 +51,9 @@ def context():
 
 
 def strides(t):
-    """Element strides, 0 for dimensions of size 1 (never stepped)."""
+    """Element strides, 0 for dimensions of size 1 (never stepped): a mask's. q, k, v and out go
+    with torch's strides as they are, which the library (libattn and libattn_cuda) reads as 0 on
+    dimensions of size 1 itself."""
     return [0 if n == 1 else s for n, s in zip(t.shape, t.stride())]
 
 
@@ -94,10 +96,11 @@ def check_sinks(sinks, H):
 
 
 def check_devices(tensors):
-    devices = {t.device for t in tensors if t is not None}
-    if len(devices) > 1:
-        fail(_lib.ERR_INVALID_ARG, "tensors on different devices: %s" % sorted(str(d) for d in devices))
-    dev = devices.pop()
+    dev = tensors[0].device
+    for t in tensors[1:]:
+        if t is not None and t.device != dev:
+            devices = {t.device for t in tensors if t is not None}
+            fail(_lib.ERR_INVALID_ARG, "tensors on different devices: %s" % sorted(str(d) for d in devices))
     if dev.type not in ("cpu", "cuda"):
         fail(_lib.ERR_UNSUPPORTED, "tensors on %s: attn runs on the CPU (and on CUDA with libattn_cuda)" % dev)
     return dev
@@ -149,7 +152,7 @@ def plan(ctx, q, k, v, backward):
     if q.dtype in (torch.float16, torch.bfloat16) and (not backward or k.dtype == q.dtype) \
             and native(ctx, q.dtype, k.dtype, backward):
         return q, k, v, q.dtype
-    return q.float(), k, v, torch.float32
+    return (q if q.dtype == torch.float32 else q.float()), k, v, torch.float32
 
 
 def typed(ctx, q, k, v, backward, call):
@@ -171,8 +174,8 @@ def _layout(desc, q, k, v, out, varlen):
     """Extents and strides: (B, H, L, D) tensors, or varlen (total, H, D) ones read as
     (0, head, token, dim)."""
     def st(t):
-        s = strides(t)
-        return [0, s[1], s[0], s[2]] if varlen else s
+        s = t.stride()
+        return (0, s[1], s[0], s[2]) if varlen else s
     desc.q_stride[:], desc.k_stride[:], desc.v_stride[:], desc.o_stride[:] = st(q), st(k), st(v), st(out)
     desc.q_dtype, desc.kv_dtype, desc.out_dtype = CODES[q.dtype], CODES[k.dtype], CODES[out.dtype]
 
@@ -218,12 +221,17 @@ def generator(seed):
     return g
 
 
-@contextlib.contextmanager
+_NO_DROPOUT = contextlib.nullcontext()
+
+
 def seeded(ctx, seed, dropout_p):
-    """The context's generator set from `seed` for one forward call with dropout, then restored."""
-    if dropout_p <= 0:
-        yield
-        return
+    """The context's generator set from `seed` for one forward call with dropout, then restored
+    (a context manager; one that does nothing without dropout)."""
+    return _NO_DROPOUT if dropout_p <= 0 else _seeded(ctx, seed)
+
+
+@contextlib.contextmanager
+def _seeded(ctx, seed):
     if seed is None:
         fail(_lib.ERR_INVALID_ARG, "dropout_p > 0 needs a seed")
     saved = ctx.rng_state()
@@ -303,9 +311,14 @@ def sdpa_forward(q, k, v, mask, key_padding_mask, causal, scale, dropout_p, seed
         with seeded(ctx, seed, dropout_p):
             ctx.check(fn("attn_sdpa_fwd")(ctx.ptr, ctypes.byref(desc), qc.data_ptr(), kc.data_ptr(), vc.data_ptr(),
                                           out.data_ptr(), lse.data_ptr(), weights.data_ptr() if weights_mode else None))
-        return out.to(q.dtype), lse, weights
+        return _as(out, q.dtype), lse, weights
 
     return typed(ctx, q, k, v, False, call)
+
+
+def _as(t, dtype):
+    """t in dtype (t itself when it has it)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def _grad_buffers(qc, kc, vc, gdt):
@@ -469,7 +482,7 @@ def varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, 
         cuda_extras(desc, keep, dev, alibi_slopes, seed)
         _cuda.run("attn_cuda_sdpa_varlen_fwd", dev, desc, cq.data_ptr(), ck.data_ptr(), qc.data_ptr(), kc.data_ptr(),
                   vc.data_ptr(), out.data_ptr(), lse.data_ptr())
-        return out.to(q.dtype), lse
+        return _as(out, q.dtype), lse
     ctx = context()
 
     def call(qc, kc, vc, odt):
@@ -481,7 +494,7 @@ def varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, 
             ctx.check(fn("attn_sdpa_varlen_fwd")(ctx.ptr, ctypes.byref(desc), cq.data_ptr(), ck.data_ptr(),
                                                  qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), out.data_ptr(),
                                                  lse.data_ptr()))
-        return out.to(q.dtype), lse
+        return _as(out, q.dtype), lse
 
     return typed(ctx, q, k, v, False, call)
 

@@ -19,7 +19,7 @@ import torch
 from .. import _lib
 from .._arrays import fail as _fail, fail_type as _fail_type, real as _real
 from .._arrays import shape_str
-from . import _ops  # noqa: F401  (registers torch.ops.attn.*)
+from . import _ops
 from ._call import FLOATS
 
 
@@ -83,6 +83,8 @@ def _as4(t, bshape, heads):
     """t (..., heads' or 1, X, Y) as (B, heads, X, Y): broadcasting is a stride-0 view, the leading
     dimensions merged (a copy only when they cannot be)."""
     lead = bshape[:-1]
+    if len(lead) == 1 and t.dim() == 4 and t.shape[0] == lead[0] and t.shape[1] == heads:
+        return t  # (B, heads, X, Y) already
     hd = _heads(t)
     if hd != heads:  # grouped heads of key or value spread to `heads` (enable_gqa with Hk != Hv)
         t = t.repeat_interleave(heads // hd, dim=-3) if t.dim() >= 3 else t
@@ -165,9 +167,9 @@ def attention(q, k, v, mask=None, key_padding_mask=None, causal=0, scale=None, d
     if scale is not None and scale == 0.0:
         q, scale = q * 0.0, 1.0  # the library reads a zero scale as "the default"
     wl, wr = _window(window)
-    return torch.ops.attn.sdpa_fwd(q, k, v, mask, key_padding_mask, causal, 0.0 if scale is None else float(scale),
-                                   float(dropout_p), _seed(dropout_p), wl, wr, alibi_slopes,
-                                   0.0 if softcap is None else float(softcap), weights_mode, _sinks(sinks))
+    return _ops.forward(q, k, v, mask, key_padding_mask, causal, 0.0 if scale is None else float(scale),
+                        float(dropout_p), _seed(dropout_p), wl, wr, alibi_slopes, 0.0 if softcap is None else float(softcap),
+                        weights_mode, _sinks(sinks))
 
 
 def sdpa(query, key, value, attn_mask=None, *, causal=None, scale=None, dropout_p=0.0, enable_gqa=False, window=None,
@@ -198,6 +200,13 @@ def sdpa(query, key, value, attn_mask=None, *, causal=None, scale=None, dropout_
     Fully masked rows give zeros (and lse -inf, or the sink). Returns out (..., L, Ev) in query's
     dtype, or (out, lse)."""
     _check_inputs(query, key, value, same_dtype=False)
+    return _sdpa(query, key, value, attn_mask, causal, scale, dropout_p, enable_gqa, window, alibi_slopes, softcap,
+                 sinks, return_lse)
+
+
+def _sdpa(query, key, value, attn_mask, causal, scale, dropout_p, enable_gqa, window, alibi_slopes, softcap, sinks,
+          return_lse):
+    """sdpa() on inputs that passed _check_inputs."""
     bshape, hkv = _batch(query, key, value, enable_gqa)
     L, S, Ev = query.shape[-2], key.shape[-2], value.shape[-1]
     H = bshape[-1] if bshape else 1
@@ -206,7 +215,8 @@ def sdpa(query, key, value, attn_mask=None, *, causal=None, scale=None, dropout_
     m4 = None if attn_mask is None else _mask4(attn_mask, bshape, L, S, "attn_mask")
     out, lse, _ = attention(q4, k4, v4, m4, None, _causal_code(causal), scale, dropout_p, window, alibi_slopes, softcap,
                             sinks=sinks)
-    out = out.reshape(*bshape, L, Ev)
+    if len(bshape) != 2:  # else out is (B, H, L, Ev) already
+        out = out.reshape(*bshape, L, Ev)
     return (out, lse.reshape(*bshape, L)) if return_lse else out
 
 
@@ -220,8 +230,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if attn_mask is not None and is_causal:
         _fail(_lib.ERR_INVALID_ARG, "attn_mask must not be given with is_causal=True")
     _check_inputs(query, key, value, same_dtype=True)
-    return sdpa(query, key, value, attn_mask, causal="top_left" if is_causal else None, scale=scale,
-                dropout_p=dropout_p, enable_gqa=enable_gqa)
+    return _sdpa(query, key, value, attn_mask, "top_left" if is_causal else None, scale, dropout_p, enable_gqa, None,
+                 None, None, None, False)
 
 
 def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *, causal=None, scale=None,
@@ -242,9 +252,8 @@ def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seql
     if scale is not None and scale == 0.0:
         q, scale = q * 0.0, 1.0
     wl, wr = _window(window)
-    out, lse = torch.ops.attn.sdpa_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q or 0),
-                                              int(max_seqlen_k or 0), _causal_code(causal),
-                                              0.0 if scale is None else float(scale), float(dropout_p),
-                                              _seed(dropout_p), wl, wr, alibi_slopes,
-                                              0.0 if softcap is None else float(softcap), _sinks(sinks))
+    out, lse = _ops.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q or 0), int(max_seqlen_k or 0),
+                                   _causal_code(causal), 0.0 if scale is None else float(scale), float(dropout_p),
+                                   _seed(dropout_p), wl, wr, alibi_slopes, 0.0 if softcap is None else float(softcap),
+                                   _sinks(sinks))
     return (out, lse) if return_lse else out
