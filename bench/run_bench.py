@@ -569,8 +569,9 @@ def write_tail(w, args, gemm, plot, lines, blas_note):
 
 def kept_sections(path):
     """The sections of `path` that other scripts or separate runs own, between "<!-- NAME: begin -->" and
-    "<!-- NAME: end -->" (bench/run_bench_e2e.py's end-to-end table, the dropout, bf16 module, quantised
-    decode and GPU runs), kept as they are when this script rewrites the file."""
+    "<!-- NAME: end -->" (bench/run_bench_e2e.py's end-to-end table and the separate runs: dropout, bf16
+    module, quantised decode, other machines, GPU, Python calls), kept as they are when this script
+    rewrites the file: a section outside such markers is lost then."""
     if not os.path.exists(path):
         return []
     text = open(path).read()
