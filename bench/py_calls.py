@@ -18,6 +18,9 @@ call, the median over --repeat calls after 50 of warm-up, in microseconds:
   attn.hf           attn.hf.attention_forward, as transformers calls it (output (1, 1, H, D))
   F.sdpa            torch.nn.functional.scaled_dot_product_attention
   transformers sdpa transformers' sdpa_attention_forward (the "sdpa" implementation)
+Then a training call of the book's size: q, k and v (1, 4, 8, 16) requiring gradients, causal,
+the forward and torch.autograd.grad of q, k and v, through attn.torch.scaled_dot_product_attention
+and through F.scaled_dot_product_attention.
 """
 import argparse
 import ctypes
@@ -92,6 +95,15 @@ def main():
             rows.setdefault(name, []).append(median_us(fn, args.repeat))
     for name, values in rows.items():
         print("%-18s" % name + "".join("%12.1f" % x for x in values))
+
+    q, k, v = (torch.randn(1, 4, 8, 16, requires_grad=True) for _ in range(3))
+    dout = torch.randn(1, 4, 8, 16)
+
+    def step(sdpa):
+        return lambda: torch.autograd.grad(sdpa(q, k, v, is_causal=True), (q, k, v), dout)
+    print("forward + backward, q, k, v (1, 4, 8, 16), causal: at.sdpa %.1f us, F.sdpa %.1f us"
+          % (median_us(step(at.scaled_dot_product_attention), args.repeat),
+             median_us(step(torch.nn.functional.scaled_dot_product_attention), args.repeat)))
 
 
 if __name__ == "__main__":

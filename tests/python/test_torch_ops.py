@@ -17,10 +17,11 @@ Covered:
   - torch.library.opcheck of the four ops (schema, fake tensors, autograd registration, AOT; with
     and without sinks); torch.compile(fullgraph=True) of modules using them (aot_eager, and
     inductor when a C++ compiler is present; sinks as a parameter), against eager;
-  - the forward ops' implementation called without the dispatcher (_ops._unwatched): when it is
-    (no gradient to record, plain tensors or parameters) and when not (grad, a tensor subclass, a
-    dispatch or function mode, the profiler, vmap); a dispatch mode and the profiler see the ops;
-    the same bits as through the ops (masks, sinks, dropout, varlen); torch.compile without grad;
+  - the ops' implementations called without the dispatcher (_ops._unwatched; a recorded gradient
+    through _ops._Sdpa / _SdpaVarlen): when they are and when not (a gradient to record without
+    the Function, a tensor subclass, a dispatch or function mode, the profiler, vmap); a dispatch
+    mode and the profiler see the ops; the same bits as through the ops for the outputs and every
+    gradient (masks, sinks, dropout, varlen); the autograd node; torch.compile without grad;
   - MultiheadAttention against nn.MultiheadAttention: state_dict both ways, outputs and weights
     for every option, parameter gradients, batch_first, unbatched input;
   - errors: AttnError with the status name (sinks of another shape or type among them); CUDA
@@ -750,8 +751,9 @@ class _SeenOps(TorchDispatchMode):
 
 
 class TestDirectCalls(unittest.TestCase):
-    """The public functions run the forward op's implementation straight when nothing could tell
-    the difference, and the op whenever something watches, traces or records."""
+    """The public functions run the ops' implementations straight (through an autograd.Function
+    with the ops' formula when a gradient is recorded) when nothing could tell the difference, and
+    the ops whenever something watches, traces or records."""
 
     def test_when_the_op_is_skipped(self):
         q, k, v = rnd(1, 2, 3, 8), rnd(1, 2, 5, 8), rnd(1, 2, 5, 8)
@@ -760,6 +762,7 @@ class TestDirectCalls(unittest.TestCase):
         with torch.no_grad():  # no autograd node to record, even for inputs that require grad
             self.assertTrue(_ops._unwatched((q.requires_grad_(), k, v)))
         self.assertFalse(_ops._unwatched((q, k, v)))  # q requires grad, grad mode on
+        self.assertTrue(_ops._unwatched((q, k, v), recorded=True))  # the caller records the node
         q.requires_grad_(False)
         cases = [("a dispatch mode", _SeenOps), ("a function mode", lambda: torch.device("cpu")),
                  ("the profiler", torch.profiler.profile)]
@@ -791,11 +794,20 @@ class TestDirectCalls(unittest.TestCase):
         with torch.no_grad():
             self.assertTrue(torch.equal(f(q, k, v), at.sdpa(q, k, v, causal=True) * 2.0))
 
+    def test_gradient_node(self):  # the autograd.Function where nothing watches, the op's node otherwise
+        q, k, v = rnd(1, 2, 3, 8, grad=True), rnd(1, 2, 5, 8), rnd(1, 2, 5, 8)
+        self.assertEqual(type(at.sdpa(q, k, v).grad_fn).__name__, "_SdpaBackward")
+        with _SeenOps():
+            self.assertNotEqual(type(at.sdpa(q, k, v).grad_fn).__name__, "_SdpaBackward")
+        vq = q[0].transpose(0, 1)
+        cu = torch.tensor([0, 1, 3])
+        self.assertEqual(type(at.sdpa_varlen(vq, vq, vq, cu, cu).grad_fn).__name__, "_SdpaVarlenBackward")
+
     def test_same_bits_as_the_op(self):
         torch.manual_seed(3)
-        q, k, v = rnd(2, 4, 5, 8), rnd(2, 2, 7, 8), rnd(2, 2, 7, 6)
-        mask = rnd(2, 1, 5, 7)
-        sinks = torch.nn.Parameter(torch.randn(4), requires_grad=False)
+        q, k, v = rnd(2, 4, 5, 8, grad=True), rnd(2, 2, 7, 8, grad=True), rnd(2, 2, 7, 6, grad=True)
+        mask = rnd(2, 1, 5, 7, grad=True)
+        sinks = torch.nn.Parameter(torch.randn(4))
         calls = [lambda: at.sdpa(q, k, v, mask, enable_gqa=True, return_lse=True),
                  lambda: at.sdpa(q, k, v, causal="bottom_right", window=(3, 1), softcap=4.0, enable_gqa=True,
                                  sinks=sinks, return_lse=True),
@@ -803,16 +815,29 @@ class TestDirectCalls(unittest.TestCase):
                  lambda: at.sdpa_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
                                         torch.tensor([0, 2, 5]), torch.tensor([0, 3, 7]), causal=True,
                                         return_lse=True)]
+        inputs = [q, k, v, mask, sinks]
+
+        def run(call, grad):  # outputs, then the inputs' gradients (the backward as the forward ran)
+            torch.manual_seed(7)  # the dropout's seed is drawn from torch's generator
+            with torch.set_grad_enabled(grad):
+                out = call()
+            if not grad:
+                return list(out)
+            dout = torch.randn(out[0].shape, generator=torch.Generator().manual_seed(1))
+            gs = torch.autograd.grad(out[0], inputs, dout, allow_unused=True)
+            return [o.detach() for o in out] + [g for g in gs if g is not None]
+
         for i, call in enumerate(calls):
-            with self.subTest(i):
-                torch.manual_seed(7)  # the dropout's seed is drawn from torch's generator
-                direct = call()
-                torch.manual_seed(7)
-                with _SeenOps() as mode:
-                    through_op = call()
-                self.assertTrue(any("attn." in op for op in mode.seen))
-                for a, b in zip(direct, through_op):
-                    self.assertTrue(torch.equal(a, b), "call %d" % i)
+            for grad in (False, True):
+                with self.subTest(call=i, grad=grad):
+                    direct = run(call, grad)
+                    with _SeenOps() as mode:
+                        through_op = run(call, grad)
+                    self.assertTrue(any("attn.sdpa" in op for op in mode.seen))
+                    self.assertEqual(any("_bwd" in op for op in mode.seen), grad)
+                    self.assertEqual(len(direct), len(through_op))
+                    for a, b in zip(direct, through_op):
+                        self.assertTrue(torch.equal(a, b), "call %d" % i)
 
 
 class _Sub(torch.Tensor):

@@ -321,6 +321,11 @@ def _as(t, dtype):
     return t if t.dtype == dtype else t.to(dtype)
 
 
+def _dense(t, dtype):
+    """t in dtype, contiguous (t itself when it is both)."""
+    return _as(t, dtype).contiguous()
+
+
 def _grad_buffers(qc, kc, vc, gdt):
     """The inputs laid out densely (the library writes each gradient at its input's strides) and
     the gradient buffers, on the inputs' device."""
@@ -407,7 +412,7 @@ def sdpa_backward(dout, q, k, v, out, lse, mask, key_padding_mask, causal, scale
     if dev.type == "cuda":
         qc, kc, vc, cdt = cuda_types(q, k, v)
         qc, kc, vc, (dq, dk, dv) = _grad_buffers(qc, kc, vc, cdt)
-        out_c, dout_c, lse_c = out.to(cdt).contiguous(), dout.to(cdt).contiguous(), lse.contiguous()
+        out_c, dout_c, lse_c = _dense(out, cdt), _dense(dout, cdt), lse.contiguous()
         desc, keep = describe(qc, kc, vc, out_c, mask_c, key_padding_mask, causal, scale, dropout_p, window_left,
                               window_right, alibi_slopes, softcap, sinks)
         cuda_extras(desc, keep, dev, alibi_slopes, seed)
@@ -415,22 +420,23 @@ def sdpa_backward(dout, q, k, v, out, lse, mask, key_padding_mask, causal, scale
         _cuda.run("attn_cuda_sdpa_bwd", dev, desc, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), out_c.data_ptr(),
                   dout_c.data_ptr(), lse_c.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
                   dmask.data_ptr() if want_dmask else None)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dmask, dsinks
+        return _as(dq, q.dtype), _as(dk, k.dtype), _as(dv, v.dtype), dmask, dsinks
     ctx = context()
 
     def call(qc, kc, vc, cdt):
         qc, kc, vc, (dq, dk, dv) = _grad_buffers(qc, kc, vc, cdt)
-        out_c, dout_c, lse_c = out.to(cdt).contiguous(), dout.to(cdt).contiguous(), lse.contiguous()
+        out_c, dout_c, lse_c = _dense(out, cdt), _dense(dout, cdt), lse.contiguous()
         desc, keep = describe(qc, kc, vc, out_c, mask_c, key_padding_mask, causal, scale, dropout_p, window_left,
                               window_right, alibi_slopes, softcap, sinks)
         desc.grad_dtype = CODES[cdt]
         state = dropout_state(seed, dropout_p)
-        dmask.zero_()
+        if want_dmask:
+            dmask.zero_()
         ctx.check(fn("attn_sdpa_bwd")(ctx.ptr, ctypes.byref(desc), qc.data_ptr(), kc.data_ptr(), vc.data_ptr(),
                                       out_c.data_ptr(), dout_c.data_ptr(), lse_c.data_ptr(), state, dq.data_ptr(),
                                       dk.data_ptr(), dv.data_ptr(), dmask.data_ptr() if want_dmask else None))
         sinks_grad(ctx, desc, None, None, out_c, dout_c, lse_c, dsinks)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dmask, dsinks
+        return _as(dq, q.dtype), _as(dk, k.dtype), _as(dv, v.dtype), dmask, dsinks
 
     return typed(ctx, q, k, v, True, call)
 
@@ -509,7 +515,7 @@ def varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, s
     if dev.type == "cuda":
         qc, kc, vc, cdt = cuda_types(q, k, v)
         qc, kc, vc, (dq, dk, dv) = _grad_buffers(qc, kc, vc, cdt)
-        out_c, dout_c, lse_c = out.to(cdt).contiguous(), dout.to(cdt).contiguous(), lse.contiguous()
+        out_c, dout_c, lse_c = _dense(out, cdt), _dense(dout, cdt), lse.contiguous()
         desc, keep = _describe_varlen(qc, kc, vc, out_c, cq, ck, max_q, max_k, causal, scale, dropout_p, window_left,
                                       window_right, alibi_slopes, softcap, sinks)
         cuda_extras(desc, keep, dev, alibi_slopes, seed)
@@ -517,12 +523,12 @@ def varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, s
         _cuda.run("attn_cuda_sdpa_varlen_bwd", dev, desc, cq.data_ptr(), ck.data_ptr(), qc.data_ptr(), kc.data_ptr(),
                   vc.data_ptr(), out_c.data_ptr(), dout_c.data_ptr(), lse_c.data_ptr(), dq.data_ptr(), dk.data_ptr(),
                   dv.data_ptr())
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsinks
+        return _as(dq, q.dtype), _as(dk, k.dtype), _as(dv, v.dtype), dsinks
     ctx = context()
 
     def call(qc, kc, vc, cdt):
         qc, kc, vc, (dq, dk, dv) = _grad_buffers(qc, kc, vc, cdt)
-        out_c, dout_c, lse_c = out.to(cdt).contiguous(), dout.to(cdt).contiguous(), lse.contiguous()
+        out_c, dout_c, lse_c = _dense(out, cdt), _dense(dout, cdt), lse.contiguous()
         desc, keep = _describe_varlen(qc, kc, vc, out_c, cq, ck, max_q, max_k, causal, scale, dropout_p, window_left,
                                       window_right, alibi_slopes, softcap, sinks)
         desc.grad_dtype = CODES[cdt]
@@ -531,6 +537,6 @@ def varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, s
                                              kc.data_ptr(), vc.data_ptr(), out_c.data_ptr(), dout_c.data_ptr(),
                                              lse_c.data_ptr(), state, dq.data_ptr(), dk.data_ptr(), dv.data_ptr()))
         sinks_grad(ctx, desc, cq, ck, out_c, dout_c, lse_c, dsinks)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsinks
+        return _as(dq, q.dtype), _as(dk, k.dtype), _as(dv, v.dtype), dsinks
 
     return typed(ctx, q, k, v, True, call)

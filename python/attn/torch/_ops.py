@@ -47,45 +47,25 @@ except AttributeError:  # pragma: no cover
     _WATCHERS = _TRANSFORMS = None
 
 
-def _unwatched(tensors):
+def _unwatched(tensors, recorded=False):
     """Whether an op call on `tensors` (None entries allowed) may run the op's implementation
     without the dispatcher, with the same result: plain tensors or parameters (no other subclass:
     fake, functional, distributed and other wrapper tensors take the op), none requiring a gradient
-    in grad mode (no autograd node to record), and nothing active that watches or transforms op
-    calls: a torch dispatch or function mode (FakeTensorMode, FlopCounterMode, `with
-    torch.device(...)`), torch.compile or TorchScript tracing, functorch transforms (vmap, grad),
-    the profiler."""
+    in grad mode (no autograd node to record) unless `recorded` (the caller records it: _Sdpa,
+    _SdpaVarlen), and nothing active that watches or transforms op calls: a torch dispatch or
+    function mode (FakeTensorMode, FlopCounterMode, `with torch.device(...)`), torch.compile or
+    TorchScript tracing, functorch transforms (vmap, grad), the profiler."""
     if _WATCHERS is None:
         return False
     dispatch_modes, function_mode, compiling, tracing, profiling = _WATCHERS
     if compiling():  # first: torch.compile traces this function and must stop here
         return False
-    grad = torch.is_grad_enabled()
+    grad = torch.is_grad_enabled() and not recorded
     for t in tensors:
         if t is not None and ((type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter)
                               or (grad and t.requires_grad)):
             return False
     return not (dispatch_modes() or function_mode() or tracing() or profiling()) and _TRANSFORMS() is None
-
-
-def forward(q, k, v, mask, key_padding_mask, causal, scale, dropout_p, seed, window_left, window_right, alibi_slopes,
-            softcap, weights_mode, sinks):
-    """torch.ops.attn.sdpa_fwd(...), the op's implementation called straight where _unwatched."""
-    args = (q, k, v, mask, key_padding_mask, causal, scale, dropout_p, seed, window_left, window_right, alibi_slopes,
-            softcap, weights_mode, sinks)
-    if _unwatched((q, k, v, mask, key_padding_mask, seed, alibi_slopes, sinks)):
-        return _call.sdpa_forward(*args)
-    return torch.ops.attn.sdpa_fwd(*args)
-
-
-def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, dropout_p, seed,
-                   window_left, window_right, alibi_slopes, softcap, sinks):
-    """torch.ops.attn.sdpa_varlen_fwd(...), the op's implementation called straight where _unwatched."""
-    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, dropout_p, seed,
-            window_left, window_right, alibi_slopes, softcap, sinks)
-    if _unwatched((q, k, v, cu_seqlens_q, cu_seqlens_k, seed, alibi_slopes, sinks)):
-        return _call.varlen_forward(*args)
-    return torch.ops.attn.sdpa_varlen_fwd(*args)
 
 
 # ---- (B, H, L, D) --------------------------------------------------------------------------------
@@ -150,8 +130,10 @@ def _sdpa_backward(ctx, dout, _dlse, _dweights):
     q, k, v, out, lse, mask, kpm, seed, slopes, sinks = ctx.saved_tensors
     causal, scale, dropout_p, wl, wr, softcap = ctx.opts
     want_dmask, want_dsinks = bool(ctx.needs_input_grad[3]), bool(ctx.needs_input_grad[14])
-    dq, dk, dv, dmask, dsinks = torch.ops.attn.sdpa_bwd(dout, q, k, v, out, lse, mask, kpm, causal, scale, dropout_p,
-                                                        seed, wl, wr, slopes, softcap, want_dmask, sinks, want_dsinks)
+    args = (dout, q, k, v, out, lse, mask, kpm, causal, scale, dropout_p, seed, wl, wr, slopes, softcap, want_dmask,
+            sinks, want_dsinks)
+    unwatched = _unwatched((dout, q, k, v, out, lse, mask, kpm, seed, slopes, sinks))
+    dq, dk, dv, dmask, dsinks = (_call.sdpa_backward if unwatched else torch.ops.attn.sdpa_bwd)(*args)
     return (dq, dk, dv, dmask if want_dmask else None) + (None,) * 10 + (dsinks if want_dsinks else None,)
 
 
@@ -206,10 +188,65 @@ def _varlen_backward(ctx, dout, _dlse):
     q, k, v, out, lse, cu_q, cu_k, seed, slopes, sinks = ctx.saved_tensors
     max_q, max_k, causal, scale, dropout_p, wl, wr, softcap = ctx.opts
     want_dsinks = bool(ctx.needs_input_grad[15])
-    dq, dk, dv, dsinks = torch.ops.attn.sdpa_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
-                                                        scale, dropout_p, seed, wl, wr, slopes, softcap, sinks,
-                                                        want_dsinks)
+    args = (dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, seed, wl, wr, slopes, softcap,
+            sinks, want_dsinks)
+    unwatched = _unwatched((dout, q, k, v, out, lse, cu_q, cu_k, seed, slopes, sinks))
+    dq, dk, dv, dsinks = (_call.varlen_backward if unwatched else torch.ops.attn.sdpa_varlen_bwd)(*args)
     return (dq, dk, dv) + (None,) * 12 + (dsinks if want_dsinks else None,)
 
 
 sdpa_varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup)
+
+
+# ---- the forwards as the public functions call them -------------------------------------------------
+
+class _Sdpa(torch.autograd.Function):
+    """attn::sdpa_fwd's autograd formula (_sdpa_setup, _sdpa_backward) around its implementation:
+    the forward that needs a gradient recorded, where nothing watches (torch.library's autograd
+    wrapper adds about 100 us a call; a setup_context staticmethod, torch 2's style, about 40: the
+    context is set up in forward)."""
+    @staticmethod
+    def forward(ctx, *args):
+        output = _call.sdpa_forward(*args)
+        _sdpa_setup(ctx, args, output)
+        return output
+
+    backward = staticmethod(_sdpa_backward)
+
+
+class _SdpaVarlen(torch.autograd.Function):
+    """The same for attn::sdpa_varlen_fwd."""
+    @staticmethod
+    def forward(ctx, *args):
+        output = _call.varlen_forward(*args)
+        _varlen_setup(ctx, args, output)
+        return output
+
+    backward = staticmethod(_varlen_backward)
+
+
+def _needs_grad(tensors):
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def forward(q, k, v, mask, key_padding_mask, causal, scale, dropout_p, seed, window_left, window_right, alibi_slopes,
+            softcap, weights_mode, sinks):
+    """torch.ops.attn.sdpa_fwd(...); where _unwatched, its implementation called straight (through
+    _Sdpa when a gradient is to be recorded)."""
+    args = (q, k, v, mask, key_padding_mask, causal, scale, dropout_p, seed, window_left, window_right, alibi_slopes,
+            softcap, weights_mode, sinks)
+    tensors = (q, k, v, mask, key_padding_mask, seed, alibi_slopes, sinks)
+    if not _unwatched(tensors, recorded=True):
+        return torch.ops.attn.sdpa_fwd(*args)
+    return _Sdpa.apply(*args) if _needs_grad(tensors) else _call.sdpa_forward(*args)
+
+
+def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, dropout_p, seed,
+                   window_left, window_right, alibi_slopes, softcap, sinks):
+    """torch.ops.attn.sdpa_varlen_fwd(...), as forward() calls sdpa_fwd."""
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, dropout_p, seed,
+            window_left, window_right, alibi_slopes, softcap, sinks)
+    tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, seed, alibi_slopes, sinks)
+    if not _unwatched(tensors, recorded=True):
+        return torch.ops.attn.sdpa_varlen_fwd(*args)
+    return _SdpaVarlen.apply(*args) if _needs_grad(tensors) else _call.varlen_forward(*args)
