@@ -61,10 +61,11 @@ INLINE void value_pairs(const attn_dtype dt, const uint8_t *x, const uint8_t *y,
 }
 
 // One pass over nj keys for nbp (1 or 2) blocks from block b0 of the PV_BLOCKS at byte goff of each
-// row: c[8 bb + 2 r + x] sums row r's columns 16x.. of block b0 + bb; then added to o.
-INLINE void pv_pass(const attn_dtype dt, const uint8_t *v, int64_t stride, int nj, int64_t goff, int b0, const int nbp,
-                    const pv_weights *w, __m512i table, const float *alpha, bool scale_o, int nr, bool prefetch,
-                    float *o, int64_t ldo, int col0) {
+// row, for NR (4, 2 or 1) rows, nr <= NR of them real (decoding without GQA takes one or two):
+// c[8 bb + 2 r + x] sums row r's columns 16x.. of block b0 + bb; then added to o.
+INLINE void pv_pass(const attn_dtype dt, const int NR, const uint8_t *v, int64_t stride, int nj, int64_t goff, int b0,
+                    const int nbp, const pv_weights *w, __m512i table, const float *alpha, bool scale_o, int nr,
+                    bool prefetch, float *o, int64_t ldo, int col0) {
     __m512 c[16];
     for (int x = 0; x < 16; x++) c[x] = _mm512_setzero_ps();
     const int bb_bytes = block_bytes(dt);
@@ -76,7 +77,7 @@ INLINE void pv_pass(const attn_dtype dt, const uint8_t *v, int64_t stride, int n
             value_pairs(dt, rx + bb * bb_bytes + 2, ry + bb * bb_bytes + 2, table, &lo, &hi);
             const int b = b0 + bb;
             const uint32_t *wj = w[j / 4][b / 2] + 8 * (b % 2) + (j / 2) % 2;
-            for (int r = 0; r < 4; r++) {
+            for (int r = 0; r < NR; r++) {
                 const __m512bh wr = (__m512bh)_mm512_set1_epi32((int)wj[2 * r]);
                 c[8 * bb + 2 * r] = _mm512_dpbf16_ps(c[8 * bb + 2 * r], lo, wr);
                 c[8 * bb + 2 * r + 1] = _mm512_dpbf16_ps(c[8 * bb + 2 * r + 1], hi, wr);
@@ -86,8 +87,22 @@ INLINE void pv_pass(const attn_dtype dt, const uint8_t *v, int64_t stride, int n
     add_block_sums(c, nbp, alpha, scale_o, nr, o, ldo, col0);
 }
 
+// pv_pass over a group's sp.blocks blocks from goff, two a pass (one for an odd last).
+INLINE void pv_passes(const attn_dtype dt, const int NR, const uint8_t *v, int64_t stride, int nj, int64_t goff, int g0,
+                      group_span sp, const pv_weights *w, __m512i table, const float *alpha, bool scale_o, int nr,
+                      bool prefetch, float *o, int64_t ldo) {
+    for (int b0 = 0; b0 < sp.blocks; b0 += 2) {
+        const int col0 = (g0 + b0) * ATTN_QBLOCK;
+        if (b0 + 1 < sp.blocks)
+            pv_pass(dt, NR, v, stride, nj, goff, b0, 2, w, table, alpha, scale_o, nr, prefetch, o, ldo, col0);
+        else
+            pv_pass(dt, NR, v, stride, nj, goff, b0, 1, w, table, alpha, scale_o, nr, prefetch, o, ldo, col0);
+    }
+}
+
 // quant_pv_rows.h's pv_rows_impl: four rows' weights pp (advancing by ldp a key) and nj <= PV_KEYS keys,
-// PV_BLOCKS blocks at a time: their paired weights, then passes of two blocks (one for an odd last).
+// PV_BLOCKS blocks at a time: their paired weights, then passes of two blocks (one for an odd last)
+// for blocks of four rows, or of two and one (decoding without GQA).
 INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pp,
                          int64_t ldp, const float *alpha, bool scale_o, int nr, bool prefetch, float *o, int64_t ldo) {
     const int nb = Dv / ATTN_QBLOCK;
@@ -101,13 +116,10 @@ INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int
         const group_span sp = span_of(dt, nb, g0, PV_BLOCKS);
         const int64_t goff = (int64_t)g0 * block_bytes(dt);
         pair_weights(dt, (const uint8_t *)v + goff, stride, nj, pp, ldp, sp, w);
-        for (int b0 = 0; b0 < sp.blocks; b0 += 2) {
-            const int col0 = (g0 + b0) * ATTN_QBLOCK;
-            if (b0 + 1 < sp.blocks)
-                pv_pass(dt, v, stride, nj, goff, b0, 2, (const pv_weights *)w, table, alpha, scale_o, nr, prefetch, o, ldo, col0);
-            else
-                pv_pass(dt, v, stride, nj, goff, b0, 1, (const pv_weights *)w, table, alpha, scale_o, nr, prefetch, o, ldo, col0);
-        }
+        const pv_weights *pw = (const pv_weights *)w;
+        if (nr >= 3) pv_passes(dt, 4, v, stride, nj, goff, g0, sp, pw, table, alpha, scale_o, nr, prefetch, o, ldo);
+        else if (nr == 2) pv_passes(dt, 2, v, stride, nj, goff, g0, sp, pw, table, alpha, scale_o, nr, prefetch, o, ldo);
+        else pv_passes(dt, 1, v, stride, nj, goff, g0, sp, pw, table, alpha, scale_o, nr, prefetch, o, ldo);
     }
 }
 

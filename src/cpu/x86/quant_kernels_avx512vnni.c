@@ -107,14 +107,14 @@ INLINE __m512i key_scale_words(attn_dtype dt, int l0) {
     return _mm512_loadu_si512(w);
 }
 
-// Four key rows' groups at x[c] (the group's blocks and load masks in sp) against four query rows'
-// groups p[r]: acc[r] lane 4l + c gains row r's products with key l over column c. Each key's group
-// is gathered in step order (kw), the four keys' 128-bit quarters transposed so that vector t holds
-// step t of every key, then split into nibbles (Q4_0) or flipped (Q8_0); each row's steps meet
-// them with its query bytes (repeated for the four keys), and one float conversion and one multiply
-// by d_k d_q apply to four keys at once.
-INLINE void keys_group(const attn_dtype dt, const uint8_t *const x[4], group_span sp, const q_group *const p[4],
-                       __m512i kw, __m512i s01, __m512i s23, __m512 acc[4]) {
+// Four key rows' groups at x[c] (the group's blocks and load masks in sp) against NR (4, 2 or 1)
+// query rows' groups p[r]: acc[r] lane 4l + c gains row r's products with key l over column c.
+// Each key's group is gathered in step order (kw), the four keys' 128-bit quarters transposed so
+// that vector t holds step t of every key, then split into nibbles (Q4_0) or flipped (Q8_0); each
+// row's steps meet them with its query bytes (repeated for the four keys), and one float conversion
+// and one multiply by d_k d_q apply to four keys at once.
+INLINE void keys_group(const attn_dtype dt, const int NR, const uint8_t *const x[4], group_span sp,
+                       const q_group *const p[4], __m512i kw, __m512i s01, __m512i s23, __m512 acc[4]) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
     __m512i kc[4], z0[4], k[8];
     for (int l = 0; l < 4; l++) {
@@ -136,7 +136,7 @@ INLINE void keys_group(const attn_dtype dt, const uint8_t *const x[4], group_spa
     const __m512i dw = _mm512_mask_blend_epi16(0xFF00u, _mm512_permutex2var_epi16(z0[0], s01, z0[1]),
                                                _mm512_permutex2var_epi16(z0[2], s23, z0[3]));
     const __m512 dk = nan_if_infinite(_mm512_cvtph_ps(_mm512_castsi512_si256(dw)));
-    for (int r = 0; r < 4; r++) {
+    for (int r = 0; r < NR; r++) {
         __m512i e = _mm512_load_si512(p[r]->init), o = _mm512_setzero_si512(); // two chains: even and odd steps
         for (int s = 0; s < qk_steps(dt); s += 2) {
             e = _mm512_dpbusd_epi32(e, k[s], _mm512_load_si512(p[r]->q[s]));
@@ -147,36 +147,49 @@ INLINE void keys_group(const attn_dtype dt, const uint8_t *const x[4], group_spa
     }
 }
 
-// G: groups_of(dt, D), a constant for the common head sizes (qk_rows_groups) so that the compiler
-// unrolls the groups.
-INLINE void qk_rows_int8(const attn_dtype dt, const void *k, int64_t ks_row, int nj, const int D, const int G,
-                         const q_group *qg, int rows, float *s, int64_t s_r, int64_t s_j) {
+// q.k of NR prepared rows (G groups a row; nr of them real, the others repeat the first) against nj
+// keys, four keys a pass (a tile's last keys, nj not a multiple of 4, repeat its last key). NR = 4
+// takes blocks of three or four rows, 2 and 1 the few rows of decoding without GQA: a missing row's
+// sums are the first row's, copied rather than computed. Each (row, key) sum is the same whatever NR.
+INLINE void qk_rows_block(const attn_dtype dt, const int NR, const void *k, int64_t ks_row, int nj, const int D,
+                          const int G, const q_group *qg, int nr, bool prefetch, float *s, int64_t s_r, int64_t s_j) {
     const int nb = D / ATTN_QBLOCK, per = qk_blocks(dt), row_bytes = nb * block_bytes(dt);
     const int64_t stride = ks_row / ATTN_QBLOCK * block_bytes(dt), group_bytes = (int64_t)per * block_bytes(dt);
     const __m512i kw = key_words(dt), s01 = key_scale_words(dt, 0), s23 = key_scale_words(dt, 2);
+    const q_group *qr[4];
+    for (int r = 0; r < 4; r++) qr[r] = qg + (int64_t)(r < nr ? r : 0) * G;
+    for (int j = 0; j < nj; j += 4) {
+        const uint8_t *x[4];
+        for (int c = 0; c < 4; c++) {
+            x[c] = (const uint8_t *)k + (int64_t)(j + c < nj ? j + c : nj - 1) * stride;
+            if (prefetch) decode_prefetch_bytes(x[c], DECODE_PF_BYTES, row_bytes);
+        }
+        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int g = 0; g < G; g++) {
+            const int64_t off = (int64_t)g * group_bytes;
+            const uint8_t *const xg[4] = {x[0] + off, x[1] + off, x[2] + off, x[3] + off};
+            const q_group *const pg[4] = {qr[0] + g, qr[1] + g, qr[2] + g, qr[3] + g};
+            keys_group(dt, NR, xg, span_of(dt, nb, per * g, per), pg, kw, s01, s23, acc);
+        }
+        for (int r = NR; r < 4; r++) acc[r] = acc[0];
+        // acc[r] lane 4l + c -> the sum over c, lane 4l + r
+        const __m512 sums = quarter_sums4(acc);
+        const int nk = nj - j < 4 ? nj - j : 4;
+        store_sums16(sums, 4, s + (int64_t)j * s_j, s_r, s_j, nr, nk);
+    }
+}
+
+// G: groups_of(dt, D), a constant for the common head sizes (qk_rows_groups) so that the compiler
+// unrolls the groups. Four rows at a time.
+INLINE void qk_rows_int8(const attn_dtype dt, const void *k, int64_t ks_row, int nj, const int D, const int G,
+                         const q_group *qg, int rows, float *s, int64_t s_r, int64_t s_j) {
     for (int r0 = 0; r0 < rows; r0 += 4) {
         const int nr = rows - r0 < 4 ? rows - r0 : 4;
-        const q_group *qr[4]; // missing rows repeat the first
-        for (int r = 0; r < 4; r++) qr[r] = qg + (int64_t)(r0 + (r < nr ? r : 0)) * G;
-        for (int j = 0; j < nj; j += 4) {
-            // a tile's last keys (nj not a multiple of 4) repeat its last key
-            const uint8_t *x[4];
-            for (int c = 0; c < 4; c++) {
-                x[c] = (const uint8_t *)k + (int64_t)(j + c < nj ? j + c : nj - 1) * stride;
-                if (r0 == 0) decode_prefetch_bytes(x[c], DECODE_PF_BYTES, row_bytes);
-            }
-            __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-            for (int g = 0; g < G; g++) {
-                const int64_t off = (int64_t)g * group_bytes;
-                const uint8_t *const xg[4] = {x[0] + off, x[1] + off, x[2] + off, x[3] + off};
-                const q_group *const pg[4] = {qr[0] + g, qr[1] + g, qr[2] + g, qr[3] + g};
-                keys_group(dt, xg, span_of(dt, nb, per * g, per), pg, kw, s01, s23, acc);
-            }
-            // acc[r] lane 4l + c -> the sum over c, lane 4l + r
-            const __m512 sums = quarter_sums4(acc);
-            const int nk = nj - j < 4 ? nj - j : 4;
-            store_sums16(sums, 4, s + (int64_t)r0 * s_r + (int64_t)j * s_j, s_r, s_j, nr, nk);
-        }
+        const q_group *qb = qg + (int64_t)r0 * G;
+        float *sb = s + (int64_t)r0 * s_r;
+        if (nr >= 3) qk_rows_block(dt, 4, k, ks_row, nj, D, G, qb, nr, r0 == 0, sb, s_r, s_j);
+        else if (nr == 2) qk_rows_block(dt, 2, k, ks_row, nj, D, G, qb, nr, r0 == 0, sb, s_r, s_j);
+        else qk_rows_block(dt, 1, k, ks_row, nj, D, G, qb, nr, r0 == 0, sb, s_r, s_j);
     }
 }
 
@@ -271,11 +284,12 @@ INLINE void fpv_pass(const attn_dtype dt, const uint8_t *v, int64_t stride, int 
     add_block_sums(c, nbp, alpha, scale_o, nr, o, ldo, col0);
 }
 
-// The same pass on the rounded weights w (pv_iweights), keys in pairs: the int32 sums, less 8 times
-// the weights' sum wsum[b][4r] for Q4_0, times unit[b][4r] (W / 32767 of row r and block b).
-INLINE void ipv_pass(const attn_dtype dt, const uint8_t *v, int64_t stride, int nj, int64_t goff, int b0, const int nbp,
-                     const pv_iweights *w, const float unit[4][16], const int32_t wsum[4][16], const float *alpha,
-                     bool scale_o, int nr, bool prefetch, float *o, int64_t ldo, int col0) {
+// The same pass on the rounded weights w (pv_iweights), keys in pairs, for NR (4, 2 or 1) rows, nr
+// <= NR of them real (decoding without GQA takes one or two): the int32 sums, less 8 times the
+// weights' sum wsum[b][4r] for Q4_0, times unit[b][4r] (W / 32767 of row r and block b).
+INLINE void ipv_pass(const attn_dtype dt, const int NR, const uint8_t *v, int64_t stride, int nj, int64_t goff, int b0,
+                     const int nbp, const pv_iweights *w, const float unit[4][16], const int32_t wsum[4][16],
+                     const float *alpha, bool scale_o, int nr, bool prefetch, float *o, int64_t ldo, int col0) {
     __m512i c[16];
     for (int x = 0; x < 16; x++) c[x] = _mm512_setzero_si512();
     const int bb_bytes = block_bytes(dt);
@@ -294,7 +308,7 @@ INLINE void ipv_pass(const attn_dtype dt, const uint8_t *v, int64_t stride, int 
             }
             const int b = b0 + bb;
             const int32_t *wj = w[j / 4][b / 2] + 2 * (b % 2) + (j / 2) % 2;
-            for (int r = 0; r < 4; r++) {
+            for (int r = 0; r < NR; r++) {
                 const __m512i wr = _mm512_set1_epi32(wj[4 * r]);
                 c[8 * bb + 2 * r] = dpwssd(c[8 * bb + 2 * r], lo, wr);
                 c[8 * bb + 2 * r + 1] = dpwssd(c[8 * bb + 2 * r + 1], hi, wr);
@@ -303,7 +317,7 @@ INLINE void ipv_pass(const attn_dtype dt, const uint8_t *v, int64_t stride, int 
     }
     __m512 f[16];
     for (int bb = 0; bb < nbp; bb++)
-        for (int r = 0; r < 4; r++) {
+        for (int r = 0; r < NR; r++) {
             const int b = b0 + bb;
             const __m512i less = _mm512_set1_epi32(dt == ATTN_DTYPE_Q4_0 ? 8 * wsum[b][4 * r] : 0);
             const __m512 u = _mm512_set1_ps(unit[b][4 * r]);
@@ -351,9 +365,24 @@ INLINE bool round_weights(const attn_dtype dt, const pv_fweights *wf, int nj, in
     return true;
 }
 
+// ipv_pass over a group's sp.blocks blocks from goff, two a pass (one for an odd last).
+INLINE void ipv_passes(const attn_dtype dt, const int NR, const uint8_t *v, int64_t stride, int nj, int64_t goff,
+                       int g0, group_span sp, const pv_iweights *w, const float unit[4][16],
+                       const int32_t wsum[4][16], const float *alpha, bool scale_o, int nr, bool prefetch, float *o,
+                       int64_t ldo) {
+    for (int b0 = 0; b0 < sp.blocks; b0 += 2) {
+        const int col0 = (g0 + b0) * ATTN_QBLOCK;
+        if (b0 + 1 < sp.blocks)
+            ipv_pass(dt, NR, v, stride, nj, goff, b0, 2, w, unit, wsum, alpha, scale_o, nr, prefetch, o, ldo, col0);
+        else
+            ipv_pass(dt, NR, v, stride, nj, goff, b0, 1, w, unit, wsum, alpha, scale_o, nr, prefetch, o, ldo, col0);
+    }
+}
+
 // quant_pv_rows.h's pv_rows_impl: four rows' weights pp (advancing by ldp a key) and nj <= PV_KEYS
 // keys, four blocks at a time: their scaled weights, rounded, then passes of two blocks (one for an
-// odd last); the float passes for a tile whose weights are not finite.
+// odd last) for blocks of four rows, or of two and one (decoding without GQA); the float passes
+// (four rows) for a tile whose weights are not finite.
 INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pp,
                          int64_t ldp, const float *alpha, bool scale_o, int nr, bool prefetch, float *o, int64_t ldo) {
     const int nb = Dv / ATTN_QBLOCK;
@@ -378,13 +407,16 @@ INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int
             }
         }
         const bool ints = round_weights(dt, (const pv_fweights *)wf, nj, nr, wmax, wi, unit, wsum);
-        for (int b0 = 0; b0 < sp.blocks; b0 += 2) {
+        const pv_iweights *w = (const pv_iweights *)wi;
+        if (ints && nr >= 3)
+            ipv_passes(dt, 4, v, stride, nj, goff, g0, sp, w, unit, wsum, alpha, scale_o, nr, prefetch, o, ldo);
+        else if (ints && nr == 2)
+            ipv_passes(dt, 2, v, stride, nj, goff, g0, sp, w, unit, wsum, alpha, scale_o, nr, prefetch, o, ldo);
+        else if (ints)
+            ipv_passes(dt, 1, v, stride, nj, goff, g0, sp, w, unit, wsum, alpha, scale_o, nr, prefetch, o, ldo);
+        for (int b0 = 0; !ints && b0 < sp.blocks; b0 += 2) {
             const int col0 = (g0 + b0) * ATTN_QBLOCK, nbp = b0 + 1 < sp.blocks ? 2 : 1;
-            if (ints && nbp == 2)
-                ipv_pass(dt, v, stride, nj, goff, b0, 2, (const pv_iweights *)wi, unit, wsum, alpha, scale_o, nr, prefetch, o, ldo, col0);
-            else if (ints)
-                ipv_pass(dt, v, stride, nj, goff, b0, 1, (const pv_iweights *)wi, unit, wsum, alpha, scale_o, nr, prefetch, o, ldo, col0);
-            else if (nbp == 2)
+            if (nbp == 2)
                 fpv_pass(dt, v, stride, nj, goff, b0, 2, (const pv_fweights *)wf, table, alpha, scale_o, nr, prefetch, o, ldo, col0);
             else
                 fpv_pass(dt, v, stride, nj, goff, b0, 1, (const pv_fweights *)wf, table, alpha, scale_o, nr, prefetch, o, ldo, col0);
