@@ -362,8 +362,10 @@ static void qk_rows_any(const attn__kernels *kn, attn_dtype dt, const void *k, i
 // rows beside it, for float32, float16, bfloat16, Q8_0 and Q4_0 keys and values, head dims ending in
 // a partial vector and value widths ending in a partial block.
 static void test_decode_rows_bits(void) {
-    enum { NJ = 96, MAXD = 128, MAXDV = 200 };
-    const int dims[4][2] = {{64, 64}, {128, 96}, {37, 20}, {40, 200}}; // D, Dv (the last two: float only)
+    enum { NJ = 96, MAXD = 128, MAXDV = 288, NDIMS = 6 };
+    // D, Dv: {37, 20} and {40, 200} float only; Dv = 224 and 288 take the quantised kernels' P V passes of
+    // every width (8, 4, 2 and 1 blocks)
+    const int dims[NDIMS][2] = {{64, 64}, {128, 96}, {37, 20}, {40, 200}, {96, 224}, {32, 288}};
     const attn_dtype dts[5] = {ATTN_DTYPE_F32, ATTN_DTYPE_F16, ATTN_DTYPE_BF16, ATTN_DTYPE_Q8_0, ATTN_DTYPE_Q4_0};
     const int njs[2] = {NJ, 7};
     float *kf = malloc(sizeof(float) * NJ * MAXD), *vf = malloc(sizeof(float) * NJ * MAXDV);
@@ -386,7 +388,7 @@ static void test_decode_rows_bits(void) {
         const attn__kernels *kn = attn__kernels_for((attn_isa)isa, &ok);
         if (!ok) continue;
         for (int ti = 0; ti < 5; ti++)
-            for (int di = 0; di < 4; di++) {
+            for (int di = 0; di < NDIMS; di++) {
                 const attn_dtype dt = dts[ti];
                 const bool block = attn__is_block_dtype(dt);
                 const int D = dims[di][0], Dv = dims[di][1];

@@ -9,18 +9,22 @@
 //    values 0-15, the high ones 16-31; each nibble n becomes (n - 8) d by one permute of a 16-entry
 //    table scaled by d. Both products are exact (at most 8 + 11 significant bits), as in the AVX2
 //    kernel: the dequantised values themselves;
-//  - qk_rows: four query rows against four keys a pass (16 accumulators, each block's eight query
-//    vectors loaded once for the four keys), the products and sums those of the float kernels on the
-//    dequantised values, summed 16 lanes wide, the 16 dot products reduced together (sum16);
-//  - pv_rows: two blocks (64 columns) a pass, each key's four weights broadcast once and each block's
-//    values multiplied by its scale (Q4_0: the table scaled, then permuted), 16 accumulators (the
-//    AVX2 kernel scales the weights instead, a block at a time).
+//  - qk_rows: four query rows against four keys a pass (16 accumulators, each block's query
+//    vectors loaded once for the keys), or two rows against eight keys, or one against sixteen (the
+//    few rows of decoding without GQA); the products and sums those of the float kernels on the
+//    dequantised values, summed 16 lanes wide, the 16 dot products reduced together (sum16), each
+//    (row, key) sum the same whatever the rows beside it;
+//  - pv_rows: for four rows two blocks (64 columns) a pass, for two rows four, for one eight (a row's
+//    last blocks in narrower passes), each key's weights broadcast once and each block's values
+//    multiplied by its scale (Q4_0: the table scaled, then permuted), 16 accumulators (the AVX2
+//    kernel scales the weights instead, a block at a time).
 // Prefetch (decode_prefetch.h): qk_rows requests each key row's lines DECODE_PF_BYTES ahead as it
 // starts the row; pv_rows requests each pass's two blocks' lines a key tile (FLASH_BC rows) on.
 // The block helpers and the loops around these kernels are quant_rows.h's and quant_pv_rows.h's.
 #include "cpu/x86/simd512.h"
 
 #include "cpu/cpu.h"
+#include "cpu/unroll.h"
 #include "cpu/x86/decode_prefetch.h"
 #include "cpu/x86/quant_kernels.h"
 #include "cpu/x86/quant_pv_rows.h"
@@ -45,49 +49,58 @@ INLINE void load_block_scaled(attn_dtype dt, const uint8_t *b, __m512 *lo, __m51
     }
 }
 
-// Four query rows against four keys per pass; a tile's last keys (nj not a multiple of 4) repeat
-// its last key, and every key's sum is the same whatever its place in the group.
+// NR (4, 2 or 1) query rows (nr of them real, the others repeat the first) against NK = 16 / NR keys
+// per pass; a tile's last keys (nj not a multiple of NK) repeat its last key, and every key's sum is
+// the same whatever its place in the pass and the rows beside it.
+INLINE void qk_rows_block(const attn_dtype dt, const int NR, const void *k, int64_t ks_row, int nj, int D,
+                          const float *q, int nr, bool prefetch, float *s, int64_t s_r, int64_t s_j) {
+    const int NK = 16 / NR, row_bytes = D / ATTN_QBLOCK * block_bytes(dt);
+    const float *qr[4];
+    ATTN_UNROLL
+    for (int r = 0; r < NR; r++) qr[r] = q + (r < nr ? (int64_t)r * D : 0);
+    for (int j = 0; j < nj; j += NK) {
+        const uint8_t *kb[16];
+        ATTN_UNROLL
+        for (int c = 0; c < NK; c++) {
+            kb[c] = block_at(k, dt, (int64_t)(j + c < nj ? j + c : nj - 1) * ks_row);
+            if (prefetch) decode_prefetch_bytes(kb[c], DECODE_PF_BYTES, row_bytes);
+        }
+        __m512 acc[16]; // row r, key c: acc[r NK + c]
+        ATTN_UNROLL
+        for (int x = 0; x < 16; x++) acc[x] = _mm512_setzero_ps();
+        for (int d0 = 0; d0 < D; d0 += ATTN_QBLOCK) {
+            const int64_t boff = d0 / ATTN_QBLOCK * block_bytes(dt);
+            __m512 x[4], y[4];
+            ATTN_UNROLL
+            for (int r = 0; r < NR; r++) x[r] = _mm512_loadu_ps(qr[r] + d0), y[r] = _mm512_loadu_ps(qr[r] + d0 + 16);
+            ATTN_UNROLL
+            for (int c = 0; c < NK; c++) {
+                __m512 lo, hi;
+                load_block_scaled(dt, kb[c] + boff, &lo, &hi);
+                ATTN_UNROLL
+                for (int r = 0; r < NR; r++)
+                    acc[r * NK + c] = _mm512_fmadd_ps(hi, y[r], _mm512_fmadd_ps(lo, x[r], acc[r * NK + c]));
+            }
+        }
+        __m512 lanes[16]; // lane i: key i / NR, row i % NR
+        ATTN_UNROLL
+        for (int i = 0; i < 16; i++) lanes[i] = acc[(i % NR) * NK + i / NR];
+        const __m512 sums = sum16(lanes);
+        const int nk = nj - j < NK ? nj - j : NK;
+        store_sums16(sums, NR, s + (int64_t)j * s_j, s_r, s_j, nr, nk);
+    }
+}
+
+// Four rows at a time: blocks of three or four rows, or of two and one (decoding without GQA).
 INLINE void qk_rows_impl(const attn_dtype dt, const void *k, int64_t ks_row, int nj, int D, const float *q, int rows,
                          float *s, int64_t s_r, int64_t s_j) {
-    const int row_bytes = D / ATTN_QBLOCK * block_bytes(dt);
     for (int r0 = 0; r0 < rows; r0 += 4) {
         const int nr = rows - r0 < 4 ? rows - r0 : 4;
-        const float *q0 = q + (int64_t)r0 * D, *q1 = q0 + (nr > 1 ? D : 0), *q2 = q0 + (nr > 2 ? 2 * D : 0),
-                    *q3 = q0 + (nr > 3 ? 3 * D : 0);
-        for (int j = 0; j < nj; j += 4) {
-            const uint8_t *kb[4];
-            for (int c = 0; c < 4; c++) {
-                kb[c] = block_at(k, dt, (int64_t)(j + c < nj ? j + c : nj - 1) * ks_row);
-                if (r0 == 0) decode_prefetch_bytes(kb[c], DECODE_PF_BYTES, row_bytes);
-            }
-            // accumulators in named variables (an array is kept in memory across the loop)
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-            __m512 c0 = a0, c1 = a0, c2 = a0, c3 = a0, e0 = a0, e1 = a0, e2 = a0, e3 = a0;
-            for (int d0 = 0; d0 < D; d0 += ATTN_QBLOCK) {
-                const int64_t boff = d0 / ATTN_QBLOCK * block_bytes(dt);
-                const __m512 x0 = _mm512_loadu_ps(q0 + d0), y0 = _mm512_loadu_ps(q0 + d0 + 16);
-                const __m512 x1 = _mm512_loadu_ps(q1 + d0), y1 = _mm512_loadu_ps(q1 + d0 + 16);
-                const __m512 x2 = _mm512_loadu_ps(q2 + d0), y2 = _mm512_loadu_ps(q2 + d0 + 16);
-                const __m512 x3 = _mm512_loadu_ps(q3 + d0), y3 = _mm512_loadu_ps(q3 + d0 + 16);
-#define KEY_STEP(c, v0, v1, v2, v3)                                                                                      \
-    do {                                                                                                                 \
-        __m512 lo, hi;                                                                                                   \
-        load_block_scaled(dt, kb[c] + boff, &lo, &hi);                                                                   \
-        v0 = _mm512_fmadd_ps(hi, y0, _mm512_fmadd_ps(lo, x0, v0)), v1 = _mm512_fmadd_ps(hi, y1, _mm512_fmadd_ps(lo, x1, v1)); \
-        v2 = _mm512_fmadd_ps(hi, y2, _mm512_fmadd_ps(lo, x2, v2)), v3 = _mm512_fmadd_ps(hi, y3, _mm512_fmadd_ps(lo, x3, v3)); \
-    } while (0)
-                KEY_STEP(0, a0, a1, a2, a3);
-                KEY_STEP(1, b0, b1, b2, b3);
-                KEY_STEP(2, c0, c1, c2, c3);
-                KEY_STEP(3, e0, e1, e2, e3);
-#undef KEY_STEP
-            }
-            const __m512 acc[16] = {a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, e0, e1, e2, e3};
-            const __m512 sums = sum16(acc); // lane 4c + r: key j + c, row r0 + r
-            const int nk = nj - j < 4 ? nj - j : 4;
-            float *sj = s + (int64_t)r0 * s_r + (int64_t)j * s_j;
-            store_sums16(sums, 4, sj, s_r, s_j, nr, nk);
-        }
+        const float *qb = q + (int64_t)r0 * D;
+        float *sb = s + (int64_t)r0 * s_r;
+        if (nr >= 3) qk_rows_block(dt, 4, k, ks_row, nj, D, qb, nr, r0 == 0, sb, s_r, s_j);
+        else if (nr == 2) qk_rows_block(dt, 2, k, ks_row, nj, D, qb, nr, r0 == 0, sb, s_r, s_j);
+        else qk_rows_block(dt, 1, k, ks_row, nj, D, qb, nr, r0 == 0, sb, s_r, s_j);
     }
 }
 
@@ -96,48 +109,67 @@ void attn__qk_rows_q_avx512(attn_dtype dt, const void *k, int64_t ks_row, int nj
     qk_rows_q(dt, k, ks_row, nj, D, q, rows, s, s_r, s_j);
 }
 
-// Four rows (pp: their weights in the tile, pp[0..3], advancing by ldp) and nj <= PV_KEYS keys, two
-// blocks (64 columns) at a time: per key the four weights broadcast once, each block's values
-// scaled by its d, 16 accumulators (row r: block 0 in c[4r], c[4r + 1], block 1 in c[4r + 2],
-// c[4r + 3]); the sums are added to the rows of o, scaled by alpha when `scale_o`. An odd last
-// block is computed twice in its pass and stored once.
-INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pp,
-                         int64_t ldp, const float *alpha, bool scale_o, int nr, bool prefetch, float *o, int64_t ldo) {
-    const int64_t row_bytes = vs_row / ATTN_QBLOCK * block_bytes(dt), pf = FLASH_BC * row_bytes;
-    const int bb = block_bytes(dt);
-    for (int e = 0; e < Dv; e += 2 * ATTN_QBLOCK) {
-        const bool two = e + ATTN_QBLOCK < Dv;
-        const uint8_t *b = block_at(v, dt, e);
-        const int off1 = two ? bb : 0; // the second block's place in a row
-        // accumulators in named variables (an array is kept in memory across the loop)
-        __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
-        __m512 c8 = c0, c9 = c0, c10 = c0, c11 = c0, c12 = c0, c13 = c0, c14 = c0, c15 = c0;
-        const uint8_t *bj = b;
-        for (int j = 0; j < nj; j++, bj += row_bytes) {
-            if (prefetch) decode_prefetch_bytes(bj, pf, bb + off1);
-            const float *pj = pp + (int64_t)j * ldp;
-            const __m512 w0 = _mm512_set1_ps(pj[0]), w1 = _mm512_set1_ps(pj[1]), w2 = _mm512_set1_ps(pj[2]),
-                         w3 = _mm512_set1_ps(pj[3]);
+// NR (4, 2 or 1) rows (pp: their weights in the tile, pp[0..NR-1], advancing by ldp; nr <= NR of them
+// real) and nj <= PV_KEYS keys, NB blocks from block b of each row (NR NB <= 8): per key the
+// weights broadcast once, each block's values scaled by its d, accumulators c[2 (r NB + bb) + x]
+// (row r, block bb, columns 16x..); the sums are added to the rows of o from column 32 b, scaled by
+// alpha when `scale_o`. Each column's sum over the keys is the same whatever NR and NB.
+INLINE void pv_pass(const attn_dtype dt, const int NR, const int NB, const uint8_t *v, int64_t row_bytes, int nj,
+                    int b, const float *pp, int64_t ldp, const float *alpha, bool scale_o, int nr, bool prefetch,
+                    float *o, int64_t ldo) {
+    const int bb_bytes = block_bytes(dt);
+    const int64_t pf = FLASH_BC * row_bytes;
+    __m512 c[16];
+    ATTN_UNROLL
+    for (int x = 0; x < 16; x++) c[x] = _mm512_setzero_ps();
+    const uint8_t *bj = v + (int64_t)b * bb_bytes;
+    for (int j = 0; j < nj; j++, bj += row_bytes) {
+        if (prefetch) decode_prefetch_bytes(bj, pf, NB * bb_bytes);
+        const float *pj = pp + (int64_t)j * ldp;
+        __m512 w[4];
+        ATTN_UNROLL
+        for (int r = 0; r < NR; r++) w[r] = _mm512_set1_ps(pj[r]);
+        ATTN_UNROLL
+        for (int bb = 0; bb < NB; bb++) {
             __m512 lo, hi;
-            load_block_scaled(dt, bj, &lo, &hi);
-            c0 = _mm512_fmadd_ps(w0, lo, c0), c1 = _mm512_fmadd_ps(w0, hi, c1);
-            c4 = _mm512_fmadd_ps(w1, lo, c4), c5 = _mm512_fmadd_ps(w1, hi, c5);
-            c8 = _mm512_fmadd_ps(w2, lo, c8), c9 = _mm512_fmadd_ps(w2, hi, c9);
-            c12 = _mm512_fmadd_ps(w3, lo, c12), c13 = _mm512_fmadd_ps(w3, hi, c13);
-            load_block_scaled(dt, bj + off1, &lo, &hi);
-            c2 = _mm512_fmadd_ps(w0, lo, c2), c3 = _mm512_fmadd_ps(w0, hi, c3);
-            c6 = _mm512_fmadd_ps(w1, lo, c6), c7 = _mm512_fmadd_ps(w1, hi, c7);
-            c10 = _mm512_fmadd_ps(w2, lo, c10), c11 = _mm512_fmadd_ps(w2, hi, c11);
-            c14 = _mm512_fmadd_ps(w3, lo, c14), c15 = _mm512_fmadd_ps(w3, hi, c15);
-        }
-        const __m512 c[16] = {c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15};
-        for (int r = 0; r < nr; r++) {
-            float *orow = o + (int64_t)r * ldo + e;
-            const __m512 a = _mm512_set1_ps(scale_o ? alpha[r] : 1.0f);
-            for (int x = 0; x < (two ? 4 : 2); x++)
-                _mm512_storeu_ps(orow + 16 * x, _mm512_fmadd_ps(a, _mm512_loadu_ps(orow + 16 * x), c[4 * r + x]));
+            load_block_scaled(dt, bj + bb * bb_bytes, &lo, &hi);
+            ATTN_UNROLL
+            for (int r = 0; r < NR; r++) {
+                c[2 * (r * NB + bb)] = _mm512_fmadd_ps(w[r], lo, c[2 * (r * NB + bb)]);
+                c[2 * (r * NB + bb) + 1] = _mm512_fmadd_ps(w[r], hi, c[2 * (r * NB + bb) + 1]);
+            }
         }
     }
+    for (int r = 0; r < nr; r++) {
+        float *orow = o + (int64_t)r * ldo + (int64_t)b * ATTN_QBLOCK;
+        const __m512 a = _mm512_set1_ps(scale_o ? alpha[r] : 1.0f);
+        ATTN_UNROLL
+        for (int x = 0; x < 2 * NB; x++)
+            _mm512_storeu_ps(orow + 16 * x, _mm512_fmadd_ps(a, _mm512_loadu_ps(orow + 16 * x), c[2 * r * NB + x]));
+    }
+}
+
+// The passes over a row's Dv / 32 blocks for NR rows: 8 / NR blocks a pass, the last blocks in
+// passes of half as many, down to one.
+INLINE void pv_rows_block(const attn_dtype dt, const int NR, const void *v, int64_t vs_row, int nj, int Dv,
+                          const float *pp, int64_t ldp, const float *alpha, bool scale_o, int nr, bool prefetch,
+                          float *o, int64_t ldo) {
+    const int64_t row_bytes = vs_row / ATTN_QBLOCK * block_bytes(dt);
+    const int nb = Dv / ATTN_QBLOCK;
+    int b = 0;
+    for (; b + 8 / NR <= nb; b += 8 / NR)
+        pv_pass(dt, NR, 8 / NR, v, row_bytes, nj, b, pp, ldp, alpha, scale_o, nr, prefetch, o, ldo);
+    if (NR == 1 && b + 4 <= nb) pv_pass(dt, NR, 4, v, row_bytes, nj, b, pp, ldp, alpha, scale_o, nr, prefetch, o, ldo), b += 4;
+    if (NR <= 2 && b + 2 <= nb) pv_pass(dt, NR, 2, v, row_bytes, nj, b, pp, ldp, alpha, scale_o, nr, prefetch, o, ldo), b += 2;
+    if (b < nb) pv_pass(dt, NR, 1, v, row_bytes, nj, b, pp, ldp, alpha, scale_o, nr, prefetch, o, ldo);
+}
+
+// quant_pv_rows.h's kernel: blocks of four rows, or of two and one (decoding without GQA).
+INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pp,
+                         int64_t ldp, const float *alpha, bool scale_o, int nr, bool prefetch, float *o, int64_t ldo) {
+    if (nr >= 3) pv_rows_block(dt, 4, v, vs_row, nj, Dv, pp, ldp, alpha, scale_o, nr, prefetch, o, ldo);
+    else if (nr == 2) pv_rows_block(dt, 2, v, vs_row, nj, Dv, pp, ldp, alpha, scale_o, nr, prefetch, o, ldo);
+    else pv_rows_block(dt, 1, v, vs_row, nj, Dv, pp, ldp, alpha, scale_o, nr, prefetch, o, ldo);
 }
 
 void attn__pv_rows_q_avx512(attn_dtype dt, const void *v, int64_t vs_row, int nj, int Dv, const float *pt, int64_t ldp,
