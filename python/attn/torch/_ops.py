@@ -23,9 +23,11 @@ are refused rather than given a silent zero. The backward ops take want_dmask / 
 return an empty tensor for a gradient not asked for.
 
 The public functions reach the forward ops through forward() and varlen_forward(), which run
-the op's implementation straight when nothing could see the difference (see _unwatched): the
-dispatcher's own cost, about 35 us a call on a 2-core Zen 3 with torch 2.15, is as long as a short
-decoding step's attention.
+the op's implementation straight when nothing could see the difference (see _unwatched), and a
+forward whose gradient is recorded through _Sdpa / _SdpaVarlen, autograd.Functions with the ops'
+own setup and backward (which call the backward ops' implementations the same way): the
+dispatcher's own cost, about 35 us a call on a 2-core Zen 3 with torch 2.15 (and 100 more for
+torch.library's autograd wrapper), is as long as a short decoding step's attention.
 """
 from typing import Optional, Tuple
 
