@@ -202,29 +202,22 @@ sdpa_varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup)
 
 # ---- the forwards as the public functions call them -------------------------------------------------
 
-class _Sdpa(torch.autograd.Function):
-    """attn::sdpa_fwd's autograd formula (_sdpa_setup, _sdpa_backward) around its implementation:
-    the forward that needs a gradient recorded, where nothing watches (torch.library's autograd
-    wrapper adds about 100 us a call; a setup_context staticmethod, torch 2's style, about 40: the
-    context is set up in forward)."""
-    @staticmethod
+def _function(name, impl, setup, backward):
+    """An autograd.Function `name` whose forward runs impl(*args), its context set up there by
+    setup(ctx, args, output) (a setup_context staticmethod, torch 2's style, costs about 40 us a call
+    more), and whose backward is `backward`."""
     def forward(ctx, *args):
-        output = _call.sdpa_forward(*args)
-        _sdpa_setup(ctx, args, output)
+        output = impl(*args)
+        setup(ctx, args, output)
         return output
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
-    backward = staticmethod(_sdpa_backward)
 
-
-class _SdpaVarlen(torch.autograd.Function):
-    """The same for attn::sdpa_varlen_fwd."""
-    @staticmethod
-    def forward(ctx, *args):
-        output = _call.varlen_forward(*args)
-        _varlen_setup(ctx, args, output)
-        return output
-
-    backward = staticmethod(_varlen_backward)
+# attn::sdpa_fwd's and attn::sdpa_varlen_fwd's autograd formulas around their implementations: the
+# forwards that need a gradient recorded, where nothing watches (torch.library's autograd wrapper
+# adds about 100 us a call)
+_Sdpa = _function("_Sdpa", _call.sdpa_forward, _sdpa_setup, _sdpa_backward)
+_SdpaVarlen = _function("_SdpaVarlen", _call.varlen_forward, _varlen_setup, _varlen_backward)
 
 
 def _needs_grad(tensors):

@@ -82,12 +82,7 @@ INLINE void qk_rows_block(const attn_dtype dt, const int NR, const void *k, int6
                     acc[r * NK + c] = _mm512_fmadd_ps(hi, y[r], _mm512_fmadd_ps(lo, x[r], acc[r * NK + c]));
             }
         }
-        __m512 lanes[16]; // lane i: key i / NR, row i % NR
-        ATTN_UNROLL
-        for (int i = 0; i < 16; i++) lanes[i] = acc[(i % NR) * NK + i / NR];
-        const __m512 sums = sum16(lanes);
-        const int nk = nj - j < NK ? nj - j : NK;
-        store_sums16(sums, NR, s + (int64_t)j * s_j, s_r, s_j, nr, nk);
+        store_dots16(acc, NR, s + (int64_t)j * s_j, s_r, s_j, nr, nj - j < NK ? nj - j : NK);
     }
 }
 

@@ -1,11 +1,13 @@
 // sum512.h - the sums of the lanes of 16 AVX-512 vectors at once (sum16; quarter_sums4, its last
-// level) and their store into a score tile (store_sums16), for the row kernels' dot products
-// (flash_kernels_avx512.c, quant_kernels_avx512.c, quant_kernels_avx512vnni.c). Include after
-// simd512.h.
+// level) and their store into a score tile (store_sums16; store_dots16 from a block of rows and
+// keys), for the row kernels' dot products (flash_kernels_avx512.c, quant_kernels_avx512.c,
+// quant_kernels_avx512vnni.c). Include after simd512.h.
 #ifndef ATTN_CPU_X86_SUM512_H
 #define ATTN_CPU_X86_SUM512_H
 
 #include <stdint.h>
+
+#include "cpu/unroll.h"
 
 // a + b with a's and b's 128-bit quarters picked by the shuffle constants ia and ib.
 #define ADD_QUARTERS(a, b, ia, ib) _mm512_add_ps(_mm512_shuffle_f32x4(a, b, ia), _mm512_shuffle_f32x4(a, b, ib))
@@ -45,6 +47,17 @@ static inline __attribute__((always_inline)) void store_sums16(__m512 sums, cons
     _mm512_storeu_ps(out, sums);
     for (int c = 0; c < nk; c++)
         for (int r = 0; r < nr; r++) sj[c * s_j + r * s_r] = out[NR * c + r];
+}
+
+// The dot products of NR rows with NK = 16 / NR keys, 16 lanes each in acc[r NK + c] (row r, key c),
+// summed (sum16: lane NR c + r) and stored by store_sums16.
+static inline __attribute__((always_inline)) void store_dots16(const __m512 acc[16], const int NR, float *sj,
+                                                              int64_t s_r, int64_t s_j, int nr, int nk) {
+    const int NK = 16 / NR;
+    __m512 lanes[16]; // lane i: key i / NR, row i % NR
+    ATTN_UNROLL
+    for (int i = 0; i < 16; i++) lanes[i] = acc[(i % NR) * NK + i / NR];
+    store_sums16(sum16(lanes), NR, sj, s_r, s_j, nr, nk);
 }
 
 #endif
