@@ -1,7 +1,8 @@
 #!/bin/sh
 # `attn bench` on small problems of every kind it times: each run must pass its check against the
 # scalar reference (the bench exits 1 when the kernels disagree), print its one-line summary, and
-# end with a JSON object whose median and fastest times are positive, fastest <= median.
+# end with a JSON object whose median and fastest times are positive, fastest <= median; and the
+# number of runs without --repeat (more than 5 for a short call) and with it.
 # usage: bench_smoke.sh ATTN
 attn="$1"
 tmp=$(mktemp -d) || exit 1
@@ -56,4 +57,20 @@ for dt in f32 bf16; do # (no reference check)
     run "mha-decode $dt" "mha-decode B=2 E=64 H=4 S=100 dtype=$dt kv=$dt" -- --op mha-decode --batch 2 --embed-dim 64 --heads 4 --len-kv 100 --dtype $dt
 done
 run "mha-decode f16 q8_0" "dtype=f16 kv=q8_0" -- --op mha-decode --embed-dim 64 --heads 2 --len-kv 40 --dtype f16 --kv-dtype q8_0
+# without --repeat a call whose warm-up took under 50 ms takes more than 5 runs (as many as fit in
+# 0.25 s, at most 1000), a longer one 5; --repeat R takes R
+for given in "" "--repeat 7"; do
+    if ! "$attn" bench --heads 2 --len-q 16 --len-kv 16 --head-dim 32 --json $given > "$tmp/out" 2> "$tmp/err"; then
+        echo "FAIL runs ($given): exit status $?"; cat "$tmp/err"; failures=$((failures + 1)); continue
+    fi
+    runs=$(tail -n 1 "$tmp/out" | sed -n 's/.*"repeat": \([0-9]*\),.*/\1/p')
+    warm=$(tail -n 1 "$tmp/out" | sed -n 's/.*"warmup_ms": \([0-9.e+-]*\),.*/\1/p')
+    if [ -z "$given" ] && ! echo "$runs $warm" | awk '{ exit !(NF == 2 && ($2 * 5 < 250 ? $1 > 5 && $1 <= 1000 : $1 == 5)) }'; then
+        echo "FAIL runs: without --repeat, a warm-up of '$warm' ms and '$runs' runs"; failures=$((failures + 1))
+    elif [ -n "$given" ] && [ "$runs" != 7 ]; then
+        echo "FAIL runs: --repeat 7 took '$runs' runs"; failures=$((failures + 1))
+    else
+        echo "ok   runs ($given): $runs"
+    fi
+done
 if [ "$failures" -ne 0 ]; then echo "$failures failures"; exit 1; fi

@@ -24,7 +24,9 @@ static const char summary[] =
     "need_weights=False). Inputs are standard normal. Before timing, the kernels in use are compared\n"
     "with the scalar reference on 8 query rows of up to 2 heads (sdpa; --no-check skips it; the mha\n"
     "forward is not checked here: its tests compare it with PyTorch). Prints the median\n"
-    "of R runs after one warm-up (and the fastest run: the steadier figure on a busy machine), the\n"
+    "of R runs after one warm-up (and the fastest run: the steadier figure on a busy machine; without\n"
+    "--repeat, R is 5 or, for a short call, as many runs as the warm-up's time fits in 0.25 s, at most\n"
+    "1000: a few runs of a sub-millisecond call are mostly first-call costs), the\n"
     "GFLOP/s (SDPA: 4*B*H*L*S*D, halved with --causal; MHA adds the four projections, 8*B*L*E^2) and\n"
     "the peak resident set; --json ends the output with one JSON object.\n"
     "--window LEFT,RIGHT (sdpa) makes it local attention as attn sdpa's (attn_sdpa_desc's use_window):\n"
@@ -223,13 +225,14 @@ int cmd_bench(int argc, char **argv) {
          false, false},
         {"--threads", ARG_INT, &o.threads, "T", "threads (default 1)", false, false},
         {"--isa", ARG_STRING, &o.isa, "ISA", "kernels: " ATTN_ISA_NAMES " (default auto)", false, false},
-        {"--repeat", ARG_INT, &o.repeat, "R", "timed runs (default 5)", false, false},
+        {"--repeat", ARG_INT, &o.repeat, "R", "timed runs (default 5, more for short calls: see above)", false, false},
         {"--no-check", ARG_FLAG, &o.no_check, NULL, "skip the check against the reference", false, false},
         {"--blas", ARG_FLAG, &o.blas, NULL, "projections through CBLAS (use_blas = 1; its own threads)", false, false},
         {"--json", ARG_FLAG, &o.json, NULL, "end with a JSON object on one line", false, false},
         {"--device", ARG_STRING, &o.device, "cpu|cuda", "cpu (default) or cuda: attn bench --device cuda --help", false, false},
     };
     int rc = args_parse("bench", summary, argc, argv, specs, (int)(sizeof specs / sizeof specs[0]));
+    const bool repeat_given = args_seen(specs, (int)(sizeof specs / sizeof specs[0]), "--repeat");
     if (rc != 0) return rc < 0 ? EXIT_OK : rc;
     const bool mha = strcmp(o.op, "mha") == 0;
     if (!mha && strcmp(o.op, "sdpa") != 0) return cli_error("bench", EXIT_USAGE, "--op must be sdpa or mha");
@@ -313,8 +316,12 @@ int cmd_bench(int argc, char **argv) {
                 4.0 * (double)o.B * (double)o.L * (double)o.L * (double)o.E * (o.causal ? 0.5 : 1.0);
     }
     // warm-up (also the run that is checked)
+    const double warm0 = cli_now();
     st = mha ? attn_mha_forward(ctx, m, &a, out, NULL) : attn_sdpa_fwd(ctx, &d, q, k, v, out, lse, NULL);
     if (st == ATTN_OK && o.backward) st = attn_sdpa_bwd(ctx, &d, q, k, v, out, dout, lse, NULL, dq, dk, dv, NULL);
+    const double warm = cli_now() - warm0;
+    if (!repeat_given && warm * 5.0 < 0.25) // a short call: as many runs as 0.25 s holds, at most 1000
+        o.repeat = warm * 1000.0 <= 0.25 ? 1000 : (int64_t)(0.25 / warm);
     if (st != ATTN_OK) {
         cli_fail("bench", ctx, st, "forward");
         goto done;
@@ -372,13 +379,14 @@ int cmd_bench(int argc, char **argv) {
     if (o.json)
         printf("{\"op\": \"%s\", \"batch\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"len_q\": %lld, \"len_kv\": %lld, "
                "\"head_dim\": %lld, \"embed_dim\": %lld, \"causal\": %s, \"window\": %s%s%s, \"backward\": %s, \"threads\": %lld, \"isa\": \"%s\", "
-               "\"repeat\": %lld, \"median_ms\": %.4f, \"fastest_ms\": %.4f, \"gflops\": %.2f, \"peak_rss_mb\": %.1f, \"io_mb\": %.1f, "
+               "\"repeat\": %lld, \"median_ms\": %.4f, \"fastest_ms\": %.4f, \"warmup_ms\": %.4f, \"gflops\": %.2f, \"peak_rss_mb\": %.1f, \"io_mb\": %.1f, "
                "\"check_rel_err\": %.3g, \"dtype\": \"%s\", \"peak_instr\": %s%s%s, \"peak_gflops\": %.2f, "
                "\"pct_peak\": %.2f}\n",
                mha ? "mha" : "sdpa", (long long)o.B, (long long)o.H, (long long)o.Hkv, (long long)o.L, (long long)o.S,
                (long long)o.D, (long long)o.E, o.causal ? "true" : "false", o.window != NULL ? "\"" : "", o.window != NULL ? window : "null", o.window != NULL ? "\"" : "", o.backward ? "true" : "false",
                (long long)o.threads,
-               attn_isa_name(attn_ctx_isa(ctx)), (long long)o.repeat, median * 1e3, fastest * 1e3, gflops, rss, io_mb, check_err,
+               attn_isa_name(attn_ctx_isa(ctx)), (long long)o.repeat, median * 1e3, fastest * 1e3, warm * 1e3, gflops, rss, io_mb,
+               check_err,
                attn_dtype_name(dt), peak > 0 ? "\"" : "", peak > 0 ? peak_name(kind) : "null", peak > 0 ? "\"" : "", peak,
                peak > 0 ? 100.0 * gflops / peak : 0.0);
     rc = EXIT_OK;
