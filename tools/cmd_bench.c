@@ -320,12 +320,12 @@ int cmd_bench(int argc, char **argv) {
     st = mha ? attn_mha_forward(ctx, m, &a, out, NULL) : attn_sdpa_fwd(ctx, &d, q, k, v, out, lse, NULL);
     if (st == ATTN_OK && o.backward) st = attn_sdpa_bwd(ctx, &d, q, k, v, out, dout, lse, NULL, dq, dk, dv, NULL);
     const double warm = cli_now() - warm0;
-    if (!repeat_given && warm * 5.0 < 0.25) // a short call: as many runs as 0.25 s holds, at most 1000
-        o.repeat = warm * 1000.0 <= 0.25 ? 1000 : (int64_t)(0.25 / warm);
     if (st != ATTN_OK) {
         cli_fail("bench", ctx, st, "forward");
         goto done;
     }
+    if (!repeat_given && warm * 5.0 < 0.25) // a short call: as many runs as 0.25 s holds, at most 1000
+        o.repeat = warm * 1000.0 <= 0.25 ? 1000 : (int64_t)(0.25 / warm);
     if (!o.no_check && !mha && o.dropout == 0.0 && check_sdpa(&o, &d, q, k, v, out, &check_err) != 0) goto done;
     double *times = malloc((size_t)o.repeat * sizeof(double));
     if (times == NULL) goto done;
@@ -385,8 +385,8 @@ int cmd_bench(int argc, char **argv) {
                mha ? "mha" : "sdpa", (long long)o.B, (long long)o.H, (long long)o.Hkv, (long long)o.L, (long long)o.S,
                (long long)o.D, (long long)o.E, o.causal ? "true" : "false", o.window != NULL ? "\"" : "", o.window != NULL ? window : "null", o.window != NULL ? "\"" : "", o.backward ? "true" : "false",
                (long long)o.threads,
-               attn_isa_name(attn_ctx_isa(ctx)), (long long)o.repeat, median * 1e3, fastest * 1e3, warm * 1e3, gflops, rss, io_mb,
-               check_err,
+               attn_isa_name(attn_ctx_isa(ctx)), (long long)o.repeat, median * 1e3, fastest * 1e3, warm * 1e3, gflops,
+               rss, io_mb, check_err,
                attn_dtype_name(dt), peak > 0 ? "\"" : "", peak > 0 ? peak_name(kind) : "null", peak > 0 ? "\"" : "", peak,
                peak > 0 ? 100.0 * gflops / peak : 0.0);
     rc = EXIT_OK;

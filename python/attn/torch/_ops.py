@@ -210,7 +210,8 @@ def _function(name, impl, setup, backward):
         output = impl(*args)
         setup(ctx, args, output)
         return output
-    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+    methods = {"forward": staticmethod(forward), "backward": staticmethod(backward)}
+    return type(name, (torch.autograd.Function,), methods)
 
 
 # attn::sdpa_fwd's and attn::sdpa_varlen_fwd's autograd formulas around their implementations: the

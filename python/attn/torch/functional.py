@@ -168,8 +168,8 @@ def attention(q, k, v, mask=None, key_padding_mask=None, causal=0, scale=None, d
         q, scale = q * 0.0, 1.0  # the library reads a zero scale as "the default"
     wl, wr = _window(window)
     return _ops.forward(q, k, v, mask, key_padding_mask, causal, 0.0 if scale is None else float(scale),
-                        float(dropout_p), _seed(dropout_p), wl, wr, alibi_slopes, 0.0 if softcap is None else float(softcap),
-                        weights_mode, _sinks(sinks))
+                        float(dropout_p), _seed(dropout_p), wl, wr, alibi_slopes,
+                        0.0 if softcap is None else float(softcap), weights_mode, _sinks(sinks))
 
 
 def sdpa(query, key, value, attn_mask=None, *, causal=None, scale=None, dropout_p=0.0, enable_gqa=False, window=None,

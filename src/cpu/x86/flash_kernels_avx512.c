@@ -300,9 +300,8 @@ INLINE int block_cols(int Dv, int e, int x) {
 
 // pv_rows over NR rows and the NV vectors of columns from e (NR * NV <= 16 accumulators; `full`: all
 // 16 NV columns inside the row, known when compiled; else NV is 1 and the row's last Dv - e < 16
-// columns): per key, the value vectors and the rows'
-// weights, adjacent in the tile (pp[0 .. NR - 1], pp advancing by ldp), broadcast. Row r's sums are
-// left in out[r * NV ..].
+// columns): per key, the value vectors and the rows' weights, adjacent in the tile (pp[0 .. NR - 1],
+// pp advancing by ldp), broadcast. Row r's sums are left in out[r * NV ..].
 INLINE void pv_cols(const attn_dtype dt, const int NR, const int NV, const bool full, const void *v, int64_t vs_row,
                     int nj, int Dv, int e, const float *pp, int64_t ldp, bool prefetch, __m512 out[16]) {
     __m512 c[16];

@@ -19,7 +19,7 @@
 //    multiplied by its scale (Q4_0: the table scaled, then permuted), 16 accumulators (the AVX2
 //    kernel scales the weights instead, a block at a time).
 // Prefetch (decode_prefetch.h): qk_rows requests each key row's lines DECODE_PF_BYTES ahead as it
-// starts the row; pv_rows requests each pass's two blocks' lines a key tile (FLASH_BC rows) on.
+// starts the row; pv_rows requests each pass's blocks' lines a key tile (FLASH_BC rows) on.
 // The block helpers and the loops around these kernels are quant_rows.h's and quant_pv_rows.h's.
 #include "cpu/x86/simd512.h"
 
@@ -154,8 +154,14 @@ INLINE void pv_rows_block(const attn_dtype dt, const int NR, const void *v, int6
     int b = 0;
     for (; b + 8 / NR <= nb; b += 8 / NR)
         pv_pass(dt, NR, 8 / NR, v, row_bytes, nj, b, pp, ldp, alpha, scale_o, nr, prefetch, o, ldo);
-    if (NR == 1 && b + 4 <= nb) pv_pass(dt, NR, 4, v, row_bytes, nj, b, pp, ldp, alpha, scale_o, nr, prefetch, o, ldo), b += 4;
-    if (NR <= 2 && b + 2 <= nb) pv_pass(dt, NR, 2, v, row_bytes, nj, b, pp, ldp, alpha, scale_o, nr, prefetch, o, ldo), b += 2;
+    if (NR == 1 && b + 4 <= nb) {
+        pv_pass(dt, NR, 4, v, row_bytes, nj, b, pp, ldp, alpha, scale_o, nr, prefetch, o, ldo);
+        b += 4;
+    }
+    if (NR <= 2 && b + 2 <= nb) {
+        pv_pass(dt, NR, 2, v, row_bytes, nj, b, pp, ldp, alpha, scale_o, nr, prefetch, o, ldo);
+        b += 2;
+    }
     if (b < nb) pv_pass(dt, NR, 1, v, row_bytes, nj, b, pp, ldp, alpha, scale_o, nr, prefetch, o, ldo);
 }
 

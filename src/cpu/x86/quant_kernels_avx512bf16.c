@@ -118,7 +118,8 @@ INLINE void pv_rows_impl(const attn_dtype dt, const void *v, int64_t vs_row, int
         pair_weights(dt, (const uint8_t *)v + goff, stride, nj, pp, ldp, sp, w);
         const pv_weights *pw = (const pv_weights *)w;
         if (nr >= 3) pv_passes(dt, 4, v, stride, nj, goff, g0, sp, pw, table, alpha, scale_o, nr, prefetch, o, ldo);
-        else if (nr == 2) pv_passes(dt, 2, v, stride, nj, goff, g0, sp, pw, table, alpha, scale_o, nr, prefetch, o, ldo);
+        else if (nr == 2)
+            pv_passes(dt, 2, v, stride, nj, goff, g0, sp, pw, table, alpha, scale_o, nr, prefetch, o, ldo);
         else pv_passes(dt, 1, v, stride, nj, goff, g0, sp, pw, table, alpha, scale_o, nr, prefetch, o, ldo);
     }
 }
