@@ -2159,14 +2159,25 @@ static void fuzz_random(env *e) {
 
 /* ============================================================================================ */
 
+/* An executor (attn_executor) that runs a loop's indices on the caller, last first. */
+static void fuzz_serial_parallel(void *user, int n, void (*task)(void *, int), void *arg) {
+    for (int i = n - 1; i >= 0; i--) task(arg, i);
+}
+
 /* attn_ctx_create with parameters from the input; the context the rest of the input runs on. */
 static attn_ctx *fuzz_ctx_create(env *e) {
     fuzz_data *fd = e->fd;
     attn_ctx_params p;
     attn_ctx_params_init(&p);
     if (fuzz_data_chance(fd, 1, 4)) p.isa = (attn_isa)fuzz_data_int_range(fd, -1, 8);
+    bool executor_user_only = false;
     switch (fuzz_data_pick(fd, 16)) {
     case 0: p.n_threads = fuzz_data_int_range(fd, 2, 4); break;
+    case 3: /* the caller's executor: its loops on the calling thread, or a user pointer alone */
+        p.n_threads = fuzz_data_int_range(fd, 1, 4);
+        executor_user_only = fuzz_data_chance(fd, 1, 4);
+        p.executor = executor_user_only ? (attn_executor){NULL, e} : (attn_executor){fuzz_serial_parallel, NULL};
+        break;
     case 1: p.n_threads = fuzz_data_chance(fd, 1, 2) ? -1 : INT32_MIN; break;
     case 2: p.n_threads = 0; break;
     default: p.n_threads = 1; break;
@@ -2179,6 +2190,7 @@ static attn_ctx *fuzz_ctx_create(env *e) {
     if (p.isa != ATTN_ISA_AUTO && p.isa != ATTN_ISA_REF && !attn_isa_supported(p.isa))
         bad(&j, "an ISA this build or CPU cannot run");
     if (p.n_threads < 0) doubt(&j, "negative n_threads");
+    if (executor_user_only) bad(&j, "an executor's user pointer without its function");
     attn_ctx *ctx = (attn_ctx *)(uintptr_t)1;
     arm(e);
     const attn_status st = attn_ctx_create(&p, &ctx);

@@ -235,6 +235,37 @@ typedef struct attn_allocator {
 } attn_allocator;
 
 /**
+ * Threads of the caller's for a context's parallel loops (attn_ctx_params.executor), in place of
+ * threads the context starts itself: a program with a thread pool of its own (an OpenMP runtime,
+ * PyTorch's) runs attn's loops on that pool rather than beside it, where the two pools' threads
+ * would share the cores (an OpenMP runtime's idle threads busy-wait for milliseconds after each
+ * parallel region).
+ * `parallel` calls task(task_arg, i) for every i in [0, n) and returns when those calls have
+ * returned, the returns synchronising with its own (a thread join, a barrier); the calls may run at
+ * once, on up to n threads (the caller's among them), or one after another, in any order. n is
+ * the context's n_threads; i picks per-thread scratch memory, so calls running at the same time
+ * need different i. The work is handed out inside those calls (tasks taken from a shared counter),
+ * so results are the same bits however many run at once; tasks no call took (an executor that ran
+ * none) run on the calling thread after `parallel` returns.
+ * attn_executor_gomp makes one from an OpenMP runtime.
+ */
+typedef struct attn_executor {
+    void (*parallel)(void *user, int n, void (*task)(void *task_arg, int i), void *task_arg);
+    void *user;
+} attn_executor;
+
+/**
+ * An executor on an OpenMP runtime, given its entry point GOMP_parallel (GCC's libgomp exports it,
+ * LLVM's libomp and Intel's libiomp5 as well for GCC's code; pass what dlsym returns for it, from
+ * the runtime the program already runs, e.g. the one PyTorch loaded): each loop is one parallel
+ * region of n threads, which take the indices i in turn, so an OpenMP thread team that is already
+ * waiting runs it at once. The library links no OpenMP runtime; it calls the one given. Called from
+ * inside a parallel region (without nested parallelism) a loop runs on the calling thread alone.
+ * @return ATTN_OK and *out, or ATTN_ERR_INVALID_ARG for NULL arguments (*out untouched).
+ */
+ATTN_API attn_status attn_executor_gomp(void *gomp_parallel, attn_executor *out);
+
+/**
  * Which kernels a context uses. AUTO picks the fastest this CPU runs. REF is the scalar reference
  * (the specification: plain loops, one thread, slow); GENERIC the fused kernels in portable C;
  * AVX2 the fused kernels with AVX2 and FMA3 (Q8_0 and Q4_0 decoding on 8- and 16-bit integer
@@ -310,14 +341,20 @@ typedef struct attn_ctx_params {
                                  there). The BLAS runs its own threads (OPENBLAS_NUM_THREADS), which
                                  busy-wait after each call and compete with the context's: measured
                                  in BENCHMARKS.md. */
+    attn_executor executor;   /* {NULL, NULL} (default): the context starts n_threads - 1 threads of
+                                 its own; else it starts none and runs each parallel loop through
+                                 executor.parallel with n = n_threads (see attn_executor). */
 } attn_ctx_params;
 
-/** Fills `params` with the defaults (1 thread, AUTO, seed 0, system allocator, use_blas 0). */
+/** Fills `params` with the defaults (1 thread, AUTO, seed 0, system allocator, use_blas 0, the
+ * context's own threads). */
 ATTN_API void attn_ctx_params_init(attn_ctx_params *params);
 /**
  * Creates a context. `params` may be NULL for the defaults.
  * @return ATTN_OK and *ctx, or an error and *ctx = NULL: ATTN_ERR_UNSUPPORTED when params->isa
- *         cannot run here, ATTN_ERR_OUT_OF_MEMORY when memory or threads cannot be had.
+ *         cannot run here, ATTN_ERR_OUT_OF_MEMORY when memory or threads cannot be had,
+ *         ATTN_ERR_INVALID_ARG for n_threads outside [0, 4096], an unknown isa, an allocator or
+ *         an executor with `user` set but no function.
  */
 ATTN_API attn_status attn_ctx_create(const attn_ctx_params *params, attn_ctx **ctx);
 /** @return the instruction set the context's kernels use (AUTO resolved), or REF. */

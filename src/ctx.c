@@ -136,6 +136,7 @@ attn_status attn_ctx_create(const attn_ctx_params *params, attn_ctx **out) {
     const attn__kernels *kernels = attn__kernels_for(p.isa, &isa_ok);
     if (!isa_ok) return ATTN_ERR_UNSUPPORTED;
     if ((p.allocator.alloc == NULL) != (p.allocator.free == NULL)) return ATTN_ERR_INVALID_ARG;
+    if (p.executor.parallel == NULL && p.executor.user != NULL) return ATTN_ERR_INVALID_ARG;
     attn_allocator a = p.allocator;
     if (a.alloc == NULL) attn__default_allocator(&a);
     attn_ctx *ctx = attn__alloc_with(&a, sizeof *ctx);
@@ -147,7 +148,7 @@ attn_status attn_ctx_create(const attn_ctx_params *params, attn_ctx **out) {
     ctx->n_threads = p.n_threads == 0 ? 1 : p.n_threads;
     ctx->use_blas = p.use_blas != 0;
     attn_generator_seed(&ctx->gen, p.seed);
-    attn_status st = attn__pool_create(ctx, ctx->n_threads, &ctx->pool);
+    attn_status st = attn__pool_create(ctx, ctx->n_threads, &p.executor, &ctx->pool);
     if (st != ATTN_OK) {
         attn__free_with(&a, ctx);
         return st;

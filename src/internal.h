@@ -88,11 +88,13 @@ void *attn__arena_take(attn__arena *a, size_t bytes);
 // ---- threads -------------------------------------------------------------------------------------
 // fn(arg, task, thread): thread is in [0, n_threads) and indexes per-thread scratch.
 typedef void (*attn__task_fn)(void *arg, int64_t task, int thread);
-// Starts n_threads - 1 workers (none when n_threads <= 1: *out = NULL).
-attn_status attn__pool_create(attn_ctx *ctx, int n_threads, attn__pool **out);
+// Starts n_threads - 1 workers (none when n_threads <= 1: *out = NULL), or, with an executor
+// (executor->parallel set), none: its loops then run through the executor.
+attn_status attn__pool_create(attn_ctx *ctx, int n_threads, const attn_executor *executor, attn__pool **out);
 void attn__pool_free(attn__pool *p);
 int attn__pool_threads(const attn__pool *p);
-// Runs tasks 0..n_tasks-1 on the workers and the caller; returns when all are done. p may be NULL.
+// Runs tasks 0..n_tasks-1 on the workers and the caller (or the executor's threads); returns when
+// all are done. p may be NULL.
 void attn__pool_run(attn__pool *p, int64_t n_tasks, attn__task_fn fn, void *arg);
 // The pool to run a loop of about `flops` floating-point operations on: NULL (the caller alone)
 // below ATTN_SERIAL_FLOPS, where waking a worker would cost more than it saves.

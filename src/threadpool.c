@@ -10,6 +10,11 @@
 // waits for a worker that has not started: once every task is taken it closes the loop, and only
 // the workers that joined it before (those still running a task) are waited for; a worker that
 // wakes up after that finds the loop closed and goes back to waiting.
+//
+// A pool made with a caller's executor (attn_executor) starts no threads: a loop is one call of
+// executor.parallel, whose calls of exec_task take tasks from the same counter; what none took
+// (an executor that ran no call) the caller runs after it returns. attn_executor_gomp, at the
+// end, is the executor on an OpenMP runtime.
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -27,6 +32,7 @@
 struct attn__pool {
     attn_allocator alloc;
     int n;                // threads including the caller
+    attn_executor exec;   // parallel != NULL: loops run through it, no workers
     pthread_t *workers;   // n - 1
     pthread_mutex_t mu;
     pthread_cond_t wake, done;
@@ -108,15 +114,22 @@ static void *worker_main(void *varg) {
 // The worker arguments live right after the pool in the same allocation.
 static worker_arg *worker_args(attn__pool *p) { return (worker_arg *)(p + 1); }
 
-attn_status attn__pool_create(attn_ctx *ctx, int n_threads, attn__pool **out) {
+attn_status attn__pool_create(attn_ctx *ctx, int n_threads, const attn_executor *executor, attn__pool **out) {
     *out = NULL;
     if (n_threads <= 1) return ATTN_OK; // no pool: loops run on the caller
     attn__pool *p;
-    size_t bytes = sizeof *p + (size_t)(n_threads - 1) * sizeof(worker_arg);
+    const bool own = executor == NULL || executor->parallel == NULL;
+    size_t bytes = sizeof *p + (own ? (size_t)(n_threads - 1) * sizeof(worker_arg) : 0);
     ATTN_RETURN_IF_ERR(attn__alloc(ctx, bytes, (void **)&p));
     memset(p, 0, bytes);
     p->alloc = ctx->alloc;
     p->n = n_threads;
+    atomic_init(&p->next, 0);
+    if (!own) {
+        p->exec = *executor;
+        *out = p;
+        return ATTN_OK;
+    }
     attn_status st = attn__alloc(ctx, (size_t)(n_threads - 1) * sizeof(pthread_t), (void **)&p->workers);
     if (st != ATTN_OK) {
         attn__free(ctx, p);
@@ -125,7 +138,6 @@ attn_status attn__pool_create(attn_ctx *ctx, int n_threads, attn__pool **out) {
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
     pthread_cond_init(&p->done, NULL);
-    atomic_init(&p->next, 0);
     atomic_init(&p->generation, 0);
     atomic_init(&p->active, 0);
     int started = 0;
@@ -144,6 +156,11 @@ attn_status attn__pool_create(attn_ctx *ctx, int n_threads, attn__pool **out) {
 
 void attn__pool_free(attn__pool *p) {
     if (p == NULL) return;
+    if (p->exec.parallel != NULL) {
+        attn_allocator a = p->alloc;
+        attn__free_with(&a, p);
+        return;
+    }
     pthread_mutex_lock(&p->mu);
     p->stop = true;
     pthread_cond_broadcast(&p->wake);
@@ -161,10 +178,24 @@ int attn__pool_threads(const attn__pool *p) { return p != NULL ? p->n : 1; }
 
 attn__pool *attn__pool_for(attn__pool *p, double flops) { return flops < ATTN_SERIAL_FLOPS ? NULL : p; }
 
+// One call of an executor's `parallel`: tasks from the loop's counter, as thread i (an index out of
+// range takes none).
+static void exec_task(void *arg, int i) {
+    attn__pool *p = arg;
+    if (i >= 0 && i < p->n) run_tasks(p, p->fn, p->arg, p->n_tasks, i);
+}
+
 void attn__pool_run(attn__pool *p, int64_t n_tasks, attn__task_fn fn, void *arg) {
     if (n_tasks <= 0) return;
     if (p == NULL || n_tasks == 1) {
         for (int64_t t = 0; t < n_tasks; t++) fn(arg, t, 0);
+        return;
+    }
+    if (p->exec.parallel != NULL) {
+        p->fn = fn, p->arg = arg, p->n_tasks = n_tasks;
+        atomic_store_explicit(&p->next, 0, memory_order_relaxed);
+        p->exec.parallel(p->exec.user, p->n, exec_task, p);
+        run_tasks(p, fn, arg, n_tasks, 0); // what no call took: nothing, for an executor that ran them
         return;
     }
     pthread_mutex_lock(&p->mu);
@@ -188,4 +219,38 @@ void attn__pool_run(attn__pool *p, int64_t n_tasks, attn__task_fn fn, void *arg)
         while (atomic_load_explicit(&p->active, memory_order_acquire) > 0) pthread_cond_wait(&p->done, &p->mu);
         pthread_mutex_unlock(&p->mu);
     }
+}
+
+// ---- an executor on an OpenMP runtime ---------------------------------------------------------
+
+// GOMP_parallel(fn, data, num_threads, flags): runs fn(data) on a team of num_threads threads (the
+// caller's among them) and returns after the team's closing barrier.
+typedef void (*gomp_parallel_fn)(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags);
+
+typedef struct gomp_loop {
+    void (*task)(void *task_arg, int i);
+    void *task_arg;
+    int n;
+    atomic_int next; // the next index i to run
+} gomp_loop;
+
+// The parallel region's body: each team thread runs the indices it takes, until none is left.
+static void gomp_body(void *data) {
+    gomp_loop *l = data;
+    for (int i; (i = atomic_fetch_add_explicit(&l->next, 1, memory_order_relaxed)) < l->n;) l->task(l->task_arg, i);
+}
+
+_Static_assert(sizeof(gomp_parallel_fn) == sizeof(void *), "an entry point passed as dlsym returns it");
+
+static void gomp_parallel(void *user, int n, void (*task)(void *task_arg, int i), void *task_arg) {
+    gomp_parallel_fn run;
+    memcpy(&run, &user, sizeof run); // the entry point, as dlsym returned it
+    gomp_loop l = {task, task_arg, n, 0};
+    run(gomp_body, &l, (unsigned)n, 0);
+}
+
+attn_status attn_executor_gomp(void *gomp_parallel_symbol, attn_executor *out) {
+    if (gomp_parallel_symbol == NULL || out == NULL) return ATTN_ERR_INVALID_ARG;
+    *out = (attn_executor){gomp_parallel, gomp_parallel_symbol};
+    return ATTN_OK;
 }

@@ -26,7 +26,7 @@ import numpy as _np
 from . import _lib
 from ._arrays import choice as _choice, contiguous as _contiguous
 from ._lib import STATUS_NAMES, AttnError, AttnTypeError, has_symbol
-from .context import Context, Philox, RngState, default_context
+from .context import Context, Philox, RngState, default_context, openmp_runtime
 from .files import load_safetensors, save_safetensors
 from .kv_cache import KVCache, has_kv_cache
 from .mha import MHA
@@ -72,7 +72,7 @@ def from_bfloat16(bits):
     return _convert(_lib.DTYPE_F32, _np.float32, _lib.DTYPE_BF16, _contiguous(bits, _np.uint16, "bits"))
 
 
-__all__ = ["AttnError", "AttnTypeError", "STATUS_NAMES", "Context", "Philox", "RngState", "default_context", "sdpa", "sdpa_backward",
+__all__ = ["AttnError", "AttnTypeError", "STATUS_NAMES", "Context", "Philox", "RngState", "default_context", "openmp_runtime", "sdpa", "sdpa_backward",
            "sdpa_varlen", "sdpa_varlen_backward", "has_varlen", "MHA", "KVCache", "has_kv_cache",
            "load_safetensors", "save_safetensors", "to_bfloat16", "from_bfloat16", "isa_supported", "has_blas",
            "has_symbol", "version_number", "library_path", "__version__"]

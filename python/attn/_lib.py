@@ -141,9 +141,13 @@ class Allocator(ctypes.Structure):
     _fields_ = [("alloc", ctypes.c_void_p), ("free", ctypes.c_void_p), ("user", ctypes.c_void_p)]
 
 
+class Executor(ctypes.Structure):
+    _fields_ = [("parallel", ctypes.c_void_p), ("user", ctypes.c_void_p)]
+
+
 class CtxParams(ctypes.Structure):
     _fields_ = [("n_threads", ctypes.c_int), ("isa", ctypes.c_int), ("seed", ctypes.c_uint64),
-                ("allocator", Allocator), ("use_blas", ctypes.c_int)]
+                ("allocator", Allocator), ("use_blas", ctypes.c_int), ("executor", Executor)]
 
 
 class SdpaDesc(ctypes.Structure):
@@ -214,6 +218,7 @@ _PROTOTYPES = {
     "attn_has_blas": (ctypes.c_int, []),
     "attn_ctx_params_init": (None, [P(CtxParams)]),
     "attn_ctx_create": (st, [P(CtxParams), P(vp)]),
+    "attn_executor_gomp": (st, [vp, P(Executor)]),
     "attn_ctx_isa": (i32, [vp]),
     "attn_ctx_free": (None, [vp]),
     "attn_ctx_last_error": (ctypes.c_char_p, [vp]),

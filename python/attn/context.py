@@ -4,6 +4,7 @@ A context must not be used by two threads at once. Calls that take ctx=None use 
 context of their own thread (one thread, AUTO kernels, seed 0), created on first use.
 """
 import ctypes
+import os
 import threading
 
 from . import _lib
@@ -50,8 +51,42 @@ class Philox:
         return "Philox(seed=%d, offset=%d)" % (self.seed, self.offset)
 
 
+# The names of OpenMP runtimes' files (GCC's, LLVM's, Intel's), all exporting GOMP_parallel.
+_OPENMP_NAMES = ("libgomp", "libomp", "libiomp5")
+
+
+def openmp_runtime(prefer=None):
+    """The file of an OpenMP runtime already loaded in this process (read from /proc/self/maps;
+    None when there is none, or no /proc): the first under the directory `prefer` when one is (the
+    torch package's, for the runtime torch runs its threads on), else the first libgomp, libomp or
+    libiomp5 mapped. Context(openmp=True) runs its threads on it."""
+    try:
+        with open("/proc/self/maps") as f:
+            files = [line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6]
+    except OSError:
+        return None
+    found = []
+    for path in files:
+        if os.path.basename(path).startswith(_OPENMP_NAMES) and ".so" in path and path not in found:
+            found.append(path)
+    if prefer:
+        under = [p for p in found if p.startswith(os.path.join(os.path.realpath(prefer), ""))]
+        if under:
+            return under[0]
+    return found[0] if found else None
+
+
+def _gomp_parallel(path):
+    """The address of GOMP_parallel in the already-loaded runtime at path (never loads another)."""
+    try:
+        lib = ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 4) | getattr(os, "RTLD_LAZY", 1))
+        return ctypes.cast(lib.GOMP_parallel, ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        return None
+
+
 class Context(Handle):
-    """An attn_ctx. Context(threads=1, isa="auto", seed=0, use_blas=False).
+    """An attn_ctx. Context(threads=1, isa="auto", seed=0, use_blas=False, openmp=False).
 
     threads: threads used by compute calls (results are identical for every count);
     isa: "auto", "ref" (scalar reference), "generic", "avx2", "avx512", "avx512vnni", "avx512bf16"
@@ -59,12 +94,18 @@ class Context(Handle):
     seed: seed of the context's generator (torch.manual_seed's numbers), used by dropout and by
     module initialisation;
     use_blas: projections through CBLAS, loaded now (see has_blas; without it the library's own
-    GEMM serves). Usable as a context manager; close() frees it (also on garbage
+    GEMM serves);
+    openmp: False (default): the context starts threads - 1 threads of its own; True: it starts
+    none and runs its loops on the threads of the OpenMP runtime this process has loaded
+    (openmp_runtime(); torch's, as attn.torch's contexts do), as one parallel region of `threads`
+    threads each (attn_executor_gomp), so that they do not compete for the cores with that
+    runtime's waiting threads; a path: the runtime loaded from that file. AttnError (unsupported)
+    when no such runtime is loaded. Usable as a context manager; close() frees it (also on garbage
     collection). Objects created with a context (MHA, KVCache) keep it alive."""
 
     _FREE, _WHAT = "attn_ctx_free", "the context"
 
-    def __init__(self, threads=1, isa="auto", seed=0, use_blas=False):
+    def __init__(self, threads=1, isa="auto", seed=0, use_blas=False, openmp=False):
         self._ptr = None
         params = _lib.CtxParams()
         fn("attn_ctx_params_init")(ctypes.byref(params))
@@ -75,6 +116,21 @@ class Context(Handle):
         params.isa = choice(isa, _lib.ISA, "isa")
         params.seed = integer(seed, "seed") & 0xFFFFFFFFFFFFFFFF
         params.use_blas = 1 if flag(use_blas, "use_blas") else 0
+        self.openmp = None
+        if openmp is not False and openmp is not None:
+            if openmp is True:
+                path = openmp_runtime()
+            elif isinstance(openmp, (str, os.PathLike)):
+                path = os.fspath(openmp)
+            else:
+                fail_type("openmp must be True, False or the path of a loaded OpenMP runtime, not %s"
+                          % type(openmp).__name__)
+            entry = _gomp_parallel(path) if path else None
+            if entry is None:
+                raise AttnError(_lib.ERR_UNSUPPORTED, "openmp: no OpenMP runtime exporting GOMP_parallel is loaded"
+                                + (" from %s" % path if path else " in this process"))
+            check(fn("attn_executor_gomp")(entry, ctypes.byref(params.executor)))
+            self.openmp = path
         ptr = ctypes.c_void_p()
         status = fn("attn_ctx_create")(ctypes.byref(params), ctypes.byref(ptr))
         if status != _lib.OK:
@@ -123,7 +179,8 @@ class Context(Handle):
     def __repr__(self):
         if self._ptr is None:
             return "Context(closed)"
-        return "Context(threads=%d, isa=%r)" % (self.threads, self.isa)
+        omp = ", openmp=%r" % self.openmp if self.openmp else ""
+        return "Context(threads=%d, isa=%r%s)" % (self.threads, self.isa, omp)
 
 
 _local = threading.local()

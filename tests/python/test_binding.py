@@ -32,6 +32,7 @@ a library; by default build/libattn.so). Exits 77 (skipped) without numpy; the t
 without torch; KV cache and varlen parts skip when the library lacks those functions.
 """
 import ctypes
+import ctypes.util
 import os
 import sys
 import tempfile
@@ -320,6 +321,34 @@ class TestContext(unittest.TestCase):
         np.testing.assert_array_equal(attn.sdpa(q, q, q, dropout_p=0.5, ctx=c), a)
         self.assertFalse(np.array_equal(a, b))
 
+
+    def test_openmp(self):  # a context's threads on the OpenMP runtime loaded in the process
+        rng = np.random.default_rng(4)
+        q, k, v = randn(rng, 2, 4, 128, 32), randn(rng, 2, 4, 128, 32), randn(rng, 2, 4, 128, 32)
+        one = attn.Context(threads=1)
+        want, lse = attn.sdpa(q, k, v, causal="top_left", return_lse=True, ctx=one)
+        dwant = attn.sdpa_backward(q, k, v, want, want, lse, causal="top_left", ctx=one)
+        with self.assertRaises(attn.AttnTypeError):
+            attn.Context(threads=2, openmp=3)
+        with self.assertRaises(attn.AttnError) as cm:
+            attn.Context(threads=2, openmp="/nonexistent/libgomp.so.1")
+        self.assertEqual(cm.exception.name, "ATTN_ERR_UNSUPPORTED")
+        self.assertIsNone(attn.Context(threads=2).openmp)
+        if attn.openmp_runtime() is None:  # none loaded: load GCC's, where there is one
+            name = ctypes.util.find_library("gomp")
+            if name is None:
+                with self.assertRaises(attn.AttnError):
+                    attn.Context(threads=2, openmp=True)
+                self.skipTest("no OpenMP runtime loaded or installed")
+            ctypes.CDLL(name)
+        path = attn.openmp_runtime()
+        self.assertIsNotNone(path)
+        with attn.Context(threads=3, openmp=True) as c:
+            self.assertEqual(c.openmp, path)
+            self.assertIn("openmp=", repr(c))
+            np.testing.assert_array_equal(attn.sdpa(q, k, v, causal="top_left", ctx=c), want)
+            for a, b in zip(attn.sdpa_backward(q, k, v, want, want, lse, causal="top_left", ctx=c), dwant):
+                np.testing.assert_array_equal(a, b)
 
     def test_threads_with_their_own_contexts(self):
         import threading

@@ -840,6 +840,43 @@ class TestDirectCalls(unittest.TestCase):
                         self.assertTrue(torch.equal(a, b), "call %d" % i)
 
 
+class TestTorchThreads(unittest.TestCase):
+    """CPU calls run on torch's OpenMP threads where torch has them (at.torch_threads()), with the
+    same bits as on attn's own threads."""
+
+    def test_same_bits_on_torch_threads(self):
+        setting, threads = at.torch_threads(), torch.get_num_threads()
+        openmp = "parallel backend: OpenMP" in torch.__config__.parallel_info()
+        self.assertEqual(setting, openmp and _call.torch_runtime() is not None)
+        if openmp:
+            self.assertIsNotNone(_call.torch_runtime())
+            self.assertTrue(os.path.basename(_call.torch_runtime()).startswith(("libgomp", "libomp", "libiomp5")))
+        torch.manual_seed(2)
+        q, k, v = rnd(2, 4, 96, 32, grad=True), rnd(2, 2, 80, 32, grad=True), rnd(2, 2, 80, 32, grad=True)
+
+        def run():
+            out = at.sdpa(q, k, v, causal=True, enable_gqa=True)
+            return [out.detach()] + list(torch.autograd.grad(out, (q, k, v), torch.ones_like(out)))
+
+        try:
+            torch.set_num_threads(3)
+            results = {}
+            for on in (True, False):
+                at.torch_threads(on)
+                ctx = _call.context()
+                self.assertEqual(ctx.threads, 3)
+                self.assertEqual(ctx.openmp, _call.torch_runtime() if on else None)
+                results[on] = run()
+            for a, b in zip(results[True], results[False]):
+                self.assertTrue(torch.equal(a, b))
+            torch.set_num_threads(1)
+            self.assertIsNone(_call.context().openmp)  # one thread: no parallel region at all
+        finally:
+            at.torch_threads(True)
+            torch.set_num_threads(threads)
+        self.assertEqual(at.torch_threads(), setting)
+
+
 class _Sub(torch.Tensor):
     pass
 

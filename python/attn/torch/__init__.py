@@ -12,11 +12,12 @@ sdpa_bwd, sdpa_varlen_fwd and sdpa_varlen_bwd, each with a fake-tensor implement
 forwards with autograd formulas. CPU tensors of float32, float16 and bfloat16 (passed as they are;
 through float32 only where the library refuses the type) and float64 (computed in float32). CUDA
 tensors run on libattn_cuda (attn/torch/_cuda.py) on torch's current stream. CPU calls run on a
-context per thread with torch.get_num_threads() threads.
+context per thread with torch.get_num_threads() threads, which are torch's own OpenMP threads where
+torch runs on OpenMP (torch_threads(): attn's loops as parallel regions of torch's team, not beside it).
 """
 from . import _ops  # noqa: F401  (registers the custom ops)
-from ._call import context, native
+from ._call import context, native, torch_threads
 from .functional import scaled_dot_product_attention, sdpa, sdpa_varlen
 from .mha import MultiheadAttention
 
-__all__ = ["scaled_dot_product_attention", "sdpa", "sdpa_varlen", "MultiheadAttention", "context", "native"]
+__all__ = ["scaled_dot_product_attention", "sdpa", "sdpa_varlen", "MultiheadAttention", "context", "native", "torch_threads"]

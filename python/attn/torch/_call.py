@@ -21,6 +21,7 @@ directly through torch.ops.attn.
 """
 import contextlib
 import ctypes
+import os
 import threading
 
 import torch
@@ -28,7 +29,7 @@ import torch
 from .. import _lib
 from .._arrays import check_qkv, check_qkv_varlen, fail, fail_type, shape_str
 from .._lib import AttnError, fn
-from ..context import Context
+from ..context import Context, _gomp_parallel, openmp_runtime
 from ..sdpa import _options
 from . import _cuda
 
@@ -40,13 +41,43 @@ WEIGHT_MODES = (0, 1, 2)  # none, per head (B, H, L, S), averaged over the heads
 _local = threading.local()
 
 
+_threads = {"torch": True}  # torch_threads(): run on torch's OpenMP threads where it has them
+_runtime = []  # [the file of torch's OpenMP runtime, or None], found on first use
+
+
+def torch_runtime():
+    """The file of the OpenMP runtime torch runs its threads on (its ATen parallel backend is
+    OpenMP and the runtime, loaded in this process, exports GOMP_parallel), else None."""
+    if not _runtime:
+        path = None
+        if "parallel backend: OpenMP" in torch.__config__.parallel_info():
+            path = openmp_runtime(prefer=os.path.dirname(torch.__file__))
+            if path is not None and _gomp_parallel(path) is None:
+                path = None
+        _runtime.append(path)
+    return _runtime[0]
+
+
+def torch_threads(enabled=None):
+    """Whether the CPU calls of attn.torch run on torch's own threads (the default, where torch
+    runs them on an OpenMP runtime: its team, waiting after torch's last operation, takes each of
+    attn's loops at once, instead of attn's threads sharing the cores with it), or on threads of
+    attn's contexts. With `enabled`, sets it first (for every thread's calls from then on).
+    Returns the setting in use: True only where torch's runtime was found (torch_runtime())."""
+    if enabled is not None:
+        _threads["torch"] = bool(enabled)
+    return _threads["torch"] and torch_runtime() is not None
+
+
 def context():
-    """This thread's attn Context for the torch ops, with torch.get_num_threads() threads (made
-    again when that number changes; results are identical for every count)."""
+    """This thread's attn Context for the torch ops, with torch.get_num_threads() threads, run on
+    torch's OpenMP threads (see torch_threads); made again when either changes. Results are
+    identical for every count and either way."""
     n = max(1, torch.get_num_threads())
+    omp = torch_runtime() if _threads["torch"] and n > 1 else None
     ctx = getattr(_local, "ctx", None)
-    if ctx is None or ctx.threads != n:
-        ctx = _local.ctx = Context(threads=n)
+    if ctx is None or ctx.threads != n or ctx.openmp != omp:
+        ctx = _local.ctx = Context(threads=n, openmp=omp or False)
     return ctx
 
 
