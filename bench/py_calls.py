@@ -18,12 +18,14 @@ call, the median over --repeat calls after 50 of warm-up, in microseconds:
   attn.hf           attn.hf.attention_forward, as transformers calls it (output (1, 1, H, D))
   F.sdpa            torch.nn.functional.scaled_dot_product_attention
   transformers sdpa transformers' sdpa_attention_forward (the "sdpa" implementation)
-Then a training call of the book's size: q, k and v (1, 4, 8, 16) requiring gradients, causal,
-the forward and torch.autograd.grad of q, k and v, through attn.torch.scaled_dot_product_attention
+Then the same calls each after a 256 x 256 torch.mm (the pair timed), as inside a model: at.sdpa
+with attn's loops on torch's OpenMP threads (attn.torch.torch_threads(), the default where torch
+runs on OpenMP) and on attn's own threads ("own"), and F.sdpa. Then a training call of the book's
+size: q, k and v (1, 4, 8, 16) requiring gradients, causal, the forward and torch.autograd.grad of q, k and v, through attn.torch.scaled_dot_product_attention
 and through F.scaled_dot_product_attention; and a training step of the module, self-attention of
 x (1, 256, 768) requiring gradients, forward (need_weights=False) and out.sum().backward(), through
 attn.torch.MultiheadAttention(768, 12, batch_first=True) and nn.MultiheadAttention with the same
-state_dict (median ms of --repeat / 50 steps).
+state_dict (median ms of --repeat / 50 steps; attn's also on its own threads).
 """
 import argparse
 import ctypes
@@ -99,6 +101,28 @@ def main():
     for name, values in rows.items():
         print("%-18s" % name + "".join("%12.1f" % x for x in values))
 
+    # Inside a model a call follows torch's own operations, after which torch's OpenMP team keeps
+    # spinning: the same calls, each after a 256 x 256 matmul (the pair timed), with attn's loops
+    # on torch's threads (attn.torch.torch_threads(), the default where torch runs on OpenMP) and
+    # on attn's own.
+    w = torch.randn(256, 256)
+    print("each call after a 256 x 256 torch.mm (the pair timed; the mm alone %.1f us); attn.torch on "
+          "torch's threads: %s" % (median_us(lambda: torch.mm(w, w), args.repeat), at.torch_threads()))
+    print("%-18s" % "row" + "".join("%12s" % ("S = %d" % S) for S in lens))
+    after = {}
+    for S in lens:
+        torch.manual_seed(0)
+        q, k, v = torch.randn(1, H, 1, D), torch.randn(1, H, S, D), torch.randn(1, H, S, D)
+        for name, on in (("at.sdpa", True), ("at.sdpa own", False)):
+            at.torch_threads(on)
+            after.setdefault(name, []).append(
+                median_us(lambda: (torch.mm(w, w), at.scaled_dot_product_attention(q, k, v)), args.repeat))
+        at.torch_threads(True)
+        after.setdefault("F.sdpa", []).append(median_us(
+            lambda: (torch.mm(w, w), torch.nn.functional.scaled_dot_product_attention(q, k, v)), args.repeat))
+    for name, values in after.items():
+        print("%-18s" % name + "".join("%12.1f" % x for x in values))
+
     q, k, v = (torch.randn(1, 4, 8, 16, requires_grad=True) for _ in range(3))
     dout = torch.randn(1, 4, 8, 16)
 
@@ -118,8 +142,11 @@ def main():
             module(x, x, x, need_weights=False)[0].sum().backward()
         return run
     steps = max(1, args.repeat // 50)
-    print("training step of MultiheadAttention(768, 12), x (1, 256, 768): attn %.2f ms, torch %.2f ms"
-          % (median_us(train(mha), steps) / 1e3, median_us(train(ref), steps) / 1e3))
+    at.torch_threads(False)
+    own = median_us(train(mha), steps) / 1e3
+    at.torch_threads(True)
+    print("training step of MultiheadAttention(768, 12), x (1, 256, 768): attn %.2f ms (on attn's own threads "
+          "%.2f), torch %.2f ms" % (median_us(train(mha), steps) / 1e3, own, median_us(train(ref), steps) / 1e3))
 
 
 if __name__ == "__main__":
