@@ -8,6 +8,7 @@
 
 What is here:
   Context                 an attn_ctx (threads, kernel set, seed); calls default to one per thread
+  openmp_runtime          the OpenMP runtime loaded in the process (Context(openmp=True) runs on it)
   sdpa, sdpa_backward     scaled dot-product attention on (B, H, L, D) arrays, any strides
   sdpa_varlen, sdpa_varlen_backward   packed variable-length batches (cu_seqlens)
   MHA                     nn.MultiheadAttention: constructed like torch's, or from a state_dict /
@@ -72,7 +73,8 @@ def from_bfloat16(bits):
     return _convert(_lib.DTYPE_F32, _np.float32, _lib.DTYPE_BF16, _contiguous(bits, _np.uint16, "bits"))
 
 
-__all__ = ["AttnError", "AttnTypeError", "STATUS_NAMES", "Context", "Philox", "RngState", "default_context", "openmp_runtime", "sdpa", "sdpa_backward",
+__all__ = ["AttnError", "AttnTypeError", "STATUS_NAMES", "Context", "Philox", "RngState", "default_context",
+           "openmp_runtime", "sdpa", "sdpa_backward",
            "sdpa_varlen", "sdpa_varlen_backward", "has_varlen", "MHA", "KVCache", "has_kv_cache",
            "load_safetensors", "save_safetensors", "to_bfloat16", "from_bfloat16", "isa_supported", "has_blas",
            "has_symbol", "version_number", "library_path", "__version__"]
