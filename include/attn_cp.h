@@ -142,7 +142,11 @@ ATTN_CP_API attn_status attn_cp_unshard(const attn_cp_layout *layout, size_t ele
  * mask (B, Lloc) with its strides and dtype (BOOL or F32), where Lloc = attn_cp_local_len(layout).
  * len_q and len_kv must be 0 or Lloc. `sdpa.causal` applies to global positions (queries and keys
  * share the sequence, so TOP_LEFT and BOTTOM_RIGHT are the same mask); sdpa.softcap applies as in
- * attn_sdpa_fwd. Not supported (ATTN_ERR_UNSUPPORTED): an attention mask (sdpa.mask), dropout,
+ * attn_sdpa_fwd, and so do attention sinks (sdpa.sinks, H logits, the same on every rank): each
+ * row's sink joins its normaliser once, after the blocks are merged, so out and lse are
+ * attn_sdpa_fwd's with sinks; the sinks' gradient is attn_sdpa_sinks_bwd on each rank's rows (this
+ * descriptor's sdpa, the rank's out, dout and lse; a rank without rows adds nothing) summed over
+ * the ranks (MPI_Allreduce). Not supported (ATTN_ERR_UNSUPPORTED): an attention mask (sdpa.mask), dropout,
  * attention weights, a local window and ALiBi (they depend on positions), kv_dtype other than F32.
  * The block calls are described from attn_sdpa_desc_init with the fields named here; other fields
  * of sdpa are not used.

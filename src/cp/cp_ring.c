@@ -264,9 +264,6 @@ static attn_status check_local(attn_cp *cp, attn_ctx *ctx, const attn_cp_desc *d
         return cp_fail(cp, ATTN_ERR_UNSUPPORTED, "an attention mask (sdpa.mask) is not supported; use causal and "
                                                  "the key padding mask");
     if (sd->dropout_p != 0.0) return cp_fail(cp, ATTN_ERR_UNSUPPORTED, "dropout is not supported");
-    if (sd->sinks != NULL)
-        return cp_fail(cp, ATTN_ERR_UNSUPPORTED, "attention sinks (sdpa.sinks) are not supported (each rank's partial "
-                                                 "result would count them)");
     if (sd->weights_mode != ATTN_WEIGHTS_NONE)
         return cp_fail(cp, ATTN_ERR_UNSUPPORTED, "attention weights are not supported");
     if (sd->use_window || sd->alibi_slopes != NULL)
@@ -626,6 +623,31 @@ static void merge_rows(const fwd_run *R, int64_t q0, int64_t nq) {
     }
 }
 
+// Attention sinks (sdpa.sinks): once every block is merged, each row's sink joins its normaliser as
+// one more term exp(sinks[h]), as attn_sdpa_fwd adds it once a row's keys are summed: lse becomes
+// log(exp(lse) + exp(sink)) and the row is scaled by exp(lse - that). A row that saw no key keeps its
+// zeros, its lse the sink; a NaN or +inf sink makes the row NaN. (The block calls never see sinks:
+// call_desc leaves them out, and the backward's block calls take this lse.)
+static void fold_sinks(const fwd_run *R) {
+    const cp_shape *s = R->s;
+    const int64_t *os = R->desc->sdpa.o_stride;
+    const float *sinks = R->desc->sdpa.sinks;
+    for (int64_t bh = 0; bh < s->B * s->H; bh++) {
+        const int64_t b = bh / s->H, h = bh % s->H;
+        const double z = sinks[h];
+        if (z == -INFINITY) continue; // no sink for this head
+        for (int64_t i = 0; i < s->L; i++) {
+            double *lr = &R->b->lse_run[bh * s->L + i];
+            const double top = z > *lr ? z : *lr;
+            const double ln = top + log(exp(*lr - top) + exp(z - top));
+            const double w = exp(*lr - ln);
+            float *o = R->out + b * os[0] + h * os[1] + i * os[2];
+            for (int64_t t = 0; t < s->Dv; t++) o[t * os[3]] = (float)(w * (double)o[t * os[3]]);
+            *lr = ln;
+        }
+    }
+}
+
 static attn_status fwd_call(const fwd_run *R, const float *blk, int64_t So, int64_t q0, int64_t nq, int64_t k0,
                             int64_t nk, attn_causal causal) {
     const cp_shape *s = R->s;
@@ -701,6 +723,7 @@ attn_status attn_cp_fwd(attn_cp *cp, attn_ctx *ctx, const attn_cp_desc *desc, co
         cur = 1 - cur;
     }
     if (st != ATTN_OK) return st; // MPI failed: the other ranks cannot be relied on
+    if (kst == ATTN_OK && sd->sinks != NULL) fold_sinks(&R);
     if (lse != NULL)
         for (int64_t e = 0; e < rows; e++) lse[e] = (float)b.lse_run[e];
     cp->stats.total_s = MPI_Wtime() - t_start;

@@ -78,6 +78,7 @@ typedef struct cfg {
     bool strided;   // local slices as (L, B, H*D) (PyTorch's default layout) instead of (B, H, L, D)
     int handle;     // which handle (poll_rows): 0 default, 1 tiny pieces, 2 never cut
     float softcap;  // logit soft-capping (0: none)
+    bool sinks;     // attention sinks (a logit per head; one head's -inf: no sink there)
     uint64_t seed;
 } cfg;
 
@@ -111,10 +112,10 @@ static const char *causal_name(attn_causal c) {
 static void run_cfg(const cfg *c) {
     const int64_t B = c->B, H = c->H, Hkv = c->Hkv, L = c->L, D = c->D, Dv = c->Dv;
     char what[256];
-    snprintf(what, sizeof what, "%s L=%lld causal=%s B=%lld H=%lld Hkv=%lld D=%lld Dv=%lld kpm=%d %s handle=%d%s",
+    snprintf(what, sizeof what, "%s L=%lld causal=%s B=%lld H=%lld Hkv=%lld D=%lld Dv=%lld kpm=%d %s handle=%d%s%s",
              attn_cp_chunking_name(c->chunking), (long long)L, causal_name(c->causal), (long long)B, (long long)H,
              (long long)Hkv, (long long)D, (long long)Dv, c->kpm, c->strided ? "(L,B,H*D)" : "(B,H,L,D)", c->handle,
-             c->softcap > 0.0f ? " softcap" : "");
+             c->softcap > 0.0f ? " softcap" : "", c->sinks ? " sinks" : "");
 
     // whole tensors, identical on every rank
     attn_generator g;
@@ -132,10 +133,14 @@ static void run_cfg(const cfg *c) {
         mask_b[e] = pad;
         mask_f[e] = pad ? -INFINITY : (u[e] - 0.5f);
     }
+    float sinks[4]; // H <= 4: logits around the scores' size, the last head's -inf (no sink)
+    attn_rand_normal(&g, sinks, H, 0.5, 1.0);
+    sinks[H - 1] = -INFINITY;
     attn_sdpa_desc full;
     attn_sdpa_desc_init(&full);
     full.batch = B, full.n_heads = H, full.n_kv_heads = Hkv, full.len_q = full.len_kv = L;
     full.head_dim = D, full.head_dim_v = Dv, full.causal = c->causal, full.softcap = c->softcap;
+    full.sinks = c->sinks ? sinks : NULL;
     contiguous(H, L, D, full.q_stride), contiguous(Hkv, L, D, full.k_stride);
     contiguous(Hkv, L, Dv, full.v_stride), contiguous(H, L, Dv, full.o_stride);
     if (c->kpm != 0) {
@@ -145,8 +150,10 @@ static void run_cfg(const cfg *c) {
     }
     float *ro = fmalloc(B * H * L * Dv), *rlse = fmalloc(B * H * L), *rdq = fmalloc(B * H * L * D);
     float *rdk = fmalloc(B * Hkv * L * D), *rdv = fmalloc(B * Hkv * L * Dv);
+    float rds[4] = {0}; // the sinks' gradient over the whole sequence
     bool ok = attn_sdpa_fwd(g_ctx, &full, q, k, v, ro, rlse, NULL) == ATTN_OK &&
-              attn_sdpa_bwd(g_ctx, &full, q, k, v, ro, dout, rlse, NULL, rdq, rdk, rdv, NULL) == ATTN_OK;
+              attn_sdpa_bwd(g_ctx, &full, q, k, v, ro, dout, rlse, NULL, rdq, rdk, rdv, NULL) == ATTN_OK &&
+              (!c->sinks || attn_sdpa_sinks_bwd(g_ctx, &full, NULL, NULL, ro, dout, rlse, rds) == ATTN_OK);
     if (!check_all(ok, "single-process reference")) goto done_ref;
 
     // this rank's slices
@@ -193,11 +200,11 @@ static void run_cfg(const cfg *c) {
     const double e_out = max_all(max_err(got, want, B * H * n * Dv));
     attn_cp_shard(&d.layout, 4, sl, rlse, fl_s, want, cs_l);
     const double e_lse = max_all(max_err(llse, want, B * H * n));
-    if (c->kpm != 0 && B > 1 && c->seed % 4 == 3) { // batch 1 fully masked: zeros and -inf, exactly
+    if (c->kpm != 0 && B > 1 && c->seed % 4 == 3) { // batch 1 fully masked: zeros and -inf (the sink), exactly
         bool z = true;
-        for (int64_t e = H * n; e < 2 * H * n; e++) z = z && llse[e] == -INFINITY;
+        for (int64_t e = H * n; e < 2 * H * n; e++) z = z && llse[e] == (c->sinks ? sinks[e / n % H] : -INFINITY);
         for (int64_t e = H * n * Dv; e < 2 * H * n * Dv; e++) z = z && got[e] == 0.0f;
-        check_all(z, "fully masked rows: output 0 and lse -inf");
+        check_all(z, "fully masked rows: output 0 and lse -inf (the sink)");
     }
 
     // backward, twice: the same bits
@@ -224,10 +231,20 @@ static void run_cfg(const cfg *c) {
     to_contiguous(ldv, d.sdpa.v_stride, B, Hkv, n, Dv, got), to_contiguous(ldv2, d.sdpa.v_stride, B, Hkv, n, Dv, want);
     same = same && memcmp(got, want, (size_t)(B * Hkv * n * Dv) * sizeof(float)) == 0;
 
-    const double worst = fmax(fmax(fmax(e_out, e_lse), fmax(e_dq, e_dk)), e_dv);
+    // the sinks' gradient: attn_sdpa_sinks_bwd on this rank's rows, summed over the ranks
+    double e_ds = 0.0;
+    if (c->sinks) {
+        float lds[4] = {0}, sum[4] = {0};
+        // (a rank without rows adds nothing: libattn takes no empty extent)
+        check_all(n == 0 || attn_sdpa_sinks_bwd(g_ctx, &d.sdpa, NULL, NULL, lo, ldo, llse, lds) == ATTN_OK,
+                  "sinks' gradient");
+        MPI_Allreduce(lds, sum, (int)H, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        e_ds = max_err(sum, rds, H);
+    }
+    const double worst = fmax(fmax(fmax(e_out, e_lse), fmax(e_dq, e_dk)), fmax(e_dv, e_ds));
     char line[512];
-    snprintf(line, sizeof line, "%s: max err out %.1e lse %.1e dq %.1e dk %.1e dv %.1e%s", what, e_out, e_lse, e_dq,
-             e_dk, e_dv, same ? "" : " (backward not reproducible)");
+    snprintf(line, sizeof line, "%s: max err out %.1e lse %.1e dq %.1e dk %.1e dv %.1e%s%s", what, e_out, e_lse, e_dq,
+             e_dk, e_dv, c->sinks ? " dsinks" : "", same ? "" : " (backward not reproducible)");
     if (check_all(worst <= TOL && same, line) && g_rank == 0) printf("ok   %s\n", line);
 done2:
     free(want), free(got);
@@ -445,12 +462,13 @@ int main(int argc, char **argv) {
                 c.strided = seed % 4 >= 2;
                 c.handle = (int)(seed % 3);
                 c.softcap = seed % 5 == 2 ? 4.0f : 0.0f;
+                c.sinks = seed % 3 == 1;
                 run_cfg(&c);
             }
     // longer sequences, cut into many calls (poll_rows 3) and not
     for (int h = 0; h < 3; h++, seed++) {
         cfg c = {.chunking = ATTN_CP_ZIGZAG, .L = 257, .causal = ATTN_CAUSAL_TOP_LEFT, .B = 1, .H = 4, .Hkv = 2,
-                 .D = 32, .Dv = 32, .kpm = 1, .strided = h == 1, .handle = h, .seed = seed};
+                 .D = 32, .Dv = 32, .kpm = 1, .strided = h == 1, .handle = h, .sinks = h == 2, .seed = seed};
         run_cfg(&c);
     }
 
