@@ -611,8 +611,8 @@ typedef struct attn_sdpa_desc {
      * sink. Every SDPA call takes them: padded and packed batches, KV cache attends, the
      * backwards (attn_sdpa_bwd and attn_sdpa_varlen_bwd take the same desc; the sinks enter
      * through lse) and the sinks' own gradient, attn_sdpa_sinks_bwd. The checks
-     * (attn_sdpa_desc_check) do not read them. Not supported by libattn_cuda yet, nor with context
-     * parallelism (attn_cp.h): both answer ATTN_ERR_UNSUPPORTED. */
+     * (attn_sdpa_desc_check) do not read them. Context parallelism (attn_cp.h) takes them too.
+     * Not supported by libattn_cuda yet: ATTN_ERR_UNSUPPORTED. */
     const float *sinks;
 } attn_sdpa_desc;
 
