@@ -21,8 +21,9 @@ call, the median over --repeat calls after 50 of warm-up, in microseconds:
 Then the same calls each after a 256 x 256 torch.mm (the pair timed), as inside a model: at.sdpa
 with attn's loops on torch's OpenMP threads (attn.torch.torch_threads(), the default where torch
 runs on OpenMP) and on attn's own threads ("own"), and F.sdpa. Then a training call of the book's
-size: q, k and v (1, 4, 8, 16) requiring gradients, causal, the forward and torch.autograd.grad of q, k and v, through attn.torch.scaled_dot_product_attention
-and through F.scaled_dot_product_attention; and a training step of the module, self-attention of
+size: q, k and v (1, 4, 8, 16) requiring gradients, causal, the forward and torch.autograd.grad of
+q, k and v, through attn.torch.scaled_dot_product_attention and through
+F.scaled_dot_product_attention; and a training step of the module, self-attention of
 x (1, 256, 768) requiring gradients, forward (need_weights=False) and out.sum().backward(), through
 attn.torch.MultiheadAttention(768, 12, batch_first=True) and nn.MultiheadAttention with the same
 state_dict (median ms of --repeat / 50 steps; attn's also on its own threads).

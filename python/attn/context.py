@@ -62,11 +62,11 @@ def openmp_runtime(prefer=None):
     libiomp5 mapped. Context(openmp=True) runs its threads on it."""
     try:
         with open("/proc/self/maps") as f:
-            files = [line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6]
+            fields = [line.split(None, 5) for line in f]
     except OSError:
         return None
     found = []
-    for path in files:
+    for path in (x[5].strip() for x in fields if len(x) == 6):  # the mapped file, where there is one
         if os.path.basename(path).startswith(_OPENMP_NAMES) and ".so" in path and path not in found:
             found.append(path)
     if prefer:
