@@ -279,8 +279,12 @@ ATTN_API attn_status attn_executor_gomp(void *gomp_parallel, attn_executor *out)
  * kernels with those products on AMX tiles (tdpbf16ps, AMX-BF16: the same exact bf16 products
  * summed in float32, so the same error bounds; Xeons since Sapphire Rapids, Linux granting the
  * process the tile state). Each is chosen at run time from what the CPU supports, never required at
- * build time; AUTO prefers AMX_BF16, then AVX512_BF16, AVX512_VNNI, AVX512, AVX2, GENERIC. (The
- * values follow the order in which they were added, not this preference.)
+ * build time; AUTO prefers AMX_BF16, then AVX512_BF16 except on Intel's CPUs, AVX512_VNNI,
+ * AVX512, AVX2, GENERIC. (The values follow the order in which they were added, not this
+ * preference.) Intel's cores run vdpbf16ps at half the flops a cycle of their float32 FMAs (a
+ * Sapphire Rapids-generation Xeon: 86 against 174 GFLOP/s a core), so there the AVX512_VNNI
+ * kernels, float32 products on the converted bf16 values and vpdpwssd in quantised decoding, are
+ * the faster (1.15-1.75 times, BENCHMARKS.md); a context that asks for AVX512_BF16 still gets it.
  * The fused kernels agree with the reference to about 1e-6 relative; calls that ask for the
  * attention weights run the reference whatever the ISA. Their softmax computes 2^x with a degree-6
  * polynomial: relative error below 1.2e-7 for arguments in [-126, 128] (about 1 ulp); weights below
@@ -490,7 +494,7 @@ typedef struct attn_sdpa_desc {
      * ATTN_ERR_INVALID_ARG otherwise. Scores are float32 sums of products with the dequantised keys
      * (q * d, exact); in the weighted sum of the values the decode kernels of AVX2, AVX512_VNNI and
      * the bf16 ISAs multiply each weight by the block's scale d first and round that product (below;
-     * in a tile whose weights are not all finite AVX2 and AVX512_VNNI multiply it by q in float32,
+     * in a tile whose weights are not all finite AVX2, AVX512_VNNI and AMX_BF16 multiply it by q in float32,
      * one float32 rounding more per product), the other AVX-512 ones multiply each weight by the
      * exact q * d. Against the float32 k and v they were quantised from, a row's output
      * differs by at most (exp(2 delta) * (1 + c) - 1) * max|v| + exp(2 delta) * a, plus float32 rounding,
@@ -503,17 +507,18 @@ typedef struct attn_sdpa_desc {
      * AVX512-VNNI's vpdpbusd), as ggml rounds its query to Q8_0 for these types: each query row (scaled
      * by scale * log2(e)) is rounded to int8 per block of 32 with a float scale max|q_b| / 127 (a block
      * below 2^-96 in magnitude becomes 0; a query holding a NaN or an infinity is left in float32).
-     * Those of the bf16 ISAs also run P V on vdpbf16ps: each weight times its key's block scale d is
+     * AVX512_BF16 also runs P V on vdpbf16ps: each weight times its key's block scale d is
      * rounded to bf16 (to nearest even; vdpbf16ps takes one below 2^-126 as 0) before meeting the
-     * values' quants (Q8_0's q, Q4_0's q - 8: exact in bf16). AVX512_VNNI runs P V on vpdpwssd and
-     * AVX2 on vpmaddwd: each weight times its key's block scale, w = p * d, is rounded to int16
+     * values' quants (Q8_0's q, Q4_0's q - 8: exact in bf16). AVX512_VNNI and AMX_BF16 (whose CPUs,
+     * Intel's, run vdpbf16ps at a third of vpdpwssd's rate) run P V on vpdpwssd and AVX2 on
+     * vpmaddwd: each weight times its key's block scale, w = p * d, is rounded to int16
      * against the largest |w| of its row and block over a tile of at most 96 keys, W (32767 * w / W
      * to nearest; W taken as at least 2^-110), and meets the quants as int16 (exact); a tile holding
      * a weight that is not finite runs the float products instead. Against the
      * reference on the same stored blocks (k', v' the dequantised values, S keys) a row of those
      * kernels then differs by at most (exp(2 delta_q) * (1 + u) - 1) * max|v'| + f, plus float32
-     * rounding, with u = 2^-8 and f = S * 2^-122 on the bf16 ISAs, u = 0 and f = Q * (2^-9 * m_d +
-     * S * 2^-125) on AVX512_VNNI and AVX2 (m_d the largest |d| of the kv head's value blocks, Q = 128
+     * rounding, with u = 2^-8 and f = S * 2^-122 on AVX512_BF16, u = 0 and f = Q * (2^-9 * m_d +
+     * S * 2^-125) on AVX512_VNNI, AMX_BF16 and AVX2 (m_d the largest |d| of the kv head's value blocks, Q = 128
      * for Q8_0 and 8 for Q4_0: the quants' largest magnitude, so that Q * m_d is about max|v'| for
      * blocks attn_convert wrote); delta_q = (scale * (1/254 + 2^-20) * sum_b 32 m_b + 2^-96 D) * max|k'| and m_b the
      * largest |q_t| of the row's block b (D / 32 blocks), and its lse by at most delta_q; against the

@@ -1213,19 +1213,50 @@ static void test_bf16_primitives(void) {
     fprintf(stderr, "    %d kernel tables with bf16 dot products checked\n", tables);
 }
 
+// AUTO's rule on the capabilities of CPUs it meets: the first of AMX_BF16, AVX512_BF16 (where the
+// bf16 dot product is not slow), AVX512_VNNI, AVX512, AVX2, GENERIC that the CPU runs.
+static void test_auto_isa_rule(void) {
+    static const struct {
+        attn__isa_caps caps;
+        attn_isa want;
+    } cases[] = {
+        {{false, false, false, false, false, false}, ATTN_ISA_GENERIC},         // no x86 kernels
+        {{true, false, false, false, false, false}, ATTN_ISA_AVX2},             // Zen 3, Haswell
+        {{true, false, false, false, false, true}, ATTN_ISA_AVX2},              // an Intel with AVX2
+        {{true, true, false, false, false, true}, ATTN_ISA_AVX512},             // Skylake-X
+        {{true, true, true, false, false, true}, ATTN_ISA_AVX512_VNNI},         // Ice Lake
+        {{true, true, true, true, false, false}, ATTN_ISA_AVX512_BF16},         // Zen 4, Zen 5
+        {{true, true, true, true, false, true}, ATTN_ISA_AVX512_VNNI},          // Sapphire Rapids, no tiles
+        {{true, true, true, true, true, true}, ATTN_ISA_AMX_BF16},              // Sapphire Rapids, tiles
+        {{true, true, true, true, true, false}, ATTN_ISA_AMX_BF16},             // tiles first anywhere
+        {{false, false, false, true, false, true}, ATTN_ISA_GENERIC},           // (bf16 alone: slow, nothing else)
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) ASSERT_EQ_INT(attn__auto_isa(&cases[i].caps), cases[i].want);
+}
+
 static void test_isa_requests(void) {
     ASSERT_TRUE(attn_isa_supported(ATTN_ISA_AUTO) && attn_isa_supported(ATTN_ISA_REF) &&
                 attn_isa_supported(ATTN_ISA_GENERIC));
     attn_ctx *ctx = make_ctx(ATTN_ISA_GENERIC, 1);
     ASSERT_EQ_INT(attn_ctx_isa(ctx), ATTN_ISA_GENERIC);
     attn_ctx_free(ctx);
+    // AUTO: the rule's choice on this CPU's capabilities, which are what attn_isa_supported says, an
+    // Intel CPU's bf16 dot product counted slow (not in the emulated build)
+    attn__isa_caps now;
+    attn__isa_caps_now(&now);
+    ASSERT_EQ_INT(now.avx2, attn_isa_supported(ATTN_ISA_AVX2));
+    ASSERT_EQ_INT(now.avx512, attn_isa_supported(ATTN_ISA_AVX512));
+    ASSERT_EQ_INT(now.avx512_vnni, attn_isa_supported(ATTN_ISA_AVX512_VNNI));
+    ASSERT_EQ_INT(now.avx512_bf16, attn_isa_supported(ATTN_ISA_AVX512_BF16));
+    ASSERT_EQ_INT(now.amx_bf16, attn_isa_supported(ATTN_ISA_AMX_BF16));
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(ATTN_EMULATE_AVX512)
+    __builtin_cpu_init();
+    ASSERT_EQ_INT(now.slow_bf16_dot, __builtin_cpu_is("intel") != 0);
+#else
+    ASSERT_TRUE(!now.slow_bf16_dot);
+#endif
     ctx = make_ctx(ATTN_ISA_AUTO, 1);
-    ASSERT_EQ_INT(attn_ctx_isa(ctx), attn_isa_supported(ATTN_ISA_AMX_BF16)      ? ATTN_ISA_AMX_BF16
-                                     : attn_isa_supported(ATTN_ISA_AVX512_BF16) ? ATTN_ISA_AVX512_BF16
-                                     : attn_isa_supported(ATTN_ISA_AVX512_VNNI) ? ATTN_ISA_AVX512_VNNI
-                                     : attn_isa_supported(ATTN_ISA_AVX512)    ? ATTN_ISA_AVX512
-                                     : attn_isa_supported(ATTN_ISA_AVX2)      ? ATTN_ISA_AVX2
-                                                                              : ATTN_ISA_GENERIC);
+    ASSERT_EQ_INT(attn_ctx_isa(ctx), attn__auto_isa(&now));
     // a table with bf16 dot products also runs every AVX-512 kernel and the VNNI q.k: it is offered
     // only with them
     if (attn_isa_supported(ATTN_ISA_AVX512_BF16)) ASSERT_TRUE(attn_isa_supported(ATTN_ISA_AVX512_VNNI));
@@ -1401,6 +1432,7 @@ int main(int argc, char **argv) {
         HARNESS_CASE(test_linear_and_modules),
         HARNESS_CASE(test_linear_half_weights),
         HARNESS_CASE(test_linear_bf16_dot),
+        HARNESS_CASE(test_auto_isa_rule),
     };
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
 }

@@ -328,15 +328,23 @@ static bool q_rounds(const attn_ctx *ctx, const attn_sdpa_desc *d) {
     return attn_isa_int8_query(attn_ctx_isa(ctx)) && group * d->len_q <= 8 && d->k_stride[3] == 1 && d->v_stride[3] == 1;
 }
 
-// attn.h's u of those kernels' weights: 2^-8 where they are rounded to bf16 (the bf16 ISAs), else 0.
-static double weights_u(const attn_ctx *ctx) { return attn_isa_bf16_dot(attn_ctx_isa(ctx)) ? ldexp(1, -8) : 0.0; }
+// Whether those kernels of ctx round the weights to bf16 for P V (AVX512_BF16's vdpbf16ps) or to
+// int16 (AVX2's vpmaddwd, AVX512_VNNI's and AMX_BF16's vpdpwssd).
+static bool pv_bf16(const attn_ctx *ctx) { return attn_ctx_isa(ctx) == ATTN_ISA_AVX512_BF16; }
+static bool pv_int16(const attn_ctx *ctx) {
+    const attn_isa isa = attn_ctx_isa(ctx);
+    return isa == ATTN_ISA_AVX2 || isa == ATTN_ISA_AVX512_VNNI || isa == ATTN_ISA_AMX_BF16;
+}
 
-// attn.h's f of those kernels: S 2^-122 on the bf16 ISAs (the flush of tiny weights), Q (2^-9 m_d +
-// S 2^-125) on AVX512_VNNI and AVX2 (the weights rounded to int16: m_d the values' largest block
-// scale, dmax, Q = 128 for Q8_0 and 8 for Q4_0).
+// attn.h's u of those kernels' weights: 2^-8 where they are rounded to bf16, else 0.
+static double weights_u(const attn_ctx *ctx) { return pv_bf16(ctx) ? ldexp(1, -8) : 0.0; }
+
+// attn.h's f of those kernels: S 2^-122 with bf16 weights (the flush of tiny weights), Q (2^-9 m_d +
+// S 2^-125) with int16 ones (m_d the values' largest block scale, dmax, Q = 128 for Q8_0 and 8 for
+// Q4_0).
 static double weights_f(const attn_ctx *ctx, attn_dtype dt, double dmax, int64_t S) {
-    if (attn_isa_bf16_dot(attn_ctx_isa(ctx))) return (double)S * ldexp(1, -122);
-    if (attn_ctx_isa(ctx) != ATTN_ISA_AVX512_VNNI && attn_ctx_isa(ctx) != ATTN_ISA_AVX2) return 0.0;
+    if (pv_bf16(ctx)) return (double)S * ldexp(1, -122);
+    if (!pv_int16(ctx)) return 0.0;
     return (dt == ATTN_DTYPE_Q8_0 ? 128.0 : 8.0) * (ldexp(1, -9) * dmax + (double)S * ldexp(1, -125));
 }
 
@@ -366,8 +374,8 @@ static void model_rounded_query(const float *q, int64_t n, int64_t D, float scal
 // The block-type (dt) kernels of ctx (on d, with k and v the stored blocks of d's strides, len_kv
 // and n_kv_heads) against the reference: o and lse (lse may be NULL) of every row, with float32
 // rounding's 2e-6 + 2e-5 max|v'|. Where the query is rounded (q_rounds): against the reference on
-// model_rounded_query's query within the weights' rounding (bf16 ISAs: 2^-8 max|v'| + S 2^-122;
-// AVX512_VNNI and AVX2: weights_f, their int16 rounding), and against the reference on q within attn.h's bound, delta_q with qstep (1/254; 0
+// model_rounded_query's query within the weights' rounding (AVX512_BF16: 2^-8 max|v'| + S 2^-122;
+// AVX512_VNNI, AMX_BF16 and AVX2: weights_f, their int16 rounding), and against the reference on q within attn.h's bound, delta_q with qstep (1/254; 0
 // for queries int8 holds exactly) for 1/254; elsewhere against the reference on q.
 static void assert_block_kernels(const char *what, attn_dtype dt, const attn_ctx *ctx, const attn_sdpa_desc *d,
                                  const float *q, const void *k, const void *v, const float *o, const float *lse,
@@ -656,7 +664,7 @@ static void test_direct_sdpa(void) {
 
 // The decode kernels of attn_isa_int8_query's ISAs for both block types on queries of integers
 // whose every block holds +-127: int8 holds them exactly, so the kernels differ from the reference
-// only by the weights' rounding (bf16: 2^-8; the int16 weights of AVX2 and AVX512_VNNI: weights_f),
+// only by the weights' rounding (bf16: 2^-8; the int16 weights of AVX2, AVX512_VNNI and AMX_BF16: weights_f),
 // sharper than the general bound (a 1% error in the weights fails).
 static void test_exact_query(void) {
     attn_isa isas[16];
@@ -699,8 +707,8 @@ static void test_exact_query(void) {
 }
 
 // Value blocks with an infinite or NaN scale in a decoding step on every ISA: the output columns
-// that weigh them are non-finite exactly where the reference's are (the P V of AVX2 and AVX512_VNNI
-// takes such a tile's float products instead of rounding its weights to int16), and the other columns, in the
+// that weigh them are non-finite exactly where the reference's are (the int16 P V of AVX2,
+// AVX512_VNNI and AMX_BF16 takes such a tile's float products instead of rounding its weights to int16), and the other columns, in the
 // same tiles and in others, stay within a loose bound of the reference.
 static void test_nonfinite_values(void) {
     attn_isa isas[16];

@@ -175,9 +175,25 @@ void attn__gemm_bf16_amx(const uint16_t *A, int64_t a_rs, int64_t a_ps, int M, i
                          int N, float *C, int64_t ldc, const float *rowscale, float scale);
 #endif
 
-// The table for an ISA request (AUTO picks the best the CPU runs), or NULL if this build or this
-// CPU cannot run it. ATTN_ISA_REF has no table (NULL, and *ok = true).
+// The table for an ISA request (AUTO: attn__auto_isa on this CPU's capabilities), or NULL if this
+// build or this CPU cannot run it. ATTN_ISA_REF has no table (NULL, and *ok = true).
 const attn__kernels *attn__kernels_for(attn_isa isa, bool *ok);
+
+// What AUTO chooses from: the tables this build and this CPU can run, and whether the CPU's bf16 dot
+// product (vdpbf16ps) runs fewer flops a cycle than its float32 FMAs, as on Intel's cores (measured
+// on Xeons of the Sapphire Rapids generation: half the FMAs' rate, BENCHMARKS.md), where the float32
+// kernels on converted values and AVX512-VNNI's decode kernels are the faster ones.
+typedef struct attn__isa_caps {
+    bool avx2, avx512, avx512_vnni, avx512_bf16, amx_bf16;
+    bool slow_bf16_dot;
+} attn__isa_caps;
+
+// This build's and this CPU's capabilities (slow_bf16_dot: an Intel CPU; never in the emulated build).
+void attn__isa_caps_now(attn__isa_caps *caps);
+
+// AUTO's choice for caps: AMX_BF16, then AVX512_BF16 unless slow_bf16_dot, AVX512_VNNI, AVX512,
+// AVX2, GENERIC: the first caps allow.
+attn_isa attn__auto_isa(const attn__isa_caps *caps);
 
 // The polynomial of every table's exp2: 2^x = 2^n p(x - n), n = round(x), p(f) = 1 + C1 f + ... +
 // C6 f^6 fitted to 2^f on [-0.5, 0.5] for the smallest relative error (below 1.2e-7 for x in

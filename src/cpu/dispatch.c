@@ -91,6 +91,37 @@ static inline bool cpu_has_amx_bf16(void) {
 #endif
 }
 
+// Intel's cores, whose vdpbf16ps runs half the float32 FMAs' flops a cycle (attn__isa_caps): the
+// vendor string of CPUID leaf 0. The emulated build's instructions have no such rates.
+static inline bool cpu_is_intel(void) {
+#if !defined(ATTN_EMULATE_AVX512) && (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+    return b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu; // "Genu" "ineI" "ntel"
+#else
+    return false;
+#endif
+}
+
+void attn__isa_caps_now(attn__isa_caps *caps) {
+    bool ok;
+    caps->avx2 = attn__kernels_for(ATTN_ISA_AVX2, &ok) != NULL;
+    caps->avx512 = attn__kernels_for(ATTN_ISA_AVX512, &ok) != NULL;
+    caps->avx512_vnni = attn__kernels_for(ATTN_ISA_AVX512_VNNI, &ok) != NULL;
+    caps->avx512_bf16 = attn__kernels_for(ATTN_ISA_AVX512_BF16, &ok) != NULL;
+    caps->amx_bf16 = attn__kernels_for(ATTN_ISA_AMX_BF16, &ok) != NULL;
+    caps->slow_bf16_dot = cpu_is_intel();
+}
+
+attn_isa attn__auto_isa(const attn__isa_caps *caps) {
+    if (caps->amx_bf16) return ATTN_ISA_AMX_BF16; // tiles: many times vdpbf16ps's rate on any CPU
+    if (caps->avx512_bf16 && !caps->slow_bf16_dot) return ATTN_ISA_AVX512_BF16;
+    if (caps->avx512_vnni) return ATTN_ISA_AVX512_VNNI;
+    if (caps->avx512) return ATTN_ISA_AVX512;
+    if (caps->avx2) return ATTN_ISA_AVX2;
+    return ATTN_ISA_GENERIC;
+}
+
 const attn__kernels *attn__kernels_for(attn_isa isa, bool *ok) {
     *ok = true;
     switch (isa) {
@@ -128,23 +159,11 @@ const attn__kernels *attn__kernels_for(attn_isa isa, bool *ok) {
 #endif
         *ok = false;
         return NULL;
-    case ATTN_ISA_AUTO:
-#if defined(ATTN_HAVE_AMXBF16)
-        if (cpu_has_amx_bf16()) return &attn__kernels_amxbf16;
-#endif
-#if defined(ATTN_HAVE_AVX512BF16)
-        if (cpu_has_avx512_bf16()) return &attn__kernels_avx512bf16;
-#endif
-#if defined(ATTN_HAVE_AVX512VNNI)
-        if (cpu_has_avx512_vnni()) return &attn__kernels_avx512vnni;
-#endif
-#if defined(ATTN_HAVE_AVX512)
-        if (cpu_has_avx512()) return &attn__kernels_avx512;
-#endif
-#if defined(ATTN_HAVE_AVX2)
-        if (cpu_has_avx2_fma()) return &attn__kernels_avx2;
-#endif
-        return &attn__kernels_generic;
+    case ATTN_ISA_AUTO: {
+        attn__isa_caps caps;
+        attn__isa_caps_now(&caps);
+        return attn__kernels_for(attn__auto_isa(&caps), ok); // never AUTO again
+    }
     }
     *ok = false;
     return NULL;

@@ -447,8 +447,7 @@ const attn__kernels attn__kernels_avx512vnni = {
 
 #if defined(ATTN_HAVE_AVX512BF16)
 // The entries around gemm_bf16 of both tables with bf16 dot products (flash_kernels_avx512bf16.c),
-// and their decode kernels for Q8_0 and Q4_0 on VNNI and bf16 dot products (q.k:
-// quant_kernels_avx512vnni.c, P V: quant_kernels_avx512bf16.c).
+// and the q.k of their decode kernels for Q8_0 and Q4_0 (quant_kernels_avx512vnni.c).
 #define BF16_DOT_ENTRIES \
     .pack_pairs_bf16 = attn__pack_pairs_bf16_avx512, \
     .pair_rows_bf16 = attn__pair_rows_bf16_avx512, \
@@ -457,25 +456,29 @@ const attn__kernels attn__kernels_avx512vnni = {
     .scale_to_bf16 = attn__scale_to_bf16_avx512, \
     .softmax_pairs_bf16 = attn__softmax_pairs_bf16_avx512, \
     .qk_rows_q = attn__qk_rows_q_avx512vnni, \
-    .pv_rows_q = attn__pv_rows_q_avx512bf16, \
     .prep_q = attn__prep_q_avx512vnni
 
+// The decode kernels' P V on vdpbf16ps (quant_kernels_avx512bf16.c).
 const attn__kernels attn__kernels_avx512bf16 = {
     .name = "avx512bf16",
     .isa = ATTN_ISA_AVX512_BF16,
     AVX512_ENTRIES,
     .gemm_bf16 = attn__gemm_bf16_avx512,
     BF16_DOT_ENTRIES,
+    .pv_rows_q = attn__pv_rows_q_avx512bf16,
 };
 #endif
 
 #if defined(ATTN_HAVE_AMXBF16)
-// The "avx512bf16" table with its bf16 products on AMX tiles (flash_kernels_amx.c).
+// The "avx512bf16" table with its bf16 products on AMX tiles (flash_kernels_amx.c) and the decode
+// kernels' P V of the "avx512vnni" table (vpdpwssd): the CPUs with tiles are Intel's, whose
+// vdpbf16ps runs at a third of vpdpwssd's rate (bench/zmm_mix.c; attn__isa_caps).
 const attn__kernels attn__kernels_amxbf16 = {
     .name = "amxbf16",
     .isa = ATTN_ISA_AMX_BF16,
     AVX512_ENTRIES,
     .gemm_bf16 = attn__gemm_bf16_amx,
     BF16_DOT_ENTRIES,
+    .pv_rows_q = attn__pv_rows_q_avx512vnni,
 };
 #endif
