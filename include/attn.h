@@ -288,7 +288,9 @@ ATTN_API attn_status attn_executor_gomp(void *gomp_parallel, attn_executor *out)
  * The fused kernels agree with the reference to about 1e-6 relative; calls that ask for the
  * attention weights run the reference whatever the ISA. Their softmax computes 2^x with a degree-6
  * polynomial: relative error below 1.2e-7 for arguments in [-126, 128] (about 1 ulp); weights below
- * 2^-126 of a row's largest become 0 (AVX2, portable) or denormal (AVX-512); masked keys get exactly 0.
+ * 2^-126 of a row's largest become 0 (AVX-512: all of them, so that no denormal is computed, which
+ * Intel's cores pay for with a microcode assist; AVX2, portable: those below 2^-126.5, denormal
+ * between); masked keys get exactly 0.
  */
 typedef enum attn_isa {
     ATTN_ISA_AUTO = 0,

@@ -15,9 +15,13 @@
 // exp2_ps512 (below) without its upper clamp, for x finite, -inf or NaN (+inf gives NaN; x >= 129
 // gives +inf as there): the softmax's arguments, scores less a base no smaller than them or, in
 // softmax512_tile's first try, less the running max, where a score more than 8 larger (so +inf)
-// makes the tile start over.
+// makes the tile start over. x below -126 (and -inf) gives 0 without any lane computing a result
+// below 2^-126: on Intel's cores each instruction that makes a denormal result (or takes one in)
+// takes a microcode assist of a hundred cycles or more, which cost a causal forward a quarter of
+// its time there (its masked keys' -inf).
 INLINE __m512 exp2_ps512_upto129(__m512 x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);
+    const __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ); // NaN too
+    x = _mm512_max_ps(_mm512_set1_ps(-126.0f), x);
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(x, n);
     __m512 p = _mm512_set1_ps(ATTN_EXP2_C6);
@@ -27,11 +31,11 @@ INLINE __m512 exp2_ps512_upto129(__m512 x) {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(ATTN_EXP2_C2));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(ATTN_EXP2_C1));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
+    return _mm512_maskz_mov_ps(normal, _mm512_scalef_ps(p, n)); // n >= -126, p >= 1 at n = -126: normal
 }
 
 // 2^x as p(f) * 2^n with the polynomial of attn__exp2f: within 1 ulp where the result is normal;
-// -inf and x <= -150 give 0 (results below 2^-126 are denormal, as the generic kernel's are 0),
+// -inf and x < -126 give 0 (no denormal results: the generic kernel's are 0 below about 2^-126.5),
 // x >= 129 and +inf give +inf (clamped first: inf - round(inf) would be NaN), NaN stays NaN (min and
 // max take x as their second operand).
 INLINE __m512 exp2_ps512(__m512 x) { return exp2_ps512_upto129(_mm512_min_ps(_mm512_set1_ps(129.0f), x)); }
