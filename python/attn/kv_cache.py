@@ -32,9 +32,9 @@ class KVCache(Handle):
     along D with a float16 scale each; D and Dv must be multiples of 32), of which the first
     len(cache) positions are filled. On the instruction sets with 8-bit products ("avx2",
     "avx512vnni", "avx512bf16", "amxbf16"), attend with up to 8 query rows per kv head (decoding)
-    rounds the query to int8 per block of 32 for the quantised types, as ggml does, and on the bf16
-    ones ("avx512bf16", "amxbf16") the weights times the block scales to bf16 (attn.h, kv_dtype,
-    states the error bound)."""
+    rounds the query to int8 per block of 32 for the quantised types, as ggml does, and rounds the
+    weights times the block scales to bf16 on "avx512bf16", to int16 on the others (attn.h,
+    kv_dtype, states the error bounds)."""
 
     _FREE, _WHAT = "attn_kv_cache_free", "the cache"
 

@@ -16,9 +16,9 @@
 // gives +inf as there): the softmax's arguments, scores less a base no smaller than them or, in
 // softmax512_tile's first try, less the running max, where a score more than 8 larger (so +inf)
 // makes the tile start over. x below -126 (and -inf) gives 0 without any lane computing a result
-// below 2^-126: on Intel's cores each instruction that makes a denormal result (or takes one in)
-// takes a microcode assist of a hundred cycles or more, which cost a causal forward a quarter of
-// its time there (its masked keys' -inf).
+// below 2^-126: on Intel's cores an instruction that makes a denormal result (or takes one in)
+// takes a microcode assist, which cost a causal forward up to 30% of its time there (its masked
+// keys' -inf; BENCHMARKS.md).
 INLINE __m512 exp2_ps512_upto129(__m512 x) {
     const __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ); // NaN too
     x = _mm512_max_ps(_mm512_set1_ps(-126.0f), x);
