@@ -173,7 +173,7 @@ static void diff_kv_cache(pair *p) {
                            "the caches hold different keys in %s", problem);
             /* magnitudes of what the rows sum (a dequantised value is at most the block's largest) */
             const double mk = isnan(raw_all) ? amp : fmax(amp, raw_all), ds = 4.0 * (double)(D + 8) * U * (double)D * mk * max_abs(q, B * H * L * D) / sqrt((double)D);
-            /* block types on the int8 ISAs: attn.h's delta_q (m_b <= max|q|) and on the bf16 ones
+            /* block types on the int8 ISAs: attn.h's delta_q (m_b <= max|q|) and on AVX512_BF16
              * the weights' bf16 rounding, with the stored keys' and values' largest finite
              * magnitudes (raw blocks included: mk leaves them out once one is not finite) */
             double dq = 0.0, wq = 0.0;
@@ -609,8 +609,8 @@ static float *dequantise(attn_dtype dt, const uint8_t *x, int64_t n) {
  * and on the bf16 dot products (attn_isa_bf16_dot, bf16 q, k and v, even D) 2^-8 more beside
  * 2^-16, 2^-126 scale sum_t |q_t| + 2^-125 D max_j |k_j|_inf more in delta and S 2^-125 more in all;
  * with Q8_0 and Q4_0 on the int8 ISAs (fuzz_on_int8_query: the query rounded to int8) attn.h's delta_q more in
- * delta, and on the bf16 ones (fuzz_int8_weights) 2^-8 exp(2 delta) beside 2^-16 and S 2^-122 more in all,
- * on AVX512_VNNI and AVX2 (fuzz_int16_weights) Q (2^-9 m_d + S 2^-125) more in all (m_d: the value blocks'
+ * delta, and on AVX512_BF16 (fuzz_int8_weights) 2^-8 exp(2 delta) beside 2^-16 and S 2^-122 more in all,
+ * on AVX512_VNNI, AMX_BF16 and AVX2 (fuzz_int16_weights) Q (2^-9 m_d + S 2^-125) more in all (m_d: the value blocks'
  * largest finite scale).
  * Rows that see a NaN or infinite key or value (a NaN or infinite scale makes its block's values
  * NaN or +-inf: q * d), or whose q holds one, must be non-finite in the same places on both sides
@@ -694,7 +694,7 @@ static void diff_sdpa_raw(pair *p) {
     const int i8w = fuzz_int8_weights(p->ctx[0], d.kv_dtype);    /* and the weights to bf16 */
     const double eps = dot ? 0x1p-8 + 0x1p-16 : 0x1p-16,
                  flushed = dot ? (double)S * 0x1p-125 : i8w ? (double)S * 0x1p-122 : 0.0,
-                 /* and on AVX512_VNNI and AVX2 to int16 (the largest finite scale of all the value blocks) */
+                 /* and on AVX512_VNNI, AMX_BF16 and AVX2 to int16 (the largest finite scale of all the value blocks) */
                  i16 = fuzz_int16_weights(p->ctx[0], d.kv_dtype)
                            ? fuzz_int16_term(d.kv_dtype, finite_scale_max(d.kv_dtype, vraw, 1, nv / Dv, Dv, nv / Dv), S)
                            : 0.0;

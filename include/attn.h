@@ -512,7 +512,7 @@ typedef struct attn_sdpa_desc {
      * AVX512_BF16 also runs P V on vdpbf16ps: each weight times its key's block scale d is
      * rounded to bf16 (to nearest even; vdpbf16ps takes one below 2^-126 as 0) before meeting the
      * values' quants (Q8_0's q, Q4_0's q - 8: exact in bf16). AVX512_VNNI and AMX_BF16 (whose CPUs,
-     * Intel's, run vdpbf16ps at a third of vpdpwssd's rate) run P V on vpdpwssd and AVX2 on
+     * Intel's, run vdpbf16ps at a quarter of vpdpwssd's rate) run P V on vpdpwssd and AVX2 on
      * vpmaddwd: each weight times its key's block scale, w = p * d, is rounded to int16
      * against the largest |w| of its row and block over a tile of at most 96 keys, W (32767 * w / W
      * to nearest; W taken as at least 2^-110), and meets the quants as int16 (exact); a tile holding

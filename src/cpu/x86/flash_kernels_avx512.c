@@ -472,7 +472,7 @@ const attn__kernels attn__kernels_avx512bf16 = {
 #if defined(ATTN_HAVE_AMXBF16)
 // The "avx512bf16" table with its bf16 products on AMX tiles (flash_kernels_amx.c) and the decode
 // kernels' P V of the "avx512vnni" table (vpdpwssd): the CPUs with tiles are Intel's, whose
-// vdpbf16ps runs at a third of vpdpwssd's rate (bench/zmm_mix.c; attn__isa_caps).
+// vdpbf16ps runs at a quarter of vpdpwssd's rate (BENCHMARKS.md; attn__isa_caps).
 const attn__kernels attn__kernels_amxbf16 = {
     .name = "amxbf16",
     .isa = ATTN_ISA_AMX_BF16,
