@@ -1217,6 +1217,18 @@ static void test_bf16_primitives(void) {
     fprintf(stderr, "    %d kernel tables with bf16 dot products checked\n", tables);
 }
 
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__SSE__)
+// Fails when MXCSR's underflow (0x10) or denormal-operand (0x02) flag is set, which `call` raised
+// since the six sticky exception flags were cleared; clears them for the next call.
+static void assert_no_denormal_flags(const char *isa, bool bf16, bool causal, const char *call) {
+    const unsigned flags = _mm_getcsr();
+    _mm_setcsr(flags & ~0x3Fu);
+    if (flags & 0x12u)
+        FAIL("%s %s %s %s: MXCSR flags %#x (0x10 underflow, 0x02 denormal operand)", isa, bf16 ? "bf16" : "f32", call,
+             causal ? "causal" : "window", flags & 0x3Fu);
+}
+#endif
+
 // No denormal is computed by a causal or windowed forward and backward on normal inputs, float32 and
 // bf16, on any table (one thread: the x86 MXCSR flags are the calling thread's): the masked keys'
 // -inf and the far keys' tiny weights must give exact zeros without making a denormal on the way,
@@ -1224,17 +1236,20 @@ static void test_bf16_primitives(void) {
 // forward's time up by a third so). The underflow and denormal-operand flags must stay clear.
 static void test_no_denormals(void) {
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__SSE__)
-    enum { H = 2, L = 301, D = 64 };
-    float *q = malloc(sizeof(float) * H * L * D), *k = malloc(sizeof(float) * H * L * D);
-    float *v = malloc(sizeof(float) * H * L * D), *dout = malloc(sizeof(float) * H * L * D);
-    float *o = malloc(sizeof(float) * H * L * D), *lse = malloc(sizeof(float) * H * L);
-    float *g[3] = {malloc(sizeof(float) * H * L * D), malloc(sizeof(float) * H * L * D), malloc(sizeof(float) * H * L * D)};
+    enum { H = 2, L = 301, D = 64, N = H * L * D };
+    float *x[4], *o = malloc(sizeof(float) * N), *lse = malloc(sizeof(float) * H * L); // x: q, k, v, dout
+    float *g[3] = {malloc(sizeof(float) * N), malloc(sizeof(float) * N), malloc(sizeof(float) * N)};
+    uint16_t *h[4]; // x in bf16
     uint32_t seed = 71;
-    for (int i = 0; i < H * L * D; i++) q[i] = 4.0f * rand_sym(&seed), k[i] = rand_sym(&seed), v[i] = rand_sym(&seed);
-    for (int i = 0; i < H * L * D; i++) dout[i] = rand_sym(&seed);
+    for (int t = 0; t < 4; t++) {
+        x[t] = malloc(sizeof(float) * N), h[t] = malloc(sizeof(uint16_t) * N);
+        for (int i = 0; i < N; i++) x[t][i] = (t == 0 ? 4.0f : 1.0f) * rand_sym(&seed);
+        ASSERT_OK(attn_convert(ATTN_DTYPE_BF16, h[t], ATTN_DTYPE_F32, x[t], N));
+    }
     for (int isa = ATTN_ISA_GENERIC; isa <= ATTN_ISA_AVX512_VNNI; isa++) {
         if (!attn_isa_supported((attn_isa)isa)) continue;
         attn_ctx *ctx = make_ctx((attn_isa)isa, 1);
+        const char *name = attn_isa_name((attn_isa)isa);
         for (int c = 0; c < 4; c++) {
             attn_sdpa_desc d;
             attn_sdpa_desc_init(&d);
@@ -1242,37 +1257,23 @@ static void test_no_denormals(void) {
             attn_layout_strides(ATTN_LAYOUT_BHLD, 1, H, L, D, d.q_stride);
             memcpy(d.k_stride, d.q_stride, sizeof d.q_stride), memcpy(d.v_stride, d.q_stride, sizeof d.q_stride);
             memcpy(d.o_stride, d.q_stride, sizeof d.q_stride);
-            d.causal = c % 2 == 0 ? ATTN_CAUSAL_TOP_LEFT : ATTN_CAUSAL_NONE;
-            if (c % 2 == 1) d.use_window = 1, d.window_left = 40, d.window_right = 7;
+            const bool causal = c % 2 == 0;
+            d.causal = causal ? ATTN_CAUSAL_TOP_LEFT : ATTN_CAUSAL_NONE;
+            if (!causal) d.use_window = 1, d.window_left = 40, d.window_right = 7;
             const bool bf16 = c >= 2; // the bf16 tensors' kernels (bf16 dot products where the table has them)
             if (bf16) d.q_dtype = d.out_dtype = d.grad_dtype = ATTN_DTYPE_BF16, d.kv_dtype = ATTN_DTYPE_BF16;
-            const void *qq = q, *kk = k, *vv = v, *dd = dout;
-            uint16_t *h[4] = {NULL, NULL, NULL, NULL};
-            if (bf16) {
-                const float *src[4] = {q, k, v, dout};
-                for (int t = 0; t < 4; t++) {
-                    h[t] = malloc(sizeof(uint16_t) * H * L * D);
-                    ASSERT_OK(attn_convert(ATTN_DTYPE_BF16, h[t], ATTN_DTYPE_F32, src[t], H * L * D));
-                }
-                qq = h[0], kk = h[1], vv = h[2], dd = h[3];
-            }
+            const void *in[4];
+            for (int t = 0; t < 4; t++) in[t] = bf16 ? (const void *)h[t] : (const void *)x[t];
             _mm_setcsr(_mm_getcsr() & ~0x3Fu); // the six sticky exception flags
-            ASSERT_OK(attn_sdpa_fwd(ctx, &d, qq, kk, vv, o, lse, NULL));
-            unsigned flags = _mm_getcsr();
-            if (flags & 0x12u)
-                FAIL("%s %s forward %s: MXCSR flags %#x (0x10 underflow, 0x02 denormal operand)", attn_isa_name((attn_isa)isa),
-                     bf16 ? "bf16" : "f32", c % 2 == 0 ? "causal" : "window", flags & 0x3Fu);
-            _mm_setcsr(_mm_getcsr() & ~0x3Fu);
-            ASSERT_OK(attn_sdpa_bwd(ctx, &d, qq, kk, vv, o, dd, lse, NULL, g[0], g[1], g[2], NULL));
-            flags = _mm_getcsr();
-            if (flags & 0x12u)
-                FAIL("%s %s backward %s: MXCSR flags %#x (0x10 underflow, 0x02 denormal operand)", attn_isa_name((attn_isa)isa),
-                     bf16 ? "bf16" : "f32", c % 2 == 0 ? "causal" : "window", flags & 0x3Fu);
-            for (int t = 0; t < 4; t++) free(h[t]);
+            ASSERT_OK(attn_sdpa_fwd(ctx, &d, in[0], in[1], in[2], o, lse, NULL));
+            assert_no_denormal_flags(name, bf16, causal, "forward");
+            ASSERT_OK(attn_sdpa_bwd(ctx, &d, in[0], in[1], in[2], o, in[3], lse, NULL, g[0], g[1], g[2], NULL));
+            assert_no_denormal_flags(name, bf16, causal, "backward");
         }
         attn_ctx_free(ctx);
     }
-    free(q), free(k), free(v), free(dout), free(o), free(lse), free(g[0]), free(g[1]), free(g[2]);
+    for (int t = 0; t < 4; t++) free(x[t]), free(h[t]);
+    free(o), free(lse), free(g[0]), free(g[1]), free(g[2]);
 #else
     SKIP("the exception flags read here are x86's MXCSR");
 #endif
