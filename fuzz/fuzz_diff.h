@@ -46,22 +46,20 @@ static inline int fuzz_on_dot(const attn_ctx *ctx, const attn_sdpa_desc *d) {
 
 /* Whether the few-row decode kernels of ctx may run d with the query rounded to int8 (attn.h,
  * attn_sdpa_desc.kv_dtype: Q8_0 and Q4_0 on attn_isa_int8_query's ISAs); fuzz_int8_weights: and
- * the weights to bf16 (AVX512_BF16 among them). */
+ * the weights to bf16 (those ISAs but attn_isa_int16_weights's: AVX512_BF16). */
 static inline int fuzz_on_int8_query(const attn_ctx *ctx, attn_dtype kv_dtype) {
     return attn_isa_int8_query(attn_ctx_isa(ctx)) && (kv_dtype == ATTN_DTYPE_Q8_0 || kv_dtype == ATTN_DTYPE_Q4_0);
 }
 
 static inline int fuzz_int8_weights(const attn_ctx *ctx, attn_dtype kv_dtype) {
-    return fuzz_on_int8_query(ctx, kv_dtype) && attn_ctx_isa(ctx) == ATTN_ISA_AVX512_BF16;
+    return fuzz_on_int8_query(ctx, kv_dtype) && !attn_isa_int16_weights(attn_ctx_isa(ctx));
 }
 
 /* Whether those kernels round the weights of P V to int16 instead (AVX512_VNNI, AMX_BF16 and AVX2), and
  * attn.h's f of that rounding for S keys whose value blocks' largest finite scale magnitude is dmax:
  * Q (2^-9 dmax + S 2^-125), Q = 128 for Q8_0 and 8 for Q4_0. */
 static inline int fuzz_int16_weights(const attn_ctx *ctx, attn_dtype kv_dtype) {
-    const attn_isa isa = attn_ctx_isa(ctx);
-    return fuzz_on_int8_query(ctx, kv_dtype) &&
-           (isa == ATTN_ISA_AVX512_VNNI || isa == ATTN_ISA_AMX_BF16 || isa == ATTN_ISA_AVX2);
+    return fuzz_on_int8_query(ctx, kv_dtype) && attn_isa_int16_weights(attn_ctx_isa(ctx));
 }
 
 static inline double fuzz_int16_term(attn_dtype kv_dtype, double dmax, int64_t S) {

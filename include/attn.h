@@ -321,6 +321,10 @@ ATTN_API int attn_isa_bf16_dot(attn_isa isa);
  * caches and meet the quants in 8-bit products (AVX2, AVX512_VNNI and the bf16 ISAs; the bound is
  * attn_sdpa_desc.kv_dtype's), as ggml rounds its activations for these types. */
 ATTN_API int attn_isa_int8_query(attn_isa isa);
+/** @return whether those decode kernels of `isa` round each P V weight times its key's block scale
+ * to int16 (AVX2, AVX512_VNNI and AMX_BF16); the other ISAs of attn_isa_int8_query round it to bf16
+ * (AVX512_BF16), the rest do not round it. attn_sdpa_desc.kv_dtype gives each rounding's bound. */
+ATTN_API int attn_isa_int16_weights(attn_isa isa);
 
 /**
  * @return 1 when contexts with use_blas can compute projections through CBLAS, which they do on AVX2
@@ -509,7 +513,7 @@ typedef struct attn_sdpa_desc {
      * AVX512-VNNI's vpdpbusd), as ggml rounds its query to Q8_0 for these types: each query row (scaled
      * by scale * log2(e)) is rounded to int8 per block of 32 with a float scale max|q_b| / 127 (a block
      * below 2^-96 in magnitude becomes 0; a query holding a NaN or an infinity is left in float32).
-     * AVX512_BF16 also runs P V on vdpbf16ps: each weight times its key's block scale d is
+     * AVX512_BF16 also runs P V on vdpbf16ps (attn_isa_int16_weights says which do which): each weight times its key's block scale d is
      * rounded to bf16 (to nearest even; vdpbf16ps takes one below 2^-126 as 0) before meeting the
      * values' quants (Q8_0's q, Q4_0's q - 8: exact in bf16). AVX512_VNNI and AMX_BF16 (whose CPUs,
      * Intel's, run vdpbf16ps at a quarter of vpdpwssd's rate) run P V on vpdpwssd and AVX2 on

@@ -328,13 +328,10 @@ static bool q_rounds(const attn_ctx *ctx, const attn_sdpa_desc *d) {
     return attn_isa_int8_query(attn_ctx_isa(ctx)) && group * d->len_q <= 8 && d->k_stride[3] == 1 && d->v_stride[3] == 1;
 }
 
-// Whether those kernels of ctx round the weights to bf16 for P V (AVX512_BF16's vdpbf16ps) or to
-// int16 (AVX2's vpmaddwd, AVX512_VNNI's and AMX_BF16's vpdpwssd).
-static bool pv_bf16(const attn_ctx *ctx) { return attn_ctx_isa(ctx) == ATTN_ISA_AVX512_BF16; }
-static bool pv_int16(const attn_ctx *ctx) {
-    const attn_isa isa = attn_ctx_isa(ctx);
-    return isa == ATTN_ISA_AVX2 || isa == ATTN_ISA_AVX512_VNNI || isa == ATTN_ISA_AMX_BF16;
-}
+// Whether those kernels of ctx round the weights to int16 for P V (AVX2's vpmaddwd, AVX512_VNNI's
+// and AMX_BF16's vpdpwssd) or to bf16 (AVX512_BF16's vdpbf16ps), as the library says.
+static bool pv_int16(const attn_ctx *ctx) { return attn_isa_int16_weights(attn_ctx_isa(ctx)) != 0; }
+static bool pv_bf16(const attn_ctx *ctx) { return attn_isa_int8_query(attn_ctx_isa(ctx)) && !pv_int16(ctx); }
 
 // attn.h's u of those kernels' weights: 2^-8 where they are rounded to bf16, else 0.
 static double weights_u(const attn_ctx *ctx) { return pv_bf16(ctx) ? ldexp(1, -8) : 0.0; }
@@ -706,6 +703,54 @@ static void test_exact_query(void) {
     if (ran == 0) SKIP("this CPU has no AVX2");
 }
 
+// The rounding of the P V weights that attn_isa_int16_weights and attn_isa_int8_query name, seen in
+// a decoding step on every ISA: two keys whose weights are 1 and p = exp(-9 * 127 / 2^23) (about
+// 1 - 1.4e-4), values whose block scale d is a power of two (Q8_0: 2^-7, Q4_0: 2^-3; exact in fp16
+// and bf16) and whose column 0 holds +0.5 and -0.5, so that out = 0.5 (p - 1) / (p + 1). Rounded to
+// bf16, p d is d and out is 0; rounded to int16 against the largest weight, p becomes
+// round(32767 p) / 32767, 0.46 / 32767 away (out off by about 3.5e-6); unrounded, out is the
+// reference's to float32 rounding (about 1e-7).
+static void test_weights_rounding(void) {
+    attn_isa isas[16];
+    const int n_isa = fused_isas(isas);
+    const int64_t D = 32, S = 2;
+    const double p = exp(-9.0 * 127.0 / 0x1p23);
+    const double exact = 0.5 * (p - 1.0) / (p + 1.0), w16 = nearbyint(32767.0 * p) / 32767.0;
+    const double as_int16 = 0.5 * (w16 - 1.0) / (w16 + 1.0), tol = 5e-7;
+    ASSERT_TRUE(fabs(as_int16 - exact) > 5 * tol && fabs(exact) > 5 * tol); // the three apart
+    for (int t = 0; t < 2; t++) {
+        const attn_dtype dt = qtypes[t];
+        // element 1 of every row sets the block scale d (Q8_0: max|x| / 127, Q4_0: the signed largest
+        // / -8); the keys' element 0 are d apart, so the scores scale * 127 * k[0] differ by 9 * 127 / 2^23
+        const float dk = dt == ATTN_DTYPE_Q8_0 ? 1.0f / 128.0f : 0.125f, top = dt == ATTN_DTYPE_Q8_0 ? 127.0f / 128.0f : -1.0f;
+        const float scale = 9.0f / 65536.0f / (dk * 128.0f);
+        float k[2 * 32] = {0}, v[2 * 32] = {0}, q[32] = {0}, o[32];
+        k[0] = 0.5f - dk, k[32] = 0.5f, k[1] = k[33] = top;
+        v[0] = 0.5f, v[32] = -0.5f, v[1] = v[33] = top;
+        q[0] = 127.0f; // exact in int8 after any scaling: the only nonzero element of its block
+        for (int ii = 0; ii < n_isa; ii++) {
+            attn_ctx *ctx = test_ctx(isas[ii], 1);
+            attn_kv_cache *kc = make_cache(ctx, 1, 1, D, D, S, dt);
+            ASSERT_OK(attn_kv_cache_append(ctx, kc, S, k, NULL, v, NULL));
+            attn_sdpa_desc d;
+            attn_sdpa_desc_init(&d);
+            d.batch = 1, d.n_heads = 1, d.len_q = 1, d.head_dim = D, d.head_dim_v = D, d.scale = scale;
+            attn_layout_strides(ATTN_LAYOUT_BHLD, 1, 1, 1, D, d.q_stride);
+            attn_layout_strides(ATTN_LAYOUT_BHLD, 1, 1, 1, D, d.o_stride);
+            ASSERT_OK(attn_kv_cache_attend(ctx, kc, &d, q, o, NULL));
+            const attn_isa isa = attn_ctx_isa(ctx);
+            const double want = !attn_isa_int8_query(isa) ? exact : attn_isa_int16_weights(isa) ? as_int16 : 0.0;
+            if (!(fabs(o[0] - want) <= tol)) {
+                fprintf(stderr, "%s %s: out %.9g, want %.9g (unrounded %.9g, int16 %.9g, bf16 0)\n", attn_isa_name(isa),
+                        attn_dtype_name(dt), o[0], want, exact, as_int16);
+                ASSERT_TRUE(false);
+            }
+            attn_kv_cache_free(kc);
+            attn_ctx_free(ctx);
+        }
+    }
+}
+
 // Value blocks with an infinite or NaN scale in a decoding step on every ISA: the output columns
 // that weigh them are non-finite exactly where the reference's are (the int16 P V of AVX2,
 // AVX512_VNNI and AMX_BF16 takes such a tile's float products instead of rounding its weights to int16), and the other columns, in the
@@ -788,7 +833,7 @@ int main(int argc, char **argv) {
     static const harness_case cases[] = {
         HARNESS_CASE(test_ggml_bytes),     HARNESS_CASE(test_value_bound),     HARNESS_CASE(test_cache_storage),
         HARNESS_CASE(test_cache_kernels),  HARNESS_CASE(test_attention_bound), HARNESS_CASE(test_direct_sdpa), HARNESS_CASE(test_exact_query),
-        HARNESS_CASE(test_nonfinite_values), HARNESS_CASE(test_module_cached),
+        HARNESS_CASE(test_weights_rounding), HARNESS_CASE(test_nonfinite_values), HARNESS_CASE(test_module_cached),
     };
     return harness_main(argc, argv, cases, HARNESS_COUNT(cases));
 }

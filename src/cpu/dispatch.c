@@ -206,6 +206,10 @@ int attn_isa_int8_query(attn_isa isa) {
     return isa == ATTN_ISA_AVX2 || isa == ATTN_ISA_AVX512_VNNI || attn_isa_bf16_dot(isa);
 }
 
+int attn_isa_int16_weights(attn_isa isa) {
+    return isa == ATTN_ISA_AVX2 || isa == ATTN_ISA_AVX512_VNNI || isa == ATTN_ISA_AMX_BF16;
+}
+
 attn_isa attn_ctx_isa(const attn_ctx *ctx) {
     if (ctx == NULL) return ATTN_ISA_AUTO;
     return ctx->kernels != NULL ? ctx->kernels->isa : ATTN_ISA_REF;
