@@ -122,6 +122,36 @@ void attn__key_group_columns(const attn_sdpa_desc *d, const attn__sdpa_shape *sh
 void attn__key_rows_product(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i0,
                             int nq, int64_t j0, int nj, const float *A, int64_t a_rs, int64_t a_cs, int K,
                             const float *B, int w, int64_t ld, float *C);
+// The bf16 forms (cpu.h's gemm_bf16 and its pair layouts), for the products of the bf16 dot-product
+// path, in groups of ATTN_TRIM_ROWS_BF16 rows (a multiple of the AVX-512 kernel's 6-row block). Each
+// leaves out only products with weights the bounds make 0, or entries they hide: the same sums as
+// the whole tile's, exact.
+#define ATTN_TRIM_ROWS_BF16 24
+// C (nj, w; rows ld apart) = scale A B: A the nj key (or value) rows from j0 (a_rs apart, elements
+// in pairs: K2 of them), B (K2, w pairs; rows w pairs apart) the query (or dout) tile paired along
+// the features, its first nq of w columns the queries from i0 (S^T, or the backward's dP^T): each
+// group of keys over the columns attn__key_group_columns gives it; the entries outside are not
+// written.
+void attn__key_rows_product_bf16(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh,
+                                 int64_t i0, int nq, int64_t j0, int nj, const uint16_t *A, int64_t a_rs, int K2,
+                                 const uint16_t *B, int w, float *C, int64_t ld, float scale);
+// C (nq rows ldc apart) = rowscale C + A B for the nq queries from i0: A the tile's weights (or the
+// backward's dS) in pack_pairs_bf16's layout, paired along its nj keys from j0 (the pair of keys 2p
+// and 2p + 1 of query m at A + 2 (p w + m)), B (key pairs, N; rows ldb pairs apart): each group of
+// queries over the key pairs from the first key its first query sees to the last its last query
+// sees (O = alpha O + P V, or dQ += dS K with rowscale all ones). A group that sees no key of the
+// tile is left as it is (the forward's alpha is 1 there).
+void attn__query_rows_product_bf16(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh,
+                                   int64_t i0, int nq, int64_t j0, int nj, const uint16_t *A, int w, const uint16_t *B,
+                                   int64_t ldb, int N, float *C, int64_t ldc, const float *rowscale);
+// C (nj rows ldc apart) += A B for the nj keys from j0: A (nj rows a_rs apart) the tile's dS^T or
+// P^T as bf16 rows over its nq queries from i0 (pairs of consecutive queries), B (query pairs, N;
+// rows ldb pairs apart) the query or dout rows paired along the queries, ones at least nj ones: each
+// group of keys over the query pairs from the first query that sees its first key to the last that
+// sees its last (the backward's dK += dS^T Q and dV += P^T dO).
+void attn__keys_from_queries_bf16(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh,
+                                  int64_t i0, int nq, int64_t j0, int nj, const uint16_t *A, int64_t a_rs,
+                                  const uint16_t *B, int64_t ldb, int N, float *C, int64_t ldc, const float *ones);
 // True when the causal or window bounds cut through the tile (some of its scores are hidden).
 bool attn__tile_crosses_bounds(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i0, int nq, int64_t j0,
                                int nj);

@@ -96,7 +96,7 @@ typedef struct bwd_tiles {
     // BR ones (gemm_bf16's row scale when it accumulates)
     uint16_t *pb, *dsb, *dsp;
     float *ones;
-    bool trim;               // the pair's float32 products only over what the bounds leave (tile_pair)
+    bool trim;               // the pair's products only over what the bounds leave (tile_pair)
 } bwd_tiles;
 
 static size_t tiles_layout(int Dp, int Dvp, bool dot, bwd_tiles *t, char *base) {
@@ -139,9 +139,10 @@ static void load_queries(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, i
     }
 }
 
-// A float32 tile pair that the causal or window bounds alone cut through (no mask, no soft-capping or
-// ALiBi) takes its five products in groups of ATTN_TRIM_ROWS keys or queries (the gemm kernels' 6-row
-// block) without what the bounds hide, as the forward does: S^T and dP^T each group of keys from the
+// A tile pair that the causal or window bounds alone cut through (no mask, no soft-capping or ALiBi)
+// takes its five products in groups of keys or queries (ATTN_TRIM_ROWS, the float32 gemm kernels'
+// 6-row block; ATTN_TRIM_ROWS_BF16 on the bf16 dot products, whose sums over queries or keys go in
+// pairs) without what the bounds hide, as the forward does: S^T and dP^T each group of keys from the
 // first 16-query block that sees its first key to the end of the block in which the last query that
 // sees its last key lies (attn__key_rows_product; the entries outside are hidden, so P and dS are 0
 // there whatever they held), dK and dV each group of keys summed over the queries from the first
@@ -191,6 +192,25 @@ static void queries_from_keys(const bwd_job *J, const bwd_tiles *t, int64_t i0, 
     }
 }
 
+// The same three on the bf16 dot products (flash.h's *_bf16 products where the pair is trimmed).
+// C (nj, BWD_BR) = scale A (nj rows at a_rs, K2 pairs) B (K2, BWD_BR pairs): S^T or dP^T.
+static void dot_keys_by_queries(const bwd_job *J, const bwd_tiles *t, int64_t i0, int nq, int64_t j0, int nj,
+                                const uint16_t *A, int64_t a_rs, int K2, const uint16_t *B, float *C, float scale) {
+    if (t->trim)
+        attn__key_rows_product_bf16(J->kn, J->d, J->sh, i0, nq, j0, nj, A, a_rs, K2, B, BWD_BR, C, BWD_BR, scale);
+    else
+        J->kn->gemm_bf16(A, a_rs, 2, nj, K2, B, BWD_BR, BWD_BR, C, BWD_BR, NULL, scale);
+}
+
+// C (nj, N) += A (nj bf16 rows of BWD_BR queries) B (query pairs, N at ldb): dK or dV.
+static void dot_keys_from_queries(const bwd_job *J, const bwd_tiles *t, int64_t i0, int nq, int64_t j0, int nj,
+                                  const uint16_t *A, const uint16_t *B, int64_t ldb, int N, float *C) {
+    if (t->trim)
+        attn__keys_from_queries_bf16(J->kn, J->d, J->sh, i0, nq, j0, nj, A, BWD_BR, B, ldb, N, C, N, t->ones);
+    else
+        J->kn->gemm_bf16(A, BWD_BR, 2, nj, (nq + 1) / 2, B, ldb, N, C, N, t->ones, 1.0f); // a missing query is 0
+}
+
 // P^T and dS^T of tile pair (b, h, query tile at i0) x (key tile at j0) into t->st, t->dpt. Returns
 // false when every score is hidden (the pair contributes nothing).
 static bool tile_pair(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int64_t i0, int nq, int64_t j0, int nj) {
@@ -199,10 +219,10 @@ static bool tile_pair(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int6
     const int64_t hk = h / sh->group;
     const bool masked = d->mask != NULL || d->key_padding_mask != NULL;
     const bool transform = d->softcap > 0.0f || d->alibi_slopes != NULL;
-    t->trim = !J->dot && !masked && !transform && attn__tile_crosses_bounds(d, sh, i0, nq, j0, nj);
+    t->trim = !masked && !transform && attn__tile_crosses_bounds(d, sh, i0, nq, j0, nj);
     if (J->dot) // S^T = scale log2(e) K Q^T, the key rows' pairs read in place
-        J->kn->gemm_bf16(J->kb + attn__offset4(d->k_stride, b, hk, j0, 0), d->k_stride[2], 2, nj, (int)sh->D / 2, t->qp,
-                         BWD_BR, BWD_BR, t->st, BWD_BR, NULL, J->qrest);
+        dot_keys_by_queries(J, t, i0, nq, j0, nj, J->kb + attn__offset4(d->k_stride, b, hk, j0, 0), d->k_stride[2],
+                            (int)sh->D / 2, t->qp, t->st, J->qrest);
     else
         keys_by_queries(J, t, i0, nq, j0, nj, J->k + attn__offset4(d->k_stride, b, hk, j0, 0), d->k_stride[2],
                         d->k_stride[3], (int)sh->D, t->qt, t->st);
@@ -216,8 +236,8 @@ static bool tile_pair(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int6
     J->kn->bwd_p(t->st, nj, BWD_BR, t->lse2);
     // dP^T = V dout^T
     if (J->dot)
-        J->kn->gemm_bf16(J->vb + attn__offset4(d->v_stride, b, hk, j0, 0), d->v_stride[2], 2, nj, (int)sh->Dv / 2, t->dop,
-                         BWD_BR, BWD_BR, t->dpt, BWD_BR, NULL, 1.0f);
+        dot_keys_by_queries(J, t, i0, nq, j0, nj, J->vb + attn__offset4(d->v_stride, b, hk, j0, 0), d->v_stride[2],
+                            (int)sh->Dv / 2, t->dop, t->dpt, 1.0f);
     else
         keys_by_queries(J, t, i0, nq, j0, nj, J->v + attn__offset4(d->v_stride, b, hk, j0, 0), d->v_stride[2],
                         d->v_stride[3], (int)sh->Dv, t->dot, t->dpt);
@@ -254,10 +274,15 @@ static void gemm_skip_zeros(const float *A, int64_t a_rs, int64_t a_cs, int M, i
 
 // dQ_i (nq rows, row stride Dp) += dS K_j on the dot products: dS paired along the keys against
 // the key tile's paired rows.
-static void add_dq_dot(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t hk, int64_t jt, int nq, int nj, float *dqi) {
+static void add_dq_dot(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t hk, int64_t i0, int nq, int64_t jt, int nj,
+                       float *dqi) {
     J->kn->pack_pairs_bf16(t->dpt, BWD_BR, nj, BWD_BR, t->dsp);
     const uint16_t *kr = J->kr_all + ((b * J->sh->Hkv + hk) * J->n_kvtiles + jt) * BWD_BC * J->Dp;
-    J->kn->gemm_bf16(t->dsp, 2, 2 * BWD_BR, nq, (nj + 1) / 2, kr, J->Dp, J->Dp, dqi, J->Dp, t->ones, 1.0f);
+    if (t->trim)
+        attn__query_rows_product_bf16(J->kn, J->d, J->sh, i0, nq, jt * BWD_BC, nj, t->dsp, BWD_BR, kr, J->Dp, J->Dp, dqi,
+                                      J->Dp, t->ones);
+    else
+        J->kn->gemm_bf16(t->dsp, 2, 2 * BWD_BR, nq, (nj + 1) / 2, kr, J->Dp, J->Dp, dqi, J->Dp, t->ones, 1.0f);
 }
 
 // The gradients of key tile jt of (b, hk): dK_j and dV_j, written out; with dq_acc (the group's
@@ -283,13 +308,13 @@ static void kv_tile(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t hk, int64
             if (!tile_pair(J, t, b, h, i0, nq, j0, nj)) continue;
             cap_grad(J, t, nj);
             if (J->dot) { // dK_j += dS^T Q_i, dQ_i += dS K_j, dV_j += P_drop^T dO_i, dS and P rounded to bf16
-                const int kq = (nq + 1) / 2; // pairs of query rows (a missing one is zero)
                 J->kn->round_bf16(t->dpt, (int64_t)nj * BWD_BR, t->dsb);
-                J->kn->gemm_bf16(t->dsb, BWD_BR, 2, nj, kq, t->qr, J->Dp, J->Dp, t->acc1, J->Dp, t->ones, 1.0f);
-                if (dq_acc != NULL) add_dq_dot(J, t, b, hk, jt, nq, nj, dq_acc + ((h - hk * sh->group) * sh->L + i0) * J->Dp);
+                dot_keys_from_queries(J, t, i0, nq, j0, nj, t->dsb, t->qr, J->Dp, J->Dp, t->acc1);
+                if (dq_acc != NULL)
+                    add_dq_dot(J, t, b, hk, i0, nq, jt, nj, dq_acc + ((h - hk * sh->group) * sh->L + i0) * J->Dp);
                 if (J->drop.on) attn__dropout_tile(&J->drop, b, h, i0, nq, j0, nj, t->st, BWD_BR, J->drop.keep_scale);
                 J->kn->round_bf16(t->st, (int64_t)nj * BWD_BR, t->pb);
-                J->kn->gemm_bf16(t->pb, BWD_BR, 2, nj, kq, t->dor, J->Dvp, J->Dvp, t->acc2, J->Dvp, t->ones, 1.0f);
+                dot_keys_from_queries(J, t, i0, nq, j0, nj, t->pb, t->dor, J->Dvp, J->Dvp, t->acc2);
                 continue;
             }
             const bool qbad = J->q_bad[(b * sh->H + h) * J->n_qtiles + it];
@@ -374,7 +399,7 @@ static void pass2_tile(const bwd_job *J, bwd_tiles *t, int64_t b, int64_t h, int
                     J->dmask[attn__offset4(d->mask_stride, b, h, i0 + i, j0 + j)] += t->dpt[(int64_t)j * BWD_BR + i];
         cap_grad(J, t, nj);
         if (J->dot) {
-            add_dq_dot(J, t, b, hk, j0 / BWD_BC, nq, nj, t->acc1);
+            add_dq_dot(J, t, b, hk, i0, nq, j0 / BWD_BC, nj, t->acc1);
             continue;
         }
         // dQ_i += dS k_rows, with dS read transposed from dS^T

@@ -224,43 +224,8 @@ static void prefetch_tile(const char *head, attn_dtype dt, int64_t rs, int64_t j
 #endif
 }
 
-// The bf16 products of a tile that the causal or window bounds cut through, without the parts they
-// hide, in groups of TRIM_ROWS rows (a multiple of the AVX-512 kernel's 6-row block): S^T's key rows
-// over the columns attn__key_group_columns gives them (attn__bounds_tile writes -inf over the
-// hidden columns outside, unread), and O's query rows over the key pairs from the first
-// key the group's first query sees to the last its last query sees (the weights outside are 0, and
-// a row that sees no key of the tile keeps its running max, so alpha = 1 and the skipped update
-// would leave it unchanged). The same sums as the whole tile: exact.
-#define TRIM_ROWS 24
-
-static void qk_bf16_trimmed(const flash_job *J, const uint16_t *kt, int64_t ks_row, int nj, const attn__fwd_tiles *t,
-                            int64_t i0, int nq, int64_t j0) {
-    const int D = (int)J->sh->D, brp = J->brp;
-    for (int r = 0; r < nj; r += TRIM_ROWS) {
-        const int rows = nj - r < TRIM_ROWS ? nj - r : TRIM_ROWS;
-        int c0, c1;
-        attn__key_group_columns(J->d, J->sh, i0, nq, brp, j0 + r, j0 + r + rows - 1, &c0, &c1);
-        if (c0 >= c1) continue; // no query sees these keys: all -inf
-        J->kn->gemm_bf16(kt + (int64_t)r * ks_row, ks_row, 2, rows, D / 2, t->qp + 2 * c0, brp, c1 - c0,
-                         t->st + (int64_t)r * t->ld + c0, t->ld, NULL, J->qrest);
-    }
-}
-
-static void pv_bf16_trimmed(const flash_job *J, int nj, const attn__fwd_tiles *t, int64_t i0, int nq, int64_t j0) {
-    const int brp = J->brp;
-    for (int r = 0; r < nq; r += TRIM_ROWS) {
-        const int rows = nq - r < TRIM_ROWS ? nq - r : TRIM_ROWS;
-        int lo, hi;
-        attn__tile_keys_seen(J->d, J->sh, i0 + r, rows, j0, nj, &lo, &hi);
-        if (lo == hi) continue;
-        const int p0 = lo / 2, p1 = (hi + 1) / 2;
-        J->kn->gemm_bf16(t->pp + 2 * r + (int64_t)p0 * 2 * brp, 2, 2 * (int64_t)brp, rows, p1 - p0,
-                         t->vp + (int64_t)p0 * 2 * t->dvp, t->dvp, t->dvp, t->o + (int64_t)r * t->dvp, t->dvp,
-                         t->alpha + r, 1.0f);
-    }
-}
-
-// The float32 products of such a tile, the same way: S^T by attn__key_rows_product (key rows in groups
+// The float32 products of a tile that the causal or window bounds cut through, without what they
+// hide (the bf16 ones are flash.h's *_bf16 products): S^T by attn__key_rows_product (key rows in groups
 // of the gemm kernels' 6-row block), and O^T's query columns, TRIM_COLS at a time (the AVX-512 pv's
 // 32-column block), over the keys from the first their first query sees to the last their last one
 // sees. The sums of the whole tile with only zero products left out (the pv kernels add each column's
@@ -360,8 +325,9 @@ static void flash_task(void *arg, int64_t task, int thread) {
         // the bounds alone hide some of this tile's scores: the products skip what they hide
         const bool bounded = !masked && attn__tile_crosses_bounds(d, sh, i0, nq, j0, nj);
         const bool trim = bounded && !transform;
-        if (trim && dot)
-            qk_bf16_trimmed(J, (const uint16_t *)kt, ks_row, nj, &t, i0, nq, j0);
+        if (trim && dot) // each group of keys over the queries that see it (flash.h)
+            attn__key_rows_product_bf16(J->kn, d, sh, i0, nq, j0, nj, (const uint16_t *)kt, ks_row, D / 2, t.qp, brp, t.st,
+                                        ld, J->qrest);
         else if (trim)
             attn__key_rows_product(J->kn, d, sh, i0, nq, j0, nj, kt, ks_row, ks_d, D, t.qt, brp, ld, t.st);
         else if (dot) // S^T (nj, brp) = scale log2(e) K Q^T, the key rows' pairs read in place
@@ -391,8 +357,9 @@ static void flash_task(void *arg, int64_t task, int thread) {
         } else if (dot) { // O (nq, dvp) = alpha O + P V: weights rounded to bf16, both paired along the keys
             if (!fused) J->kn->pack_pairs_bf16(t.st, ld, nj, brp, t.pp);
             J->kn->pair_rows_bf16((const uint16_t *)vt, vs_row, nj, Dv, t.dvp, t.vp);
-            if (trim)
-                pv_bf16_trimmed(J, nj, &t, i0, nq, j0);
+            if (trim) // each group of queries over the keys it sees
+                attn__query_rows_product_bf16(J->kn, d, sh, i0, nq, j0, nj, t.pp, brp, t.vp, t.dvp, t.dvp, t.o, t.dvp,
+                                              t.alpha);
             else
                 J->kn->gemm_bf16(t.pp, 2, 2 * (int64_t)brp, nq, (nj + 1) / 2, t.vp, t.dvp, t.dvp, t.o, t.dvp, t.alpha, 1.0f);
         } else if (v_bad) {

@@ -81,6 +81,47 @@ void attn__key_rows_product(const attn__kernels *kn, const attn_sdpa_desc *d, co
     }
 }
 
+void attn__key_rows_product_bf16(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh,
+                                 int64_t i0, int nq, int64_t j0, int nj, const uint16_t *A, int64_t a_rs, int K2,
+                                 const uint16_t *B, int w, float *C, int64_t ld, float scale) {
+    for (int r = 0; r < nj; r += ATTN_TRIM_ROWS_BF16) {
+        const int rows = nj - r < ATTN_TRIM_ROWS_BF16 ? nj - r : ATTN_TRIM_ROWS_BF16;
+        int c0, c1;
+        attn__key_group_columns(d, sh, i0, nq, w, j0 + r, j0 + r + rows - 1, &c0, &c1);
+        if (c0 >= c1) continue; // no query sees these keys
+        kn->gemm_bf16(A + (int64_t)r * a_rs, a_rs, 2, rows, K2, B + 2 * (int64_t)c0, w, c1 - c0,
+                      C + (int64_t)r * ld + c0, ld, NULL, scale);
+    }
+}
+
+void attn__query_rows_product_bf16(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh,
+                                   int64_t i0, int nq, int64_t j0, int nj, const uint16_t *A, int w, const uint16_t *B,
+                                   int64_t ldb, int N, float *C, int64_t ldc, const float *rowscale) {
+    for (int r = 0; r < nq; r += ATTN_TRIM_ROWS_BF16) {
+        const int rows = nq - r < ATTN_TRIM_ROWS_BF16 ? nq - r : ATTN_TRIM_ROWS_BF16;
+        int lo, hi;
+        attn__tile_keys_seen(d, sh, i0 + r, rows, j0, nj, &lo, &hi);
+        if (lo == hi) continue;
+        const int p0 = lo / 2, p1 = (hi + 1) / 2;
+        kn->gemm_bf16(A + 2 * ((int64_t)p0 * w + r), 2, 2 * (int64_t)w, rows, p1 - p0, B + 2 * (int64_t)p0 * ldb, ldb,
+                      N, C + (int64_t)r * ldc, ldc, rowscale + r, 1.0f);
+    }
+}
+
+void attn__keys_from_queries_bf16(const attn__kernels *kn, const attn_sdpa_desc *d, const attn__sdpa_shape *sh,
+                                  int64_t i0, int nq, int64_t j0, int nj, const uint16_t *A, int64_t a_rs,
+                                  const uint16_t *B, int64_t ldb, int N, float *C, int64_t ldc, const float *ones) {
+    for (int r = 0; r < nj; r += ATTN_TRIM_ROWS_BF16) {
+        const int rows = nj - r < ATTN_TRIM_ROWS_BF16 ? nj - r : ATTN_TRIM_ROWS_BF16;
+        const int c = attn__first_query_seeing(d, sh, i0, nq, j0 + r);
+        const int e = attn__last_query_seeing(d, sh, i0, nq, j0 + r + rows - 1);
+        if (c >= e) continue;
+        const int p0 = c / 2, p1 = (e + 1) / 2;
+        kn->gemm_bf16(A + (int64_t)r * a_rs + 2 * p0, a_rs, 2, rows, p1 - p0, B + 2 * (int64_t)p0 * ldb, ldb, N,
+                      C + (int64_t)r * ldc, ldc, ones + r, 1.0f);
+    }
+}
+
 bool attn__tile_crosses_bounds(const attn_sdpa_desc *d, const attn__sdpa_shape *sh, int64_t i0, int nq, int64_t j0,
                                int nj) {
     if (d->causal == ATTN_CAUSAL_NONE && !d->use_window) return false;
