@@ -513,9 +513,10 @@ typedef struct attn_sdpa_desc {
      * AVX512-VNNI's vpdpbusd), as ggml rounds its query to Q8_0 for these types: each query row (scaled
      * by scale * log2(e)) is rounded to int8 per block of 32 with a float scale max|q_b| / 127 (a block
      * below 2^-96 in magnitude becomes 0; a query holding a NaN or an infinity is left in float32).
-     * AVX512_BF16 also runs P V on vdpbf16ps (attn_isa_int16_weights says which do which): each weight times its key's block scale d is
-     * rounded to bf16 (to nearest even; vdpbf16ps takes one below 2^-126 as 0) before meeting the
-     * values' quants (Q8_0's q, Q4_0's q - 8: exact in bf16). AVX512_VNNI and AMX_BF16 (whose CPUs,
+     * AVX512_BF16 also runs P V on vdpbf16ps (attn_isa_int16_weights says which ISA rounds how):
+     * each weight times its key's block scale d is rounded to bf16 (to nearest even; vdpbf16ps
+     * takes one below 2^-126 as 0) before meeting the values' quants (Q8_0's q, Q4_0's q - 8:
+     * exact in bf16). AVX512_VNNI and AMX_BF16 (whose CPUs,
      * Intel's, run vdpbf16ps at a quarter of vpdpwssd's rate) run P V on vpdpwssd and AVX2 on
      * vpmaddwd: each weight times its key's block scale, w = p * d, is rounded to int16
      * against the largest |w| of its row and block over a tile of at most 96 keys, W (32767 * w / W
