@@ -192,7 +192,8 @@ static void queries_from_keys(const bwd_job *J, const bwd_tiles *t, int64_t i0, 
     }
 }
 
-// The same three on the bf16 dot products (flash.h's *_bf16 products where the pair is trimmed).
+// The first two on the bf16 dot products (flash.h's *_bf16 products where the pair is trimmed; dQ's
+// is add_dq_dot, below).
 // C (nj, BWD_BR) = scale A (nj rows at a_rs, K2 pairs) B (K2, BWD_BR pairs): S^T or dP^T.
 static void dot_keys_by_queries(const bwd_job *J, const bwd_tiles *t, int64_t i0, int nq, int64_t j0, int nj,
                                 const uint16_t *A, int64_t a_rs, int K2, const uint16_t *B, float *C, float scale) {
