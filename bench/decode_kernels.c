@@ -1,11 +1,12 @@
-// decode_kernels.c - the decode row kernels of each kernel table this CPU runs, alone: q . k
-// (qk_rows / qk_rows_q, with prep_q where the table has one), the online softmax and P V (pv_rows /
-// pv_rows_q) on one GQA group's four query rows against tiles of FLASH_BC keys that stay in L2 (16
-// tiles of keys and values, walked in turn), so that the figures are the kernels' instruction cost
-// without the wait for memory that a decoding step over a long cache adds. Reports nanoseconds per
-// key (and kv head) for each kernel, the fastest of many passes, for the cache types f16, q8_0 and
-// q4_0 at D = Dv = 128 (or the head dim given). A decoding step of `attn bench --op decode` costs at
-// least the sum per key and kv head, times the keys and kv heads, over the threads.
+// decode_kernels.c - the decode row kernels of each kernel table this CPU runs (every form of an
+// ISA: attn__kernel_tables), alone: q . k (qk_rows / qk_rows_q, with prep_q where the table has
+// one), the online softmax and P V (pv_rows / pv_rows_q) on one GQA group's four query rows against
+// tiles of FLASH_BC keys that stay in L2 (16 tiles of keys and values, walked in turn), so that the
+// figures are the kernels' instruction cost without the wait for memory that a decoding step over a
+// long cache adds. Reports nanoseconds per key (and kv head) for each kernel, the fastest of many
+// passes, for the cache types f16, q8_0 and q4_0 at D = Dv = 128 (or the head dim given). A decoding
+// step of `attn bench --op decode` costs at least the sum per key and kv head, times the keys and kv
+// heads, over the threads.
 //
 // With `stream`, the three kernels run in turn on each tile, as one work item of a decoding step
 // does, over the same 16 tiles in L2 and then over a cache of STREAM_KEYS keys in memory (the keys
@@ -143,28 +144,30 @@ static const char *const type_names[] = {"f16", "q8_0", "q4_0"};
 static int kernels_alone(int D, bufs *b) {
     printf("decode row kernels, %d query rows, D = Dv = %d, %d tiles of %d keys in turn, ns per key (fastest of %d)\n",
            ROWS, D, TILES, FLASH_BC, PASSES);
-    printf("%-12s %-5s %8s %8s %8s %8s\n", "isa", "kv", "q.k", "softmax", "P V", "sum");
+    printf("%-16s %-5s %8s %8s %8s %8s\n", "kernels", "kv", "q.k", "softmax", "P V", "sum");
     for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
-        bool ok = true;
-        const attn__kernels *kn = attn__kernels_for(isas[ii], &ok);
-        if (!ok || kn == NULL) continue;
-        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-            const attn_dtype dt = types[ti];
-            const int64_t n = (int64_t)TILES * FLASH_BC * D;
-            if (fill(dt, n, &b->k) != 0 || fill(dt, n, &b->v) != 0) return 1;
-            b->row_bytes = (size_t)D * attn_dtype_size(dt) / (size_t)attn_dtype_block_size(dt);
-            if (kn->prep_q != NULL) kn->prep_q(dt, b->q, ROWS, D, b->prep);
-            double best[N_KERNELS] = {1e30, 1e30, 1e30};
-            for (int p = 0; p < PASSES; p++)
-                for (int w = 0; w < N_KERNELS; w++) {
-                    const double t0 = now_ns();
-                    run(kn, dt, D, b, w);
-                    const double t = (now_ns() - t0) / (TILES * FLASH_BC);
-                    if (t < best[w]) best[w] = t;
-                }
-            printf("%-12s %-5s %8.2f %8.2f %8.2f %8.2f\n", attn_isa_name(isas[ii]), type_names[ti], best[QK], best[SOFTMAX],
-                   best[PV], best[QK] + best[SOFTMAX] + best[PV]);
-            free(b->k), free(b->v);
+        const attn__kernels *forms[ATTN_MAX_ISA_TABLES];
+        const int n_forms = attn__kernel_tables(isas[ii], forms);
+        for (int fi = 0; fi < n_forms; fi++) {
+            for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+                const attn__kernels *kn = forms[fi];
+                const attn_dtype dt = types[ti];
+                const int64_t n = (int64_t)TILES * FLASH_BC * D;
+                if (fill(dt, n, &b->k) != 0 || fill(dt, n, &b->v) != 0) return 1;
+                b->row_bytes = (size_t)D * attn_dtype_size(dt) / (size_t)attn_dtype_block_size(dt);
+                if (kn->prep_q != NULL) kn->prep_q(dt, b->q, ROWS, D, b->prep);
+                double best[N_KERNELS] = {1e30, 1e30, 1e30};
+                for (int p = 0; p < PASSES; p++)
+                    for (int w = 0; w < N_KERNELS; w++) {
+                        const double t0 = now_ns();
+                        run(kn, dt, D, b, w);
+                        const double t = (now_ns() - t0) / (TILES * FLASH_BC);
+                        if (t < best[w]) best[w] = t;
+                    }
+                printf("%-16s %-5s %8.2f %8.2f %8.2f %8.2f\n", kn->name, type_names[ti], best[QK], best[SOFTMAX], best[PV],
+                       best[QK] + best[SOFTMAX] + best[PV]);
+                free(b->k), free(b->v);
+            }
         }
     }
     return 0;
@@ -179,7 +182,7 @@ static int streaming(int D, bufs *b) {
     printf("decode row kernels in turn a tile (q.k, softmax, P V), %d query rows, D = Dv = %d, one thread, ns per key\n"
            "in L2: %d tiles of %d keys (fastest of %d passes); memory: %d keys (fastest of %d, %zu MiB written between)\n",
            ROWS, D, TILES, FLASH_BC, PASSES / 4, STREAM_KEYS, STREAM_PASSES, EVICT_BYTES >> 20);
-    printf("%-12s %-5s %9s %8s %8s %8s %10s\n", "isa", "kv", "MiB K+V", "in L2", "memory", "ratio", "GB/s");
+    printf("%-16s %-5s %9s %8s %8s %8s %10s\n", "kernels", "kv", "MiB K+V", "in L2", "memory", "ratio", "GB/s");
     int rc = 0;
     for (size_t ti = 0; ti < sizeof types / sizeof types[0] && rc == 0; ti++) {
         const attn_dtype dt = types[ti];
@@ -193,14 +196,16 @@ static int streaming(int D, bufs *b) {
             rc = 1;
         } else {
             for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
-                bool ok = true;
-                const attn__kernels *kn = attn__kernels_for(isas[ii], &ok);
-                if (!ok || kn == NULL) continue;
-                if (kn->prep_q != NULL) kn->prep_q(dt, b->q, ROWS, D, b->prep);
-                const double near = walk(kn, dt, D, b->k, b->v, (int64_t)TILES * FLASH_BC, b, NULL, PASSES / 4);
-                const double far = walk(kn, dt, D, bk, bv, STREAM_KEYS, b, evict, STREAM_PASSES);
-                printf("%-12s %-5s %9.1f %8.2f %8.2f %8.2f %10.2f\n", attn_isa_name(isas[ii]), type_names[ti],
-                       2.0 * (double)bytes / 1048576.0, near, far, far / near, 2.0 * (double)b->row_bytes / far);
+                const attn__kernels *forms[ATTN_MAX_ISA_TABLES];
+                const int n_forms = attn__kernel_tables(isas[ii], forms);
+                for (int fi = 0; fi < n_forms; fi++) {
+                    const attn__kernels *kn = forms[fi];
+                    if (kn->prep_q != NULL) kn->prep_q(dt, b->q, ROWS, D, b->prep);
+                    const double near = walk(kn, dt, D, b->k, b->v, (int64_t)TILES * FLASH_BC, b, NULL, PASSES / 4);
+                    const double far = walk(kn, dt, D, bk, bv, STREAM_KEYS, b, evict, STREAM_PASSES);
+                    printf("%-16s %-5s %9.1f %8.2f %8.2f %8.2f %10.2f\n", kn->name, type_names[ti],
+                           2.0 * (double)bytes / 1048576.0, near, far, far / near, 2.0 * (double)b->row_bytes / far);
+                }
             }
         }
         free(b->k), free(b->v);

@@ -273,7 +273,9 @@ ATTN_API attn_status attn_executor_gomp(void *gomp_parallel, attn_executor *out)
  * with the q . k of Q8_0 and Q4_0 decoding on 8-bit dot products (vpdpbusd, AVX512-VNNI with
  * AVX512-BW and VL: CPUs without AVX512-BF16 such as Intel's Cascade Lake and Ice Lake) and a P V of
  * their own that scales the weights by the block scales instead of the values (see
- * attn_sdpa_desc.kv_dtype); AVX512_BF16 the AVX512_VNNI kernels plus bf16 dot products (vdpbf16ps,
+ * attn_sdpa_desc.kv_dtype; where the CPU also has AVX512-VBMI, every such CPU since Ice Lake, that
+ * P V pairs the keys' quants with its byte permutes, the same results in fewer instructions);
+ * AVX512_BF16 the AVX512_VNNI kernels plus bf16 dot products (vdpbf16ps,
  * AVX512-BF16 and AVX512-BW) for the fused forward and backward of bf16 tensors
  * (attn_sdpa_desc.q_dtype and grad_dtype say how their errors differ); AMX_BF16 the AVX512_BF16
  * kernels with those products on AMX tiles (tdpbf16ps, AMX-BF16: the same exact bf16 products

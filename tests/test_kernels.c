@@ -364,7 +364,9 @@ static void qk_rows_any(const attn__kernels *kn, attn_dtype dt, const void *k, i
 // repeated) against the four-row block, on every table: a row's scores (qk_rows, and qk_rows_q on
 // prep_q's form) and its P V sums (pv_rows, pv_rows_q) must be the same bits whatever the number of
 // rows beside it, for float32, float16, bfloat16, Q8_0 and Q4_0 keys and values, head dims ending in
-// a partial vector and value widths ending in a partial block.
+// a partial vector and value widths ending in a partial block. An ISA's other forms
+// (attn__kernel_tables: the "avx512vnni" P V without AVX512-VBMI on a CPU with it) must give the
+// first form's bits, scores and sums.
 static void test_decode_rows_bits(void) {
     enum { NJ = 96, MAXD = 128, MAXDV = 288, NDIMS = 6 };
     // D, Dv: {37, 20} and {40, 200} float only; Dv = 224 and 288 take the quantised kernels' P V passes of
@@ -376,7 +378,9 @@ static void test_decode_rows_bits(void) {
     float *q = malloc(sizeof(float) * 4 * MAXD), *pt = malloc(sizeof(float) * NJ * 4), alpha[4];
     float *s4 = malloc(sizeof(float) * NJ * 4), *sr = malloc(sizeof(float) * NJ * 4);
     float *o4 = malloc(sizeof(float) * 4 * MAXDV), *orr = malloc(sizeof(float) * 4 * MAXDV);
-    float *o0 = malloc(sizeof(float) * 4 * MAXDV);
+    float *o0 = malloc(sizeof(float) * 4 * MAXDV), *s_first = malloc(sizeof(float) * NJ * 4);
+    float *o_first = malloc(sizeof(float) * 4 * MAXDV);
+    int forms_compared = 0;
     void *kx = malloc(sizeof(float) * NJ * MAXD), *vx = malloc(sizeof(float) * NJ * MAXDV);
     void *qp4 = aligned_alloc(64, (ATTN_QPREP_BYTES(4, MAXD) + 63) / 64 * 64);
     void *qpr = aligned_alloc(64, (ATTN_QPREP_BYTES(4, MAXD) + 63) / 64 * 64);
@@ -388,9 +392,8 @@ static void test_decode_rows_bits(void) {
     for (int i = 0; i < 4 * MAXDV; i++) o0[i] = rand_sym(&seed);
     for (int r = 0; r < 4; r++) alpha[r] = 0.25f + rand_unit(&seed);
     for (int isa = ATTN_ISA_GENERIC; isa <= ATTN_ISA_AVX512_VNNI; isa++) {
-        bool ok;
-        const attn__kernels *kn = attn__kernels_for((attn_isa)isa, &ok);
-        if (!ok) continue;
+        const attn__kernels *forms[ATTN_MAX_ISA_TABLES];
+        const int n_forms = attn__kernel_tables((attn_isa)isa, forms);
         for (int ti = 0; ti < 5; ti++)
             for (int di = 0; di < NDIMS; di++) {
                 const attn_dtype dt = dts[ti];
@@ -404,50 +407,73 @@ static void test_decode_rows_bits(void) {
                     ASSERT_OK(attn_convert(dt, kx, ATTN_DTYPE_F32, kf, (int64_t)NJ * D));
                     ASSERT_OK(attn_convert(dt, vx, ATTN_DTYPE_F32, vf, (int64_t)NJ * Dv));
                 }
-                for (int ni = 0; ni < 2; ni++) {
-                    const int nj = njs[ni];
-                    // the four-row block: scores in the compact tile (a key's four rows adjacent)
-                    const void *q4 = q, *qr = q;
-                    if (block && kn->prep_q != NULL) {
-                        kn->prep_q(dt, q, 4, D, qp4), q4 = qp4;
-                    }
-                    qk_rows_any(kn, dt, kx, nj, D, q4, 4, s4);
-                    memcpy(o4, o0, sizeof(float) * 4 * Dv);
-                    (block ? kn->pv_rows_q : kn->pv_rows)(dt, vx, Dv, nj, Dv, pt, 4, alpha, 4, o4, Dv);
-                    for (int rows = 1; rows <= 3; rows++) {
+                for (int ni = 0; ni < 2; ni++)
+                    for (int fi = 0; fi < n_forms; fi++) {
+                        const attn__kernels *kn = forms[fi];
+                        const int nj = njs[ni];
+                        // the four-row block: scores in the compact tile (a key's four rows adjacent)
+                        const void *q4 = q, *qr = q;
                         if (block && kn->prep_q != NULL) {
-                            kn->prep_q(dt, q, rows, D, qpr), qr = qpr;
+                            kn->prep_q(dt, q, 4, D, qp4), q4 = qp4;
                         }
-                        for (int i = 0; i < NJ * 4; i++) sr[i] = NAN;
-                        qk_rows_any(kn, dt, kx, nj, D, qr, rows, sr);
-                        memcpy(orr, o0, sizeof(float) * 4 * Dv);
-                        (block ? kn->pv_rows_q : kn->pv_rows)(dt, vx, Dv, nj, Dv, pt, 4, alpha, rows, orr, Dv);
-                        for (int j = 0; j < nj; j++)
-                            for (int r = 0; r < rows; r++) {
+                        qk_rows_any(kn, dt, kx, nj, D, q4, 4, s4);
+                        memcpy(o4, o0, sizeof(float) * 4 * Dv);
+                        (block ? kn->pv_rows_q : kn->pv_rows)(dt, vx, Dv, nj, Dv, pt, 4, alpha, 4, o4, Dv);
+                        if (fi == 0) {
+                            memcpy(s_first, s4, sizeof(float) * (size_t)nj * 4);
+                            memcpy(o_first, o4, sizeof(float) * 4 * (size_t)Dv);
+                        } else {
+                            forms_compared++;
+                            for (int i = 0; i < nj * 4; i++) {
                                 harness_checks++;
-                                if (memcmp(&sr[j * 4 + r], &s4[j * 4 + r], sizeof(float)) != 0)
-                                    FAIL("%s qk_rows %s D %d, %d rows: key %d row %d %.9g, four rows %.9g", kn->name,
-                                         attn_dtype_name(dt), D, rows, j, r, sr[j * 4 + r], s4[j * 4 + r]);
+                                if (memcmp(&s4[i], &s_first[i], sizeof(float)) != 0)
+                                    FAIL("%s qk_rows %s D %d: key %d row %d %.9g, %s %.9g", kn->name,
+                                         attn_dtype_name(dt), D, i / 4, i % 4, s4[i], forms[0]->name, s_first[i]);
                             }
-                        for (int r = 0; r < rows; r++)
-                            for (int e = 0; e < Dv; e++) {
+                            for (int i = 0; i < 4 * Dv; i++) {
                                 harness_checks++;
-                                if (memcmp(&orr[r * Dv + e], &o4[r * Dv + e], sizeof(float)) != 0)
-                                    FAIL("%s pv_rows %s Dv %d, %d rows: row %d column %d %.9g, four rows %.9g",
-                                         kn->name, attn_dtype_name(dt), Dv, rows, r, e, orr[r * Dv + e],
-                                         o4[r * Dv + e]);
+                                if (memcmp(&o4[i], &o_first[i], sizeof(float)) != 0)
+                                    FAIL("%s pv_rows %s Dv %d, %d keys: row %d column %d %.9g, %s %.9g", kn->name,
+                                         attn_dtype_name(dt), Dv, nj, i / Dv, i % Dv, o4[i], forms[0]->name,
+                                         o_first[i]);
                             }
-                        for (int r = rows; r < 4; r++) // rows past `rows` untouched
-                            for (int e = 0; e < Dv; e++)
-                                if (memcmp(&orr[r * Dv + e], &o0[r * Dv + e], sizeof(float)) != 0)
-                                    FAIL("%s pv_rows %s, %d rows: wrote row %d", kn->name, attn_dtype_name(dt), rows,
-                                         r);
+                        }
+                        for (int rows = 1; rows <= 3; rows++) {
+                            if (block && kn->prep_q != NULL) {
+                                kn->prep_q(dt, q, rows, D, qpr), qr = qpr;
+                            }
+                            for (int i = 0; i < NJ * 4; i++) sr[i] = NAN;
+                            qk_rows_any(kn, dt, kx, nj, D, qr, rows, sr);
+                            memcpy(orr, o0, sizeof(float) * 4 * Dv);
+                            (block ? kn->pv_rows_q : kn->pv_rows)(dt, vx, Dv, nj, Dv, pt, 4, alpha, rows, orr, Dv);
+                            for (int j = 0; j < nj; j++)
+                                for (int r = 0; r < rows; r++) {
+                                    harness_checks++;
+                                    if (memcmp(&sr[j * 4 + r], &s4[j * 4 + r], sizeof(float)) != 0)
+                                        FAIL("%s qk_rows %s D %d, %d rows: key %d row %d %.9g, four rows %.9g",
+                                             kn->name, attn_dtype_name(dt), D, rows, j, r, sr[j * 4 + r],
+                                             s4[j * 4 + r]);
+                                }
+                            for (int r = 0; r < rows; r++)
+                                for (int e = 0; e < Dv; e++) {
+                                    harness_checks++;
+                                    if (memcmp(&orr[r * Dv + e], &o4[r * Dv + e], sizeof(float)) != 0)
+                                        FAIL("%s pv_rows %s Dv %d, %d rows: row %d column %d %.9g, four rows %.9g",
+                                             kn->name, attn_dtype_name(dt), Dv, rows, r, e, orr[r * Dv + e],
+                                             o4[r * Dv + e]);
+                                }
+                            for (int r = rows; r < 4; r++) // rows past `rows` untouched
+                                for (int e = 0; e < Dv; e++)
+                                    if (memcmp(&orr[r * Dv + e], &o0[r * Dv + e], sizeof(float)) != 0)
+                                        FAIL("%s pv_rows %s, %d rows: wrote row %d", kn->name, attn_dtype_name(dt),
+                                             rows, r);
+                        }
                     }
-                }
             }
     }
     free(kf), free(vf), free(q), free(pt), free(s4), free(sr), free(o4), free(orr), free(o0), free(kx), free(vx);
-    free(qp4), free(qpr);
+    free(qp4), free(qpr), free(s_first), free(o_first);
+    printf("decode rows: %d comparisons of an ISA's second kernel form with its first\n", forms_compared);
 }
 
 // Half-precision k and v against float32 ones: the first-order bound of attn.h,

@@ -152,8 +152,12 @@ void attn__f32_to_half_avx2(attn_dtype dt, const float *x, uint16_t *y, int64_t 
 extern const attn__kernels attn__kernels_avx512;
 #endif
 #if defined(ATTN_HAVE_AVX512VNNI)
-// The AVX-512 table with the q.k of the block types on 8-bit products (quant_kernels_avx512vnni.c).
+// The AVX-512 table with the q.k of the block types on 8-bit products (quant_kernels_avx512vnni.c),
+// and its twin whose P V pairs keys with AVX512-VBMI's byte permutes (the same bits).
 extern const attn__kernels attn__kernels_avx512vnni;
+#endif
+#if defined(ATTN_HAVE_AVX512VBMI)
+extern const attn__kernels attn__kernels_avx512vnni_vbmi;
 #endif
 #if defined(ATTN_HAVE_AVX512BF16)
 // The AVX-512 table with the bf16 entries of flash_kernels_avx512bf16.c.
@@ -178,6 +182,13 @@ void attn__gemm_bf16_amx(const uint16_t *A, int64_t a_rs, int64_t a_ps, int M, i
 // The table for an ISA request (AUTO: attn__auto_isa on this CPU's capabilities), or NULL if this
 // build or this CPU cannot run it. ATTN_ISA_REF has no table (NULL, and *ok = true).
 const attn__kernels *attn__kernels_for(attn_isa isa, bool *ok);
+
+// Every table of isa (not AUTO) that this build and this CPU run, attn__kernels_for's first, then
+// the forms it passes over (the "avx512vnni" table without AVX512-VBMI's pairing on a CPU with it),
+// which give the same bits: their number (0 for one that does not run, and for ATTN_ISA_REF), for
+// tests and benchmarks that compare them.
+#define ATTN_MAX_ISA_TABLES 2
+int attn__kernel_tables(attn_isa isa, const attn__kernels *out[ATTN_MAX_ISA_TABLES]);
 
 // What AUTO chooses from: the tables this build and this CPU can run, and whether the CPU's bf16 dot
 // product (vdpbf16ps) runs fewer flops a cycle than its float32 FMAs, as on Intel's cores (measured

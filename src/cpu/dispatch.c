@@ -55,6 +55,19 @@ static inline bool cpu_has_avx512_vnni(void) {
 #endif
 }
 
+// AVX512-VBMI (CPUID leaf 7, ECX bit 1) beside AVX512-VNNI: the byte permutes of the "avx512vnni"
+// P V's faster form (every CPU with AVX512-VNNI but Intel's Cascade Lake and Cooper Lake).
+static inline bool cpu_has_avx512_vbmi(void) {
+#if defined(ATTN_EMULATE_AVX512)
+    return cpu_has_avx512_vnni();
+#elif defined(ATTN_HAVE_AVX512VBMI) && (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+    unsigned a, b, c, d;
+    if (!cpu_has_avx512_vnni() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    return (c & (1u << 1)) != 0;
+#else
+    return false;
+#endif
+}
 // AVX512-BF16 (CPUID leaf 7 subleaf 1, EAX bit 5) beside AVX512-VNNI, whose q.k the bf16 tables'
 // block-type decode kernels take (every CPU with AVX512-BF16 so far has it).
 static inline bool cpu_has_avx512_bf16(void) {
@@ -69,7 +82,8 @@ static inline bool cpu_has_avx512_bf16(void) {
 #endif
 }
 
-// AMX-BF16: CPUID leaf 7 EDX bits 22 (AMX-BF16) and 24 (AMX-TILE), the OS saving the tile state
+// AMX-BF16: CPUID leaf 7 EDX bits 22 (AMX-BF16) and 24 (AMX-TILE) beside AVX512-VBMI (for the
+// table's decode P V; every CPU with tiles so far has it), the OS saving the tile state
 // (XCR0 bits 17 and 18), and on Linux the process's permission to use it, which is asked for here
 // (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA: granted once for the whole process, kept by the
 // kernel; asking again is harmless). Without the permission the first tile instruction would fault.
@@ -78,7 +92,7 @@ static inline bool cpu_has_amx_bf16(void) {
     return cpu_has_avx512_bf16();
 #elif defined(ATTN_HAVE_AMXBF16) && defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
     unsigned a, b, c, d;
-    if (!cpu_has_avx512_bf16() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    if (!cpu_has_avx512_bf16() || !cpu_has_avx512_vbmi() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
     if ((d & (1u << 22)) == 0 || (d & (1u << 24)) == 0) return false;
     if (!__get_cpuid(1, &a, &b, &c, &d) || (c & (1u << 27)) == 0) return false; // OSXSAVE: xgetbv allowed
     unsigned lo, hi;
@@ -142,6 +156,9 @@ const attn__kernels *attn__kernels_for(attn_isa isa, bool *ok) {
         *ok = false;
         return NULL;
     case ATTN_ISA_AVX512_VNNI:
+#if defined(ATTN_HAVE_AVX512VBMI)
+        if (cpu_has_avx512_vbmi()) return &attn__kernels_avx512vnni_vbmi;
+#endif
 #if defined(ATTN_HAVE_AVX512VNNI)
         if (cpu_has_avx512_vnni()) return &attn__kernels_avx512vnni;
 #endif
@@ -167,6 +184,18 @@ const attn__kernels *attn__kernels_for(attn_isa isa, bool *ok) {
     }
     *ok = false;
     return NULL;
+}
+
+int attn__kernel_tables(attn_isa isa, const attn__kernels *out[ATTN_MAX_ISA_TABLES]) {
+    bool ok;
+    const attn__kernels *first = isa == ATTN_ISA_AUTO ? NULL : attn__kernels_for(isa, &ok);
+    if (first == NULL) return 0;
+    int n = 0;
+    out[n++] = first;
+#if defined(ATTN_HAVE_AVX512VNNI)
+    if (first != &attn__kernels_avx512vnni && isa == ATTN_ISA_AVX512_VNNI) out[n++] = &attn__kernels_avx512vnni;
+#endif
+    return n;
 }
 
 int attn_isa_supported(attn_isa isa) {

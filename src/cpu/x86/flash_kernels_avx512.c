@@ -432,9 +432,12 @@ const attn__kernels attn__kernels_avx512 = {
 
 #if defined(ATTN_HAVE_AVX512VNNI)
 // The AVX-512 table with the q.k of its Q8_0 and Q4_0 decode kernels on AVX512-VNNI's 8-bit dot
-// products and a P V of their own, the weights times the block scales (quant_kernels_avx512vnni.c):
-// for CPUs with AVX512-VNNI and without AVX512-BF16 (Intel's Cascade Lake, Ice Lake, Tiger Lake,
-// Rocket Lake).
+// products and a P V of their own on vpdpwssd, the weights times the block scales
+// (quant_pv_int16.h): for CPUs with AVX512-VNNI where AUTO passes over the bf16 tables (Intel's
+// Cascade Lake, Ice Lake, Tiger Lake, Rocket Lake, and the later Xeons without tiles granted).
+// Two forms, the same bits: the P V pairing keys with AVX512-VBMI's byte permutes where the CPU
+// has it (quant_kernels_avx512vbmi.c; every one above but Cascade Lake), else with unpacks
+// (quant_kernels_avx512vnni.c). attn__kernels_for picks; attn__kernel_tables lists both.
 const attn__kernels attn__kernels_avx512vnni = {
     .name = "avx512vnni",
     .isa = ATTN_ISA_AVX512_VNNI,
@@ -443,6 +446,16 @@ const attn__kernels attn__kernels_avx512vnni = {
     .prep_q = attn__prep_q_avx512vnni,
     .pv_rows_q = attn__pv_rows_q_avx512vnni,
 };
+#if defined(ATTN_HAVE_AVX512VBMI)
+const attn__kernels attn__kernels_avx512vnni_vbmi = {
+    .name = "avx512vnni+vbmi",
+    .isa = ATTN_ISA_AVX512_VNNI,
+    AVX512_ENTRIES,
+    .qk_rows_q = attn__qk_rows_q_avx512vnni,
+    .prep_q = attn__prep_q_avx512vnni,
+    .pv_rows_q = attn__pv_rows_q_avx512vbmi,
+};
+#endif
 #endif
 
 #if defined(ATTN_HAVE_AVX512BF16)
@@ -471,14 +484,15 @@ const attn__kernels attn__kernels_avx512bf16 = {
 
 #if defined(ATTN_HAVE_AMXBF16)
 // The "avx512bf16" table with its bf16 products on AMX tiles (flash_kernels_amx.c) and the decode
-// kernels' P V of the "avx512vnni" table (vpdpwssd): the CPUs with tiles are Intel's, whose
-// vdpbf16ps runs at a quarter of vpdpwssd's rate (BENCHMARKS.md; attn__isa_caps).
+// kernels' P V of the "avx512vnni" table (vpdpwssd, in its AVX512-VBMI form: every CPU with tiles
+// has it): the CPUs with tiles are Intel's, whose vdpbf16ps runs at a quarter of vpdpwssd's rate
+// (BENCHMARKS.md; attn__isa_caps).
 const attn__kernels attn__kernels_amxbf16 = {
     .name = "amxbf16",
     .isa = ATTN_ISA_AMX_BF16,
     AVX512_ENTRIES,
     .gemm_bf16 = attn__gemm_bf16_amx,
     BF16_DOT_ENTRIES,
-    .pv_rows_q = attn__pv_rows_q_avx512vnni,
+    .pv_rows_q = attn__pv_rows_q_avx512vbmi,
 };
 #endif

@@ -118,9 +118,9 @@ EMU_INLINE simde__m512bh emu512_cvtne2ps_pbh(simde__m512 a, simde__m512 b) {
     return r;
 }
 
-// The intrinsics of the Q4_0 kernels (quant_kernels_avx512vnni.c, quant_kernels_avx512bf16.c) that
-// SIMDe 0.7 lacks: masked byte loads (touching only the selected bytes), widening, reductions,
-// rounding.
+// The intrinsics of the Q4_0 kernels (quant_kernels_avx512vnni.c, quant_pv_int16.h,
+// quant_kernels_avx512bf16.c) that SIMDe 0.7 lacks: masked byte loads (touching only the selected
+// bytes), widening, reductions, rounding, arithmetic shifts of dwords.
 EMU_INLINE simde__m512i emu512_maskz_loadu_epi8(simde__mmask64 k, const void *p) {
     uint8_t b[64];
     for (int i = 0; i < 64; i++) b[i] = (k >> i) & 1u ? ((const uint8_t *)p)[i] : 0;
@@ -143,6 +143,14 @@ EMU_INLINE simde__m512i emu512_cvt_roundps_epi32(simde__m512 a, int rounding) { 
     int32_t w[16];
     memcpy(f, &a, sizeof f);
     for (int i = 0; i < 16; i++) w[i] = f[i] == f[i] && fabsf(f[i]) < 0x1p31f ? (int32_t)nearbyintf(f[i]) : INT32_MIN;
+    simde__m512i r;
+    memcpy(&r, w, sizeof r);
+    return r;
+}
+EMU_INLINE simde__m512i emu512_srai_epi32(simde__m512i a, unsigned imm) { // imm < 32
+    int32_t w[16];
+    memcpy(w, &a, sizeof w);
+    for (int i = 0; i < 16; i++) w[i] = w[i] >= 0 ? w[i] >> imm : -1 - ((-1 - w[i]) >> imm); // floor(w / 2^imm)
     simde__m512i r;
     memcpy(&r, w, sizeof r);
     return r;
@@ -175,6 +183,7 @@ EMU_INLINE int32_t emu512_reduce_add_epi32(simde__m512i a) {
 #undef _mm512_cvtepu8_epi16
 #undef _mm512_cvtepi32_epi8
 #undef _mm512_cvt_roundps_epi32
+#undef _mm512_srai_epi32
 #undef _mm512_reduce_max_ps
 #undef _mm512_reduce_add_epi32
 #define _mm512_mask_loadu_ps emu512_mask_loadu_ps
@@ -193,6 +202,7 @@ EMU_INLINE int32_t emu512_reduce_add_epi32(simde__m512i a) {
 #define _mm512_cvtepu8_epi16 emu512_cvtepu8_epi16
 #define _mm512_cvtepi32_epi8 emu512_cvtepi32_epi8
 #define _mm512_cvt_roundps_epi32 emu512_cvt_roundps_epi32
+#define _mm512_srai_epi32 emu512_srai_epi32
 #define _mm512_reduce_max_ps emu512_reduce_max_ps
 #define _mm512_reduce_add_epi32 emu512_reduce_add_epi32
 #endif
