@@ -89,8 +89,8 @@ INLINE pair_index pair_index_of(void) {
 // *lo the low nibbles n, *hi the whole bytes u = 16 n' + n (ipv_pass takes the high nibbles n' from
 // the sums: sum (u - n) w = 16 sum n' w, one shift instead of one a key pair); Q8_0: the quants,
 // sign-extended. With AVX512-VBMI (ATTN_PV_VBMI) one vpermb a half places both keys' bytes from
-// one load of both (Q8_0: its high bytes, shifted down with the sign); else pair_bytes (two unpacks,
-// an insertion and a widening).
+// one load of both (Q8_0's into each word's high byte, then shifted down with the sign); else
+// pair_bytes (two unpacks, an insertion and a widening).
 INLINE void key_pairs(const attn_dtype dt, const uint8_t *x, const uint8_t *y, const pair_index *ix, __m512i *lo,
                       __m512i *hi) {
     const __m512i m4 = _mm512_set1_epi16(0x0F);
