@@ -342,9 +342,11 @@ void attn__qk_rows_q_avx2(attn_dtype dt, const void *k, int64_t ks_row, int nj, 
 // their largest magnitude W, w' = round(w * 32767 / W) (W taken as at least 2^-110), as the
 // AVX512_VNNI table does; two keys' quants (exact in int16: Q4_0's nibbles n, Q8_0's q) go in each
 // dword, and vpmaddwd meets them with the two keys' rounded weights, its int32 sums added by vpaddd:
-// 32 vpmaddwd and 32 vpaddd a key (the sums are exact: at most 96 * 32767 * 128 in magnitude). The
+// 32 vpmaddwd and 32 vpaddd a key (the sums are exact: at most 96 * 32767 * 255 in magnitude). The
 // sums are scaled back by W / 32767; Q4_0's n - 8 is the nibbles' sum less 8 times the rounded
-// weights' sum. attn.h's kv_dtype bound gives the error this adds (each
+// weights' sum, and its high nibbles n' meet the weights as the whole bytes u = 16 n' + n, whose
+// sums less the low nibbles' are 16 times theirs (exactly; a subtraction and a shift a sum in the
+// end instead of two shifts a key pair). attn.h's kv_dtype bound gives the error this adds (each
 // weight within W / 65534 plus float32 rounding; over a tile a row's weights sum to at least their
 // largest). A tile whose weights are not all finite (an infinite or NaN block scale:
 // nan_if_infinite in group_scales) takes the float form, where such a scale makes the rows that
@@ -397,12 +399,11 @@ INLINE void ipv_pair(const attn_dtype dt, const int NR, const int h, const uint8
                      const int32_t *wi, __m256i c[8]) {
     const int off = dt == ATTN_DTYPE_Q4_0 ? 2 : 2 + 16 * h; // Q4_0: the half's nibbles, low or high, of all 16 bytes
     const __m128i *xa = (const __m128i *)(x + off), *ya = (const __m128i *)(y + off);
-    __m256i xw, yw; // the half's 16 values of each key, as words
+    __m256i xw, yw; // the half's 16 values of each key, as words (Q4_0's second half: the whole bytes)
     if (dt == ATTN_DTYPE_Q4_0) {
         const __m256i m4 = _mm256_set1_epi16(0x0F);
         xw = _mm256_cvtepu8_epi16(_mm_loadu_si128(xa)), yw = _mm256_cvtepu8_epi16(_mm_loadu_si128(ya));
-        xw = h == 0 ? _mm256_and_si256(xw, m4) : _mm256_srli_epi16(xw, 4);
-        yw = h == 0 ? _mm256_and_si256(yw, m4) : _mm256_srli_epi16(yw, 4);
+        if (h == 0) xw = _mm256_and_si256(xw, m4), yw = _mm256_and_si256(yw, m4);
     } else {
         xw = _mm256_cvtepi8_epi16(_mm_loadu_si128(xa)), yw = _mm256_cvtepi8_epi16(_mm_loadu_si128(ya));
     }
@@ -490,13 +491,18 @@ INLINE void add_half(const __m256 f[8], const float *alpha, bool scale_o, int nr
 // Half h of block g of a group for NR rows: in f[2r], f[2r + 1] row r's sums over the nj keys of
 // the block's columns 16h .. 16h + 15, from the rounded weights (ints: wi, with their sums isum and
 // units unit) or the float ones (w, with 8 times their sums wsum; four rows, a tile that is rarely
-// taken); prefetch: pv_half's.
+// taken); prefetch: pv_half's. low: the int32 sums of the first half, kept by its call for the
+// second's (Q4_0: the whole bytes' sums less these are 16 times the high nibbles').
 INLINE void half_sums(const attn_dtype dt, const int NR, const int h, bool ints, const uint8_t *b, int64_t row_bytes,
                       int nj, int g, const int32_t *wi, const int32_t isum[16], const float unit[16], const float *w,
-                      const float wsum[16], bool prefetch, __m256 f[8]) {
+                      const float wsum[16], bool prefetch, __m256i low[8], __m256 f[8]) {
     if (ints) {
         __m256i c[8];
         ipv_half(dt, NR, h, b, row_bytes, nj, wi + 4 * g, prefetch, c);
+        for (int x = 0; x < 2 * NR; x++) {
+            if (h == 0) low[x] = c[x];
+            else if (dt == ATTN_DTYPE_Q4_0) c[x] = _mm256_srai_epi32(_mm256_sub_epi32(c[x], low[x]), 4);
+        }
         for (int r = 0; r < NR; r++) {
             const __m256i less = _mm256_set1_epi32(dt == ATTN_DTYPE_Q4_0 ? 8 * isum[4 * g + r] : 0);
             const __m256 u = _mm256_set1_ps(unit[4 * g + r]);
@@ -555,9 +561,10 @@ INLINE void pv_rows_block(const attn_dtype dt, const int NR, const void *v, int6
         for (int g = 0; g < nbg; g++) {
             const uint8_t *b = block_at(v, dt, e0 + g * ATTN_QBLOCK);
             __m256 f[8];
-            half_sums(dt, NR, 0, ints, b, row_bytes, nj, g, wi, isum, unit, w, wsum, prefetch, f);
+            __m256i low[8] = {_mm256_setzero_si256()}; // set by the first half_sums where the second reads it
+            half_sums(dt, NR, 0, ints, b, row_bytes, nj, g, wi, isum, unit, w, wsum, prefetch, low, f);
             add_half(f, alpha, scale_o, nr, o, ldo, e0 + g * ATTN_QBLOCK);
-            half_sums(dt, NR, 1, ints, b, row_bytes, nj, g, wi, isum, unit, w, wsum, prefetch, f);
+            half_sums(dt, NR, 1, ints, b, row_bytes, nj, g, wi, isum, unit, w, wsum, prefetch, low, f);
             add_half(f, alpha, scale_o, nr, o, ldo, e0 + g * ATTN_QBLOCK + 16);
         }
     }
