@@ -438,12 +438,16 @@ const attn__kernels attn__kernels_avx512 = {
 // Two forms, the same bits: the P V pairing keys with AVX512-VBMI's byte permutes where the CPU
 // has it (quant_kernels_avx512vbmi.c; every one above but Cascade Lake), else with unpacks
 // (quant_kernels_avx512vnni.c). attn__kernels_for picks; attn__kernel_tables lists both.
+// The q.k of the Q8_0 and Q4_0 decode kernels on vpdpbusd, shared with the bf16 tables.
+#define VNNI_QK_ENTRIES \
+    .qk_rows_q = attn__qk_rows_q_avx512vnni, \
+    .prep_q = attn__prep_q_avx512vnni
+
 const attn__kernels attn__kernels_avx512vnni = {
     .name = "avx512vnni",
     .isa = ATTN_ISA_AVX512_VNNI,
     AVX512_ENTRIES,
-    .qk_rows_q = attn__qk_rows_q_avx512vnni,
-    .prep_q = attn__prep_q_avx512vnni,
+    VNNI_QK_ENTRIES,
     .pv_rows_q = attn__pv_rows_q_avx512vnni,
 };
 #if defined(ATTN_HAVE_AVX512VBMI)
@@ -451,8 +455,7 @@ const attn__kernels attn__kernels_avx512vnni_vbmi = {
     .name = "avx512vnni+vbmi",
     .isa = ATTN_ISA_AVX512_VNNI,
     AVX512_ENTRIES,
-    .qk_rows_q = attn__qk_rows_q_avx512vnni,
-    .prep_q = attn__prep_q_avx512vnni,
+    VNNI_QK_ENTRIES,
     .pv_rows_q = attn__pv_rows_q_avx512vbmi,
 };
 #endif
@@ -468,8 +471,7 @@ const attn__kernels attn__kernels_avx512vnni_vbmi = {
     .transpose_pairs_bf16 = attn__transpose_pairs_bf16_avx512, \
     .scale_to_bf16 = attn__scale_to_bf16_avx512, \
     .softmax_pairs_bf16 = attn__softmax_pairs_bf16_avx512, \
-    .qk_rows_q = attn__qk_rows_q_avx512vnni, \
-    .prep_q = attn__prep_q_avx512vnni
+    VNNI_QK_ENTRIES
 
 // The decode kernels' P V on vdpbf16ps (quant_kernels_avx512bf16.c).
 const attn__kernels attn__kernels_avx512bf16 = {
