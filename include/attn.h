@@ -275,8 +275,8 @@ ATTN_API attn_status attn_executor_gomp(void *gomp_parallel, attn_executor *out)
  * their own that scales the weights by the block scales instead of the values (see
  * attn_sdpa_desc.kv_dtype; where the CPU also has AVX512-VBMI, every such CPU since Ice Lake, that
  * P V pairs the keys' quants with its byte permutes, the same results in fewer instructions);
- * AVX512_BF16 the AVX512_VNNI kernels plus bf16 dot products (vdpbf16ps,
- * AVX512-BF16 and AVX512-BW) for the fused forward and backward of bf16 tensors
+ * AVX512_BF16 the AVX512_VNNI kernels plus bf16 dot products (vdpbf16ps, AVX512-BF16 and
+ * AVX512-BW) for the fused forward and backward of bf16 tensors
  * (attn_sdpa_desc.q_dtype and grad_dtype say how their errors differ); AMX_BF16 the AVX512_BF16
  * kernels with those products on AMX tiles (tdpbf16ps, AMX-BF16: the same exact bf16 products
  * summed in float32, so the same error bounds; Xeons since Sapphire Rapids, Linux granting the

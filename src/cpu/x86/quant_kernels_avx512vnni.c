@@ -1,9 +1,8 @@
 // quant_kernels_avx512vnni.c - the q.k of the decode row kernels of cpu.h for Q8_0 and Q4_0 keys
-// (prep_q, qk_rows_q) on AVX512-VNNI's vpdpbusd, for the tables "avx512vnni" and "avx512bf16" /
-// "amxbf16", and the P V on vpdpwssd (quant_pv_int16.h) of the "avx512vnni" table for CPUs without
-// AVX512-VBMI (pv_rows_q, at the end; quant_kernels_avx512vbmi.c has the P V of the others, and of
-// "amxbf16"; the "avx512bf16" table's is on vdpbf16ps, quant_kernels_avx512bf16.c). Compiled with
-// -mavx512f -mavx512bw -mavx512vl -mavx512vnni for this file only.
+// (prep_q, qk_rows_q) on AVX512-VNNI's vpdpbusd, for the tables "avx512vnni", "avx512bf16" and
+// "amxbf16"; and, at the end, the P V on vpdpwssd of quant_pv_int16.h in its form without
+// AVX512-VBMI, the "avx512vnni" table's on CPUs without it (quant_kernels_avx512vbmi.c has the other
+// form). Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni for this file only.
 //
 // A float32 kernel spends 7 instructions dequantising a block for its 8 FMAs with the four query
 // rows of a GQA group (quant_kernels_avx512.c); here prep_q rounds each query row to int8 per block
