@@ -12,7 +12,7 @@
 // many of these other instructions as dot products; BENCHMARKS.md reads their cost from this. Rows
 // whose instruction the CPU lacks (vcvtne2ps2bf16 without AVX512-BF16, the byte permutes without
 // AVX512-VBMI) are left out. With AVX2 and FMA, 256-bit instructions beside vpmaddwd (the P V of the
-// AVX2 table, src/cpu/x86/quant_kernels_avx2.c, whose q . k runs on vpmaddubsw, vpsignb and
+// AVX2 table, src/cpu/x86/quant_avx2.h, whose q . k runs on vpmaddubsw, vpsignb and
 // vpmaddwd): there the instructions of the other kind write six registers in turn (sixteen ymm
 // registers hold the 8 products' results and the two sources), so an FMA, which reads its
 // destination, would chain on its latency; vmulps stands for the float multiply pipes.

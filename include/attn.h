@@ -269,7 +269,9 @@ ATTN_API attn_status attn_executor_gomp(void *gomp_parallel, attn_executor *out)
  * Which kernels a context uses. AUTO picks the fastest this CPU runs. REF is the scalar reference
  * (the specification: plain loops, one thread, slow); GENERIC the fused kernels in portable C;
  * AVX2 the fused kernels with AVX2 and FMA3 (Q8_0 and Q4_0 decoding on 8- and 16-bit integer
- * products: attn_sdpa_desc.kv_dtype); AVX512 with AVX-512F; AVX512_VNNI the AVX512 kernels
+ * products: attn_sdpa_desc.kv_dtype; where the CPU also has AVX-VNNI, Intel's cores since Alder
+ * Lake and Sapphire Rapids, on its 256-bit dot products, the same results in fewer instructions);
+ * AVX512 with AVX-512F; AVX512_VNNI the AVX512 kernels
  * with the q . k of Q8_0 and Q4_0 decoding on 8-bit dot products (vpdpbusd, AVX512-VNNI with
  * AVX512-BW and VL: CPUs without AVX512-BF16 such as Intel's Cascade Lake and Ice Lake) and a P V of
  * their own that scales the weights by the block scales instead of the values (see

@@ -143,6 +143,10 @@ static inline void attn__round_bf16_any(const attn__kernels *kn, const float *x,
 extern const attn__kernels attn__kernels_generic;
 #if defined(ATTN_HAVE_AVX2)
 extern const attn__kernels attn__kernels_avx2;
+#if defined(ATTN_HAVE_AVXVNNI)
+// Its twin with the block types' decode kernels on AVX-VNNI (the same bits).
+extern const attn__kernels attn__kernels_avx2_vnni;
+#endif
 // The AVX2 philox_lanes and f32_to_half, which the AVX-512 tables share (flash_kernels_avx2.c).
 void attn__philox_lanes_avx2(uint32_t c0, int64_t i0, uint32_t c2, uint32_t c3, uint64_t seed,
                              uint32_t w[4][ATTN_PHILOX_LANES]);
@@ -184,7 +188,8 @@ void attn__gemm_bf16_amx(const uint16_t *A, int64_t a_rs, int64_t a_ps, int M, i
 const attn__kernels *attn__kernels_for(attn_isa isa, bool *ok);
 
 // Every table of isa (not AUTO) that this build and this CPU run, attn__kernels_for's first, then
-// the forms it passes over (the "avx512vnni" table without AVX512-VBMI's pairing on a CPU with it),
+// the forms it passes over (the "avx512vnni" table without AVX512-VBMI's pairing on a CPU with it,
+// "avx2" without AVX-VNNI's dot products on a CPU with them),
 // which give the same bits: their number (0 for one that does not run, and for ATTN_ISA_REF), for
 // tests and benchmarks that compare them.
 #define ATTN_MAX_ISA_TABLES 2

@@ -30,6 +30,21 @@ static inline bool cpu_has_avx2_fma(void) {
 #endif
 }
 
+// AVX-VNNI (CPUID leaf 7 subleaf 1, EAX bit 4, read where subleaf 0's EAX says subleaf 1 exists):
+// the VEX-encoded vpdpbusd and vpdpwssd on 256-bit vectors, beside AVX2 (Intel's cores since Alder
+// Lake and Sapphire Rapids, among others): the AVX2 table's "avx2+vnni" form.
+static inline bool cpu_has_avx_vnni(void) {
+#if defined(ATTN_EMULATE_AVX512) // the form's dot products are plain C there (quant_avx2.h)
+    return cpu_has_avx2_fma();
+#elif defined(ATTN_HAVE_AVXVNNI) && (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+    unsigned a, b, c, d;
+    if (!cpu_has_avx2_fma() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || a < 1) return false;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4)) != 0;
+#else
+    return false;
+#endif
+}
+
 static inline bool cpu_has_avx512(void) {
 #if defined(ATTN_EMULATE_AVX512) // the kernels run through SIMDe on AVX2 (a test build)
     return cpu_has_avx2_fma();
@@ -144,6 +159,9 @@ const attn__kernels *attn__kernels_for(attn_isa isa, bool *ok) {
     case ATTN_ISA_GENERIC:
         return &attn__kernels_generic;
     case ATTN_ISA_AVX2:
+#if defined(ATTN_HAVE_AVXVNNI)
+        if (cpu_has_avx_vnni()) return &attn__kernels_avx2_vnni;
+#endif
 #if defined(ATTN_HAVE_AVX2)
         if (cpu_has_avx2_fma()) return &attn__kernels_avx2;
 #endif
@@ -194,6 +212,9 @@ int attn__kernel_tables(attn_isa isa, const attn__kernels *out[ATTN_MAX_ISA_TABL
     out[n++] = first;
 #if defined(ATTN_HAVE_AVX512VNNI)
     if (first != &attn__kernels_avx512vnni && isa == ATTN_ISA_AVX512_VNNI) out[n++] = &attn__kernels_avx512vnni;
+#endif
+#if defined(ATTN_HAVE_AVX2)
+    if (first != &attn__kernels_avx2 && isa == ATTN_ISA_AVX2) out[n++] = &attn__kernels_avx2;
 #endif
     return n;
 }

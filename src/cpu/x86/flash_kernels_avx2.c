@@ -568,22 +568,39 @@ void attn__philox_lanes_avx2(uint32_t c0, int64_t i0, uint32_t c2, uint32_t c3, 
     }
 }
 
+// The entries both forms of the AVX2 table share.
+#define AVX2_ENTRIES \
+    .isa = ATTN_ISA_AVX2, \
+    .gemm = gemm_avx2, \
+    .softmax = softmax_avx2, \
+    .pv = pv_avx2, \
+    .exp2 = exp2_avx2, \
+    .bwd_p = bwd_p_avx2, \
+    .bwd_ds = bwd_ds_avx2, \
+    .qk_rows = qk_rows_avx2, \
+    .pv_rows = pv_rows_avx2, \
+    .half_to_f32 = half_to_f32_avx2, \
+    .f32_to_half = attn__f32_to_half_avx2, \
+    .dequant_rows = attn__dequant_rows_avx2, \
+    .philox_lanes = attn__philox_lanes_avx2
+
 const attn__kernels attn__kernels_avx2 = {
     .name = "avx2",
-    .isa = ATTN_ISA_AVX2,
-    .gemm = gemm_avx2,
-    .softmax = softmax_avx2,
-    .pv = pv_avx2,
-    .exp2 = exp2_avx2,
-    .bwd_p = bwd_p_avx2,
-    .bwd_ds = bwd_ds_avx2,
-    .qk_rows = qk_rows_avx2,
-    .pv_rows = pv_rows_avx2,
-    .half_to_f32 = half_to_f32_avx2,
-    .f32_to_half = attn__f32_to_half_avx2,
+    AVX2_ENTRIES,
     .qk_rows_q = attn__qk_rows_q_avx2,
     .pv_rows_q = attn__pv_rows_q_avx2,
     .prep_q = attn__prep_q_avx2,
-    .dequant_rows = attn__dequant_rows_avx2,
-    .philox_lanes = attn__philox_lanes_avx2,
 };
+
+#if defined(ATTN_HAVE_AVXVNNI)
+// The AVX2 table with the Q8_0 and Q4_0 decode kernels on AVX-VNNI's vpdpbusd and vpdpwssd
+// (quant_kernels_avxvnni.c; the same bits): attn__kernels_for gives it to ATTN_ISA_AVX2 where the
+// CPU reports AVX-VNNI, and attn__kernel_tables lists both.
+const attn__kernels attn__kernels_avx2_vnni = {
+    .name = "avx2+vnni",
+    AVX2_ENTRIES,
+    .qk_rows_q = attn__qk_rows_q_avxvnni,
+    .pv_rows_q = attn__pv_rows_q_avxvnni,
+    .prep_q = attn__prep_q_avxvnni,
+};
+#endif
