@@ -514,7 +514,7 @@ typedef struct attn_sdpa_desc {
      * the decode kernels of the ISAs of attn_isa_int8_query (ATTN_ISA_AVX2, ATTN_ISA_AVX512_VNNI,
      * ATTN_ISA_AVX512_BF16 and ATTN_ISA_AMX_BF16; the few-row decoding path: a GQA group's queries, at
      * most 8, against rows of contiguous blocks), which run q . k on 8-bit products (AVX2's vpmaddubsw,
-     * AVX512-VNNI's vpdpbusd), as ggml rounds its query to Q8_0 for these types: each query row (scaled
+     * or AVX-VNNI's vpdpbusd where the CPU has it; AVX512-VNNI's vpdpbusd), as ggml rounds its query to Q8_0 for these types: each query row (scaled
      * by scale * log2(e)) is rounded to int8 per block of 32 with a float scale max|q_b| / 127 (a block
      * below 2^-96 in magnitude becomes 0; a query holding a NaN or an infinity is left in float32).
      * AVX512_BF16 also runs P V on vdpbf16ps (attn_isa_int16_weights says which ISA rounds how):
@@ -522,7 +522,7 @@ typedef struct attn_sdpa_desc {
      * takes one below 2^-126 as 0) before meeting the values' quants (Q8_0's q, Q4_0's q - 8:
      * exact in bf16). AVX512_VNNI and AMX_BF16 (whose CPUs,
      * Intel's, run vdpbf16ps at a quarter of vpdpwssd's rate) run P V on vpdpwssd and AVX2 on
-     * vpmaddwd: each weight times its key's block scale, w = p * d, is rounded to int16
+     * vpmaddwd (AVX-VNNI's vpdpwssd where the CPU has it; the same results): each weight times its key's block scale, w = p * d, is rounded to int16
      * against the largest |w| of its row and block over a tile of at most 96 keys, W (32767 * w / W
      * to nearest; W taken as at least 2^-110), and meets the quants as int16 (exact); a tile holding
      * a weight that is not finite runs the float products instead. Against the
