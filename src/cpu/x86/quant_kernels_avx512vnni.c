@@ -7,10 +7,12 @@
 // A float32 kernel spends 7 instructions dequantising a block for its 8 FMAs with the four query
 // rows of a GQA group (quant_kernels_avx512.c); here prep_q rounds each query row to int8 per block
 // of 32, with a float scale d_q = max|q| / 127, as ggml rounds its query to Q8_0 for these types,
-// laid out for the steps below (q_group). Four keys go at once: each key's group of a row (Q4_0:
-// four blocks, 72 bytes; Q8_0: two blocks, 68 bytes) is gathered by one vpermt2w, and a transpose of
-// the four keys' 128-bit quarters makes step vectors whose lane 4l + c holds key l's bytes for
-// column c (one block's), split into low and high nibbles (Q4_0) or flipped to q + 128 (Q8_0).
+// laid out for the steps below (q_group). Four keys go at once, in step vectors whose lane 4l + c
+// holds key l's bytes for column c (one block's): Q4_0's group of a row (four blocks, 72 bytes) is
+// gathered by one vpermt2w a key and the four keys' 128-bit quarters transposed, then split into
+// low and high nibbles; Q8_0's (two blocks, 68 bytes) loads as one vector a key (a block a half),
+// two qword permutes a key pair and four quarter shuffles transpose it, and its quants are flipped
+// to q + 128.
 // vpdpbusd (64 unsigned x signed byte products an instruction, four summed a lane) meets each step
 // with the query bytes of its columns, repeated for the four keys, so the lanes need no sums across
 // them: one conversion and one multiply by d_k d_q a row serve four keys, and the columns are added
@@ -84,15 +86,15 @@ void attn__prep_q_avx512vnni(attn_dtype dt, const float *q, int rows, int D, voi
     prep_rows(dt, q, rows, D, out, quantise_block, store_group);
 }
 
-// The word indices gathering a key's group from its two 64-byte loads in q.k's order: dword 4t + c
-// of the result is the group's quant dword key_dword(t, c) (block b's quants start at byte 2 of the
-// block: word b * block_bytes / 2 + 1).
-INLINE __m512i key_words(attn_dtype dt) {
-    const int half = block_bytes(dt) / 2, per_block = ATTN_QBLOCK / (dt == ATTN_DTYPE_Q8_0 ? 4 : 8);
+// The word indices gathering a key's Q4_0 group from its two 64-byte loads in q.k's order: dword
+// 4t + c of the result is the group's quant dword key_dword(t, c) (block b's quants start at byte 2
+// of the block: word 9 b + 1; four dwords a block).
+INLINE __m512i key_words(void) {
+    const int half = ATTN_Q4_0_BYTES / 2, per_block = ATTN_QBLOCK / 8;
     uint16_t w[32];
     for (int t = 0; t < 4; t++)
         for (int c = 0; c < 4; c++) {
-            const int d = key_dword(dt, t, c), word = half * (d / per_block) + 1 + 2 * (d % per_block);
+            const int d = key_dword(ATTN_DTYPE_Q4_0, t, c), word = half * (d / per_block) + 1 + 2 * (d % per_block);
             w[2 * (4 * t + c)] = (uint16_t)word, w[2 * (4 * t + c) + 1] = (uint16_t)(word + 1);
         }
     return _mm512_loadu_si512(w);
@@ -110,25 +112,44 @@ INLINE __m512i key_scale_words(attn_dtype dt, int l0) {
 
 // Four key rows' groups at x[c] (the group's blocks and load masks in sp) against NR (4, 2 or 1)
 // query rows' groups p[r]: acc[r] lane 4l + c gains row r's products with key l over column c.
-// Each key's group is gathered in step order (kw), the four keys' 128-bit quarters transposed so
-// that vector t holds step t of every key, then split into nibbles (Q4_0) or flipped (Q8_0); each
+// The keys' groups are gathered and transposed so that vector t holds step t of every key (Q4_0:
+// each key's group in step order by kw, then its 128-bit quarters; Q8_0: below), then split into
+// nibbles (Q4_0) or flipped (Q8_0); each
 // row's steps meet them with its query bytes (repeated for the four keys), and one float conversion
 // and one multiply by d_k d_q apply to four keys at once.
 INLINE void keys_group(const attn_dtype dt, const int NR, const uint8_t *const x[4], group_span sp,
                        const q_group *const p[4], __m512i kw, __m512i s01, __m512i s23, __m512 acc[4]) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
-    __m512i kc[4], z0[4], k[8];
-    for (int l = 0; l < 4; l++) {
-        z0[l] = _mm512_maskz_loadu_epi8(sp.m0, x[l]);
-        kc[l] = _mm512_permutex2var_epi16(z0[l], kw, _mm512_maskz_loadu_epi8(sp.m1, x[l] + 64));
+    __m512i z0[4], k[8], st[4];
+    for (int l = 0; l < 4; l++) z0[l] = _mm512_maskz_loadu_epi8(sp.m0, x[l]);
+    if (dt == ATTN_DTYPE_Q4_0) {
+        __m512i kc[4];
+        for (int l = 0; l < 4; l++) kc[l] = _mm512_permutex2var_epi16(z0[l], kw, _mm512_maskz_loadu_epi8(sp.m1, x[l] + 64));
+        // quarter t of kc[l] -> quarter l of step t
+        const __m512i a = _mm512_shuffle_i32x4(kc[0], kc[1], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512i b = _mm512_shuffle_i32x4(kc[0], kc[1], _MM_SHUFFLE(3, 2, 3, 2));
+        const __m512i c = _mm512_shuffle_i32x4(kc[2], kc[3], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512i d = _mm512_shuffle_i32x4(kc[2], kc[3], _MM_SHUFFLE(3, 2, 3, 2));
+        st[0] = _mm512_shuffle_i32x4(a, c, _MM_SHUFFLE(2, 0, 2, 0)), st[1] = _mm512_shuffle_i32x4(a, c, _MM_SHUFFLE(3, 1, 3, 1));
+        st[2] = _mm512_shuffle_i32x4(b, d, _MM_SHUFFLE(2, 0, 2, 0)), st[3] = _mm512_shuffle_i32x4(b, d, _MM_SHUFFLE(3, 1, 3, 1));
+    } else {
+        // Q8_0: step t's quarter l is key l's quant qword t of each block (key_dword), so each key's
+        // two blocks' quants load as the halves of one vector (qwords 0-3 block 0's, 4-7 block 1's;
+        // zeros for a group of one block, which meet query bytes 0) and two qword permutes a key
+        // pair and four quarter shuffles transpose them
+        __m512i kq[4];
+        for (int l = 0; l < 4; l++) {
+            const __m256i b0 = _mm256_loadu_si256((const __m256i *)(x[l] + 2));
+            const __m256i b1 = sp.blocks == 2 ? _mm256_loadu_si256((const __m256i *)(x[l] + 2 + ATTN_Q8_0_BYTES))
+                                              : _mm256_setzero_si256();
+            kq[l] = _mm512_inserti64x4(_mm512_castsi256_si512(b0), b1, 1);
+        }
+        const __m512i even = _mm512_setr_epi64(0, 4, 8, 12, 1, 5, 9, 13), odd = _mm512_setr_epi64(2, 6, 10, 14, 3, 7, 11, 15);
+        const __m512i a01 = _mm512_permutex2var_epi64(kq[0], even, kq[1]), b01 = _mm512_permutex2var_epi64(kq[0], odd, kq[1]);
+        const __m512i a23 = _mm512_permutex2var_epi64(kq[2], even, kq[3]), b23 = _mm512_permutex2var_epi64(kq[2], odd, kq[3]);
+        st[0] = _mm512_shuffle_i32x4(a01, a23, _MM_SHUFFLE(1, 0, 1, 0)), st[1] = _mm512_shuffle_i32x4(a01, a23, _MM_SHUFFLE(3, 2, 3, 2));
+        st[2] = _mm512_shuffle_i32x4(b01, b23, _MM_SHUFFLE(1, 0, 1, 0)), st[3] = _mm512_shuffle_i32x4(b01, b23, _MM_SHUFFLE(3, 2, 3, 2));
     }
-    // quarter t of kc[l] -> quarter l of step t
-    const __m512i a = _mm512_shuffle_i32x4(kc[0], kc[1], _MM_SHUFFLE(1, 0, 1, 0));
-    const __m512i b = _mm512_shuffle_i32x4(kc[0], kc[1], _MM_SHUFFLE(3, 2, 3, 2));
-    const __m512i c = _mm512_shuffle_i32x4(kc[2], kc[3], _MM_SHUFFLE(1, 0, 1, 0));
-    const __m512i d = _mm512_shuffle_i32x4(kc[2], kc[3], _MM_SHUFFLE(3, 2, 3, 2));
-    const __m512i st[4] = {_mm512_shuffle_i32x4(a, c, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_i32x4(a, c, _MM_SHUFFLE(3, 1, 3, 1)),
-                           _mm512_shuffle_i32x4(b, d, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_i32x4(b, d, _MM_SHUFFLE(3, 1, 3, 1))};
     for (int t = 0; t < 4; t++) {
         if (dt == ATTN_DTYPE_Q4_0) k[t] = _mm512_and_si512(st[t], m4), k[4 + t] = _mm512_and_si512(_mm512_srli_epi16(st[t], 4), m4);
         else k[t] = _mm512_xor_si512(st[t], flip); // q + 128, unsigned
@@ -138,13 +159,17 @@ INLINE void keys_group(const attn_dtype dt, const int NR, const uint8_t *const x
                                                _mm512_permutex2var_epi16(z0[2], s23, z0[3]));
     const __m512 dk = nan_if_infinite(_mm512_cvtph_ps(_mm512_castsi512_si256(dw)));
     for (int r = 0; r < NR; r++) {
-        __m512i e = _mm512_load_si512(p[r]->init), o = _mm512_setzero_si512(); // two chains: even and odd steps
-        for (int s = 0; s < qk_steps(dt); s += 2) {
-            e = _mm512_dpbusd_epi32(e, k[s], _mm512_load_si512(p[r]->q[s]));
-            o = _mm512_dpbusd_epi32(o, k[s + 1], _mm512_load_si512(p[r]->q[s + 1]));
+        // Q8_0's four steps in one chain; Q4_0's eight in two (the low nibbles' and the high ones'),
+        // whose addition costs less than a chain of eight's latency there
+        __m512i e = _mm512_load_si512(p[r]->init);
+        for (int s = 0; s < 4; s++) e = _mm512_dpbusd_epi32(e, k[s], _mm512_load_si512(p[r]->q[s]));
+        if (dt == ATTN_DTYPE_Q4_0) {
+            __m512i h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), k[4], _mm512_load_si512(p[r]->q[4]));
+            for (int s = 5; s < 8; s++) h = _mm512_dpbusd_epi32(h, k[s], _mm512_load_si512(p[r]->q[s]));
+            e = _mm512_add_epi32(e, h);
         }
         const __m512 dq = _mm512_load_ps(p[r]->dq);
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(e, o)), _mm512_mul_ps(dk, dq), acc[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(e), _mm512_mul_ps(dk, dq), acc[r]);
     }
 }
 
@@ -156,7 +181,7 @@ INLINE void qk_rows_block(const attn_dtype dt, const int NR, const void *k, int6
                           const int G, const q_group *qg, int nr, bool prefetch, float *s, int64_t s_r, int64_t s_j) {
     const int nb = D / ATTN_QBLOCK, per = qk_blocks(dt), row_bytes = nb * block_bytes(dt);
     const int64_t stride = ks_row / ATTN_QBLOCK * block_bytes(dt), group_bytes = (int64_t)per * block_bytes(dt);
-    const __m512i kw = key_words(dt), s01 = key_scale_words(dt, 0), s23 = key_scale_words(dt, 2);
+    const __m512i kw = key_words(), s01 = key_scale_words(dt, 0), s23 = key_scale_words(dt, 2);
     const q_group *qr[4];
     for (int r = 0; r < 4; r++) qr[r] = qg + (int64_t)(r < nr ? r : 0) * G;
     for (int j = 0; j < nj; j += 4) {
