@@ -114,9 +114,8 @@ INLINE __m512i key_scale_words(attn_dtype dt, int l0) {
 // query rows' groups p[r]: acc[r] lane 4l + c gains row r's products with key l over column c.
 // The keys' groups are gathered and transposed so that vector t holds step t of every key (Q4_0:
 // each key's group in step order by kw, then its 128-bit quarters; Q8_0: below), then split into
-// nibbles (Q4_0) or flipped (Q8_0); each
-// row's steps meet them with its query bytes (repeated for the four keys), and one float conversion
-// and one multiply by d_k d_q apply to four keys at once.
+// nibbles (Q4_0) or flipped (Q8_0); each row's steps meet them with its query bytes (repeated for
+// the four keys), and one float conversion and one multiply by d_k d_q apply to four keys at once.
 INLINE void keys_group(const attn_dtype dt, const int NR, const uint8_t *const x[4], group_span sp,
                        const q_group *const p[4], __m512i kw, __m512i s01, __m512i s23, __m512 acc[4]) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
