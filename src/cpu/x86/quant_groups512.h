@@ -101,12 +101,11 @@ INLINE void key_pair_rows(const uint8_t *v, int64_t stride, int j, int nj, int64
 }
 
 // Two keys' 16 quant bytes side by side, x's and y's: word 2i of the result holds byte i of x, word
-// 2i + 1 byte i of y, zero-extended (sign: sign-extended), so that dword i pairs the two keys' byte i
-// for the dot products of pairs (vpdpwssd, vdpbf16ps).
-INLINE __m512i pair_bytes(const uint8_t *x, const uint8_t *y, bool sign) {
+// 2i + 1 byte i of y, zero-extended, so that dword i pairs the two keys' byte i for the dot products
+// of pairs (vpdpwssd, vdpbf16ps).
+INLINE __m512i pair_bytes(const uint8_t *x, const uint8_t *y) {
     const __m128i a = _mm_loadu_si128((const __m128i *)x), b = _mm_loadu_si128((const __m128i *)y);
-    const __m256i ab = _mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b));
-    return sign ? _mm512_cvtepi8_epi16(ab) : _mm512_cvtepu8_epi16(ab);
+    return _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b)));
 }
 
 // o's four rows (ldo apart; nr of them real) from column col0: o = alpha o + the sums c (row r's

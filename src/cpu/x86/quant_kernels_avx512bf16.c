@@ -47,7 +47,7 @@ INLINE void pair_weights(const attn_dtype dt, const uint8_t *v, int64_t stride, 
 // repeats its 16 entries). Q8_0: the int8 q, whose floats have zero low halves: their high words.
 INLINE void value_pairs(const attn_dtype dt, const uint8_t *x, const uint8_t *y, __m512i table, __m512bh *lo, __m512bh *hi) {
     if (dt == ATTN_DTYPE_Q4_0) {
-        const __m512i u = pair_bytes(x, y, false);
+        const __m512i u = pair_bytes(x, y);
         *lo = (__m512bh)_mm512_permutexvar_epi16(u, table);
         *hi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(u, 4), table);
     } else { // table: word 2i = word 2i + 1 of the first, 2i + 1 = that of the second

@@ -1,10 +1,10 @@
 // quant_kernels_avx512vbmi.c - the P V of the decode row kernels of cpu.h for Q8_0 and Q4_0 values
-// on vpdpwssd (quant_pv_int16.h) with AVX512-VBMI's vpermb pairing two keys' quants, for the
+// on vpdpwssd (quant_pv_int16.h) with AVX512-VBMI's vpermb pairing two keys' Q4_0 quants, for the
 // "avx512vnni" table on CPUs with AVX512-VBMI (Intel's since Ice Lake; Cascade Lake takes
 // quant_kernels_avx512vnni.c's form) and for "amxbf16". The same bits as the other form with fewer
-// shuffles: a block half of a key pair takes one byte permute of both keys' bytes, loaded together,
+// shuffles: a Q4_0 block of a key pair takes one byte permute of both keys' bytes, loaded together,
 // where pair_bytes takes two unpacks, an insertion and a widening (the P V's time in BENCHMARKS.md,
-// the Xeon section). Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx512vbmi for
+// the Xeon section); Q8_0's pairing is the same in both forms. Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx512vbmi for
 // this file only.
 #include "cpu/x86/simd512.h"
 

@@ -1,7 +1,7 @@
 // quant_pv_int16.h - the P V of the decode kernels for Q8_0 and Q4_0 values on AVX512-VNNI's
 // vpdpwssd (the "avx512vnni" and "amxbf16" tables): included by quant_kernels_avx512vnni.c, and by
 // quant_kernels_avx512vbmi.c with ATTN_PV_VBMI defined, where AVX512-VBMI's vpermb pairs two keys'
-// quants (key_pairs). The two give the same bits (the int32 sums are exact). Include after
+// Q4_0 quants (key_pairs). The two give the same bits (the int32 sums are exact). Include after
 // simd512.h, in a file compiled with AVX512-VNNI (and AVX512-VBMI for ATTN_PV_VBMI).
 //
 // The AVX-512 table's P V (quant_kernels_avx512.c) multiplies each value block by its scale and
@@ -66,52 +66,56 @@ INLINE void block_values(const attn_dtype dt, const uint8_t *x, __m512 table, __
     }
 }
 
-// The byte indices of key_pairs' vpermb (ATTN_PV_VBMI): Q4_0's from the two keys' 16 bytes side
-// by side (x's at 0, y's at 16), Q8_0's low and high halves from their 32 (x's at 0, y's at 32).
+// The byte indices of key_pairs' vpermb for Q4_0 (ATTN_PV_VBMI): from the two keys' 16 bytes side
+// by side (x's at 0, y's at 16).
 typedef struct pair_index {
-    __m512i q4, q8[2];
+    __m512i q4;
 } pair_index;
 
 INLINE pair_index pair_index_of(void) {
-    uint8_t q4[64], q8[2][64];
+    uint8_t q4[64];
     for (int i = 0; i < 16; i++)
-        for (int k = 0; k < 4; k++) {
-            q4[4 * i + k] = (uint8_t)(k < 2 ? i : 16 + i);
-            for (int h = 0; h < 2; h++) q8[h][4 * i + k] = (uint8_t)(16 * h + (k < 2 ? i : 32 + i));
-        }
+        for (int k = 0; k < 4; k++) q4[4 * i + k] = (uint8_t)(k < 2 ? i : 16 + i);
     pair_index p;
-    p.q4 = _mm512_loadu_si512(q4), p.q8[0] = _mm512_loadu_si512(q8[0]), p.q8[1] = _mm512_loadu_si512(q8[1]);
+    p.q4 = _mm512_loadu_si512(q4);
     return p;
 }
 
-// One block's quants of two keys (from byte 2 of the block: x and y) paired for vpdpwssd: dword i
-// of *lo holds column i of key x (low word) and of key y (high word), of *hi column 16 + i. Q4_0:
-// *lo the low nibbles n, *hi the whole bytes u = 16 n' + n (ipv_pass takes the high nibbles n' from
-// the sums: sum (u - n) w = 16 sum n' w, one shift instead of one a key pair); Q8_0: the quants,
-// sign-extended. With AVX512-VBMI (ATTN_PV_VBMI) one vpermb a half places both keys' bytes from
-// one load of both (Q8_0's into each word's high byte, then shifted down with the sign); else
-// pair_bytes (two unpacks, an insertion and a widening).
+// One block's quants of two keys (from byte 2 of the block: x and y) paired for vpdpwssd, each dword
+// one column of key x (low word) and of key y (high word). Q4_0: dword i of *lo holds byte i's low
+// nibble n (column i), of *hi the whole byte u = 16 n' + n, whose high nibble n' is column 16 + i
+// (ipv_pass takes its sums as sum (u - n) w = 16 sum n' w, one shift instead of one a key pair);
+// with AVX512-VBMI (ATTN_PV_VBMI) one vpermb places both keys' bytes from one load of both, else
+// pair_bytes (two unpacks, an insertion and a widening). Q8_0: each key's 32 quants sign-extended to
+// words as they load (vpmovsxbw) and the two keys' words interleaved within each 128-bit lane
+// (vpunpck[lh]wd), four instructions a block, so that *lo's dwords hold columns 0-3, 8-11, 16-19,
+// 24-27 and *hi's 4-7, 12-15, 20-23, 28-31; q8_columns puts the sums back in order.
 INLINE void key_pairs(const attn_dtype dt, const uint8_t *x, const uint8_t *y, const pair_index *ix, __m512i *lo,
                       __m512i *hi) {
-    const __m512i m4 = _mm512_set1_epi16(0x0F);
-#if defined(ATTN_PV_VBMI)
-    const __mmask64 low_bytes = 0x5555555555555555ull;
-    if (dt == ATTN_DTYPE_Q4_0) {
-        const __m256i xy = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)x)),
-                                                   _mm_loadu_si128((const __m128i *)y), 1);
-        *hi = _mm512_maskz_permutexvar_epi8(low_bytes, ix->q4, _mm512_castsi256_si512(xy));
-    } else {
-        const __m512i xy = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)x)),
-                                              _mm256_loadu_si256((const __m256i *)y), 1);
-        *lo = _mm512_srai_epi16(_mm512_maskz_permutexvar_epi8(~low_bytes, ix->q8[0], xy), 8);
-        *hi = _mm512_srai_epi16(_mm512_maskz_permutexvar_epi8(~low_bytes, ix->q8[1], xy), 8);
+    if (dt == ATTN_DTYPE_Q8_0) {
+        (void)ix;
+        const __m512i xw = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)x));
+        const __m512i yw = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)y));
+        *lo = _mm512_unpacklo_epi16(xw, yw), *hi = _mm512_unpackhi_epi16(xw, yw);
+        return;
     }
+#if defined(ATTN_PV_VBMI)
+    const __m256i xy = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)x)),
+                                               _mm_loadu_si128((const __m128i *)y), 1);
+    *hi = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, ix->q4, _mm512_castsi256_si512(xy));
 #else
     (void)ix;
-    if (dt == ATTN_DTYPE_Q4_0) *hi = pair_bytes(x, y, false);
-    else *lo = pair_bytes(x, y, true), *hi = pair_bytes(x + 16, y + 16, true);
+    *hi = pair_bytes(x, y);
 #endif
-    if (dt == ATTN_DTYPE_Q4_0) *lo = _mm512_and_si512(*hi, m4);
+    *lo = _mm512_and_si512(*hi, _mm512_set1_epi16(0x0F));
+}
+
+// Q8_0's sums over key_pairs' columns (*lo: 0-3, 8-11, 16-19, 24-27; *hi: 4-7, 12-15, 20-23, 28-31)
+// back in order: *lo columns 0-15, *hi 16-31 (a qword permute each).
+INLINE void q8_columns(__m512i *lo, __m512i *hi) {
+    const __m512i a = *lo, b = *hi;
+    *lo = _mm512_permutex2var_epi64(a, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), b);
+    *hi = _mm512_permutex2var_epi64(a, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), b);
 }
 
 // One pass over nj keys for nbp (1 or 2) blocks from block b0 of the group at byte goff of each row,
@@ -171,6 +175,7 @@ INLINE void ipv_pass(const attn_dtype dt, const int NR, const uint8_t *v, int64_
     for (int bb = 0; bb < nbp; bb++)
         for (int r = 0; r < NR; r++) {
             const int b = b0 + bb;
+            if (dt == ATTN_DTYPE_Q8_0) q8_columns(&c[8 * bb + 2 * r], &c[8 * bb + 2 * r + 1]);
             if (dt == ATTN_DTYPE_Q4_0) // the high nibbles' sums: sum (u - n) w = 16 sum n' w, exactly
                 c[8 * bb + 2 * r + 1] = _mm512_srai_epi32(_mm512_sub_epi32(c[8 * bb + 2 * r + 1], c[8 * bb + 2 * r]), 4);
             const __m512i less = _mm512_set1_epi32(dt == ATTN_DTYPE_Q4_0 ? 8 * wsum[b][4 * r] : 0);
