@@ -4,8 +4,8 @@
 // quant_kernels_avx512vnni.c's form) and for "amxbf16". The same bits as the other form with fewer
 // shuffles: a Q4_0 block of a key pair takes one byte permute of both keys' bytes, loaded together,
 // where pair_bytes takes two unpacks, an insertion and a widening (the P V's time in BENCHMARKS.md,
-// the Xeon section); Q8_0's pairing is the same in both forms. Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx512vbmi for
-// this file only.
+// the Xeon section); Q8_0's pairing is the same in both forms. Compiled with -mavx512f -mavx512bw
+// -mavx512vl -mavx512vnni -mavx512vbmi for this file only.
 #include "cpu/x86/simd512.h"
 
 #define ATTN_PV_VBMI 1

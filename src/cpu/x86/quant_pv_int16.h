@@ -93,7 +93,6 @@ INLINE pair_index pair_index_of(void) {
 INLINE void key_pairs(const attn_dtype dt, const uint8_t *x, const uint8_t *y, const pair_index *ix, __m512i *lo,
                       __m512i *hi) {
     if (dt == ATTN_DTYPE_Q8_0) {
-        (void)ix;
         const __m512i xw = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)x));
         const __m512i yw = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)y));
         *lo = _mm512_unpacklo_epi16(xw, yw), *hi = _mm512_unpackhi_epi16(xw, yw);
